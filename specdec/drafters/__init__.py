@@ -1,0 +1,9 @@
+"""Drafters: propose draft trees from the committed tokens (protocol in ``base.py``)."""
+
+from specdec.drafters.base import Drafter
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NGramDrafter, NGramDrafterConfig
+
+__all__ = ["DRAFTERS", "Drafter", "ModelDrafter", "NGramDrafter", "NGramDrafterConfig"]
+
+DRAFTERS: dict[str, type] = {"model": ModelDrafter, "ngram": NGramDrafter}

@@ -1,0 +1,9 @@
+"""Pure functions on draft trees: builders (chain, DDTree), ancestor masks and positions.
+
+Trees are parent arrays (``specdec.types.DraftTree``); notation in ``docs/trees.md``.
+"""
+
+from specdec.trees.mask import ancestor_mask, tree_attention_bias, tree_position_ids
+from specdec.trees.paths import chain_tree, paths_to_tree, prune_depth, root_tree
+
+__all__ = ["ancestor_mask", "chain_tree", "paths_to_tree", "prune_depth", "root_tree", "tree_attention_bias", "tree_position_ids"]
