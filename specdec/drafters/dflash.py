@@ -1,0 +1,797 @@
+"""DFlash block drafter: a few Qwen3-style layers that draft a whole block in one non-causal forward.
+
+The drafter has no embedding and no LM head of its own: it embeds the block ``[root, MASK x (B-1)]`` with the
+target's embedding, conditions every layer on ``hidden_norm(fc(concat(target layer outputs)))`` of the
+committed tokens (extra keys/values, "KV injection") and reads the block through the target's LM head.
+Checkpoints use the z-lab layout unchanged. Maths, notation and format: ``docs/dflash.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.trees.ddtree import build_ddtree, chain_from_logq
+from specdec.types import Chain, DDTree, DecodeContext, DraftTree, TreeSpec, VerifyResult
+
+__all__ = ["DFlashConfig", "DFlashDraftModel", "DFlashDrafter", "default_target_layer_ids"]
+
+logger = logging.getLogger(__name__)
+
+
+def default_target_layer_ids(num_target_layers: int, num_taps: int) -> tuple[int, ...]:
+    """The z-lab default taps: ``[N // 2]`` for one tap, else ``round(1 + i (N - 4) / (K - 1))``, i < K."""
+    if num_taps == 1:
+        return (num_target_layers // 2,)
+    return tuple(round(1 + i * (num_target_layers - 4) / (num_taps - 1)) for i in range(num_taps))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DFlashConfig:
+    """Shape and conditioning of a DFlash drafter (the parsed ``config.json``).
+
+    Args:
+        hidden_size (int): drafter width H; equals the target's embedding width (the block is embedded by it).
+        intermediate_size (int): SwiGLU width I.
+        num_hidden_layers (int): drafter layers.
+        num_attention_heads (int), num_key_value_heads (int), head_dim (int): attention shape (GQA).
+        block_size (int): B, the block length (root + B-1 masks); drafts at most B-1 tokens per forward.
+        mask_token_id (int): id of the mask token, a row of the target's embedding.
+        target_layer_ids (tuple[int, ...]): target layers tapped (``hidden_states[i + 1]``), in order.
+        target_hidden_size (int | None): target width if it differs from ``hidden_size``; default H.
+        num_target_layers (int | None): depth of the target the drafter was made for (informational).
+        rms_norm_eps (float): RMSNorm epsilon. Default 1e-6.
+        rope_theta (float): RoPE base. Default 10000.
+        rope_scaling (dict | None): HF rope parameters for a non-default rope type (yarn, linear, ...).
+        partial_rotary_factor (float): share of head_dim that is rotated. Default 1.0.
+        max_position_embeddings (int): Default 40960.
+        attention_bias (bool): bias on q/k/v/o projections. Default False.
+        sliding_windows (tuple[int | None, ...]): per layer, window of visible positions or None (full).
+        causal (bool): block queries see only earlier block slots (some later checkpoints). Default False.
+        vocab_size (int | None): target vocabulary (informational; written to config.json).
+        extra (dict): other config.json keys, written back unchanged.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    target_hidden_size: int | None = None
+    num_target_layers: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    partial_rotary_factor: float = 1.0
+    max_position_embeddings: int = 40960
+    attention_bias: bool = False
+    sliding_windows: tuple[int | None, ...] = ()
+    causal: bool = False
+    vocab_size: int | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 2:
+            raise ValueError(f"block_size={self.block_size}: a DFlash block needs the root plus >= 1 mask slot.")
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty: the drafter needs at least one tapped target layer.")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}."
+            )
+        windows = tuple(self.sliding_windows) or (None,) * self.num_hidden_layers
+        if len(windows) != self.num_hidden_layers:
+            raise ValueError(
+                f"layer_types/sliding_windows has {len(windows)} entries for num_hidden_layers="
+                f"{self.num_hidden_layers}: the config is inconsistent."
+            )
+        object.__setattr__(self, "sliding_windows", windows)
+        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+
+    @property
+    def context_size(self) -> int:
+        """Width of one tapped target layer (input width of ``fc`` is ``len(target_layer_ids)`` times it)."""
+        return self.target_hidden_size or self.hidden_size
+
+    @classmethod
+    def from_dict(cls, raw: dict, **overrides) -> DFlashConfig:
+        """Parse a z-lab ``config.json`` (2026-04 or June-2026 layout, aliases of ``docs/dflash.md``)."""
+        dflash = raw.get("dflash_config") or {}
+        block_size = raw.get("block_size", dflash.get("block_size"))
+        if block_size is None and "block_size" not in overrides:
+            raise ValueError("config.json has no block_size (top level or dflash_config.block_size); pass block_size=.")
+        num_layers = raw["num_hidden_layers"]
+        ids = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
+        if ids is None:
+            if raw.get("num_target_layers") is None:
+                raise ValueError("config.json has neither target_layer_ids nor num_target_layers to derive them.")
+            ids = default_target_layer_ids(raw["num_target_layers"], num_layers)
+        mask_id = dflash.get("mask_token_id", raw.get("mask_token_id"))
+        if mask_id is None and "mask_token_id" not in overrides:
+            raise ValueError("config.json has no mask_token_id; pass mask_token_id= (the target's mask token id).")
+        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        theta = raw.get("rope_theta", rope.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"} if rope_type != "default" else None
+        partial = raw.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"]
+        kwargs = dict(
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_hidden_layers=num_layers,
+            num_attention_heads=raw["num_attention_heads"],
+            num_key_value_heads=raw.get("num_key_value_heads") or raw["num_attention_heads"],
+            head_dim=head_dim,
+            block_size=block_size,
+            mask_token_id=mask_id,
+            target_layer_ids=tuple(ids),
+            target_hidden_size=raw.get("target_hidden_size"),
+            num_target_layers=raw.get("num_target_layers"),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            partial_rotary_factor=float(partial),
+            max_position_embeddings=raw.get("max_position_embeddings", 40960),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            sliding_windows=_sliding_windows(raw, num_layers),
+            causal=bool(dflash.get("causal", raw.get("causal", False))),
+            vocab_size=raw.get("vocab_size"),
+            extra={k: v for k, v in raw.items() if k not in _KNOWN_KEYS},
+        )
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict:
+        """The z-lab ``config.json`` (2026-04 layout: ``block_size`` at the top level)."""
+        windows = self.sliding_windows
+        dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)}
+        if self.causal:
+            dflash["causal"] = True
+        raw = {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": dflash,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "layer_types": ["sliding_attention" if w else "full_attention" for w in windows],
+            "max_window_layers": self.num_hidden_layers,
+            "use_sliding_window": any(windows),
+            "sliding_window": next((w for w in windows if w), None),
+            "attention_bias": self.attention_bias,
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": False,
+        }
+        if self.partial_rotary_factor != 1.0:
+            raw["partial_rotary_factor"] = self.partial_rotary_factor
+        if self.target_hidden_size not in (None, self.hidden_size):
+            raw["target_hidden_size"] = self.target_hidden_size
+        return {**self.extra, **raw}
+
+
+_KNOWN_KEYS = {
+    "architectures", "model_type", "auto_map", "block_size", "num_target_layers", "dflash_config",
+    "target_layer_ids", "mask_token_id", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta",
+    "rope_scaling", "rope_parameters", "partial_rotary_factor", "max_position_embeddings", "vocab_size",
+    "layer_types", "max_window_layers", "use_sliding_window", "sliding_window", "use_swa", "swa_window_size",
+    "attention_bias", "attention_dropout", "tie_word_embeddings", "dtype", "torch_dtype", "target_hidden_size",
+    "causal",
+}  # fmt: skip
+
+
+def _sliding_windows(raw: dict, num_layers: int) -> tuple[int | None, ...]:
+    window = raw.get("sliding_window") or raw.get("swa_window_size")
+    types = raw.get("layer_types")
+    if types:
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if window and (raw.get("use_sliding_window") or raw.get("use_swa")):
+        return (window,) * num_layers
+    return (None,) * num_layers
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x [B, H, L, D]``, ``cos/sin [B, 1, L, R]`` with R <= D rotated dims (the rest pass through)."""
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    return torch.cat((x_rot * cos + _rotate_half(x_rot) * sin, x_pass), dim=-1)
+
+
+class DFlashAttention(nn.Module):
+    """GQA attention whose keys/values are ``[context ; block]``; queries come from the block only."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        h, d, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
+        self.q_norm = _RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = _RMSNorm(d, cfg.rms_norm_eps)
+
+    def key_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [B, L, H]`` -> rotated keys and values, each ``[B, H_kv, L, D]``."""
+        b, n, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return _apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, bias):
+        b, n, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, n, self.num_heads, self.head_dim)).transpose(1, 2)
+        q = _apply_rope(q, cos, sin)
+        k, v = self.key_values(x, cos, sin)
+        if ctx_k is not None:
+            k, v = torch.cat([ctx_k.to(k.dtype), k], dim=2), torch.cat([ctx_v.to(v.dtype), v], dim=2)
+        rep = self.num_heads // self.num_kv_heads
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.head_dim**-0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class DFlashMLP(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DFlashAttention(cfg)
+        self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DFlashMLP(cfg)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, bias):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, bias)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraftModel(nn.Module):
+    """The drafter's own weights (z-lab tensor names): ``fc``, ``hidden_norm``, ``layers.*``, ``norm``.
+
+    ``embed_tokens``/``lm_head`` exist only when a checkpoint ships its own; otherwise the target's are used.
+    """
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.context_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # Kept out of the buffers so that casting the module to bf16 never rounds the frequencies.
+        self._inv_freq, self.rope_scale = _rope_inv_freq(cfg)
+        self._inv_freq_on: dict[torch.device, torch.Tensor] = {}
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``positions [B, L]`` -> ``cos, sin [B, 1, L, R]`` in ``dtype`` (computed in fp32)."""
+        inv_freq = self._inv_freq_on.get(positions.device)
+        if inv_freq is None:
+            inv_freq = self._inv_freq_on.setdefault(positions.device, self._inv_freq.to(positions.device))
+        freqs = positions[..., None].float() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.rope_scale).to(dtype)[:, None], (emb.sin() * self.rope_scale).to(dtype)[:, None]
+
+    def project_context(self, target_hidden: torch.Tensor, positions: torch.Tensor) -> list[tuple]:
+        """Context keys/values of every layer for tapped target features.
+
+        Args:
+            target_hidden (torch.Tensor): ``[B, C, K*H_t]`` concatenated target layer outputs.
+            positions (torch.Tensor): ``[B, C]`` absolute positions of those tokens.
+
+        Returns:
+            list[tuple[Tensor, Tensor]]: per layer ``(k, v)``, each ``[B, H_kv, C, D]`` (keys rotated).
+        """
+        ctx = self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
+        cos, sin = self.rope(positions, ctx.dtype)
+        return [layer.self_attn.key_values(ctx, cos, sin) for layer in self.layers]
+
+    def forward(
+        self,
+        block_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        context_kv: list[tuple],
+        context_positions: torch.Tensor,
+        allowed: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run the block through the layers.
+
+        Args:
+            block_embeds (torch.Tensor): ``[B, Q, H]`` target embeddings of the block tokens.
+            positions (torch.Tensor): ``[B, Q]`` absolute positions of the block tokens.
+            context_kv (list): per layer ``(k, v)`` ``[B, H_kv, C, D]`` from :meth:`project_context`.
+            context_positions (torch.Tensor): ``[B, C]`` positions of the context keys.
+            allowed (torch.Tensor | None): ``[B, Q, C + Q]`` bool, True where a query may see a key (training
+                packs many blocks into one row); None = every query sees every key.
+
+        Returns:
+            torch.Tensor: ``[B, Q, H]`` final-normed hidden states (apply the target's LM head).
+        """
+        x = block_embeds.to(self.fc.weight.dtype)
+        cos, sin = self.rope(positions, x.dtype)
+        key_pos = torch.cat([context_positions, positions], dim=1)
+        biases: dict[int | None, torch.Tensor | None] = {}
+        for layer, window, (ctx_k, ctx_v) in zip(self.layers, self.config.sliding_windows, context_kv, strict=True):
+            if window not in biases:
+                biases[window] = _attention_bias(allowed, positions, key_pos, window, self.config.causal, x)
+            x = layer(x, cos, sin, ctx_k, ctx_v, biases[window])
+        return self.norm(x)
+
+
+def _attention_bias(allowed, q_pos, k_pos, window, causal, x) -> torch.Tensor | None:
+    """Additive float mask ``[B, 1, Q, K]`` (0 = visible, dtype min = hidden), or None when all is visible."""
+    if causal or window:
+        rel = q_pos[:, :, None] - k_pos[:, None, :]  # [B, Q, K]
+        keep = rel >= 0 if causal else torch.ones_like(rel, dtype=torch.bool)
+        if window:
+            keep = keep & (rel < window)
+        allowed = keep if allowed is None else allowed & keep
+    if allowed is None:
+        return None
+    bias = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
+    return bias.masked_fill_(~allowed, torch.finfo(x.dtype).min)[:, None]
+
+
+def _rope_inv_freq(cfg: DFlashConfig) -> tuple[torch.Tensor, float]:
+    rot = int(cfg.head_dim * cfg.partial_rotary_factor)
+    if cfg.rope_scaling is None:
+        exponent = torch.arange(0, rot, 2, dtype=torch.int64, device="cpu").float() / rot
+        return 1.0 / (cfg.rope_theta**exponent), 1.0
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {**cfg.rope_scaling, "rope_theta": cfg.rope_theta, "partial_rotary_factor": cfg.partial_rotary_factor}
+    params.setdefault("rope_type", params.pop("type", "default"))
+    hf_cfg = Qwen3Config(
+        hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings, rope_parameters=params,
+    )  # fmt: skip
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf_cfg, torch.device("cpu"))
+    return inv_freq.float(), float(scale)
+
+
+# Third-party names of the same tensors (prefixes are rewritten in order).
+_ALIASES = (
+    ("model.", ""),
+    ("midlayer.", "layers.0."),
+    ("encoder.fc.", "fc."),
+    ("encoder.output_norm_enc.", "hidden_norm."),
+    ("context_proj.", "fc."),
+    ("context_norm.", "hidden_norm."),
+    ("final_norm.", "norm."),
+)
+
+
+def _canonical_name(name: str) -> str:
+    for old, new in _ALIASES:
+        if name.startswith(old):
+            name = new + name[len(old) :]
+    return name
+
+
+def _hf_model(target):
+    """The HF causal LM behind ``target`` (an HF ``*ForCausalLM`` or a ``specdec.target.TargetModel``)."""
+    if callable(getattr(target, "get_output_embeddings", None)) and target.get_output_embeddings() is not None:
+        return target
+    inner = getattr(target, "model", None)
+    if inner is not None and callable(getattr(inner, "get_output_embeddings", None)):
+        return inner
+    raise TypeError(f"Expected an HF causal LM or a specdec TargetModel, got {type(target).__name__}.")
+
+
+def _text_config(hf_model):
+    cfg = hf_model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _rope_theta_of(text_cfg) -> float:
+    params = getattr(text_cfg, "rope_parameters", None) or {}
+    return float(params.get("rope_theta") or getattr(text_cfg, "rope_theta", None) or 10000.0)
+
+
+class DFlashDrafter:
+    """DFlash drafter (Drafter protocol): one non-causal forward over ``[root, MASK x (B-1)]`` per round.
+
+    The drafter's cache holds the context keys/values of the committed tokens only (the rows of
+    ``ctx.target_hidden`` are projected as they arrive); block keys/values are recomputed each round.
+
+    Args:
+        model (DFlashDraftModel): the drafter's own weights.
+        target: HF causal LM (or ``TargetModel``) whose embedding and LM head are borrowed; can be bound later
+            with :meth:`bind` (``validate`` binds the target it is given).
+
+    Examples:
+        >>> drafter = DFlashDrafter.from_pretrained("assets/drafters/zoo-dense", target=model)
+        >>> out = specdec.generate(model, ids, drafter=drafter, tree=specdec.DDTree(budget=32), max_new_tokens=128)
+    """
+
+    def __init__(self, model: DFlashDraftModel, *, target=None) -> None:
+        self.model = model.eval()
+        self.config: DFlashConfig = model.config
+        self.target_layer_ids: tuple[int, ...] = self.config.target_layer_ids
+        self.default_tree: TreeSpec = Chain(k=self.config.block_size - 1)
+        self.num_forwards = 0
+        self._embed: nn.Module | None = getattr(model, "embed_tokens", None)
+        self._lm_head: nn.Module | None = getattr(model, "lm_head", None)
+        if target is not None:
+            self.bind(target)
+        self.reset()
+
+    # -- construction ------------------------------------------------------------------------------------
+    @classmethod
+    def for_target(
+        cls,
+        target,
+        *,
+        mask_token_id: int,
+        num_layers: int = 1,
+        block_size: int = 16,
+        target_layer_ids: tuple[int, ...] | list[int] | None = None,
+        num_taps: int | None = None,
+        intermediate_size: int | None = None,
+        num_attention_heads: int | None = None,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        rope_theta: float | None = None,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> DFlashDrafter:
+        """A freshly initialised drafter shaped for ``target`` (width = the target's embedding width).
+
+        Args:
+            target: HF causal LM (or ``TargetModel``).
+            mask_token_id (int): mask token id (a row of the target's embedding, e.g. the tokenizer's mask).
+            num_layers (int): drafter layers. Default 1.
+            block_size (int): B. Default 16.
+            target_layer_ids (sequence[int] | None): tapped layers; None = the z-lab default rule with
+                ``num_taps`` (default ``num_layers``) taps.
+            intermediate_size, num_attention_heads, num_key_value_heads, head_dim, rope_theta: default to the
+                target's values.
+            seed (int): initialisation seed. Default 0.
+            dtype (torch.dtype): weight dtype. Default fp32 (for training).
+            device: default the target's device.
+        """
+        hf = _hf_model(target)
+        tc = _text_config(hf)
+        heads = num_attention_heads or tc.num_attention_heads
+        depth = tc.num_hidden_layers
+        ids = tuple(target_layer_ids) if target_layer_ids is not None else None
+        cfg = DFlashConfig(
+            hidden_size=tc.hidden_size,
+            intermediate_size=intermediate_size or tc.intermediate_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=num_key_value_heads or getattr(tc, "num_key_value_heads", None) or heads,
+            head_dim=head_dim or getattr(tc, "head_dim", None) or tc.hidden_size // heads,
+            block_size=block_size,
+            mask_token_id=mask_token_id,
+            target_layer_ids=ids or default_target_layer_ids(depth, num_taps or num_layers),
+            num_target_layers=depth,
+            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+            rope_theta=rope_theta or _rope_theta_of(tc),
+            max_position_embeddings=getattr(tc, "max_position_embeddings", None) or 40960,
+            vocab_size=hf.get_output_embeddings().weight.shape[0],
+        )
+        model = DFlashDraftModel(cfg)
+        gen = torch.Generator().manual_seed(seed)
+        std = getattr(tc, "initializer_range", 0.02)
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, nn.Linear):
+                    module.weight.normal_(0.0, std, generator=gen)
+                    if module.bias is not None:
+                        module.bias.zero_()
+        device = device if device is not None else hf.get_input_embeddings().weight.device
+        drafter = cls(model.to(device=device, dtype=dtype), target=target)
+        drafter.validate(target, Chain(k=block_size - 1))
+        return drafter
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        *,
+        target=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        **overrides,
+    ) -> DFlashDrafter:
+        """Load a z-lab DFlash checkpoint (``config.json`` + ``*.safetensors``), unchanged.
+
+        Args:
+            path: a local folder, or a hub repo id (downloaded with ``huggingface_hub``).
+            target: HF causal LM (or ``TargetModel``) to borrow the embedding and LM head from.
+            device: default the target's device (else CPU).
+            dtype: default the target's dtype (else the checkpoint's).
+            **overrides: ``DFlashConfig`` fields that replace the config's (e.g. ``mask_token_id=``).
+        """
+        from safetensors.torch import load_file
+
+        folder = _resolve_checkpoint(path)
+        raw = json.loads((folder / "config.json").read_text())
+        state: dict[str, torch.Tensor] = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            state.update({_canonical_name(k): v for k, v in load_file(str(file)).items()})
+        if not state:
+            raise FileNotFoundError(f"{folder} holds no *.safetensors weights.")
+        for name in ("d2t", "t2d"):
+            if name in state:
+                raise NotImplementedError(
+                    f"{folder}: reduced draft vocabularies ({name!r} map) are not supported; use a drafter that "
+                    "predicts over the target's full vocabulary."
+                )
+        cfg = DFlashConfig.from_dict(raw, **overrides)
+        fc = state.get("fc.weight")
+        if fc is not None and fc.shape[1] != len(cfg.target_layer_ids) * cfg.context_size:
+            width, rem = divmod(fc.shape[1], len(cfg.target_layer_ids))
+            if rem:
+                raise ValueError(
+                    f"{folder}: fc.weight has {fc.shape[1]} input features, not a multiple of the "
+                    f"{len(cfg.target_layer_ids)} target_layer_ids {cfg.target_layer_ids}; the config does not match "
+                    "the weights."
+                )
+            cfg = DFlashConfig(**{**{f.name: getattr(cfg, f.name) for f in fields(cfg)}, "target_hidden_size": width})
+        with torch.device("meta"):
+            model = DFlashDraftModel(cfg)
+            if "embed_tokens.weight" in state:
+                model.embed_tokens = nn.Embedding(*state["embed_tokens.weight"].shape)
+            if "lm_head.weight" in state:
+                model.lm_head = nn.Linear(state["lm_head.weight"].shape[1], state["lm_head.weight"].shape[0], bias=False)
+        expected = set(model.state_dict())
+        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+        if missing or unexpected:
+            raise ValueError(
+                f"{folder} does not match the DFlash layout of its config.json: missing {missing[:8]}, "
+                f"unexpected {unexpected[:8]} (tensor names are those of docs/dflash.md)."
+            )
+        model.load_state_dict(state, strict=True, assign=True)
+        if target is not None:
+            emb = _hf_model(target).get_input_embeddings().weight
+            device = emb.device if device is None else device
+            dtype = emb.dtype if dtype is None else dtype
+        model.to(device=device or "cpu", dtype=dtype)
+        return cls(model, target=target)
+
+    def save_pretrained(self, path: str | os.PathLike, *, dtype: torch.dtype | None = None) -> None:
+        """Write ``config.json`` + ``model.safetensors`` in the z-lab layout (borrowed modules not included).
+
+        Args:
+            path: output folder (created).
+            dtype (torch.dtype | None): cast the weights on save (e.g. ``torch.bfloat16``); default as held.
+        """
+        from safetensors.torch import save_file
+
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.model.state_dict().items()}
+        raw = self.config.to_dict()
+        raw["dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+
+    def bind(self, target) -> DFlashDrafter:
+        """Borrow ``target``'s input embedding and LM head (unless the checkpoint ships its own)."""
+        hf = _hf_model(target)
+        if getattr(self.model, "embed_tokens", None) is None:
+            self._embed = hf.get_input_embeddings()
+        if getattr(self.model, "lm_head", None) is None:
+            self._lm_head = hf.get_output_embeddings()
+        return self
+
+    def to(self, device=None, dtype: torch.dtype | None = None) -> DFlashDrafter:
+        """Move the drafter's own weights (the borrowed modules stay with the target)."""
+        self.model.to(device=device, dtype=dtype)
+        self.reset()
+        return self
+
+    # -- Drafter protocol --------------------------------------------------------------------------------
+    def validate(self, target, tree: TreeSpec) -> None:
+        """Check that this drafter fits ``target`` and ``tree``, and bind the target's embedding and LM head."""
+        hf = _hf_model(target)
+        tc = _text_config(hf)
+        cfg, depth = self.config, tc.num_hidden_layers
+        bad = [i for i in cfg.target_layer_ids if not 0 <= i < depth]
+        if bad:
+            raise ValueError(
+                f"DFlash target_layer_ids {cfg.target_layer_ids} name layers {bad} but the target has {depth} layers "
+                f"(0..{depth - 1}): this drafter was made for another target; use one trained for this target."
+            )
+        want = len(cfg.target_layer_ids) * tc.hidden_size
+        if self.model.fc.in_features != want:
+            raise ValueError(
+                f"DFlash fc takes {self.model.fc.in_features} features but {len(cfg.target_layer_ids)} taps of this "
+                f"target (hidden {tc.hidden_size}) give {want}: the drafter was made for a target of another width; "
+                "use one trained for this target."
+            )
+        self.bind(hf)
+        width, rows = self._embed.weight.shape[1], self._embed.weight.shape[0]
+        if width != cfg.hidden_size or self._lm_head.weight.shape[1] != cfg.hidden_size:
+            raise ValueError(
+                f"DFlash hidden size {cfg.hidden_size} differs from the target's embedding/LM-head width {width}: "
+                "the drafter must have the target's width."
+            )
+        if not 0 <= cfg.mask_token_id < rows:
+            raise ValueError(
+                f"DFlash mask_token_id {cfg.mask_token_id} is outside the target's embedding ({rows} rows): load the "
+                "drafter with mask_token_id=<a valid id, e.g. tokenizer.mask_token_id>."
+            )
+        if self.model.fc.weight.device != self._embed.weight.device:
+            raise ValueError(
+                f"The drafter is on {self.model.fc.weight.device} but the target on {self._embed.weight.device}: "
+                "call drafter.to(target.device)."
+            )
+        if isinstance(tree, Chain) and tree.k > cfg.block_size - 1:
+            raise ValueError(
+                f"Chain(k={tree.k}) drafts more tokens than a DFlash block of block_size={cfg.block_size} yields: "
+                f"use k <= {cfg.block_size - 1}."
+            )
+        if not isinstance(tree, Chain | DDTree):
+            raise TypeError(f"DFlashDrafter proposes Chain or DDTree trees, got {type(tree).__name__}.")
+
+    def reset(self) -> None:
+        self._keys: list[torch.Tensor] = []
+        self._values: list[torch.Tensor] = []
+        self._len = 0
+
+    @torch.no_grad()
+    def prefill(self, ctx: DecodeContext) -> None:
+        """Start a sequence: project the prompt's target features into the context cache."""
+        self.reset()
+        self._ingest(ctx)
+
+    @torch.no_grad()
+    def commit(self, ctx: DecodeContext, result: VerifyResult) -> None:
+        """Append the accepted path's target features (``ctx.target_hidden``) to the context cache."""
+        self._ingest(ctx)
+
+    @torch.no_grad()
+    def propose(self, ctx: DecodeContext, tree: TreeSpec) -> DraftTree:
+        """One drafter forward on ``[root, MASK x (B-1)]``, then the chain or DDTree from its log-probs."""
+        depth = min(tree.k, self.config.block_size - 1) if isinstance(tree, Chain) else self.config.block_size - 1
+        logq = self.draft_logq(ctx, depth=depth)
+        root_token = int(ctx.input_ids[0, -1])
+        if isinstance(tree, Chain):
+            return chain_from_logq(logq, root_token, k=tree.k)
+        return build_ddtree(logq, root_token, budget=tree.budget, topk=tree.topk)
+
+    @torch.no_grad()
+    def draft_logq(self, ctx: DecodeContext, *, depth: int | None = None) -> torch.Tensor:
+        """Per-depth draft log-probabilities of the block rooted at ``ctx.input_ids[0, -1]``.
+
+        Args:
+            ctx (DecodeContext): committed tokens; new ``target_hidden`` rows are cached first.
+            depth (int | None): rows wanted (slots 1..depth); default B-1.
+
+        Returns:
+            torch.Tensor: ``[depth, V]`` fp32 log-softmax of the LM head on block slots 1..depth.
+        """
+        if ctx.input_ids.shape[0] != 1:
+            raise ValueError(f"DFlashDrafter drafts one sequence at a time, got input_ids {tuple(ctx.input_ids.shape)}.")
+        self._ingest(ctx)
+        start, cfg = ctx.length - 1, self.config
+        if self._len != start:
+            raise RuntimeError(
+                f"DFlash context cache holds {self._len} tokens but {start} are committed: pass the target hidden "
+                "states of every committed token (prefill(ctx) after the prompt, commit(ctx, result) each round)."
+            )
+        if self._embed is None or self._lm_head is None:
+            raise RuntimeError("DFlashDrafter has no embedding/LM head: call drafter.bind(target) or validate().")
+        size = cfg.block_size
+        depth = size - 1 if depth is None else depth
+        device = self.model.fc.weight.device
+        block = torch.full((1, size), cfg.mask_token_id, dtype=torch.long, device=device)
+        block[0, 0] = ctx.input_ids[0, -1]
+        positions = torch.arange(start, start + size, device=device)[None]
+        context = [(k[:, :, :start], v[:, :, :start]) for k, v in zip(self._keys, self._values, strict=True)]
+        if not context:  # empty prompt context: zero-length keys
+            context = [(None, None)] * cfg.num_hidden_layers
+        hidden = self.model(self._embed(block), positions, context, torch.arange(start, device=device)[None])
+        self.num_forwards += 1
+        head = self._lm_head.weight
+        return torch.log_softmax(self._lm_head(hidden[0, 1 : 1 + depth].to(head.dtype)).float(), dim=-1)
+
+    def _ingest(self, ctx: DecodeContext) -> None:
+        """Project the rows of ``ctx.target_hidden`` not yet cached (positions ``T-1-R .. T-2``)."""
+        hidden = ctx.target_hidden
+        if hidden is None:
+            return
+        if hidden.dim() != 3 or hidden.shape[0] != 1:
+            raise ValueError(f"ctx.target_hidden must be [1, R, L*H], got {tuple(hidden.shape)}.")
+        rows = hidden.shape[1]
+        first = ctx.length - 1 - rows
+        if first + rows <= self._len:
+            return  # already cached (the loop may show the same rows to commit and propose)
+        if first != self._len:
+            raise RuntimeError(
+                f"ctx.target_hidden covers positions {first}..{first + rows - 1} but the DFlash context cache holds "
+                f"{self._len} tokens: the rows must continue the cache exactly."
+            )
+        device = self.model.fc.weight.device
+        positions = torch.arange(first, first + rows, device=device)[None]
+        new = self.model.project_context(hidden.to(device), positions)
+        if not self._keys:
+            self._keys = [k.new_empty(*k.shape[:2], 0, k.shape[3]) for k, _ in new]
+            self._values = [v.new_empty(*v.shape[:2], 0, v.shape[3]) for _, v in new]
+        for i, (k, v) in enumerate(new):
+            self._keys[i] = _append(self._keys[i], k, self._len)
+            self._values[i] = _append(self._values[i], v, self._len)
+        self._len += rows
+
+
+def _append(buf: torch.Tensor, new: torch.Tensor, length: int) -> torch.Tensor:
+    """Write ``new [1, H, R, D]`` at ``length`` along dim 2 of ``buf``, doubling its capacity when full."""
+    need = length + new.shape[2]
+    if need > buf.shape[2]:
+        grown = buf.new_empty(*buf.shape[:2], max(need, 2 * buf.shape[2], 64), buf.shape[3])
+        grown[:, :, :length] = buf[:, :, :length]
+        buf = grown
+    buf[:, :, length:need] = new
+    return buf
+
+
+def _resolve_checkpoint(path: str | os.PathLike) -> Path:
+    folder = Path(path)
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{folder} has no config.json: not a DFlash checkpoint folder.")
+        return folder
+    if folder.exists() or str(path).count("/") != 1:
+        raise FileNotFoundError(f"{path} is neither a checkpoint folder nor a hub repo id (owner/name).")
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(path), allow_patterns=["config.json", "*.safetensors"]))

@@ -1,0 +1,23 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+torch.set_num_threads(2)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def zoo_path() -> Path:
+    return Path(os.environ.get("SPECDEC_ZOO", REPO.parent / "shared" / "zoo")).resolve()
+
+
+@pytest.fixture(scope="session")
+def zoo() -> Path:
+    path = zoo_path()
+    if not (path / "target-dense").is_dir():
+        pytest.fail(f"zoo fixtures not found at {path}; set SPECDEC_ZOO to the zoo folder")
+    return path

@@ -1,0 +1,239 @@
+"""DFlash drafter: inference forward vs the training forward, cache growth, z-lab checkpoint I/O, validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from specdec.drafters.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
+from specdec.train.dflash import block_hidden, target_features
+from specdec.types import Chain, DDTree, DecodeContext, VerifyResult
+
+VOCAB, MASK = 128, 3
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      eos_token_id=2, pad_token_id=0, attn_implementation="sdpa")  # fmt: skip
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def make_drafter(target, **kwargs) -> DFlashDrafter:
+    opts = dict(mask_token_id=MASK, num_layers=2, block_size=6, target_layer_ids=(0, 2), seed=1)
+    drafter = DFlashDrafter.for_target(target, **{**opts, **kwargs})
+    with torch.no_grad():  # sharper drafts than the 0.02 init, so mistakes show up in the logits
+        for p in drafter.model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    return drafter
+
+
+def tokens(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(4, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def ctx_at(ids: torch.Tensor, feats: torch.Tensor, anchor: int, first_row: int = 0) -> DecodeContext:
+    """Context whose root is ``ids[anchor]`` and whose new target rows are positions first_row..anchor-1."""
+    return DecodeContext(input_ids=ids[:, : anchor + 1], target_hidden=feats[:, first_row:anchor])
+
+
+def test_default_target_layer_ids_match_zlab_examples():
+    assert default_target_layer_ids(36, 5) == (1, 9, 17, 25, 33)
+    assert default_target_layer_ids(32, 5) == (1, 8, 15, 22, 29)
+    assert default_target_layer_ids(64, 5) == (1, 16, 31, 46, 61)
+    assert default_target_layer_ids(8, 1) == (4,)
+
+
+@pytest.mark.parametrize("variant", ["full", "sliding_causal"])
+def test_draft_logq_matches_training_block_forward(target, variant):
+    drafter = make_drafter(target)
+    if variant == "sliding_causal":
+        cfg = DFlashConfig.from_dict({**drafter.config.to_dict(), "layer_types": ["sliding_attention", "full_attention"],
+                                      "sliding_window": 5, "dflash_config": {"mask_token_id": MASK,
+                                      "target_layer_ids": [0, 2], "causal": True}})  # fmt: skip
+        model = type(drafter.model)(cfg)
+        model.load_state_dict(drafter.model.state_dict())
+        drafter = DFlashDrafter(model, target=target)
+    ids = tokens(24)
+    feats = target_features(target, ids, drafter.target_layer_ids)
+    anchors = torch.tensor([[3, 9, 10, 17]])
+    with torch.no_grad():
+        hidden = block_hidden(drafter.model, target.get_input_embeddings(), ids, feats, anchors)
+        train_logq = torch.log_softmax(target.lm_head(hidden[0, :, 1:]), dim=-1)  # [n, B-1, V]
+    for i, a in enumerate(anchors[0].tolist()):
+        drafter.prefill(ctx_at(ids, feats, a))
+        torch.testing.assert_close(drafter.draft_logq(ctx_at(ids, feats, a)), train_logq[i], atol=2e-5, rtol=1e-5)
+
+
+def test_incremental_commits_match_one_prefill(target):
+    drafter = make_drafter(target)
+    ids = tokens(30, seed=3)
+    feats = target_features(target, ids, drafter.target_layer_ids)
+    drafter.prefill(ctx_at(ids, feats, 21))
+    want = drafter.draft_logq(ctx_at(ids, feats, 21))
+    drafter.prefill(ctx_at(ids, feats, 7))
+    drafter.draft_logq(ctx_at(ids, feats, 7))  # a draft in between must leave only context rows cached
+    for stop, first in [(12, 7), (13, 12), (21, 13)]:
+        drafter.commit(ctx_at(ids, feats, stop, first), VerifyResult(path=tuple(range(stop - first)), tokens=(0,)))
+    assert drafter._len == 21
+    torch.testing.assert_close(drafter.draft_logq(ctx_at(ids, feats, 21, 13)), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="continue the cache"):
+        drafter.commit(ctx_at(ids, feats, 25, 22), VerifyResult(path=(0, 1, 2), tokens=(0,)))
+
+
+def test_propose_trees(target):
+    drafter = make_drafter(target)
+    ids = tokens(16, seed=5)
+    feats = target_features(target, ids, drafter.target_layer_ids)
+    ctx = ctx_at(ids, feats, 15)
+    drafter.prefill(ctx)
+    chain = drafter.propose(ctx, Chain(k=5))
+    assert chain.tokens[0].item() == ids[0, 15].item() and chain.parents.tolist() == [-1, 0, 1, 2, 3, 4]
+    assert torch.equal(drafter.propose(ctx, DDTree(budget=5, topk=1)).tokens, chain.tokens)
+    tree = drafter.propose(ctx, DDTree(budget=12, topk=3))
+    assert tree.num_nodes == 13 and tree.max_depth <= 5
+    assert drafter.num_forwards == 3
+
+
+def test_save_pretrained_round_trip_is_bit_identical(target, tmp_path):
+    drafter = make_drafter(target)
+    drafter.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert raw["block_size"] == 6 and raw["dflash_config"] == {"mask_token_id": MASK, "target_layer_ids": [0, 2]}
+    loaded = DFlashDrafter.from_pretrained(tmp_path, target=target)
+    assert loaded.config == drafter.config
+    for name, value in drafter.model.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[name], value), name
+    ids = tokens(12)
+    feats = target_features(target, ids, drafter.target_layer_ids)
+    for d in (drafter, loaded):
+        d.prefill(ctx_at(ids, feats, 11))
+    assert torch.equal(loaded.draft_logq(ctx_at(ids, feats, 11)), drafter.draft_logq(ctx_at(ids, feats, 11)))
+    drafter.save_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
+    half = DFlashDrafter.from_pretrained(tmp_path / "bf16")
+    assert half.model.fc.weight.dtype == torch.bfloat16 and half.model.fc.weight.device.type == "cpu"
+
+
+def _zlab_tensors(h, i, hq, hkv, d, k, layers, *, prefix="", midlayer=False):
+    g = torch.Generator().manual_seed(0)
+
+    def t(*shape):
+        return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+    out = {"fc.weight": t(h, k * h), "hidden_norm.weight": t(h), "norm.weight": t(h)}
+    for n in range(layers):
+        lp = "midlayer." if midlayer else f"layers.{n}."
+        out.update({
+            f"{lp}input_layernorm.weight": t(h), f"{lp}post_attention_layernorm.weight": t(h),
+            f"{lp}self_attn.q_proj.weight": t(hq, h), f"{lp}self_attn.k_proj.weight": t(hkv, h),
+            f"{lp}self_attn.v_proj.weight": t(hkv, h), f"{lp}self_attn.o_proj.weight": t(h, hq),
+            f"{lp}self_attn.q_norm.weight": t(d), f"{lp}self_attn.k_norm.weight": t(d),
+            f"{lp}mlp.gate_proj.weight": t(i, h), f"{lp}mlp.up_proj.weight": t(i, h), f"{lp}mlp.down_proj.weight": t(h, i),
+        })  # fmt: skip
+    return {prefix + name: v for name, v in out.items()}
+
+
+def test_loads_zlab_2026_04_layout(target, tmp_path):
+    """The published b16 layout (config keys of the Qwen3-4B card, shapes scaled to the tiny target)."""
+    config = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "block_size": 16, "num_target_layers": 4, "dflash_config": {"mask_token_id": MASK, "target_layer_ids": [0, 1, 2]},
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+        "rope_scaling": None, "max_position_embeddings": 40960, "vocab_size": VOCAB, "layer_types": ["full_attention"] * 3,
+        "max_window_layers": 3, "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": True,
+        "dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "use_sliding_window": False,
+    }  # fmt: skip
+    tensors = _zlab_tensors(64, 96, 64, 32, 16, 3, 3)
+    assert len(tensors) == 3 + 3 * 11
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    drafter = DFlashDrafter.from_pretrained(tmp_path, target=target, dtype=torch.float32)
+    cfg = drafter.config
+    assert (cfg.block_size, cfg.mask_token_id, cfg.target_layer_ids, cfg.rope_theta) == (16, MASK, (0, 1, 2), 1e6)
+    assert cfg.extra["bos_token_id"] == 1
+    for name, value in tensors.items():
+        assert torch.equal(drafter.model.state_dict()[name], value.float()), name
+    drafter.validate(target, Chain(k=15))
+    ids = tokens(10)
+    ctx = ctx_at(ids, target_features(target, ids, cfg.target_layer_ids), 9)
+    drafter.prefill(ctx)
+    assert drafter.propose(ctx, DDTree(budget=20)).num_nodes == 21
+
+
+def test_loads_zlab_2026_06_layout_and_aliases(target, tmp_path):
+    """June-2026 revision: block_size inside dflash_config, rope_parameters, sliding layers, taps != layers."""
+    config = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "dflash_config": {"mask_token_id": MASK, "target_layer_ids": [0, 1, 2, 3], "block_size": 8},
+        "num_target_layers": 4, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_theta": 10000000.0, "rope_type": "default"}, "vocab_size": VOCAB,
+        "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4096, "max_position_embeddings": 262144,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(_zlab_tensors(64, 96, 64, 32, 16, 4, 2, prefix="model."), str(tmp_path / "model.safetensors"))
+    drafter = DFlashDrafter.from_pretrained(tmp_path, target=target)
+    cfg = drafter.config
+    assert (cfg.block_size, cfg.target_layer_ids, cfg.rope_theta, cfg.sliding_windows) == (8, (0, 1, 2, 3), 1e7, (4096, None))
+    with pytest.raises(ValueError, match="use k <= 7"):
+        drafter.validate(target, Chain(k=15))
+    # EAGLE-style single-layer alias and TorchSpec names
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1, "layer_types": ["full_attention"]}))
+    tensors = _zlab_tensors(64, 96, 64, 32, 16, 4, 1, midlayer=True)
+    tensors["context_proj.weight"] = tensors.pop("fc.weight")
+    tensors["final_norm.weight"] = tensors.pop("norm.weight")
+    save_file(tensors, str(one / "model.safetensors"))
+    assert DFlashDrafter.from_pretrained(one, target=target).config.num_hidden_layers == 1
+
+
+def test_from_pretrained_errors(target, tmp_path):
+    drafter = make_drafter(target)
+    drafter.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if k != "block_size"}))
+    with pytest.raises(ValueError, match="no block_size"):
+        DFlashDrafter.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 3, "layer_types": ["full_attention"] * 3}))
+    with pytest.raises(ValueError, match="missing"):
+        DFlashDrafter.from_pretrained(tmp_path)
+
+
+def test_validate_names_problem_and_fix(target):
+    drafter = make_drafter(target)
+    drafter.validate(target, Chain(k=5))
+    with pytest.raises(ValueError, match="use k <= 5"):
+        drafter.validate(target, Chain(k=6))
+    with pytest.raises(ValueError, match=r"name layers \[4\] but the target has 4 layers"):
+        make_drafter(target, target_layer_ids=(0, 4))
+    with pytest.raises(ValueError, match="mask_token_id=<a valid id"):
+        make_drafter(target, mask_token_id=VOCAB)
+    wide = Qwen3ForCausalLM(Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16))  # fmt: skip
+    with pytest.raises(ValueError, match="fc takes 128 features"):
+        drafter.validate(wide, Chain(k=2))
+    with pytest.raises(RuntimeError, match="prefill"):
+        drafter.reset()
+        ids = tokens(8)
+        drafter.propose(DecodeContext(input_ids=ids), Chain(k=2))
+
+
+def test_generate_greedy_is_lossless(target):
+    specdec = pytest.importorskip("specdec.generate")
+    drafter = make_drafter(target)
+    for seed in range(2):
+        prompt = tokens(9, seed=seed)
+        want = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24, do_sample=False,
+                               pad_token_id=0)
+        for tree in (Chain(k=5), DDTree(budget=8, topk=3)):
+            out = specdec.generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=24, do_sample=False)
+            assert torch.equal(out.sequences, want), tree
