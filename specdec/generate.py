@@ -57,7 +57,9 @@ def _sampling(target: TargetModel, do_sample, temperature, top_k, top_p) -> Samp
 
 def _check_inputs(target: TargetModel, input_ids, attention_mask, max_new_tokens: int, tree: TreeSpec) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise ValueError("input_ids must be a LongTensor of shape [batch, seq_len] (e.g. tokenizer(..., return_tensors='pt')).")
+        raise ValueError(
+            "input_ids must be a LongTensor of shape [batch, seq_len] (e.g. tokenizer(..., return_tensors='pt'))."
+        )
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"Batch size {input_ids.shape[0]} is not supported yet: specdec decodes one sequence per call. "
@@ -131,7 +133,9 @@ def generate(
         tree = getattr(drafter, "default_tree", None) or Chain(k=4)
     if max_new_tokens is None:
         gen = getattr(tgt.model, "generation_config", None)
-        max_new_tokens = getattr(gen, "max_new_tokens", None) or ((getattr(gen, "max_length", None) or 20) - input_ids.shape[-1])
+        max_new_tokens = getattr(gen, "max_new_tokens", None) or (
+            (getattr(gen, "max_length", None) or 20) - input_ids.shape[-1]
+        )
     _check_inputs(tgt, input_ids, attention_mask, max_new_tokens, tree)
     sampling = _sampling(tgt, do_sample, temperature, top_k, top_p)
     eos = _eos_set(eos_token_id, tgt)
@@ -147,8 +151,12 @@ def generate(
         logits, hidden = tgt.prefill(input_ids, taps)
         first = sample_tokens(logits[None], sampling, generator)
     new_tokens = [int(first)]
-    ctx = DecodeContext(input_ids=torch.cat([input_ids, first.view(1, 1)], dim=1), target_hidden=hidden,
-                        generator=generator, timer=timer)
+    ctx = DecodeContext(
+        input_ids=torch.cat([input_ids, first.view(1, 1)], dim=1),
+        target_hidden=hidden,
+        generator=generator,
+        timer=timer,
+    )
     done = new_tokens[0] in eos or max_new_tokens == 1
     if streamer is not None:
         streamer.put(first.view(1).cpu())
@@ -210,8 +218,9 @@ class SpeculativeModel:
         >>> ids = model.generate(input_ids=ids, max_new_tokens=64, do_sample=False)
     """
 
-    def __init__(self, target, *, drafter: Drafter | None = None, tree: TreeSpec | None = None,
-                 hybrid_mode: str = "exact") -> None:
+    def __init__(
+        self, target, *, drafter: Drafter | None = None, tree: TreeSpec | None = None, hybrid_mode: str = "exact"
+    ) -> None:
         self.target = TargetModel.wrap(target, hybrid_mode=hybrid_mode)
         self.drafter = drafter
         self.tree = tree

@@ -191,8 +191,9 @@ class SpecStats:
 
     ``tau`` is committed tokens per target verify forward, bonus included (tau = 1 for plain decoding).
     ``accept_hist[a]`` counts rounds that accepted ``a`` drafted tokens. ``depth_accept[d]`` is the share of
-    rounds that reached depth d+1. ``phase_ms`` holds wall time per phase (ms): prefill, draft (tree build included), build (the tree build
-    alone, for drafters that build from distributions), verify (target forward), accept (the walk), commit.
+    rounds that reached depth d+1. ``phase_ms`` holds wall time per phase (ms):
+    prefill, draft (tree build included), build (the tree build alone, for drafters that build from
+    distributions), verify (target forward), accept (the walk), commit.
     """
 
     rounds: int = 0

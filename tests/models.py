@@ -6,9 +6,18 @@ import torch
 import transformers as tf
 
 VOCAB = 128
-_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-               bos_token_id=1, eos_token_id=None, pad_token_id=0)
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    bos_token_id=1,
+    eos_token_id=None,
+    pad_token_id=0,
+)
 
 ARCHS = {
     "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {}),
@@ -25,8 +34,17 @@ def tiny_model(arch: str, *, seed: int = 0, scale: float = 1.0, attn: str = "sdp
     """Build a tiny ``arch`` model; ``scale`` multiplies weights to make logits sharper (fewer near-ties)."""
     torch.manual_seed(seed)
     if arch == "gpt2":
-        cfg = tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512,
-                            bos_token_id=1, eos_token_id=None, attn_implementation=attn, **overrides)
+        cfg = tf.GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=512,
+            bos_token_id=1,
+            eos_token_id=None,
+            attn_implementation=attn,
+            **overrides,
+        )
         model = tf.GPT2LMHeadModel(cfg)
     else:
         config_cls, model_cls, extra = ARCHS[arch]

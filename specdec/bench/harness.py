@@ -131,6 +131,7 @@ def _row(method: Method, drafter, tree, temperature: float, prompt_id, input_ids
         "decode_tok_s": decode_tokens / decode_s if decode_s > 0 else None,
         "phase_ms": dict(stats.phase_ms),
         "accept_hist": list(stats.accept_hist),
+        "depth_accept": list(stats.depth_accept),
         "identical_to_ar": None,
     }
 
@@ -172,7 +173,12 @@ def run_bench(
         top_k, top_p: HF sampling filters for temperatures > 0 (HF semantics when None).
 
     Returns:
-        list[dict]: rows (keys listed in ``docs/bench.md``); also written to ``out_dir`` when given.
+        list[dict]: one row per (method, temperature, prompt): ``method, drafter, tree`` ("ar", "chain",
+        "ddtree"), ``budget, topk, temperature, prompt_id, prompt_tokens, new_tokens, decode_tokens``
+        (new tokens after the first, which the prefill yields), ``tau, rounds, target_forwards,
+        draft_forwards, tree_nodes, total_s, prefill_s, decode_s`` (total - prefill), ``decode_tok_s``
+        (decode_tokens / decode_s), ``phase_ms, accept_hist, depth_accept`` and ``identical_to_ar`` (bool at
+        temperature 0, else None).
     """
     names = [m.name for m in methods]
     if len(set(names)) != len(names):

@@ -28,7 +28,7 @@ def _phases(rows: Sequence[dict]) -> list[str]:
 
 
 def aggregate(rows: Sequence[dict]) -> list[dict]:
-    """One summary per (method, temperature), in order of first appearance.
+    """One summary per (method, temperature), by temperature, then in order of first appearance.
 
     Args:
         rows (Sequence[dict]): benchmark rows.
@@ -41,7 +41,7 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
         (mean per prompt) and ``identical_share`` (share of temperature-0 rows equal to AR, None otherwise).
     """
     groups: dict[tuple[str, float], list[dict]] = {}
-    for r in rows:
+    for r in sorted(rows, key=lambda r: r["temperature"]):
         groups.setdefault((r["method"], r["temperature"]), []).append(r)
     phases = _phases(rows)
     summaries = []

@@ -43,6 +43,25 @@ class ModelDrafter:
         self.num_forwards = 0
         self.default_tree = Chain(k=4)
 
+    @classmethod
+    def from_target_layers(cls, target, num_layers: int, **kwargs) -> ModelDrafter:
+        """A self-speculative drafter: the target's first ``num_layers`` decoder layers plus its final norm and
+        LM head (weights copied once; the target is untouched)."""
+        import copy
+
+        total = target.config.num_hidden_layers
+        if not 1 <= num_layers < total:
+            raise ValueError(f"num_layers={num_layers} must be in [1, {total - 1}] for a {total}-layer target.")
+        config = copy.deepcopy(target.config)
+        config.num_hidden_layers = num_layers
+        if getattr(config, "layer_types", None) is not None:
+            config.layer_types = config.layer_types[:num_layers]
+        draft = type(target)(config).to(device=target.device, dtype=target.dtype)
+        missing, _ = draft.load_state_dict(target.state_dict(), strict=False)
+        if missing:
+            raise ValueError(f"Cannot truncate {type(target).__name__}: weights {missing[:3]} have no source.")
+        return cls(draft.eval(), **kwargs)
+
     def validate(self, target: TargetModel, tree: TreeSpec) -> None:
         if self.lm.vocab_size != target.vocab_size:
             raise ValueError(

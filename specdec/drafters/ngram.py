@@ -30,9 +30,7 @@ class NGramDrafterConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram:
-            raise ValueError(
-                f"NGramDrafter: need 1 <= min_ngram ({self.min_ngram}) <= max_ngram ({self.max_ngram})."
-            )
+            raise ValueError(f"NGramDrafter: need 1 <= min_ngram ({self.min_ngram}) <= max_ngram ({self.max_ngram}).")
         if self.max_matches < 1:
             raise ValueError(f"NGramDrafter: max_matches={self.max_matches} must be >= 1.")
 

@@ -219,7 +219,7 @@ def cache_kwarg(model) -> str:
 
 
 @dataclass
-class _Round:
+class VerifyRound:
     """Everything one verify forward leaves for ``commit`` / ``rollback``."""
 
     model: object
@@ -250,14 +250,14 @@ class RecurrentAdapter:
         return f"{type(self).__name__}({type(self.module).__name__}, layer {self.layer_idx})"
 
     # -- per family -----------------------------------------------------------------------------------------
-    def tree_forward(self, hidden_states: torch.Tensor, rnd: _Round) -> torch.Tensor:
+    def tree_forward(self, hidden_states: torch.Tensor, rnd: VerifyRound) -> torch.Tensor:
         raise NotImplementedError
 
     def advance(self, state: torch.Tensor, stash, nodes: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     # -- shared ---------------------------------------------------------------------------------------------
-    def states(self, rnd: _Round) -> tuple[torch.Tensor, torch.Tensor]:
+    def states(self, rnd: VerifyRound) -> tuple[torch.Tensor, torch.Tensor]:
         """Committed ``(conv window [1, C, S], recurrent state [1, ...])`` of this layer."""
         layer = rnd.cache.layers[self.layer_idx]
         conv, rec = _state_tensor(layer, "conv_states"), _state_tensor(layer, "recurrent_states")
@@ -270,7 +270,7 @@ class RecurrentAdapter:
             raise ValueError(f"specdec verifies one sequence at a time; the cache has batch size {conv.shape[0]}.")
         return conv, rec
 
-    def commit(self, rnd: _Round, path: torch.Tensor) -> None:
+    def commit(self, rnd: VerifyRound, path: torch.Tensor) -> None:
         """Write the state after the accepted path (replayed from the committed state) and its conv window."""
         conv, rec = self.states(rnd)
         stash = rnd.stash[self.layer_idx]
@@ -281,7 +281,7 @@ class RecurrentAdapter:
         conv.copy_(window[..., -conv.shape[-1] :])
         rec.copy_(state.to(rec.dtype))
 
-    def bound_forward(self, rnd: _Round) -> Callable:
+    def bound_forward(self, rnd: VerifyRound) -> Callable:
         """The replacement for the mixer's ``forward`` during one verify forward."""
 
         def forward(*args, **kwargs):
@@ -312,7 +312,7 @@ class RecurrentAdapter:
 
 
 @contextmanager
-def _swapped_forwards(adapters: Sequence[RecurrentAdapter], rnd: _Round) -> Iterator[None]:
+def _swapped_forwards(adapters: Sequence[RecurrentAdapter], rnd: VerifyRound) -> Iterator[None]:
     """Route each adapted mixer's ``forward`` to its adapter; always restored on exit.
 
     An accelerate hook keeps the original forward in ``_old_forward`` and calls it from an instance ``forward``;
@@ -362,7 +362,7 @@ class HybridState:
         self.adapters = tuple(adapters)
         self.mode = mode
         self._kv = KVState()
-        self._round: _Round | None = None
+        self._round: VerifyRound | None = None
 
     def __repr__(self) -> str:
         families = sorted({type(a.module).__name__ for a in self.adapters})
@@ -384,7 +384,7 @@ class HybridState:
             logger.debug("verify_scope: discarding a round that was neither committed nor rolled back")
         self._check_cache(cache)
         device = self.adapters[0].module.conv1d.weight.device
-        rnd = _Round(model=model, cache=cache, tree=tree, prefix_len=prefix_len,
+        rnd = VerifyRound(model=model, cache=cache, tree=tree, prefix_len=prefix_len,
                      topo=TreeTopology.from_tree(tree, device))
         if self.mode == "snapshot":
             rnd.snap = snapshot(cache, attention="length")
@@ -400,7 +400,7 @@ class HybridState:
         if missing:
             raise RuntimeError(f"The verify forward did not run recurrent layers {missing} through verify_scope.")
 
-    def _check_native_ran(self, rnd: _Round) -> None:
+    def _check_native_ran(self, rnd: VerifyRound) -> None:
         adapter = self.adapters[0]
         _, rec = adapter.states(rnd)
         saved = rnd.snap.layers[adapter.layer_idx]
@@ -412,7 +412,7 @@ class HybridState:
                 f"to verify_scope (pass it as {cache_kwarg(rnd.model)!r})."
             )
 
-    def _take_round(self, cache, prefix_len: int) -> _Round:
+    def _take_round(self, cache, prefix_len: int) -> VerifyRound:
         rnd, self._round = self._round, None
         if rnd is None:
             raise RuntimeError("commit without a verify_scope: there is no verified tree to commit.")
@@ -462,7 +462,7 @@ def _check_path(tree: DraftTree, path: Sequence[int]) -> list[int]:
 
 
 @torch.no_grad()
-def _replay(rnd: _Round, path: list[int]) -> None:
+def _replay(rnd: VerifyRound, path: list[int]) -> None:
     """Run the accepted tokens through the model's own forward on top of the restored cache."""
     model = rnd.model
     params = inspect.signature(type(model).forward).parameters

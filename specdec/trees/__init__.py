@@ -6,4 +6,12 @@ Trees are parent arrays (``specdec.types.DraftTree``); notation in ``docs/trees.
 from specdec.trees.mask import ancestor_mask, tree_attention_bias, tree_position_ids
 from specdec.trees.paths import chain_tree, paths_to_tree, prune_depth, root_tree
 
-__all__ = ["ancestor_mask", "chain_tree", "paths_to_tree", "prune_depth", "root_tree", "tree_attention_bias", "tree_position_ids"]
+__all__ = [
+    "ancestor_mask",
+    "chain_tree",
+    "paths_to_tree",
+    "prune_depth",
+    "root_tree",
+    "tree_attention_bias",
+    "tree_position_ids",
+]

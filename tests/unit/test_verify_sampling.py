@@ -1,6 +1,5 @@
 """Sample-and-match must emit genuine target samples: chi-square tests that can fail."""
 
-import pytest
 import torch
 from models import tiny_model
 

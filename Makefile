@@ -1,0 +1,32 @@
+# make demo / make test bootstrap a local virtualenv on first use.
+# CPU machines get torch==2.13.0 first: an unpinned torch would pull a multi-GB CUDA build.
+VENV ?= .venv
+TRANSFORMERS ?=
+PY := $(VENV)/bin/python
+PIN_TORCH ?= torch==2.13.0
+ifeq ($(TRANSFORMERS),)
+EXTRA_PINS :=
+else
+EXTRA_PINS := transformers==$(TRANSFORMERS) triton==3.6.0 "numpy<2.4"
+endif
+
+.PHONY: demo test test-slow lint
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q $(PIN_TORCH)
+	$(VENV)/bin/pip install -q -e ".[dev]" $(EXTRA_PINS)
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) -m specdec target=dense drafter=ngram tree=chain tree.k=6 prompts.limit=3 max_new_tokens=64
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+test-slow: $(VENV)/.installed
+	$(PY) -m pytest -m slow
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check specdec tests

@@ -1,0 +1,3 @@
+from specdec.cli import main
+
+main()

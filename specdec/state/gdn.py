@@ -1,0 +1,125 @@
+"""Gated DeltaNet adapters: Qwen3.5 / Qwen3.5-MoE (``Qwen3_5GatedDeltaNet``, ``Qwen3_5MoeGatedDeltaNet``) and
+Qwen3-Next (``Qwen3NextGatedDeltaNet``) ``linear_attention`` layers.
+
+The HF module's projections, conv weight, ``A_log``, ``dt_bias``, gated norm and ``out_proj`` are used as they
+are; only the short conv (over ancestor paths) and the delta-rule recurrence (per path, fp32) are computed
+here. Recurrence per value head (``docs/hybrid.md``): ``S <- exp(g) S``; ``S <- S + k (beta (v - S^T k))^T``;
+``o = S^T q`` with q, k L2-normalised and q scaled by ``K^-1/2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers.activations import ACT2FN
+
+from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv, tree_scan
+
+__all__ = ["GDN_ADAPTERS", "GDNStash", "GatedDeltaNetAdapter", "Qwen3NextGatedDeltaNetAdapter", "gdn_step"]
+
+
+@dataclass(frozen=True)
+class GDNStash:
+    """Per-node inputs of the recurrence, kept from verify to commit (one verify forward, one layer).
+
+    Args:
+        preconv (torch.Tensor): ``[N, C]`` pre-conv q|k|v projections (model dtype), for the conv window.
+        key (torch.Tensor): ``[N, HV, K]`` fp32, L2-normalised, repeated to the value heads.
+        value (torch.Tensor): ``[N, HV, V]`` fp32.
+        log_decay (torch.Tensor): ``[N, HV]`` fp32 ``g = -exp(A_log) softplus(a + dt_bias)`` (<= 0).
+        beta (torch.Tensor): ``[N, HV]`` fp32 ``sigmoid(b)``.
+    """
+
+    preconv: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    log_decay: torch.Tensor
+    beta: torch.Tensor
+
+
+def gdn_step(
+    state: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
+    """One gated delta-rule update for a batch of nodes.
+
+    Args:
+        state (torch.Tensor): ``[n, HV, K, V]`` fp32 parent states.
+        key, value, log_decay, beta: ``[n, HV, K]``, ``[n, HV, V]``, ``[n, HV]``, ``[n, HV]`` (fp32).
+
+    Returns:
+        ``[n, HV, K, V]`` the nodes' states.
+    """
+    state = state * log_decay.exp()[..., None, None]
+    recalled = (state * key[..., None]).sum(-2)  # [n, HV, V]
+    delta = (value - recalled) * beta[..., None]
+    return state + key[..., None] * delta[..., None, :]
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNetAdapter(RecurrentAdapter):
+    """Tree forward of a Qwen3.5-layout Gated DeltaNet (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``,
+    ``in_proj_a``)."""
+
+    family = "gated_deltanet"
+
+    def _project(self, hidden_states: torch.Tensor):
+        """``(mixed_qkv [1, N, C], z [1, N, HV, V], b [1, N, HV], a [1, N, HV])``."""
+        m = self.module
+        z = m.in_proj_z(hidden_states)
+        z = z.reshape(*z.shape[:2], -1, m.head_v_dim)
+        return m.in_proj_qkv(hidden_states), z, m.in_proj_b(hidden_states), m.in_proj_a(hidden_states)
+
+    def tree_forward(self, hidden_states: torch.Tensor, rnd: VerifyRound) -> torch.Tensor:
+        m = self.module
+        n = hidden_states.shape[1]
+        mixed, z, b, a = self._project(hidden_states)
+        conv, rec = self.states(rnd)
+        weight = m.conv1d.weight[:, 0, :]  # [C, W]
+        index = rnd.topo.conv_index(weight.shape[-1], conv.shape[-1])
+        x = tree_conv(mixed[0], conv[0], weight, m.conv1d.bias, index, ACT2FN[m.activation])  # [N, C]
+        q, k, v = x.split([m.key_dim, m.key_dim, m.value_dim], dim=-1)
+        rep = m.num_v_heads // m.num_k_heads  # grouped value heads: value head h reads key head h // rep
+        q = _l2norm(q.float().reshape(n, m.num_k_heads, m.head_k_dim)).repeat_interleave(rep, dim=1)
+        q = q / (m.head_k_dim**0.5)
+        k = _l2norm(k.float().reshape(n, m.num_k_heads, m.head_k_dim)).repeat_interleave(rep, dim=1)
+        v = v.float().reshape(n, m.num_v_heads, m.head_v_dim)
+        beta = b[0].sigmoid().float()
+        g = -m.A_log.float().exp() * F.softplus(a[0].float() + m.dt_bias)
+        stash = GDNStash(preconv=mixed[0], key=k, value=v, log_decay=g, beta=beta)
+        rnd.stash[self.layer_idx] = stash
+
+        def step(parent_states, nodes):
+            states = self.advance(parent_states, stash, nodes)
+            return states, (states * q.index_select(0, nodes)[..., None]).sum(-2)  # [n, HV, V]
+
+        out = tree_scan(rec.float(), rnd.topo, step).to(hidden_states.dtype)  # [N, HV, V]
+        out = m.norm(out.reshape(-1, m.head_v_dim), z[0].reshape(-1, m.head_v_dim)).reshape(1, n, -1)
+        return m.out_proj(out)
+
+    def advance(self, state: torch.Tensor, stash: GDNStash, nodes: torch.Tensor) -> torch.Tensor:
+        take = [t.index_select(0, nodes) for t in (stash.key, stash.value, stash.log_decay, stash.beta)]
+        return gdn_step(state, *take)
+
+
+class Qwen3NextGatedDeltaNetAdapter(GatedDeltaNetAdapter):
+    """Qwen3-Next layout: fused ``in_proj_qkvz`` / ``in_proj_ba``, split by the module's own
+    ``fix_query_key_value_ordering``."""
+
+    def _project(self, hidden_states: torch.Tensor):
+        m = self.module
+        q, k, v, z, b, a = m.fix_query_key_value_ordering(m.in_proj_qkvz(hidden_states), m.in_proj_ba(hidden_states))
+        n = hidden_states.shape[1]
+        mixed = torch.cat([t.reshape(1, n, -1) for t in (q, k, v)], dim=-1)
+        return mixed, z, b, a
+
+
+GDN_ADAPTERS: dict[str, type[RecurrentAdapter]] = {
+    "Qwen3_5GatedDeltaNet": GatedDeltaNetAdapter,
+    "Qwen3_5MoeGatedDeltaNet": GatedDeltaNetAdapter,
+    "Qwen3NextGatedDeltaNet": Qwen3NextGatedDeltaNetAdapter,
+}

@@ -1,0 +1,125 @@
+"""Mamba2 (SSD) mixer adapters: ``Mamba2Mixer`` and its HF relatives with the same layout (``BambaMixer``,
+``NemotronHMamba2Mixer``, ``Zamba2MambaMixer``, ``GraniteMoeHybridMambaLayer``) plus ``FalconH1Mixer`` (muP
+multipliers, optional gated norm).
+
+The HF module's ``in_proj``, conv weight, ``A_log``, ``dt_bias``, ``D``, gated norm and ``out_proj`` are used
+as they are; only the short conv (over ancestor paths) and the SSM recurrence (per path, fp32) are computed
+here. Per head (``docs/hybrid.md``): ``dt = clamp(softplus(dt + dt_bias))``; ``h <- exp(dt A) h + dt x B^T``;
+``y = h C + D x``; then the module's gated RMSNorm with z and ``out_proj``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers.activations import ACT2FN
+
+from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv, tree_scan
+
+__all__ = ["MAMBA2_ADAPTERS", "FalconH1Adapter", "Mamba2Adapter", "Mamba2Stash", "mamba2_step"]
+
+
+@dataclass(frozen=True)
+class Mamba2Stash:
+    """Per-node inputs of the SSM recurrence, kept from verify to commit (one verify forward, one layer).
+
+    Args:
+        preconv (torch.Tensor): ``[N, C]`` pre-conv x|B|C projections (model dtype), for the conv window.
+        x (torch.Tensor): ``[N, H, P]`` fp32 post-conv inputs per head.
+        dt (torch.Tensor): ``[N, H]`` fp32 step sizes (after softplus and the ``time_step_limit`` clamp).
+        B (torch.Tensor): ``[N, H, S]`` fp32 input matrices, repeated from the groups to the heads.
+        A (torch.Tensor): ``[H]`` fp32 ``-exp(A_log)``.
+    """
+
+    preconv: torch.Tensor
+    x: torch.Tensor
+    dt: torch.Tensor
+    B: torch.Tensor
+    A: torch.Tensor
+
+
+def mamba2_step(
+    state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, A: torch.Tensor
+) -> torch.Tensor:
+    """One SSD update for a batch of nodes.
+
+    Args:
+        state (torch.Tensor): ``[n, H, P, S]`` fp32 parent states.
+        x, dt, B: ``[n, H, P]``, ``[n, H]``, ``[n, H, S]`` (fp32); A ``[H]``.
+
+    Returns:
+        ``[n, H, P, S]`` the nodes' states.
+    """
+    decay = torch.exp(dt * A)  # [n, H]
+    return state * decay[..., None, None] + (dt[..., None] * B)[:, :, None, :] * x[..., None]
+
+
+class Mamba2Adapter(RecurrentAdapter):
+    """Tree forward of a ``Mamba2Mixer``-layout SSD mixer (``in_proj`` -> gate | xBC | dt)."""
+
+    family = "mamba2"
+
+    def _project(self, hidden_states: torch.Tensor):
+        """``(gate [1, N, I], xBC [1, N, C], dt [1, N, H])``."""
+        m = self.module
+        return m.in_proj(hidden_states).split([m.intermediate_size, m.conv_dim, m.num_heads], dim=-1)
+
+    def _gated_norm(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return self.module.norm(y, gate)
+
+    def tree_forward(self, hidden_states: torch.Tensor, rnd: VerifyRound) -> torch.Tensor:
+        m = self.module
+        n = hidden_states.shape[1]
+        gate, xbc, dt = self._project(hidden_states)
+        conv, rec = self.states(rnd)
+        weight = m.conv1d.weight[:, 0, :]  # [C, W]
+        index = rnd.topo.conv_index(weight.shape[-1], conv.shape[-1])
+        post = tree_conv(xbc[0], conv[0], weight, m.conv1d.bias, index, ACT2FN[m.activation])  # [N, C]
+        group = m.n_groups * m.ssm_state_size
+        x, B, C = post.split([m.intermediate_size, group, group], dim=-1)
+        rep = m.num_heads // m.n_groups  # head h reads group h // rep
+        x = x.float().reshape(n, m.num_heads, m.head_dim)
+        B = B.float().reshape(n, m.n_groups, m.ssm_state_size).repeat_interleave(rep, dim=1)
+        C = C.float().reshape(n, m.n_groups, m.ssm_state_size).repeat_interleave(rep, dim=1)
+        low, high = m.time_step_limit
+        dt = F.softplus(dt[0].float() + m.dt_bias.float()).clamp(min=low, max=high)
+        stash = Mamba2Stash(preconv=xbc[0], x=x, dt=dt, B=B, A=-torch.exp(m.A_log.float()))
+        rnd.stash[self.layer_idx] = stash
+
+        def step(parent_states, nodes):
+            states = self.advance(parent_states, stash, nodes)
+            return states, (states * C.index_select(0, nodes)[:, :, None, :]).sum(-1)  # [n, H, P]
+
+        y = tree_scan(rec.float(), rnd.topo, step) + m.D.float()[:, None] * x  # [N, H, P]
+        y = self._gated_norm(y.reshape(1, n, -1).to(hidden_states.dtype), gate)
+        return m.out_proj(y.to(hidden_states.dtype))
+
+    def advance(self, state: torch.Tensor, stash: Mamba2Stash, nodes: torch.Tensor) -> torch.Tensor:
+        take = [t.index_select(0, nodes) for t in (stash.x, stash.dt, stash.B)]
+        return mamba2_step(state, *take, stash.A)
+
+
+class FalconH1Adapter(Mamba2Adapter):
+    """Falcon-H1: input multiplier and muP vector around ``in_proj``; the gated norm is optional."""
+
+    def _project(self, hidden_states: torch.Tensor):
+        m = self.module
+        projected = m.in_proj(hidden_states * m.ssm_in_multiplier) * m.mup_vector
+        return projected.split([m.intermediate_size, m.conv_dim, m.num_heads], dim=-1)
+
+    def _gated_norm(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        if self.module.mamba_rms_norm:
+            return self.module.norm(y, gate)
+        return y * F.silu(gate)
+
+
+MAMBA2_ADAPTERS: dict[str, type[RecurrentAdapter]] = {
+    "Mamba2Mixer": Mamba2Adapter,
+    "BambaMixer": Mamba2Adapter,
+    "NemotronHMamba2Mixer": Mamba2Adapter,
+    "Zamba2MambaMixer": Mamba2Adapter,
+    "GraniteMoeHybridMambaLayer": Mamba2Adapter,
+    "FalconH1Mixer": FalconH1Adapter,
+}
