@@ -20,8 +20,9 @@ logger = logging.getLogger(__name__)
 
 
 def zoo_dir() -> Path:
-    """The zoo of trained fixtures: ``$SPECDEC_ZOO``, default ``../shared/zoo``."""
-    return Path(os.environ.get("SPECDEC_ZOO", "../shared/zoo"))
+    """The zoo of trained fixtures: ``$SPECDEC_ZOO``, else ``../shared/zoo`` relative to the repository root."""
+    env = os.environ.get("SPECDEC_ZOO")
+    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "zoo"
 
 
 def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
@@ -44,9 +45,11 @@ def load_target(path: str | Path, *, device: torch.device, dtype: torch.dtype, a
 
 
 def load_prompts(path: str | Path | None = None, *, limit: int | None = None, text: str | None = None) -> list[dict]:
-    """Prompts as ``{"id", "prompt", ...}`` dicts from a JSONL file (or one literal ``text``)."""
+    """Prompts as ``{"id", "prompt", ...}`` dicts from a JSONL file (default the zoo's dev prompts), or one
+    literal ``text``; ``limit`` keeps the first prompts."""
     if text is not None:
         return [{"id": "text", "prompt": text}]
+    path = zoo_dir() / "prompts_dev.jsonl" if path is None else path
     if path is None or not Path(path).is_file():
         raise FileNotFoundError(f"No prompts file at {path}; give prompts.path (JSONL with a 'prompt' field).")
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

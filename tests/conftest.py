@@ -6,7 +6,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # tiny models: threads only add contention
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from specdec.bench.report import write_report
-from specdec.drafters import DRAFTERS, ModelDrafter
 from specdec.generate import generate
+from specdec.loading import build_drafter, load_prompts, zoo_dir
 from specdec.types import Chain, DDTree, TreeSpec
 
 __all__ = [
@@ -58,32 +58,6 @@ class Method:
         # A class or a function builds the drafter; a drafter object is used as it is.
         is_factory = isinstance(self.drafter, type) or (callable(self.drafter) and not hasattr(self.drafter, "propose"))
         return self.drafter() if is_factory else self.drafter
-
-
-def zoo_dir() -> Path:
-    """The fixture folder: ``$SPECDEC_ZOO``, else ``../shared/zoo`` relative to the repository root."""
-    env = os.environ.get("SPECDEC_ZOO")
-    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "zoo"
-
-
-def load_prompts(path: str | os.PathLike | None = None, *, limit: int | None = None) -> list[dict]:
-    """Read a JSONL of ``{"id", "prompt", ...}`` records (default: the zoo's ``prompts_dev.jsonl``).
-
-    Args:
-        path (str | PathLike | None): the JSONL file. Default ``zoo_dir() / "prompts_dev.jsonl"``.
-        limit (int | None): keep the first ``limit`` prompts. Default all.
-
-    Returns:
-        list[dict]: the records, in file order.
-    """
-    path = Path(path) if path is not None else zoo_dir() / "prompts_dev.jsonl"
-    with path.open() as f:
-        prompts = [json.loads(line) for line in f if line.strip()]
-    for i, p in enumerate(prompts):
-        if "prompt" not in p:
-            raise ValueError(f"{path}: record {i} has no 'prompt' field; each line needs {{'id', 'prompt'}}.")
-        p.setdefault("id", str(i))
-    return prompts[:limit]
 
 
 def _sync(device: torch.device) -> None:
@@ -286,16 +260,9 @@ def _resolve_path(path: str | os.PathLike) -> str:
 
 
 def _build_drafter(kind: str, target, tokenizer, **kwargs) -> object:
-    if kind == "model":
-        from transformers import AutoModelForCausalLM
-
-        path = _resolve_path(kwargs.pop("path"))
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=target.dtype, attn_implementation="sdpa")
-        return ModelDrafter(model.to(target.device).eval(), **kwargs)
-    if kind not in DRAFTERS:
-        raise ValueError(f"Unknown drafter kind {kind!r}; known: {sorted(DRAFTERS)} (or pass drafter_factories).")
-    return DRAFTERS[kind](**kwargs)
-
+    if "path" in kwargs:
+        kwargs["path"] = _resolve_path(kwargs["path"])
+    return build_drafter(kind, target, **kwargs)
 
 def _tree_specs(spec: Mapping | None) -> list[tuple[str, TreeSpec | None]]:
     """Expand a tree spec whose fields may be lists into (suffix, TreeSpec) pairs, in product order."""

@@ -35,7 +35,8 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
 
     Returns:
         list[dict]: each with ``method, drafter, tree, budget, topk, temperature, prompts, new_tokens,
-        decode_tokens, decode_s``, ``tau`` (mean over prompts), ``tok_s`` (sum decode tokens / sum decode
+        decode_tokens, decode_s``, ``tau`` (mean over all rounds of all prompts: a prompt that stops at its
+        first token adds no round), ``tok_s`` (sum decode tokens / sum decode
         seconds), ``speedup`` (over the AR summary of the same temperature, None without one),
         ``phase_ms_per_round`` (phase -> summed ms / summed rounds, prefill excluded), ``prefill_ms``
         (mean per prompt) and ``identical_share`` (share of temperature-0 rows equal to AR, None otherwise).
@@ -63,7 +64,7 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
                 "new_tokens": sum(r["new_tokens"] for r in group),
                 "decode_tokens": decode_tokens,
                 "decode_s": decode_s,
-                "tau": sum(r["tau"] for r in group) / len(group),
+                "tau": sum(r["tau"] * r["rounds"] for r in group) / rounds if rounds else None,
                 "tok_s": decode_tokens / decode_s if decode_s > 0 else None,
                 "speedup": None,
                 "phase_ms_per_round": {
@@ -100,7 +101,7 @@ def format_table(summaries: Sequence[dict]) -> str:
             f"{s['temperature']:g}",
             str(s["budget"]) if s["tree"] != "ar" else "–",
             topk,
-            f"{s['tau']:.2f}",
+            _fmt(s["tau"], ".2f"),
             _fmt(s["tok_s"], ".1f"),
             _fmt(s["speedup"], ".2f") + ("×" if s["speedup"] is not None else ""),
             _fmt(None if s["identical_share"] is None else 100 * s["identical_share"], ".0f")

@@ -3,15 +3,19 @@
 Trees are parent arrays (``specdec.types.DraftTree``); notation in ``docs/trees.md``.
 """
 
+from specdec.trees.ddtree import build_ddtree, chain_from_logq, tree_path_scores
 from specdec.trees.mask import ancestor_mask, tree_attention_bias, tree_position_ids
 from specdec.trees.paths import chain_tree, paths_to_tree, prune_depth, root_tree
 
 __all__ = [
     "ancestor_mask",
+    "build_ddtree",
+    "chain_from_logq",
     "chain_tree",
     "paths_to_tree",
     "prune_depth",
     "root_tree",
     "tree_attention_bias",
+    "tree_path_scores",
     "tree_position_ids",
 ]

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from models import tiny_model
 
 from specdec.bench import (
     Method,
@@ -150,13 +150,8 @@ def test_methods_from_specs_rejects_unknown_names():
     assert factory[0].drafter == ("T", "K", 2)
 
 
-def _tiny_target() -> Qwen3ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, attn_implementation="sdpa",
-    )  # fmt: skip
-    return Qwen3ForCausalLM(config).eval()
+def _tiny_target():
+    return tiny_model("qwen3")  # hidden 64, 2 layers, vocab 128
 
 
 def _char_tokenizer(text: str, return_tensors: str = "pt"):

@@ -232,8 +232,8 @@ def test_generate_greedy_is_lossless(target):
     drafter = make_drafter(target)
     for seed in range(2):
         prompt = tokens(9, seed=seed)
-        want = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24, do_sample=False,
+        want = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False,
                                pad_token_id=0)
         for tree in (Chain(k=5), DDTree(budget=8, topk=3)):
-            out = specdec.generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=24, do_sample=False)
+            out = specdec.generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=12, do_sample=False)
             assert torch.equal(out.sequences, want), tree

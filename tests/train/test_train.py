@@ -20,7 +20,7 @@ def tiny_target(vocab: int = 128, seed: int = 0):
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-                      eos_token_id=0, pad_token_id=1, tie_word_embeddings=True)  # fmt: skip
+                      eos_token_id=0, pad_token_id=1, tie_word_embeddings=True, initializer_range=0.2)  # fmt: skip
     return Qwen3ForCausalLM(cfg).eval()
 
 
@@ -114,9 +114,8 @@ def _tokenizer(texts: list[str], folder):
 
 def test_train_dflash_loss_falls(tmp_path):
     """A few steps on a tiny target must cut the loss well below its start (and write a loadable checkpoint)."""
-    gen = torch.Generator().manual_seed(0)
-    words = ["def", "return", "self", "value", "index", "import", "class", "for", "in", "range", "(", ")", ":"]
-    texts = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (400,), generator=gen)) for _ in range(12)]
+    cycle = "def value ( self , index ) : return range ( index ) + self . cache [ index ] \n"
+    texts = [cycle * 20 for _ in range(6)]  # slot k's label follows from the root: learnable in a few steps
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i, text in enumerate(texts):
@@ -126,12 +125,12 @@ def test_train_dflash_loss_falls(tmp_path):
     target.save_pretrained(tmp_path / "target")
     cfg = TrainConfig(target=str(tmp_path / "target"), tokenizer=str(tmp_path / "tok"), corpus=(str(corpus),),
                       out_dir=str(tmp_path / "out"), num_layers=1, target_layer_ids=(1, 2), block_size=4,
-                      seq_len=64, num_anchors=16, batch_size=8, lr=3e-3, warmup_ratio=0.1, max_steps=40,
+                      seq_len=32, num_anchors=8, batch_size=4, lr=1e-2, warmup_ratio=0.1, max_steps=20,
                       log_every=1, eval_every=0, eval_num_prompts=2, eval_prompt_tokens=16, eval_new_tokens=8,
                       save_every=0, progress=False, device="cpu")  # fmt: skip
     summary = train_dflash(cfg)
     losses = [r["loss"] for r in summary["losses"]]
-    assert summary["steps"] == 40 and len(losses) == 40
+    assert summary["steps"] == 20 and len(losses) == 20
     assert sum(losses[-5:]) / 5 < 0.6 * losses[0], losses
     drafter = DFlashDrafter.from_pretrained(tmp_path / "out", target=target)
     assert drafter.config.target_layer_ids == (1, 2) and drafter.config.mask_token_id == tok.mask_token_id

@@ -58,7 +58,7 @@ def _brute_force(logq: torch.Tensor, budget: int, topk: int | None) -> list[tupl
     return [p[2] for p in prefixes[:budget]]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_logq_cases())
 def test_build_ddtree_matches_brute_force(case):
     logq, budget, topk = case
@@ -66,7 +66,7 @@ def test_build_ddtree_matches_brute_force(case):
     assert _paths(tree)[1:] == _brute_force(logq, budget, topk)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(_logq_cases(max_depth=6, max_vocab=12))
 def test_build_ddtree_is_a_prefix_closed_tree(case):
     logq, budget, topk = case
@@ -85,7 +85,7 @@ def test_build_ddtree_is_a_prefix_closed_tree(case):
     assert tree.tokens.dtype == torch.long and tree.parents.dtype == torch.long
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(_logq_cases(max_depth=6, max_vocab=12))
 def test_build_ddtree_scores_non_increasing(case):
     logq, budget, topk = case
@@ -93,7 +93,7 @@ def test_build_ddtree_scores_non_increasing(case):
     assert bool((scores[1:] <= scores[:-1]).all())
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(_logq_cases(max_depth=6, max_vocab=8), st.integers(1, 8))
 def test_build_ddtree_topk_one_equals_chain(case, k):
     logq = case[0]

@@ -1,0 +1,50 @@
+"""The zoo dense target (fp32, CPU): speculative greedy output equals the target's own greedy generate."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import specdec
+
+
+@pytest.fixture(scope="module")
+def dense(zoo):
+    model = AutoModelForCausalLM.from_pretrained(zoo / "target-dense", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    prompts = [json.loads(line) for line in (zoo / "prompts_dev.jsonl").read_text().splitlines()]
+    return model, tok, prompts
+
+
+def check_prompts(dense, rows, drafter, tree, max_new_tokens):
+    model, tok, _ = dense
+    mismatched, taus = [], []
+    for row in rows:
+        ids = tok(row["prompt"], return_tensors="pt").input_ids
+        ref = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
+        out = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens)
+        if not torch.equal(out.sequences, ref):
+            mismatched.append(row["id"])
+        taus.append(out.stats.tau)
+    assert not mismatched, f"outputs differ from target greedy on {mismatched}"
+    return sum(taus) / len(taus)
+
+
+@pytest.mark.parametrize("tree", [specdec.Chain(k=4), specdec.DDTree(budget=12, topk=4)], ids=["chain", "ddtree"])
+def test_zoo_dense_model_drafter_matches_greedy_quick(dense, tree):
+    drafter = specdec.ModelDrafter.from_target_layers(dense[0], 2)
+    tau = check_prompts(dense, dense[2][:3], drafter, tree, 48)
+    assert tau > 1.2  # a 2-layer truncation of the target agrees often
+
+
+def test_zoo_dense_ngram_matches_greedy_quick(dense):
+    check_prompts(dense, dense[2][3:6], specdec.NGramDrafter(), specdec.DDTree(budget=8), 48)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", [specdec.Chain(k=4), specdec.DDTree(budget=12, topk=4)], ids=["chain", "ddtree"])
+def test_zoo_dense_all_dev_prompts_128_tokens(dense, tree):
+    drafter = specdec.ModelDrafter.from_target_layers(dense[0], 2)
+    assert len(dense[2]) == 80
+    check_prompts(dense, dense[2], drafter, tree, 128)
