@@ -137,7 +137,7 @@ def test_methods_from_specs_expands_tree_lists():
 
 
 def test_methods_from_specs_rejects_unknown_names():
-    with pytest.raises(ValueError, match="Unknown drafter kind 'nope'"):
+    with pytest.raises(ValueError, match="Unknown drafter 'nope'"):
         methods_from_specs([{"drafter": "nope"}], target=None, tokenizer=None)
     with pytest.raises(ValueError, match="unknown keys"):
         methods_from_specs([{"drafter": "ngram", "budget": 3}], target=None, tokenizer=None)

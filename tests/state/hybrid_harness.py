@@ -37,6 +37,9 @@ def _configs() -> dict:
         "falcon_h1": lambda: (tf.FalconH1ForCausalLM, tf.FalconH1Config(
             **common, **_ATTN, **_SSM, num_hidden_layers=2, mamba_expand=2, mamba_d_ssm=None,
             ssm_multipliers=[1.1, 1.5, 1.3, 1.2, 0.9], ssm_in_multiplier=1.3, ssm_out_multiplier=1.5)),
+        "falcon_h1_rmsnorm": lambda: (tf.FalconH1ForCausalLM, tf.FalconH1Config(
+            **common, **_ATTN, **_SSM, num_hidden_layers=2, mamba_expand=2, mamba_d_ssm=None,
+            mamba_rms_norm=True, mamba_norm_before_gate=False)),
         "nemotron_h": lambda: (tf.NemotronHForCausalLM, tf.NemotronHConfig(
             **common, **_ATTN, num_hidden_layers=4, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
             n_groups=2, chunk_size=16, layers_block_type=["mamba", "mlp", "attention", "mamba"])),

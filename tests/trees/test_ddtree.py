@@ -125,7 +125,7 @@ def test_build_ddtree_low_precision_input():
     assert _paths(tree)[1:] == _brute_force(logq.float(), 20, 4)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_build_ddtree_device_matches_cpu():
     gen = torch.Generator().manual_seed(0)
     logq = torch.log_softmax(torch.randn(15, 1000, generator=gen), dim=-1)

@@ -1,0 +1,97 @@
+"""Tree verification on hybrid targets: every node's logits equal its root->node path run causally."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hybrid_harness import FAMILIES, VOCAB, path_logits, prefill, random_tree, tiny_hybrid, tree_forward, verify
+
+from specdec.state import HybridState, manager_for
+from specdec.types import DraftTree
+
+PREFIX = 9
+TREES = [("root", 1), ("chain", 16), ("deep", 40), ("bush", 20), ("random", 64), ("random", 7)]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request):
+    return request.param, tiny_hybrid(request.param)
+
+
+def test_manager_for_picks_hybrid_state(family_model):
+    family, model = family_model
+    manager = manager_for(model)
+    assert isinstance(manager, HybridState)
+    assert manager.mode == "exact"
+    assert len(manager.adapters) >= 2
+
+
+def test_tree_logits_match_path_causal(family_model):
+    family, model = family_model
+    manager = manager_for(model)
+    gen = torch.Generator().manual_seed(11)
+    prefix = torch.randint(0, VOCAB, (1, PREFIX), generator=gen)
+    cache = prefill(model, prefix)
+    for kind, n in TREES:
+        tree = random_tree(gen, n, kind)
+        logits = verify(model, manager, cache, tree, PREFIX)
+        manager.rollback(cache, PREFIX)
+        diff = (logits - path_logits(model, prefix, tree)).abs().max().item()
+        assert diff <= 1e-5, f"{family}: {kind} tree of {n} nodes differs from its paths by {diff:.2e}"
+
+
+def test_flattened_tree_leaks_without_verify_scope(family_model):
+    """The model's own multi-token forward treats the tree as one chain: siblings leak into each other."""
+    family, model = family_model
+    gen = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, VOCAB, (1, PREFIX), generator=gen)
+    tree = random_tree(gen, 12, "bush")
+    reference = path_logits(model, prefix, tree)
+    native = tree_forward(model, prefill(model, prefix), tree, PREFIX)
+    # The root and the first child see exactly their ancestors in flattened order; later siblings do not.
+    assert (native[:2] - reference[:2]).abs().max() <= 1e-5
+    leak = (native[2:] - reference[2:]).abs().max().item()
+    assert leak > 5e-2, f"{family}: flattened forward unexpectedly close to the path logits ({leak:.2e})"
+    manager = manager_for(model)
+    exact = verify(model, manager, prefill(model, prefix), tree, PREFIX)
+    assert (exact - reference).abs().max() <= 1e-5
+
+
+def test_non_ancestors_do_not_change_a_node(family_model):
+    """Sibling invariance: perturbing every non-ancestor token leaves a node's logits bitwise unchanged."""
+    family, model = family_model
+    manager = manager_for(model)
+    gen = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, VOCAB, (1, PREFIX), generator=gen)
+    cache = prefill(model, prefix)
+    tree = random_tree(gen, 24, "random")
+    node, parents = tree.num_nodes - 1, tree.parents.tolist()
+    ancestors = [node]
+    while parents[ancestors[-1]] >= 0:
+        ancestors.append(parents[ancestors[-1]])
+    tokens = tree.tokens.clone()
+    others = torch.tensor([i for i in range(tree.num_nodes) if i not in ancestors])
+    tokens[others] = (tokens[others] + 1 + others) % VOCAB
+    before = verify(model, manager, cache, tree, PREFIX)
+    manager.rollback(cache, PREFIX)
+    after = verify(model, manager, cache, DraftTree(tokens=tokens, parents=tree.parents), PREFIX)
+    manager.rollback(cache, PREFIX)
+    assert torch.equal(before[ancestors], after[ancestors])
+
+
+def test_verify_scope_restores_mixer_forwards(family_model):
+    family, model = family_model
+    manager = manager_for(model)
+    modules = [a.module for a in manager.adapters]
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, VOCAB, (1, PREFIX), generator=gen)
+    cache = prefill(model, prefix)
+    tree = random_tree(gen, 5, "random")
+    with pytest.raises(RuntimeError, match="boom"), manager.verify_scope(model, cache, tree, PREFIX):
+        assert all("forward" in m.__dict__ for m in modules)
+        raise RuntimeError("boom")
+    assert not any("forward" in m.__dict__ for m in modules)
+    manager.rollback(cache, PREFIX)
+    verify(model, manager, cache, tree, PREFIX)
+    assert not any("forward" in m.__dict__ for m in modules)
+    manager.rollback(cache, PREFIX)
