@@ -74,9 +74,11 @@ def _run_bench(cfg) -> None:
 def _run_train(cfg) -> None:
     from omegaconf import OmegaConf
 
-    from specdec.train import train_from_dict
+    from specdec.train import TrainConfig, train_dflash
 
-    train_from_dict(OmegaConf.to_container(cfg, resolve=True))
+    raw = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if v is not None}
+    raw = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    train_dflash(TrainConfig(**raw))
 
 
 def main() -> None:
