@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from specdec.state import manager_for
+from specdec.state import cache_kwarg, manager_for
 from specdec.trees import tree_attention_bias, tree_position_ids
 from specdec.types import DraftTree
 
@@ -46,7 +46,7 @@ class TargetModel:
             )
         self.state = manager_for(model, hybrid_mode=hybrid_mode)
         params = inspect.signature(type(model).forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_kwarg(model)
         self._has_logits_to_keep = "logits_to_keep" in params
         self.cache = None
         self.length = 0  # tokens held in the cache

@@ -12,7 +12,7 @@ import re
 from torch import nn
 
 from specdec.state.gdn import GDN_ADAPTERS
-from specdec.state.hybrid import HYBRID_MODES, HybridState, RecurrentAdapter
+from specdec.state.hybrid import HYBRID_MODES, HybridState, RecurrentAdapter, cache_kwarg
 from specdec.state.kv import KVState
 from specdec.state.mamba2 import MAMBA2_ADAPTERS
 from specdec.state.snapshot import Snapshot, restore, snapshot
@@ -22,6 +22,7 @@ __all__ = [
     "HybridState",
     "KVState",
     "Snapshot",
+    "cache_kwarg",
     "manager_for",
     "restore",
     "snapshot",
@@ -70,9 +71,9 @@ def manager_for(model: nn.Module, *, hybrid_mode: str = "exact"):
         ValueError: the model has a recurrent / stateful layer specdec has no exact adapter for.
 
     Examples:
-        >>> manager = manager_for(model)                       # doctest: +SKIP
+        >>> manager = manager_for(model)
         >>> with manager.verify_scope(model, cache, tree, prefix_len):
-        ...     out = model(...)
+        ...     logits = model(input_ids=tree.tokens[None], **{cache_kwarg(model): cache}, ...).logits
         >>> manager.commit(cache, prefix_len, path)
     """
     if hybrid_mode not in HYBRID_MODES:

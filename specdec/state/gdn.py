@@ -26,10 +26,11 @@ class GDNStash:
 
     Args:
         preconv (torch.Tensor): ``[N, C]`` pre-conv q|k|v projections (model dtype), for the conv window.
-        key (torch.Tensor): ``[N, HV, K]`` fp32, L2-normalised, repeated to the value heads.
-        value (torch.Tensor): ``[N, HV, V]`` fp32.
+        key (torch.Tensor): ``[N, H, K]`` fp32, L2-normalised, one per key head.
+        value (torch.Tensor): ``[N, HV, V]`` post-conv values (model dtype; widened exactly to fp32 on use).
         log_decay (torch.Tensor): ``[N, HV]`` fp32 ``g = -exp(A_log) softplus(a + dt_bias)`` (<= 0).
         beta (torch.Tensor): ``[N, HV]`` fp32 ``sigmoid(b)``.
+        heads_per_key (int): ``HV // H``; value head h reads key head ``h // heads_per_key``.
     """
 
     preconv: torch.Tensor
@@ -37,6 +38,7 @@ class GDNStash:
     value: torch.Tensor
     log_decay: torch.Tensor
     beta: torch.Tensor
+    heads_per_key: int
 
 
 def gdn_step(
@@ -79,31 +81,36 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
         n = hidden_states.shape[1]
         mixed, z, b, a = self._project(hidden_states)
         conv, rec = self.states(rnd)
+        topo = rnd.topology(conv.device)
         weight = m.conv1d.weight[:, 0, :]  # [C, W]
-        index = rnd.topo.conv_index(weight.shape[-1], conv.shape[-1])
+        index = topo.conv_index(weight.shape[-1], conv.shape[-1])
         x = tree_conv(mixed[0], conv[0], weight, m.conv1d.bias, index, ACT2FN[m.activation])  # [N, C]
         q, k, v = x.split([m.key_dim, m.key_dim, m.value_dim], dim=-1)
         rep = m.num_v_heads // m.num_k_heads  # grouped value heads: value head h reads key head h // rep
         q = _l2norm(q.float().reshape(n, m.num_k_heads, m.head_k_dim)).repeat_interleave(rep, dim=1)
         q = q / (m.head_k_dim**0.5)
-        k = _l2norm(k.float().reshape(n, m.num_k_heads, m.head_k_dim)).repeat_interleave(rep, dim=1)
-        v = v.float().reshape(n, m.num_v_heads, m.head_v_dim)
+        k = _l2norm(k.float().reshape(n, m.num_k_heads, m.head_k_dim))
+        v = v.reshape(n, m.num_v_heads, m.head_v_dim)
         beta = b[0].sigmoid().float()
         g = -m.A_log.float().exp() * F.softplus(a[0].float() + m.dt_bias)
-        stash = GDNStash(preconv=mixed[0], key=k, value=v, log_decay=g, beta=beta)
+        # contiguous copies: the stash outlives this forward and must not pin the whole projections
+        stash = GDNStash(
+            preconv=mixed[0].contiguous(), key=k, value=v.contiguous(), log_decay=g, beta=beta, heads_per_key=rep
+        )
         rnd.stash[self.layer_idx] = stash
 
         def step(parent_states, nodes):
             states = self.advance(parent_states, stash, nodes)
             return states, (states * q.index_select(0, nodes)[..., None]).sum(-2)  # [n, HV, V]
 
-        out = tree_scan(rec.float(), rnd.topo, step).to(hidden_states.dtype)  # [N, HV, V]
+        out = tree_scan(rec.float(), topo, step).to(hidden_states.dtype)  # [N, HV, V]
         out = m.norm(out.reshape(-1, m.head_v_dim), z[0].reshape(-1, m.head_v_dim)).reshape(1, n, -1)
         return m.out_proj(out)
 
     def advance(self, state: torch.Tensor, stash: GDNStash, nodes: torch.Tensor) -> torch.Tensor:
-        take = [t.index_select(0, nodes) for t in (stash.key, stash.value, stash.log_decay, stash.beta)]
-        return gdn_step(state, *take)
+        key = stash.key.index_select(0, nodes).repeat_interleave(stash.heads_per_key, dim=1)
+        value = stash.value.index_select(0, nodes).float()
+        return gdn_step(state, key, value, stash.log_decay.index_select(0, nodes), stash.beta.index_select(0, nodes))
 
 
 class Qwen3NextGatedDeltaNetAdapter(GatedDeltaNetAdapter):

@@ -28,6 +28,9 @@ __all__ = [
     "HybridState",
     "RecurrentAdapter",
     "TreeTopology",
+    "VerifyRound",
+    "cache_kwarg",
+    "is_recurrent_cache_layer",
     "tree_conv",
     "tree_scan",
 ]
@@ -36,10 +39,6 @@ logger = logging.getLogger(__name__)
 
 HYBRID_MODES = ("exact", "snapshot")
 _CACHE_KWARGS = ("cache", "past_key_values", "cache_params")  # newest name first (5.24: cache; 5.17: the others)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Tree topology shared by all layers of one verify forward
 
 
 @dataclass(frozen=True)
@@ -188,10 +187,6 @@ def tree_scan(
     return outputs
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Cache access (dict form of transformers >= 5.x LinearAttentionLayer, plain tensors in older 5.x snapshots)
-
-
 def _state_tensor(layer, name: str) -> torch.Tensor | None:
     value = getattr(layer, name, None)
     if isinstance(value, dict):
@@ -214,10 +209,6 @@ def cache_kwarg(model) -> str:
     raise ValueError(f"{type(model).__name__}.forward takes no cache argument (looked for {_CACHE_KWARGS}).")
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Adapters
-
-
 @dataclass
 class VerifyRound:
     """Everything one verify forward leaves for ``commit`` / ``rollback``."""
@@ -230,6 +221,15 @@ class VerifyRound:
     stash: dict[int, object] = field(default_factory=dict)  # layer_idx -> adapter stash
     snap: Snapshot | None = None
     native: bool = False
+    _on_device: dict = field(default_factory=dict, repr=False)
+
+    def topology(self, device: torch.device) -> TreeTopology:
+        """The tree's topology with index tensors on ``device`` (layers may sit on different devices)."""
+        if device not in self._on_device:
+            self._on_device[device] = (
+                self.topo if self.topo.device == device else TreeTopology.from_tree(self.tree, device)
+            )
+        return self._on_device[device]
 
 
 class RecurrentAdapter:
@@ -249,14 +249,12 @@ class RecurrentAdapter:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.module).__name__}, layer {self.layer_idx})"
 
-    # -- per family -----------------------------------------------------------------------------------------
     def tree_forward(self, hidden_states: torch.Tensor, rnd: VerifyRound) -> torch.Tensor:
         raise NotImplementedError
 
     def advance(self, state: torch.Tensor, stash, nodes: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    # -- shared ---------------------------------------------------------------------------------------------
     def states(self, rnd: VerifyRound) -> tuple[torch.Tensor, torch.Tensor]:
         """Committed ``(conv window [1, C, S], recurrent state [1, ...])`` of this layer."""
         layer = rnd.cache.layers[self.layer_idx]
@@ -268,12 +266,18 @@ class RecurrentAdapter:
             )
         if conv.shape[0] != 1:
             raise ValueError(f"specdec verifies one sequence at a time; the cache has batch size {conv.shape[0]}.")
+        if getattr(layer, "record_past", False):
+            raise ValueError(
+                f"Cache layer {self.layer_idx} records past conv states (activate_past_recording); "
+                "specdec commits the accepted path itself, turn recording off."
+            )
         return conv, rec
 
-    def commit(self, rnd: VerifyRound, path: torch.Tensor) -> None:
+    def commit(self, rnd: VerifyRound, path: Sequence[int]) -> None:
         """Write the state after the accepted path (replayed from the committed state) and its conv window."""
         conv, rec = self.states(rnd)
         stash = rnd.stash[self.layer_idx]
+        path = torch.tensor(path, dtype=torch.long, device=conv.device)
         state = rec.float()
         for j in range(path.numel()):
             state = self.advance(state, stash, path[j : j + 1])
@@ -334,10 +338,6 @@ def _swapped_forwards(adapters: Sequence[RecurrentAdapter], rnd: VerifyRound) ->
                 setattr(module, attr, old)
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The manager
-
-
 class HybridState:
     """State manager of hybrid targets: exact tree verification through recurrent adapters.
 
@@ -371,7 +371,11 @@ class HybridState:
     def _check_cache(self, cache) -> None:
         covered = {a.layer_idx for a in self.adapters}
         for idx, layer in enumerate(cache.layers):
-            if is_recurrent_cache_layer(layer) and idx not in covered and _state_tensor(layer, "conv_states") is not None:
+            if (
+                is_recurrent_cache_layer(layer)
+                and idx not in covered
+                and _state_tensor(layer, "conv_states") is not None
+            ):
                 raise ValueError(
                     f"Cache layer {idx} ({type(layer).__name__}) holds recurrent state but no adapter covers it; "
                     "this model has a recurrent layer specdec cannot verify exactly."
@@ -384,8 +388,9 @@ class HybridState:
             logger.debug("verify_scope: discarding a round that was neither committed nor rolled back")
         self._check_cache(cache)
         device = self.adapters[0].module.conv1d.weight.device
-        rnd = VerifyRound(model=model, cache=cache, tree=tree, prefix_len=prefix_len,
-                     topo=TreeTopology.from_tree(tree, device))
+        rnd = VerifyRound(
+            model=model, cache=cache, tree=tree, prefix_len=prefix_len, topo=TreeTopology.from_tree(tree, device)
+        )
         if self.mode == "snapshot":
             rnd.snap = snapshot(cache, attention="length")
             rnd.native = rnd.topo.is_chain
@@ -431,9 +436,8 @@ class HybridState:
             _replay(rnd, path)
             return
         self._kv.commit(cache, prefix_len, path)
-        path_t = torch.tensor(path, dtype=torch.long, device=rnd.topo.device)
         for adapter in self.adapters:
-            adapter.commit(rnd, path_t)
+            adapter.commit(rnd, path)
 
     def rollback(self, cache, prefix_len: int) -> None:
         """Undo a verify forward (exact mode never wrote recurrent state; snapshot mode restores its snapshot)."""
@@ -442,8 +446,11 @@ class HybridState:
             restore(cache, rnd.snap)
             return
         if rnd is None:
-            lengths = [layer.keys.shape[-2] for layer in cache.layers if isinstance(getattr(layer, "keys", None), torch.Tensor)
-                       and layer.keys.dim() == 4]
+            lengths = [
+                layer.keys.shape[-2]
+                for layer in cache.layers
+                if isinstance(getattr(layer, "keys", None), torch.Tensor) and layer.keys.dim() == 4
+            ]
             if any(n > prefix_len for n in lengths):
                 raise ValueError(
                     f"Cannot roll a hybrid cache back to {prefix_len} committed tokens: recurrent state of committed "
@@ -455,7 +462,7 @@ class HybridState:
 def _check_path(tree: DraftTree, path: Sequence[int]) -> list[int]:
     path = [int(i) for i in path]
     parents = tree.parents.tolist()
-    ok = bool(path) and path[0] == 0 and all(parents[b] == a for a, b in zip(path, path[1:]))
+    ok = bool(path) and path[0] == 0 and all(parents[b] == a for a, b in zip(path, path[1:], strict=False))
     if not ok:
         raise ValueError(f"path {path} is not a root-to-node path of the tree (parents {parents}).")
     return path
@@ -466,7 +473,7 @@ def _replay(rnd: VerifyRound, path: list[int]) -> None:
     """Run the accepted tokens through the model's own forward on top of the restored cache."""
     model = rnd.model
     params = inspect.signature(type(model).forward).parameters
-    device = rnd.topo.device
+    device = model.get_input_embeddings().weight.device
     tokens = rnd.tree.tokens.to(device).index_select(0, torch.tensor(path, device=device))[None]
     kwargs = {cache_kwarg(model): rnd.cache, "use_cache": True}
     if "position_ids" in params:

@@ -27,10 +27,11 @@ class Mamba2Stash:
 
     Args:
         preconv (torch.Tensor): ``[N, C]`` pre-conv x|B|C projections (model dtype), for the conv window.
-        x (torch.Tensor): ``[N, H, P]`` fp32 post-conv inputs per head.
+        x (torch.Tensor): ``[N, H, P]`` post-conv inputs per head (model dtype; widened exactly to fp32 on use).
         dt (torch.Tensor): ``[N, H]`` fp32 step sizes (after softplus and the ``time_step_limit`` clamp).
-        B (torch.Tensor): ``[N, H, S]`` fp32 input matrices, repeated from the groups to the heads.
+        B (torch.Tensor): ``[N, G, S]`` post-conv input matrices per group (model dtype).
         A (torch.Tensor): ``[H]`` fp32 ``-exp(A_log)``.
+        heads_per_group (int): ``H // G``; head h reads group ``h // heads_per_group``.
     """
 
     preconv: torch.Tensor
@@ -38,6 +39,7 @@ class Mamba2Stash:
     dt: torch.Tensor
     B: torch.Tensor
     A: torch.Tensor
+    heads_per_group: int
 
 
 def mamba2_step(
@@ -74,31 +76,39 @@ class Mamba2Adapter(RecurrentAdapter):
         n = hidden_states.shape[1]
         gate, xbc, dt = self._project(hidden_states)
         conv, rec = self.states(rnd)
+        topo = rnd.topology(conv.device)
         weight = m.conv1d.weight[:, 0, :]  # [C, W]
-        index = rnd.topo.conv_index(weight.shape[-1], conv.shape[-1])
+        index = topo.conv_index(weight.shape[-1], conv.shape[-1])
         post = tree_conv(xbc[0], conv[0], weight, m.conv1d.bias, index, ACT2FN[m.activation])  # [N, C]
         group = m.n_groups * m.ssm_state_size
         x, B, C = post.split([m.intermediate_size, group, group], dim=-1)
         rep = m.num_heads // m.n_groups  # head h reads group h // rep
-        x = x.float().reshape(n, m.num_heads, m.head_dim)
-        B = B.float().reshape(n, m.n_groups, m.ssm_state_size).repeat_interleave(rep, dim=1)
+        x = x.reshape(n, m.num_heads, m.head_dim)
         C = C.float().reshape(n, m.n_groups, m.ssm_state_size).repeat_interleave(rep, dim=1)
         low, high = m.time_step_limit
         dt = F.softplus(dt[0].float() + m.dt_bias.float()).clamp(min=low, max=high)
-        stash = Mamba2Stash(preconv=xbc[0], x=x, dt=dt, B=B, A=-torch.exp(m.A_log.float()))
+        stash = Mamba2Stash(  # contiguous copies: the stash must not pin the whole projections until commit
+            preconv=xbc[0].contiguous(),
+            x=x.contiguous(),
+            dt=dt,
+            B=B.reshape(n, m.n_groups, m.ssm_state_size).contiguous(),
+            A=-torch.exp(m.A_log.float()),
+            heads_per_group=rep,
+        )
         rnd.stash[self.layer_idx] = stash
 
         def step(parent_states, nodes):
             states = self.advance(parent_states, stash, nodes)
             return states, (states * C.index_select(0, nodes)[:, :, None, :]).sum(-1)  # [n, H, P]
 
-        y = tree_scan(rec.float(), rnd.topo, step) + m.D.float()[:, None] * x  # [N, H, P]
+        y = tree_scan(rec.float(), topo, step) + m.D.float()[:, None] * x.float()  # [N, H, P]
         y = self._gated_norm(y.reshape(1, n, -1).to(hidden_states.dtype), gate)
         return m.out_proj(y.to(hidden_states.dtype))
 
     def advance(self, state: torch.Tensor, stash: Mamba2Stash, nodes: torch.Tensor) -> torch.Tensor:
-        take = [t.index_select(0, nodes) for t in (stash.x, stash.dt, stash.B)]
-        return mamba2_step(state, *take, stash.A)
+        x = stash.x.index_select(0, nodes).float()
+        B = stash.B.index_select(0, nodes).float().repeat_interleave(stash.heads_per_group, dim=1)
+        return mamba2_step(state, x, stash.dt.index_select(0, nodes), B, stash.A)
 
 
 class FalconH1Adapter(Mamba2Adapter):

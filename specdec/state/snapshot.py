@@ -96,19 +96,14 @@ def snapshot(cache, *, attention: str = "clone") -> Snapshot:
     return Snapshot(layers=tuple(layers), attention=attention)
 
 
-def _put(owner, key, saved, setter) -> None:
-    """Write ``saved`` into ``owner[key]`` in place when shapes agree (keeps static addresses), else assign."""
-    current = owner.get(key) if isinstance(owner, dict) else getattr(owner, key, None)
-    if (
-        isinstance(saved, torch.Tensor)
-        and isinstance(current, torch.Tensor)
-        and current.shape == saved.shape
-        and current.dtype == saved.dtype
-        and current.device == saved.device
-    ):
-        current.copy_(saved)
-    else:
-        setter(_clone(saved))
+def _copied_in_place(current, saved) -> bool:
+    """Write ``saved`` into ``current`` when shapes agree (keeps static addresses); False if it cannot."""
+    if not (isinstance(saved, torch.Tensor) and isinstance(current, torch.Tensor)):
+        return False
+    if current.shape != saved.shape or current.dtype != saved.dtype or current.device != saved.device:
+        return False
+    current.copy_(saved)
+    return True
 
 
 def restore(cache, snap: Snapshot) -> None:
@@ -116,15 +111,18 @@ def restore(cache, snap: Snapshot) -> None:
     if len(cache.layers) < len(snap.layers):
         raise ValueError(f"Snapshot has {len(snap.layers)} layers but the cache only {len(cache.layers)}.")
     del cache.layers[len(snap.layers) :]
-    for layer, saved in zip(cache.layers, snap.layers):
+    for layer, saved in zip(cache.layers, snap.layers, strict=True):
         for name, value in saved.scalars.items():
             setattr(layer, name, value)
         for name, value in saved.tensors.items():
-            _put(layer, name, value, lambda v, n=name: setattr(layer, n, v))
+            if not _copied_in_place(getattr(layer, name, None), value):
+                setattr(layer, name, _clone(value))
         for name, length in saved.lengths.items():
             current = getattr(layer, name)
             if current.shape[-2] < length:
-                raise ValueError(f"Cannot restore {name} of length {length} from a cache now holding {current.shape[-2]}.")
+                raise ValueError(
+                    f"Cannot restore {name} of {length} positions from a cache holding {current.shape[-2]}."
+                )
             setattr(layer, name, current[..., :length, :])
         for name, value in saved.linear.items():
             current = getattr(layer, name, None)
@@ -134,4 +132,5 @@ def restore(cache, snap: Snapshot) -> None:
             for key in [k for k in current if k not in value]:
                 del current[key]
             for key, item in value.items():
-                _put(current, key, item, lambda v, d=current, k=key: d.__setitem__(k, v))
+                if not _copied_in_place(current.get(key), item):
+                    current[key] = _clone(item)

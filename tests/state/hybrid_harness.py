@@ -14,55 +14,141 @@ from specdec.state.hybrid import cache_kwarg
 from specdec.types import DraftTree
 
 VOCAB = 128
-_ATTN = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-_GDN = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-            linear_conv_kernel_dim=4)
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, bos_token_id=1, eos_token_id=None, pad_token_id=0)
+_ATTN = dict(intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+_GDN = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
 _SSM = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2, mamba_chunk_size=16)
+_GDN_LAYERS = ["linear_attention", "full_attention", "linear_attention"]
 
-
-def _configs() -> dict:
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, max_position_embeddings=512,
-                  bos_token_id=1, eos_token_id=None, pad_token_id=0)
-    return {
-        "qwen3_5": lambda: (tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig(
-            **common, **_ATTN, **_GDN, num_hidden_layers=3,
-            layer_types=["linear_attention", "full_attention", "linear_attention"])),
-        "qwen3_next": lambda: (tf.Qwen3NextForCausalLM, tf.Qwen3NextConfig(
-            **common, **_ATTN, **_GDN, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,
-            moe_intermediate_size=32, shared_expert_intermediate_size=32,
-            layer_types=["linear_attention", "full_attention", "linear_attention"])),
-        "mamba2": lambda: (tf.Mamba2ForCausalLM, tf.Mamba2Config(
-            vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, expand=2,
-            state_size=16, n_groups=2, chunk_size=16, bos_token_id=1, eos_token_id=None, pad_token_id=0)),
-        "falcon_h1": lambda: (tf.FalconH1ForCausalLM, tf.FalconH1Config(
-            **common, **_ATTN, **_SSM, num_hidden_layers=2, mamba_expand=2, mamba_d_ssm=None,
-            ssm_multipliers=[1.1, 1.5, 1.3, 1.2, 0.9], ssm_in_multiplier=1.3, ssm_out_multiplier=1.5)),
-        "falcon_h1_rmsnorm": lambda: (tf.FalconH1ForCausalLM, tf.FalconH1Config(
-            **common, **_ATTN, **_SSM, num_hidden_layers=2, mamba_expand=2, mamba_d_ssm=None,
-            mamba_rms_norm=True, mamba_norm_before_gate=False)),
-        "nemotron_h": lambda: (tf.NemotronHForCausalLM, tf.NemotronHConfig(
-            **common, **_ATTN, num_hidden_layers=4, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
-            n_groups=2, chunk_size=16, layers_block_type=["mamba", "mlp", "attention", "mamba"])),
-        "zamba2": lambda: (tf.Zamba2ForCausalLM, tf.Zamba2Config(
-            **common, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, attention_head_dim=16,
-            mamba_d_state=16, mamba_headdim=16, n_mamba_heads=8, mamba_ngroups=2, chunk_size=16,
-            layers_block_type=["mamba", "hybrid", "mamba"], num_mem_blocks=1, use_mem_rope=True)),
-        "bamba": lambda: (tf.BambaForCausalLM, tf.BambaConfig(
-            **common, **_SSM, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
-            attn_layer_indices=[1])),
-        "granitemoehybrid": lambda: (tf.GraniteMoeHybridForCausalLM, tf.GraniteMoeHybridConfig(
-            **common, **_SSM, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
-            layer_types=["mamba", "attention", "mamba"], num_local_experts=0, shared_intermediate_size=128)),
-    }
-
-
-FAMILIES = tuple(_configs())
+# family -> (model class name, config class name, config kwargs); 2-4 layers mixing recurrent and attention
+_SPECS = {
+    "qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", {**_ATTN, **_GDN, "layer_types": _GDN_LAYERS}),
+    "qwen3_next": (
+        "Qwen3NextForCausalLM",
+        "Qwen3NextConfig",
+        {
+            **_ATTN,
+            **_GDN,
+            "layer_types": _GDN_LAYERS,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+        },
+    ),
+    "qwen3_5_moe": (
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5MoeTextConfig",
+        {
+            **_ATTN,
+            **_GDN,
+            "layer_types": _GDN_LAYERS,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+        },
+    ),
+    "mamba2": (
+        "Mamba2ForCausalLM",
+        "Mamba2Config",
+        {
+            "num_hidden_layers": 2,
+            "num_heads": 8,
+            "head_dim": 16,
+            "expand": 2,
+            "state_size": 16,
+            "n_groups": 2,
+            "chunk_size": 16,
+        },
+    ),
+    "falcon_h1": (  # muP multipliers on, gated norm off (y * silu(z))
+        "FalconH1ForCausalLM",
+        "FalconH1Config",
+        {
+            **_ATTN,
+            **_SSM,
+            "num_hidden_layers": 2,
+            "mamba_expand": 2,
+            "mamba_d_ssm": None,
+            "ssm_multipliers": [1.1, 1.5, 1.3, 1.2, 0.9],
+            "ssm_in_multiplier": 1.3,
+            "ssm_out_multiplier": 1.5,
+        },
+    ),
+    "falcon_h1_rmsnorm": (  # gated RMSNorm on
+        "FalconH1ForCausalLM",
+        "FalconH1Config",
+        {
+            **_ATTN,
+            **_SSM,
+            "num_hidden_layers": 2,
+            "mamba_expand": 2,
+            "mamba_d_ssm": None,
+            "mamba_rms_norm": True,
+            "mamba_norm_before_gate": False,
+        },
+    ),
+    "nemotron_h": (
+        "NemotronHForCausalLM",
+        "NemotronHConfig",
+        {
+            **_ATTN,
+            "num_hidden_layers": 4,
+            "mamba_num_heads": 8,
+            "mamba_head_dim": 16,
+            "ssm_state_size": 16,
+            "n_groups": 2,
+            "chunk_size": 16,
+            "layers_block_type": ["mamba", "mlp", "attention", "mamba"],
+        },
+    ),
+    "zamba2": (
+        "Zamba2ForCausalLM",
+        "Zamba2Config",
+        {
+            "intermediate_size": 128,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "attention_head_dim": 16,
+            "mamba_d_state": 16,
+            "mamba_headdim": 16,
+            "n_mamba_heads": 8,
+            "mamba_ngroups": 2,
+            "chunk_size": 16,
+            "layers_block_type": ["mamba", "hybrid", "mamba"],
+            "num_mem_blocks": 1,
+            "use_mem_rope": True,
+        },
+    ),
+    "bamba": (
+        "BambaForCausalLM",
+        "BambaConfig",
+        {**_ATTN, **_SSM, "num_hidden_layers": 3, "attn_layer_indices": [1]},
+    ),
+    "granitemoehybrid": (
+        "GraniteMoeHybridForCausalLM",
+        "GraniteMoeHybridConfig",
+        {
+            **_ATTN,
+            **_SSM,
+            "num_hidden_layers": 3,
+            "layer_types": ["mamba", "attention", "mamba"],
+            "num_local_experts": 0,
+            "shared_intermediate_size": 128,
+        },
+    ),
+}
+FAMILIES = tuple(_SPECS)
 
 
 def tiny_hybrid(family: str, *, seed: int = 0, scale: float = 2.0):
     """A tiny random ``family`` model in fp32 eval mode; matrices scaled so logits are O(1..10)."""
     torch.manual_seed(seed)
-    model_cls, config = _configs()[family]()
+    model_name, config_name, kwargs = _SPECS[family]
+    config = getattr(tf, config_name)(**_COMMON, **{"num_hidden_layers": 3, **kwargs})
+    model_cls = getattr(tf, model_name)
     if family != "mamba2":  # no attention layers: HF refuses an attention implementation
         config._attn_implementation = "sdpa"
     model = model_cls(config).eval()
@@ -157,3 +243,15 @@ def next_logits(model, cache, token: int, position: int) -> torch.Tensor:
         use_cache=True,
     )
     return out.logits[0, -1]
+
+
+def state_tensors(cache) -> dict:
+    """Every state tensor of a cache: ``{(layer, name): tensor}`` for conv/recurrent states and KV."""
+    out = {}
+    for i, layer in enumerate(cache.layers):
+        for name in ("conv_states", "recurrent_states", "keys", "values"):
+            value = getattr(layer, name, None)
+            value = value.get(0) if isinstance(value, dict) else value
+            if isinstance(value, torch.Tensor) and value.numel():
+                out[(i, name)] = value
+    return out
