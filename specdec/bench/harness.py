@@ -77,6 +77,55 @@ def _run_one(target, input_ids, drafter, tree, temperature: float, seed: int, ge
     return out, time.perf_counter() - start
 
 
+def _run_hf(model, input_ids, temperature: float, gen_kwargs: dict):
+    """HF ``generate`` with the same arguments, timed; the prompt forward is timed apart so that decode time
+    excludes prefill as in ``_row``. Returns (sequences, total seconds, prefill seconds)."""
+    device = input_ids.device
+    kwargs = {k: v for k, v in gen_kwargs.items() if v is not None}
+    sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature}
+    with torch.no_grad():
+        _sync(device)
+        start = time.perf_counter()
+        model(input_ids)
+        _sync(device)
+        prefill_s = time.perf_counter() - start
+        start = time.perf_counter()
+        seqs = model.generate(input_ids, **sampling, **kwargs)
+        _sync(device)
+    return seqs, time.perf_counter() - start, prefill_s
+
+
+def _hf_row(temperature: float, prompt_id, input_ids, seqs, total_s: float, prefill_s: float) -> dict:
+    new = int(seqs.shape[1] - input_ids.shape[1])
+    decode_s = max(total_s - prefill_s, 0.0)
+    return {
+        "method": "hf-generate",
+        "drafter": "none",
+        "tree": "hf",
+        "budget": 0,
+        "topk": None,
+        "temperature": float(temperature),
+        "prompt_id": prompt_id,
+        "prompt_tokens": int(input_ids.shape[1]),
+        "new_tokens": new,
+        "decode_tokens": max(new - 1, 0),
+        "tau": 1.0 if new > 1 else 0.0,
+        "rounds": max(new - 1, 0),
+        "target_forwards": new,
+        "draft_forwards": 0,
+        "tree_nodes": max(new - 1, 0),
+        "total_s": total_s,
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "decode_tok_s": max(new - 1, 0) / decode_s if decode_s > 0 else None,
+        "phase_ms": {},
+        "accept_hist": [0, 0] if new <= 1 else [new - 1],
+        "depth_accept": [],
+        "identical_to_ar": None,
+        "identical_to_hf": True if temperature == 0 else None,
+    }
+
+
 def _row(method: Method, drafter, tree, temperature: float, prompt_id, input_ids, out, total_s: float) -> dict:
     stats = out.stats
     prefill_s = stats.phase_ms.get("prefill", 0.0) / 1e3
@@ -107,6 +156,7 @@ def _row(method: Method, drafter, tree, temperature: float, prompt_id, input_ids
         "accept_hist": list(stats.accept_hist),
         "depth_accept": list(stats.depth_accept),
         "identical_to_ar": None,
+        "identical_to_hf": None,
     }
 
 
@@ -125,6 +175,7 @@ def run_bench(
     ignore_eos: bool = False,
     top_k: int | None = None,
     top_p: float | None = None,
+    hf_baseline: bool = False,
 ) -> list[dict]:
     """Benchmark every method at every temperature on every prompt; one JSON-ready row per run.
 
@@ -145,6 +196,8 @@ def run_bench(
         max_prompt_tokens (int | None): keep only the last tokens of longer prompts. Default None (all).
         ignore_eos (bool): decode exactly ``max_new_tokens`` tokens. Default False.
         top_k, top_p: HF sampling filters for temperatures > 0 (HF semantics when None).
+        hf_baseline (bool): also time the target's own HF ``generate`` (method ``hf-generate``); its greedy
+            outputs fill ``identical_to_hf`` of every temperature-0 row. Default False.
 
     Returns:
         list[dict]: one row per (method, temperature, prompt): ``method, drafter, tree`` ("ar", "chain",
@@ -180,7 +233,19 @@ def run_bench(
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         jsonl = (Path(out_dir) / "results.jsonl").open("w")
+    hf_reference: dict[int, torch.Tensor] = {}
     try:
+        if hf_baseline:
+            model = getattr(target, "model", target)
+            _run_hf(model, encoded[0], temperatures[0], gen_kwargs)  # warm-up
+            for temperature, (i, ids) in itertools.product(temperatures, enumerate(encoded)):
+                torch.manual_seed(seed + i)
+                seqs, total_s, prefill_s = _run_hf(model, ids, temperature, gen_kwargs)
+                if temperature == 0:
+                    hf_reference[i] = seqs
+                rows.append(_hf_row(temperature, prompts[i]["id"], ids, seqs, total_s, prefill_s))
+                if jsonl is not None:
+                    jsonl.write(json.dumps(rows[-1]) + "\n")
         for method in methods:
             drafter = method.make_drafter()
             # Resolve the tree as generate does, so rows record what actually ran.
@@ -193,6 +258,8 @@ def run_bench(
                 if temperature == 0:
                     reference.setdefault(i, out.sequences)
                     row["identical_to_ar"] = bool(torch.equal(out.sequences, reference[i]))
+                    if i in hf_reference:
+                        row["identical_to_hf"] = bool(torch.equal(out.sequences, hf_reference[i]))
                 rows.append(row)
                 if jsonl is not None:
                     jsonl.write(json.dumps(row) + "\n")
@@ -229,6 +296,7 @@ class BenchConfig:
         max_new_tokens (int): default 128. temperatures (list[float]): default [0.0]. warmup (int): default 1.
         out_dir (str): output folder. Default "bench_out". seed (int): default 0.
         ignore_eos (bool): default False. top_k (int | None), top_p (float | None): sampling filters.
+        hf_baseline (bool): also time HF ``generate`` and compare greedy outputs with it. Default False.
     """
 
     target: str = "target-dense"
@@ -247,6 +315,7 @@ class BenchConfig:
     ignore_eos: bool = False
     top_k: int | None = None
     top_p: float | None = None
+    hf_baseline: bool = False
 
 
 DrafterFactory = Callable[..., object]
@@ -263,6 +332,7 @@ def _build_drafter(kind: str, target, tokenizer, **kwargs) -> object:
     if "path" in kwargs:
         kwargs["path"] = _resolve_path(kwargs["path"])
     return build_drafter(kind, target, **kwargs)
+
 
 def _tree_specs(spec: Mapping | None) -> list[tuple[str, TreeSpec | None]]:
     """Expand a tree spec whose fields may be lists into (suffix, TreeSpec) pairs, in product order."""
@@ -386,6 +456,7 @@ def main_bench(
         ignore_eos=cfg.ignore_eos,
         top_k=cfg.top_k,
         top_p=cfg.top_p,
+        hf_baseline=cfg.hf_baseline,
     )
     meta = {"config": asdict(cfg), "target": target_path, **_environment(device)}
     (Path(cfg.out_dir) / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")

@@ -52,6 +52,7 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
         decode_s = sum(r["decode_s"] for r in group)
         rounds = sum(r["rounds"] for r in group)
         checked = [r["identical_to_ar"] for r in group if r.get("identical_to_ar") is not None]
+        checked_hf = [r["identical_to_hf"] for r in group if r.get("identical_to_hf") is not None]
         summaries.append(
             {
                 "method": method,
@@ -72,6 +73,7 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
                 },
                 "prefill_ms": sum(r["phase_ms"].get("prefill", 0.0) for r in group) / len(group),
                 "identical_share": sum(checked) / len(checked) if checked else None,
+                "identical_hf_share": sum(checked_hf) / len(checked_hf) if checked_hf else None,
             }
         )
     baseline = {}
@@ -92,20 +94,24 @@ def _fmt(value, spec: str, none: str = "–") -> str:
 def format_table(summaries: Sequence[dict]) -> str:
     """Markdown table of ``aggregate`` output: one line per (method, temperature), phase ms per round."""
     phases = sorted({p for s in summaries for p in s["phase_ms_per_round"]}, key=_phase_key)
-    head = ["method", "T", "budget", "topk", "τ", "tok/s", "speedup", "= AR", *[f"{p} ms" for p in phases]]
+    head = ["method", "T", "budget", "topk", "τ", "tok/s", "speedup", "= AR", "= HF", *[f"{p} ms" for p in phases]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
-        topk = {"ar": "–", "chain": "1"}.get(s["tree"]) or ("budget" if s["topk"] is None else str(s["topk"]))
+        topk = {"ar": "–", "hf": "–", "chain": "1"}.get(s["tree"]) or (
+            "budget" if s["topk"] is None else str(s["topk"])
+        )
         cells = [
             s["method"],
             f"{s['temperature']:g}",
-            str(s["budget"]) if s["tree"] != "ar" else "–",
+            str(s["budget"]) if s["tree"] not in ("ar", "hf") else "–",
             topk,
             _fmt(s["tau"], ".2f"),
             _fmt(s["tok_s"], ".1f"),
             _fmt(s["speedup"], ".2f") + ("×" if s["speedup"] is not None else ""),
             _fmt(None if s["identical_share"] is None else 100 * s["identical_share"], ".0f")
             + ("%" if s["identical_share"] is not None else ""),
+            _fmt(None if s.get("identical_hf_share") is None else 100 * s["identical_hf_share"], ".0f")
+            + ("%" if s.get("identical_hf_share") is not None else ""),
             *[_fmt(s["phase_ms_per_round"].get(p), ".2f") for p in phases],
         ]
         lines.append("| " + " | ".join(cells) + " |")

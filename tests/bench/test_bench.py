@@ -9,6 +9,7 @@ import pytest
 import torch
 from models import tiny_model
 
+import specdec
 from specdec.bench import (
     Method,
     aggregate,
@@ -93,10 +94,10 @@ def test_aggregate_without_ar_has_no_speedup(rows):
 
 def test_format_table_exact_lines(rows):
     lines = format_table(aggregate(rows)).splitlines()
-    assert lines[0] == "| method | T | budget | topk | τ | tok/s | speedup | = AR | draft ms | verify ms | accept ms |"
-    assert lines[2] == "| ar | 0 | – | – | 1.00 | 7.5 | 1.00× | 100% | 0.10 | 13.33 | 0.00 |"
-    assert lines[3] == "| dd | 0 | 8 | 4 | 2.50 | 15.0 | 2.00× | 50% | 1.00 | 10.00 | 0.50 |"
-    assert lines[5] == "| dd | 1 | 8 | 4 | 1.50 | 6.0 | 1.50× | – | 0.00 | 10.00 | 0.00 |"
+    assert lines[0] == "| method | T | budget | topk | τ | tok/s | speedup | = AR | = HF | draft ms | verify ms | accept ms |"
+    assert lines[2] == "| ar | 0 | – | – | 1.00 | 7.5 | 1.00× | 100% | – | 0.10 | 13.33 | 0.00 |"
+    assert lines[3] == "| dd | 0 | 8 | 4 | 2.50 | 15.0 | 2.00× | 50% | – | 1.00 | 10.00 | 0.50 |"
+    assert lines[5] == "| dd | 1 | 8 | 4 | 1.50 | 6.0 | 1.50× | – | – | 0.00 | 10.00 | 0.00 |"
     assert len(lines) == 6
 
 
@@ -203,3 +204,20 @@ def test_main_bench_zoo_target(tmp_path):
 def test_main_bench_rejects_unknown_settings():
     with pytest.raises(ValueError, match="Unknown bench settings"):
         main_bench({"max_tokens": 5})
+
+
+def test_run_bench_hf_baseline_marks_identical_outputs():
+    class Tok:
+        def __call__(self, text, return_tensors=None):
+            class Enc:
+                input_ids = torch.tensor([[int(c) + 3 for c in text]])
+
+            return Enc()
+
+    target = tiny_model("qwen3", scale=2.0)
+    prompts = [{"id": "a", "prompt": "1231231"}, {"id": "b", "prompt": "4564564"}]
+    methods = [Method(name="ar"), Method(name="ng", drafter=specdec.NGramDrafter(), tree=specdec.Chain(k=3))]
+    rows = run_bench(target, Tok(), prompts, methods, max_new_tokens=12, warmup=0, hf_baseline=True)
+    hf = [r for r in rows if r["method"] == "hf-generate"]
+    assert len(hf) == 2 and all(r["new_tokens"] == 12 for r in hf)
+    assert all(r["identical_to_hf"] for r in rows)
