@@ -22,6 +22,7 @@ import torch
 from specdec.bench.report import write_report
 from specdec.generate import generate
 from specdec.loading import build_drafter, load_prompts, zoo_dir
+from specdec.target import TargetModel
 from specdec.types import Chain, DDTree, TreeSpec
 
 __all__ = [
@@ -236,7 +237,7 @@ def run_bench(
     hf_reference: dict[int, torch.Tensor] = {}
     try:
         if hf_baseline:
-            model = getattr(target, "model", target)
+            model = target.model if isinstance(target, TargetModel) else target
             _run_hf(model, encoded[0], temperatures[0], gen_kwargs)  # warm-up
             for temperature, (i, ids) in itertools.product(temperatures, enumerate(encoded)):
                 torch.manual_seed(seed + i)
