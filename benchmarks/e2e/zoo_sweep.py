@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out", default="bench_out/zoo")
+    ap.add_argument("--no-hf-baseline", action="store_true", help="skip timing HF generate")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     dflash = {"kind": "dflash", "path": args.drafter}
@@ -58,6 +59,7 @@ def main() -> None:
             "temperatures": args.temperatures,
             "methods": methods,
             "warmup": args.warmup,
+            "hf_baseline": not args.no_hf_baseline,
             "out_dir": args.out,
         }
     )
