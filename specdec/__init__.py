@@ -3,13 +3,14 @@
 ``specdec.generate(target, input_ids, drafter=..., tree=...)`` is a lossless drop-in for ``target.generate``.
 """
 
-from specdec.drafters import ModelDrafter, NGramDrafter
+from specdec.drafters import DFlashDrafter, ModelDrafter, NGramDrafter
 from specdec.generate import SpeculativeModel, generate
 from specdec.types import Chain, DDTree, DraftTree, GenerateOutput, SamplingParams, SpecStats, VerifyResult
 
 __all__ = [
     "Chain",
     "DDTree",
+    "DFlashDrafter",
     "DraftTree",
     "GenerateOutput",
     "ModelDrafter",

@@ -21,4 +21,3 @@ def zoo() -> Path:
     if not (path / "target-dense").is_dir():
         pytest.fail(f"zoo fixtures not found at {path}; set SPECDEC_ZOO to the zoo folder")
     return path
-

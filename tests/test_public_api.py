@@ -8,6 +8,7 @@ PUBLIC = {
     "specdec": [
         "Chain",
         "DDTree",
+        "DFlashDrafter",
         "DraftTree",
         "GenerateOutput",
         "ModelDrafter",

@@ -1,9 +1,10 @@
 """Drafters: propose draft trees from the committed tokens (protocol in ``base.py``)."""
 
 from specdec.drafters.base import Drafter
+from specdec.drafters.dflash import DFlashDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter, NGramDrafterConfig
 
-__all__ = ["DRAFTERS", "Drafter", "ModelDrafter", "NGramDrafter", "NGramDrafterConfig"]
+__all__ = ["DRAFTERS", "DFlashDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NGramDrafterConfig"]
 
 DRAFTERS: dict[str, type] = {"model": ModelDrafter, "ngram": NGramDrafter}

@@ -109,6 +109,14 @@ class DFlashConfig:
     def from_dict(cls, raw: dict, **overrides) -> DFlashConfig:
         """Parse a z-lab ``config.json`` (2026-04 or June-2026 layout, aliases of ``docs/dflash.md``)."""
         dflash = raw.get("dflash_config") or {}
+        for key in _UNSUPPORTED_KEYS:
+            if raw.get(key) or dflash.get(key):
+                raise NotImplementedError(
+                    f"config.json sets {key!r}, a variant this drafter does not implement; refusing to load it "
+                    "rather than drafting with different maths."
+                )
+        if raw.get("draft_vocab_size") not in (None, raw.get("vocab_size")):
+            raise NotImplementedError("reduced draft vocabularies (draft_vocab_size < vocab_size) are not supported.")
         block_size = raw.get("block_size", dflash.get("block_size"))
         if block_size is None and "block_size" not in overrides:
             raise ValueError("config.json has no block_size (top level or dflash_config.block_size); pass block_size=.")
@@ -192,6 +200,8 @@ class DFlashConfig:
         return {**self.extra, **raw}
 
 
+_UNSUPPORTED_KEYS = ("attention_sink_bias", "attention_value_scale", "d2t")
+# fmt: off
 _KNOWN_KEYS = {
     "architectures", "model_type", "auto_map", "block_size", "num_target_layers", "dflash_config",
     "target_layer_ids", "mask_token_id", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -200,7 +210,8 @@ _KNOWN_KEYS = {
     "layer_types", "max_window_layers", "use_sliding_window", "sliding_window", "use_swa", "swa_window_size",
     "attention_bias", "attention_dropout", "tie_word_embeddings", "dtype", "torch_dtype", "target_hidden_size",
     "causal",
-}  # fmt: skip
+}
+# fmt: on
 
 
 def _sliding_windows(raw: dict, num_layers: int) -> tuple[int | None, ...]:
@@ -396,9 +407,12 @@ def _rope_inv_freq(cfg: DFlashConfig) -> tuple[torch.Tensor, float]:
     params = {**cfg.rope_scaling, "rope_theta": cfg.rope_theta, "partial_rotary_factor": cfg.partial_rotary_factor}
     params.setdefault("rope_type", params.pop("type", "default"))
     hf_cfg = Qwen3Config(
-        hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_position_embeddings, rope_parameters=params,
-    )  # fmt: skip
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters=params,
+    )
     inv_freq, scale = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf_cfg, torch.device("cpu"))
     return inv_freq.float(), float(scale)
 
@@ -590,7 +604,9 @@ class DFlashDrafter:
             if "embed_tokens.weight" in state:
                 model.embed_tokens = nn.Embedding(*state["embed_tokens.weight"].shape)
             if "lm_head.weight" in state:
-                model.lm_head = nn.Linear(state["lm_head.weight"].shape[1], state["lm_head.weight"].shape[0], bias=False)
+                model.lm_head = nn.Linear(
+                    state["lm_head.weight"].shape[1], state["lm_head.weight"].shape[0], bias=False
+                )
         expected = set(model.state_dict())
         missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
         if missing or unexpected:
@@ -706,7 +722,11 @@ class DFlashDrafter:
         root_token = int(ctx.input_ids[0, -1])
         if isinstance(tree, Chain):
             return chain_from_logq(logq, root_token, k=tree.k)
-        return build_ddtree(logq, root_token, budget=tree.budget, topk=tree.topk)
+        timer = getattr(ctx, "timer", None)
+        if timer is None:
+            return build_ddtree(logq, root_token, budget=tree.budget, topk=tree.topk)
+        with timer("build"):
+            return build_ddtree(logq, root_token, budget=tree.budget, topk=tree.topk)
 
     @torch.no_grad()
     def draft_logq(self, ctx: DecodeContext, *, depth: int | None = None) -> torch.Tensor:
@@ -720,7 +740,9 @@ class DFlashDrafter:
             torch.Tensor: ``[depth, V]`` fp32 log-softmax of the LM head on block slots 1..depth.
         """
         if ctx.input_ids.shape[0] != 1:
-            raise ValueError(f"DFlashDrafter drafts one sequence at a time, got input_ids {tuple(ctx.input_ids.shape)}.")
+            raise ValueError(
+                f"DFlashDrafter drafts one sequence at a time, got input_ids {tuple(ctx.input_ids.shape)}."
+            )
         self._ingest(ctx)
         start, cfg = ctx.length - 1, self.config
         if self._len != start:

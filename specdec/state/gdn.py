@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
-from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv, tree_scan
+from specdec.kernels import tree_gdn
+from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv
 
 __all__ = ["GDN_ADAPTERS", "GDNStash", "GatedDeltaNetAdapter", "Qwen3NextGatedDeltaNetAdapter", "gdn_step"]
 
@@ -99,11 +100,9 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
         )
         rnd.stash[self.layer_idx] = stash
 
-        def step(parent_states, nodes):
-            states = self.advance(parent_states, stash, nodes)
-            return states, (states * q.index_select(0, nodes)[..., None]).sum(-2)  # [n, HV, V]
-
-        out = tree_scan(rec.float(), topo, step).to(hidden_states.dtype)  # [N, HV, V]
+        # conv tap W-2 is the parent's column (stored - 1 above the root): the parent array already on the device
+        parents = index[:, -2] - conv.shape[-1]
+        out = tree_gdn(rec[0].float(), q, k, v, g, beta, parents, impl="auto").to(hidden_states.dtype)  # [N, HV, V]
         out = m.norm(out.reshape(-1, m.head_v_dim), z[0].reshape(-1, m.head_v_dim)).reshape(1, n, -1)
         return m.out_proj(out)
 

@@ -1,7 +1,9 @@
 """Standalone DFlash training: ``python -m specdec.train --target T --corpus DIR --out-dir OUT [...]``.
 
 Every ``TrainConfig`` field is a flag (``--max-steps 500``; tuples take several values; booleans have
-``--no-...``). Logs go to stderr; pass ``--quiet`` to keep only warnings.
+``--no-...``; ``none`` unsets an optional field). Logs go to stderr; ``--quiet`` keeps only warnings.
+``python -m specdec.train tokenize --tokenizer T --corpus SRC... --out tokens.pt`` tokenizes a corpus once
+for ``--corpus-cache``.
 """
 
 from __future__ import annotations
@@ -43,11 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict | None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tokenize"]:
+        from specdec.train.data import main as tokenize_main
+
+        return tokenize_main(argv[1:])
     args = vars(build_parser().parse_args(argv))
-    logging.basicConfig(level=logging.WARNING if args.pop("quiet") else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(message)s")  # fmt: skip
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
+    logging.basicConfig(
+        level=logging.WARNING if args.pop("quiet") else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(message)s",
+    )
+    kwargs = {k: tuple(v) if isinstance(v, list) else (None if v == "none" else v) for k, v in args.items()}
     return train_dflash(TrainConfig(**kwargs))
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["iter_documents", "load_eval_prompts", "pack_tokens", "tokenize_documents"]
+__all__ = ["iter_documents", "load_eval_prompts", "main", "pack_tokens", "tokenize_documents"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,11 @@ def iter_documents(
             except OSError as err:
                 logger.warning("skipping %s: %s", path, err)
                 continue
-            texts = (json.loads(line).get("text", "") for line in raw.splitlines() if line.strip()) if path.suffix == ".jsonl" else (raw,)
+            texts = (
+                (json.loads(line).get("text", "") for line in raw.splitlines() if line.strip())
+                if path.suffix == ".jsonl"
+                else (raw,)
+            )
             for text in texts:
                 digest = hashlib.blake2b(text.encode("utf-8", "ignore"), digest_size=16).digest()
                 if text.strip() and digest not in seen:
@@ -134,3 +138,26 @@ def load_eval_prompts(path: str, *, limit: int | None = None) -> list[str]:
             if limit is not None and len(prompts) >= limit:
                 break
     return prompts
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m specdec.train tokenize --tokenizer T --corpus SRC... --out tokens.pt``: tokenize once, reuse."""
+    import argparse
+
+    from transformers import AutoTokenizer
+
+    parser = argparse.ArgumentParser(prog="python -m specdec.train tokenize", description="Tokenize a drafter corpus.")
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--corpus", nargs="+", required=True)
+    parser.add_argument("--corpus-exclude", nargs="*", default=[])
+    parser.add_argument("--corpus-suffixes", nargs="*", default=[".py"])
+    parser.add_argument("--max-corpus-tokens", type=int, default=None)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    tokenizer.model_max_length = 1 << 62
+    docs = iter_documents(args.corpus, exclude=args.corpus_exclude, suffixes=args.corpus_suffixes)
+    stream = tokenize_documents(docs, tokenizer, eos_token_id=tokenizer.eos_token_id, max_tokens=args.max_corpus_tokens)
+    torch.save(stream, args.out)
+    logger.info("%d tokens -> %s", stream.numel(), args.out)

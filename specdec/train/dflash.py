@@ -46,6 +46,8 @@ class TrainConfig:
         corpus_exclude (tuple[str, ...]): path components or globs to skip (e.g. held-out packages).
         corpus_suffixes (tuple[str, ...]): file endings collected from folders. Default ``(".py",)``.
         max_corpus_tokens (int | None): stop tokenizing after this many tokens.
+        corpus_cache (str | None): a ``.pt`` token stream; loaded if it exists (then ``corpus`` is not read),
+            else written after tokenizing (``python -m specdec.train.data`` builds one ahead).
         eval_prompts (str | None): JSONL of held-out prompts (``prompt`` field); default: the last rows of the
             corpus are held out instead.
         init_from (str | None): start from this DFlash checkpoint instead of random weights.
@@ -75,12 +77,13 @@ class TrainConfig:
     """
 
     target: str
-    corpus: tuple[str, ...]
     out_dir: str
+    corpus: tuple[str, ...] = ()
     tokenizer: str | None = None
     corpus_exclude: tuple[str, ...] = ()
     corpus_suffixes: tuple[str, ...] = (".py",)
     max_corpus_tokens: int | None = None
+    corpus_cache: str | None = None
     eval_prompts: str | None = None
     init_from: str | None = None
     num_layers: int = 3
@@ -118,6 +121,8 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if not self.corpus and not self.corpus_cache:
+            raise ValueError("no training data: pass corpus=(files, folders or globs) and/or corpus_cache=<tokens.pt>.")
         if self.seq_len < self.block_size + 1:
             raise ValueError(f"seq_len={self.seq_len} must exceed block_size={self.block_size} (anchors need room).")
         if self.num_anchors > self.seq_len - self.block_size:
@@ -144,7 +149,9 @@ def target_features(target, input_ids: torch.Tensor, layer_ids: tuple[int, ...])
     return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
-def sample_anchors(num_rows: int, seq_len: int, *, block_size: int, num_anchors: int, generator, device) -> torch.Tensor:
+def sample_anchors(
+    num_rows: int, seq_len: int, *, block_size: int, num_anchors: int, generator, device
+) -> torch.Tensor:
     """``[N, n]`` sorted distinct anchors per row in ``[1, seq_len - block_size]`` (room for a whole block)."""
     scores = torch.rand(num_rows, seq_len - block_size, generator=generator)
     return (scores.argsort(dim=1)[:, :num_anchors] + 1).sort(dim=1).values.to(device)
@@ -266,9 +273,12 @@ def greedy_continuations(
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][:, -prompt_tokens:]
         ids = ids.to(device)
         seq = target.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            do_sample=False,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-        )  # fmt: skip
+        )
         out.append((seq[0], ids.shape[1]))
     return out
 
@@ -291,11 +301,17 @@ def _pick_device(name: str | None) -> torch.device:
 def _load_tokenizer(cfg: TrainConfig):
     from transformers import AutoTokenizer
 
-    candidates = [cfg.tokenizer] if cfg.tokenizer else [cfg.target, str(Path(os.environ.get("SPECDEC_ZOO", "../shared/zoo")) / "tokenizer")]
+    candidates = (
+        [cfg.tokenizer]
+        if cfg.tokenizer
+        else [cfg.target, str(Path(os.environ.get("SPECDEC_ZOO", "../shared/zoo")) / "tokenizer")]
+    )
     errors = []
     for name in candidates:
         try:
-            return AutoTokenizer.from_pretrained(name)
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            tokenizer.model_max_length = 1 << 62  # whole files are tokenized, then packed
+            return tokenizer
         except (OSError, ValueError) as err:
             errors.append(f"{name}: {err}")
     raise FileNotFoundError("no tokenizer found; pass tokenizer=<folder>. Tried: " + "; ".join(errors))
@@ -311,8 +327,13 @@ class _Progress:
                 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
             except ImportError:
                 return
-            self.bar = Progress(TextColumn("dflash"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                TextColumn("{task.fields[info]}"))  # fmt: skip
+            self.bar = Progress(
+                TextColumn("dflash"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
             self.task = self.bar.add_task("train", total=total, info="")
 
     def __enter__(self):
@@ -344,7 +365,9 @@ def train_dflash(cfg: TrainConfig) -> dict:
     torch.manual_seed(cfg.seed)
     device = _pick_device(cfg.device)
     on_cpu = device.type == "cpu"
-    target_dtype = getattr(torch, cfg.target_dtype) if cfg.target_dtype else (torch.float32 if on_cpu else torch.bfloat16)
+    target_dtype = (
+        getattr(torch, cfg.target_dtype) if cfg.target_dtype else (torch.float32 if on_cpu else torch.bfloat16)
+    )
     amp = None if on_cpu or cfg.autocast_dtype is None else getattr(torch, cfg.autocast_dtype)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -360,8 +383,13 @@ def train_dflash(cfg: TrainConfig) -> dict:
         raise ValueError("the tokenizer has no mask token: pass mask_token_id=<an unused id of the vocabulary>.")
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else target.config.eos_token_id
 
-    docs = iter_documents(cfg.corpus, exclude=cfg.corpus_exclude, suffixes=cfg.corpus_suffixes)
-    stream = tokenize_documents(docs, tokenizer, eos_token_id=eos_id, max_tokens=cfg.max_corpus_tokens)
+    if cfg.corpus_cache and Path(cfg.corpus_cache).is_file():
+        stream = torch.load(cfg.corpus_cache)[: cfg.max_corpus_tokens]
+    else:
+        docs = iter_documents(cfg.corpus, exclude=cfg.corpus_exclude, suffixes=cfg.corpus_suffixes)
+        stream = tokenize_documents(docs, tokenizer, eos_token_id=eos_id, max_tokens=cfg.max_corpus_tokens)
+        if cfg.corpus_cache:
+            torch.save(stream, cfg.corpus_cache)
     rows = pack_tokens(stream, cfg.seq_len)
     if cfg.eval_prompts:
         prompts = load_eval_prompts(cfg.eval_prompts, limit=cfg.eval_num_prompts)
@@ -376,32 +404,50 @@ def train_dflash(cfg: TrainConfig) -> dict:
         drafter = DFlashDrafter.from_pretrained(cfg.init_from, target=target, dtype=torch.float32)
     else:
         drafter = DFlashDrafter.for_target(
-            target, mask_token_id=mask_id, num_layers=cfg.num_layers, block_size=cfg.block_size,
-            target_layer_ids=cfg.target_layer_ids, num_taps=cfg.num_taps, intermediate_size=cfg.intermediate_size,
-            num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-            seed=cfg.seed, dtype=torch.float32, device=device,
-        )  # fmt: skip
+            target,
+            mask_token_id=mask_id,
+            num_layers=cfg.num_layers,
+            block_size=cfg.block_size,
+            target_layer_ids=cfg.target_layer_ids,
+            num_taps=cfg.num_taps,
+            intermediate_size=cfg.intermediate_size,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads,
+            seed=cfg.seed,
+            dtype=torch.float32,
+            device=device,
+        )
     model = drafter.model.train()
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("drafter: %d params, taps %s, %s", n_params, drafter.config.target_layer_ids, drafter.config)
 
     t1 = time.perf_counter()
-    eval_set = greedy_continuations(target, tokenizer, prompts, prompt_tokens=cfg.eval_prompt_tokens,
-                                    new_tokens=cfg.eval_new_tokens)  # fmt: skip
+    eval_set = greedy_continuations(
+        target, tokenizer, prompts, prompt_tokens=cfg.eval_prompt_tokens, new_tokens=cfg.eval_new_tokens
+    )
     t_gen = time.perf_counter() - t1
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=not on_cpu,
-    )  # fmt: skip
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        fused=not on_cpu,
+    )
     gen = torch.Generator().manual_seed(cfg.seed)
     order = torch.randperm(rows.shape[0], generator=gen)
     cursor, step, losses, evals = 0, 0, [], []
-    summary = {"config": asdict(cfg), "device": str(device), "params": n_params, "corpus_tokens": stream.numel(),
-               "train_rows": rows.shape[0], "data_s": t_data, "eval_gen_s": t_gen}  # fmt: skip
+    summary = {
+        "config": asdict(cfg),
+        "device": str(device),
+        "params": n_params,
+        "corpus_tokens": stream.numel(),
+        "train_rows": rows.shape[0],
+        "data_s": t_data,
+        "eval_gen_s": t_gen,
+    }
 
     def evaluate() -> None:
         model.eval()
@@ -432,8 +478,14 @@ def train_dflash(cfg: TrainConfig) -> dict:
                 order, cursor = torch.randperm(rows.shape[0], generator=gen), 0
             batch = rows[order[cursor : cursor + cfg.batch_size]].to(device, dtype=torch.long, non_blocking=True)
             cursor += cfg.batch_size
-            anchors = sample_anchors(batch.shape[0], cfg.seq_len, block_size=cfg.block_size,
-                                     num_anchors=cfg.num_anchors, generator=gen, device=device)  # fmt: skip
+            anchors = sample_anchors(
+                batch.shape[0],
+                cfg.seq_len,
+                block_size=cfg.block_size,
+                num_anchors=cfg.num_anchors,
+                generator=gen,
+                device=device,
+            )
             with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
                 feats = target_features(target, batch, drafter.config.target_layer_ids)
                 hidden = block_hidden(model, embed, batch, feats, anchors)
@@ -444,8 +496,14 @@ def train_dflash(cfg: TrainConfig) -> dict:
             opt.step()
             step += 1
             if step % cfg.log_every == 0 or step == 1:
-                rec = {"step": step, "loss": loss.item(), "grad_norm": grad_norm.item(), "lr": opt.param_groups[0]["lr"],
-                       "elapsed_s": time.perf_counter() - t_start, **metrics}  # fmt: skip
+                rec = {
+                    "step": step,
+                    "loss": loss.item(),
+                    "grad_norm": grad_norm.item(),
+                    "lr": opt.param_groups[0]["lr"],
+                    "elapsed_s": time.perf_counter() - t_start,
+                    **metrics,
+                }
                 losses.append(rec)
                 _log(log_path, rec)
                 bar.update(step, f"loss {rec['loss']:.3f} acc1 {metrics['acc1']:.2f} accept {metrics['accept']:.2f}")
@@ -458,8 +516,14 @@ def train_dflash(cfg: TrainConfig) -> dict:
     if not evals or evals[-1]["step"] != step:
         evaluate()
     save()
-    summary.update(steps=step, train_s=train_s, tokens_seen=step * cfg.batch_size * cfg.seq_len,
-                   steps_per_s=step / max(train_s, 1e-9), losses=losses, evals=evals)  # fmt: skip
+    summary.update(
+        steps=step,
+        train_s=train_s,
+        tokens_seen=step * cfg.batch_size * cfg.seq_len,
+        steps_per_s=step / max(train_s, 1e-9),
+        losses=losses,
+        evals=evals,
+    )
     (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 

@@ -19,9 +19,19 @@ VOCAB, MASK = 128, 3
 @pytest.fixture(scope="module")
 def target():
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      eos_token_id=2, pad_token_id=0, attn_implementation="sdpa")  # fmt: skip
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        eos_token_id=2,
+        pad_token_id=0,
+        attn_implementation="sdpa",
+    )
     return Qwen3ForCausalLM(cfg).eval()
 
 
@@ -55,9 +65,14 @@ def test_default_target_layer_ids_match_zlab_examples():
 def test_draft_logq_matches_training_block_forward(target, variant):
     drafter = make_drafter(target)
     if variant == "sliding_causal":
-        cfg = DFlashConfig.from_dict({**drafter.config.to_dict(), "layer_types": ["sliding_attention", "full_attention"],
-                                      "sliding_window": 5, "dflash_config": {"mask_token_id": MASK,
-                                      "target_layer_ids": [0, 2], "causal": True}})  # fmt: skip
+        cfg = DFlashConfig.from_dict(
+            {
+                **drafter.config.to_dict(),
+                "layer_types": ["sliding_attention", "full_attention"],
+                "sliding_window": 5,
+                "dflash_config": {"mask_token_id": MASK, "target_layer_ids": [0, 2], "causal": True},
+            }
+        )
         model = type(drafter.model)(cfg)
         model.load_state_dict(drafter.model.state_dict())
         drafter = DFlashDrafter(model, target=target)
@@ -130,27 +145,55 @@ def _zlab_tensors(h, i, hq, hkv, d, k, layers, *, prefix="", midlayer=False):
     out = {"fc.weight": t(h, k * h), "hidden_norm.weight": t(h), "norm.weight": t(h)}
     for n in range(layers):
         lp = "midlayer." if midlayer else f"layers.{n}."
-        out.update({
-            f"{lp}input_layernorm.weight": t(h), f"{lp}post_attention_layernorm.weight": t(h),
-            f"{lp}self_attn.q_proj.weight": t(hq, h), f"{lp}self_attn.k_proj.weight": t(hkv, h),
-            f"{lp}self_attn.v_proj.weight": t(hkv, h), f"{lp}self_attn.o_proj.weight": t(h, hq),
-            f"{lp}self_attn.q_norm.weight": t(d), f"{lp}self_attn.k_norm.weight": t(d),
-            f"{lp}mlp.gate_proj.weight": t(i, h), f"{lp}mlp.up_proj.weight": t(i, h), f"{lp}mlp.down_proj.weight": t(h, i),
-        })  # fmt: skip
+        out.update(
+            {
+                f"{lp}input_layernorm.weight": t(h),
+                f"{lp}post_attention_layernorm.weight": t(h),
+                f"{lp}self_attn.q_proj.weight": t(hq, h),
+                f"{lp}self_attn.k_proj.weight": t(hkv, h),
+                f"{lp}self_attn.v_proj.weight": t(hkv, h),
+                f"{lp}self_attn.o_proj.weight": t(h, hq),
+                f"{lp}self_attn.q_norm.weight": t(d),
+                f"{lp}self_attn.k_norm.weight": t(d),
+                f"{lp}mlp.gate_proj.weight": t(i, h),
+                f"{lp}mlp.up_proj.weight": t(i, h),
+                f"{lp}mlp.down_proj.weight": t(h, i),
+            }
+        )
     return {prefix + name: v for name, v in out.items()}
 
 
 def test_loads_zlab_2026_04_layout(target, tmp_path):
     """The published b16 layout (config keys of the Qwen3-4B card, shapes scaled to the tiny target)."""
     config = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-        "block_size": 16, "num_target_layers": 4, "dflash_config": {"mask_token_id": MASK, "target_layer_ids": [0, 1, 2]},
-        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-        "rope_scaling": None, "max_position_embeddings": 40960, "vocab_size": VOCAB, "layer_types": ["full_attention"] * 3,
-        "max_window_layers": 3, "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": True,
-        "dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "use_sliding_window": False,
-    }  # fmt: skip
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "block_size": 16,
+        "num_target_layers": 4,
+        "dflash_config": {"mask_token_id": MASK, "target_layer_ids": [0, 1, 2]},
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "rope_scaling": None,
+        "max_position_embeddings": 40960,
+        "vocab_size": VOCAB,
+        "layer_types": ["full_attention"] * 3,
+        "max_window_layers": 3,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": True,
+        "dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "use_sliding_window": False,
+    }
     tensors = _zlab_tensors(64, 96, 64, 32, 16, 3, 3)
     assert len(tensors) == 3 + 3 * 11
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -171,18 +214,33 @@ def test_loads_zlab_2026_04_layout(target, tmp_path):
 def test_loads_zlab_2026_06_layout_and_aliases(target, tmp_path):
     """June-2026 revision: block_size inside dflash_config, rope_parameters, sliding layers, taps != layers."""
     config = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
         "dflash_config": {"mask_token_id": MASK, "target_layer_ids": [0, 1, 2, 3], "block_size": 8},
-        "num_target_layers": 4, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_theta": 10000000.0, "rope_type": "default"}, "vocab_size": VOCAB,
-        "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4096, "max_position_embeddings": 262144,
-    }  # fmt: skip
+        "num_target_layers": 4,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_theta": 10000000.0, "rope_type": "default"},
+        "vocab_size": VOCAB,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 4096,
+        "max_position_embeddings": 262144,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     save_file(_zlab_tensors(64, 96, 64, 32, 16, 4, 2, prefix="model."), str(tmp_path / "model.safetensors"))
     drafter = DFlashDrafter.from_pretrained(tmp_path, target=target)
     cfg = drafter.config
-    assert (cfg.block_size, cfg.target_layer_ids, cfg.rope_theta, cfg.sliding_windows) == (8, (0, 1, 2, 3), 1e7, (4096, None))
+    assert (cfg.block_size, cfg.target_layer_ids, cfg.rope_theta, cfg.sliding_windows) == (
+        8,
+        (0, 1, 2, 3),
+        1e7,
+        (4096, None),
+    )
     with pytest.raises(ValueError, match="use k <= 7"):
         drafter.validate(target, Chain(k=15))
     # EAGLE-style single-layer alias and TorchSpec names
@@ -203,8 +261,15 @@ def test_from_pretrained_errors(target, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if k != "block_size"}))
     with pytest.raises(ValueError, match="no block_size"):
         DFlashDrafter.from_pretrained(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 3, "layer_types": ["full_attention"] * 3}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({**raw, "num_hidden_layers": 3, "layer_types": ["full_attention"] * 3})
+    )
     with pytest.raises(ValueError, match="missing"):
+        DFlashDrafter.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(
+        json.dumps({**raw, "dflash_config": {**raw["dflash_config"], "attention_sink_bias": True}})
+    )
+    with pytest.raises(NotImplementedError, match="attention_sink_bias"):
         DFlashDrafter.from_pretrained(tmp_path)
 
 
@@ -217,8 +282,17 @@ def test_validate_names_problem_and_fix(target):
         make_drafter(target, target_layer_ids=(0, 4))
     with pytest.raises(ValueError, match="mask_token_id=<a valid id"):
         make_drafter(target, mask_token_id=VOCAB)
-    wide = Qwen3ForCausalLM(Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16))  # fmt: skip
+    wide = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+        )
+    )
     with pytest.raises(ValueError, match="fc takes 128 features"):
         drafter.validate(wide, Chain(k=2))
     with pytest.raises(RuntimeError, match="prefill"):
@@ -232,8 +306,33 @@ def test_generate_greedy_is_lossless(target):
     drafter = make_drafter(target)
     for seed in range(2):
         prompt = tokens(9, seed=seed)
-        want = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False,
-                               pad_token_id=0)
+        want = target.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False, pad_token_id=0
+        )
         for tree in (Chain(k=5), DDTree(budget=8, topk=3)):
             out = specdec.generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=12, do_sample=False)
             assert torch.equal(out.sequences, want), tree
+
+
+@pytest.mark.slow
+def test_zoo_dense_drafter_is_lossless_and_accepts():
+    import os
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import specdec
+
+    root = Path(__file__).resolve().parents[2]
+    zoo = Path(os.environ.get("SPECDEC_ZOO", root.parent / "shared" / "zoo"))
+    if not (zoo / "target-dense").is_dir():
+        pytest.skip(f"zoo not found at {zoo} (set SPECDEC_ZOO)")
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    target = AutoModelForCausalLM.from_pretrained(zoo / "target-dense", dtype=torch.float32).eval()
+    drafter = DFlashDrafter.from_pretrained(root / "assets" / "drafters" / "zoo-dense", target=target)
+    prompt = json.loads((zoo / "prompts_dev.jsonl").read_text().splitlines()[0])["prompt"]
+    ids = tok(prompt, return_tensors="pt")["input_ids"][:, -256:]
+    want = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False, pad_token_id=1)
+    out = specdec.generate(target, ids, drafter=drafter, tree=specdec.Chain(k=15), max_new_tokens=64, do_sample=False)
+    assert torch.equal(out.sequences, want)
+    assert out.stats.tau > 1.5

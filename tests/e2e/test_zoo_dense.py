@@ -17,12 +17,18 @@ def dense(zoo):
     return model, tok, prompts
 
 
+_REFERENCE: dict[tuple, torch.Tensor] = {}  # target greedy outputs, shared by every drafter and tree
+
+
 def check_prompts(dense, rows, drafter, tree, max_new_tokens):
     model, tok, _ = dense
     mismatched, taus = [], []
     for row in rows:
         ids = tok(row["prompt"], return_tensors="pt").input_ids
-        ref = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
+        key = (row["id"], max_new_tokens)
+        if key not in _REFERENCE:
+            _REFERENCE[key] = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
+        ref = _REFERENCE[key]
         out = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens)
         if not torch.equal(out.sequences, ref):
             mismatched.append(row["id"])

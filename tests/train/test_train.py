@@ -18,9 +18,20 @@ SPECIALS = ["<|endoftext|>", "<|pad|>", "<|mask|>"]
 
 def tiny_target(vocab: int = 128, seed: int = 0):
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-                      eos_token_id=0, pad_token_id=1, tie_word_embeddings=True, initializer_range=0.2)  # fmt: skip
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        eos_token_id=0,
+        pad_token_id=1,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+    )
     return Qwen3ForCausalLM(cfg).eval()
 
 
@@ -92,8 +103,25 @@ def test_corpus_reading_excludes_dedups_and_packs(tmp_path):
 
 
 def test_cli_flags_map_to_config():
-    args = vars(build_parser().parse_args(["--target", "t", "--corpus", "a", "b", "--out-dir", "o",
-                                            "--target-layer-ids", "1", "3", "--no-progress", "--lr", "1e-3"]))  # fmt: skip
+    args = vars(
+        build_parser().parse_args(
+            [
+                "--target",
+                "t",
+                "--corpus",
+                "a",
+                "b",
+                "--out-dir",
+                "o",
+                "--target-layer-ids",
+                "1",
+                "3",
+                "--no-progress",
+                "--lr",
+                "1e-3",
+            ]
+        )
+    )
     args.pop("quiet")
     cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
     assert cfg.corpus == ("a", "b") and cfg.target_layer_ids == (1, 3) and cfg.progress is False and cfg.lr == 1e-3
@@ -106,8 +134,9 @@ def _tokenizer(texts: list[str], folder):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, show_progress=False))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIALS[0], pad_token=SPECIALS[1],
-                                   mask_token=SPECIALS[2])  # fmt: skip
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=SPECIALS[0], pad_token=SPECIALS[1], mask_token=SPECIALS[2]
+    )
     fast.save_pretrained(folder)
     return fast
 
@@ -123,11 +152,29 @@ def test_train_dflash_loss_falls(tmp_path):
     tok = _tokenizer(texts, tmp_path / "tok")
     target = tiny_target(vocab=len(tok))
     target.save_pretrained(tmp_path / "target")
-    cfg = TrainConfig(target=str(tmp_path / "target"), tokenizer=str(tmp_path / "tok"), corpus=(str(corpus),),
-                      out_dir=str(tmp_path / "out"), num_layers=1, target_layer_ids=(1, 2), block_size=4,
-                      seq_len=32, num_anchors=8, batch_size=4, lr=1e-2, warmup_ratio=0.1, max_steps=20,
-                      log_every=1, eval_every=0, eval_num_prompts=2, eval_prompt_tokens=16, eval_new_tokens=8,
-                      save_every=0, progress=False, device="cpu")  # fmt: skip
+    cfg = TrainConfig(
+        target=str(tmp_path / "target"),
+        tokenizer=str(tmp_path / "tok"),
+        corpus=(str(corpus),),
+        out_dir=str(tmp_path / "out"),
+        num_layers=1,
+        target_layer_ids=(1, 2),
+        block_size=4,
+        seq_len=32,
+        num_anchors=8,
+        batch_size=4,
+        lr=1e-2,
+        warmup_ratio=0.1,
+        max_steps=20,
+        log_every=1,
+        eval_every=0,
+        eval_num_prompts=2,
+        eval_prompt_tokens=16,
+        eval_new_tokens=8,
+        save_every=0,
+        progress=False,
+        device="cpu",
+    )
     summary = train_dflash(cfg)
     losses = [r["loss"] for r in summary["losses"]]
     assert summary["steps"] == 20 and len(losses) == 20

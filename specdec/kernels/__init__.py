@@ -1,0 +1,6 @@
+"""Fused kernels. Each op lives in ``specdec/kernels/<op>/``: ``reference.py`` (PyTorch, the specification and
+CPU path), ``triton.py`` and the public ``<op>(..., impl="auto")`` in its ``__init__``."""
+
+from specdec.kernels.tree_gdn import tree_gdn
+
+__all__ = ["tree_gdn"]

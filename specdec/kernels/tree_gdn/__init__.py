@@ -1,0 +1,85 @@
+"""``tree_gdn``: the gated delta-rule (Gated DeltaNet) recurrence over a draft tree, one layer, all nodes.
+
+See ``docs/kernels.md`` for the maths, the kernel design and measured speed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Literal
+
+import torch
+
+from specdec.kernels.tree_gdn.reference import tree_gdn_reference
+
+__all__ = ["tree_gdn", "tree_gdn_reference"]
+
+Impl = Literal["auto", "triton", "reference"]
+
+
+def tree_gdn(
+    init_state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    parents: torch.Tensor,
+    *,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """Gated delta-rule outputs ``[N, HV, V]`` (fp32) of every tree node, each from its root-to-node path.
+
+    Arguments as ``tree_gdn_reference`` (``init_state [HV, K, V]``, ``q [N, HV, K]``, ``k [N, H, K]`` with
+    ``HV % H == 0``, ``v [N, HV, V]``, ``log_decay`` and ``beta [N, HV]``, ``parents [N]`` with ``parents[i] < i``).
+
+    Args:
+        impl: ``"triton"`` (one fused launch), ``"reference"`` (level-synchronous PyTorch) or ``"auto"``: Triton
+            when the tensors are on a CUDA device and Triton imports, else the reference.
+    """
+    _check_shapes(init_state, q, k, v, log_decay, beta, parents)
+    if impl == "auto":
+        impl = "triton" if q.device.type == "cuda" and _triton_available() else "reference"
+    if impl == "reference":
+        return tree_gdn_reference(init_state, q, k, v, log_decay, beta, parents)
+    if impl != "triton":
+        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'reference'.")
+    if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='reference'.")
+    from specdec.kernels.tree_gdn.triton import tree_gdn_triton
+
+    return tree_gdn_triton(init_state, q, k, v, log_decay, beta, parents)
+
+
+@functools.cache
+def _triton_available() -> bool:
+    try:
+        import specdec.kernels.tree_gdn.triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _check_shapes(init_state, q, k, v, log_decay, beta, parents) -> None:
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q, k, v must be [N, heads, dim]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}.")
+    n, hv, k_dim = q.shape
+    v_dim = v.shape[-1]
+    expected = {
+        "init_state": (init_state, (hv, k_dim, v_dim)),
+        "v": (v, (n, hv, v_dim)),
+        "log_decay": (log_decay, (n, hv)),
+        "beta": (beta, (n, hv)),
+        "parents": (parents, (n,)),
+    }
+    for name, (tensor, shape) in expected.items():
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must be {list(shape)} for q {list(q.shape)}; got {list(tensor.shape)}.")
+    if k.shape[0] != n or k.shape[2] != k_dim or k.shape[1] == 0 or hv % k.shape[1]:
+        raise ValueError(f"k must be [N={n}, H, K={k_dim}] with HV={hv} divisible by H; got {list(k.shape)}.")
+    if n == 0:
+        raise ValueError("tree_gdn needs at least one node.")
+    devices = {t.device for t in (init_state, q, k, v, log_decay, beta, parents)}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}.")

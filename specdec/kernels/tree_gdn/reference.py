@@ -1,0 +1,126 @@
+"""Gated delta-rule recurrence over a draft tree in plain PyTorch: the specification, the CPU path and the
+benchmark baseline of ``tree_gdn``.
+
+Per value head, with ``S_{-1}`` the committed state and ``p = parents[i]``:
+``S_i = exp(g_i) S_p``; ``S_i <- S_i + k_i (beta_i (v_i - S_i^T k_i))^T``; ``o_i = S_i^T q_i``.
+The scan is level-synchronous: all nodes of one depth are updated in one batched step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["gdn_update", "level_scan", "tree_gdn_reference"]
+
+Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def gdn_update(
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One gated delta-rule step for a batch of nodes (fp32).
+
+    Args:
+        state (torch.Tensor): ``[n, HV, K, V]`` parent states.
+        q, k (torch.Tensor): ``[n, HV, K]``.
+        v (torch.Tensor): ``[n, HV, V]``.
+        log_decay, beta (torch.Tensor): ``[n, HV]``.
+
+    Returns:
+        ``(states [n, HV, K, V], outputs [n, HV, V])``.
+    """
+    state = state * log_decay.exp()[..., None, None]
+    recalled = (state * k[..., None]).sum(-2)  # [n, HV, V]
+    delta = (v - recalled) * beta[..., None]
+    state = state + k[..., None] * delta[..., None, :]
+    return state, (state * q[..., None]).sum(-2)
+
+
+def level_scan(
+    init_state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    parents: torch.Tensor,
+    step: Step = gdn_update,
+) -> torch.Tensor:
+    """``tree_gdn_reference`` with the per-depth ``step`` as an argument (the benchmark compiles it).
+
+    Row 0 of the state buffer is ``init_state``, row ``i + 1`` the state of node i, so a parent of -1 reads the
+    committed state. States of all nodes are kept (``N + 1`` states): this is the readable form, not the lean one.
+    """
+    n, hv = q.shape[:2]
+    k = _expand_heads(k, hv).float()
+    parent_list = _check_parents(parents, n)
+    depth = [0] * n
+    for i, p in enumerate(parent_list):
+        depth[i] = depth[p] + 1 if p >= 0 else 0
+    by_depth: list[list[int]] = [[] for _ in range(max(depth, default=-1) + 1)]
+    for i, d in enumerate(depth):
+        by_depth[d].append(i)
+
+    states = init_state.new_empty((n + 1, *init_state.shape), dtype=torch.float32)
+    states[0] = init_state
+    out = q.new_empty((n, hv, v.shape[-1]), dtype=torch.float32)
+    for nodes in by_depth:
+        rows = torch.tensor(nodes, dtype=torch.long, device=q.device)
+        parent_rows = torch.tensor([parent_list[i] + 1 for i in nodes], dtype=torch.long, device=q.device)
+        new, o = step(
+            states.index_select(0, parent_rows),
+            q.index_select(0, rows).float(),
+            k.index_select(0, rows),
+            v.index_select(0, rows).float(),
+            log_decay.index_select(0, rows).float(),
+            beta.index_select(0, rows).float(),
+        )
+        states.index_copy_(0, rows + 1, new)
+        out.index_copy_(0, rows, o)
+    return out
+
+
+def tree_gdn_reference(
+    init_state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    parents: torch.Tensor,
+) -> torch.Tensor:
+    """Gated delta-rule outputs of every node of a tree, each from its own root-to-node path.
+
+    Args:
+        init_state (torch.Tensor): ``[HV, K, V]`` fp32 committed state (the state above the root).
+        q (torch.Tensor): ``[N, HV, K]`` fp32 queries, L2-normalised and scaled.
+        k (torch.Tensor): ``[N, H, K]`` fp32 L2-normalised keys, ``HV % H == 0``; value head h reads key head
+            ``h // (HV // H)`` (``H == HV`` is the plain layout).
+        v (torch.Tensor): ``[N, HV, V]`` values, any float dtype (widened to fp32).
+        log_decay (torch.Tensor): ``[N, HV]`` fp32 ``g`` (the state decays by ``exp(g)``).
+        beta (torch.Tensor): ``[N, HV]`` fp32 write strength.
+        parents (torch.Tensor): ``[N]`` int64, ``parents[i] < i``; -1 means the parent state is ``init_state``.
+
+    Returns:
+        ``[N, HV, V]`` fp32 outputs ``o_i = S_i^T q_i``. ``init_state`` is not modified.
+    """
+    return level_scan(init_state, q, k, v, log_decay, beta, parents)
+
+
+def _expand_heads(k: torch.Tensor, hv: int) -> torch.Tensor:
+    return k if k.shape[1] == hv else k.repeat_interleave(hv // k.shape[1], dim=1)
+
+
+def _check_parents(parents: torch.Tensor, n: int) -> list[int]:
+    parent_list = [int(p) for p in parents.tolist()]
+    bad = [i for i, p in enumerate(parent_list) if not -1 <= p < i]
+    if len(parent_list) != n or bad:
+        raise ValueError(f"parents must be [N={n}] with -1 <= parents[i] < i; got {parent_list}.")
+    return parent_list

@@ -1,0 +1,146 @@
+"""Fused Triton kernel of ``tree_gdn``: the whole tree recurrence of one layer in one launch.
+
+One program per (value head, block of ``BLOCK_V`` value columns) owns a ``[K, BLOCK_V]`` slice of the state and
+walks the nodes in order ``0 .. N-1`` (a parent always precedes its children):
+
+- the running state stays in registers while ``parents[i] == i - 1`` (chains, first children);
+- any other node reloads its parent's state from a scratch buffer (``init_state`` for ``parents[i] == -1``);
+- after its update, node i's state is written to scratch only if a node other than ``i + 1`` is its child.
+  Each program reads the parent array once into registers and tests this per node, so no other launch is needed.
+
+The scratch has one ``[HV, K, V]`` fp32 row per node (rows are written only for such branch points and are never
+zeroed). The next node's inputs are loaded one step ahead, so their latency overlaps the current update.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["tree_gdn_triton"]
+
+
+@triton.jit
+def _tree_gdn_kernel(
+    init_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    parents_ptr,
+    out_ptr,
+    scratch_ptr,
+    N,
+    HV,
+    HEADS_PER_KEY,
+    NODE_STRIDE,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    head = tl.program_id(0).to(tl.int64)
+    key_head = head // HEADS_PER_KEY
+    num_key_heads = HV // HEADS_PER_KEY
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask_k = offs_k < K
+    mask_v = offs_v < V
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    state_offs = head * K * V + offs_k[:, None] * V + offs_v[None, :]  # int64: head is int64
+
+    node_ids = tl.arange(0, BLOCK_N)
+    all_parents = tl.load(parents_ptr + node_ids, mask=node_ids < N, other=-2)
+
+    state = tl.load(init_ptr + state_offs, mask=mask_kv, other=0.0)
+    # inputs of node 0; each iteration prefetches those of the next node
+    parent = tl.load(parents_ptr)
+    k = tl.load(k_ptr + key_head * K + offs_k, mask=mask_k, other=0.0)
+    q = tl.load(q_ptr + head * K + offs_k, mask=mask_k, other=0.0)
+    v = tl.load(v_ptr + head * V + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + head)
+    beta = tl.load(beta_ptr + head)
+    for i in range(0, N):
+        node = tl.cast(i, tl.int64)
+        nxt = tl.minimum(node + 1, N - 1)  # the last node prefetches itself again (unused, always in bounds)
+        parent_next = tl.load(parents_ptr + nxt)
+        k_next = tl.load(k_ptr + (nxt * num_key_heads + key_head) * K + offs_k, mask=mask_k, other=0.0)
+        q_next = tl.load(q_ptr + (nxt * HV + head) * K + offs_k, mask=mask_k, other=0.0)
+        v_next = tl.load(v_ptr + (nxt * HV + head) * V + offs_v, mask=mask_v, other=0.0)
+        g_next = tl.load(g_ptr + nxt * HV + head)
+        beta_next = tl.load(beta_ptr + nxt * HV + head)
+
+        if parent != node - 1:
+            if parent < 0:
+                state = tl.load(init_ptr + state_offs, mask=mask_kv, other=0.0)
+            else:
+                state = tl.load(scratch_ptr + parent * NODE_STRIDE + state_offs, mask=mask_kv, other=0.0)
+        state = state * tl.exp(g)
+        recalled = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]
+        delta = (v - recalled) * beta
+        state = state + k[:, None] * delta[None, :]
+        out = tl.sum(state * q[:, None], axis=0)
+        tl.store(out_ptr + (node * HV + head) * V + offs_v, out, mask=mask_v)
+        branch_children = tl.sum(((all_parents == node) & (node_ids != node + 1)).to(tl.int32), axis=0)
+        if branch_children > 0:
+            tl.store(scratch_ptr + node * NODE_STRIDE + state_offs, state, mask=mask_kv)
+            tl.debug_barrier()  # the reload of this row may be issued by other threads of the program
+
+        parent, k, q, v, g, beta = parent_next, k_next, q_next, v_next.to(tl.float32), g_next, beta_next
+
+
+def _launch_config(k_dim: int, v_dim: int) -> tuple[int, int]:
+    """``(BLOCK_V, num_warps)``: narrow value blocks give more programs, the walk over nodes is latency-bound."""
+    block_v = min(triton.next_power_of_2(v_dim), 16)
+    elems = triton.next_power_of_2(k_dim) * block_v
+    return block_v, 1 if elems <= 2048 else 2
+
+
+def tree_gdn_triton(
+    init_state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    parents: torch.Tensor,
+) -> torch.Tensor:
+    """Triton ``tree_gdn``; arguments and result as ``tree_gdn_reference``.
+
+    ``parents`` is not validated here (that would need a device sync): ``parents[i] < i`` is required.
+    """
+    block_v, num_warps = _launch_config(q.shape[-1], v.shape[-1])
+    return _tree_gdn(init_state, q, k, v, log_decay, beta, parents, block_v=block_v, num_warps=num_warps)
+
+
+def _tree_gdn(init_state, q, k, v, log_decay, beta, parents, *, block_v: int, num_warps: int) -> torch.Tensor:
+    n, hv, k_dim = q.shape
+    v_dim = v.shape[-1]
+    out = torch.empty((n, hv, v_dim), dtype=torch.float32, device=q.device)
+    scratch = torch.empty((n, hv, k_dim, v_dim), dtype=torch.float32, device=q.device)
+    grid = (hv, triton.cdiv(v_dim, block_v))
+    _tree_gdn_kernel[grid](
+        init_state.float().contiguous(),
+        q.float().contiguous(),
+        k.float().contiguous(),
+        v.contiguous(),
+        log_decay.float().contiguous(),
+        beta.float().contiguous(),
+        parents.to(torch.int64).contiguous(),
+        out,
+        scratch,
+        n,
+        hv,
+        hv // k.shape[1],
+        hv * k_dim * v_dim,
+        K=k_dim,
+        V=v_dim,
+        BLOCK_K=triton.next_power_of_2(k_dim),
+        BLOCK_V=block_v,
+        BLOCK_N=triton.next_power_of_2(n),
+        num_warps=num_warps,
+    )
+    return out

@@ -1,0 +1,67 @@
+"""The trained DFlash drafters on the zoo targets (fp32, CPU): chain and DDTree greedy output equals the
+target's own greedy ``generate`` over the dev prompts, and the drafters reach a real acceptance."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import specdec
+from specdec.drafters.dflash import DFlashDrafter
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafters"
+TREES = {
+    "chain": specdec.Chain(k=15),
+    "ddtree15": specdec.DDTree(budget=15),
+    "ddtree32": specdec.DDTree(budget=32, topk=8),
+    "ddtree64": specdec.DDTree(budget=64, topk=8),
+}
+
+
+def load(zoo, name):
+    model = AutoModelForCausalLM.from_pretrained(zoo / f"target-{name}", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    prompts = [json.loads(line) for line in (zoo / "prompts_dev.jsonl").read_text().splitlines()]
+    drafter = DFlashDrafter.from_pretrained(ASSETS / f"zoo-{name}", target=model)
+    return model, tok, prompts, drafter
+
+
+@pytest.fixture(scope="module", params=["dense", "hybrid"])
+def pair(zoo, request):
+    return request.param, load(zoo, request.param)
+
+
+_REFERENCE: dict[tuple, torch.Tensor] = {}  # target greedy outputs, shared by every tree
+
+
+def run(pair, rows, tree, max_new_tokens):
+    name, (model, tok, _, drafter) = pair
+    mismatched, committed, rounds = [], 0, 0
+    for row in rows:
+        ids = tok(row["prompt"], return_tensors="pt").input_ids[:, -384:]
+        key = (name, row["id"], max_new_tokens)
+        if key not in _REFERENCE:
+            _REFERENCE[key] = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
+        ref = _REFERENCE[key]
+        out = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens)
+        if not torch.equal(out.sequences, ref):
+            mismatched.append(row["id"])
+        committed += out.stats.tau * out.stats.rounds
+        rounds += out.stats.rounds
+    assert not mismatched, f"outputs differ from target greedy on {mismatched}"
+    return committed / max(rounds, 1)
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_zoo_dflash_matches_greedy_quick(pair, tree):
+    tau = run(pair, pair[1][2][:2], TREES[tree], 32)
+    assert tau > 1.5, f"{pair[0]} {tree}: tau {tau:.2f}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", list(TREES))
+def test_zoo_dflash_matches_greedy_all_dev_prompts(pair, tree):
+    tau = run(pair, pair[1][2], TREES[tree], 64)
+    assert tau > 2.0, f"{pair[0]} {tree}: tau {tau:.2f}"

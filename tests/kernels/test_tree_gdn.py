@@ -1,0 +1,272 @@
+"""``tree_gdn``: Triton (interpreter on CPU, compiled on GPU) vs the reference vs the adapter's level scan.
+
+The Triton comparisons on CPU run in one subprocess with ``TRITON_INTERPRET=1`` (it must be set before Triton is
+imported, and must not leak into the rest of the suite); that process runs this file as a script, writes the
+kernel outputs to a file and the tests here compare them. ``torch.empty`` is NaN-poisoned in that process, so a
+scratch row or output element read before it is written shows up.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.kernels.tree_gdn import tree_gdn
+from specdec.kernels.tree_gdn.reference import tree_gdn_reference
+from specdec.state.gdn import gdn_step
+from specdec.state.hybrid import TreeTopology, tree_scan
+from specdec.types import DraftTree
+
+REPO = Path(__file__).resolve().parents[2]
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-5, 1e-5), torch.float16: (1e-5, 1e-5)}  # output is fp32
+
+
+@dataclass(frozen=True)
+class Case:
+    n: int
+    hv: int
+    k: int
+    v: int
+    tree: str  # chain | bush | random | deep (mostly chains, with random branch points)
+    h: int = 0  # key heads (0: same as hv)
+    dtype: torch.dtype = torch.float32  # of v
+    block_v: int = 0  # 0: the kernel's default launch config
+
+    @property
+    def id(self) -> str:
+        extra = f"-h{self.h}" if self.h else ""
+        extra += "" if self.dtype == torch.float32 else f"-{str(self.dtype).split('.')[-1]}"
+        extra += f"-bv{self.block_v}" if self.block_v else ""
+        return f"{self.tree}-n{self.n}-hv{self.hv}-k{self.k}-v{self.v}{extra}"
+
+
+def make_parents(tree: str, n: int, gen: torch.Generator) -> list[int]:
+    parents = [-1]
+    for i in range(1, n):
+        if tree == "chain":
+            parents.append(i - 1)
+        elif tree == "bush":
+            parents.append(0)
+        elif tree == "random":
+            parents.append(int(torch.randint(0, i, (1,), generator=gen)))
+        elif tree == "deep":
+            branch = bool(torch.rand((), generator=gen) < 0.3)
+            parents.append(int(torch.randint(0, i, (1,), generator=gen)) if branch else i - 1)
+        else:
+            raise ValueError(tree)
+    return parents
+
+
+def make_inputs(case: Case, device="cpu", seed: int = 0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    n, hv, h = case.n, case.hv, case.h or case.hv
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    inputs = dict(
+        init_state=randn(hv, case.k, case.v),
+        q=F.normalize(randn(n, hv, case.k), dim=-1) * case.k**-0.5,
+        k=F.normalize(randn(n, h, case.k), dim=-1),
+        v=randn(n, hv, case.v).to(case.dtype),
+        log_decay=-F.softplus(randn(n, hv)) * 0.5,
+        beta=torch.rand(n, hv, generator=gen),
+        parents=torch.tensor(make_parents(case.tree, n, gen), dtype=torch.long),
+    )
+    return {name: t.to(device) for name, t in inputs.items()}
+
+
+def level_scan_output(inputs: dict) -> torch.Tensor:
+    """The adapter's path before ``tree_gdn``: ``tree_scan`` with ``gdn_step``."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    parents = inputs["parents"]
+    topo = TreeTopology.from_tree(DraftTree(tokens=torch.zeros_like(parents.cpu()), parents=parents.cpu()), q.device)
+
+    def step(parent_states, nodes):
+        states = gdn_step(
+            parent_states,
+            k.index_select(0, nodes),
+            v.index_select(0, nodes).float(),
+            inputs["log_decay"].index_select(0, nodes),
+            inputs["beta"].index_select(0, nodes),
+        )
+        return states, (states * q.index_select(0, nodes)[..., None]).sum(-2)
+
+    return tree_scan(inputs["init_state"][None].float(), topo, step)
+
+
+def path_output(inputs: dict) -> torch.Tensor:
+    """Oracle: each node's output from its own root-to-node path, one node at a time."""
+    q, k = inputs["q"], inputs["k"].repeat_interleave(inputs["q"].shape[1] // inputs["k"].shape[1], dim=1)
+    parents = inputs["parents"].tolist()
+    out = []
+    for i in range(len(parents)):
+        path, node = [], i
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        state = inputs["init_state"][None]
+        for j in reversed(path):
+            s = slice(j, j + 1)
+            state = gdn_step(state, k[s], inputs["v"][s].float(), inputs["log_decay"][s], inputs["beta"][s])
+        out.append((state * q[i][None, ..., None]).sum(-2)[0])
+    return torch.stack(out)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    atol, rtol = TOL[dtype]
+    assert actual.dtype == torch.float32 and actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected.float(), atol=atol, rtol=rtol)
+
+
+REFERENCE_CASES = [
+    Case(n, hv, kd, vd, tree, h=h)
+    for n in (1, 7, 16, 63, 65)
+    for tree in ("chain", "bush", "random", "deep")
+    for hv, h, kd, vd in ((1, 0, 16, 32), (4, 2, 64, 48))
+    if not (n == 1 and tree != "chain")
+] + [Case(33, 4, 32, 16, "random", dtype=torch.bfloat16), Case(33, 4, 32, 16, "deep", dtype=torch.float16)]
+
+# the interpreter is slow (cost ~ programs x nodes): small heads for the long trees
+TRITON_CASES = [
+    Case(1, 4, 16, 16, "chain"),
+    Case(7, 4, 32, 32, "chain"),
+    Case(7, 4, 32, 32, "bush"),
+    Case(7, 4, 32, 32, "random", h=2),
+    Case(16, 4, 16, 64, "random", h=1),
+    Case(16, 4, 64, 16, "deep", dtype=torch.bfloat16),
+    Case(63, 1, 64, 64, "random"),
+    Case(63, 1, 64, 32, "bush"),
+    Case(63, 4, 32, 32, "deep", h=2, block_v=32),
+    Case(65, 1, 32, 48, "random"),
+    Case(65, 1, 48, 40, "deep", block_v=64),
+    Case(65, 1, 16, 16, "chain", dtype=torch.float16),
+]
+
+GPU_CASES = [
+    *(Case(n, 4, 64, 64, tree, h=2) for n in (1, 7, 16, 63, 65, 128) for tree in ("chain", "bush", "random", "deep")),
+    Case(64, 48, 128, 128, "random", h=16, dtype=torch.bfloat16),  # Qwen3.5-27B-like layer
+    Case(65, 8, 64, 64, "deep", h=4, dtype=torch.bfloat16),  # zoo hybrid layer
+    Case(300, 2, 48, 40, "deep"),
+]
+
+
+@pytest.mark.parametrize("case", REFERENCE_CASES, ids=lambda c: c.id)
+def test_reference_matches_level_scan(case):
+    inputs = make_inputs(case)
+    before = inputs["init_state"].clone()
+    out = tree_gdn_reference(**inputs)
+    assert_close(out, level_scan_output(inputs), case.dtype)
+    assert torch.equal(inputs["init_state"], before)
+
+
+@pytest.mark.parametrize("case", [c for c in REFERENCE_CASES if c.n <= 16], ids=lambda c: c.id)
+def test_reference_matches_paths(case):
+    inputs = make_inputs(case)
+    assert_close(tree_gdn_reference(**inputs), path_output(inputs), case.dtype)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> dict[str, torch.Tensor]:
+    pytest.importorskip("triton")
+    path = tmp_path_factory.mktemp("tree_gdn") / "outputs.pt"
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, __file__, str(path)], env=env, cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(path)
+
+
+@pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: c.id)
+def test_triton_interpreted_matches_reference(case, interpreted):
+    inputs = make_inputs(case)
+    out = interpreted[case.id]
+    assert not out.isnan().any()
+    assert_close(out, tree_gdn_reference(**inputs), case.dtype)
+    assert_close(out, level_scan_output(inputs), case.dtype)
+    assert torch.equal(interpreted[case.id + "/init_state"], inputs["init_state"])
+
+
+def test_auto_on_cpu_is_the_reference():
+    inputs = make_inputs(Case(9, 2, 16, 16, "random"))
+    assert torch.equal(tree_gdn(**inputs), tree_gdn_reference(**inputs))
+    assert torch.equal(tree_gdn(**inputs, impl="reference"), tree_gdn_reference(**inputs))
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(impl="cuda"), "impl="),
+        (dict(v=torch.zeros(4, 2, 16)), "v must be"),
+        (dict(beta=torch.zeros(5, 3)), "beta must be"),
+        (dict(k=torch.zeros(5, 3, 16)), "k must be"),
+        (dict(parents=torch.tensor([-1, 0, 1, 3, 0])), "parents"),
+    ],
+    ids=["impl", "v", "beta", "grouped-k", "parents"],
+)
+def test_errors(change, match):
+    inputs = make_inputs(Case(5, 2, 16, 16, "random"))
+    with pytest.raises(ValueError, match=match):
+        tree_gdn(**{**inputs, **change})
+
+
+@pytest.mark.skipif("TRITON_INTERPRET" in os.environ, reason="checks the error without the interpreter")
+def test_triton_on_cpu_is_refused():
+    with pytest.raises(ValueError, match="GPU"):
+        tree_gdn(**make_inputs(Case(3, 1, 16, 16, "chain")), impl="triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_triton_gpu_matches_reference(case):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    inputs = make_inputs(case, device=torch.device("cuda"))
+    before = inputs["init_state"].clone()
+    out = tree_gdn(**inputs, impl="triton")
+    assert not out.isnan().any()
+    assert_close(out, tree_gdn(**inputs, impl="reference"), case.dtype)
+    assert_close(out.cpu(), tree_gdn_reference(**make_inputs(case)), case.dtype)
+    assert torch.equal(inputs["init_state"], before)
+    assert torch.equal(tree_gdn(**inputs), out)  # auto picks Triton on CUDA
+
+
+def _poisoned_empty(empty):
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    return poisoned
+
+
+def _run_interpreted(path: str) -> None:
+    """Subprocess entry: kernel outputs of ``TRITON_CASES`` through the interpreter, saved to ``path``."""
+    from specdec.kernels.tree_gdn.triton import _tree_gdn, tree_gdn_triton
+
+    torch.empty = _poisoned_empty(torch.empty)
+    results = {}
+    for case in TRITON_CASES:
+        inputs = make_inputs(case)
+        if case.block_v:
+            results[case.id] = _tree_gdn(**inputs, block_v=case.block_v, num_warps=1)
+        else:
+            results[case.id] = tree_gdn_triton(**inputs)
+        results[case.id + "/init_state"] = inputs["init_state"]
+    torch.save(results, path)
+
+
+if __name__ == "__main__":
+    _run_interpreted(sys.argv[1])
