@@ -142,6 +142,7 @@ def generate(
     if drafter is not None:
         drafter.validate(tgt, tree)
         drafter.reset()
+    draft_forwards_before = drafter.num_forwards if drafter is not None else 0
     taps = drafter.target_layer_ids if drafter is not None else None
     stats, timer = SpecStats(), PhaseTimer(tgt.device)
     if streamer is not None:
@@ -201,7 +202,7 @@ def generate(
         streamer.end()
     stats.new_tokens = len(new_tokens)
     stats.target_forwards = stats.rounds + 1
-    stats.draft_forwards = drafter.num_forwards if drafter is not None else 0
+    stats.draft_forwards = drafter.num_forwards - draft_forwards_before if drafter is not None else 0
     stats.phase_ms = timer.totals_ms()
     sequences = torch.cat([input_ids, torch.tensor([new_tokens], dtype=torch.long, device=input_ids.device)], 1)
     return GenerateOutput(sequences=sequences, stats=stats)

@@ -121,3 +121,12 @@ def test_generate_plain_ar_stats():
     assert out.stats.tau == 1.0
     assert out.stats.rounds == 9 and out.stats.target_forwards == 10
     assert {"prefill", "draft", "verify", "accept", "commit"} <= set(out.stats.phase_ms)
+
+
+def test_generate_counts_draft_forwards_per_call():
+    target = tiny_model("qwen3", scale=2.0)
+    drafter = specdec.ModelDrafter(perturbed_copy(target, noise=0.05))
+    first = specdec.generate(target, prompt(), drafter=drafter, tree=specdec.Chain(k=3), max_new_tokens=20)
+    second = specdec.generate(target, prompt(), drafter=drafter, tree=specdec.Chain(k=3), max_new_tokens=20)
+    assert first.stats.draft_forwards == second.stats.draft_forwards > 0
+    assert first.stats.draft_forwards == 3 * first.stats.rounds  # k forwards per round
