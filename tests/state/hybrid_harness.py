@@ -221,7 +221,7 @@ def path_logits(model, prefix: torch.Tensor, tree: DraftTree) -> torch.Tensor:
     is_leaf = [True] * n
     for p in parents[1:]:
         is_leaf[p] = False
-    ref = torch.empty(n, VOCAB)
+    ref = torch.empty(n, model.get_output_embeddings().weight.shape[0])
     for leaf in (i for i in range(n) if is_leaf[i]):
         path = [leaf]
         while parents[path[-1]] >= 0:

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hybrid_harness import FAMILIES, VOCAB, path_logits, prefill, random_tree, tiny_hybrid, tree_forward, verify
+from hybrid_harness import (
+    FAMILIES,
+    VOCAB,
+    next_logits,
+    path_logits,
+    prefill,
+    random_tree,
+    tiny_hybrid,
+    tree_forward,
+    verify,
+)
 
 from specdec.state import HybridState, manager_for
 from specdec.types import DraftTree
@@ -95,3 +105,49 @@ def test_verify_scope_restores_mixer_forwards(family_model):
     verify(model, manager, cache, tree, PREFIX)
     assert not any("forward" in m.__dict__ for m in modules)
     manager.rollback(cache, PREFIX)
+
+
+def test_zoo_hybrid_tree_logits_match_path_causal(zoo):
+    """The trained zoo hybrid target (fp32): random trees of 1-64 nodes on a real code prefix.
+
+    At this model's logit scale (|logit| up to ~16, fp32 ulp 1.9e-6) HF's own two forward forms of a path —
+    chunked multi-token and one token at a time — differ from each other by up to ~1.3e-5. Each node must match
+    its path within max(1e-5, 2 x that floor, measured per tree); a leaking tree is off by 1e-1 or more.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(zoo / "target-hybrid", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    prefix = tok("def binary_search(items, x):\n    lo, hi = 0, len(items)\n", return_tensors="pt").input_ids
+    manager = manager_for(model)
+    cache = prefill(model, prefix)
+    gen = torch.Generator().manual_seed(5)
+    for kind, n in [("root", 1), ("chain", 15), ("deep", 40), ("bush", 24), ("random", 64)]:
+        tree = random_tree(gen, n, kind)
+        tree = DraftTree(tree.tokens % model.config.vocab_size, tree.parents)
+        logits = verify(model, manager, cache, tree, prefix.shape[1])
+        manager.rollback(cache, prefix.shape[1])
+        chunked = path_logits(model, prefix, tree)
+        stepwise = path_logits_stepwise(model, cache, prefix.shape[1], tree)
+        floor = (chunked - stepwise).abs().max().item()
+        diff = max((logits - chunked).abs().max().item(), (logits - stepwise).abs().max().item())
+        assert diff <= max(1e-5, 2 * floor), f"zoo hybrid: {kind} tree of {n} nodes off by {diff:.2e} ({floor=:.2e})"
+
+
+def path_logits_stepwise(model, cache, prefix_len: int, tree: DraftTree) -> torch.Tensor:
+    """Every root->leaf path decoded one token at a time on a copy of the prefilled cache (HF's recurrent
+    form). Returns logits ``[N, V]``."""
+    import copy
+
+    parents = tree.parents.tolist()
+    leaves = sorted(set(range(len(parents))) - set(parents))
+    ref = torch.empty(len(parents), model.config.vocab_size)
+    for leaf in leaves:
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()
+        step_cache = copy.deepcopy(cache)
+        for depth, node in enumerate(path):
+            ref[node] = next_logits(model, step_cache, int(tree.tokens[node]), prefix_len + depth)
+    return ref
