@@ -188,9 +188,7 @@ def test_run_bench_computes_reference_without_ar_method():
     assert (rows[0]["tree"], rows[0]["budget"], rows[0]["topk"]) == ("chain", 4, 1)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not (zoo_dir() / "target-dense").exists(), reason="needs the zoo fixtures (SPECDEC_ZOO)")
-def test_main_bench_zoo_target(tmp_path):
+def test_main_bench_zoo_target(tmp_path, zoo):
     cfg = {
         "device": "cpu", "num_prompts": 1, "max_prompt_tokens": 48, "max_new_tokens": 6, "warmup": 0,
         "methods": [{"name": "ar"}, {"drafter": "ngram", "tree": {"kind": "chain", "k": 3}}], "out_dir": str(tmp_path),
