@@ -31,13 +31,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out", default="bench_out/zoo")
     ap.add_argument("--no-hf-baseline", action="store_true", help="skip timing HF generate")
+    ap.add_argument("--no-ar", action="store_true", help="skip the plain-decoding row (tau-only sweeps)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     dflash = {"kind": "dflash", "path": args.drafter}
-    methods = [
-        {"name": "ar"},
-        {"name": "dflash-chain", "drafter": dflash, "tree": {"kind": "chain", "k": args.block_size - 1}},
-    ]
+    methods = [] if args.no_ar else [{"name": "ar"}]
+    methods.append({"name": "dflash-chain", "drafter": dflash, "tree": {"kind": "chain", "k": args.block_size - 1}})
     for topk in args.topk:
         for budget in args.budgets:
             if topk and topk >= budget:
