@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
+from models import tiny_model
 from safetensors.torch import save_file
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from specdec.drafters.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
 from specdec.train.dflash import block_hidden, target_features
@@ -18,21 +18,7 @@ VOCAB, MASK = 128, 3
 
 @pytest.fixture(scope="module")
 def target():
-    torch.manual_seed(0)
-    cfg = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        eos_token_id=2,
-        pad_token_id=0,
-        attn_implementation="sdpa",
-    )
-    return Qwen3ForCausalLM(cfg).eval()
+    return tiny_model("qwen3", num_hidden_layers=4, eos_token_id=2)
 
 
 def make_drafter(target, **kwargs) -> DFlashDrafter:
@@ -282,16 +268,8 @@ def test_validate_names_problem_and_fix(target):
         make_drafter(target, target_layer_ids=(0, 4))
     with pytest.raises(ValueError, match="mask_token_id=<a valid id"):
         make_drafter(target, mask_token_id=VOCAB)
-    wide = Qwen3ForCausalLM(
-        Qwen3Config(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=4,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=16,
-        )
+    wide = tiny_model(
+        "qwen3", hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1
     )
     with pytest.raises(ValueError, match="fc takes 128 features"):
         drafter.validate(wide, Chain(k=2))

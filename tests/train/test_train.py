@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from models import tiny_model
+from transformers import PreTrainedTokenizerFast
 
 from specdec.drafters.dflash import DFlashDrafter
 from specdec.train import TrainConfig, train_dflash
@@ -17,22 +18,10 @@ SPECIALS = ["<|endoftext|>", "<|pad|>", "<|mask|>"]
 
 
 def tiny_target(vocab: int = 128, seed: int = 0):
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-        eos_token_id=0,
-        pad_token_id=1,
-        tie_word_embeddings=True,
-        initializer_range=0.2,
-    )
-    return Qwen3ForCausalLM(cfg).eval()
+    return tiny_model(
+        "qwen3", seed=seed, vocab_size=vocab, num_hidden_layers=4, max_position_embeddings=1024,
+        eos_token_id=0, pad_token_id=1, tie_word_embeddings=True, initializer_range=0.2,
+    )  # fmt: skip
 
 
 def test_block_sees_only_context_before_its_anchor_and_its_own_block():
