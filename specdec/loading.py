@@ -26,11 +26,14 @@ def zoo_dir() -> Path:
 
 
 def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """``"auto"`` = the current accelerator if there is one, else CPU; ``"auto"`` dtype = bf16 on an
+    accelerator, fp32 on CPU."""
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        device = accelerator if accelerator is not None else "cpu"
     dev = torch.device(device)
     if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+        return dev, torch.float32 if dev.type == "cpu" else torch.bfloat16
     return dev, getattr(torch, dtype)
 
 

@@ -21,7 +21,7 @@ import torch
 
 from specdec.bench.report import write_report
 from specdec.generate import generate
-from specdec.loading import build_drafter, load_prompts, zoo_dir
+from specdec.loading import build_drafter, load_prompts, load_target, resolve_device, zoo_dir
 from specdec.target import TargetModel
 from specdec.types import Chain, DDTree, TreeSpec
 
@@ -286,7 +286,7 @@ class BenchConfig:
     """Settings of ``main_bench``; the run-level ones mirror ``run_bench``'s arguments.
 
     Args:
-        target (str): target checkpoint (path or hub id; a name inside the zoo resolves). Default "target-dense".
+        target (str): target checkpoint folder (a name inside the zoo resolves). Default "target-dense".
         tokenizer (str | None): tokenizer path; default the target's.
         device (str): "auto" = the first CUDA device if there is one, else CPU. Default "auto".
         dtype (str): torch dtype name, or "auto" = bfloat16 on CUDA, float32 otherwise. Default "auto".
@@ -427,19 +427,16 @@ def main_bench(
     Returns:
         list[dict]: the rows; ``cfg.out_dir`` receives results.jsonl, results.md, plot.png and meta.json.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     if not isinstance(cfg, BenchConfig):
         unknown = set(cfg) - {f.name for f in fields(BenchConfig)}
         if unknown:
             raise ValueError(f"Unknown bench settings {sorted(unknown)}; see specdec.bench.BenchConfig.")
         cfg = BenchConfig(**cfg)
-    cuda = torch.cuda.is_available()
-    device = torch.device(("cuda" if cuda else "cpu") if cfg.device == "auto" else cfg.device)
-    dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    device, dtype = resolve_device(cfg.device, cfg.dtype)
     target_path = _resolve_path(cfg.target)
-    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
-    target = target.to(device).eval()
+    target = load_target(target_path, device=device, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(_resolve_path(cfg.tokenizer or target_path))
     prompts = load_prompts(cfg.prompts, limit=cfg.num_prompts)
     methods = methods_from_specs(cfg.methods, target=target, tokenizer=tokenizer, drafter_factories=drafter_factories)
