@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.drafters.base import Drafter
+from specdec.fast.engine import FastEngine, bucket_size, fast_path_reason
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
 from specdec.trees import prune_depth, root_tree
@@ -105,6 +106,8 @@ def generate(
     generator: torch.Generator | None = None,
     streamer=None,
     attention_mask: torch.Tensor | None = None,
+    cuda_graphs: bool | None = None,
+    compile: bool = False,
 ) -> GenerateOutput:
     """Speculative generation, lossless with respect to the target's own ``generate``.
 
@@ -119,6 +122,12 @@ def generate(
         generator (torch.Generator | None): the only source of randomness (on the target's device).
         streamer: an HF streamer (``put``/``end``); receives the prompt, then tokens as they are committed.
         attention_mask (torch.Tensor | None): accepted only without padding.
+        cuda_graphs (bool | None): ``None`` (default) = the fast path (static storage, device-side round
+            captured in CUDA graphs) on CUDA targets it supports, the eager path elsewhere; ``True`` = the fast
+            path wherever supported (on CPU its device-side round runs without capture); ``False`` = the eager path.
+            Targets or drafters the fast path does not support run eagerly, with a log line saying why.
+        compile (bool): ``torch.compile`` the target and drafter forwards under the graphs (fast path only;
+            compile time is reported in ``stats.compile_ms``). Default False.
 
     Returns:
         GenerateOutput: ``sequences`` ``[1, T + n_new]`` and ``stats`` (``SpecStats``).
@@ -145,11 +154,15 @@ def generate(
     draft_forwards_before = drafter.num_forwards if drafter is not None else 0
     taps = drafter.target_layer_ids if drafter is not None else None
     stats, timer = SpecStats(), PhaseTimer(tgt.device)
+    engine = _fast_engine(tgt, drafter, tree, input_ids.shape[1] + max_new_tokens, cuda_graphs, compile)
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
     with timer("prefill"):
-        logits, hidden = tgt.prefill(input_ids, taps)
+        if engine is not None:
+            logits, hidden = engine.prefill(input_ids, drafter)
+        else:
+            logits, hidden = tgt.prefill(input_ids, taps)
         first = sample_tokens(logits[None], sampling, generator)
     new_tokens = [int(first)]
     ctx = DecodeContext(
@@ -161,37 +174,37 @@ def generate(
     done = new_tokens[0] in eos or max_new_tokens == 1
     if streamer is not None:
         streamer.put(first.view(1).cpu())
-    if drafter is not None and not done:
+    if engine is not None:
+        engine.set_root(first)
+        fast_round = engine.round_for(drafter, tree, sampling, graph=engine.device.type == "cuda")
+        stats.path = "fast"
+    elif drafter is not None and not done:
         with timer("draft"):
             drafter.prefill(ctx)
 
     while not done:
         remaining = max_new_tokens - len(new_tokens)
-        with timer("draft"):
-            if drafter is None:
-                draft = root_tree(new_tokens[-1], tgt.device)
-            else:
-                draft = prune_depth(drafter.propose(ctx, tree), remaining - 1)
-        with timer("verify"):
-            logits, hidden = tgt.verify(draft, taps)
-        with timer("accept"):
-            result = verify(draft, logits, sampling, generator)
-        with timer("commit"):
-            tgt.commit(result.path)
-            accepted = list(result.tokens)
-            for i, tok in enumerate(accepted):
-                if tok in eos:
-                    accepted, done = accepted[: i + 1], True
-                    break
-            accepted = accepted[:remaining]
-            new_tokens += accepted
-            done = done or len(new_tokens) >= max_new_tokens
-            stats.record(result.num_accepted)
-            stats.tree_nodes += draft.num_nodes
-            new = torch.tensor(accepted, dtype=torch.long, device=input_ids.device)
-            if streamer is not None:
-                streamer.put(new.cpu())
-            if not done:
+        if engine is not None:
+            with timer("round"):
+                accepted, num_nodes = fast_round(generator)
+            num_accepted = len(accepted) - 1
+        else:
+            draft, result, hidden = _eager_round(tgt, drafter, tree, ctx, new_tokens[-1], remaining, taps, sampling, timer)
+            accepted, num_accepted, num_nodes = list(result.tokens), result.num_accepted, draft.num_nodes
+        for i, tok in enumerate(accepted):
+            if tok in eos:
+                accepted, done = accepted[: i + 1], True
+                break
+        accepted = accepted[:remaining]
+        new_tokens += accepted
+        done = done or len(new_tokens) >= max_new_tokens
+        stats.record(min(num_accepted, remaining - 1))  # drafts past max_new_tokens are not counted
+        stats.tree_nodes += num_nodes
+        if streamer is not None:
+            streamer.put(torch.tensor(accepted, dtype=torch.long))
+        if engine is None and not done:
+            with timer("commit"):
+                new = torch.tensor(accepted, dtype=torch.long, device=input_ids.device)
                 ctx.input_ids = torch.cat([ctx.input_ids, new.view(1, -1)], dim=1)
                 path = torch.as_tensor(result.path, device=hidden.device) if hidden is not None else None
                 ctx.target_hidden = hidden.index_select(1, path) if hidden is not None else None
@@ -204,8 +217,43 @@ def generate(
     stats.target_forwards = stats.rounds + 1
     stats.draft_forwards = drafter.num_forwards - draft_forwards_before if drafter is not None else 0
     stats.phase_ms = timer.totals_ms()
+    if engine is not None:
+        stats.compile_ms, stats.capture_ms = fast_round.take_setup_ms()
     sequences = torch.cat([input_ids, torch.tensor([new_tokens], dtype=torch.long, device=input_ids.device)], 1)
     return GenerateOutput(sequences=sequences, stats=stats)
+
+
+def _eager_round(tgt, drafter, tree, ctx, root_token, remaining, taps, sampling, timer):
+    """One round on the eager path: propose, verify, walk, commit the target. Returns (tree, result, taps)."""
+    with timer("draft"):
+        if drafter is None:
+            draft = root_tree(root_token, tgt.device)
+        else:
+            draft = prune_depth(drafter.propose(ctx, tree), remaining - 1)
+    with timer("verify"):
+        logits, hidden = tgt.verify(draft, taps)
+    with timer("accept"):
+        result = verify(draft, logits, sampling, ctx.generator)
+    with timer("commit"):
+        tgt.commit(result.path)
+    return draft, result, hidden
+
+
+def _fast_engine(tgt: TargetModel, drafter, tree: TreeSpec, length: int, cuda_graphs, compile: bool):
+    """The fast-path engine for this call, or None for the eager path (with a log line saying why)."""
+    if cuda_graphs is False:
+        return None
+    if cuda_graphs is None and tgt.device.type != "cuda":
+        return None  # CPU default: the eager path (cuda_graphs=True runs the device-side round without capture)
+    reason = fast_path_reason(tgt, drafter)
+    if reason is not None:
+        log = logger.warning if cuda_graphs else logger.info
+        log("specdec: eager path (%s)", reason)
+        return None
+    slots = 1 if drafter is None else max(bucket_size(tree.budget + 1), drafter.config.block_size)
+    engine = FastEngine.for_target(tgt, capacity=length + slots + 1, compile=compile)
+    logger.info("specdec: fast path (%s)", "CUDA graphs" if tgt.device.type == "cuda" else "device round, no capture")
+    return engine
 
 
 class SpeculativeModel:

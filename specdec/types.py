@@ -193,7 +193,10 @@ class SpecStats:
     ``accept_hist[a]`` counts rounds that accepted ``a`` drafted tokens. ``depth_accept[d]`` is the share of
     rounds that reached depth d+1. ``phase_ms`` holds wall time per phase (ms):
     prefill, draft (tree build included), build (the tree build alone, for drafters that build from
-    distributions), verify (target forward), accept (the walk), commit.
+    distributions), verify (target forward), accept (the walk), commit; on the fast path the whole round is one
+    captured graph, timed as ``round``. ``path`` says which engine ran (``"fast"`` or ``"eager"``);
+    ``capture_ms`` is the time this call spent warming up and capturing graphs (0 when they were reused) and
+    ``compile_ms`` the first warm-up runs, where ``torch.compile`` compiles (with ``compile=True``).
     """
 
     rounds: int = 0
@@ -203,6 +206,9 @@ class SpecStats:
     target_forwards: int = 0
     draft_forwards: int = 0
     tree_nodes: int = 0
+    path: str = "eager"
+    capture_ms: float = 0.0
+    compile_ms: float = 0.0
 
     @property
     def tau(self) -> float:
@@ -235,6 +241,9 @@ class SpecStats:
             "target_forwards": self.target_forwards,
             "draft_forwards": self.draft_forwards,
             "tree_nodes": self.tree_nodes,
+            "path": self.path,
+            "capture_ms": self.capture_ms,
+            "compile_ms": self.compile_ms,
         }
 
 

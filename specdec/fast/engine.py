@@ -1,0 +1,272 @@
+"""The fast path: a speculative round that stays on the device, over static storage, captured in CUDA graphs.
+
+One round = drafter block forward -> tree build -> target forward over the padded tree -> acceptance -> commit of
+the target K/V and of the drafter's context, all tensor ops on the device with no host read; the host then reads
+one small tensor (accepted tokens and counts) for EOS, ``max_new_tokens`` and the streamer. On CUDA the round is
+captured once per (drafter, tree, sampling, bucket) and replayed; on CPU the same code runs eagerly, which is how
+the CPU suite proves it token-identical. Engines (storage + graphs) are cached per target model and reused across
+``generate`` calls. See ``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+
+import torch
+from transformers import DynamicCache
+
+from specdec.drafters.dflash import DFlashDrafter
+from specdec.drafters.dflash_static import DFlashStatic
+from specdec.fast.graphs import Captured, compile_fn
+from specdec.fast.storage import StaticKV, commit_rows
+from specdec.state.kv import KVState
+from specdec.target import TargetModel
+from specdec.trees.device import ancestor_matrix, chain_device, ddtree_device
+from specdec.types import Chain, DDTree, SamplingParams, TreeSpec
+from specdec.verify.device import accept_device, gumbel_from_uniform, target_choices
+
+__all__ = ["BUCKET", "FastEngine", "bucket_size", "fast_path_reason"]
+
+logger = logging.getLogger(__name__)
+
+BUCKET = 16  # trees are padded to a multiple of this many nodes
+_CAPACITY_STEP = 256
+
+
+def bucket_size(num_nodes: int) -> int:
+    """Node slots of the captured verify for a tree of up to ``num_nodes`` nodes (1 stays 1: plain decoding)."""
+    return 1 if num_nodes == 1 else -(-num_nodes // BUCKET) * BUCKET
+
+
+def fast_path_reason(target: TargetModel, drafter) -> str | None:
+    """None when the fast path can run ``target`` with ``drafter``, else the reason it cannot (for the log)."""
+    if not isinstance(target.state, KVState):
+        return f"{type(target.model).__name__} has recurrent layers; hybrid targets run on the eager path"
+    if target._sliding_window_layers():
+        return f"{type(target.model).__name__} has sliding-window attention layers"
+    if drafter is not None and not isinstance(drafter, DFlashDrafter):
+        return f"{type(drafter).__name__} has no fast path (DFlashDrafter and plain decoding do)"
+    return None
+
+
+class _FastTarget:
+    """Static K/V storage of a target and its fixed-shape forward."""
+
+    def __init__(self, target: TargetModel, capacity: int, compile: bool) -> None:
+        self.target, self.capacity = target, capacity
+        probe = DynamicCache(config=target.config)
+        ids = torch.zeros(1, 1, dtype=torch.long, device=target.device)
+        target.model(input_ids=ids, **{target._cache_kw: probe, "use_cache": True})
+        shapes = {tuple(layer.keys.shape[1:]) for layer in probe.layers}
+        if len(shapes) != 1:
+            raise ValueError(f"attention layers of different shapes {sorted(shapes)}")
+        heads, _, head_dim = next(iter(shapes))
+        self.storage = StaticKV(
+            num_layers=len(probe.layers),
+            num_kv_heads=heads,
+            head_dim=head_dim,
+            capacity=capacity,
+            dtype=target.dtype,
+            device=target.device,
+        )
+        self.cache = self.storage.cache()
+        self.keys = torch.arange(capacity, device=target.device)
+        self._compiled = compile_fn(self._forward) if compile else None
+
+    def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, static=True):
+        """Logits ``[N, V]`` and taps ``[1, N, K*H]`` (or None) of one forward writing K/V at ``write_index``."""
+        self.storage.write_index = write_index
+        fn = self._compiled if (static and self._compiled is not None) else self._forward
+        return fn(ids, positions, mask, taps, last_only)
+
+    def _forward(self, ids, positions, mask, taps, last_only):
+        target = self.target
+        kwargs = {target._cache_kw: self.cache, "use_cache": True}
+        if taps:
+            kwargs["output_hidden_states"] = True
+        if last_only and target._has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
+        hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1) if taps else None
+        return out.logits[0], hidden
+
+
+class _Round:
+    """One captured speculative round for a fixed (drafter, tree spec, sampling) on an engine."""
+
+    def __init__(self, engine: FastEngine, drafter, static: DFlashStatic | None, tree: TreeSpec | None,
+                 sampling: SamplingParams, graph: bool) -> None:
+        self.engine, self.drafter, self.static, self.tree, self.sampling = engine, drafter, static, tree, sampling
+        device = engine.device
+        if drafter is None:
+            self.depth, self.slots = 0, 1
+        else:
+            block_depth = drafter.config.block_size - 1
+            self.depth = min(tree.k, block_depth) if isinstance(tree, Chain) else block_depth
+            self.slots = bucket_size(tree.budget + 1)
+        self.path_len = self.depth + 1
+        self.taps = drafter.target_layer_ids if drafter is not None else None
+        self.out = torch.zeros(self.path_len + 2, dtype=torch.long, device=device)
+        self.arange = torch.arange(self.slots, device=device)
+        vocab = engine.target.target.vocab_size
+        self.uniform = torch.rand(self.slots, vocab, device=device) if sampling.do_sample else None
+        self._saved: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._logq = compile_fn(static.logq) if (static is not None and engine.compile) else None
+        self.captured = Captured(self._round, device=device, graph=graph, reset=self._restore)
+
+    # -- the round (device only) -------------------------------------------------------------------------
+    def _build(self):
+        engine = self.engine
+        if self.drafter is None:
+            root = engine.root
+            return _root_tree(root)
+        logq_fn = self._logq or self.static.logq
+        logq = logq_fn(engine.root, engine.prefix, self.depth)
+        if isinstance(self.tree, DDTree):
+            return ddtree_device(logq, engine.root, budget=self.tree.budget, topk=self.tree.topk, num_slots=self.slots)
+        return chain_device(logq, engine.root, k=self.tree.k, num_slots=self.slots)
+
+    def _round(self) -> None:
+        engine, target = self.engine, self.engine.target
+        prefix = engine.prefix
+        tree = self._build()
+        ancestors = ancestor_matrix(tree, self.depth)
+        # Node i sits at slot prefix + i and position prefix + depth[i]; it sees the committed prefix and its
+        # ancestors; padding nodes see only themselves.
+        write_index = prefix + self.arange
+        rel = target.keys[None] - prefix  # [1, C]
+        in_tree = (rel >= 0) & (rel < self.slots)
+        tree_cols = ancestors.gather(1, rel.clamp(0, self.slots - 1).expand(self.slots, -1))
+        visible = ((rel < 0) & tree.valid[:, None]) | (in_tree & tree_cols)
+        dtype = engine.target.target.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+        mask = mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+        logits, hidden = target.forward(tree.tokens[None], (prefix + tree.depth)[None], mask, write_index, self.taps)
+        noise = gumbel_from_uniform(self.uniform) if self.uniform is not None else None
+        choices = target_choices(logits, self.sampling, noise)
+        accept = accept_device(tree, choices, ancestors, max_depth=self.depth)
+        if self.depth:
+            commit_rows(target.storage.kv, prefix, accept.path)
+        if self.static is not None:
+            self.static.ingest(hidden.index_select(1, accept.path), prefix)
+        self.out[: self.path_len].copy_(accept.tokens)
+        self.out[self.path_len] = accept.num_path
+        self.out[self.path_len + 1] = tree.num_nodes
+        engine.root.copy_(accept.tokens.gather(0, (accept.num_path - 1).view(1)))
+        prefix.add_(accept.num_path)
+
+    def _restore(self) -> None:
+        prefix, root = self._saved
+        self.engine.prefix.copy_(prefix)
+        self.engine.root.copy_(root)
+
+    # -- host side ---------------------------------------------------------------------------------------
+    def take_setup_ms(self) -> tuple[float, float]:
+        """(first warm-up run, rest of warm-up + capture) in ms if this round was captured since the last call."""
+        cap = self.captured
+        first, rest = cap.first_run_s * 1e3, cap.capture_s * 1e3
+        out = (first, rest) if self.engine.compile else (0.0, first + rest)
+        cap.first_run_s = cap.capture_s = 0.0
+        return out
+
+    def __call__(self, generator: torch.Generator | None) -> tuple[list[int], int]:
+        """Run one round; returns (new tokens: accepted drafts + bonus, number of real tree nodes)."""
+        if self.uniform is not None:
+            self.uniform.uniform_(generator=generator)
+        if self.captured.use_graph and self.captured.graph is None:
+            self._saved = (self.engine.prefix.clone(), self.engine.root.clone())
+        self.captured()
+        if self.drafter is not None:
+            self.drafter.num_forwards += 1
+        out = self.out.tolist()
+        num_path = out[self.path_len]
+        return out[:num_path], out[self.path_len + 1]
+
+
+def _root_tree(root: torch.Tensor):
+    from specdec.trees.device import DeviceTree
+
+    zero = torch.zeros(1, dtype=torch.long, device=root.device)
+    return DeviceTree(
+        tokens=root.view(1),
+        parents=zero - 1,
+        depth=zero,
+        valid=torch.ones(1, dtype=torch.bool, device=root.device),
+        num_nodes=zero[0] + 1,
+    )
+
+
+class FastEngine:
+    """Static storage, captured rounds and decode state of one target model (cached across calls).
+
+    Use :meth:`for_target` to get the engine of a target; ``generate(..., cuda_graphs=...)`` does this.
+    """
+
+    _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __init__(self, target: TargetModel, capacity: int, compile: bool) -> None:
+        self.device, self.compile = target.device, compile
+        start = time.perf_counter()
+        self.target = _FastTarget(target, capacity, compile)
+        self.prefix = torch.zeros((), dtype=torch.long, device=self.device)
+        self.root = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._rounds: dict = {}
+        self.setup_s = time.perf_counter() - start
+
+    @property
+    def capacity(self) -> int:
+        return self.target.capacity
+
+    @classmethod
+    def for_target(cls, target: TargetModel, *, capacity: int, compile: bool = False) -> FastEngine:
+        """The cached engine of ``target.model`` if it holds ``capacity`` slots with this compile setting."""
+        engine = cls._engines.get(target.model)
+        if engine is None or engine.capacity < capacity or engine.compile != compile:
+            need = -(-capacity // _CAPACITY_STEP) * _CAPACITY_STEP
+            if engine is not None:
+                need = max(need, engine.capacity)
+                logger.info("fast path: reallocating static storage for %d slots", need)
+            engine = cls(target, need, compile)
+            cls._engines[target.model] = engine
+        engine.target.target = target
+        return engine
+
+    def _static(self, drafter) -> DFlashStatic | None:
+        if drafter is None:
+            return None
+        static = self._drafters.get(drafter)
+        if static is None:
+            static = DFlashStatic(drafter, self.capacity)
+            self._drafters[drafter] = static
+        return static
+
+    def prefill(self, input_ids: torch.Tensor, drafter) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the prompt into the static caches (eager; prompt lengths vary). Returns the last logits ``[V]``."""
+        n, device = input_ids.shape[1], self.device
+        positions = torch.arange(n, device=device)
+        visible = self.target.keys[None] <= positions[:, None]
+        dtype = self.target.target.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+        taps = drafter.target_layer_ids if drafter is not None else None
+        logits, hidden = self.target.forward(
+            input_ids, positions[None], mask[None, None], positions, taps, last_only=True, static=False
+        )
+        self.prefix.fill_(n)
+        static = self._static(drafter)
+        if static is not None:
+            static.ingest(hidden, 0)
+        return logits[-1], hidden
+
+    def set_root(self, token: torch.Tensor) -> None:
+        self.root.copy_(token.view(1))
+
+    def round_for(self, drafter, tree: TreeSpec | None, sampling: SamplingParams, *, graph: bool) -> _Round:
+        key = (id(drafter) if drafter is not None else None, tree if drafter is not None else None, sampling, graph)
+        rnd = self._rounds.get(key)
+        if rnd is None or rnd.drafter is not drafter:
+            rnd = _Round(self, drafter, self._static(drafter), tree, sampling, graph)
+            self._rounds[key] = rnd
+        return rnd

@@ -1,0 +1,105 @@
+"""Static K/V storage for the fast path: one preallocated tensor for every attention layer, owned by specdec.
+
+All layers live in a single tensor ``kv [L, 2, 1, H_kv, capacity, D]`` so that a commit moves the accepted rows
+of every layer with one gather and one scatter. HF attention layers reach it through ``StaticKVCache`` (an HF
+``Cache`` whose ``update`` writes the new keys/values at the slots held in ``write_index``, a device tensor
+filled before each forward, and returns the whole capacity). The attention mask decides which slots a query
+sees, so stale rows past the committed length are never read. Works the same on transformers 5.17 and newer:
+nothing here relies on HF's own static-cache bookkeeping.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+__all__ = ["StaticKV", "StaticKVCache", "commit_rows", "commit_rows_reference"]
+
+
+class StaticKV:
+    """Preallocated K/V rows for ``num_layers`` attention layers of identical shape.
+
+    Args:
+        num_layers (int), num_kv_heads (int), head_dim (int): attention shape.
+        capacity (int): slots per layer (prompt + new tokens + the largest tree).
+        dtype, device: of the rows.
+    """
+
+    def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, dtype, device) -> None:
+        self.capacity = capacity
+        self.kv = torch.zeros(num_layers, 2, 1, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        # Slots written by the next forward; replaced by a tensor of the forward's length before each call.
+        self.write_index = torch.zeros(1, dtype=torch.long, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    def cache(self) -> StaticKVCache:
+        return StaticKVCache(self)
+
+
+class _StaticLayer(CacheLayerMixin):
+    """One attention layer's view of ``StaticKV`` (HF layer protocol)."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, storage: StaticKV, layer: int) -> None:
+        super().__init__()
+        self.storage = storage
+        self.keys = storage.kv[layer, 0]
+        self.values = storage.kv[layer, 1]
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # storage is allocated up front
+        return None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        index = self.storage.write_index
+        self.keys.index_copy_(2, index, key_states.to(self.keys.dtype))
+        self.values.index_copy_(2, index, value_states.to(self.values.dtype))
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
+        return self.storage.capacity, 0
+
+    def get_seq_length(self) -> int:
+        return 0  # positions and masks are always passed explicitly
+
+    def get_max_length(self) -> int:
+        return self.storage.capacity
+
+    def reset(self) -> None:
+        return None
+
+
+class StaticKVCache(Cache):
+    """HF ``Cache`` over a ``StaticKV``: pass it as the model's cache kwarg with an explicit 4D mask and positions."""
+
+    def __init__(self, storage: StaticKV) -> None:
+        super().__init__(layers=[_StaticLayer(storage, i) for i in range(storage.kv.shape[0])])
+        self.storage = storage
+
+
+def commit_rows(kv: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor) -> None:
+    """Move the rows of the accepted nodes in place for every layer at once (one gather, one scatter).
+
+    The verify forward wrote node i at slot ``prefix + i``; afterwards the path's nodes must sit at
+    ``prefix, prefix + 1, ...`` as if run causally. Rows past the path's real length are copied too (the path is
+    padded by repeating its last node) and land in free slots, which the next forward overwrites.
+
+    Args:
+        kv (torch.Tensor): ``[L, 2, 1, H, capacity, D]`` storage.
+        prefix (torch.Tensor): 0-d int64, slot of the tree's root.
+        path (torch.Tensor): ``[P]`` int64 node indices, root first, increasing.
+    """
+    src = kv.index_select(4, path + prefix)
+    kv.index_copy_(4, torch.arange(path.shape[0], device=path.device) + prefix, src)
+
+
+def commit_rows_reference(kv: torch.Tensor, prefix: int, path: list[int]) -> None:
+    """Plain per-layer, per-row loop with the same effect as :func:`commit_rows` (the test oracle)."""
+    rows = [kv[:, :, :, :, prefix + p].clone() for p in path]
+    for j, row in enumerate(rows):
+        kv[:, :, :, :, prefix + j] = row
