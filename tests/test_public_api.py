@@ -19,7 +19,18 @@ PUBLIC = {
         "VerifyResult",
         "generate",
     ],
-    "specdec.verify": ["process_logits", "sample_tokens", "verify", "verify_greedy", "verify_sample", "walk_tree"],
+    "specdec.verify": [
+        "DeviceAccept",
+        "accept_device",
+        "gumbel_from_uniform",
+        "process_logits",
+        "sample_tokens",
+        "target_choices",
+        "verify",
+        "verify_greedy",
+        "verify_sample",
+        "walk_tree",
+    ],
 }
 
 

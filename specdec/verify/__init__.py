@@ -3,10 +3,22 @@
 Notation (``docs/trees.md``): p = target distribution at a node after HF logits processing.
 """
 
+from specdec.verify.device import DeviceAccept, accept_device, gumbel_from_uniform, target_choices
 from specdec.verify.greedy import verify_greedy, walk_tree
 from specdec.verify.sampling import process_logits, sample_tokens, verify_sample
 
-__all__ = ["process_logits", "sample_tokens", "verify", "verify_greedy", "verify_sample", "walk_tree"]
+__all__ = [
+    "DeviceAccept",
+    "accept_device",
+    "gumbel_from_uniform",
+    "process_logits",
+    "sample_tokens",
+    "target_choices",
+    "verify",
+    "verify_greedy",
+    "verify_sample",
+    "walk_tree",
+]
 
 
 def verify(tree, target_logits, sampling, generator=None):

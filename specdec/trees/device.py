@@ -1,0 +1,260 @@
+"""Tree builders as device tensor ops: the DDTree and the argmax chain without host reads (CUDA-graph safe).
+
+Same trees as :func:`specdec.trees.ddtree.build_ddtree` and :func:`~specdec.trees.ddtree.chain_from_logq`, in a
+fixed number of slots: every output shape depends only on Python ints, nothing reads a tensor on the host, so the
+functions can be captured in a CUDA graph; they run unchanged on CPU. Real nodes are a prefix of the slots;
+padding slots carry the root token, parent -1 and depth 0, and see only themselves in :func:`ancestor_matrix`.
+
+DDTree without a heap (maths in ``docs/trees.md``): a child never scores above its parent and sorts after it,
+so the heap pops nodes in the global order of the key (score desc, rank tuple asc) and its ``budget`` best
+nodes are closed under prefixes. Depth by depth, the candidates are the kept nodes of the depth above times the
+``k`` ranks; the best ``budget`` of them by that key contain every best node of their depth. One final sort of
+all kept nodes by the full key yields the heap's pop order.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from specdec.types import DraftTree
+
+__all__ = ["DeviceTree", "ancestor_matrix", "chain_device", "ddtree_device", "to_draft_tree"]
+
+_LOW32 = 0xFFFFFFFF
+
+
+class DeviceTree(NamedTuple):
+    """A draft tree in ``S`` fixed slots, all tensors on the device of the draft.
+
+    Args:
+        tokens (torch.Tensor): ``[S]`` int64 node tokens; ``tokens[0]`` is the root; padding holds the root token.
+        parents (torch.Tensor): ``[S]`` int64; ``parents[0] = -1``, ``parents[i] < i``; padding holds -1.
+        depth (torch.Tensor): ``[S]`` int64; padding holds 0.
+        valid (torch.Tensor): ``[S]`` bool, True for the real nodes ``0 .. n-1`` (always a prefix).
+        num_nodes (torch.Tensor): 0-d int64, ``n``.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depth: torch.Tensor
+    valid: torch.Tensor
+    num_nodes: torch.Tensor
+
+
+def ddtree_device(
+    logq: torch.Tensor, root_token: torch.Tensor, *, budget: int, topk: int | None, num_slots: int
+) -> DeviceTree:
+    """The DDTree of :func:`~specdec.trees.ddtree.build_ddtree`, node for node, as device tensor ops.
+
+    Ranks per depth order tokens by (fp32 value desc, id asc), ties at the top-``k`` cut included; a path scores
+    the float64 left-to-right sum of its fp32 per-depth values; nodes come in the heap's pop order, (score desc,
+    rank tuple asc, a tuple before its extensions). ``logq`` is not validated (that would read it on the host):
+    pass log-probabilities (<= 0; -inf allowed, no NaN or +inf).
+
+    Args:
+        logq (torch.Tensor): ``[D, V]`` float log-probabilities, row d-1 for depth d; any float dtype (compared
+            as fp32).
+        root_token (torch.Tensor): 0-d or ``[1]`` int64 token of node 0, on ``logq.device``.
+        budget (int): number of non-root nodes, >= 1.
+        topk (int | None): candidates per depth, >= 1; None means ``budget``. Also capped by ``budget`` and ``V``.
+        num_slots (int): ``S``, the output length, >= ``budget + 1``.
+
+    Returns:
+        DeviceTree: ``S`` slots holding ``1 + min(budget, reachable)`` real nodes.
+    """
+    depth_limit, vocab = _check_logq(logq)
+    _check_int("budget", budget, 1)
+    if topk is not None:
+        _check_int("topk", topk, 1)
+    _check_int("num_slots", num_slots, 1)
+    if num_slots < budget + 1:
+        raise ValueError(f"num_slots={num_slots} < budget + 1 = {budget + 1}: pass num_slots >= budget + 1.")
+    k = min(budget if topk is None else topk, budget, vocab)
+    vals, ids = _topk_rows(logq, k)  # [D, k] fp32, [D, k] int64
+    levels = _select_levels(vals, ids, budget)
+    scores, keys, tokens, parents, depth = (torch.cat(parts) for parts in zip(*levels, strict=True))
+    order = _key_order(scores, keys)  # [M]: kept nodes in pop order
+    position = torch.empty_like(order).scatter_(0, order, torch.arange(1, order.numel() + 1, device=order.device))
+    # parents index the concatenated levels; -1 (the root) stays 0 after the shift.
+    new_parents = torch.where(parents < 0, 0, position[parents.clamp(min=0)])
+    num_real = 1 + min(budget, _reachable(k, depth_limit, budget))
+    take = order[: num_real - 1]
+    return _pad_tree(root_token, tokens[take], new_parents[take], depth[take], num_slots)
+
+
+def chain_device(logq: torch.Tensor, root_token: torch.Tensor, *, k: int, num_slots: int) -> DeviceTree:
+    """The argmax chain of :func:`~specdec.trees.ddtree.chain_from_logq` as device tensor ops.
+
+    Args:
+        logq (torch.Tensor): ``[D, V]`` float per-depth log-probabilities (or logits); ties pick the smallest id.
+        root_token (torch.Tensor): 0-d or ``[1]`` int64 token of node 0, on ``logq.device``.
+        k (int): number of drafted tokens, >= 1; the chain holds ``min(k, D)``.
+        num_slots (int): ``S``, the output length, >= ``1 + min(k, D)``.
+
+    Returns:
+        DeviceTree: ``S`` slots holding ``1 + min(k, D)`` real nodes.
+    """
+    depth_limit, _ = _check_logq(logq)
+    _check_int("k", k, 1)
+    _check_int("num_slots", num_slots, 1)
+    length = min(k, depth_limit)
+    if num_slots < length + 1:
+        raise ValueError(f"num_slots={num_slots} < 1 + min(k, D) = {length + 1}: pass more slots.")
+    tokens = logq[:length].float().argmax(dim=-1)  # first maximum = smallest id among ties
+    steps = torch.arange(length, device=logq.device)
+    return _pad_tree(root_token, tokens, steps, steps + 1, num_slots)
+
+
+def ancestor_matrix(tree: DeviceTree, max_depth: int) -> torch.Tensor:
+    """Boolean ``[S, S]`` mask, ``A[i, j]`` = slot j is slot i or one of its ancestors, by pointer jumping.
+
+    Round t joins each row with the row of the ancestor ``2**t`` levels up, so ``bit_length(max_depth)`` rounds
+    cover every node of depth <= ``max_depth``. Padding rows see only themselves.
+
+    Args:
+        tree (DeviceTree): ``S`` slots.
+        max_depth (int): an upper bound on the depth of the real nodes (e.g. ``D``), >= 0.
+
+    Returns:
+        torch.Tensor: ``[S, S]`` bool on the tree's device.
+    """
+    _check_int("max_depth", max_depth, 0)
+    slots = tree.parents.numel()
+    mask = torch.eye(slots, dtype=torch.bool, device=tree.parents.device)  # distances [0, 2**t)
+    jump = tree.parents  # the ancestor 2**t levels up, -1 above the root
+    for _ in range(max_depth.bit_length()):
+        has = (jump >= 0).unsqueeze(-1)
+        hop = jump.clamp(min=0)
+        mask = mask | (mask[hop] & has)
+        jump = torch.where(jump >= 0, jump[hop], -1)
+    return mask
+
+
+def to_draft_tree(tree: DeviceTree) -> DraftTree:
+    """The real nodes as a :class:`~specdec.types.DraftTree` (reads ``num_nodes`` on the host: not for graphs).
+
+    Args:
+        tree (DeviceTree): ``S`` slots.
+
+    Returns:
+        DraftTree: ``tokens [n]`` on the tree's device, ``parents [n]`` on CPU.
+    """
+    n = int(tree.num_nodes)
+    return DraftTree(tree.tokens[:n], tree.parents[:n].cpu())
+
+
+def _check_logq(logq: torch.Tensor) -> tuple[int, int]:
+    if not isinstance(logq, torch.Tensor) or logq.dim() != 2:
+        shape = tuple(logq.shape) if isinstance(logq, torch.Tensor) else type(logq).__name__
+        raise ValueError(f"logq must be a 2-D [D, V] tensor (row d-1 = depth d), got {shape}; index one sequence.")
+    if not logq.is_floating_point():
+        raise ValueError(f"logq has dtype {logq.dtype}: pass float log-probabilities.")
+    if logq.shape[0] < 1 or logq.shape[1] < 1:
+        raise ValueError(f"logq has shape {tuple(logq.shape)}: it needs at least one depth and one token.")
+    if logq.shape[1] > 2**31:
+        raise ValueError(f"logq has {logq.shape[1]} columns: vocabularies above 2**31 tokens are not supported.")
+    return logq.shape[0], logq.shape[1]
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r}: pass a Python int >= {low}.")
+
+
+def _reachable(k: int, depth_limit: int, cap: int) -> int:
+    """``min(cap, k + k**2 + ... + k**depth_limit)`` without forming huge powers."""
+    total, level = 0, 1
+    for _ in range(depth_limit):
+        level = min(level * k, cap)
+        total += level
+        if total >= cap:
+            return cap
+    return total
+
+
+def _topk_rows(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` fp32 values and int64 ids per row, ranked by (value desc, id asc): one ``topk`` on packed keys.
+
+    The fp32 bits map to int32 in value order (negative floats: flip the magnitude bits); the high half of an
+    int64 key holds that, the low half ``V - 1 - id``, so every key is distinct and larger means better.
+    """
+    vals = logq.float() + 0.0  # -0.0 -> +0.0: they compare equal as floats
+    bits = vals.view(torch.int32).long()
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    ids = torch.arange(logq.shape[1], device=logq.device)
+    keys = ordered * 2**32 + (logq.shape[1] - 1 - ids)
+    top = keys.topk(k, dim=-1).values  # [D, k], sorted descending
+    top_ids = logq.shape[1] - 1 - (top & _LOW32)
+    return vals.gather(-1, top_ids), top_ids
+
+
+class _Level(NamedTuple):
+    scores: torch.Tensor  # [n] float64 path scores
+    keys: torch.Tensor  # [n, G] int64 packed rank digits (see _digit_layout)
+    tokens: torch.Tensor  # [n] int64
+    parents: torch.Tensor  # [n] int64 index into the concatenated levels; -1 = the root
+    depth: torch.Tensor  # [n] int64
+
+
+def _select_levels(vals: torch.Tensor, ids: torch.Tensor, budget: int) -> list[_Level]:
+    """Per depth, the best ``budget`` children of the kept nodes above, each level stored in rank-tuple order.
+
+    Keeping a level in rank-tuple order makes the candidate index ``parent * k + rank`` increase with the rank
+    tuple, so a stable descending sort of the scores ranks the candidates by the full key.
+    """
+    depth_limit, k = vals.shape
+    device = vals.device
+    bits, per_key, columns = _digit_layout(k, depth_limit)
+    scores = torch.zeros(1, dtype=torch.float64, device=device)  # the root
+    keys = torch.zeros(1, columns, dtype=torch.long, device=device)
+    levels: list[_Level] = []
+    above = start = 0  # where the level above and this level begin in the concatenation (root excluded)
+    for d in range(depth_limit):
+        cand = (scores.unsqueeze(-1) + vals[d].double()).flatten()  # [n_prev * k], rank-tuple order
+        sel = torch.arange(cand.numel(), device=device)
+        if cand.numel() > budget:
+            sel = torch.sort(cand, descending=True, stable=True).indices[:budget].sort().values
+        parent, rank = sel // k, sel % k
+        column, shift = divmod(d, per_key)
+        keys = keys[parent].clone()
+        keys[:, column] += (rank + 1) << (bits * (per_key - 1 - shift))
+        scores = cand[sel]
+        parent_index = parent + above if d else torch.full_like(parent, -1)
+        levels.append(_Level(scores, keys, ids[d][rank], parent_index, torch.full_like(parent, d + 1)))
+        above, start = start, start + sel.numel()
+    return levels
+
+
+def _digit_layout(k: int, depth_limit: int) -> tuple[int, int, int]:
+    """Bits per rank digit (digits ``rank + 1`` in ``[1, k]``, 0 past a node's depth), digits per int64, keys."""
+    bits = k.bit_length()
+    per_key = 63 // bits
+    return bits, per_key, -(-depth_limit // per_key)
+
+
+def _key_order(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Permutation sorting nodes by (score desc, rank tuple asc): stable sorts, least significant key first."""
+    order = torch.arange(scores.numel(), device=scores.device)
+    for column in reversed(range(keys.shape[1])):
+        order = order[torch.sort(keys[order, column], stable=True).indices]
+    return order[torch.sort(scores[order], descending=True, stable=True).indices]
+
+
+def _pad_tree(
+    root_token: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, num_slots: int
+) -> DeviceTree:
+    """Root + the given non-root nodes, padded to ``num_slots`` slots."""
+    device = tokens.device
+    root = root_token.reshape(1).to(device=device, dtype=torch.long)
+    pad = num_slots - 1 - tokens.numel()
+    minus = torch.full((pad + 1,), -1, dtype=torch.long, device=device)
+    zeros = torch.zeros(pad + 1, dtype=torch.long, device=device)
+    return DeviceTree(
+        tokens=torch.cat([root, tokens, root.expand(pad)]),
+        parents=torch.cat([minus[:1], parents, minus[1:]]),
+        depth=torch.cat([zeros[:1], depth, zeros[1:]]),
+        valid=torch.arange(num_slots, device=device) <= tokens.numel(),
+        num_nodes=torch.full((), tokens.numel() + 1, dtype=torch.long, device=device),
+    )
