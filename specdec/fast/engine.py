@@ -25,7 +25,7 @@ from specdec.state.kv import KVState
 from specdec.target import TargetModel
 from specdec.trees.device import ancestor_matrix, chain_device, ddtree_device
 from specdec.types import Chain, DDTree, SamplingParams, TreeSpec
-from specdec.verify.device import accept_device, gumbel_from_uniform, target_choices
+from specdec.verify.device import accept_device, target_choices
 
 __all__ = ["BUCKET", "FastEngine", "bucket_size", "fast_path_reason"]
 
@@ -144,8 +144,7 @@ class _Round:
         mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
         mask = mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
         logits, hidden = target.forward(tree.tokens[None], (prefix + tree.depth)[None], mask, write_index, self.taps)
-        noise = gumbel_from_uniform(self.uniform) if self.uniform is not None else None
-        choices = target_choices(logits, self.sampling, noise)
+        choices = target_choices(logits, self.sampling, self.uniform)
         accept = accept_device(tree, choices, ancestors, max_depth=self.depth)
         if self.depth:
             commit_rows(target.storage.kv, prefix, accept.path)
