@@ -105,6 +105,6 @@ def accept_device(tree: DeviceTree, choices: torch.Tensor, ancestors: torch.Tens
     last = path[-1]
     j = torch.arange(steps, device=device)
     drafts = tree.tokens[path[(j + 1).clamp(max=steps - 1)]]
-    bonus = choices[last]
+    bonus = choices.gather(0, last.view(1))  # a 0-d index would read it on the host
     tokens = torch.where(j < num_path - 1, drafts, torch.where(j == num_path - 1, bonus, 0))
     return DeviceAccept(path=path, num_path=num_path, tokens=tokens)

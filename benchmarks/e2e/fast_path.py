@@ -1,0 +1,212 @@
+"""Fast-path table on a zoo pair: HF generate (eager, static cache), the graph floor, specdec AR / DFlash chain /
+DDTree on the fast path, all measured warm in one run.
+
+    python benchmarks/e2e/fast_path.py --target target-dense --drafter assets/drafters/zoo-dense \
+        --num-prompts 20 --max-new-tokens 128 --out bench_out/fast
+
+Every method first decodes every prompt once untimed (warm-up: kernel selection, graph capture, compilation),
+then the same prompts are timed. Prompts whose first greedy token is EOS are skipped (they decode nothing).
+tok/s = new tokens / wall time of the whole call (prefill included) summed over prompts, for every row alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import subprocess
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+import specdec
+from specdec.drafters.dflash import DFlashDrafter
+from specdec.fast.engine import FastEngine
+from specdec.fast.graphs import Captured
+from specdec.loading import load_prompts, load_target, resolve_device, zoo_dir
+from specdec.target import TargetModel
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def graph_floor_ms(target: TargetModel, context: int, iters: int = 200) -> float | None:
+    """Median ms of one captured single-token forward of ``target`` over ``context`` static slots."""
+    if target.device.type != "cuda":
+        return None
+    engine = FastEngine.for_target(target, capacity=context + 1)
+    fast, device = engine.target, target.device
+    ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+    pos = torch.full((1, 1), context - 1, dtype=torch.long, device=device)
+    write = torch.full((1,), context, dtype=torch.long, device=device)
+    mask = torch.zeros(1, 1, 1, engine.capacity, dtype=target.dtype, device=device)
+    step = Captured(lambda: fast.forward(ids, pos, mask, write), device=device, graph=True)
+    step()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="target-dense")
+    ap.add_argument("--drafter", default="assets/drafters/zoo-dense")
+    ap.add_argument("--num-prompts", type=int, default=20)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--budgets", type=int, nargs="+", default=[15, 32, 64])
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the forwards under the graphs")
+    ap.add_argument("--no-hf", action="store_true", help="skip the HF generate rows")
+    ap.add_argument("--no-eager", action="store_true", help="skip the eager-path comparison")
+    ap.add_argument("--memory-rounds", type=int, default=1000, help="rounds of the flat-memory check (0 = skip)")
+    ap.add_argument("--out", default="bench_out/fast")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    device, dtype = resolve_device(args.device, args.dtype)
+    model = load_target(zoo_dir() / args.target, device=device, dtype=dtype)
+    tok = AutoTokenizer.from_pretrained(zoo_dir() / "tokenizer")
+    target = TargetModel.wrap(model)
+    drafter = DFlashDrafter.from_pretrained(args.drafter, target=model)
+    eos = model.generation_config.eos_token_id
+    prompts = []
+    for p in load_prompts():
+        ids = tok(p["prompt"], return_tensors="pt").input_ids.to(device)
+        if int(model(ids).logits[0, -1].argmax()) != eos:
+            prompts.append((p["id"], ids))
+        if len(prompts) == args.num_prompts:
+            break
+    new = args.max_new_tokens
+    ctx = max(ids.shape[1] for _, ids in prompts) + new
+    floor = graph_floor_ms(target, ctx)
+
+    spec = {"ar": (None, None), f"dflash-chain-k{drafter.config.block_size - 1}": (drafter, specdec.Chain(k=drafter.config.block_size - 1))}
+    for b in args.budgets:
+        spec[f"ddtree-b{b}-k{args.topk}"] = (drafter, specdec.DDTree(budget=b, topk=args.topk))
+    methods = {}
+    if not args.no_hf:
+        methods["hf-generate"] = lambda ids: model.generate(ids, max_new_tokens=new, do_sample=False)
+        methods["hf-static"] = lambda ids: model.generate(
+            ids, max_new_tokens=new, do_sample=False, cache_implementation="static"
+        )
+    outs: dict[str, dict] = {}
+    for name, (d, tree) in spec.items():
+        methods[name] = (lambda d, tree: lambda ids: specdec.generate(
+            model, ids, drafter=d, tree=tree, max_new_tokens=new, do_sample=False, compile=args.compile
+        ))(d, tree)
+
+    rows = []
+    for name, fn in methods.items():
+        t0 = time.perf_counter()
+        setup_ms = 0.0
+        for _, ids in prompts:  # warm-up: every prompt once
+            out = fn(ids)
+            if hasattr(out, "stats"):
+                setup_ms += out.stats.capture_ms + out.stats.compile_ms
+        _sync(device)
+        warm_s = time.perf_counter() - t0
+        wall, n_tok, rounds, committed, seqs, paths = 0.0, 0, 0, 0, {}, set()
+        for pid, ids in prompts:
+            _sync(device)
+            t = time.perf_counter()
+            out = fn(ids)
+            _sync(device)
+            wall += time.perf_counter() - t
+            seq = out.sequences if hasattr(out, "sequences") else out
+            seqs[pid] = seq[0, ids.shape[1]:].tolist()
+            n_tok += len(seqs[pid])
+            if hasattr(out, "stats"):
+                rounds += out.stats.rounds
+                committed += sum((a + 1) * c for a, c in enumerate(out.stats.accept_hist))
+                paths.add(out.stats.path)
+        outs[name] = seqs
+        rows.append({
+            "method": name, "tok_s": n_tok / wall, "tau": committed / rounds if rounds else 1.0,
+            "ms_per_round": 1e3 * wall / rounds if rounds else None, "warmup_s": warm_s, "setup_ms": setup_ms,
+            "path": ",".join(sorted(paths)) or "hf", "new_tokens": n_tok,
+        })
+        print(f"{name}: {rows[-1]['tok_s']:.1f} tok/s", flush=True)
+
+    eager_same = {}
+    if not args.no_eager:
+        for name, (d, tree) in spec.items():
+            same = 0
+            for pid, ids in prompts:
+                out = specdec.generate(model, ids, drafter=d, tree=tree, max_new_tokens=new, do_sample=False,
+                                       cuda_graphs=False)
+                same += out.sequences[0, ids.shape[1]:].tolist() == outs[name][pid]
+            eager_same[name] = same / len(prompts)
+
+    mem = None
+    if args.memory_rounds and device.type == "cuda":
+        name = f"ddtree-b{args.budgets[0]}-k{args.topk}"
+        d, tree = spec[name]
+        ids = prompts[0][1]
+        before, done_rounds = torch.cuda.memory_allocated(device), 0
+        while done_rounds < args.memory_rounds:
+            out = specdec.generate(model, ids, drafter=d, tree=tree, max_new_tokens=new, do_sample=False)
+            done_rounds += out.stats.rounds
+        mem = (before, torch.cuda.memory_allocated(device), done_rounds)
+
+    hf = outs.get("hf-generate")
+    static = next((r["tok_s"] for r in rows if r["method"] == "hf-static"), None)
+    ar = next(r for r in rows if r["method"] == "ar")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    lines = [
+        f"# fast path, {args.target}, {name}, {str(dtype).removeprefix('torch.')}, {len(prompts)} prompts x {new} new tokens, warm "
+        f"(every prompt decoded once before timing), compile={args.compile}, commit {commit}, {date.today()}",
+        "",
+        f"graph floor (one captured 1-token target forward): {floor:.3f} ms" if floor else "graph floor: n/a (CPU)",
+        "",
+        "| method | path | tok/s | tau | ms/round | x hf-static | = HF greedy | = eager path | warm-up s | capture+compile ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        same_hf = sum(outs[r["method"]][p] == hf[p] for p, _ in prompts) / len(prompts) if hf else None
+        lines.append(
+            f"| {r['method']} | {r['path']} | {r['tok_s']:.1f} | {r['tau']:.2f} | "
+            f"{r['ms_per_round']:.3f} | " if r["ms_per_round"] else f"| {r['method']} | {r['path']} | {r['tok_s']:.1f} | - | - | "
+        )
+        lines[-1] += (
+            f"{r['tok_s'] / static:.2f} | " if static else "- | "
+        ) + (f"{same_hf:.2f} | " if same_hf is not None else "- | ") + (
+            f"{eager_same[r['method']]:.2f} | " if r["method"] in eager_same else "- | "
+        ) + f"{r['warmup_s']:.1f} | {r['setup_ms']:.0f} |"
+    lines.append("")
+    trees = [r for r in rows if r["method"].startswith("ddtree")]
+    chain = next(r for r in rows if r["method"].startswith("dflash-chain"))
+    best = max(trees, key=lambda r: r["tok_s"])
+    if floor:
+        lines.append(f"- AR time per token / graph floor: {1e3 / ar['tok_s'] / floor:.2f} (target <= 1.25)")
+    for r in trees:
+        lines.append(f"- {r['method']}: tok/s / (0.5 tau x AR) = {r['tok_s'] / (0.5 * r['tau'] * ar['tok_s']):.2f} (target >= 1)")
+    lines.append(f"- best DDTree ({best['method']}) / chain: {best['tok_s'] / chain['tok_s']:.2f} (target >= 1.35)")
+    if static:
+        lines.append(f"- best DDTree / hf-static: {best['tok_s'] / static:.2f} (target >= 2.5)")
+    if mem:
+        lines.append(f"- memory: {mem[0] / 2**20:.1f} MiB before, {mem[1] / 2**20:.1f} MiB after {mem[2]} more rounds")
+    text = "\n".join(lines)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.md").write_text(text + "\n")
+    (out_dir / "results.json").write_text(json.dumps({"rows": rows, "floor_ms": floor, "eager_same": eager_same}, indent=1))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
