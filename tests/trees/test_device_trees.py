@@ -196,6 +196,17 @@ def test_device_builders_reject_bad_logq():
 
 
 @pytest.mark.gpu
+@settings(max_examples=300, deadline=None)
+@given(_cases(max_depth=16, vocabs=st.sampled_from([3, 8, 40, 5000]), ties=True))
+def test_ddtree_device_on_cuda_matches_heap(case):
+    logq, root, budget, topk, num_slots = case
+    expected = build_ddtree(logq, root, budget=budget, topk=topk)
+    tree = ddtree_device(logq.cuda(), torch.tensor(root).cuda(), budget=budget, topk=topk, num_slots=num_slots)
+    got = to_draft_tree(tree)
+    assert got.tokens.tolist() == expected.tokens.tolist() and got.parents.tolist() == expected.parents.tolist()
+
+
+@pytest.mark.gpu
 def test_device_round_captures_in_a_cuda_graph():
     from specdec.types import SamplingParams
     from specdec.verify.device import accept_device, target_choices
