@@ -31,7 +31,7 @@ def _logq(draw, max_depth: int, vocabs: st.SearchStrategy[int], ties: bool) -> t
 
 @st.composite
 def _cases(draw, max_depth: int = 16, vocabs=None, ties: bool = False, max_budget: int = 130):
-    logq = draw(_logq(max_depth, vocabs or st.integers(1, 64), ties))
+    logq = draw(_logq(max_depth, st.integers(1, 64) if vocabs is None else vocabs, ties))
     budget = draw(st.integers(1, max_budget))
     topk = draw(st.none() | st.integers(1, budget))
     num_slots = budget + 1 + draw(st.integers(0, 6))
