@@ -178,12 +178,13 @@ def _reachable(k: int, depth_limit: int, cap: int) -> int:
 def _topk_rows(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``k`` fp32 values and int64 ids per row, ranked by (value desc, id asc): one ``topk`` on packed keys.
 
-    The fp32 bits map to int32 in value order (negative floats: flip the magnitude bits); the high half of an
-    int64 key holds that, the low half ``V - 1 - id``, so every key is distinct and larger means better.
+    The fp32 bits map to integers in value order (a negative float to minus its magnitude bits, so -0.0 meets
+    +0.0); the high half of an int64 key holds that, the low half ``V - 1 - id``: keys are distinct and larger
+    means better.
     """
-    vals = logq.float() + 0.0  # -0.0 -> +0.0: they compare equal as floats
-    bits = vals.view(torch.int32).long()
-    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    vals = logq.float()
+    bits = vals.view(torch.int32).long()  # sign-extended: negative floats have negative bits
+    ordered = torch.where(bits < 0, -(2**31) - bits, bits)
     ids = torch.arange(logq.shape[1], device=logq.device)
     keys = ordered * 2**32 + (logq.shape[1] - 1 - ids)
     top = keys.topk(k, dim=-1).values  # [D, k], sorted descending
