@@ -5,7 +5,7 @@ fixed number of slots: every output shape depends only on Python ints, nothing r
 functions can be captured in a CUDA graph; they run unchanged on CPU. Real nodes are a prefix of the slots;
 padding slots carry the root token, parent -1 and depth 0, and see only themselves in :func:`ancestor_matrix`.
 
-DDTree without a heap (maths in ``docs/trees.md``): a child never scores above its parent and sorts after it,
+DDTree without a heap (the DDTree maths: ``docs/trees.md``): a child never scores above its parent and sorts after it,
 so the heap pops nodes in the global order of the key (score desc, rank tuple asc) and its ``budget`` best
 nodes are closed under prefixes. Depth by depth, the candidates are the kept nodes of the depth above times the
 ``k`` ranks; the best ``budget`` of them by that key contain every best node of their depth. One final sort of
@@ -54,8 +54,8 @@ def ddtree_device(
     pass log-probabilities (<= 0; -inf allowed, no NaN or +inf).
 
     Args:
-        logq (torch.Tensor): ``[D, V]`` float log-probabilities, row d-1 for depth d; any float dtype (compared
-            as fp32).
+        logq (torch.Tensor): ``[D, V]`` float log-probabilities, row d-1 for depth d; any float dtype, compared
+            as fp32 (float64 input is rounded first, so two float64 values that round to one fp32 value tie).
         root_token (torch.Tensor): 0-d or ``[1]`` int64 token of node 0, on ``logq.device``.
         budget (int): number of non-root nodes, >= 1.
         topk (int | None): candidates per depth, >= 1; None means ``budget``. Also capped by ``budget`` and ``V``.
