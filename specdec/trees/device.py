@@ -5,7 +5,7 @@ fixed number of slots: every output shape depends only on Python ints, nothing r
 functions can be captured in a CUDA graph; they run unchanged on CPU. Real nodes are a prefix of the slots;
 padding slots carry the root token, parent -1 and depth 0, and see only themselves in :func:`ancestor_matrix`.
 
-DDTree without a heap (maths in ``docs/trees.md``): a child never scores above its parent and sorts after it,
+DDTree without a heap (the DDTree maths: ``docs/trees.md``): a child never scores above its parent and sorts after it,
 so the heap pops nodes in the global order of the key (score desc, rank tuple asc) and its ``budget`` best
 nodes are closed under prefixes. Depth by depth, the candidates are the kept nodes of the depth above times the
 ``k`` ranks; the best ``budget`` of them by that key contain every best node of their depth. One final sort of
@@ -54,8 +54,8 @@ def ddtree_device(
     pass log-probabilities (<= 0; -inf allowed, no NaN or +inf).
 
     Args:
-        logq (torch.Tensor): ``[D, V]`` float log-probabilities, row d-1 for depth d; any float dtype (compared
-            as fp32).
+        logq (torch.Tensor): ``[D, V]`` float log-probabilities, row d-1 for depth d; any float dtype, compared
+            as fp32 (float64 input is rounded first, so two float64 values that round to one fp32 value tie).
         root_token (torch.Tensor): 0-d or ``[1]`` int64 token of node 0, on ``logq.device``.
         budget (int): number of non-root nodes, >= 1.
         topk (int | None): candidates per depth, >= 1; None means ``budget``. Also capped by ``budget`` and ``V``.
@@ -73,15 +73,16 @@ def ddtree_device(
         raise ValueError(f"num_slots={num_slots} < budget + 1 = {budget + 1}: pass num_slots >= budget + 1.")
     k = min(budget if topk is None else topk, budget, vocab)
     vals, ids = _topk_rows(logq, k)  # [D, k] fp32, [D, k] int64
-    levels = _select_levels(vals, ids, budget)
-    scores, keys, tokens, parents, depth = (torch.cat(parts) for parts in zip(*levels, strict=True))
-    order = _key_order(scores, keys)  # [M]: kept nodes in pop order
+    scores, ranks, parents = _select_levels(vals, budget)  # [M], [M, D], [M]: kept nodes, depth-major
+    depth = (ranks >= 0).sum(-1)  # [M], non-decreasing
+    order = _key_order(scores, _pack_ranks(ranks, k))  # [M]: kept nodes in pop order
     position = torch.empty_like(order).scatter_(0, order, torch.arange(1, order.numel() + 1, device=order.device))
-    # parents index the concatenated levels; -1 (the root) stays 0 after the shift.
-    new_parents = torch.where(parents < 0, 0, position[parents.clamp(min=0)])
     num_real = 1 + min(budget, _reachable(k, depth_limit, budget))
     take = order[: num_real - 1]
-    return _pad_tree(root_token, tokens[take], new_parents[take], depth[take], num_slots)
+    depth, ranks, parents = depth[take], ranks[take], parents[take]
+    own_rank = ranks.gather(1, (depth - 1).unsqueeze(-1)).squeeze(-1)
+    new_parents = torch.where(parents < 0, 0, position[parents.clamp(min=0)])  # the root's children keep 0
+    return _pad_tree(root_token, ids[depth - 1, own_rank], new_parents, depth, num_slots)
 
 
 def chain_device(logq: torch.Tensor, root_token: torch.Tensor, *, k: int, num_slots: int) -> DeviceTree:
@@ -177,12 +178,13 @@ def _reachable(k: int, depth_limit: int, cap: int) -> int:
 def _topk_rows(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``k`` fp32 values and int64 ids per row, ranked by (value desc, id asc): one ``topk`` on packed keys.
 
-    The fp32 bits map to int32 in value order (negative floats: flip the magnitude bits); the high half of an
-    int64 key holds that, the low half ``V - 1 - id``, so every key is distinct and larger means better.
+    The fp32 bits map to integers in value order (a negative float to minus its magnitude bits, so -0.0 meets
+    +0.0); the high half of an int64 key holds that, the low half ``V - 1 - id``: keys are distinct and larger
+    means better.
     """
-    vals = logq.float() + 0.0  # -0.0 -> +0.0: they compare equal as floats
-    bits = vals.view(torch.int32).long()
-    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    vals = logq.float()
+    bits = vals.view(torch.int32).long()  # sign-extended: negative floats have negative bits
+    ordered = torch.where(bits < 0, -(2**31) - bits, bits)
     ids = torch.arange(logq.shape[1], device=logq.device)
     keys = ordered * 2**32 + (logq.shape[1] - 1 - ids)
     top = keys.topk(k, dim=-1).values  # [D, k], sorted descending
@@ -190,48 +192,53 @@ def _topk_rows(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return vals.gather(-1, top_ids), top_ids
 
 
-class _Level(NamedTuple):
-    scores: torch.Tensor  # [n] float64 path scores
-    keys: torch.Tensor  # [n, G] int64 packed rank digits (see _digit_layout)
-    tokens: torch.Tensor  # [n] int64
-    parents: torch.Tensor  # [n] int64 index into the concatenated levels; -1 = the root
-    depth: torch.Tensor  # [n] int64
-
-
-def _select_levels(vals: torch.Tensor, ids: torch.Tensor, budget: int) -> list[_Level]:
+def _select_levels(vals: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per depth, the best ``budget`` children of the kept nodes above, each level stored in rank-tuple order.
 
     Keeping a level in rank-tuple order makes the candidate index ``parent * k + rank`` increase with the rank
     tuple, so a stable descending sort of the scores ranks the candidates by the full key.
+
+    Returns:
+        tuple: over the ``M`` kept nodes, depth 1 first: float64 scores ``[M]``, per-depth ranks ``[M, D]``
+        (-1 past the node's depth) and parents ``[M]`` (index into the same arrays, -1 for the root).
     """
     depth_limit, k = vals.shape
     device = vals.device
-    bits, per_key, columns = _digit_layout(k, depth_limit)
+    vals = vals.double()
+    cells = torch.arange(budget * k, device=device)
+    cell_parent, cell_rank = cells // k, cells % k  # candidate index -> (parent slot, rank); sliced per level
     scores = torch.zeros(1, dtype=torch.float64, device=device)  # the root
-    keys = torch.zeros(1, columns, dtype=torch.long, device=device)
-    levels: list[_Level] = []
-    above = start = 0  # where the level above and this level begin in the concatenation (root excluded)
+    ranks = torch.full((1, depth_limit), -1, dtype=torch.long, device=device)
+    levels = []
     for d in range(depth_limit):
-        cand = (scores.unsqueeze(-1) + vals[d].double()).flatten()  # [n_prev * k], rank-tuple order
-        sel = torch.arange(cand.numel(), device=device)
+        cand = (scores.unsqueeze(-1) + vals[d]).flatten()  # [n_prev * k], rank-tuple order
         if cand.numel() > budget:
             sel = torch.sort(cand, descending=True, stable=True).indices[:budget].sort().values
-        parent, rank = sel // k, sel % k
-        column, shift = divmod(d, per_key)
-        keys = keys[parent].clone()
-        keys[:, column] += (rank + 1) << (bits * (per_key - 1 - shift))
-        scores = cand[sel]
-        parent_index = parent + above if d else torch.full_like(parent, -1)
-        levels.append(_Level(scores, keys, ids[d][rank], parent_index, torch.full_like(parent, d + 1)))
-        above, start = start, start + sel.numel()
-    return levels
+            scores, parent, rank = cand[sel], sel // k, sel % k
+        else:
+            scores, parent, rank = cand, cell_parent[: cand.numel()], cell_rank[: cand.numel()]
+        ranks = ranks[parent]
+        ranks[:, d] = rank
+        levels.append((scores, ranks, parent))
+    scores, ranks, parent = (torch.cat(parts) for parts in zip(*levels, strict=True))
+    depth = (ranks >= 0).sum(-1)
+    above = torch.searchsorted(depth, depth - 1)  # where the level above starts
+    return scores, ranks, torch.where(depth > 1, parent + above, -1)
 
 
-def _digit_layout(k: int, depth_limit: int) -> tuple[int, int, int]:
-    """Bits per rank digit (digits ``rank + 1`` in ``[1, k]``, 0 past a node's depth), digits per int64, keys."""
+def _pack_ranks(ranks: torch.Tensor, k: int) -> torch.Tensor:
+    """Ranks ``[M, D]`` in ``[-1, k)`` -> int64 keys ``[M, G]`` ordering nodes by rank tuple, prefixes first.
+
+    Digits are ``rank + 1`` (0 past a node's depth), ``k.bit_length()`` bits each, most significant first, at
+    most 63 bits per key so that keys stay non-negative.
+    """
+    num, depth_limit = ranks.shape
     bits = k.bit_length()
     per_key = 63 // bits
-    return bits, per_key, -(-depth_limit // per_key)
+    columns = -(-depth_limit // per_key)
+    digits = torch.nn.functional.pad(ranks + 1, (0, columns * per_key - depth_limit))
+    shifts = torch.arange(per_key - 1, -1, -1, device=ranks.device) * bits
+    return (digits.view(num, columns, per_key) << shifts).sum(-1)
 
 
 def _key_order(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

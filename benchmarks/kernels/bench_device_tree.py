@@ -1,0 +1,108 @@
+"""Speed of the DDTree builders: the device-side ``ddtree_device`` against the host heap ``build_ddtree``.
+
+Providers: ``heap`` (``build_ddtree``: top-k on the device, one copy to the host, a Python heap), ``device``
+(``ddtree_device``, eager launches) and ``device-graph`` (the same ops replayed from a CUDA graph: GPU time without
+launch overhead; CUDA only). Shapes: depth D = 15 (a block of 16), budgets 15 / 32 / 64 / 128, topk 8 and
+topk = budget, vocabularies 8192 (the zoo) and 151936 (Qwen). Inputs are log-softmaxed random logits.
+
+    python benchmarks/kernels/bench_device_tree.py [--device cuda] [--out bench_out/kernels]
+
+Prints a table of median ms per call (20th / 80th percentiles in the CSV) and writes it under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from specdec.trees.ddtree import build_ddtree
+from specdec.trees.device import ddtree_device
+
+PROVIDERS = ["heap", "device", "device-graph"]
+DEPTH = 15
+BUDGETS = [15, 32, 64, 128]
+VOCABS = [8192, 151936]
+QUANTILES = [0.5, 0.2, 0.8]
+
+
+def make_call(provider: str, logq: torch.Tensor, budget: int, topk: int):
+    """A no-argument callable running one build, or None when the provider does not apply to the device."""
+    root = torch.tensor(3, device=logq.device)
+    if provider == "heap":
+        return lambda: build_ddtree(logq, 3, budget=budget, topk=topk)
+    if provider == "device-graph" and logq.device.type != "cuda":
+        return None
+    return lambda: ddtree_device(logq, root, budget=budget, topk=topk, num_slots=budget + 1)
+
+
+def time_call(fn, device: torch.device, graph: bool) -> tuple[float, float, float]:
+    """Median, 20th and 80th percentile ms per call, after a warm-up."""
+    if device.type != "cuda":
+        for _ in range(2):
+            fn()
+        times = []
+        for _ in range(15):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        q = torch.tensor(times).quantile(torch.tensor(QUANTILES))
+        return tuple(q.tolist())
+    import triton.testing
+
+    if graph:
+        return tuple(triton.testing.do_bench_cudagraph(fn, rep=50, quantiles=QUANTILES))
+    return tuple(triton.testing.do_bench(fn, warmup=20, rep=100, quantiles=QUANTILES))
+
+
+def run(device: torch.device) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for vocab in VOCABS:
+        logq = torch.log_softmax(torch.randn(DEPTH, vocab, generator=gen), dim=-1).to(device)
+        for budget in BUDGETS:
+            for topk in sorted({8, budget}):
+                row = {"vocab": vocab, "budget": budget, "topk": topk}
+                for provider in PROVIDERS:
+                    fn = make_call(provider, logq, budget, topk)
+                    ms = (math.nan,) * 3 if fn is None else time_call(fn, device, graph=provider == "device-graph")
+                    row[provider], row[f"{provider}_p20"], row[f"{provider}_p80"] = ms
+                rows.append(row)
+                print(_format_row(row), flush=True)
+    return rows
+
+
+def _format_row(row: dict) -> str:
+    cells = [f"{row['vocab']:>7}", f"{row['budget']:>6}", f"{row['topk']:>4}"]
+    cells += [f"{row[p]:>12.3f}" for p in PROVIDERS]
+    speedup = row["heap"] / min(row["device"], row["device-graph"] if not math.isnan(row["device-graph"]) else math.inf)
+    return " | ".join([*cells, f"{speedup:>7.1f}x"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default=None, help="torch device; default: the current accelerator, else cpu")
+    parser.add_argument("--out", default="bench_out/kernels", help="folder for the CSV (ignored by git)")
+    args = parser.parse_args()
+    accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    device = torch.device(args.device or (accel.type if accel is not None else "cpu"))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"DDTree build, D = {DEPTH}, median ms per call on {name} (torch {torch.__version__}); warm")
+    header = ["vocab", "budget", "topk", *PROVIDERS, "heap/best"]
+    print(" | ".join(f"{h:>7}" if i < 3 else f"{h:>12}" for i, h in enumerate(header)))
+    rows = run(device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "device_tree.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"CSV: {out / 'device_tree.csv'}")
+
+
+if __name__ == "__main__":
+    main()
