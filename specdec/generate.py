@@ -176,7 +176,7 @@ def generate(
         streamer.put(first.view(1).cpu())
     if engine is not None:
         engine.set_root(first)
-        fast_round = engine.round_for(drafter, tree, sampling, graph=engine.device.type == "cuda")
+        fast_round = engine.round_for(drafter, tree, sampling, graph=engine.device.type == "cuda", compile=compile)
         stats.path = "fast"
     elif drafter is not None and not done:
         with timer("draft"):
@@ -251,7 +251,7 @@ def _fast_engine(tgt: TargetModel, drafter, tree: TreeSpec, length: int, cuda_gr
         log("specdec: eager path (%s)", reason)
         return None
     slots = 1 if drafter is None else max(bucket_size(tree.budget + 1), drafter.config.block_size)
-    engine = FastEngine.for_target(tgt, capacity=length + slots + 1, compile=compile)
+    engine = FastEngine.for_target(tgt, capacity=length + slots + 1)
     logger.info("specdec: fast path (%s)", "CUDA graphs" if tgt.device.type == "cuda" else "device round, no capture")
     return engine
 

@@ -54,7 +54,7 @@ def fast_path_reason(target: TargetModel, drafter) -> str | None:
 class _FastTarget:
     """Static K/V storage of a target and its fixed-shape forward."""
 
-    def __init__(self, target: TargetModel, capacity: int, compile: bool) -> None:
+    def __init__(self, target: TargetModel, capacity: int) -> None:
         self.target, self.capacity = target, capacity
         probe = DynamicCache(config=target.config)
         ids = torch.zeros(1, 1, dtype=torch.long, device=target.device)
@@ -73,13 +73,11 @@ class _FastTarget:
         )
         self.cache = self.storage.cache()
         self.keys = torch.arange(capacity, device=target.device)
-        self._compiled = compile_fn(self._forward) if compile else None
 
-    def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, static=True):
+    def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False):
         """Logits ``[N, V]`` and taps ``[1, N, K*H]`` (or None) of one forward writing K/V at ``write_index``."""
         self.storage.write_index = write_index
-        fn = self._compiled if (static and self._compiled is not None) else self._forward
-        return fn(ids, positions, mask, taps, last_only)
+        return self._forward(ids, positions, mask, taps, last_only)
 
     def _forward(self, ids, positions, mask, taps, last_only):
         target = self.target
@@ -97,7 +95,7 @@ class _Round:
     """One captured speculative round for a fixed (drafter, tree spec, sampling) on an engine."""
 
     def __init__(self, engine: FastEngine, drafter, static: DFlashStatic | None, tree: TreeSpec | None,
-                 sampling: SamplingParams, graph: bool) -> None:
+                 sampling: SamplingParams, graph: bool, compile: bool | str) -> None:
         self.engine, self.drafter, self.static, self.tree, self.sampling = engine, drafter, static, tree, sampling
         device = engine.device
         if drafter is None:
@@ -113,8 +111,11 @@ class _Round:
         vocab = engine.target.target.vocab_size
         self.uniform = torch.rand(self.slots, vocab, device=device) if sampling.do_sample else None
         self._saved: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._logq = compile_fn(static.logq) if (static is not None and engine.compile) else None
-        self.captured = Captured(self._round, device=device, graph=graph, reset=self._restore)
+        self.out[self.path_len : self.path_len + 2] = 1  # plain decoding: one path node, one tree node
+        fn = self._ar_round if drafter is None else self._round
+        self.compile = compile
+        self.captured = Captured(compile_fn(fn, compile) if compile else fn, device=device,
+                                 graph=graph, reset=self._restore)
 
     # -- the round (device only) -------------------------------------------------------------------------
     def _build(self):
@@ -122,11 +123,23 @@ class _Round:
         if self.drafter is None:
             root = engine.root
             return _root_tree(root)
-        logq_fn = self._logq or self.static.logq
-        logq = logq_fn(engine.root, engine.prefix, self.depth)
+        logq = self.static.logq(engine.root, engine.prefix, self.depth)
         if isinstance(self.tree, DDTree):
             return ddtree_device(logq, engine.root, budget=self.tree.budget, topk=self.tree.topk, num_slots=self.slots)
         return chain_device(logq, engine.root, k=self.tree.k, num_slots=self.slots)
+
+    def _ar_round(self) -> None:
+        """Plain decoding: the root alone, no tree, no commit (its K/V already sits at slot ``prefix``)."""
+        engine, target = self.engine, self.engine.target
+        prefix, dtype = engine.prefix, target.target.dtype
+        hidden_slots = target.keys > prefix
+        mask = torch.zeros(hidden_slots.shape, dtype=dtype, device=prefix.device)
+        mask = mask.masked_fill_(hidden_slots, torch.finfo(dtype).min)[None, None, None]
+        logits, _ = target.forward(engine.root[None], prefix.view(1, 1), mask, prefix.view(1))
+        choice = target_choices(logits, self.sampling, self.uniform)
+        self.out[:1].copy_(choice)
+        engine.root.copy_(choice)
+        prefix.add_(1)
 
     def _round(self) -> None:
         engine, target = self.engine, self.engine.target
@@ -166,7 +179,7 @@ class _Round:
         """(first warm-up run, rest of warm-up + capture) in ms if this round was captured since the last call."""
         cap = self.captured
         first, rest = cap.first_run_s * 1e3, cap.capture_s * 1e3
-        out = (first, rest) if self.engine.compile else (0.0, first + rest)
+        out = (first, rest) if self.compile else (0.0, first + rest)
         cap.first_run_s = cap.capture_s = 0.0
         return out
 
@@ -205,10 +218,10 @@ class FastEngine:
 
     _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def __init__(self, target: TargetModel, capacity: int, compile: bool) -> None:
-        self.device, self.compile = target.device, compile
+    def __init__(self, target: TargetModel, capacity: int) -> None:
+        self.device = target.device
         start = time.perf_counter()
-        self.target = _FastTarget(target, capacity, compile)
+        self.target = _FastTarget(target, capacity)
         self.prefix = torch.zeros((), dtype=torch.long, device=self.device)
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
         self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -220,15 +233,15 @@ class FastEngine:
         return self.target.capacity
 
     @classmethod
-    def for_target(cls, target: TargetModel, *, capacity: int, compile: bool = False) -> FastEngine:
-        """The cached engine of ``target.model`` if it holds ``capacity`` slots with this compile setting."""
+    def for_target(cls, target: TargetModel, *, capacity: int) -> FastEngine:
+        """The cached engine of ``target.model`` if it holds ``capacity`` slots, else a new one."""
         engine = cls._engines.get(target.model)
-        if engine is None or engine.capacity < capacity or engine.compile != compile:
+        if engine is None or engine.capacity < capacity:
             need = -(-capacity // _CAPACITY_STEP) * _CAPACITY_STEP
             if engine is not None:
                 need = max(need, engine.capacity)
                 logger.info("fast path: reallocating static storage for %d slots", need)
-            engine = cls(target, need, compile)
+            engine = cls(target, need)
             cls._engines[target.model] = engine
         engine.target.target = target
         return engine
@@ -251,7 +264,7 @@ class FastEngine:
         mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
         taps = drafter.target_layer_ids if drafter is not None else None
         logits, hidden = self.target.forward(
-            input_ids, positions[None], mask[None, None], positions, taps, last_only=True, static=False
+            input_ids, positions[None], mask[None, None], positions, taps, last_only=True
         )
         self.prefix.fill_(n)
         static = self._static(drafter)
@@ -262,10 +275,14 @@ class FastEngine:
     def set_root(self, token: torch.Tensor) -> None:
         self.root.copy_(token.view(1))
 
-    def round_for(self, drafter, tree: TreeSpec | None, sampling: SamplingParams, *, graph: bool) -> _Round:
-        key = (id(drafter) if drafter is not None else None, tree if drafter is not None else None, sampling, graph)
+    def round_for(
+        self, drafter, tree: TreeSpec | None, sampling: SamplingParams, *, graph: bool, compile: bool | str = False
+    ) -> _Round:
+        """The (cached) round of this drafter, tree and sampling; built and captured on first use."""
+        key = (id(drafter) if drafter is not None else None, tree if drafter is not None else None, sampling, graph,
+               compile)
         rnd = self._rounds.get(key)
         if rnd is None or rnd.drafter is not drafter:
-            rnd = _Round(self, drafter, self._static(drafter), tree, sampling, graph)
+            rnd = _Round(self, drafter, self._static(drafter), tree, sampling, graph, compile)
             self._rounds[key] = rnd
         return rnd

@@ -17,9 +17,18 @@ __all__ = ["Captured", "compile_fn"]
 logger = logging.getLogger(__name__)
 
 
-def compile_fn(fn: Callable) -> Callable:
-    """``torch.compile`` for fixed shapes without its own CUDA graphs (the caller captures)."""
-    return torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
+def compile_fn(fn: Callable, mode: bool | str = True) -> Callable:
+    """``torch.compile`` for fixed shapes without its own CUDA graphs (the caller captures).
+
+    Args:
+        fn (Callable): the function.
+        mode (bool | str): True = inductor's default mode; a string = that mode (e.g.
+            ``"max-autotune-no-cudagraphs"``; modes that capture graphs themselves are refused).
+    """
+    if isinstance(mode, str) and mode not in ("default", "max-autotune-no-cudagraphs"):
+        raise ValueError(f"compile={mode!r}: use True, 'default' or 'max-autotune-no-cudagraphs' (specdec captures "
+                         "the CUDA graphs itself).")
+    return torch.compile(fn, mode=None if mode is True else mode, dynamic=False)
 
 
 class Captured:

@@ -1,0 +1,160 @@
+"""Round cost at the Qwen3-8B shape (random bf16 weights) with a 5-layer DFlash-shaped drafter of that width.
+
+    python benchmarks/e2e/shape_8b.py [--compile] [--layers 36] [--prompt 512]
+
+Times, as medians of CUDA-graph replays after warm-up: the copy bandwidth and the HBM floor (weight bytes /
+bandwidth); the fast path's AR step (one captured round of plain decoding); the target forward over 1/16/32/64
+tree nodes; and the pieces and whole of a DDTree round (drafter block forward, tree build, verify, acceptance
+and commit) for budgets 15/31/63 (16/32/64 nodes). ``--compile`` adds the AR step and the b31 round compiled
+under the graphs (about two minutes of compilation each at this size). Needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from specdec.drafters.dflash import DFlashDrafter
+from specdec.fast.engine import FastEngine
+from specdec.fast.graphs import Captured
+from specdec.target import TargetModel
+from specdec.trees.device import ancestor_matrix, ddtree_device
+from specdec.types import DDTree, SamplingParams
+
+GREEDY = SamplingParams()
+
+
+def timed(fn, iters: int = 30) -> float:
+    """Median ms of ``fn()`` (already captured or cheap to launch) over ``iters`` calls, CUDA events."""
+    fn()
+    out = []
+    if not torch.cuda.is_available():  # CPU smoke run of the script (--small)
+        for _ in range(3):
+            t = time.perf_counter()
+            fn()
+            out.append(1e3 * (time.perf_counter() - t))
+        return statistics.median(out)
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
+
+
+def bandwidth_gbs(device) -> float:
+    x = torch.empty(2**30 if device.type == "cuda" else 2**24, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    ms = timed(lambda: y.copy_(x), 20)
+    return 2 * x.numel() / ms / 1e6  # bytes read + written, GB/s
+
+
+def nbytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+@torch.no_grad()
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=36)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--small", action="store_true", help="a tiny config on CPU: checks the script, times nothing")
+    args = ap.parse_args()
+    device = torch.device("cpu" if args.small else "cuda")
+    width = dict(vocab_size=1000, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=32) if args.small else dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                                                       num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+    cfg = Qwen3Config(**width, num_hidden_layers=args.layers, max_position_embeddings=40960, rope_theta=1e6,
+                      tie_word_embeddings=False, attn_implementation="sdpa")
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
+    drafter = DFlashDrafter.for_target(model, mask_token_id=cfg.vocab_size - 1, num_layers=5, block_size=16,
+                                       num_taps=5 if args.layers >= 8 else 1, dtype=torch.bfloat16, device=device)
+    for p in drafter.model.parameters():  # sharper than the 0.02 init so drafts are not all ties
+        if p.dim() == 2:
+            p.mul_(4.0)
+    setup_s = time.perf_counter() - t0
+    target = TargetModel.wrap(model)
+    gbs = bandwidth_gbs(device)
+    t_bytes, d_bytes = nbytes(model), nbytes(drafter.model)
+    floor = t_bytes / gbs / 1e6
+    floor_round = (t_bytes + d_bytes) / gbs / 1e6
+    rows: list[tuple[str, float, str]] = []
+    prompt = torch.randint(10, cfg.vocab_size - 10, (1, args.prompt), device=device)
+    engine = FastEngine.for_target(target, capacity=args.prompt + 1024)
+
+    def start(d):
+        engine.prefill(prompt, d)
+        engine.set_root(prompt[0, -1])
+
+    # AR step: the whole captured round of plain decoding.
+    start(None)
+    ar = engine.round_for(None, None, GREEDY, graph=True)
+    ar_ms = timed(lambda: ar.captured())
+    rows.append(("AR step (captured round)", ar_ms, f"{ar_ms / floor:.2f} x HBM floor (target <= 1.3 with compile)"))
+
+    # Target forward over N tree nodes (same function, one graph per N).
+    start(drafter)
+    logq = torch.log_softmax(torch.randn(15, cfg.vocab_size, device=device) * 3, -1)
+    fwd = {}
+    for n in (1, 16, 32, 64):
+        tree = ddtree_device(logq, prompt[0, -1], budget=max(n - 1, 1), topk=8, num_slots=n) if n > 1 else None
+        ids = tree.tokens[None] if tree is not None else prompt[:, -1:]
+        pos = (args.prompt + (tree.depth if tree is not None else torch.zeros(1, dtype=torch.long, device=device)))[None]
+        write = args.prompt + torch.arange(n, device=device)
+        mask = torch.zeros(1, 1, n, engine.capacity, dtype=torch.bfloat16, device=device)
+        mask[..., args.prompt + n :] = torch.finfo(torch.bfloat16).min
+        step = Captured(lambda ids=ids, pos=pos, mask=mask, write=write: engine.target.forward(ids, pos, mask, write),
+                        device=device, graph=True)
+        fwd[n] = timed(step)
+        note = "" if n == 1 else f"{fwd[n] / fwd[1]:.2f} x the 1-token forward (target <= 1.15)"
+        rows.append((f"target forward, {n} nodes", fwd[n], note))
+
+    # Pieces of a DDTree round (each captured alone) and the whole round.
+    static = engine._static(drafter)
+    prefix = engine.prefix
+    draft = Captured(lambda: static.logq(engine.root, prefix, 15), device=device, graph=True)
+    rows.append(("drafter block forward (16 slots)", timed(draft), ""))
+    for budget in (15, 31, 63):
+        build = Captured(lambda b=budget: ancestor_matrix(ddtree_device(logq, engine.root, budget=b, topk=8,
+                                                                          num_slots=b + 1), 15),
+                         device=device, graph=True)
+        rows.append((f"tree build + ancestors, budget {budget}", timed(build), ""))
+    for budget in (15, 31, 63):
+        start(drafter)
+        rnd = engine.round_for(drafter, DDTree(budget=budget, topk=8), GREEDY, graph=True)
+        ms = timed(lambda rnd=rnd: rnd.captured())
+        note = f"{ms / floor_round:.2f} x (target+drafter bytes)/bandwidth (target <= 1.25)" if budget == 31 else ""
+        rows.append((f"DDTree round, budget {budget} (captured)", ms, note))
+
+    if args.compile:
+        for name, d, tree in (("AR step, compiled", None, None), ("DDTree round b31, compiled", drafter, DDTree(budget=31, topk=8))):
+            start(d)
+            c0 = time.perf_counter()
+            rnd = engine.round_for(d, tree, GREEDY, graph=True, compile=True)
+            rnd.captured()
+            compile_s = time.perf_counter() - c0
+            ms = timed(lambda rnd=rnd: rnd.captured())
+            ref = floor if d is None else floor_round
+            rows.append((name, ms, f"{ms / ref:.2f} x its floor; compile + capture {compile_s:.0f} s"))
+
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(f"# Qwen3-8B shape ({args.layers} layers, random bf16), prompt {args.prompt}, {gpu}")
+    print(f"target {t_bytes / 1e9:.2f} GB, drafter {d_bytes / 1e9:.2f} GB, copy bandwidth {gbs / 1e3:.3f} TB/s, "
+          f"HBM floor {floor:.2f} ms (target), {floor_round:.2f} ms (target + drafter); setup {setup_s:.0f} s")
+    print("\n| figure | ms | note |\n|---|---|---|")
+    for name, ms, note in rows:
+        print(f"| {name} | {ms:.3f} | {note} |")
+
+
+if __name__ == "__main__":
+    main()
