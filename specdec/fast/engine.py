@@ -110,12 +110,11 @@ class _Round:
         self.arange = torch.arange(self.slots, device=device)
         vocab = engine.target.target.vocab_size
         self.uniform = torch.rand(self.slots, vocab, device=device) if sampling.do_sample else None
-        self._saved: tuple[torch.Tensor, torch.Tensor] | None = None
         self.out[self.path_len : self.path_len + 2] = 1  # plain decoding: one path node, one tree node
         fn = self._ar_round if drafter is None else self._round
         self.compile = compile
         self.captured = Captured(compile_fn(fn, compile) if compile else fn, device=device,
-                                 graph=graph, reset=self._restore)
+                                 graph=graph, snapshot=self._snapshot)
 
     # -- the round (device only) -------------------------------------------------------------------------
     def _build(self):
@@ -169,10 +168,16 @@ class _Round:
         engine.root.copy_(accept.tokens.gather(0, (accept.num_path - 1).view(1)))
         prefix.add_(accept.num_path)
 
-    def _restore(self) -> None:
-        prefix, root = self._saved
-        self.engine.prefix.copy_(prefix)
-        self.engine.root.copy_(root)
+    def _snapshot(self):
+        """Save the decode state before the warm-up runs; returns the function that puts it back."""
+        engine = self.engine
+        prefix, root = engine.prefix.clone(), engine.root.clone()
+
+        def restore() -> None:
+            engine.prefix.copy_(prefix)
+            engine.root.copy_(root)
+
+        return restore
 
     # -- host side ---------------------------------------------------------------------------------------
     def take_setup_ms(self) -> tuple[float, float]:
@@ -187,8 +192,6 @@ class _Round:
         """Run one round; returns (new tokens: accepted drafts + bonus, number of real tree nodes)."""
         if self.uniform is not None:
             self.uniform.uniform_(generator=generator)
-        if self.captured.use_graph and self.captured.graph is None:
-            self._saved = (self.engine.prefix.clone(), self.engine.root.clone())
         self.captured()
         if self.drafter is not None:
             self.drafter.num_forwards += 1

@@ -42,12 +42,13 @@ class Captured:
         fn (Callable[[], None]): the work to capture.
         device (torch.device): where it runs; capture only on CUDA when ``graph`` is True.
         graph (bool): capture (CUDA only) or call eagerly.
-        reset (Callable[[], None] | None): undo a warm-up run's effect on the state.
+        snapshot (Callable[[], Callable[[], None]] | None): called before the warm-up; returns the function
+            that undoes a warm-up run's effect on the decode state (called after each warm-up run).
         warmup (int): eager runs before capture. Default 2.
     """
 
-    def __init__(self, fn, *, device: torch.device, graph: bool, reset=None, warmup: int = 2) -> None:
-        self.fn, self.device, self.reset, self.warmup = fn, device, reset, warmup
+    def __init__(self, fn, *, device: torch.device, graph: bool, snapshot=None, warmup: int = 2) -> None:
+        self.fn, self.device, self.snapshot, self.warmup = fn, device, snapshot, warmup
         self.use_graph = graph and device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
         self.capture_s = 0.0  # later warm-up runs + capture, seconds
@@ -63,14 +64,15 @@ class Captured:
 
     def _capture(self) -> None:
         start = time.perf_counter()
+        restore = self.snapshot() if self.snapshot is not None else None
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
             for i in range(self.warmup):
                 self.fn()
-                if self.reset is not None:
-                    self.reset()
+                if restore is not None:
+                    restore()
                 if i == 0:
                     torch.cuda.synchronize(self.device)
                     self.first_run_s = time.perf_counter() - start
