@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import subprocess
 import time
@@ -165,7 +166,9 @@ def main() -> None:
     hf = outs.get("hf-generate")
     static = next((r["tok_s"] for r in rows if r["method"] == "hf-static"), None)
     ar = next(r for r in rows if r["method"] == "ar")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = os.environ.get("SPECDEC_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     lines = [
         f"# fast path, {args.target}, {name}, {str(dtype).removeprefix('torch.')}, {len(prompts)} prompts x {new} new tokens, warm "

@@ -35,8 +35,8 @@ class Captured:
     """``fn()`` captured in a CUDA graph on first use and replayed afterwards.
 
     ``fn`` reads and writes only tensors that outlive it (static buffers). It runs ``warmup`` times on a side
-    stream before capture (kernel selection, lazy loading, compilation); ``reset()`` is called after each warm-up
-    run so that its side effects on the decode state are undone.
+    stream before capture (kernel selection, lazy loading, compilation); the function returned by ``snapshot()``
+    is called after each warm-up run so that its side effects on the decode state are undone.
 
     Args:
         fn (Callable[[], None]): the work to capture.
