@@ -23,6 +23,7 @@ from specdec.drafters.dflash_model import (
     default_target_layer_ids,
 )
 from specdec.drafters.identity import RECORD_KEY, check_identity, identity_differences, target_identity
+from specdec.paths import is_local_path, resolve_path
 from specdec.trees.ddtree import build_ddtree, chain_from_logq
 from specdec.types import Chain, DDTree, DecodeContext, DraftTree, TreeSpec, VerifyResult
 
@@ -450,13 +451,12 @@ def _append(buf: torch.Tensor, new: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def _resolve_checkpoint(path: str | os.PathLike) -> Path:
-    folder = Path(path)
-    if folder.is_dir():
+    """A local checkpoint folder (found wherever the working directory is), or a hub id ``owner/name``."""
+    if is_local_path(path) or Path(path).exists():
+        folder = resolve_path(path, what="DFlash checkpoint folder")
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{folder} has no config.json: not a DFlash checkpoint folder.")
         return folder
-    if folder.exists() or str(path).count("/") != 1:
-        raise FileNotFoundError(f"{path} is neither a checkpoint folder nor a hub repo id (owner/name).")
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(str(path), allow_patterns=["config.json", "*.safetensors"]))
