@@ -221,6 +221,7 @@ class SpecStats:
         return [sum(self.accept_hist[d + 1 :]) / rounds for d in range(len(self.accept_hist) - 1)]
 
     def record(self, num_accepted: int) -> None:
+        """Count one verify round that accepted ``num_accepted`` drafted tokens (its bonus token included later)."""
         if len(self.accept_hist) <= num_accepted:
             self.accept_hist.extend([0] * (num_accepted + 1 - len(self.accept_hist)))
         self.accept_hist[num_accepted] += 1
