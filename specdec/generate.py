@@ -11,13 +11,15 @@ import logging
 from collections.abc import Sequence
 
 import torch
+from transformers import GenerationConfig
 
 from specdec.drafters.base import Drafter
 from specdec.fast.engine import FastEngine, bucket_size, fast_path_reason
+from specdec.hf_args import check_drafter_and_tree, check_input_ids, generation_value, resolve_generation_args
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
 from specdec.trees import prune_depth, root_tree
-from specdec.types import Chain, DecodeContext, GenerateOutput, SamplingParams, SpecStats, TreeSpec
+from specdec.types import Chain, DecodeContext, GenerateOutput, SpecStats, TreeSpec
 from specdec.verify import sample_tokens, verify
 
 __all__ = ["SpeculativeModel", "generate"]
@@ -25,60 +27,7 @@ __all__ = ["SpeculativeModel", "generate"]
 logger = logging.getLogger(__name__)
 
 
-def _eos_set(eos_token_id, target: TargetModel) -> set[int]:
-    if eos_token_id is None:
-        eos_token_id = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
-    if eos_token_id is None:
-        return set()
-    if isinstance(eos_token_id, torch.Tensor):
-        eos_token_id = eos_token_id.tolist()
-    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
-
-
-# HF's fallbacks for generation arguments that neither the call nor the model's generation_config sets.
-_HF_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
-
-
-def _sampling(target: TargetModel, do_sample, temperature, top_k, top_p) -> SamplingParams:
-    """HF semantics: unset values come from the target's ``generation_config``, then HF's defaults."""
-    gen = getattr(target.model, "generation_config", None)
-
-    def pick(value, name):
-        if value is None and gen is not None:
-            value = getattr(gen, name, None)
-        return _HF_DEFAULTS[name] if value is None else value
-
-    return SamplingParams(
-        do_sample=bool(pick(do_sample, "do_sample")),
-        temperature=float(pick(temperature, "temperature")),
-        top_k=pick(top_k, "top_k"),
-        top_p=pick(top_p, "top_p"),
-    )
-
-
-def _check_inputs(target: TargetModel, input_ids, attention_mask, max_new_tokens: int, tree: TreeSpec) -> None:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise ValueError(
-            "input_ids must be a LongTensor of shape [batch, seq_len] (e.g. tokenizer(..., return_tensors='pt'))."
-        )
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"Batch size {input_ids.shape[0]} is not supported yet: specdec decodes one sequence per call. "
-            "Loop over the rows of input_ids."
-        )
-    if input_ids.shape[1] == 0:
-        raise ValueError("The prompt is empty: give at least one token (e.g. a BOS token).")
-    if input_ids.device != target.device:
-        raise ValueError(
-            f"input_ids are on {input_ids.device} but the target is on {target.device}: move them with "
-            "input_ids.to(model.device)."
-        )
-    if attention_mask is not None and not bool(attention_mask.bool().all()):
-        raise ValueError(
-            "attention_mask contains padding: specdec decodes one unpadded sequence; strip the padding tokens."
-        )
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1.")
+def _check_length(target: TargetModel, input_ids: torch.Tensor, max_new_tokens: int, tree: TreeSpec) -> None:
     limit = target.max_length
     need = input_ids.shape[1] + max_new_tokens
     if target._sliding_window_layers():
@@ -106,22 +55,40 @@ def generate(
     generator: torch.Generator | None = None,
     streamer=None,
     attention_mask: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    max_length: int | None = None,
+    min_new_tokens: int | None = None,
+    min_length: int | None = None,
+    pad_token_id: int | None = None,
+    use_cache: bool | None = None,
     cuda_graphs: bool | None = None,
-    compile: bool = False,
+    compile: bool | str = False,
+    **kwargs,
 ) -> GenerateOutput:
     """Speculative generation, lossless with respect to the target's own ``generate``.
 
+    Generation arguments take HF's names and semantics (call > ``generation_config`` > the target's
+    ``generation_config`` > HF defaults); options specdec cannot honour exactly raise ``ValueError`` naming
+    them (table in ``docs/api.md``).
+
     Args:
         target: an HF causal LM (or a ``specdec.target.TargetModel``).
-        input_ids (torch.Tensor): ``[1, T]`` prompt on the target's device.
-        drafter (Drafter | None): proposes trees; ``None`` runs plain autoregressive decoding in the same loop.
-        tree (Chain | DDTree | None): tree shape; default the drafter's ``default_tree`` or ``Chain(k=4)``.
-        max_new_tokens (int | None): default from the target's ``generation_config`` (HF semantics).
-        do_sample, temperature, top_k, top_p: HF sampling arguments; unset ones come from ``generation_config``.
-        eos_token_id (int | list[int] | None): stop tokens; default from ``generation_config``.
+        input_ids (torch.Tensor): ``[1, T]`` integer prompt on the target's device.
+        drafter (Drafter | None): a drafter instance (e.g. ``NGramDrafter()``); ``None`` runs plain autoregressive
+            decoding in the same loop.
+        tree (Chain | DDTree | None): tree shape; default the drafter's ``default_tree`` or ``Chain(4)``.
+        max_new_tokens (int | None): tokens to generate at most; wins over ``max_length``.
+        do_sample, temperature, top_k, top_p: HF sampling arguments.
+        eos_token_id (int | list[int] | None): stop tokens (numpy ints and nested lists accepted, as in HF).
         generator (torch.Generator | None): the only source of randomness (on the target's device).
         streamer: an HF streamer (``put``/``end``); receives the prompt, then tokens as they are committed.
-        attention_mask (torch.Tensor | None): accepted only without padding.
+        attention_mask (torch.Tensor | None): ``[1, T]``, accepted only without padding (a tokenizer's mask).
+        generation_config (GenerationConfig | None): merged as HF merges it.
+        max_length (int | None): total length, prompt included (HF semantics).
+        min_new_tokens, min_length (int | None): EOS is suppressed until reached, exactly as HF's processors do.
+        pad_token_id (int | None): accepted for drop-in use (one unpadded sequence needs no padding).
+        use_cache (bool | None): accepted for drop-in use; specdec always decodes with caches (same tokens).
+        **kwargs: other HF ``generate`` options; unsupported or unknown ones raise ``ValueError``.
         cuda_graphs (bool | None): ``None`` (default) = the fast path (static storage, device-side round
             captured in CUDA graphs) on CUDA targets it supports, the eager path elsewhere; ``True`` = the fast
             path wherever supported (on CPU its device-side round runs without capture); ``False`` = the eager path.
@@ -133,28 +100,41 @@ def generate(
         GenerateOutput: ``sequences`` ``[1, T + n_new]`` and ``stats`` (``SpecStats``).
 
     Examples:
-        >>> out = specdec.generate(model, ids, drafter=specdec.NGramDrafter(), tree=specdec.Chain(k=4),
+        >>> out = specdec.generate(model, ids, drafter=specdec.NGramDrafter(), tree=specdec.Chain(4),
         ...                        max_new_tokens=64)
-        >>> out.stats.tau
+        >>> out.stats.tau, out.stats.accept_lengths
     """
     tgt = TargetModel.wrap(target)
+    check_drafter_and_tree(drafter, tree)
+    input_ids = check_input_ids(input_ids, attention_mask, tgt.device)
     if tree is None:
         tree = getattr(drafter, "default_tree", None) or Chain(k=4)
-    if max_new_tokens is None:
-        gen = getattr(tgt.model, "generation_config", None)
-        max_new_tokens = getattr(gen, "max_new_tokens", None) or (
-            (getattr(gen, "max_length", None) or 20) - input_ids.shape[-1]
-        )
-    _check_inputs(tgt, input_ids, attention_mask, max_new_tokens, tree)
-    sampling = _sampling(tgt, do_sample, temperature, top_k, top_p)
-    eos = _eos_set(eos_token_id, tgt)
+    args = resolve_generation_args(
+        tgt.model,
+        input_ids.shape[-1],
+        generation_config=generation_config,
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_id=eos_token_id,
+        max_length=max_length,
+        min_new_tokens=min_new_tokens,
+        min_length=min_length,
+        pad_token_id=pad_token_id,
+        use_cache=use_cache,
+        **kwargs,
+    )
+    max_new_tokens, sampling, eos = args.max_new_tokens, args.sampling, set(args.eos_token_ids)
+    _check_length(tgt, input_ids, max_new_tokens, tree)
     if drafter is not None:
         drafter.validate(tgt, tree)
         drafter.reset()
     draft_forwards_before = drafter.num_forwards if drafter is not None else 0
     taps = drafter.target_layer_ids if drafter is not None else None
     stats, timer = SpecStats(), PhaseTimer(tgt.device)
-    engine = _fast_engine(tgt, drafter, tree, input_ids.shape[1] + max_new_tokens, cuda_graphs, compile)
+    engine = _fast_engine(tgt, drafter, tree, input_ids.shape[1] + max_new_tokens, cuda_graphs, compile, args)
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
@@ -163,7 +143,7 @@ def generate(
             logits, hidden = engine.prefill(input_ids, drafter)
         else:
             logits, hidden = tgt.prefill(input_ids, taps)
-        first = sample_tokens(logits[None], sampling, generator)
+        first = sample_tokens(args.suppress_eos(logits[None], None, 0), sampling, generator)
     new_tokens = [int(first)]
     ctx = DecodeContext(
         input_ids=torch.cat([input_ids, first.view(1, 1)], dim=1),
@@ -189,7 +169,7 @@ def generate(
                 accepted, num_nodes = fast_round(generator)
             num_accepted = len(accepted) - 1
         else:
-            draft, result, hidden = _eager_round(tgt, drafter, tree, ctx, new_tokens[-1], remaining, taps, sampling, timer)
+            draft, result, hidden = _eager_round(tgt, drafter, tree, ctx, new_tokens, remaining, taps, args, timer)
             accepted, num_accepted, num_nodes = list(result.tokens), result.num_accepted, draft.num_nodes
         for i, tok in enumerate(accepted):
             if tok in eos:
@@ -223,29 +203,31 @@ def generate(
     return GenerateOutput(sequences=sequences, stats=stats)
 
 
-def _eager_round(tgt, drafter, tree, ctx, root_token, remaining, taps, sampling, timer):
+def _eager_round(tgt, drafter, tree, ctx, new_tokens, remaining, taps, args, timer):
     """One round on the eager path: propose, verify, walk, commit the target. Returns (tree, result, taps)."""
     with timer("draft"):
         if drafter is None:
-            draft = root_tree(root_token, tgt.device)
+            draft = root_tree(new_tokens[-1], tgt.device)
         else:
             draft = prune_depth(drafter.propose(ctx, tree), remaining - 1)
     with timer("verify"):
         logits, hidden = tgt.verify(draft, taps)
     with timer("accept"):
-        result = verify(draft, logits, sampling, ctx.generator)
+        result = verify(draft, args.suppress_eos(logits, draft.depth, len(new_tokens)), args.sampling, ctx.generator)
     with timer("commit"):
         tgt.commit(result.path)
     return draft, result, hidden
 
 
-def _fast_engine(tgt: TargetModel, drafter, tree: TreeSpec, length: int, cuda_graphs, compile: bool):
+def _fast_engine(tgt: TargetModel, drafter, tree: TreeSpec, length: int, cuda_graphs, compile, args):
     """The fast-path engine for this call, or None for the eager path (with a log line saying why)."""
     if cuda_graphs is False:
         return None
     if cuda_graphs is None and tgt.device.type != "cuda":
         return None  # CPU default: the eager path (cuda_graphs=True runs the device-side round without capture)
     reason = fast_path_reason(tgt, drafter)
+    if reason is None and args.min_new_tokens:
+        reason = "min_new_tokens is applied on the eager path only"
     if reason is not None:
         log = logger.warning if cuda_graphs else logger.info
         log("specdec: eager path (%s)", reason)
@@ -257,33 +239,90 @@ def _fast_engine(tgt: TargetModel, drafter, tree: TreeSpec, length: int, cuda_gr
 
 
 class SpeculativeModel:
-    """Drop-in wrapper: ``SpeculativeModel(target, drafter=..., tree=...).generate(**hf_kwargs)``.
+    """A drop-in for an HF causal LM's ``generate``: the same call, the same tokens, fewer target forwards.
 
-    ``generate`` returns the ``sequences`` tensor like HF (or the ``GenerateOutput`` with
-    ``return_dict_in_generate=True``); the last call's stats are kept in ``last_stats``.
+    ``generate`` takes HF's arguments (``**tokenizer(text, return_tensors="pt")``, ``max_new_tokens``,
+    ``generation_config``, ...) and returns the ``sequences`` tensor as HF does, or the ``GenerateOutput`` (with
+    ``.stats``) when ``return_dict_in_generate=True``. The last call's stats are kept in ``last_stats``.
+    ``config``, ``generation_config`` and ``device`` are the target's.
+
+    Args:
+        target: an HF causal LM (or a ``specdec.target.TargetModel``).
+        drafter (Drafter | None): a drafter instance; None = plain autoregressive decoding.
+        tree (Chain | DDTree | None): tree shape; default the drafter's ``default_tree`` or ``Chain(4)``.
+        hybrid_mode (str): how recurrent layers are verified, "exact" (default) or "snapshot" (``docs/hybrid.md``).
 
     Examples:
-        >>> model = specdec.SpeculativeModel(target, drafter=specdec.NGramDrafter(), tree=specdec.Chain(k=4))
-        >>> ids = model.generate(input_ids=ids, max_new_tokens=64, do_sample=False)
+        >>> model = specdec.SpeculativeModel(target, drafter=specdec.NGramDrafter(), tree=specdec.Chain(4))
+        >>> ids = model.generate(**tokenizer(text, return_tensors="pt"), max_new_tokens=64, do_sample=False)
     """
 
     def __init__(
         self, target, *, drafter: Drafter | None = None, tree: TreeSpec | None = None, hybrid_mode: str = "exact"
     ) -> None:
+        check_drafter_and_tree(drafter, tree)
         self.target = TargetModel.wrap(target, hybrid_mode=hybrid_mode)
         self.drafter = drafter
         self.tree = tree
+        self.hybrid_mode = hybrid_mode
         self.last_stats: SpecStats | None = None
 
     @property
     def device(self) -> torch.device:
         return self.target.device
 
-    def generate(self, input_ids: torch.Tensor | None = None, *, return_dict_in_generate: bool = False, **kwargs):
-        kwargs.setdefault("drafter", self.drafter)
-        kwargs.setdefault("tree", self.tree)
+    @property
+    def config(self):
+        """The target's ``config``."""
+        return self.target.model.config
+
+    @property
+    def generation_config(self) -> GenerationConfig | None:
+        """The target's ``generation_config`` (the defaults of every ``generate`` call)."""
+        return getattr(self.target.model, "generation_config", None)
+
+    def __repr__(self) -> str:
+        model = self.target.model
+        layers = getattr(getattr(model, "config", None), "num_hidden_layers", "?")
+        target = f"{type(model).__name__}({layers} layers, {self.device}, {getattr(model, 'dtype', '?')})"
+        drafter = "None (autoregressive)" if self.drafter is None else type(self.drafter).__name__
+        tree = self.tree if self.tree is not None else getattr(self.drafter, "default_tree", None) or Chain(k=4)
+        return f"SpeculativeModel(target={target}, drafter={drafter}, tree={tree!r}, hybrid_mode={self.hybrid_mode!r})"
+
+    def generate(
+        self,
+        input_ids: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        *,
+        inputs: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        return_dict_in_generate: bool | None = None,
+        **kwargs,
+    ) -> torch.Tensor | GenerateOutput:
+        """``model.generate`` with speculative decoding; arguments as :func:`specdec.generate`.
+
+        Args:
+            input_ids (torch.Tensor): ``[1, T]`` prompt (``inputs=`` is HF's other name for it).
+            generation_config (GenerationConfig | None): merged as HF merges it.
+            attention_mask (torch.Tensor | None): a tokenizer's mask (no padding).
+            return_dict_in_generate (bool | None): return the ``GenerateOutput`` instead of ``sequences``.
+            **kwargs: HF generation arguments, plus ``drafter``/``tree`` to override the wrapper's for one call.
+
+        Returns:
+            torch.Tensor | GenerateOutput: ``[1, T + n_new]`` sequences, or the output with ``.stats``.
+        """
+        if input_ids is not None and inputs is not None:
+            raise ValueError("Pass the prompt once: input_ids or inputs, not both.")
+        input_ids = inputs if input_ids is None else input_ids
         if input_ids is None:
             raise ValueError("SpeculativeModel.generate needs input_ids (a [1, T] LongTensor).")
-        out = generate(self.target, input_ids, **kwargs)
+        kwargs.setdefault("drafter", self.drafter)
+        kwargs.setdefault("tree", self.tree)
+        as_dict, _ = generation_value(
+            "return_dict_in_generate", return_dict_in_generate, generation_config, self.target.model
+        )
+        out = generate(
+            self.target, input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
+        )
         self.last_stats = out.stats
-        return out if return_dict_in_generate else out.sequences
+        return out if as_dict else out.sequences

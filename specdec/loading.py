@@ -1,28 +1,43 @@
 """Building the pieces of a run from plain settings: target, tokenizer, drafter, tree, prompts.
 
-Shared by the CLI and the benchmark harness; takes plain values (no hydra here).
+Shared by the CLI and the benchmark harness; takes plain values (no hydra here). Local paths resolve
+independently of the working directory (``specdec.paths``); only an ``owner/name`` id reaches the hub.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import torch
 
+from specdec.paths import is_local_path, resolve_path, zoo_dir
 from specdec.types import Chain, DDTree, TreeSpec
 
-__all__ = ["build_drafter", "build_tree", "load_prompts", "load_target", "resolve_device", "zoo_dir"]
+__all__ = [
+    "build_drafter",
+    "build_tree",
+    "load_prompts",
+    "load_target",
+    "load_tokenizer",
+    "resolve_device",
+    "resolve_model_path",
+    "zoo_dir",
+]
 
 logger = logging.getLogger(__name__)
 
 
-def zoo_dir() -> Path:
-    """The zoo of trained fixtures: ``$SPECDEC_ZOO``, else ``../shared/zoo`` relative to the repository root."""
-    env = os.environ.get("SPECDEC_ZOO")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "zoo"
+def resolve_model_path(path: str | Path, *, what: str = "model folder") -> str:
+    """A local folder (resolved wherever the working directory is) or a hub id ``owner/name``, as a string.
+
+    A local-looking path (``./x``, ``/x``, ``x/y/z``, an existing parent folder, ...) that does not exist raises
+    ``FileNotFoundError`` naming the paths tried; it is never sent to the hub.
+    """
+    if is_local_path(path) or Path(path).exists():
+        return str(resolve_path(path, what=what))
+    return str(path)
 
 
 def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
@@ -38,13 +53,21 @@ def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.dev
 
 
 def load_target(path: str | Path, *, device: torch.device, dtype: torch.dtype, attn_implementation: str = "sdpa"):
-    """An HF causal LM from a local folder, in eval mode."""
+    """An HF causal LM from a local folder (see :func:`resolve_model_path`) or a hub id, in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    if not Path(path).is_dir():
-        raise FileNotFoundError(f"No model folder at {path}; set SPECDEC_ZOO or target.path to a local checkpoint.")
+    path = resolve_model_path(path, what="model folder")
+    if Path(path).exists() and not Path(path).is_dir():
+        raise FileNotFoundError(f"{path} is a file; target.path must be a model folder (config.json + weights).")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     return model.to(device).eval()
+
+
+def load_tokenizer(path: str | Path):
+    """An HF tokenizer from a local folder (see :func:`resolve_model_path`) or a hub id."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(path, what="tokenizer folder"))
 
 
 def load_prompts(path: str | Path | None = None, *, limit: int | None = None, text: str | None = None) -> list[dict]:
@@ -52,8 +75,8 @@ def load_prompts(path: str | Path | None = None, *, limit: int | None = None, te
     literal ``text``; ``limit`` keeps the first prompts."""
     if text is not None:
         return [{"id": "text", "prompt": text}]
-    path = zoo_dir() / "prompts_dev.jsonl" if path is None else path
-    if path is None or not Path(path).is_file():
+    path = zoo_dir() / "prompts_dev.jsonl" if path is None else resolve_path(path, what="prompts file")
+    if not Path(path).is_file():
         raise FileNotFoundError(f"No prompts file at {path}; give prompts.path (JSONL with a 'prompt' field).")
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     for i, row in enumerate(rows):
@@ -73,7 +96,8 @@ def build_tree(name: str, **kw) -> TreeSpec:
 
 
 def build_drafter(name: str, target, **kw):
-    """A drafter by name: ``none``, ``ngram``, ``model`` (``path`` or ``truncate_layers``) or ``dflash`` (``path``)."""
+    """A drafter by name: ``none``, ``ngram``, ``model`` (``path`` or ``truncate_layers``) or ``dflash`` (``path``,
+    ``strict``). Paths resolve as in :func:`resolve_model_path` (``assets/drafters/zoo-dense`` from any folder)."""
     if name == "none":
         return None
     if name == "ngram":
@@ -92,5 +116,8 @@ def build_drafter(name: str, target, **kw):
     if name == "dflash":
         from specdec.drafters.dflash import DFlashDrafter
 
-        return DFlashDrafter.from_pretrained(kw["path"], target=target)
+        if not kw.get("path"):
+            raise ValueError("drafter=dflash needs a checkpoint: drafter.path=<folder or hub id owner/name>.")
+        path = resolve_model_path(kw["path"], what="DFlash checkpoint folder")
+        return DFlashDrafter.from_pretrained(path, target=target, strict=bool(kw.get("strict", False)))
     raise ValueError(f"Unknown drafter {name!r}; choose none, ngram, model or dflash.")

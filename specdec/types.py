@@ -23,9 +23,9 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class Chain:
-    """A chain of ``k`` draft tokens (the classic linear speculation).
+    """A chain of ``k`` draft tokens (the classic linear speculation): ``Chain(4)`` or ``Chain(k=4)``.
 
     Args:
         k (int): number of drafted tokens per round (non-root nodes), >= 1.
@@ -34,7 +34,7 @@ class Chain:
     k: int = 4
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or self.k < 1:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"Chain(k={self.k!r}): k must be an int >= 1 (number of drafted tokens per round).")
 
     @property
@@ -47,9 +47,9 @@ class Chain:
         return 1
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class DDTree:
-    """Best-first draft tree (DDTree): the ``budget`` most likely root-to-node prefixes.
+    """Best-first draft tree (DDTree): the ``budget`` most likely root-to-node prefixes: ``DDTree(15)``.
 
     Args:
         budget (int): number of non-root nodes (verify length = budget + 1), >= 1.
@@ -60,9 +60,9 @@ class DDTree:
     topk: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.budget, int) or self.budget < 1:
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
             raise ValueError(f"DDTree(budget={self.budget!r}): budget must be an int >= 1 (non-root nodes).")
-        if self.topk is not None and (not isinstance(self.topk, int) or self.topk < 1):
+        if self.topk is not None and (isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1):
             raise ValueError(f"DDTree(topk={self.topk!r}): topk must be an int >= 1, or None for topk = budget.")
 
     @property
@@ -190,6 +190,7 @@ class SpecStats:
     """Statistics of one ``generate`` call.
 
     ``tau`` is committed tokens per target verify forward, bonus included (tau = 1 for plain decoding).
+    ``accept_lengths[r]`` is the length of round r's accepted path, bonus included (so ``tau`` is its mean);
     ``accept_hist[a]`` counts rounds that accepted ``a`` drafted tokens. ``depth_accept[d]`` is the share of
     rounds that reached depth d+1. ``phase_ms`` holds wall time per phase (ms):
     prefill, draft (tree build included), build (the tree build alone, for drafters that build from
@@ -202,6 +203,7 @@ class SpecStats:
     rounds: int = 0
     new_tokens: int = 0
     accept_hist: list[int] = field(default_factory=list)
+    accept_lengths: list[int] = field(default_factory=list)
     phase_ms: dict[str, float] = field(default_factory=dict)
     target_forwards: int = 0
     draft_forwards: int = 0
@@ -225,9 +227,11 @@ class SpecStats:
         return [sum(self.accept_hist[d + 1 :]) / rounds for d in range(len(self.accept_hist) - 1)]
 
     def record(self, num_accepted: int) -> None:
+        """Count one verify round that accepted ``num_accepted`` drafted tokens (its bonus token included later)."""
         if len(self.accept_hist) <= num_accepted:
             self.accept_hist.extend([0] * (num_accepted + 1 - len(self.accept_hist)))
         self.accept_hist[num_accepted] += 1
+        self.accept_lengths.append(num_accepted + 1)
         self.rounds += 1
 
     def as_dict(self) -> dict:
@@ -236,6 +240,7 @@ class SpecStats:
             "new_tokens": self.new_tokens,
             "tau": self.tau,
             "accept_hist": list(self.accept_hist),
+            "accept_lengths": list(self.accept_lengths),
             "depth_accept": self.depth_accept,
             "phase_ms": dict(self.phase_ms),
             "target_forwards": self.target_forwards,

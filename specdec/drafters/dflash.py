@@ -22,6 +22,8 @@ from specdec.drafters.dflash_model import (
     DFlashDraftModel,
     default_target_layer_ids,
 )
+from specdec.drafters.identity import RECORD_KEY, check_identity, identity_differences, target_identity
+from specdec.paths import is_local_path, resolve_path
 from specdec.trees.ddtree import build_ddtree, chain_from_logq
 from specdec.types import Chain, DDTree, DecodeContext, DraftTree, TreeSpec, VerifyResult
 
@@ -79,14 +81,22 @@ class DFlashDrafter:
         model (DFlashDraftModel): the drafter's own weights.
         target: HF causal LM (or ``TargetModel``) whose embedding and LM head are borrowed; can be bound later
             with :meth:`bind` (``validate`` binds the target it is given).
+        strict (bool): refuse (``ValueError``) a target other than the one the drafter was trained for; by
+            default a warning is logged. Default False.
+        target_record (dict | None): the identity record of the target it was trained for (``docs/dflash.md``).
 
     Examples:
         >>> drafter = DFlashDrafter.from_pretrained("assets/drafters/zoo-dense", target=model)
         >>> out = specdec.generate(model, ids, drafter=drafter, tree=specdec.DDTree(budget=32), max_new_tokens=128)
     """
 
-    def __init__(self, model: DFlashDraftModel, *, target=None) -> None:
+    def __init__(
+        self, model: DFlashDraftModel, *, target=None, strict: bool = False, target_record: dict | None = None
+    ) -> None:
         self.model = model.eval()
+        self.strict = strict
+        self.target_record = target_record
+        self._bound: tuple[int, dict] | None = None  # (id of the bound HF model, its identity record)
         self.config: DFlashConfig = model.config
         self.target_layer_ids: tuple[int, ...] = self.config.target_layer_ids
         self.default_tree: TreeSpec = Chain(k=self.config.block_size - 1)
@@ -175,21 +185,25 @@ class DFlashDrafter:
         target=None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        strict: bool = False,
         **overrides,
     ) -> DFlashDrafter:
         """Load a z-lab DFlash checkpoint (``config.json`` + ``*.safetensors``), unchanged.
 
         Args:
-            path: a local folder, or a hub repo id (downloaded with ``huggingface_hub``).
+            path: a local folder, or a hub repo id (``owner/name``, downloaded with ``huggingface_hub``).
             target: HF causal LM (or ``TargetModel``) to borrow the embedding and LM head from.
             device: default the target's device (else CPU).
             dtype: default the target's dtype (else the checkpoint's).
+            strict (bool): raise ``ValueError`` if ``target`` (or a later one) is not the target the checkpoint
+                was trained for; by default a warning is logged. Default False.
             **overrides: ``DFlashConfig`` fields that replace the config's (e.g. ``mask_token_id=``).
         """
         from safetensors.torch import load_file
 
         folder = _resolve_checkpoint(path)
         raw = json.loads((folder / "config.json").read_text())
+        record = raw.pop(RECORD_KEY, None)
         state: dict[str, torch.Tensor] = {}
         for file in sorted(folder.glob("*.safetensors")):
             state.update({_canonical_name(k): v for k, v in load_file(str(file)).items()})
@@ -233,10 +247,13 @@ class DFlashDrafter:
             device = emb.device if device is None else device
             dtype = emb.dtype if dtype is None else dtype
         model.to(device=device or "cpu", dtype=dtype)
-        return cls(model, target=target)
+        return cls(model, target=target, strict=strict, target_record=record)
 
     def save_pretrained(self, path: str | os.PathLike, *, dtype: torch.dtype | None = None) -> None:
         """Write ``config.json`` + ``model.safetensors`` in the z-lab layout (borrowed modules not included).
+
+        ``config.json`` also records the target the drafter is bound to (else the one it was loaded for) under
+        ``specdec_target`` (``docs/dflash.md``); z-lab loaders ignore the extra key.
 
         Args:
             path: output folder (created).
@@ -249,12 +266,27 @@ class DFlashDrafter:
         state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.model.state_dict().items()}
         raw = self.config.to_dict()
         raw["dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+        record = self._bound[1] if self._bound is not None else self.target_record
+        if record is not None:
+            raw[RECORD_KEY] = record
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
         (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
 
     def bind(self, target) -> DFlashDrafter:
-        """Borrow ``target``'s input embedding and LM head (unless the checkpoint ships its own)."""
+        """Borrow ``target``'s input embedding and LM head (unless the checkpoint ships its own).
+
+        The first time a target is bound it is compared with the one the drafter was trained for: a difference
+        is logged as a warning, or raises ``ValueError`` when ``strict``.
+        """
         hf = _hf_model(target)
+        if self._bound is None or self._bound[0] != id(hf):
+            identity = target_identity(hf)
+            cfg = self.config
+            diffs = identity_differences(
+                self.target_record, identity, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_target_layers
+            )
+            check_identity(diffs, name="This DFlash drafter", strict=self.strict)
+            self._bound = (id(hf), identity)
         if getattr(self.model, "embed_tokens", None) is None:
             self._embed = hf.get_input_embeddings()
         if getattr(self.model, "lm_head", None) is None:
@@ -419,13 +451,12 @@ def _append(buf: torch.Tensor, new: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def _resolve_checkpoint(path: str | os.PathLike) -> Path:
-    folder = Path(path)
-    if folder.is_dir():
+    """A local checkpoint folder (found wherever the working directory is), or a hub id ``owner/name``."""
+    if is_local_path(path) or Path(path).exists():
+        folder = resolve_path(path, what="DFlash checkpoint folder")
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{folder} has no config.json: not a DFlash checkpoint folder.")
         return folder
-    if folder.exists() or str(path).count("/") != 1:
-        raise FileNotFoundError(f"{path} is neither a checkpoint folder nor a hub repo id (owner/name).")
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(str(path), allow_patterns=["config.json", "*.safetensors"]))

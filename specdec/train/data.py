@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["iter_documents", "load_eval_prompts", "main", "pack_tokens", "tokenize_documents"]
+__all__ = ["check_sources", "iter_documents", "load_eval_prompts", "main", "pack_tokens", "tokenize_documents"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,13 @@ def _expand(source: str, suffixes: Sequence[str]) -> list[Path]:
     if path.is_file():
         return [path]
     raise FileNotFoundError(f"corpus source {source!r} is not a file, a folder or a glob matching files.")
+
+
+def check_sources(sources: Sequence[str]) -> None:
+    """``FileNotFoundError`` naming the corpus sources that are neither a file, a folder nor a matching glob."""
+    missing = [s for s in sources if not (glob.glob(s, recursive=True) if _GLOB_CHARS & set(s) else Path(s).exists())]
+    if missing:
+        raise FileNotFoundError(f"corpus sources not found: {missing} (give files, folders or globs that match).")
 
 
 def _excluded(path: Path, exclude: Sequence[str]) -> bool:

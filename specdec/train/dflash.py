@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec.drafters.dflash import DFlashDrafter, DFlashDraftModel
-from specdec.train.data import iter_documents, load_eval_prompts, pack_tokens, tokenize_documents
+from specdec.train.data import check_sources, iter_documents, load_eval_prompts, pack_tokens, tokenize_documents
+from specdec.train.plumbing import Progress, StagedOutput, append_jsonl, load_tokenizer, pick_device, resolve_local
 
 __all__ = [
     "TrainConfig",
@@ -40,8 +41,10 @@ class TrainConfig:
 
     Args:
         target (str): HF folder (or hub id) of the frozen target.
-        corpus (tuple[str, ...]): text/JSONL files, folders of source files, or globs.
-        out_dir (str): where checkpoints (z-lab layout), ``train_log.jsonl`` and ``train_summary.json`` go.
+        corpus (tuple[str, ...] | str): text/JSONL files, folders of source files, or globs; a string is one path.
+            Required unless ``corpus_cache`` exists.
+        out_dir (str): where checkpoints (z-lab layout), ``train_log.jsonl`` and ``train_summary.json`` go; written
+            only when the run succeeds (a failed run leaves it as it was).
         tokenizer (str | None): tokenizer folder; default the target folder, else ``$SPECDEC_ZOO/tokenizer``.
         corpus_exclude (tuple[str, ...]): path components or globs to skip (e.g. held-out packages).
         corpus_suffixes (tuple[str, ...]): file endings collected from folders. Default ``(".py",)``.
@@ -121,8 +124,17 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("corpus", "corpus_exclude", "corpus_suffixes"):
+            object.__setattr__(self, name, _paths(getattr(self, name)))
+        if self.target_layer_ids is not None:
+            object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
         if not self.corpus and not self.corpus_cache:
-            raise ValueError("no training data: pass corpus=(files, folders or globs) and/or corpus_cache=<tokens.pt>.")
+            raise ValueError(
+                "corpus is required: pass corpus=<file, folder or glob> (a string is one path; a list several), "
+                "or corpus_cache=<tokens.pt>."
+            )
+        if not str(self.out_dir):
+            raise ValueError("out_dir is required: the folder the drafter checkpoint is written to.")
         if self.seq_len < self.block_size + 1:
             raise ValueError(f"seq_len={self.seq_len} must exceed block_size={self.block_size} (anchors need room).")
         if self.num_anchors > self.seq_len - self.block_size:
@@ -130,6 +142,15 @@ class TrainConfig:
                 f"num_anchors={self.num_anchors} exceeds the {self.seq_len - self.block_size} anchor positions of a "
                 f"row (seq_len - block_size); lower num_anchors or raise seq_len."
             )
+
+
+def _paths(value) -> tuple[str, ...]:
+    """A string (or path) is one entry, never a sequence of characters; None and "" are none."""
+    if value is None:
+        return ()
+    if isinstance(value, str | os.PathLike):
+        return (os.fspath(value),) if os.fspath(value) else ()
+    return tuple(os.fspath(v) for v in value)
 
 
 # -- the objective ------------------------------------------------------------------------------------------
@@ -291,65 +312,6 @@ def _lr_factor(progress: float, warmup: float, min_ratio: float) -> float:
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
-def _pick_device(name: str | None) -> torch.device:
-    if name is not None:
-        return torch.device(name)
-    accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    return accel if accel is not None else torch.device("cpu")
-
-
-def _load_tokenizer(cfg: TrainConfig):
-    from transformers import AutoTokenizer
-
-    candidates = (
-        [cfg.tokenizer]
-        if cfg.tokenizer
-        else [cfg.target, str(Path(os.environ.get("SPECDEC_ZOO", "../shared/zoo")) / "tokenizer")]
-    )
-    errors = []
-    for name in candidates:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
-            tokenizer.model_max_length = 1 << 62  # whole files are tokenized, then packed
-            return tokenizer
-        except (OSError, ValueError) as err:
-            errors.append(f"{name}: {err}")
-    raise FileNotFoundError("no tokenizer found; pass tokenizer=<folder>. Tried: " + "; ".join(errors))
-
-
-class _Progress:
-    """A rich progress bar when available and wanted, else nothing (log lines still go to ``logging``)."""
-
-    def __init__(self, enabled: bool, total: int) -> None:
-        self.bar = None
-        if enabled:
-            try:
-                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-            except ImportError:
-                return
-            self.bar = Progress(
-                TextColumn("dflash"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[info]}"),
-            )
-            self.task = self.bar.add_task("train", total=total, info="")
-
-    def __enter__(self):
-        if self.bar is not None:
-            self.bar.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-
-    def update(self, step: int, info: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=step, info=info)
-
-
 def train_dflash(cfg: TrainConfig) -> dict:
     """Train a DFlash drafter for ``cfg.target`` and save it (z-lab layout) to ``cfg.out_dir``.
 
@@ -358,25 +320,33 @@ def train_dflash(cfg: TrainConfig) -> dict:
         evaluations (teacher-forced chain acceptance ``tau``), throughput.
 
     Examples:
-        >>> train_dflash(TrainConfig(target="zoo/target-dense", corpus=("src/",), out_dir="runs/d", max_steps=50))
+        >>> train_dflash(TrainConfig(target="zoo/target-dense", corpus="src/", out_dir="runs/d", max_steps=50))
     """
+    if not (cfg.corpus_cache and Path(cfg.corpus_cache).is_file()):
+        if not cfg.corpus:
+            raise ValueError(f"corpus is required: corpus_cache {cfg.corpus_cache} does not exist yet.")
+        check_sources(cfg.corpus)
+    with StagedOutput(cfg.out_dir) as output:
+        return _train(cfg, output)
+
+
+def _train(cfg: TrainConfig, output: StagedOutput) -> dict:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(cfg.seed)
-    device = _pick_device(cfg.device)
+    device = pick_device(cfg.device)
     on_cpu = device.type == "cpu"
     target_dtype = (
         getattr(torch, cfg.target_dtype) if cfg.target_dtype else (torch.float32 if on_cpu else torch.bfloat16)
     )
     amp = None if on_cpu or cfg.autocast_dtype is None else getattr(torch, cfg.autocast_dtype)
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output.path
     log_path = out_dir / "train_log.jsonl"
     log_path.write_text("")
 
     t0 = time.perf_counter()
-    tokenizer = _load_tokenizer(cfg)
-    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=target_dtype).to(device).eval()
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.target)
+    target = AutoModelForCausalLM.from_pretrained(resolve_local(cfg.target), dtype=target_dtype).to(device).eval()
     target.requires_grad_(False)
     mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else tokenizer.mask_token_id
     if mask_id is None:
@@ -456,15 +426,15 @@ def train_dflash(cfg: TrainConfig) -> dict:
         model.train()
         res = {"step": step, **res}
         evals.append(res)
-        _log(log_path, {"eval": res})
+        append_jsonl(log_path, {"eval": res})
         logger.info("eval step %d: tau %.3f acc1 %.3f", step, res["tau"], res["acc1"])
 
     def save() -> None:
-        drafter.save_pretrained(out_dir, dtype=getattr(torch, cfg.save_dtype))
+        output.save(drafter, dtype=getattr(torch, cfg.save_dtype), step=step)
 
     evaluate()
     t_start = time.perf_counter()
-    with _Progress(cfg.progress, cfg.max_steps) as bar:
+    with Progress(cfg.progress, cfg.max_steps) as bar:
         while step < cfg.max_steps:
             elapsed = time.perf_counter() - t_start
             progress = step / cfg.max_steps
@@ -505,7 +475,7 @@ def train_dflash(cfg: TrainConfig) -> dict:
                     **metrics,
                 }
                 losses.append(rec)
-                _log(log_path, rec)
+                append_jsonl(log_path, rec)
                 bar.update(step, f"loss {rec['loss']:.3f} acc1 {metrics['acc1']:.2f} accept {metrics['accept']:.2f}")
                 logger.debug("step %d loss %.4f", step, rec["loss"])
             if cfg.eval_every and step % cfg.eval_every == 0:
@@ -526,8 +496,3 @@ def train_dflash(cfg: TrainConfig) -> dict:
     )
     (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
-
-
-def _log(path: Path, record: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 
+import pytest
 import torch
 from models import tiny_model
 from transformers import PreTrainedTokenizerFast
@@ -130,8 +132,8 @@ def _tokenizer(texts: list[str], folder):
     return fast
 
 
-def test_train_dflash_loss_falls(tmp_path):
-    """A few steps on a tiny target must cut the loss well below its start (and write a loadable checkpoint)."""
+def small_run(tmp_path, **overrides) -> tuple[TrainConfig, object, object]:
+    """A 20-step CPU run on a learnable toy corpus: (config, tokenizer, target)."""
     cycle = "def value ( self , index ) : return range ( index ) + self . cache [ index ] \n"
     texts = [cycle * 20 for _ in range(6)]  # slot k's label follows from the root: learnable in a few steps
     corpus = tmp_path / "corpus"
@@ -141,7 +143,7 @@ def test_train_dflash_loss_falls(tmp_path):
     tok = _tokenizer(texts, tmp_path / "tok")
     target = tiny_target(vocab=len(tok))
     target.save_pretrained(tmp_path / "target")
-    cfg = TrainConfig(
+    settings = dict(
         target=str(tmp_path / "target"),
         tokenizer=str(tmp_path / "tok"),
         corpus=(str(corpus),),
@@ -164,10 +166,69 @@ def test_train_dflash_loss_falls(tmp_path):
         progress=False,
         device="cpu",
     )
+    return TrainConfig(**{**settings, **overrides}), tok, target
+
+
+def test_train_dflash_loss_falls(tmp_path):
+    """A few steps on a tiny target must cut the loss well below its start (and write a loadable checkpoint)."""
+    cfg, tok, target = small_run(tmp_path)
     summary = train_dflash(cfg)
     losses = [r["loss"] for r in summary["losses"]]
     assert summary["steps"] == 20 and len(losses) == 20
     assert sum(losses[-5:]) / 5 < 0.6 * losses[0], losses
-    drafter = DFlashDrafter.from_pretrained(tmp_path / "out", target=target)
+    drafter = DFlashDrafter.from_pretrained(tmp_path / "out", target=target, strict=True)
     assert drafter.config.target_layer_ids == (1, 2) and drafter.config.mask_token_id == tok.mask_token_id
     assert {"tau", "acc1"} <= set(summary["evals"][-1])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "out", "target", "tok"]  # no staging folder
+    assert {"config.json", "model.safetensors", "train_log.jsonl", "train_summary.json"} <= {
+        p.name for p in (tmp_path / "out").iterdir()
+    }
+
+
+def test_train_config_string_corpus_is_one_path():
+    cfg = TrainConfig(target="t", out_dir="o", corpus="/data/src", corpus_suffixes=".py", corpus_exclude="sympy")
+    assert cfg.corpus == ("/data/src",) and cfg.corpus_suffixes == (".py",) and cfg.corpus_exclude == ("sympy",)
+    assert TrainConfig(target="t", out_dir="o", corpus=["a", "b"], target_layer_ids=[1, 3]).target_layer_ids == (1, 3)
+
+
+@pytest.mark.parametrize("corpus", [(), "", None, []])
+def test_train_config_missing_corpus(corpus):
+    with pytest.raises(ValueError, match="corpus is required"):
+        TrainConfig(target="t", out_dir="o", corpus=corpus)
+
+
+def test_train_missing_corpus_source_fails_before_writing(tmp_path):
+    cfg = TrainConfig(target="t", out_dir=str(tmp_path / "out"), corpus=str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match="corpus sources not found"):
+        train_dflash(cfg)
+    with pytest.raises(ValueError, match="corpus is required: corpus_cache"):
+        train_dflash(TrainConfig(target="t", out_dir=str(tmp_path / "out"), corpus_cache=str(tmp_path / "c.pt")))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_run_leaves_no_checkpoint_folder(tmp_path):
+    cfg, _, _ = small_run(tmp_path, eval_prompts=str(tmp_path / "missing.jsonl"))  # fails after loading
+    with pytest.raises(FileNotFoundError):
+        train_dflash(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "target", "tok"]
+
+
+def test_failed_run_keeps_its_last_checkpoint_aside(tmp_path, monkeypatch, caplog):
+    cfg, _, target = small_run(tmp_path, save_every=5)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text("{}")  # an earlier run's file stays as it was
+    calls = []
+
+    def loss_then_fail(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 7:
+            raise RuntimeError("boom")
+        return dflash_loss(*args, **kwargs)
+
+    monkeypatch.setattr("specdec.train.dflash.dflash_loss", loss_then_fail)
+    with pytest.raises(RuntimeError, match="boom"), caplog.at_level(logging.WARNING):
+        train_dflash(cfg)
+    assert (tmp_path / "out" / "config.json").read_text() == "{}"
+    (kept,) = [p for p in tmp_path.iterdir() if p.name.startswith(".out.partial-")]
+    assert "the checkpoint of step 5 is kept in" in caplog.text and str(kept) in caplog.text
+    assert DFlashDrafter.from_pretrained(kept, target=target, strict=True).config.block_size == 4

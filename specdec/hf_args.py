@@ -1,0 +1,430 @@
+"""HF ``generate`` arguments for specdec: the same merging, lengths and stop tokens as ``model.generate``.
+
+Values resolve as HF resolves them: call arguments, then a ``generation_config`` passed in, then the target's
+``generation_config``, then HF's global defaults. An option whose non-default value would change the output (or
+the returned object) and that specdec cannot honour exactly is refused by name. Table: ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+from specdec.types import Chain, DDTree, SamplingParams
+
+__all__ = [
+    "GenerationArgs",
+    "check_drafter_and_tree",
+    "check_input_ids",
+    "generation_value",
+    "normalize_eos_token_id",
+    "resolve_generation_args",
+]
+
+# HF's global defaults (``GenerationConfig._get_default_generation_params``) of the fields specdec reads.
+_DEFAULTS = {
+    "max_length": 20,
+    "min_length": 0,
+    "do_sample": False,
+    "temperature": 1.0,
+    "top_k": 50,
+    "top_p": 1.0,
+    "use_cache": True,
+    "return_dict_in_generate": False,
+}
+SUPPORTED = (
+    "do_sample",
+    "eos_token_id",
+    "max_length",
+    "max_new_tokens",
+    "min_length",
+    "min_new_tokens",
+    "pad_token_id",
+    "return_dict_in_generate",
+    "temperature",
+    "top_k",
+    "top_p",
+    "use_cache",
+)
+# Fields that change the tokens or the returned object unless unset (None) or at this neutral value.
+REFUSED = {
+    "assistant_early_exit": None,
+    "assistant_ensemble_weight": None,
+    "bad_words_ids": None,
+    "begin_suppress_tokens": None,
+    "constraints": None,
+    "diversity_penalty": 0.0,
+    "dola_layers": None,
+    "encoder_no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0,
+    "exponential_decay_length_penalty": None,
+    "force_words_ids": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "guidance_scale": 1.0,
+    "max_time": None,
+    "no_repeat_ngram_size": 0,
+    "num_beam_groups": 1,
+    "num_beams": 1,
+    "num_return_sequences": 1,
+    "output_attentions": False,
+    "output_hidden_states": False,
+    "output_logits": False,
+    "output_scores": False,
+    "penalty_alpha": 0.0,
+    "prompt_lookup_num_tokens": None,
+    "remove_invalid_values": False,
+    "repetition_penalty": 1.0,
+    "sequence_bias": None,
+    "speculation_type": None,
+    "stop_strings": None,
+    "suppress_tokens": None,
+    "token_healing": False,
+    "use_mtp": False,
+    "watermarking_config": None,
+}
+# Sampling warpers specdec does not apply: refused with do_sample=True (greedy decoding never reads them).
+REFUSED_WHEN_SAMPLING = {"epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": None, "top_h": None, "typical_p": 1.0}
+# Fields that cannot change specdec's output: cache and compile settings (specdec owns the caches), beam-search
+# and assistant tuning knobs, and metadata.
+IGNORED = frozenset(
+    {
+        "_commit_hash",
+        "_from_model_config",
+        "assistant_confidence_threshold",
+        "assistant_lookbehind",
+        "bos_token_id",
+        "cache_config",
+        "cache_implementation",
+        "compile_config",
+        "continuous_batching_config",
+        "decoder_start_token_id",
+        "disable_compile",
+        "early_stopping",
+        "is_assistant",
+        "length_penalty",
+        "low_memory",
+        "max_cache_len",
+        "max_matching_ngram_size",
+        "num_assistant_tokens",
+        "num_assistant_tokens_schedule",
+        "prefill_chunk_size",
+        "renormalize_logits",
+        "target_lookbehind",
+        "transformers_version",
+    }
+)
+# ``model.generate`` arguments outside ``GenerationConfig``: refused unless None/empty, or without effect here.
+_REFUSED_CALL_ARGS = (
+    "assistant_model",
+    "assistant_tokenizer",
+    "custom_generate",
+    "logits_processor",
+    "negative_prompt_attention_mask",
+    "negative_prompt_ids",
+    "prefix_allowed_tokens_fn",
+    "stopping_criteria",
+    "synced_gpus",
+)
+_IGNORED_CALL_ARGS = frozenset({"compile", "cuda_graphs", "tokenizer", "trust_remote_code"})
+_MODEL_INPUTS = frozenset(
+    {"cache_position", "inputs_embeds", "logits_to_keep", "past_key_values", "position_ids", "token_type_ids"}
+)
+
+
+@dataclass(frozen=True)
+class GenerationArgs:
+    """The resolved arguments of one ``generate`` call.
+
+    Args:
+        max_new_tokens (int): tokens to generate at most (``max_length`` already turned into new tokens).
+        min_new_tokens (int): EOS is suppressed until this many tokens are generated (0 = never).
+        sampling (SamplingParams): greedy or the HF sampling warpers.
+        eos_token_ids (tuple[int, ...]): stop tokens (may be empty).
+        pad_token_id (int | None): accepted as HF does; a single unpadded sequence never needs it.
+        return_dict_in_generate (bool): for ``SpeculativeModel.generate``.
+    """
+
+    max_new_tokens: int
+    min_new_tokens: int
+    sampling: SamplingParams
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None = None
+    return_dict_in_generate: bool = False
+
+    def suppress_eos(self, logits: torch.Tensor, depth: torch.Tensor | None, generated: int) -> torch.Tensor:
+        """HF's min-length processors on tree logits: EOS gets ``-inf`` where it would end the output early.
+
+        Args:
+            logits (torch.Tensor): ``[N, V]`` target logits, one row per tree node.
+            depth (torch.Tensor | None): ``[N]`` node depths (row i chooses new token ``generated + depth[i] + 1``);
+                None = all rows at depth 0.
+            generated (int): tokens generated before the root's choice.
+
+        Returns:
+            torch.Tensor: ``[N, V]``, ``logits`` itself when no row is affected.
+        """
+        if generated >= self.min_new_tokens or not self.eos_token_ids:
+            return logits
+        vocab = logits.shape[-1]
+        depth = torch.zeros(logits.shape[0], dtype=torch.long) if depth is None else depth
+        rows = (depth.to(logits.device) + generated) < self.min_new_tokens  # [N]
+        cols = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
+        cols[[e for e in self.eos_token_ids if e < vocab]] = True
+        return logits.masked_fill(rows[:, None] & cols[None, :], float("-inf"))
+
+
+def check_drafter_and_tree(drafter, tree) -> None:
+    """``TypeError`` naming what to pass when ``drafter`` or ``tree`` is a class, a name or another object."""
+    if isinstance(drafter, type):
+        raise TypeError(
+            f"drafter={drafter.__name__} is a class: pass an instance, e.g. drafter=specdec.NGramDrafter() or "
+            "DFlashDrafter.from_pretrained(path, target=model)."
+        )
+    if isinstance(drafter, str):
+        raise TypeError(
+            f"drafter={drafter!r} is a string: pass a drafter instance, e.g. drafter=specdec.NGramDrafter() "
+            "(names such as 'ngram' are settings of the command line: python -m specdec drafter=ngram)."
+        )
+    if drafter is not None and not callable(getattr(drafter, "propose", None)):
+        raise TypeError(
+            f"drafter must implement the Drafter protocol (specdec/drafters/base.py), got {type(drafter).__name__}; "
+            "pass e.g. specdec.NGramDrafter()."
+        )
+    if isinstance(tree, type):
+        raise TypeError(
+            f"tree={tree.__name__} is a class: pass an instance, e.g. specdec.DDTree(15) or specdec.Chain(4)."
+        )
+    if tree is not None and not isinstance(tree, Chain | DDTree):
+        raise TypeError(f"tree must be specdec.Chain(k) or specdec.DDTree(budget), got {tree!r}.")
+
+
+def check_input_ids(input_ids, attention_mask, device: torch.device) -> torch.Tensor:
+    """Check the prompt as a drop-in ``generate`` receives it; return it as int64.
+
+    Args:
+        input_ids: ``[1, T]`` integer token ids.
+        attention_mask: None, or ``[1, T]`` without padding (a tokenizer's all-ones mask).
+        device (torch.device): the target's device.
+    """
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError(
+            "input_ids must be a LongTensor of shape [batch, seq_len] (e.g. tokenizer(..., return_tensors='pt'))."
+        )
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(
+            f"input_ids has dtype {input_ids.dtype}: token ids must be integers (torch.long), e.g. "
+            "tokenizer(text, return_tensors='pt').input_ids; embeddings are not accepted."
+        )
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"Batch size {input_ids.shape[0]} is not supported yet: specdec decodes one sequence per call. "
+            "Loop over the rows of input_ids."
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("The prompt is empty: give at least one token (e.g. a BOS token).")
+    if input_ids.device != device:
+        raise ValueError(
+            f"input_ids are on {input_ids.device} but the target is on {device}: move them with "
+            "input_ids.to(model.device)."
+        )
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+            raise ValueError(
+                f"attention_mask {shape} must be a tensor of the shape of input_ids {tuple(input_ids.shape)}: pass "
+                "the mask of the same tokenizer call, or none."
+            )
+        if not bool(attention_mask.bool().all()):
+            raise ValueError(
+                "attention_mask contains padding: specdec decodes one unpadded sequence; strip the padding tokens."
+            )
+    return input_ids.long()
+
+
+def normalize_eos_token_id(value) -> tuple[int, ...]:
+    """Stop tokens as HF accepts them: an int (numpy ints too), a nested list/tuple or an integer tensor.
+
+    Returns:
+        tuple[int, ...]: distinct ids in order of appearance. Strings, floats and bools raise ``TypeError``.
+    """
+    if value is None:
+        return ()
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"eos_token_id tensor has dtype {value.dtype}: token ids are integers.")
+        value = value.flatten().tolist()
+    elif hasattr(value, "tolist") and not isinstance(value, numbers.Integral):  # numpy arrays
+        value = value.tolist()
+    flat: list[int] = []
+    _flatten_ids(value, flat)
+    if any(i < 0 for i in flat):
+        raise ValueError(f"eos_token_id={value!r}: token ids must be >= 0.")
+    return tuple(dict.fromkeys(flat))
+
+
+def _flatten_ids(value, out: list[int]) -> None:
+    if isinstance(value, str | bytes):
+        raise TypeError(
+            f"eos_token_id={value!r} is a string: pass token ids, e.g. eos_token_id=tokenizer.eos_token_id or "
+            "tokenizer.convert_tokens_to_ids(...)."
+        )
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral | list | tuple | set | frozenset):
+        raise TypeError(f"eos_token_id must be an int or a list of ints, got {value!r} ({type(value).__name__}).")
+    if isinstance(value, numbers.Integral):
+        out.append(int(value))
+        return
+    for item in value:
+        _flatten_ids(item, out)
+
+
+def generation_value(name: str, value, generation_config, model) -> tuple[object, str]:
+    """One generation setting as HF resolves it, and where it came from (for error messages).
+
+    Args:
+        name (str): a ``GenerationConfig`` field.
+        value: the call's argument (None = unset).
+        generation_config (GenerationConfig | None): the one passed to the call.
+        model: the HF model (its ``generation_config`` is the next fallback).
+
+    Returns:
+        tuple: ``(value, source)``; source is "argument", "generation_config", "the target's generation_config"
+        or "default".
+    """
+    if value is not None:
+        return value, "argument"
+    sources = ((generation_config, "generation_config"), (_model_config(model), "the target's generation_config"))
+    for config, source in sources:
+        found = getattr(config, name, None) if config is not None else None
+        if found is not None:
+            return found, source
+    return _DEFAULTS.get(name), "default"
+
+
+def _model_config(model) -> GenerationConfig | None:
+    return getattr(model, "generation_config", None)
+
+
+def _is_neutral(value, neutral) -> bool:
+    if value is None or (isinstance(value, list | tuple | dict | set) and not value):
+        return True
+    try:
+        return bool(value == neutral)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
+def _check_call_args(kwargs: dict) -> None:
+    for name, value in kwargs.items():
+        if name in _IGNORED_CALL_ARGS or name in SUPPORTED or name in IGNORED:
+            continue
+        if name in REFUSED or name in REFUSED_WHEN_SAMPLING:
+            continue  # checked on the merged values
+        if name in _REFUSED_CALL_ARGS:
+            if value is None or value is False or (isinstance(value, list) and not value):
+                continue
+            raise ValueError(
+                f"{name} is not supported by specdec (it cannot keep its output exact with it); drop it, or use "
+                "model.generate for this call."
+            )
+        if name in _MODEL_INPUTS:
+            hint = " (tokenizer(..., return_token_type_ids=False))" if name == "token_type_ids" else ""
+            raise ValueError(
+                f"{name} is a model input specdec does not pass to the target (it builds positions and caches "
+                f"itself); drop it{hint}."
+            )
+        raise ValueError(
+            f"unknown argument {name!r} for specdec.generate; supported generation options: {', '.join(SUPPORTED)} "
+            "(see docs/api.md)."
+        )
+
+
+def _check_refused(kwargs: dict, generation_config, model, do_sample: bool) -> None:
+    refused = {**REFUSED, **(REFUSED_WHEN_SAMPLING if do_sample else {})}
+    for name, neutral in refused.items():
+        value, source = generation_value(name, kwargs.get(name), generation_config, model)
+        if _is_neutral(value, neutral):
+            continue
+        fix = f"pass {name}={neutral!r} to override it" if source != "argument" else "drop it"
+        raise ValueError(
+            f"{name}={value!r} (set by {source}) is unsupported: specdec cannot apply it exactly. {fix[0].upper()}"
+            f"{fix[1:]}, or use model.generate for this call."
+        )
+
+
+def _int_arg(name: str, value, minimum: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an int >= {minimum}.")
+    return int(value)
+
+
+def resolve_generation_args(model, prompt_length: int, *, generation_config=None, **kwargs) -> GenerationArgs:
+    """Resolve HF ``generate`` keyword arguments against ``model.generation_config``, as HF does.
+
+    Args:
+        model: the HF causal LM (its ``generation_config`` and ``config.max_position_embeddings`` are read).
+        prompt_length (int): T, the prompt's length (``max_length`` and ``min_length`` count it).
+        generation_config (GenerationConfig | None): merged under the call's arguments, over the model's.
+        **kwargs: the call's generation arguments (None = unset).
+
+    Returns:
+        GenerationArgs: resolved lengths, sampling, stop tokens.
+    """
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise TypeError(
+            f"generation_config must be a transformers.GenerationConfig, got {type(generation_config).__name__}; "
+            "pass GenerationConfig(**settings) or the settings as keyword arguments."
+        )
+    _check_call_args(kwargs)
+
+    def get(name):
+        return generation_value(name, kwargs.get(name), generation_config, model)[0]
+
+    do_sample = bool(get("do_sample"))
+    _check_refused(kwargs, generation_config, model, do_sample)
+    sampling = SamplingParams(
+        do_sample=do_sample, temperature=float(get("temperature")), top_k=get("top_k"), top_p=get("top_p")
+    )
+    max_new = _int_arg("max_new_tokens", get("max_new_tokens"), 1)
+    if max_new is None:
+        max_new = _max_new_from_length(model, prompt_length, get("max_length"), kwargs, generation_config)
+    min_new = _int_arg("min_new_tokens", get("min_new_tokens"), 0)
+    if min_new is None:
+        min_new = max((_int_arg("min_length", get("min_length"), 0) or 0) - prompt_length, 0)
+    return GenerationArgs(
+        max_new_tokens=max_new,
+        min_new_tokens=min_new,
+        sampling=sampling,
+        eos_token_ids=normalize_eos_token_id(get("eos_token_id")),
+        pad_token_id=_pad_token_id(get("pad_token_id")),
+        return_dict_in_generate=bool(get("return_dict_in_generate")),
+    )
+
+
+def _pad_token_id(value) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise TypeError(f"pad_token_id={value!r} must be an int (e.g. tokenizer.pad_token_id) or None.")
+    return None if value is None else int(value)
+
+
+def _max_new_from_length(model, prompt_length: int, max_length, kwargs: dict, generation_config) -> int:
+    """HF's rule: ``max_length`` is the total length; unset everywhere, 20 new tokens capped by the positions."""
+    max_length = _int_arg("max_length", max_length, 1)
+    is_default = kwargs.get("max_length") is None and all(
+        getattr(c, "max_length", None) is None for c in (generation_config, _model_config(model))
+    )
+    if is_default:
+        max_length += prompt_length
+        positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        max_length = min(max_length, positions) if positions else max_length
+    if prompt_length >= max_length:
+        raise ValueError(
+            f"The prompt has {prompt_length} tokens but max_length={max_length} (the total length, prompt included, "
+            "as in HF): raise max_length or, better, pass max_new_tokens."
+        )
+    return max_length - prompt_length

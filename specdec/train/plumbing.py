@@ -1,0 +1,150 @@
+"""The plumbing of a training run: finding the target, tokenizer and device; where the run writes.
+
+Local paths resolve independently of the working directory (``specdec.paths``). A run writes into a hidden
+folder beside ``out_dir``; its files move into ``out_dir`` only when it succeeds, so a failed run leaves no
+half-written checkpoint there. Checkpoints in the staging folder are replaced file by file, so an interrupted
+save never corrupts the previous one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from specdec.paths import is_local_path, resolve_path, zoo_dir
+
+__all__ = ["Progress", "StagedOutput", "append_jsonl", "load_tokenizer", "pick_device", "resolve_local"]
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_local(path: str) -> str:
+    """A local folder found wherever the working directory is, or a hub id ``owner/name`` unchanged."""
+    return str(resolve_path(path, what="folder")) if is_local_path(path) or Path(path).exists() else path
+
+
+def pick_device(name: str | None) -> torch.device:
+    """``name``, else the current accelerator, else CPU."""
+    if name is not None:
+        return torch.device(name)
+    accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return accel if accel is not None else torch.device("cpu")
+
+
+def load_tokenizer(tokenizer: str | None, target: str):
+    """The tokenizer folder given, else the target's folder, else the zoo's tokenizer."""
+    from transformers import AutoTokenizer
+
+    candidates = [tokenizer] if tokenizer else [target, str(zoo_dir() / "tokenizer")]
+    errors = []
+    for name in candidates:
+        try:
+            loaded = AutoTokenizer.from_pretrained(resolve_local(name))
+            loaded.model_max_length = 1 << 62  # whole files are tokenized, then packed
+            return loaded
+        except (OSError, ValueError) as err:
+            errors.append(f"{name}: {err}")
+    raise FileNotFoundError("no tokenizer found; pass tokenizer=<folder>. Tried: " + "; ".join(errors))
+
+
+class StagedOutput:
+    """Context manager: ``path`` is the staging folder; on a clean exit its files move into ``out_dir``.
+
+    On an exception the staging folder is deleted, unless a checkpoint was saved in it (``save``); then it is
+    kept and its path logged. ``out_dir`` is left as it was in both cases.
+
+    Args:
+        out_dir: the run's output folder (created on success; files of the same name are replaced).
+    """
+
+    def __init__(self, out_dir: str | os.PathLike) -> None:
+        self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise FileExistsError(f"out_dir {self.out_dir} is a file; give a folder for the checkpoint.")
+        self.path: Path | None = None
+        self.saved_step: int | None = None
+
+    def __enter__(self) -> StagedOutput:
+        parent = self.out_dir.resolve().parent
+        parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.resolve().name}.partial-", dir=parent))
+        return self
+
+    def save(self, drafter, *, dtype, step: int) -> None:
+        """Save ``drafter`` (z-lab layout) into the staging folder, replacing the previous checkpoint atomically."""
+        scratch = Path(tempfile.mkdtemp(prefix=".save-", dir=self.path))
+        drafter.save_pretrained(scratch, dtype=dtype)
+        for item in scratch.iterdir():
+            os.replace(item, self.path / item.name)
+        scratch.rmdir()
+        self.saved_step = step
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self._publish()
+        elif self.saved_step is None:
+            shutil.rmtree(self.path, ignore_errors=True)
+        else:
+            logger.warning(
+                "training failed (%s); %s is unchanged, the checkpoint of step %d is kept in %s",
+                exc_type.__name__,
+                self.out_dir,
+                self.saved_step,
+                self.path,
+            )
+        return False
+
+    def _publish(self) -> None:
+        if not self.out_dir.exists():
+            os.replace(self.path, self.out_dir)
+            return
+        for item in self.path.iterdir():
+            target = self.out_dir / item.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(item, target)
+        self.path.rmdir()
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+class Progress:
+    """A rich progress bar when available and wanted, else nothing (log lines still go to ``logging``)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.bar = None
+        if enabled:
+            try:
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            except ImportError:
+                return
+            self.bar = Progress(
+                TextColumn("dflash"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
+            self.task = self.bar.add_task("train", total=total, info="")
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def update(self, step: int, info: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, info=info)
