@@ -155,7 +155,7 @@ def _progress(enabled: bool | object, total: int):
     )
 
     if enabled is False:
-        return nullcontext(None), None
+        return None, None
     bar = (
         enabled
         if enabled is not True
@@ -262,7 +262,7 @@ def run_bench(
     hf_reference: dict[int, torch.Tensor] = {}
     rows: list[dict] = []
     bar, task = _progress(progress, len(methods) * len(cases) * (1 + warmup))
-    with bar:
+    with bar or nullcontext():
         for method in methods:
             run = _Runner(tgt, method, gen_kwargs, fast_kwargs)
             warm = _warm_up(run, cases, prompts, seed, warmup, bar, task)
