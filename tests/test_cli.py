@@ -164,7 +164,8 @@ def _cli(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedPro
 
 def test_help_lists_commands_and_their_keys(tmp_path):
     top = _cli("--help", cwd=tmp_path)
-    assert top.returncode == 0 and "bench" in top.stdout and "train" in top.stdout and "tree: chain, ddtree" in top.stdout
+    assert top.returncode == 0 and "bench" in top.stdout and "train" in top.stdout
+    assert "tree: chain, ddtree" in top.stdout
     bench = _cli("bench", "--help", cwd=tmp_path)
     assert bench.returncode == 0 and "num_prompts: 20" in bench.stdout and "target: dense, hybrid" in bench.stdout
     train = _cli("train", "--help", cwd=tmp_path)
