@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) -m specdec target=dense drafter=ngram tree=chain tree.k=6 prompts.limit=3 max_new_tokens=64
+	$(PY) -m specdec target=dense drafter=dflash tree=ddtree tree.budget=32 tree.topk=8 prompts.limit=3 max_new_tokens=64
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
