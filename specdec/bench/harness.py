@@ -256,7 +256,8 @@ def run_bench(
     cases = list(itertools.product(temperatures, enumerate(encoded)))
 
     reference: dict[int, torch.Tensor] = {}
-    if 0 in temperatures and all(m.hf is not None or m.drafter is not None for m in methods):
+    drafted = any(m.hf is None and m.drafter is not None for m in methods)
+    if 0 in temperatures and drafted and not any(m.hf is None and m.drafter is None for m in methods):
         for i, ids in enumerate(encoded):
             reference[i] = _run_one(tgt, ids, None, None, 0.0, seed + i, {**gen_kwargs, **fast_kwargs})[0].sequences
     hf_reference: dict[int, torch.Tensor] = {}
