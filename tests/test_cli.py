@@ -168,6 +168,7 @@ def test_help_lists_commands_and_their_keys(tmp_path):
     assert "tree: chain, ddtree" in top.stdout
     bench = _cli("bench", "--help", cwd=tmp_path)
     assert bench.returncode == 0 and "num_prompts: 20" in bench.stdout and "target: dense, hybrid" in bench.stdout
+    assert "tree: chain" not in bench.stdout  # bench takes trees in its methods, not the tree group
     train = _cli("train", "--help", cwd=tmp_path)
     assert train.returncode == 0 and "corpus: null" in train.stdout and "target: dense, hybrid" in train.stdout
 
