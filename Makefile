@@ -10,7 +10,7 @@ else
 EXTRA_PINS := transformers==$(TRANSFORMERS) triton==3.6.0 "numpy<2.4"
 endif
 
-.PHONY: demo test test-slow lint
+.PHONY: demo test test-slow test-examples lint
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) -m specdec target=dense drafter=ngram tree=chain tree.k=6 prompts.limit=3 max_new_tokens=64
+	$(PY) -m specdec target=dense drafter=dflash tree=ddtree tree.budget=32 tree.topk=8 prompts.limit=3 max_new_tokens=64
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
@@ -28,5 +28,8 @@ test: $(VENV)/.installed
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -m slow
 
+test-examples: $(VENV)/.installed
+	$(PY) -m pytest -m examples tests/test_examples.py
+
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check specdec tests
+	$(VENV)/bin/ruff check specdec tests examples benchmarks

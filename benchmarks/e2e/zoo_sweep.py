@@ -28,14 +28,19 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed passes over all prompts per method before timing")
     ap.add_argument("--out", default="bench_out/zoo")
-    ap.add_argument("--no-hf-baseline", action="store_true", help="skip timing HF generate")
+    ap.add_argument("--no-hf-baseline", action="store_true", help="skip timing HF generate (eager and static cache)")
     ap.add_argument("--no-ar", action="store_true", help="skip the plain-decoding row (tau-only sweeps)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     dflash = {"kind": "dflash", "path": args.drafter}
-    methods = [] if args.no_ar else [{"name": "ar"}]
+    methods = (
+        []
+        if args.no_hf_baseline
+        else [{"name": "hf-generate", "hf": "generate"}, {"name": "hf-static", "hf": "static"}]
+    )
+    methods += [] if args.no_ar else [{"name": "ar"}]
     methods.append({"name": "dflash-chain", "drafter": dflash, "tree": {"kind": "chain", "k": args.block_size - 1}})
     for topk in args.topk:
         for budget in args.budgets:
@@ -58,7 +63,6 @@ def main() -> None:
             "temperatures": args.temperatures,
             "methods": methods,
             "warmup": args.warmup,
-            "hf_baseline": not args.no_hf_baseline,
             "out_dir": args.out,
         }
     )

@@ -94,11 +94,14 @@ def test_aggregate_without_ar_has_no_speedup(rows):
 
 def test_format_table_exact_lines(rows):
     lines = format_table(aggregate(rows)).splitlines()
-    head = "| method | T | budget | topk | τ | tok/s | speedup | = AR | = HF | draft ms | verify ms | accept ms |"
+    head = (
+        "| method | T | budget | topk | τ | tok/s (warm) | speedup | = AR | = HF | warm-up s | capture ms | compile ms "
+        "| draft ms | verify ms | accept ms |"
+    )
     assert lines[0] == head
-    assert lines[2] == "| ar | 0 | – | – | 1.00 | 7.5 | 1.00× | 100% | – | 0.10 | 13.33 | 0.00 |"
-    assert lines[3] == "| dd | 0 | 8 | 4 | 2.50 | 15.0 | 2.00× | 50% | – | 1.00 | 10.00 | 0.50 |"
-    assert lines[5] == "| dd | 1 | 8 | 4 | 1.50 | 6.0 | 1.50× | – | – | 0.00 | 10.00 | 0.00 |"
+    assert lines[2] == "| ar | 0 | – | – | 1.00 | 7.5 | 1.00× | 100% | – | 0.0 | 0 | 0 | 0.10 | 13.33 | 0.00 |"
+    assert lines[3] == "| dd | 0 | 8 | 4 | 2.50 | 15.0 | 2.00× | 50% | – | 0.0 | 0 | 0 | 1.00 | 10.00 | 0.50 |"
+    assert lines[5] == "| dd | 1 | 8 | 4 | 1.50 | 6.0 | 1.50× | – | – | 0.0 | 0 | 0 | 0.00 | 10.00 | 0.00 |"
     assert len(lines) == 6
 
 
