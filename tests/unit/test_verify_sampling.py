@@ -147,7 +147,8 @@ def joint(step, ids: torch.Tensor, length: int) -> dict[tuple[int, ...], float]:
         keys = list(seqs)
         prefix = torch.tensor(keys, dtype=torch.long).view(len(keys), -1)
         probs = step(torch.cat([ids.expand(len(keys), -1), prefix], dim=1))
-        seqs = {k + (t,): seqs[k] * float(probs[i, t]) for i, k in enumerate(keys) for t in probs[i].nonzero()[:, 0].tolist()}
+        support = [row.nonzero()[:, 0].tolist() for row in probs]
+        seqs = {k + (t,): seqs[k] * float(probs[i, t]) for i, k in enumerate(keys) for t in support[i]}
     return seqs
 
 
