@@ -67,16 +67,25 @@ MUTANTS = [
     # -- sampling: the distribution each node samples from ------------------------------------------------
     Mutant(  # temperature applied inverted: logits x T instead of logits / T
         "temperature_inverted",
-        ((SAMPLING, "TemperatureLogitsWarper(sampling.temperature)", "TemperatureLogitsWarper(1 / sampling.temperature)"),),
+        (
+            (
+                SAMPLING,
+                "TemperatureLogitsWarper(sampling.temperature)",
+                "TemperatureLogitsWarper(1 / sampling.temperature)",
+            ),
+        ),
         tuple(SAMPLING_TESTS),
     ),
     Mutant(  # top-p drops the token that crosses the cutoff
         "top_p_crossing_dropped",
         (
-            (SAMPLING, "procs.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))",
-             "procs.append(_TopPNoCrossing(sampling.top_p))"),
+            (
+                SAMPLING,
+                "procs.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))",
+                "procs.append(_TopPNoCrossing(sampling.top_p))",
+            ),
             (SAMPLING, "def process_logits(", TOP_P_NO_CROSSING),
-        ),  # fmt: skip
+        ),
         tuple(SAMPLING_TESTS),
     ),
     Mutant(  # top-p applied before top-k
@@ -89,10 +98,15 @@ MUTANTS = [
     ),
     Mutant(  # the sample-and-match walk reads each node's sample from the previous node's logits
         "sample_wrong_node",
-        ((SAMPLING, "sample_tokens(target_logits, sampling, generator).tolist()",
-          "sample_tokens(target_logits.roll(1, dims=0), sampling, generator).tolist()"),),
+        (
+            (
+                SAMPLING,
+                "sample_tokens(target_logits, sampling, generator).tolist()",
+                "sample_tokens(target_logits.roll(1, dims=0), sampling, generator).tolist()",
+            ),
+        ),
         tuple(SAMPLING_TESTS),
-    ),  # fmt: skip
+    ),
     # -- EOS ---------------------------------------------------------------------------------------------
     Mutant(  # stop at EOS but keep the rest of the round's tokens
         "eos_truncation_removed",
@@ -102,10 +116,15 @@ MUTANTS = [
     # -- structure: verification, commit, trees, recurrent state -----------------------------------------
     Mutant(  # greedy acceptance on the wrong logits (node i judged by node i-1's logits)
         "accept_wrong_logits",
-        (("specdec/verify/greedy.py", "walk_tree(tree, target_logits.argmax(dim=-1).tolist())",
-          "walk_tree(tree, target_logits.roll(1, dims=0).argmax(dim=-1).tolist())"),),
+        (
+            (
+                "specdec/verify/greedy.py",
+                "walk_tree(tree, target_logits.argmax(dim=-1).tolist())",
+                "walk_tree(tree, target_logits.roll(1, dims=0).argmax(dim=-1).tolist())",
+            ),
+        ),
         tuple(GREEDY_TESTS),
-    ),  # fmt: skip
+    ),
     Mutant(  # KV commit crops to the path length without gathering the accepted nodes' entries
         "commit_without_gather",
         (("specdec/state/kv.py", "if list(path) != list(range(n)):", "if False:"),),
@@ -113,12 +132,24 @@ MUTANTS = [
     ),
     Mutant(  # equal log-probs ranked by decreasing token id
         "tie_order_reversed",
-        (("specdec/trees/ddtree.py", "ids, by_id = ids.sort(dim=-1)", "ids, by_id = ids.sort(dim=-1, descending=True)"),),
+        (
+            (
+                "specdec/trees/ddtree.py",
+                "ids, by_id = ids.sort(dim=-1)",
+                "ids, by_id = ids.sort(dim=-1, descending=True)",
+            ),
+        ),
         ("tests/trees/test_ddtree.py",),
     ),
     Mutant(  # tree positions one too far
         "position_off_by_one",
-        (("specdec/trees/mask.py", "return (depth + prefix_len).to(device)", "return (depth + prefix_len + 1).to(device)"),),
+        (
+            (
+                "specdec/trees/mask.py",
+                "return (depth + prefix_len).to(device)",
+                "return (depth + prefix_len + 1).to(device)",
+            ),
+        ),
         ("tests/trees/test_tree_basics.py", *GREEDY_TESTS),
     ),
     Mutant(  # each node sees the previous node's ancestors instead of its parent's
