@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -9,8 +10,10 @@ import torch
 from models import tiny_model
 from safetensors.torch import save_file
 
+import specdec
 from specdec.drafters.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
 from specdec.train.dflash import block_hidden, target_features
+from specdec.trees.ddtree import build_ddtree
 from specdec.types import Chain, DDTree, DecodeContext, VerifyResult
 
 VOCAB, MASK = 128, 3
@@ -101,6 +104,50 @@ def test_propose_trees(target):
     tree = drafter.propose(ctx, DDTree(budget=12, topk=3))
     assert tree.num_nodes == 13 and tree.max_depth <= 5
     assert drafter.num_forwards == 3
+
+
+def best_prefixes(logq: torch.Tensor, budget: int, width: int) -> list[tuple[int, ...]]:
+    """Brute force: every prefix over the top-``width`` tokens per depth, best ``budget`` by summed log-prob."""
+    rows = logq.tolist()
+    order = [sorted(range(len(row)), key=lambda v, row=row: (-row[v], v))[:width] for row in rows]
+    scored = []
+    for d in range(1, len(rows) + 1):
+        for ranks in itertools.product(range(width), repeat=d):
+            score = 0.0
+            for j, r in enumerate(ranks):
+                score += rows[j][order[j][r]]
+            scored.append((-score, ranks, tuple(order[j][r] for j, r in enumerate(ranks))))
+    return [path for _, _, path in sorted(scored)[:budget]]
+
+
+def token_paths(tree) -> list[tuple[int, ...]]:
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    paths: list[tuple[int, ...]] = [()]
+    for i in range(1, len(tokens)):
+        paths.append((*paths[parents[i]], tokens[i]))
+    return paths[1:]
+
+
+@pytest.mark.parametrize("anchor", [7, 12, 15])
+def test_propose_is_ddtree_of_own_draft_logq(target, anchor):
+    """The proposed tree is ``build_ddtree`` of the drafter's own per-depth log-probs, its node paths are the
+    brute-force best prefixes of those log-probs, and the chain is their per-depth argmax."""
+    drafter = make_drafter(target)
+    ids = tokens(16, seed=anchor)
+    feats = target_features(target, ids, drafter.target_layer_ids)
+    ctx = ctx_at(ids, feats, anchor)
+    drafter.prefill(ctx)
+    logq = drafter.draft_logq(ctx)  # [B-1, V]
+    root = int(ids[0, anchor])
+    for budget, topk in [(12, 3), (20, 2), (5, None)]:
+        tree = drafter.propose(ctx, DDTree(budget=budget, topk=topk))
+        want = build_ddtree(logq, root, budget=budget, topk=topk)
+        assert torch.equal(tree.tokens, want.tokens) and torch.equal(tree.parents, want.parents)
+        assert int(tree.tokens[0]) == root
+        width = min(budget if topk is None else topk, budget)
+        assert token_paths(tree) == best_prefixes(logq, budget, width)
+    chain = drafter.propose(ctx, Chain(k=4))
+    assert chain.tokens.tolist() == [root, *logq[:4].argmax(-1).tolist()]
 
 
 def test_save_pretrained_round_trip_is_bit_identical(target, tmp_path):
@@ -280,7 +327,6 @@ def test_validate_names_problem_and_fix(target):
 
 
 def test_generate_greedy_is_lossless(target):
-    specdec = pytest.importorskip("specdec.generate")
     drafter = make_drafter(target)
     for seed in range(2):
         prompt = tokens(9, seed=seed)

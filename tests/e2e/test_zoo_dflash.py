@@ -1,5 +1,9 @@
 """The trained DFlash drafters on the zoo targets (fp32, CPU): chain and DDTree greedy output equals the
-target's own greedy ``generate`` over the dev prompts, and the drafters reach a real acceptance."""
+target's own greedy ``generate`` over the dev prompts, and the drafters reach a real acceptance (tau well above
+2 on trees, accepted paths of 4+ drafts), so long accepted paths, their commits and bonus tokens are exercised.
+
+Measured tau (first 3 dev prompts x 48 tokens, CPU fp32): dense chain 2.17, ddtree15 2.88, ddtree32 3.00;
+hybrid chain 2.20, ddtree15 2.61, ddtree32 3.07; the longest accepted path has 4-5 drafts in each case."""
 
 import json
 from pathlib import Path
@@ -44,8 +48,9 @@ def pair(zoo, request):
 
 
 def run(pair, rows, tree, max_new_tokens):
+    """Check every row against HF greedy; returns (tau over all rounds, longest accepted path in drafts)."""
     name, (model, tok, _, drafter) = pair
-    mismatched, committed, rounds = [], 0, 0
+    mismatched, committed, rounds, longest = [], 0, 0, 0
     for row in rows:
         ids = tok(row["prompt"], return_tensors="pt").input_ids[:, -384:]
         key = (name, row["id"], max_new_tokens)
@@ -57,16 +62,24 @@ def run(pair, rows, tree, max_new_tokens):
             mismatched.append(row["id"])
         committed += out.stats.tau * out.stats.rounds
         rounds += out.stats.rounds
+        longest = max(longest, len(out.stats.accept_hist) - 1)
     assert not mismatched, f"outputs differ from target greedy on {mismatched}"
-    return committed / max(rounds, 1)
+    return committed / max(rounds, 1), longest
 
 
-@pytest.mark.parametrize("tree", list(TREES))
+QUICK_TAU = {"chain": 2.0, "ddtree15": 2.4, "ddtree32": 2.6}  # a random drafter stays near 1.0
+
+
+@pytest.mark.parametrize("tree", list(QUICK_TAU))
 def test_zoo_dflash_matches_greedy_quick(pair, tree):
-    tau = run(pair, pair[1][2][:2], TREES[tree], 32)
-    assert tau > 1.5, f"{pair[0]} {tree}: tau {tau:.2f}"
+    tau, longest = run(pair, pair[1][2][:3], TREES[tree], 48)
+    assert tau > QUICK_TAU[tree], f"{pair[0]} {tree}: tau {tau:.2f}"
+    assert longest >= 4, f"{pair[0]} {tree}: longest accepted path {longest}"
 
 
+# measured on all 80 prompts x 32 tokens (CPU fp32): dense chain 2.15, ddtree32 2.89; hybrid chain 1.74,
+# ddtree15 2.29, ddtree32 2.50, ddtree64 2.58
+SLOW_TAU = {"chain": 1.6, "ddtree15": 2.1, "ddtree32": 2.3, "ddtree64": 2.3}
 SLOW_CASES = [("dense", "chain"), ("dense", "ddtree32")] + [("hybrid", t) for t in TREES]
 
 
@@ -77,5 +90,6 @@ def test_zoo_dflash_matches_greedy_all_dev_prompts(zoo, name, tree):
     the hybrid pair with the chain and budgets 15, 32, 64."""
     pair = get_pair(zoo, name)
     assert len(pair[1][2]) == 80
-    tau = run(pair, pair[1][2], TREES[tree], 32)
-    assert tau > 1.5, f"{name} {tree}: tau {tau:.2f}"  # a random drafter stays near 1.0
+    tau, longest = run(pair, pair[1][2], TREES[tree], 32)
+    assert tau > SLOW_TAU[tree], f"{name} {tree}: tau {tau:.2f}"
+    assert longest >= 4, f"{name} {tree}: longest accepted path {longest}"

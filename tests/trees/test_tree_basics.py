@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.trees import ancestor_mask, chain_tree, paths_to_tree, prune_depth, tree_attention_bias
+from specdec.trees import ancestor_mask, chain_tree, paths_to_tree, prune_depth, tree_attention_bias, tree_position_ids
 from specdec.types import DraftTree
 from specdec.verify import walk_tree
 
@@ -40,6 +40,42 @@ def test_prune_depth_keeps_prefix_closed_tree(parents, max_depth):
     kept = [i for i in range(len(parents)) if tree.depth[i] <= max_depth]
     assert pruned.tokens.tolist() == [100 + i for i in kept]
     assert pruned.depth.tolist() == [int(tree.depth[i]) for i in kept]
+
+
+def brute_paths(tokens, parents):
+    """Root-to-node token path of every node, by walking the parent pointers."""
+    paths = []
+    for i in range(len(parents)):
+        path, j = [], i
+        while j >= 0:
+            path.append(tokens[j])
+            j = parents[j]
+        paths.append(tuple(reversed(path)))
+    return paths
+
+
+@settings(max_examples=60, deadline=None)
+@given(parent_arrays(), st.integers(0, 6))
+def test_prune_depth_parents_match_brute_force(parents, max_depth):
+    """Every kept node keeps its parent (re-indexed among the kept nodes) and its root-to-node token path."""
+    tokens = list(range(100, 100 + len(parents)))
+    pruned = prune_depth(DraftTree(torch.tensor(tokens), torch.tensor(parents)), max_depth)
+    kept = [i for i in range(len(parents)) if len(brute_ancestors(parents, i)) - 1 <= max_depth]
+    new_index = {old: new for new, old in enumerate(kept)}
+    assert pruned.parents.tolist() == [-1] + [new_index[parents[i]] for i in kept[1:]]
+    old_paths = brute_paths(tokens, parents)
+    assert brute_paths(pruned.tokens.tolist(), pruned.parents.tolist()) == [old_paths[i] for i in kept]
+
+
+@settings(max_examples=60, deadline=None)
+@given(parent_arrays(), st.integers(0, 50))
+def test_tree_position_ids_are_prefix_plus_ancestor_count(parents, prefix_len):
+    """Node i sits at ``prefix_len`` + its number of strict ancestors (the position it has on its own path)."""
+    tree = DraftTree(torch.zeros(len(parents), dtype=torch.long), torch.tensor(parents))
+    positions = tree_position_ids(tree.depth, prefix_len, "cpu")
+    want = [prefix_len + len(brute_ancestors(parents, i)) - 1 for i in range(len(parents))]
+    assert positions.shape == (1, len(parents)) and positions.dtype == torch.long
+    assert positions[0].tolist() == want
 
 
 def test_draft_tree_rejects_bad_parents():

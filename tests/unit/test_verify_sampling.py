@@ -1,117 +1,239 @@
-"""Sample-and-match must emit genuine target samples: chi-square tests that can fail."""
+"""Sampling must follow HF exactly: every reference distribution comes from HF (its warpers built here in HF's
+order, or the processed scores HF ``generate(do_sample=True)`` returns), never from specdec's processing.
 
+Each chi-square test checks its own power by Monte Carlo (``oracles.power_report``, 1000 simulated runs of
+the test's sample size): it must reject a wrong temperature (logits x T, and T x 1.25), a top-p cut that drops
+the crossing token and a top-p applied before top-k with probability >= 0.99, and the right distribution with
+probability <= 0.01. Each test rejects at p < ``ALPHA`` = 0.005; the committed seeds give p = 1.0, 1.0, 1.0 and
+0.051 (sample_tokens, after-path, joint, defaults).
+"""
+
+import pytest
 import torch
 from models import tiny_model
+from oracles import ALPHA, BUGS, assert_powerful, gof_pvalue, hf_probs, power_report, wrong_probs
 
 import specdec
 from specdec.types import DraftTree, SamplingParams
-from specdec.verify import process_logits, verify_sample
+from specdec.verify import process_logits, sample_tokens, verify_sample
 
-SAMPLING = SamplingParams(do_sample=True, temperature=0.7, top_k=12, top_p=0.9)
-
-
-def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
-    """Pearson chi-square goodness of fit; cells with small expectation are pooled."""
-    n = counts.sum()
-    expected = probs * n
-    big = expected >= min_expected
-    obs = torch.cat([counts[big], counts[~big].sum(0, keepdim=True)])
-    exp = torch.cat([expected[big], expected[~big].sum(0, keepdim=True)])
-    keep = exp > 0
-    if (obs[~keep] > 0).any():
-        return 0.0  # a token outside the support was emitted
-    obs, exp = obs[keep], exp[keep]
-    if obs.numel() == 1:
-        return 1.0  # a one-point distribution, and every sample hit it
-    stat = ((obs - exp) ** 2 / exp).sum()
-    dof = obs.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat.double() / 2))
+WIDE = dict(temperature=0.8, top_k=40, top_p=0.9)  # about 30 tokens in the support of a flat 64-token node
 
 
-def run_tree(logits: torch.Tensor, tree: DraftTree, sampling: SamplingParams, n: int, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    return [verify_sample(tree, logits, sampling, gen).tokens for _ in range(n)]
+def wide_logits(seed: int, vocab: int = 64) -> torch.Tensor:
+    return torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 0.8
 
 
-def fixture_tree():
-    torch.manual_seed(0)
-    logits = torch.randn(4, 32) * 1.5  # [N, V]
-    p_root = torch.softmax(process_logits(logits[:1], SAMPLING), -1)[0]
-    a, b = p_root.topk(2).indices.tolist()
-    # root -> a -> (child), root -> b : the walk accepts a or b with high probability
-    tree = DraftTree(torch.tensor([5, a, b, 7]), torch.tensor([-1, 0, 0, 1]))
-    return logits, tree, a
+def bug_probs(logits: torch.Tensor, **kw) -> dict[str, torch.Tensor]:
+    return {bug: wrong_probs(logits, bug, **kw) for bug in BUGS}
 
 
-def test_verify_sample_first_token_matches_target():
-    logits, tree, _ = fixture_tree()
-    outs = run_tree(logits, tree, SAMPLING, 6000, seed=1)
-    counts = torch.bincount(torch.tensor([o[0] for o in outs]), minlength=32).double()
-    p = torch.softmax(process_logits(logits[:1], SAMPLING), -1)[0].double()
-    assert chi2_pvalue(counts, p) > 0.01
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(temperature=0.7, top_k=12, top_p=0.9),
+        dict(temperature=1.3, top_k=5),
+        dict(temperature=0.5, top_p=0.6),
+        dict(temperature=1.0, top_k=200, top_p=0.95),  # top_k above the vocabulary
+        dict(temperature=2.0, top_k=0, top_p=1.0),  # both cuts disabled
+        dict(temperature=0.9, top_k=None, top_p=None),
+    ],
+    ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()),
+)
+def test_process_logits_equals_hf_warpers(kw):
+    """Processed logits equal HF's temperature -> top-k -> top-p warpers, exactly, including ties."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, 64, generator=gen) * 2
+    logits[3, :10] = logits[3, 0]  # ties at the top-k and top-p cut-offs
+    logits[4] = torch.randint(0, 3, (64,), generator=gen).float()
+    ours = torch.softmax(process_logits(logits, SamplingParams(do_sample=True, **kw)).double(), -1)
+    torch.testing.assert_close(ours, hf_probs(logits, **kw), atol=1e-7, rtol=0)
 
 
-def test_verify_sample_token_after_accepted_path_matches_target():
-    logits, tree, a = fixture_tree()
-    outs = run_tree(logits, tree, SAMPLING, 6000, seed=2)
-    second = torch.tensor([o[1] for o in outs if o[0] == a])
-    assert second.numel() > 1000
-    counts = torch.bincount(second, minlength=32).double()
-    p = torch.softmax(process_logits(logits[1:2], SAMPLING), -1)[0].double()  # node 1 carries token a
-    assert chi2_pvalue(counts, p) > 0.01
+def test_sample_tokens_follows_hf_distribution():
+    """4000 rows of one wide node sampled in one call: the counts fit HF's distribution."""
+    logits = wide_logits(0)
+    p = hf_probs(logits, **WIDE)
+    n = 4000
+    # power at n = 4000 (1000 runs): false alarm 0.006, every planted bug rejected in 100 %
+    assert_powerful(power_report(p, bug_probs(logits, **WIDE), n, trials=1000))
+    gen = torch.Generator().manual_seed(1)
+    samples = sample_tokens(logits.expand(n, -1), SamplingParams(do_sample=True, **WIDE), gen)
+    pvalue = gof_pvalue(torch.bincount(samples, minlength=64), p)
+    assert pvalue > ALPHA, pvalue
 
 
-def test_chi2_detects_a_wrong_distribution():
-    """The test above has power: samples at temperature 1.0 fail against the 0.7 distribution."""
-    logits, tree, _ = fixture_tree()
-    wrong = SamplingParams(do_sample=True, temperature=1.0, top_k=12, top_p=0.9)
-    outs = run_tree(logits, tree, wrong, 6000, seed=3)
-    counts = torch.bincount(torch.tensor([o[0] for o in outs]), minlength=32).double()
-    p = torch.softmax(process_logits(logits[:1], SAMPLING), -1)[0].double()
-    assert chi2_pvalue(counts, p) < 1e-4
+def after_path_fixture():
+    """Root (peaked on token a) -> a (node 1, wide support) -> c (node 3); root -> b (node 2).
+
+    The token committed after an accepted ``a`` is the sample at node 1: it must follow node 1's distribution,
+    not the root's or node 3's (whose logits differ).
+    """
+    root, wide, deep = wide_logits(10), wide_logits(11), wide_logits(12)
+    a = int(root.argmax())
+    root[a] += 8.0  # the root's sample is a in ~99 % of the rounds
+    b = int(root.topk(2).indices[1])
+    c = int(wide.argmax())  # node 3 is accepted in some rounds, so the walk also goes past node 1
+    tree = DraftTree(torch.tensor([5, a, b, c]), torch.tensor([-1, 0, 0, 1]))
+    return torch.stack([root, wide, root, deep]), tree, a
 
 
-def test_process_logits_matches_hf_top_k_top_p_order():
-    torch.manual_seed(0)
-    logits = torch.randn(3, 50)
-    out = process_logits(logits, SAMPLING)
-    scaled = logits / 0.7
-    kth = scaled.topk(12, dim=-1).values[:, -1:]
-    kept = scaled >= kth
-    assert torch.equal(torch.isfinite(out) & (out > -1e30), torch.isfinite(out) & (out > -1e30) & kept)
-    assert ((out > -1e30).sum(-1) <= 12).all()
+def test_verify_sample_token_after_accepted_path_follows_hf():
+    logits, tree, a = after_path_fixture()
+    p = hf_probs(logits[1], **WIDE)
+    n = 4000
+    # power at n = 4000 (1000 runs): false alarm 0.002, every planted bug rejected in 100 %
+    assert_powerful(power_report(p, bug_probs(logits[1], **WIDE), n, trials=1000))
+    gen = torch.Generator().manual_seed(2)
+    sampling = SamplingParams(do_sample=True, **WIDE)
+    second, deeper = [], 0
+    for _ in range(n + n // 4):  # the root's sample is a in ~99 % of the rounds
+        out = verify_sample(tree, logits, sampling, gen).tokens
+        if out[0] == a:
+            second.append(out[1])
+            deeper += len(out) > 2
+        if len(second) == n:
+            break
+    assert len(second) == n, f"the root sampled its dominant token a in only {len(second)} rounds"
+    assert deeper > 100  # the walk also went on to node 3
+    pvalue = gof_pvalue(torch.bincount(torch.tensor(second), minlength=64), p)
+    assert pvalue > ALPHA, pvalue
 
 
 def test_verify_sample_uses_only_the_generator():
-    logits, tree, _ = fixture_tree()
-    a = run_tree(logits, tree, SAMPLING, 50, seed=7)
+    logits, tree, _ = after_path_fixture()
+    sampling = SamplingParams(do_sample=True, **WIDE)
+
+    def run():
+        gen = torch.Generator().manual_seed(7)
+        return [verify_sample(tree, logits, sampling, gen).tokens for _ in range(50)]
+
+    a = run()
     torch.manual_seed(123)  # the global RNG must not matter
-    b = run_tree(logits, tree, SAMPLING, 50, seed=7)
-    assert a == b
+    assert run() == a
 
 
-def test_generate_sampling_end_to_end_first_two_tokens():
-    """Whole loop at temperature 0.7 / top-k / top-p: the first token and the token after it follow the target."""
-    target = tiny_model("llama", scale=3.0, num_hidden_layers=1)
-    draft = specdec.ModelDrafter(tiny_model("llama", scale=3.0, num_hidden_layers=1))  # same weights: accepts
-    tree = specdec.DDTree(budget=6, topk=2)
+# -- end to end: specdec.generate against HF generate(do_sample=True) ----------------------------------------
+
+
+def hf_step(model, **kw):
+    """Next-token distributions ``[B, V]`` of a batch of prompts, from the processed scores of HF ``generate``."""
+
+    def step(batch: torch.Tensor) -> torch.Tensor:
+        out = model.generate(
+            batch,
+            attention_mask=torch.ones_like(batch),
+            do_sample=True,
+            max_new_tokens=1,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+            **kw,
+        )
+        return torch.softmax(out.scores[0].double(), -1)
+
+    return step
+
+
+def bug_step(model, bug: str, **kw):
+    @torch.no_grad()
+    def step(batch: torch.Tensor) -> torch.Tensor:
+        return wrong_probs(model(batch).logits[:, -1], bug, **kw)
+
+    return step
+
+
+def joint(step, ids: torch.Tensor, length: int) -> dict[tuple[int, ...], float]:
+    """Exact joint distribution of the first ``length`` tokens, one batched ``step`` per position."""
+    seqs: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(length):
+        keys = list(seqs)
+        prefix = torch.tensor(keys, dtype=torch.long).view(len(keys), -1)
+        probs = step(torch.cat([ids.expand(len(keys), -1), prefix], dim=1))
+        support = [row.nonzero()[:, 0].tolist() for row in probs]
+        seqs = {k + (t,): seqs[k] * float(probs[i, t]) for i, k in enumerate(keys) for t in support[i]}
+    return seqs
+
+
+def as_vectors(true: dict, wrong: dict[str, dict]) -> tuple[dict, torch.Tensor, dict[str, torch.Tensor]]:
+    cells = sorted(set(true).union(*wrong.values()))
+    index = {c: i for i, c in enumerate(cells)}
+
+    def vec(dist):
+        v = torch.zeros(len(cells), dtype=torch.float64)
+        for seq, prob in dist.items():
+            v[index[seq]] = prob
+        return v
+
+    return index, vec(true), {bug: vec(d) for bug, d in wrong.items()}
+
+
+def sample_counts(index: dict, samples: list[tuple[int, ...]]) -> torch.Tensor:
+    counts = torch.zeros(len(index) + 1, dtype=torch.float64)  # last cell: outside every distribution
+    for seq in samples:
+        counts[index.get(seq, len(index))] += 1
+    return counts
+
+
+def test_generate_sampling_matches_hf_generate_joint_of_three_tokens():
+    """The joint of the first three sampled tokens (ModelDrafter + DDTree, so tokens 2-3 often come from an
+    accepted path and its bonus) matches HF ``generate``'s; ``top_k`` is left unset in the call and comes from
+    the model's ``generation_config`` on both sides.
+
+    Power at n = 1000 (1000 runs, 125 cells): false alarm 0.004, every planted bug rejected in 100 %.
+    """
+    target = tiny_model("llama", scale=8.0, num_hidden_layers=1)
+    target.generation_config.top_k = 5
+    drafter = specdec.ModelDrafter(tiny_model("llama", scale=8.0, num_hidden_layers=1), tree_depth=2)
     ids = torch.tensor([[5, 9, 11, 5, 9]])
+    kw = dict(temperature=0.7, top_p=0.8)
+    true = joint(hf_step(target, **kw), ids, 3)
+    wrong = {bug: joint(bug_step(target, bug, top_k=5, **kw), ids, 3) for bug in BUGS}
+    index, p, wrong_p = as_vectors(true, wrong)
+    n = 1000
+    assert_powerful(power_report(p, wrong_p, n, trials=1000))
+
     gen = torch.Generator().manual_seed(0)
-    kw = dict(do_sample=True, temperature=0.7, top_k=12, top_p=0.9)
-    outs = [
-        specdec.generate(target, ids, drafter=draft, tree=tree, max_new_tokens=3, generator=gen, **kw)
-        .sequences[0, 5:]
-        .tolist()
-        for _ in range(400)
-    ]
+    samples, accepted = [], 0
+    for _ in range(n):
+        out = specdec.generate(
+            target, ids, drafter=drafter, tree=specdec.DDTree(budget=4, topk=2), max_new_tokens=3, generator=gen,
+            do_sample=True, **kw,
+        )  # fmt: skip
+        samples.append(tuple(out.sequences[0, 5:].tolist()))
+        accepted += out.stats.rounds == 1  # tokens 2 and 3 came from one round: a draft was accepted
+    assert accepted > n // 4
+    counts = sample_counts(index, samples)
+    assert counts[-1] == 0, "a sampled sequence lies outside every reference support"
+    pvalue = gof_pvalue(counts[:-1], p)
+    assert pvalue > ALPHA, pvalue
+
+
+def test_generate_sampling_defaults_match_hf_generate():
+    """A call that sets only ``do_sample=True``: temperature 0.7 and top-p 0.9 come from ``generation_config``,
+    top-k from HF's own default (50), which binds on this flat 128-token distribution (~42 tokens kept).
+
+    Power at n = 1000 (1000 runs): false alarm 0.004, every planted bug and an ignored top-k default
+    rejected in 100 %.
+    """
+    target = tiny_model("llama", scale=4.0, num_hidden_layers=1)
+    target.generation_config.temperature = 0.7
+    target.generation_config.top_p = 0.9
+    assert target.generation_config.top_k is None  # HF's fallback applies
+    ids = torch.tensor([[5, 9, 11, 5, 9]])
+    p = hf_step(target)(ids)[0]
     with torch.no_grad():
-        p0 = torch.softmax(process_logits(target(ids).logits[:, -1], SAMPLING), -1)[0].double()
-        # marginal of the second token: sum_x p0(x) p(. | prompt, x)
-        support = p0.nonzero().squeeze(-1)
-        ext = torch.cat([ids.expand(support.numel(), -1), support[:, None]], dim=1)
-        p1 = torch.softmax(process_logits(target(ext).logits[:, -1], SAMPLING), -1).double()
-        p_second = (p0[support, None] * p1).sum(0)
-    counts = torch.bincount(torch.tensor([o[0] for o in outs]), minlength=128).double()
-    assert chi2_pvalue(counts, p0) > 0.01
-    second = torch.bincount(torch.tensor([o[1] for o in outs]), minlength=128).double()
-    assert chi2_pvalue(second, p_second) > 0.01
+        logits = target(ids).logits[0, -1]
+    kw = dict(temperature=0.7, top_k=50, top_p=0.9)
+    wrong = {**bug_probs(logits, **kw), "top_k_default_ignored": hf_probs(logits, temperature=0.7, top_p=0.9)}
+    n = 1000
+    assert_powerful(power_report(p, wrong, n, trials=1000))
+
+    gen = torch.Generator().manual_seed(0)
+    first = [
+        int(specdec.generate(target, ids, drafter=specdec.NGramDrafter(), max_new_tokens=1, generator=gen,
+                             do_sample=True).sequences[0, 5])
+        for _ in range(n)
+    ]  # fmt: skip
+    pvalue = gof_pvalue(torch.bincount(torch.tensor(first), minlength=128), p)
+    assert pvalue > ALPHA, pvalue

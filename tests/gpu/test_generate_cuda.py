@@ -1,0 +1,84 @@
+"""``specdec.generate`` on CUDA with the zoo targets and their trained DFlash drafters (public API only).
+
+fp32: token-identical to HF greedy ``generate`` on the same device. bf16: the share of dev prompts whose whole
+output equals HF's bf16 greedy output is printed (run with ``-s``), recorded as a property and must be >= 0.8
+(bf16 tree verification reorders reductions, so near-ties may flip). Run with ``python -m pytest -m gpu tests/gpu``
+and ``SPECDEC_ZOO`` pointing at a copy of the zoo.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import specdec
+from specdec.drafters.dflash import DFlashDrafter
+
+pytestmark = pytest.mark.gpu
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafters"
+TREES = {"chain": specdec.Chain(k=15), "ddtree32": specdec.DDTree(budget=32, topk=8)}
+MIN_TAU = {"chain": 1.8, "ddtree32": 2.4}  # CPU fp32 on 3 prompts x 48 tokens: chain 2.2, ddtree32 3.0
+
+
+def load(zoo: Path, name: str, dtype: torch.dtype, device: torch.device):
+    model = AutoModelForCausalLM.from_pretrained(zoo / f"target-{name}", dtype=dtype).to(device).eval()
+    drafter = DFlashDrafter.from_pretrained(ASSETS / f"zoo-{name}", target=model)
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    rows = [json.loads(line) for line in (zoo / "prompts_dev.jsonl").read_text().splitlines()]
+    prompts = [tok(row["prompt"], return_tensors="pt").input_ids[:, -384:].to(device) for row in rows]
+    return model, drafter, prompts
+
+
+def identical(model, drafter, prompts, tree, max_new_tokens: int) -> tuple[list[bool], float]:
+    """Per prompt: does specdec's greedy output equal HF's? Also the mean tau."""
+    same, taus = [], []
+    for ids in prompts:
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens)
+        out = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens)
+        assert out.sequences.device == ids.device
+        same.append(torch.equal(out.sequences, ref))
+        taus.append(out.stats.tau)
+    return same, sum(taus) / len(taus)
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("name", ["dense", "hybrid"])
+def test_generate_cuda_fp32_matches_hf_greedy(zoo, cuda, name, tree):
+    model, drafter, prompts = load(zoo, name, torch.float32, cuda)
+    same, tau = identical(model, drafter, prompts[:4], TREES[tree], 64)
+    differ = [i for i, s in enumerate(same) if not s]
+    assert not differ, f"{name} {tree}: outputs differ from HF greedy on prompts {differ}"
+    assert tau > MIN_TAU[tree], f"{name} {tree}: tau {tau:.2f}"
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("name", ["dense", "hybrid"])
+def test_generate_cuda_bf16_identical_share(zoo, cuda, name, tree, record_property):
+    model, drafter, prompts = load(zoo, name, torch.bfloat16, cuda)
+    same, tau = identical(model, drafter, prompts[:8], TREES[tree], 64)
+    share = sum(same) / len(same)
+    record_property("identical_share", share)
+    print(f"bf16 {name} {tree}: identical share {share:.2f} over {len(same)} prompts, tau {tau:.2f}")
+    assert share >= 0.8, f"{name} {tree}: only {share:.2f} of the outputs equal HF's bf16 greedy output"
+
+
+def test_generate_cuda_sampling_is_reproducible(zoo, cuda):
+    """Sampling on CUDA draws only from the given CUDA generator: the same seed gives the same tokens."""
+    model, drafter, prompts = load(zoo, "hybrid", torch.float32, cuda)
+
+    def run():
+        gen = torch.Generator(device=cuda).manual_seed(0)
+        out = specdec.generate(
+            model, prompts[0], drafter=drafter, tree=TREES["ddtree32"], max_new_tokens=32, do_sample=True,
+            temperature=0.8, generator=gen,
+        )  # fmt: skip
+        return out.sequences
+
+    first = run()
+    torch.manual_seed(1)
+    assert torch.equal(run(), first)
