@@ -12,6 +12,7 @@ tok/s = new tokens / wall time of the whole call (prefill included) summed over 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -95,7 +96,10 @@ def main() -> None:
     ctx = max(ids.shape[1] for _, ids in prompts) + new
     floor = graph_floor_ms(target, ctx)
 
-    spec = {"ar": (None, None), f"dflash-chain-k{drafter.config.block_size - 1}": (drafter, specdec.Chain(k=drafter.config.block_size - 1))}
+    spec = {
+        "ar": (None, None),
+        f"dflash-chain-k{drafter.config.block_size - 1}": (drafter, specdec.Chain(k=drafter.config.block_size - 1)),
+    }
     for b in args.budgets:
         spec[f"ddtree-b{b}-k{args.topk}"] = (drafter, specdec.DDTree(budget=b, topk=args.topk))
     methods = {}
@@ -106,9 +110,9 @@ def main() -> None:
         )
     outs: dict[str, dict] = {}
     for name, (d, tree) in spec.items():
-        methods[name] = (lambda d, tree: lambda ids: specdec.generate(
-            model, ids, drafter=d, tree=tree, max_new_tokens=new, do_sample=False, compile=args.compile
-        ))(d, tree)
+        methods[name] = functools.partial(
+            specdec.generate, model, drafter=d, tree=tree, max_new_tokens=new, do_sample=False, compile=args.compile
+        )
 
     rows = []
     for name, fn in methods.items():
@@ -128,18 +132,25 @@ def main() -> None:
             _sync(device)
             wall += time.perf_counter() - t
             seq = out.sequences if hasattr(out, "sequences") else out
-            seqs[pid] = seq[0, ids.shape[1]:].tolist()
+            seqs[pid] = seq[0, ids.shape[1] :].tolist()
             n_tok += len(seqs[pid])
             if hasattr(out, "stats"):
                 rounds += out.stats.rounds
                 committed += sum((a + 1) * c for a, c in enumerate(out.stats.accept_hist))
                 paths.add(out.stats.path)
         outs[name] = seqs
-        rows.append({
-            "method": name, "tok_s": n_tok / wall, "tau": committed / rounds if rounds else 1.0,
-            "ms_per_round": 1e3 * wall / rounds if rounds else None, "warmup_s": warm_s, "setup_ms": setup_ms,
-            "path": ",".join(sorted(paths)) or "hf", "new_tokens": n_tok,
-        })
+        rows.append(
+            {
+                "method": name,
+                "tok_s": n_tok / wall,
+                "tau": committed / rounds if rounds else 1.0,
+                "ms_per_round": 1e3 * wall / rounds if rounds else None,
+                "warmup_s": warm_s,
+                "setup_ms": setup_ms,
+                "path": ",".join(sorted(paths)) or "hf",
+                "new_tokens": n_tok,
+            }
+        )
         print(f"{name}: {rows[-1]['tok_s']:.1f} tok/s", flush=True)
 
     eager_same = {}
@@ -147,9 +158,10 @@ def main() -> None:
         for name, (d, tree) in spec.items():
             same = 0
             for pid, ids in prompts:
-                out = specdec.generate(model, ids, drafter=d, tree=tree, max_new_tokens=new, do_sample=False,
-                                       cuda_graphs=False)
-                same += out.sequences[0, ids.shape[1]:].tolist() == outs[name][pid]
+                out = specdec.generate(
+                    model, ids, drafter=d, tree=tree, max_new_tokens=new, do_sample=False, cuda_graphs=False
+                )
+                same += out.sequences[0, ids.shape[1] :].tolist() == outs[name][pid]
             eager_same[name] = same / len(prompts)
 
     mem = None
@@ -166,30 +178,35 @@ def main() -> None:
     hf = outs.get("hf-generate")
     static = next((r["tok_s"] for r in rows if r["method"] == "hf-static"), None)
     ar = next(r for r in rows if r["method"] == "ar")
-    commit = os.environ.get("SPECDEC_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = (
+        os.environ.get("SPECDEC_COMMIT")
+        or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    )
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     lines = [
-        f"# fast path, {args.target}, {name}, {str(dtype).removeprefix('torch.')}, {len(prompts)} prompts x {new} new tokens, warm "
+        f"# fast path, {args.target}, {name}, {str(dtype).removeprefix('torch.')}, {len(prompts)} prompts x {new} "
+        "new tokens, warm "
         f"(every prompt decoded once before timing), compile={args.compile}, commit {commit}, {date.today()}",
         "",
         f"graph floor (one captured 1-token target forward): {floor:.3f} ms" if floor else "graph floor: n/a (CPU)",
         "",
-        "| method | path | tok/s | tau | ms/round | x hf-static | = HF greedy | = eager path | warm-up s | capture+compile ms |",
+        "| method | path | tok/s | tau | ms/round | x hf-static | = HF greedy | = eager path | warm-up s "
+        "| capture+compile ms |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         same_hf = sum(outs[r["method"]][p] == hf[p] for p, _ in prompts) / len(prompts) if hf else None
         lines.append(
-            f"| {r['method']} | {r['path']} | {r['tok_s']:.1f} | {r['tau']:.2f} | "
-            f"{r['ms_per_round']:.3f} | " if r["ms_per_round"] else f"| {r['method']} | {r['path']} | {r['tok_s']:.1f} | - | - | "
+            f"| {r['method']} | {r['path']} | {r['tok_s']:.1f} | {r['tau']:.2f} | {r['ms_per_round']:.3f} | "
+            if r["ms_per_round"]
+            else f"| {r['method']} | {r['path']} | {r['tok_s']:.1f} | - | - | "
         )
         lines[-1] += (
-            f"{r['tok_s'] / static:.2f} | " if static else "- | "
-        ) + (f"{same_hf:.2f} | " if same_hf is not None else "- | ") + (
-            f"{eager_same[r['method']]:.2f} | " if r["method"] in eager_same else "- | "
-        ) + f"{r['warmup_s']:.1f} | {r['setup_ms']:.0f} |"
+            (f"{r['tok_s'] / static:.2f} | " if static else "- | ")
+            + (f"{same_hf:.2f} | " if same_hf is not None else "- | ")
+            + (f"{eager_same[r['method']]:.2f} | " if r["method"] in eager_same else "- | ")
+            + f"{r['warmup_s']:.1f} | {r['setup_ms']:.0f} |"
+        )
     lines.append("")
     trees = [r for r in rows if r["method"].startswith("ddtree")]
     chain = next(r for r in rows if r["method"].startswith("dflash-chain"))
@@ -197,7 +214,9 @@ def main() -> None:
     if floor:
         lines.append(f"- AR time per token / graph floor: {1e3 / ar['tok_s'] / floor:.2f} (target <= 1.25)")
     for r in trees:
-        lines.append(f"- {r['method']}: tok/s / (0.5 tau x AR) = {r['tok_s'] / (0.5 * r['tau'] * ar['tok_s']):.2f} (target >= 1)")
+        lines.append(
+            f"- {r['method']}: tok/s / (0.5 tau x AR) = {r['tok_s'] / (0.5 * r['tau'] * ar['tok_s']):.2f} (target >= 1)"
+        )
     lines.append(f"- best DDTree ({best['method']}) / chain: {best['tok_s'] / chain['tok_s']:.2f} (target >= 1.35)")
     if static:
         lines.append(f"- best DDTree / hf-static: {best['tok_s'] / static:.2f} (target >= 2.5)")
@@ -207,7 +226,9 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.md").write_text(text + "\n")
-    (out_dir / "results.json").write_text(json.dumps({"rows": rows, "floor_ms": floor, "eager_same": eager_same}, indent=1))
+    (out_dir / "results.json").write_text(
+        json.dumps({"rows": rows, "floor_ms": floor, "eager_same": eager_same}, indent=1)
+    )
     print(text)
 
 

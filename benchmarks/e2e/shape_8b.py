@@ -68,17 +68,46 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="a tiny config on CPU: checks the script, times nothing")
     args = ap.parse_args()
     device = torch.device("cpu" if args.small else "cuda")
-    width = dict(vocab_size=1000, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=32) if args.small else dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-                                                       num_attention_heads=32, num_key_value_heads=8, head_dim=128)
-    cfg = Qwen3Config(**width, num_hidden_layers=args.layers, max_position_embeddings=40960, rope_theta=1e6,
-                      tie_word_embeddings=False, attn_implementation="sdpa")
+    width = (
+        dict(
+            vocab_size=1000,
+            hidden_size=128,
+            intermediate_size=256,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+        )
+        if args.small
+        else dict(
+            vocab_size=151936,
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+        )
+    )
+    cfg = Qwen3Config(
+        **width,
+        num_hidden_layers=args.layers,
+        max_position_embeddings=40960,
+        rope_theta=1e6,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     t0 = time.perf_counter()
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
-    drafter = DFlashDrafter.for_target(model, mask_token_id=cfg.vocab_size - 1, num_layers=5, block_size=16,
-                                       num_taps=5 if args.layers >= 8 else 1, dtype=torch.bfloat16, device=device)
+    drafter = DFlashDrafter.for_target(
+        model,
+        mask_token_id=cfg.vocab_size - 1,
+        num_layers=5,
+        block_size=16,
+        num_taps=5 if args.layers >= 8 else 1,
+        dtype=torch.bfloat16,
+        device=device,
+    )
     for p in drafter.model.parameters():  # sharper than the 0.02 init so drafts are not all ties
         if p.dim() == 2:
             p.mul_(4.0)
@@ -109,12 +138,17 @@ def main() -> None:
     for n in (1, 16, 32, 64):
         tree = ddtree_device(logq, prompt[0, -1], budget=max(n - 1, 1), topk=8, num_slots=n) if n > 1 else None
         ids = tree.tokens[None] if tree is not None else prompt[:, -1:]
-        pos = (args.prompt + (tree.depth if tree is not None else torch.zeros(1, dtype=torch.long, device=device)))[None]
+        pos = (args.prompt + (tree.depth if tree is not None else torch.zeros(1, dtype=torch.long, device=device)))[
+            None
+        ]
         write = args.prompt + torch.arange(n, device=device)
         mask = torch.zeros(1, 1, n, engine.capacity, dtype=torch.bfloat16, device=device)
         mask[..., args.prompt + n :] = torch.finfo(torch.bfloat16).min
-        step = Captured(lambda ids=ids, pos=pos, mask=mask, write=write: engine.target.forward(ids, pos, mask, write),
-                        device=device, graph=True)
+        step = Captured(
+            lambda ids=ids, pos=pos, mask=mask, write=write: engine.target.forward(ids, pos, mask, write),
+            device=device,
+            graph=True,
+        )
         fwd[n] = timed(step)
         note = "" if n == 1 else f"{fwd[n] / fwd[1]:.2f} x the 1-token forward (target <= 1.15)"
         rows.append((f"target forward, {n} nodes", fwd[n], note))
@@ -125,9 +159,11 @@ def main() -> None:
     draft = Captured(lambda: static.logq(engine.root, prefix, 15), device=device, graph=True)
     rows.append(("drafter block forward (16 slots)", timed(draft), ""))
     for budget in (15, 31, 63):
-        build = Captured(lambda b=budget: ancestor_matrix(ddtree_device(logq, engine.root, budget=b, topk=8,
-                                                                          num_slots=b + 1), 15),
-                         device=device, graph=True)
+        build = Captured(
+            lambda b=budget: ancestor_matrix(ddtree_device(logq, engine.root, budget=b, topk=8, num_slots=b + 1), 15),
+            device=device,
+            graph=True,
+        )
         rows.append((f"tree build + ancestors, budget {budget}", timed(build), ""))
     for budget in (15, 31, 63):
         start(drafter)
@@ -137,7 +173,10 @@ def main() -> None:
         rows.append((f"DDTree round, budget {budget} (captured)", ms, note))
 
     if args.compile:
-        for name, d, tree in (("AR step, compiled", None, None), ("DDTree round b31, compiled", drafter, DDTree(budget=31, topk=8))):
+        for name, d, tree in (
+            ("AR step, compiled", None, None),
+            ("DDTree round b31, compiled", drafter, DDTree(budget=31, topk=8)),
+        ):
             start(d)
             c0 = time.perf_counter()
             rnd = engine.round_for(d, tree, GREEDY, graph=True, compile=True)
@@ -149,8 +188,10 @@ def main() -> None:
 
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"# Qwen3-8B shape ({args.layers} layers, random bf16), prompt {args.prompt}, {gpu}")
-    print(f"target {t_bytes / 1e9:.2f} GB, drafter {d_bytes / 1e9:.2f} GB, copy bandwidth {gbs / 1e3:.3f} TB/s, "
-          f"HBM floor {floor:.2f} ms (target), {floor_round:.2f} ms (target + drafter); setup {setup_s:.0f} s")
+    print(
+        f"target {t_bytes / 1e9:.2f} GB, drafter {d_bytes / 1e9:.2f} GB, copy bandwidth {gbs / 1e3:.3f} TB/s, "
+        f"HBM floor {floor:.2f} ms (target), {floor_round:.2f} ms (target + drafter); setup {setup_s:.0f} s"
+    )
     print("\n| figure | ms | note |\n|---|---|---|")
     for name, ms, note in rows:
         print(f"| {name} | {ms:.3f} | {note} |")

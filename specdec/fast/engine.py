@@ -94,8 +94,16 @@ class _FastTarget:
 class _Round:
     """One captured speculative round for a fixed (drafter, tree spec, sampling) on an engine."""
 
-    def __init__(self, engine: FastEngine, drafter, static: DFlashStatic | None, tree: TreeSpec | None,
-                 sampling: SamplingParams, graph: bool, compile: bool | str) -> None:
+    def __init__(
+        self,
+        engine: FastEngine,
+        drafter,
+        static: DFlashStatic | None,
+        tree: TreeSpec | None,
+        sampling: SamplingParams,
+        graph: bool,
+        compile: bool | str,
+    ) -> None:
         self.engine, self.drafter, self.static, self.tree, self.sampling = engine, drafter, static, tree, sampling
         device = engine.device
         if drafter is None:
@@ -113,8 +121,9 @@ class _Round:
         self.out[self.path_len : self.path_len + 2] = 1  # plain decoding: one path node, one tree node
         fn = self._ar_round if drafter is None else self._round
         self.compile = compile
-        self.captured = Captured(compile_fn(fn, compile) if compile else fn, device=device,
-                                 graph=graph, snapshot=self._snapshot)
+        self.captured = Captured(
+            compile_fn(fn, compile) if compile else fn, device=device, graph=graph, snapshot=self._snapshot
+        )
 
     # -- the round (device only) -------------------------------------------------------------------------
     def _build(self):
@@ -282,8 +291,13 @@ class FastEngine:
         self, drafter, tree: TreeSpec | None, sampling: SamplingParams, *, graph: bool, compile: bool | str = False
     ) -> _Round:
         """The (cached) round of this drafter, tree and sampling; built and captured on first use."""
-        key = (id(drafter) if drafter is not None else None, tree if drafter is not None else None, sampling, graph,
-               compile)
+        key = (
+            id(drafter) if drafter is not None else None,
+            tree if drafter is not None else None,
+            sampling,
+            graph,
+            compile,
+        )
         rnd = self._rounds.get(key)
         if rnd is None or rnd.drafter is not drafter:
             rnd = _Round(self, drafter, self._static(drafter), tree, sampling, graph, compile)

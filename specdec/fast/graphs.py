@@ -26,8 +26,10 @@ def compile_fn(fn: Callable, mode: bool | str = True) -> Callable:
             ``"max-autotune-no-cudagraphs"``; modes that capture graphs themselves are refused).
     """
     if isinstance(mode, str) and mode not in ("default", "max-autotune-no-cudagraphs"):
-        raise ValueError(f"compile={mode!r}: use True, 'default' or 'max-autotune-no-cudagraphs' (specdec captures "
-                         "the CUDA graphs itself).")
+        raise ValueError(
+            f"compile={mode!r}: use True, 'default' or 'max-autotune-no-cudagraphs' (specdec captures "
+            "the CUDA graphs itself)."
+        )
     return torch.compile(fn, mode=None if mode is True else mode, dynamic=False)
 
 

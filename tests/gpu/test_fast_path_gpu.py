@@ -51,8 +51,13 @@ def test_fast_path_bf16_matches_eager_share(zoo):
         eager = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=64, cuda_graphs=False)
         same_eager += torch.equal(fast.sequences, eager.sequences)
         same_hf += torch.equal(fast.sequences, ref)
-    logger.warning("bf16 fast path: %d/%d equal to eager, %d/%d equal to HF greedy", same_eager, len(prompts),
-                   same_hf, len(prompts))
+    logger.warning(
+        "bf16 fast path: %d/%d equal to eager, %d/%d equal to HF greedy",
+        same_eager,
+        len(prompts),
+        same_hf,
+        len(prompts),
+    )
     assert same_eager >= 0.75 * len(prompts)
 
 
@@ -60,9 +65,11 @@ def test_fast_path_sampling_runs_and_reuses_graphs(zoo):
     model, drafter, prompts = _setup(zoo, torch.bfloat16)
     tree = specdec.DDTree(budget=15, topk=8)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    first = specdec.generate(model, prompts[0], drafter=drafter, tree=tree, max_new_tokens=32, do_sample=True,
-                             temperature=0.8, generator=gen)
-    again = specdec.generate(model, prompts[1], drafter=drafter, tree=tree, max_new_tokens=32, do_sample=True,
-                             temperature=0.8, generator=gen)
+    first = specdec.generate(
+        model, prompts[0], drafter=drafter, tree=tree, max_new_tokens=32, do_sample=True, temperature=0.8, generator=gen
+    )
+    again = specdec.generate(
+        model, prompts[1], drafter=drafter, tree=tree, max_new_tokens=32, do_sample=True, temperature=0.8, generator=gen
+    )
     assert first.stats.path == again.stats.path == "fast"
     assert again.stats.capture_ms == 0.0  # the graph of the first call is replayed
