@@ -94,7 +94,7 @@ MUTANTS = [
     ),
     Mutant(  # HF's fallback top_k=50 forgotten when neither the call nor generation_config sets top_k
         "top_k_default_ignored",
-        (("specdec/generate.py", '"top_k": 50,', '"top_k": None,'),),
+        (("specdec/hf_args.py", '"top_k": 50,', '"top_k": None,'),),
         tuple(SAMPLING_TESTS),
     ),
     Mutant(  # the sample-and-match walk reads each node's sample from the previous node's logits
