@@ -200,7 +200,7 @@ def apply(dest: Path, edits) -> None:
 def run(mutant: Mutant, zoo: str) -> tuple[str, int, str, float]:
     """Returns (name, pytest exit code, first failing test or summary, seconds)."""
     start = time.time()
-    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name.replace('/', '-')}-") as tmp:
         dest = Path(tmp)
         copy_repo(dest)
         apply(dest, mutant.edits)
