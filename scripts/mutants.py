@@ -197,18 +197,21 @@ def apply(dest: Path, edits) -> None:
         path.write_text(text.replace(old, new))
 
 
-def run(mutant: Mutant, zoo: str) -> tuple[str, int, str, float]:
+def run(mutant: Mutant, zoo: str, stop_first: bool = True) -> tuple[str, int, str, float]:
     """Returns (name, pytest exit code, first failing test or summary, seconds)."""
     start = time.time()
-    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name.replace('/', '-')}-") as tmp:
         dest = Path(tmp)
         copy_repo(dest)
         apply(dest, mutant.edits)
         env = {**os.environ, "PYTHONPATH": str(dest), "SPECDEC_ZOO": zoo, "PYTHONDONTWRITEBYTECODE": "1"}
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--durations=0", *mutant.tests]
+        stop = ["-x"] if stop_first else []
+        cmd = [sys.executable, "-m", "pytest", *stop, "-q", "-p", "no:cacheprovider", "--durations=0", *mutant.tests]
         proc = subprocess.run(cmd, cwd=dest, env=env, capture_output=True, text=True)
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.M)
     summary = failed[0] if failed else (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
+    if len(failed) > 1:
+        summary = f"{len(failed)} failed: " + ", ".join(f.split("::")[-1] for f in failed)
     return mutant.name, proc.returncode, summary, time.time() - start
 
 
@@ -217,6 +220,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", nargs="*", help="mutant names")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--all-failures", action="store_true", help="run each subset to the end (no -x)")
     args = parser.parse_args()
     mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
     zoo = os.environ.get("SPECDEC_ZOO", str((REPO.parent / "shared" / "zoo").resolve()))
@@ -229,7 +233,7 @@ def main() -> None:
     print("| mutant | tests failed | killed? | s |\n|---|---|---|---|", flush=True)
     survived = []
     with ThreadPoolExecutor(args.jobs) as pool:
-        for name, code, summary, secs in pool.map(lambda m: run(m, zoo), mutants):
+        for name, code, summary, secs in pool.map(lambda m: run(m, zoo, not args.all_failures), mutants):
             killed = code == 1  # 1 = tests failed; other codes are collection/usage errors
             if not killed:
                 survived.append(name)

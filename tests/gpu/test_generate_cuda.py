@@ -59,11 +59,18 @@ def test_generate_cuda_fp32_matches_hf_greedy(zoo, cuda, name, tree):
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("name", ["dense", "hybrid"])
 def test_generate_cuda_bf16_identical_share(zoo, cuda, name, tree, record_property):
+    """On CPU bf16 (10 prompts x 48 tokens) the shares are 0.8 (dense) and 0.9 (hybrid), for chain and DDTree
+    alike (the same prompts differ for both trees), while the plain loop without a drafter matches HF on all 10;
+    its share is printed as context."""
     model, drafter, prompts = load(zoo, name, torch.bfloat16, cuda)
-    same, tau = identical(model, drafter, prompts[:8], TREES[tree], 64)
+    same, tau = identical(model, drafter, prompts[:10], TREES[tree], 48)
     share = sum(same) / len(same)
+    plain, _ = identical(model, None, prompts[:10], TREES[tree], 48)
     record_property("identical_share", share)
-    print(f"bf16 {name} {tree}: identical share {share:.2f} over {len(same)} prompts, tau {tau:.2f}")
+    print(
+        f"bf16 {name} {tree}: identical share {share:.2f} over {len(same)} prompts (plain loop "
+        f"{sum(plain) / len(plain):.2f}), tau {tau:.2f}"
+    )
     assert share >= 0.8, f"{name} {tree}: only {share:.2f} of the outputs equal HF's bf16 greedy output"
 
 
