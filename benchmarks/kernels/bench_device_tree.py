@@ -1,9 +1,11 @@
 """Speed of the DDTree builders: the device-side ``ddtree_device`` against the host heap ``build_ddtree``.
 
 Providers: ``heap`` (``build_ddtree``: top-k on the device, one copy to the host, a Python heap), ``device``
-(``ddtree_device``, eager launches) and ``device-graph`` (the same ops replayed from a CUDA graph: GPU time without
-launch overhead; CUDA only). Shapes: depth D = 15 (a block of 16), budgets 15 / 32 / 64 / 128, topk 8 and
-topk = budget, vocabularies 8192 (the zoo) and 151936 (Qwen). Inputs are log-softmaxed random logits.
+(``ddtree_device(impl="torch")``, eager launches), ``device-graph`` (the same ops replayed from a CUDA graph: GPU
+time without launch overhead; CUDA only) and ``triton-graph`` (``impl="triton"``: top-k plus the one-launch
+selection of ``specdec.kernels.ddtree_build``, replayed from a graph; where the rank key fits one int64). Shapes:
+depth D = 15 (a block of 16), budgets 15 / 32 / 64 / 128, topk 8 and topk = budget, vocabularies 8192 (the zoo) and
+151936 (Qwen). Inputs are log-softmaxed random logits.
 
     python benchmarks/kernels/bench_device_tree.py [--device cuda] [--out bench_out/kernels]
 
@@ -20,10 +22,11 @@ from pathlib import Path
 
 import torch
 
+from specdec.kernels.ddtree_build import triton_fits
 from specdec.trees.ddtree import build_ddtree
 from specdec.trees.device import ddtree_device
 
-PROVIDERS = ["heap", "device", "device-graph"]
+PROVIDERS = ["heap", "device", "device-graph", "triton-graph"]
 DEPTH = 15
 BUDGETS = [15, 32, 64, 128]
 VOCABS = [8192, 151936]
@@ -35,9 +38,13 @@ def make_call(provider: str, logq: torch.Tensor, budget: int, topk: int):
     root = torch.tensor(3, device=logq.device)
     if provider == "heap":
         return lambda: build_ddtree(logq, 3, budget=budget, topk=topk)
-    if provider == "device-graph" and logq.device.type != "cuda":
+    if provider.endswith("-graph") and logq.device.type != "cuda":
         return None
-    return lambda: ddtree_device(logq, root, budget=budget, topk=topk, num_slots=budget + 1)
+    if provider == "triton-graph":
+        if not triton_fits(logq, min(topk, budget)):
+            return None
+        return lambda: ddtree_device(logq, root, budget=budget, topk=topk, num_slots=budget + 1, impl="triton")
+    return lambda: ddtree_device(logq, root, budget=budget, topk=topk, num_slots=budget + 1, impl="torch")
 
 
 def time_call(fn, device: torch.device, graph: bool) -> tuple[float, float, float]:
@@ -69,7 +76,7 @@ def run(device: torch.device) -> list[dict]:
                 row = {"vocab": vocab, "budget": budget, "topk": topk}
                 for provider in PROVIDERS:
                     fn = make_call(provider, logq, budget, topk)
-                    ms = (math.nan,) * 3 if fn is None else time_call(fn, device, graph=provider == "device-graph")
+                    ms = (math.nan,) * 3 if fn is None else time_call(fn, device, graph=provider.endswith("-graph"))
                     row[provider], row[f"{provider}_p20"], row[f"{provider}_p80"] = ms
                 rows.append(row)
                 print(_format_row(row), flush=True)
@@ -79,7 +86,7 @@ def run(device: torch.device) -> list[dict]:
 def _format_row(row: dict) -> str:
     cells = [f"{row['vocab']:>7}", f"{row['budget']:>6}", f"{row['topk']:>4}"]
     cells += [f"{row[p]:>12.3f}" for p in PROVIDERS]
-    speedup = row["heap"] / min(row["device"], row["device-graph"] if not math.isnan(row["device-graph"]) else math.inf)
+    speedup = row["heap"] / min(row[p] for p in PROVIDERS[1:] if not math.isnan(row[p]))
     return " | ".join([*cells, f"{speedup:>7.1f}x"])
 
 

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+from specdec.kernels.ddtree_build import best_first, triton_fits
 from specdec.types import DraftTree
 
 __all__ = ["DeviceTree", "ancestor_matrix", "chain_device", "ddtree_device", "to_draft_tree"]
@@ -44,7 +45,13 @@ class DeviceTree(NamedTuple):
 
 
 def ddtree_device(
-    logq: torch.Tensor, root_token: torch.Tensor, *, budget: int, topk: int | None, num_slots: int
+    logq: torch.Tensor,
+    root_token: torch.Tensor,
+    *,
+    budget: int,
+    topk: int | None,
+    num_slots: int,
+    impl: str = "auto",
 ) -> DeviceTree:
     """The DDTree of :func:`~specdec.trees.ddtree.build_ddtree`, node for node, as device tensor ops.
 
@@ -60,6 +67,9 @@ def ddtree_device(
         budget (int): number of non-root nodes, >= 1.
         topk (int | None): candidates per depth, >= 1; None means ``budget``. Also capped by ``budget`` and ``V``.
         num_slots (int): ``S``, the output length, >= ``budget + 1``.
+        impl (str): ``"torch"`` (per-depth selection as tensor ops, any device), ``"triton"`` (the heap's pops in
+            one launch, ``specdec.kernels.ddtree_build``) or ``"auto"``: Triton on CUDA when the rank tuples fit
+            one int64 key (``D * bit_length(k) <= 63``, e.g. D = 15 with k <= 15), else torch.
 
     Returns:
         DeviceTree: ``S`` slots holding ``1 + min(budget, reachable)`` real nodes.
@@ -73,11 +83,16 @@ def ddtree_device(
         raise ValueError(f"num_slots={num_slots} < budget + 1 = {budget + 1}: pass num_slots >= budget + 1.")
     k = min(budget if topk is None else topk, budget, vocab)
     vals, ids = _topk_rows(logq, k)  # [D, k] fp32, [D, k] int64
+    num_real = 1 + min(budget, _reachable(k, depth_limit, budget))
+    if impl not in ("auto", "torch", "triton"):
+        raise ValueError(f"impl={impl!r}: choose 'auto', 'torch' or 'triton'.")
+    if impl == "triton" or (impl == "auto" and triton_fits(logq, k)):
+        tokens, parents, depth = best_first(vals, ids, num_real - 1)
+        return _pad_tree(root_token, tokens, parents, depth, num_slots)
     scores, ranks, parents = _select_levels(vals, budget)  # [M], [M, D], [M]: kept nodes, depth-major
     depth = (ranks >= 0).sum(-1)  # [M], non-decreasing
     order = _key_order(scores, _pack_ranks(ranks, k))  # [M]: kept nodes in pop order
     position = torch.empty_like(order).scatter_(0, order, torch.arange(1, order.numel() + 1, device=order.device))
-    num_real = 1 + min(budget, _reachable(k, depth_limit, budget))
     take = order[: num_real - 1]
     depth, ranks, parents = depth[take], ranks[take], parents[take]
     own_rank = ranks.gather(1, (depth - 1).unsqueeze(-1)).squeeze(-1)

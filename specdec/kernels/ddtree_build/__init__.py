@@ -1,0 +1,36 @@
+"""``ddtree_build``: the DDTree best-first selection in one Triton launch (GPU), or the torch device ops.
+
+Reference: ``specdec.trees.ddtree.build_ddtree`` (the heap on the host); the torch device version in
+``specdec.trees.device`` is the CPU path. See ``docs/kernels.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+__all__ = ["best_first", "triton_fits"]
+
+
+def triton_fits(logq: torch.Tensor, k: int) -> bool:
+    """Whether the Triton selection applies: CUDA (or Triton's interpreter), Triton imports, one int64 rank key."""
+    on_device = logq.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return on_device and logq.shape[0] * k.bit_length() <= 63 and _triton_available()
+
+
+def best_first(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
+    """Tokens, parents and depths of the first ``num_nodes`` heap pops (see ``triton.best_first_triton``)."""
+    from specdec.kernels.ddtree_build.triton import best_first_triton
+
+    return best_first_triton(vals, ids, num_nodes)
+
+
+@functools.cache
+def _triton_available() -> bool:
+    try:
+        import specdec.kernels.ddtree_build.triton  # noqa: F401
+    except ImportError:
+        return False
+    return True

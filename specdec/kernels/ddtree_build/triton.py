@@ -1,0 +1,104 @@
+"""One-launch best-first DDTree selection: the heap builder's pops, done by a single Triton program.
+
+The program keeps the heap's open prefixes in registers (``F`` slots: score, parent score, packed rank tuple,
+depth, rank, parent) and pops ``N`` times. A pop takes the open prefix with the largest score, ties broken by
+the smallest packed rank tuple (one int64, most significant digit = depth 1, so shorter tuples sort first),
+emits it as node ``t + 1``, replaces it by its next sibling and opens its first child in slot ``t + 1``. Scores
+are float64 sums ``parent score + fp32 value``, the same arithmetic as the heap builder, so the nodes and their
+order are identical (``tests/kernels/test_ddtree_build.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["best_first_triton"]
+
+_INT64_MAX = 9223372036854775807
+
+
+@triton.jit
+def _best_first_kernel(
+    vals_ptr,  # [D, K] fp32, each row sorted (value desc, id asc)
+    ids_ptr,  # [D, K] int64
+    tokens_ptr,  # [N] int64 out
+    parents_ptr,  # [N] int64 out
+    depth_ptr,  # [N] int64 out
+    K: tl.constexpr,
+    D: tl.constexpr,
+    BITS: tl.constexpr,
+    N: tl.constexpr,
+    F: tl.constexpr,
+):
+    slot = tl.arange(0, F)
+    one = tl.full([], 1, tl.int64)
+    first = tl.load(vals_ptr).to(tl.float64)
+    score = tl.where(slot == 0, first, 0.0).to(tl.float64)
+    parent_score = tl.zeros([F], dtype=tl.float64)
+    key = tl.where(slot == 0, one << ((D - 1) * BITS), 0).to(tl.int64)
+    depth = tl.where(slot == 0, 1, 0).to(tl.int32)
+    rank = tl.zeros([F], dtype=tl.int32)
+    parent = tl.zeros([F], dtype=tl.int32)
+    active = slot == 0
+    for t in range(N):
+        best = tl.max(tl.where(active, score, float("-inf")), axis=0)
+        tied = active & (score == best)
+        low = tl.min(tl.where(tied, key, _INT64_MAX), axis=0)
+        pick = tl.min(tl.where(tied & (key == low), slot, F), axis=0)
+        sel = slot == pick
+        p_score = tl.sum(tl.where(sel, score, 0.0), axis=0)
+        p_parent_score = tl.sum(tl.where(sel, parent_score, 0.0), axis=0)
+        p_key = tl.sum(tl.where(sel, key, 0), axis=0)
+        p_depth = tl.sum(tl.where(sel, depth, 0), axis=0)
+        p_rank = tl.sum(tl.where(sel, rank, 0), axis=0)
+        p_parent = tl.sum(tl.where(sel, parent, 0), axis=0)
+        row = (p_depth - 1) * K
+        tl.store(tokens_ptr + t, tl.load(ids_ptr + row + p_rank))
+        tl.store(parents_ptr + t, p_parent.to(tl.int64))
+        tl.store(depth_ptr + t, p_depth.to(tl.int64))
+        # the popped prefix's slot now holds its next sibling (same parent, next rank at that depth)
+        has_sibling = p_rank + 1 < K
+        sibling = tl.load(vals_ptr + row + p_rank + 1, mask=has_sibling, other=0.0).to(tl.float64)
+        digit = one << ((D - p_depth) * BITS).to(tl.int64)
+        score = tl.where(sel, p_parent_score + sibling, score)
+        key = tl.where(sel, p_key + digit, key)
+        rank = tl.where(sel, p_rank + 1, rank)
+        active = active & ~(sel & ~has_sibling)
+        # its first child opens in slot t + 1 (never used before: each pop opens at most one new slot)
+        has_child = p_depth < D
+        child = tl.load(vals_ptr + p_depth * K, mask=has_child, other=0.0).to(tl.float64)
+        opened = (slot == t + 1) & has_child
+        child_digit = one << (tl.maximum(D - p_depth - 1, 0) * BITS).to(tl.int64)
+        score = tl.where(opened, p_score + child, score)
+        parent_score = tl.where(opened, p_score, parent_score)
+        key = tl.where(opened, p_key + child_digit, key)
+        depth = tl.where(opened, p_depth + 1, depth)
+        rank = tl.where(opened, 0, rank)
+        parent = tl.where(opened, t + 1, parent)
+        active = active | opened
+
+
+def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
+    """The first ``num_nodes`` pops of the DDTree heap over per-depth candidates.
+
+    Args:
+        vals (torch.Tensor): ``[D, K]`` fp32 candidate log-probs per depth, each row ranked (value desc, id asc).
+        ids (torch.Tensor): ``[D, K]`` int64 their token ids.
+        num_nodes (int): pops (non-root nodes), at most the number of reachable prefixes.
+
+    Returns:
+        tuple: ``tokens``, ``parents`` (0 = the root), ``depth``, each ``[num_nodes]`` int64, in pop order.
+    """
+    depth_limit, k = vals.shape
+    bits = k.bit_length()
+    if depth_limit * bits > 63:
+        raise ValueError(f"rank tuples of {depth_limit} digits of {bits} bits do not fit one int64 key.")
+    out = torch.empty(3, num_nodes, dtype=torch.long, device=vals.device)
+    slots = triton.next_power_of_2(num_nodes + 1)
+    _best_first_kernel[(1,)](
+        vals.contiguous(), ids.contiguous(), out[0], out[1], out[2],
+        K=k, D=depth_limit, BITS=bits, N=num_nodes, F=slots, num_warps=1,
+    )  # fmt: skip
+    return out[0], out[1], out[2]

@@ -1,0 +1,89 @@
+"""``ddtree_build``: the one-launch Triton selection (interpreter on CPU, compiled on GPU) equals the heap builder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.trees.ddtree import build_ddtree
+from specdec.trees.device import ddtree_device, to_draft_tree
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cases(num: int = 240, seed: int = 0):
+    """(logq, budget, topk) with D <= 15 and keys that fit: log-softmax rows, tie-heavy integer rows, -inf."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(num):
+        depth = int(torch.randint(1, 16, (1,), generator=gen))
+        vocab = int(torch.randint(1, 48, (1,), generator=gen))
+        budget = int(torch.randint(1, 80, (1,), generator=gen))
+        topk = [None, 1, 2, 3, 8, 15][i % 6]
+        if i % 3 == 0:  # many exact ties: small integers, some -inf
+            logq = torch.randint(-4, 1, (depth, vocab), generator=gen).float() - 3.0
+            if i % 2 == 0:
+                logq[logq < -6] = float("-inf")
+        else:
+            logq = torch.log_softmax(2 * torch.randn(depth, vocab, generator=gen), dim=-1)
+        k = min(budget if topk is None else topk, budget, vocab)
+        if depth * k.bit_length() <= 63:
+            out.append((logq, budget, topk))
+    return out
+
+
+def _build_all(device: str) -> list:
+    trees = []
+    for logq, budget, topk in cases():
+        root = torch.tensor(5, device=device)
+        tree = ddtree_device(logq.to(device), root, budget=budget, topk=topk, num_slots=budget + 2, impl="triton")
+        draft = to_draft_tree(tree)
+        trees.append((draft.tokens, draft.parents))
+    return trees
+
+
+def _check(trees) -> None:
+    assert len(trees) > 150
+    for (logq, budget, topk), (tokens, parents) in zip(cases(), trees, strict=True):
+        want = build_ddtree(logq, 5, budget=budget, topk=topk)
+        assert torch.equal(tokens.cpu(), want.tokens.cpu()), (budget, topk)
+        assert torch.equal(parents.cpu(), want.parents), (budget, topk)
+
+
+def test_interpreted_selection_equals_heap_builder(tmp_path):
+    pytest.importorskip("triton")
+    out = tmp_path / "trees.pt"
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _check(torch.load(out))
+
+
+def test_keys_that_do_not_fit_are_refused():
+    from specdec.kernels.ddtree_build import triton_fits
+
+    logq = torch.log_softmax(torch.randn(15, 100), -1)
+    assert not triton_fits(logq, 64)  # 15 digits of 7 bits
+    with pytest.raises(ValueError, match="int64"):
+        from specdec.kernels.ddtree_build.triton import best_first_triton
+
+        best_first_triton(logq[:, :64], torch.zeros(15, 64, dtype=torch.long), 10)
+
+
+@pytest.mark.gpu
+def test_compiled_selection_equals_heap_builder_on_cuda():
+    _check(_build_all("cuda"))
+
+
+if __name__ == "__main__":
+    torch.save(_build_all("cpu"), sys.argv[1])
