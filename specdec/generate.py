@@ -14,7 +14,7 @@ import torch
 from transformers import GenerationConfig
 
 from specdec.drafters.base import Drafter
-from specdec.fast.engine import FastEngine, bucket_size, fast_path_reason
+from specdec.fast.engine import FastEngine, fast_path_reason, tree_slots
 from specdec.hf_args import check_drafter_and_tree, check_input_ids, generation_value, resolve_generation_args
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
@@ -232,8 +232,7 @@ def _fast_engine(tgt: TargetModel, drafter, tree: TreeSpec, length: int, cuda_gr
         log = logger.warning if cuda_graphs else logger.info
         log("specdec: eager path (%s)", reason)
         return None
-    slots = 1 if drafter is None else max(bucket_size(tree.budget + 1), drafter.config.block_size)
-    engine = FastEngine.for_target(tgt, capacity=length + slots + 1)
+    engine = FastEngine.for_target(tgt, capacity=length + tree_slots(drafter, tree) + 1)
     logger.info("specdec: fast path (%s)", "CUDA graphs" if tgt.device.type == "cuda" else "device round, no capture")
     return engine
 

@@ -73,6 +73,12 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--compile", action="store_true", help="torch.compile the forwards under the graphs")
+    ap.add_argument(
+        "--model-layers",
+        type=int,
+        default=0,
+        help="add a small-LM drafter row: the target's first N layers, Chain(k=4) (0 = none)",
+    )
     ap.add_argument("--no-hf", action="store_true", help="skip the HF generate rows")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager-path comparison")
     ap.add_argument("--memory-rounds", type=int, default=1000, help="rounds of the flat-memory check (0 = skip)")
@@ -102,6 +108,9 @@ def main() -> None:
     }
     for b in args.budgets:
         spec[f"ddtree-b{b}-k{args.topk}"] = (drafter, specdec.DDTree(budget=b, topk=args.topk))
+    if args.model_layers:
+        small = specdec.ModelDrafter.from_target_layers(model, args.model_layers)
+        spec[f"model{args.model_layers}-chain-k4"] = (small, specdec.Chain(k=4))
     methods = {}
     if not args.no_hf:
         methods["hf-generate"] = lambda ids: model.generate(ids, max_new_tokens=new, do_sample=False)

@@ -15,19 +15,20 @@ import time
 import weakref
 
 import torch
-from transformers import DynamicCache
 
 from specdec.drafters.dflash import DFlashDrafter
 from specdec.drafters.dflash_static import DFlashStatic
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.model_static import ModelStatic
 from specdec.fast.graphs import Captured, compile_fn
-from specdec.fast.storage import StaticKV, commit_rows
+from specdec.fast.storage import StaticModel, commit_rows
 from specdec.state.kv import KVState
 from specdec.target import TargetModel
 from specdec.trees.device import ancestor_matrix, chain_device, ddtree_device
 from specdec.types import Chain, DDTree, SamplingParams, TreeSpec
 from specdec.verify.device import accept_device, target_choices
 
-__all__ = ["BUCKET", "FastEngine", "bucket_size", "fast_path_reason"]
+__all__ = ["BUCKET", "FastEngine", "bucket_size", "fast_path_reason", "tree_slots"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,49 +47,25 @@ def fast_path_reason(target: TargetModel, drafter) -> str | None:
         return f"{type(target.model).__name__} has recurrent layers; hybrid targets run on the eager path"
     if target._sliding_window_layers():
         return f"{type(target.model).__name__} has sliding-window attention layers"
+    if isinstance(drafter, ModelDrafter):
+        if drafter.lm._sliding_window_layers():
+            return f"the draft model {type(drafter.lm.model).__name__} has sliding-window attention layers"
+        return None
     if drafter is not None and not isinstance(drafter, DFlashDrafter):
-        return f"{type(drafter).__name__} has no fast path (DFlashDrafter and plain decoding do)"
+        return f"{type(drafter).__name__} has no fast path (DFlashDrafter, ModelDrafter and plain decoding do)"
     return None
 
 
-class _FastTarget:
-    """Static K/V storage of a target and its fixed-shape forward."""
+def tree_slots(drafter, tree: TreeSpec) -> int:
+    """Slots a round of ``drafter`` with ``tree`` needs past the root's position (tree bucket and draft window)."""
+    if drafter is None:
+        return 1
+    block = drafter.config.block_size if isinstance(drafter, DFlashDrafter) else _model_depth(drafter, tree) + 1
+    return max(bucket_size(tree.budget + 1), block)
 
-    def __init__(self, target: TargetModel, capacity: int) -> None:
-        self.target, self.capacity = target, capacity
-        probe = DynamicCache(config=target.config)
-        ids = torch.zeros(1, 1, dtype=torch.long, device=target.device)
-        target.model(input_ids=ids, **{target._cache_kw: probe, "use_cache": True})
-        shapes = {tuple(layer.keys.shape[1:]) for layer in probe.layers}
-        if len(shapes) != 1:
-            raise ValueError(f"attention layers of different shapes {sorted(shapes)}")
-        heads, _, head_dim = next(iter(shapes))
-        self.storage = StaticKV(
-            num_layers=len(probe.layers),
-            num_kv_heads=heads,
-            head_dim=head_dim,
-            capacity=capacity,
-            dtype=target.dtype,
-            device=target.device,
-        )
-        self.cache = self.storage.cache()
-        self.keys = torch.arange(capacity, device=target.device)
 
-    def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False):
-        """Logits ``[N, V]`` and taps ``[1, N, K*H]`` (or None) of one forward writing K/V at ``write_index``."""
-        self.storage.write_index = write_index
-        return self._forward(ids, positions, mask, taps, last_only)
-
-    def _forward(self, ids, positions, mask, taps, last_only):
-        target = self.target
-        kwargs = {target._cache_kw: self.cache, "use_cache": True}
-        if taps:
-            kwargs["output_hidden_states"] = True
-        if last_only and target._has_logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
-        hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1) if taps else None
-        return out.logits[0], hidden
+def _model_depth(drafter: ModelDrafter, tree: TreeSpec) -> int:
+    return tree.k if isinstance(tree, Chain) else min(tree.budget, drafter.tree_depth)
 
 
 class _Round:
@@ -108,12 +85,15 @@ class _Round:
         device = engine.device
         if drafter is None:
             self.depth, self.slots = 0, 1
+        elif isinstance(drafter, ModelDrafter):
+            self.depth, self.slots = _model_depth(drafter, tree), bucket_size(tree.budget + 1)
         else:
             block_depth = drafter.config.block_size - 1
             self.depth = min(tree.k, block_depth) if isinstance(tree, Chain) else block_depth
             self.slots = bucket_size(tree.budget + 1)
         self.path_len = self.depth + 1
-        self.taps = drafter.target_layer_ids if drafter is not None else None
+        self.taps = getattr(drafter, "target_layer_ids", None)
+        self.draft_forwards = self.depth if isinstance(drafter, ModelDrafter) else 1
         self.out = torch.zeros(self.path_len + 2, dtype=torch.long, device=device)
         self.arange = torch.arange(self.slots, device=device)
         vocab = engine.target.target.vocab_size
@@ -131,7 +111,11 @@ class _Round:
         if self.drafter is None:
             root = engine.root
             return _root_tree(root)
-        logq = self.static.logq(engine.root, engine.prefix, self.depth)
+        if isinstance(self.static, ModelStatic):
+            self.static.record(engine.root, engine.prefix)
+            logq = self.static.logq(engine.prefix, self.depth)
+        else:
+            logq = self.static.logq(engine.root, engine.prefix, self.depth)
         if isinstance(self.tree, DDTree):
             return ddtree_device(logq, engine.root, budget=self.tree.budget, topk=self.tree.topk, num_slots=self.slots)
         return chain_device(logq, engine.root, k=self.tree.k, num_slots=self.slots)
@@ -169,8 +153,10 @@ class _Round:
         accept = accept_device(tree, choices, ancestors, max_depth=self.depth)
         if self.depth:
             commit_rows(target.storage.kv, prefix, accept.path)
-        if self.static is not None:
+        if isinstance(self.static, DFlashStatic):
             self.static.ingest(hidden.index_select(1, accept.path), prefix)
+        elif self.static is not None:
+            self.static.record(accept.tokens, prefix + 1)
         self.out[: self.path_len].copy_(accept.tokens)
         self.out[self.path_len] = accept.num_path
         self.out[self.path_len + 1] = tree.num_nodes
@@ -203,7 +189,7 @@ class _Round:
             self.uniform.uniform_(generator=generator)
         self.captured()
         if self.drafter is not None:
-            self.drafter.num_forwards += 1
+            self.drafter.num_forwards += self.draft_forwards
         out = self.out.tolist()
         num_path = out[self.path_len]
         return out[:num_path], out[self.path_len + 1]
@@ -233,7 +219,7 @@ class FastEngine:
     def __init__(self, target: TargetModel, capacity: int) -> None:
         self.device = target.device
         start = time.perf_counter()
-        self.target = _FastTarget(target, capacity)
+        self.target = StaticModel(target, capacity)
         self.prefix = torch.zeros((), dtype=torch.long, device=self.device)
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
         self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -258,12 +244,13 @@ class FastEngine:
         engine.target.target = target
         return engine
 
-    def _static(self, drafter) -> DFlashStatic | None:
+    def _static(self, drafter) -> DFlashStatic | ModelStatic | None:
         if drafter is None:
             return None
         static = self._drafters.get(drafter)
         if static is None:
-            static = DFlashStatic(drafter, self.capacity)
+            kind = ModelStatic if isinstance(drafter, ModelDrafter) else DFlashStatic
+            static = kind(drafter, self.capacity)
             self._drafters[drafter] = static
         return static
 
@@ -274,14 +261,16 @@ class FastEngine:
         visible = self.target.keys[None] <= positions[:, None]
         dtype = self.target.target.dtype
         mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-        taps = drafter.target_layer_ids if drafter is not None else None
+        taps = getattr(drafter, "target_layer_ids", None)
         logits, hidden = self.target.forward(
             input_ids, positions[None], mask[None, None], positions, taps, last_only=True
         )
         self.prefix.fill_(n)
         static = self._static(drafter)
-        if static is not None:
+        if isinstance(static, DFlashStatic):
             static.ingest(hidden, 0)
+        elif static is not None:
+            static.prefill(input_ids)
         return logits[-1], hidden
 
     def set_root(self, token: torch.Tensor) -> None:

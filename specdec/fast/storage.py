@@ -11,9 +11,15 @@ nothing here relies on HF's own static-cache bookkeeping.
 from __future__ import annotations
 
 import torch
+from typing import TYPE_CHECKING
+
+from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-__all__ = ["StaticKV", "StaticKVCache", "commit_rows", "commit_rows_reference"]
+if TYPE_CHECKING:
+    from specdec.target import TargetModel
+
+__all__ = ["StaticKV", "StaticKVCache", "StaticModel", "commit_rows", "commit_rows_reference"]
 
 
 class StaticKV:
@@ -103,3 +109,64 @@ def commit_rows_reference(kv: torch.Tensor, prefix: int, path: list[int]) -> Non
     rows = [kv[:, :, :, :, prefix + p].clone() for p in path]
     for j, row in enumerate(rows):
         kv[:, :, :, :, prefix + j] = row
+
+
+class StaticModel:
+    """An HF causal LM over its own ``StaticKV`` (``capacity`` slots): fixed-shape forwards at explicit slots.
+
+    Args:
+        target (TargetModel): the wrapped model (attention layers of one shape).
+        capacity (int): slots.
+    """
+
+    def __init__(self, target: TargetModel, capacity: int) -> None:
+        self.target, self.capacity = target, capacity
+        probe = DynamicCache(config=target.config)
+        ids = torch.zeros(1, 1, dtype=torch.long, device=target.device)
+        target.model(input_ids=ids, **{target._cache_kw: probe, "use_cache": True})
+        shapes = {tuple(layer.keys.shape[1:]) for layer in probe.layers}
+        if len(shapes) != 1:
+            raise ValueError(f"attention layers of different shapes {sorted(shapes)}")
+        heads, _, head_dim = next(iter(shapes))
+        self.storage = StaticKV(
+            num_layers=len(probe.layers),
+            num_kv_heads=heads,
+            head_dim=head_dim,
+            capacity=capacity,
+            dtype=target.dtype,
+            device=target.device,
+        )
+        self.cache = self.storage.cache()
+        self.keys = torch.arange(capacity, device=target.device)
+
+    def causal_mask(self, positions: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Additive mask ``[1, 1, Q, capacity]``: query q sees the slots ``<= positions[q]`` (where ``visible``).
+
+        Args:
+            positions (torch.Tensor): ``[Q]`` int64 slot (= position) of each query.
+            visible (torch.Tensor | None): ``[Q, capacity]`` bool restricting it further (None: no restriction).
+        """
+        seen = self.keys[None] <= positions[:, None]
+        return self.additive_mask(seen if visible is None else seen & visible)
+
+    def additive_mask(self, seen: torch.Tensor) -> torch.Tensor:
+        """``[Q, capacity]`` bool (True = visible) -> the float mask ``[1, 1, Q, capacity]`` HF attention adds."""
+        dtype = self.target.dtype
+        mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
+        return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
+
+    def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False):
+        """Logits ``[N, V]`` and taps ``[1, N, K*H]`` (or None) of one forward writing K/V at ``write_index``."""
+        self.storage.write_index = write_index
+        return self._forward(ids, positions, mask, taps, last_only)
+
+    def _forward(self, ids, positions, mask, taps, last_only):
+        target = self.target
+        kwargs = {target._cache_kw: self.cache, "use_cache": True}
+        if taps:
+            kwargs["output_hidden_states"] = True
+        if last_only and target._has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
+        hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1) if taps else None
+        return out.logits[0], hidden

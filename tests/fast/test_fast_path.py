@@ -7,7 +7,7 @@ import logging
 
 import pytest
 import torch
-from models import tiny_model
+from models import perturbed_copy, tiny_model
 from oracles import gof_pvalue
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
@@ -49,6 +49,23 @@ def test_fast_round_equals_hf_greedy(arch):
             out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=30, cuda_graphs=True)
             assert out.stats.path == "fast", tree
             assert torch.equal(out.sequences, ref), (arch, tree)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2"])
+def test_fast_model_drafter_equals_hf_greedy_and_the_eager_drafts(arch):
+    """The small-LM drafter on the fast path drafts what the eager drafter drafts (same acceptance, same forwards),
+    including prompts shorter than its re-run window."""
+    target = tiny_model(arch, scale=2.0)
+    drafter = specdec.ModelDrafter(perturbed_copy(target, noise=0.3))
+    for length in (3, 15):
+        ids = prompt(n=length, seed=length)
+        ref = target.generate(ids, max_new_tokens=30, min_new_tokens=30, do_sample=False)
+        for tree in (specdec.Chain(k=4), specdec.DDTree(budget=10, topk=3)):
+            fast = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=30, cuda_graphs=True)
+            eager = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=30, cuda_graphs=False)
+            assert fast.stats.path == "fast" and torch.equal(fast.sequences, ref), (arch, tree, length)
+            assert fast.stats.accept_hist == eager.stats.accept_hist
+            assert fast.stats.draft_forwards == eager.stats.draft_forwards
 
 
 def test_fast_round_equals_eager_round_on_the_zoo(zoo):
