@@ -10,9 +10,9 @@ nothing here relies on HF's own static-cache bookkeeping.
 
 from __future__ import annotations
 
-import torch
 from typing import TYPE_CHECKING
 
+import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
