@@ -16,7 +16,7 @@ import triton.language as tl
 
 __all__ = ["best_first_triton"]
 
-_INT64_MAX = 9223372036854775807
+_INT64_MAX = tl.constexpr(9223372036854775807)
 
 
 @triton.jit
