@@ -11,6 +11,7 @@ the CPU suite proves it token-identical. Engines (storage + graphs) are cached p
 from __future__ import annotations
 
 import logging
+import os
 import time
 import weakref
 
@@ -33,6 +34,9 @@ __all__ = ["BUCKET", "FastEngine", "bucket_size", "fast_path_reason", "tree_slot
 logger = logging.getLogger(__name__)
 
 BUCKET = 16  # trees are padded to a multiple of this many nodes
+# The DDTree selection inside rounds: "torch" (default) or "triton"/"auto" (the one-launch kernel, opt-in until
+# its speed is measured on a GPU; docs/kernels.md).
+_DDTREE_IMPL = os.environ.get("SPECDEC_DDTREE_IMPL", "torch")
 _CAPACITY_STEP = 256
 
 
@@ -117,7 +121,9 @@ class _Round:
         else:
             logq = self.static.logq(engine.root, engine.prefix, self.depth)
         if isinstance(self.tree, DDTree):
-            return ddtree_device(logq, engine.root, budget=self.tree.budget, topk=self.tree.topk, num_slots=self.slots)
+            return ddtree_device(
+                logq, engine.root, budget=self.tree.budget, topk=self.tree.topk, num_slots=self.slots, impl=_DDTREE_IMPL
+            )
         return chain_device(logq, engine.root, k=self.tree.k, num_slots=self.slots)
 
     def _ar_round(self) -> None:

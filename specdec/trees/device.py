@@ -51,7 +51,7 @@ def ddtree_device(
     budget: int,
     topk: int | None,
     num_slots: int,
-    impl: str = "auto",
+    impl: str = "torch",
 ) -> DeviceTree:
     """The DDTree of :func:`~specdec.trees.ddtree.build_ddtree`, node for node, as device tensor ops.
 
@@ -67,9 +67,9 @@ def ddtree_device(
         budget (int): number of non-root nodes, >= 1.
         topk (int | None): candidates per depth, >= 1; None means ``budget``. Also capped by ``budget`` and ``V``.
         num_slots (int): ``S``, the output length, >= ``budget + 1``.
-        impl (str): ``"torch"`` (per-depth selection as tensor ops, any device), ``"triton"`` (the heap's pops in
-            one launch, ``specdec.kernels.ddtree_build``) or ``"auto"``: Triton on CUDA when the rank tuples fit
-            one int64 key (``D * bit_length(k) <= 63``, e.g. D = 15 with k <= 15), else torch.
+        impl (str): ``"torch"`` (default: per-depth selection as tensor ops, any device), ``"triton"`` (the heap's
+            pops in one launch, ``specdec.kernels.ddtree_build``; needs ``D * bit_length(k) <= 63``, e.g. D = 15
+            with k <= 15) or ``"auto"``: Triton on CUDA when it applies, else torch.
 
     Returns:
         DeviceTree: ``S`` slots holding ``1 + min(budget, reachable)`` real nodes.
