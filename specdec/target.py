@@ -119,6 +119,17 @@ class TargetModel:
         return logits[-1], hidden
 
     @torch.no_grad()
+    def prefill_into(self, cache, input_ids: torch.Tensor, taps: Sequence[int] | None = None):
+        """Run the prompt into ``cache`` (an empty HF cache) with the model's own forward; this wrapper's cache is
+        left alone. Returns (logits ``[V]`` at the last position, taps ``[1, T, L*H]`` or None)."""
+        saved, self.cache = self.cache, cache
+        try:
+            logits, hidden = self._forward(input_ids, taps=taps, last_only=True)
+        finally:
+            self.cache = saved
+        return logits[-1], hidden
+
+    @torch.no_grad()
     def verify(self, tree: DraftTree, taps: Sequence[int] | None = None):
         """One forward over all tree nodes on top of the committed prefix.
 

@@ -16,13 +16,16 @@ import time
 import weakref
 
 import torch
+from transformers import DynamicCache
 
 from specdec.drafters.dflash import DFlashDrafter
 from specdec.drafters.dflash_static import DFlashStatic
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.model_static import ModelStatic
 from specdec.fast.graphs import Captured, compile_fn
+from specdec.fast.hybrid import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.fast.storage import StaticModel, commit_rows
+from specdec.state.hybrid import HybridState, VerifyRound, _swapped_forwards
 from specdec.state.kv import KVState
 from specdec.target import TargetModel
 from specdec.trees.device import ancestor_matrix, chain_device, ddtree_device
@@ -48,7 +51,9 @@ def bucket_size(num_nodes: int) -> int:
 def fast_path_reason(target: TargetModel, drafter) -> str | None:
     """None when the fast path can run ``target`` with ``drafter``, else the reason it cannot (for the log)."""
     if not isinstance(target.state, KVState):
-        return f"{type(target.model).__name__} has recurrent layers; hybrid targets run on the eager path"
+        reason = hybrid_reason(target.state)
+        if reason is not None:
+            return f"{type(target.model).__name__}: {reason}"
     if target._sliding_window_layers():
         return f"{type(target.model).__name__} has sliding-window attention layers"
     if isinstance(drafter, ModelDrafter):
@@ -103,7 +108,8 @@ class _Round:
         vocab = engine.target.target.vocab_size
         self.uniform = torch.rand(self.slots, vocab, device=device) if sampling.do_sample else None
         self.out[self.path_len : self.path_len + 2] = 1  # plain decoding: one path node, one tree node
-        fn = self._ar_round if drafter is None else self._round
+        self.hybrid = engine.target.target.state if isinstance(engine.target.target.state, HybridState) else None
+        fn = self._ar_round if drafter is None and self.hybrid is None else self._round
         self.compile = compile
         self.captured = Captured(
             compile_fn(fn, compile) if compile else fn, device=device, graph=graph, snapshot=self._snapshot
@@ -154,11 +160,21 @@ class _Round:
         dtype = engine.target.target.dtype
         mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
         mask = mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
-        logits, hidden = target.forward(tree.tokens[None], (prefix + tree.depth)[None], mask, write_index, self.taps)
+        args = (tree.tokens[None], (prefix + tree.depth)[None], mask, write_index, self.taps)
+        if self.hybrid is None:
+            logits, hidden = target.forward(*args)
+        else:  # recurrent mixers run through their adapters over the device topology
+            rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
+                              topo=DeviceTopology(tree))  # fmt: skip
+            with _swapped_forwards(self.hybrid.adapters, rnd):
+                logits, hidden = target.forward(*args)
         choices = target_choices(logits, self.sampling, self.uniform)
         accept = accept_device(tree, choices, ancestors, max_depth=self.depth)
         if self.depth:
             commit_rows(target.storage.kv, prefix, accept.path)
+        if self.hybrid is not None:
+            for adapter in self.hybrid.adapters:
+                commit_recurrent(adapter, rnd, accept.path, accept.num_path)
         if isinstance(self.static, DFlashStatic):
             self.static.ingest(hidden.index_select(1, accept.path), prefix)
         elif self.static is not None:
@@ -263,21 +279,24 @@ class FastEngine:
     def prefill(self, input_ids: torch.Tensor, drafter) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the prompt into the static caches (eager; prompt lengths vary). Returns the last logits ``[V]``."""
         n, device = input_ids.shape[1], self.device
-        positions = torch.arange(n, device=device)
-        visible = self.target.keys[None] <= positions[:, None]
-        dtype = self.target.target.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
         taps = getattr(drafter, "target_layer_ids", None)
-        logits, hidden = self.target.forward(
-            input_ids, positions[None], mask[None, None], positions, taps, last_only=True
-        )
+        target = self.target.target
+        if self.target.recurrent:  # hybrids: the model's own forward into an HF cache, then copied in
+            cache = DynamicCache(config=target.config)
+            logits, hidden = target.prefill_into(cache, input_ids, taps)
+            self.target.load(cache, n)
+        else:
+            positions = torch.arange(n, device=device)
+            mask = self.target.causal_mask(positions)
+            logits, hidden = self.target.forward(input_ids, positions[None], mask, positions, taps, last_only=True)
+            logits = logits[-1]
         self.prefix.fill_(n)
         static = self._static(drafter)
         if isinstance(static, DFlashStatic):
             static.ingest(hidden, 0)
         elif static is not None:
             static.prefill(input_ids)
-        return logits[-1], hidden
+        return logits, hidden
 
     def set_root(self, token: torch.Tensor) -> None:
         self.root.copy_(token.view(1))

@@ -80,11 +80,31 @@ class _StaticLayer(CacheLayerMixin):
         return None
 
 
-class StaticKVCache(Cache):
-    """HF ``Cache`` over a ``StaticKV``: pass it as the model's cache kwarg with an explicit 4D mask and positions."""
+class _StaticRecurrentLayer:
+    """A recurrent (conv + state) layer's static tensors, read and written only by specdec's adapters."""
 
-    def __init__(self, storage: StaticKV) -> None:
-        super().__init__(layers=[_StaticLayer(storage, i) for i in range(storage.kv.shape[0])])
+    is_compileable = True
+    is_sliding = False
+    is_initialized = True
+    supports_early_init = False
+
+    def __init__(self, conv_states: torch.Tensor, recurrent_states: torch.Tensor) -> None:
+        self.conv_states = conv_states
+        self.recurrent_states = recurrent_states
+
+
+class StaticKVCache(Cache):
+    """HF ``Cache`` over a ``StaticKV``: pass it as the model's cache kwarg with an explicit 4D mask and positions.
+
+    Args:
+        storage (StaticKV): the attention layers' rows.
+        layers (list | None): per model layer, an attention slot index (int) or a ``_StaticRecurrentLayer``;
+            None = every layer is attention, in order.
+    """
+
+    def __init__(self, storage: StaticKV, layers: list | None = None) -> None:
+        layout = list(range(storage.kv.shape[0])) if layers is None else layers
+        super().__init__(layers=[_StaticLayer(storage, x) if isinstance(x, int) else x for x in layout])
         self.storage = storage
 
 
@@ -124,20 +144,44 @@ class StaticModel:
         probe = DynamicCache(config=target.config)
         ids = torch.zeros(1, 1, dtype=torch.long, device=target.device)
         target.model(input_ids=ids, **{target._cache_kw: probe, "use_cache": True})
-        shapes = {tuple(layer.keys.shape[1:]) for layer in probe.layers}
+        attention = [i for i, layer in enumerate(probe.layers) if _tensor(layer, "keys") is not None]
+        shapes = {tuple(probe.layers[i].keys.shape[1:]) for i in attention}
         if len(shapes) != 1:
             raise ValueError(f"attention layers of different shapes {sorted(shapes)}")
         heads, _, head_dim = next(iter(shapes))
         self.storage = StaticKV(
-            num_layers=len(probe.layers),
+            num_layers=len(attention),
             num_kv_heads=heads,
             head_dim=head_dim,
             capacity=capacity,
             dtype=target.dtype,
             device=target.device,
         )
-        self.cache = self.storage.cache()
+        layout: list = []
+        self.recurrent: dict[int, _StaticRecurrentLayer] = {}
+        for i, layer in enumerate(probe.layers):
+            if i in attention:
+                layout.append(attention.index(i))
+                continue
+            conv, rec = _tensor(layer, "conv_states"), _tensor(layer, "recurrent_states")
+            if conv is None or rec is None:
+                raise ValueError(f"cache layer {i} ({type(layer).__name__}) is neither attention nor conv + state")
+            self.recurrent[i] = _StaticRecurrentLayer(torch.zeros_like(conv), torch.zeros_like(rec))
+            layout.append(self.recurrent[i])
+        self.attention_layers = attention
+        self.cache = StaticKVCache(self.storage, layout)
         self.keys = torch.arange(capacity, device=target.device)
+        self.mask_types = sorted(set(getattr(target.text_config, "layer_types", None) or [])) if self.recurrent else []
+
+    def load(self, cache, length: int) -> None:
+        """Copy an HF cache that holds ``length`` prefilled tokens into the static storage (slots ``0 .. length-1``)."""
+        for slot, i in enumerate(self.attention_layers):
+            layer = cache.layers[i]
+            self.storage.kv[slot, 0, :, :, :length].copy_(layer.keys[:, :, :length])
+            self.storage.kv[slot, 1, :, :, :length].copy_(layer.values[:, :, :length])
+        for i, static in self.recurrent.items():
+            static.conv_states.copy_(_tensor(cache.layers[i], "conv_states"))
+            static.recurrent_states.copy_(_tensor(cache.layers[i], "recurrent_states"))
 
     def causal_mask(self, positions: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
         """Additive mask ``[1, 1, Q, capacity]``: query q sees the slots ``<= positions[q]`` (where ``visible``).
@@ -167,6 +211,15 @@ class StaticModel:
             kwargs["output_hidden_states"] = True
         if last_only and target._has_logits_to_keep:
             kwargs["logits_to_keep"] = 1
+        if self.mask_types and isinstance(mask, torch.Tensor):  # hybrids: skip HF's mask builders (host checks)
+            mask = dict.fromkeys(self.mask_types, mask)
         out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
         hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1) if taps else None
         return out.logits[0], hidden
+
+
+def _tensor(layer, name: str) -> torch.Tensor | None:
+    value = getattr(layer, name, None)
+    if isinstance(value, dict):
+        value = value.get(0)
+    return value if isinstance(value, torch.Tensor) and value.dim() >= 2 else None

@@ -73,3 +73,20 @@ def test_fast_path_sampling_runs_and_reuses_graphs(zoo):
     )
     assert first.stats.path == again.stats.path == "fast"
     assert again.stats.capture_ms == 0.0  # the graph of the first call is replayed
+
+
+def test_fast_path_hybrid_fp32_equals_hf_greedy(zoo):
+    """The zoo hybrid (Gated DeltaNet + attention) captured on the fast path."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(zoo / "target-hybrid", dtype=torch.float32).cuda().eval()
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    drafter = DFlashDrafter.from_pretrained("assets/drafters/zoo-hybrid", target=model)
+    rows = [json.loads(line) for line in (zoo / "prompts_dev.jsonl").read_text().splitlines()]
+    for row in rows[:4]:
+        ids = tok(row["prompt"], return_tensors="pt").input_ids.cuda()
+        ref = model.generate(ids, max_new_tokens=48, do_sample=False)
+        for tree in (None, specdec.Chain(k=15), specdec.DDTree(budget=32, topk=8)):
+            out = specdec.generate(model, ids, drafter=drafter if tree else None, tree=tree, max_new_tokens=48)
+            assert out.stats.path == "fast"
+            assert torch.equal(out.sequences, ref)

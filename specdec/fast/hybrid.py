@@ -1,0 +1,83 @@
+"""Hybrid (Gated DeltaNet + attention) targets on the fast path: device-side tree topology and recurrent commit.
+
+The recurrent mixers run through the same adapters as on the eager path (``specdec.state.gdn``), fed a
+``DeviceTopology`` built from the device tree (conv gather table and parent array as tensors, no host reads);
+the Gated DeltaNet recurrence goes through ``specdec.kernels.tree_gdn`` (Triton on CUDA). The conv windows and
+recurrent states live in static tensors (``specdec.fast.storage``); the commit replays the accepted path from the
+committed state in a fixed number of masked steps and rebuilds each conv window by one gather.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.state.gdn import GatedDeltaNetAdapter
+from specdec.state.hybrid import HybridState, RecurrentAdapter, VerifyRound
+from specdec.trees.device import DeviceTree
+
+__all__ = ["DeviceTopology", "commit_recurrent", "hybrid_reason"]
+
+
+def hybrid_reason(state) -> str | None:
+    """None when the hybrid state manager's layers have a device path, else why not."""
+    if not isinstance(state, HybridState):
+        return None
+    if state.mode != "exact":
+        return f"hybrid_mode={state.mode!r} replays through the model's own forward"
+    other = sorted({type(a.module).__name__ for a in state.adapters if not isinstance(a, GatedDeltaNetAdapter)})
+    if other:
+        return f"recurrent layers {', '.join(other)} have no device tree scan yet (Gated DeltaNet layers do)"
+    return None
+
+
+class DeviceTopology:
+    """The tree as the recurrent adapters read it (``TreeTopology``'s interface), with tensors only.
+
+    Args:
+        tree (DeviceTree): ``S`` slots; padding slots have parent -1 and depth 0 (they read the committed state
+            and window, and their outputs are ignored).
+    """
+
+    is_chain = False
+
+    def __init__(self, tree: DeviceTree) -> None:
+        self.parents, self.depth = tree.parents, tree.depth
+        self.device = tree.parents.device
+        self.num_nodes = tree.parents.numel()
+        self._conv_index: dict = {}
+
+    def conv_index(self, width: int, stored: int) -> torch.Tensor:
+        """Gather table ``[S, width]`` into ``cat(window (stored columns), node inputs)``, as ``TreeTopology``."""
+        if stored < width - 1:
+            raise ValueError(f"conv window of {stored} columns is too short for kernel width {width}")
+        key = (width, stored)
+        if key not in self._conv_index:
+            columns = []
+            node = torch.arange(self.num_nodes, device=self.device)
+            for distance in range(width):  # newest tap first
+                if distance:
+                    node = torch.where(node >= 0, self.parents[node.clamp(min=0)], -1)
+                above = stored - (distance - self.depth)  # the committed window, newest column last
+                columns.append(torch.where(node >= 0, stored + node, above))
+            self._conv_index[key] = torch.stack(columns[::-1], dim=1)
+        return self._conv_index[key]
+
+
+def commit_recurrent(adapter: RecurrentAdapter, rnd: VerifyRound, path: torch.Tensor, num_path: torch.Tensor) -> None:
+    """Write the state after the accepted path and its conv window, as ``RecurrentAdapter.commit``, on the device.
+
+    Args:
+        adapter (RecurrentAdapter): the layer's adapter (its stash is in ``rnd``).
+        rnd (VerifyRound): the round verified with a ``DeviceTopology``.
+        path (torch.Tensor): ``[P]`` int64 accepted nodes, root first, padded by repeating the last one.
+        num_path (torch.Tensor): 0-d int64 number of real entries of ``path``.
+    """
+    conv, rec = adapter.states(rnd)
+    stash = rnd.stash[adapter.layer_idx]
+    state = rec.float()
+    for step in range(path.shape[0]):  # fixed count; steps past the path leave the state as it is
+        state = torch.where(num_path > step, adapter.advance(state, stash, path[step : step + 1]), state)
+    stored = conv.shape[-1]
+    window = torch.cat([conv[0], stash.preconv.index_select(0, path).transpose(0, 1).to(conv.dtype)], dim=1)
+    conv.copy_(window.index_select(1, num_path + torch.arange(stored, device=path.device))[None])
+    rec.copy_(state.to(rec.dtype))

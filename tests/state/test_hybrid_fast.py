@@ -1,0 +1,67 @@
+"""Hybrid targets on the fast path (device-side round, CPU without capture): token-identical to the target's own
+greedy ``generate`` and to the eager path's acceptance; families without a device scan fall back with a reason."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from hybrid_harness import VOCAB
+from test_hybrid_generate import _bigram_drafter, _target
+
+import specdec
+from specdec.drafters.dflash import DFlashDrafter
+
+TREES = [specdec.Chain(k=4), specdec.DDTree(budget=8), specdec.DDTree(budget=20, topk=3)]
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_gated_deltanet_fast_round_matches_target_generate(family):
+    target = _target(family)
+    drafter = _bigram_drafter(target)
+    gen = torch.Generator().manual_seed(0)
+    accepted = 0
+    for _ in range(2):
+        input_ids = torch.randint(0, VOCAB, (1, 8), generator=gen)
+        want = target.generate(input_ids, max_new_tokens=40, do_sample=False)
+        plain = specdec.generate(target, input_ids, max_new_tokens=40, cuda_graphs=True)
+        assert plain.stats.path == "fast" and torch.equal(plain.sequences, want)
+        for tree in TREES:
+            fast = specdec.generate(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=40, cuda_graphs=True)
+            eager = specdec.generate(
+                target, input_ids, drafter=drafter, tree=tree, max_new_tokens=40, cuda_graphs=False
+            )
+            assert fast.stats.path == "fast" and torch.equal(fast.sequences, want), tree
+            assert fast.stats.accept_hist == eager.stats.accept_hist
+            accepted += fast.stats.new_tokens - fast.stats.rounds
+    assert accepted > 0  # multi-token commits of the recurrent state were exercised
+
+
+def test_zoo_hybrid_fast_round_matches_greedy(zoo):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(zoo / "target-hybrid", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    drafter = DFlashDrafter.from_pretrained("assets/drafters/zoo-hybrid", target=target)
+    rows = [json.loads(line) for line in (zoo / "prompts_dev.jsonl").read_text().splitlines()]
+    taus = []
+    for row in rows[:2]:
+        ids = tok(row["prompt"], return_tensors="pt").input_ids
+        want = target.generate(ids, max_new_tokens=32, do_sample=False)
+        for tree in (specdec.Chain(k=15), specdec.DDTree(budget=32, topk=8)):
+            fast = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=32, cuda_graphs=True)
+            assert fast.stats.path == "fast" and torch.equal(fast.sequences, want)
+            taus.append(fast.stats.tau)
+    assert max(taus) > 2.5  # long accepted paths: deep recurrent commits
+
+
+def test_mamba2_families_fall_back_with_a_reason(caplog):
+    target = _target("mamba2")
+    input_ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    want = target.generate(input_ids, max_new_tokens=12, do_sample=False)
+    with caplog.at_level(logging.WARNING, logger="specdec.generate"):
+        out = specdec.generate(target, input_ids, max_new_tokens=12, cuda_graphs=True)
+    assert out.stats.path == "eager" and torch.equal(out.sequences, want)
+    assert "no device tree scan" in caplog.text
