@@ -61,7 +61,14 @@ class Captured:
             self.fn()
             return
         if self.graph is None:
-            self._capture()
+            try:
+                self._capture()
+            except RuntimeError as err:  # a capture-unsafe op: keep exact results, run the same code eagerly
+                logger.warning("CUDA graph capture failed, running this round without a graph: %s", err)
+                torch.cuda.synchronize(self.device)
+                self.use_graph = False
+                self.fn()
+                return
         self.graph.replay()
 
     def _capture(self) -> None:
