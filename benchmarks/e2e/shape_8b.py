@@ -1,12 +1,16 @@
-"""Round cost at the Qwen3-8B shape (random bf16 weights) with a 5-layer DFlash-shaped drafter of that width.
+"""Round cost at the Qwen3-8B shape (or, with --hybrid, a Qwen3.5 hybrid of about 8 B; random bf16 weights) with a
+5-layer DFlash-shaped drafter of that width.
 
     python benchmarks/e2e/shape_8b.py [--compile] [--layers 36] [--prompt 512]
+    python benchmarks/e2e/shape_8b.py --hybrid            # Qwen3.5 architecture, 32 layers, 3 GDN : 1 attention
 
 Times, as medians of CUDA-graph replays after warm-up: the copy bandwidth and the HBM floor (weight bytes /
 bandwidth); the fast path's AR step (one captured round of plain decoding); the target forward over 1/16/32/64
 tree nodes; and the pieces and whole of a DDTree round (drafter block forward, tree build, verify, acceptance
 and commit) for budgets 15/31/63 (16/32/64 nodes). ``--compile`` adds the AR step and the b31 round compiled
-under the graphs (about two minutes of compilation each at this size). Needs a CUDA device.
+under the graphs (about two minutes of compilation each at this size). With ``--hybrid`` the verify is timed as
+round - drafter - build (the recurrent layers run through specdec's adapters inside the round). Needs a CUDA
+device (``--small`` runs a tiny config on CPU to check the script).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import statistics
 import time
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
 from specdec.drafters.dflash import DFlashDrafter
 from specdec.fast.engine import FastEngine
@@ -66,6 +70,11 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--small", action="store_true", help="a tiny config on CPU: checks the script, times nothing")
+    ap.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="a Qwen3.5-architecture hybrid instead (3 Gated-DeltaNet : 1 attention layers, hidden 4096, 32 layers)",
+    )
     args = ap.parse_args()
     device = torch.device("cpu" if args.small else "cuda")
     width = (
@@ -87,18 +96,33 @@ def main() -> None:
             head_dim=128,
         )
     )
-    cfg = Qwen3Config(
-        **width,
-        num_hidden_layers=args.layers,
-        max_position_embeddings=40960,
-        rope_theta=1e6,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-    )
+    if args.hybrid:
+        small = dict(vocab_size=1000, hidden_size=128, intermediate_size=256, linear_num_key_heads=2,
+                     linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=32)  # fmt: skip
+        layers = args.layers if args.layers != 36 else 32
+        cfg = Qwen3_5TextConfig(
+            **(small if args.small else {}),
+            num_hidden_layers=layers,
+            layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)],
+            tie_word_embeddings=False,
+            attn_implementation="sdpa",
+        )
+        model_cls = Qwen3_5ForCausalLM
+    else:
+        cfg = Qwen3Config(
+            **width,
+            num_hidden_layers=args.layers,
+            max_position_embeddings=40960,
+            rope_theta=1e6,
+            tie_word_embeddings=False,
+            attn_implementation="sdpa",
+        )
+        model_cls = Qwen3ForCausalLM
     t0 = time.perf_counter()
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
+        model = model_cls(cfg).to(torch.bfloat16).eval()
     drafter = DFlashDrafter.for_target(
         model,
         mask_token_id=cfg.vocab_size - 1,
@@ -135,7 +159,7 @@ def main() -> None:
     start(drafter)
     logq = torch.log_softmax(torch.randn(15, cfg.vocab_size, device=device) * 3, -1)
     fwd = {}
-    for n in (1, 16, 32, 64):
+    for n in () if args.hybrid else (1, 16, 32, 64):  # hybrids: verify = round - draft - build (below)
         tree = ddtree_device(logq, prompt[0, -1], budget=max(n - 1, 1), topk=8, num_slots=n) if n > 1 else None
         ids = tree.tokens[None] if tree is not None else prompt[:, -1:]
         pos = (args.prompt + (tree.depth if tree is not None else torch.zeros(1, dtype=torch.long, device=device)))[
@@ -157,20 +181,27 @@ def main() -> None:
     static = engine._static(drafter)
     prefix = engine.prefix
     draft = Captured(lambda: static.logq(engine.root, prefix, 15), device=device, graph=True)
-    rows.append(("drafter block forward (16 slots)", timed(draft), ""))
+    draft_ms = timed(draft)
+    rows.append(("drafter block forward (16 slots)", draft_ms, ""))
+    builds = {}
     for budget in (15, 31, 63):
         build = Captured(
             lambda b=budget: ancestor_matrix(ddtree_device(logq, engine.root, budget=b, topk=8, num_slots=b + 1), 15),
             device=device,
             graph=True,
         )
-        rows.append((f"tree build + ancestors, budget {budget}", timed(build), ""))
+        builds[budget] = timed(build)
+        rows.append((f"tree build + ancestors, budget {budget}", builds[budget], ""))
     for budget in (15, 31, 63):
         start(drafter)
         rnd = engine.round_for(drafter, DDTree(budget=budget, topk=8), GREEDY, graph=True)
         ms = timed(lambda rnd=rnd: rnd.captured())
         note = f"{ms / floor_round:.2f} x (target+drafter bytes)/bandwidth (target <= 1.25)" if budget == 31 else ""
         rows.append((f"DDTree round, budget {budget} (captured)", ms, note))
+        if args.hybrid:
+            rest = ms - draft_ms - builds[budget]
+            rows.append((f"  verify + accept + commit, {budget + 1} nodes (round - draft - build)", rest,
+                         f"{rest / ar_ms:.2f} x the AR step (target <= 1.2)"))  # fmt: skip
 
     if args.compile:
         for name, d, tree in (
@@ -187,7 +218,8 @@ def main() -> None:
             rows.append((name, ms, f"{ms / ref:.2f} x its floor; compile + capture {compile_s:.0f} s"))
 
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"# Qwen3-8B shape ({args.layers} layers, random bf16), prompt {args.prompt}, {gpu}")
+    shape = "Qwen3.5 hybrid shape (3 GDN : 1 attention)" if args.hybrid else "Qwen3-8B shape"
+    print(f"# {shape} ({cfg.num_hidden_layers} layers, random bf16), prompt {args.prompt}, {gpu}")
     print(
         f"target {t_bytes / 1e9:.2f} GB, drafter {d_bytes / 1e9:.2f} GB, copy bandwidth {gbs / 1e3:.3f} TB/s, "
         f"HBM floor {floor:.2f} ms (target), {floor_round:.2f} ms (target + drafter); setup {setup_s:.0f} s"
