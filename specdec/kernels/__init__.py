@@ -2,5 +2,6 @@
 CPU path), ``triton.py`` and the public ``<op>(..., impl="auto")`` in its ``__init__``."""
 
 from specdec.kernels.tree_gdn import tree_gdn
+from specdec.kernels.tree_mamba2 import tree_mamba2
 
-__all__ = ["tree_gdn"]
+__all__ = ["tree_gdn", "tree_mamba2"]

@@ -3,8 +3,8 @@
 During ``verify_scope`` every supported recurrent mixer runs through a per-family adapter (``gdn.py``,
 ``mamba2.py``) instead of its HF forward: the short conv reads each node's ancestor path (falling back to the
 committed conv window above the root), the recurrence runs per path, ``state(node) = f(state(parent), x_node)``,
-in fp32 (one tree depth at a time in the torch reference; Gated DeltaNet on CUDA uses the fused Triton kernel of
-``specdec.kernels.tree_gdn``), and nothing is written to the cache. The adapter stashes the small per-node
+in fp32 (``specdec.kernels.tree_gdn`` / ``tree_mamba2``: one tree depth at a time in their torch references, one
+fused Triton launch per layer on CUDA), and nothing is written to the cache. The adapter stashes the small per-node
 inputs of the recurrence; ``commit`` replays only the accepted path from the committed state and rebuilds the
 conv window from the path's pre-conv inputs. Attention layers use the KV commit of ``kv.py``. The maths and
 costs are in ``docs/hybrid.md``.

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
-from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv, tree_scan
+from specdec.kernels import tree_mamba2
+from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv
 
 __all__ = ["MAMBA2_ADAPTERS", "FalconH1Adapter", "Mamba2Adapter", "Mamba2Stash", "mamba2_step"]
 
@@ -82,26 +83,24 @@ class Mamba2Adapter(RecurrentAdapter):
         post = tree_conv(xbc[0], conv[0], weight, m.conv1d.bias, index, ACT2FN[m.activation])  # [N, C]
         group = m.n_groups * m.ssm_state_size
         x, B, C = post.split([m.intermediate_size, group, group], dim=-1)
-        rep = m.num_heads // m.n_groups  # head h reads group h // rep
         x = x.reshape(n, m.num_heads, m.head_dim)
-        C = C.float().reshape(n, m.n_groups, m.ssm_state_size).repeat_interleave(rep, dim=1)
+        B = B.reshape(n, m.n_groups, m.ssm_state_size)
         low, high = m.time_step_limit
         dt = F.softplus(dt[0].float() + m.dt_bias.float()).clamp(min=low, max=high)
         stash = Mamba2Stash(  # contiguous copies: the stash must not pin the whole projections until commit
             preconv=xbc[0].contiguous(),
             x=x.contiguous(),
             dt=dt,
-            B=B.reshape(n, m.n_groups, m.ssm_state_size).contiguous(),
+            B=B.contiguous(),
             A=-torch.exp(m.A_log.float()),
-            heads_per_group=rep,
+            heads_per_group=m.num_heads // m.n_groups,  # head h reads group h // heads_per_group
         )
         rnd.stash[self.layer_idx] = stash
 
-        def step(parent_states, nodes):
-            states = self.advance(parent_states, stash, nodes)
-            return states, (states * C.index_select(0, nodes)[:, :, None, :]).sum(-1)  # [n, H, P]
-
-        y = tree_scan(rec.float(), topo, step) + m.D.float()[:, None] * x.float()  # [N, H, P]
+        # conv tap W-2 is the parent's column (stored - 1 above the root): the parent array already on the device
+        parents = index[:, -2] - conv.shape[-1]
+        C = C.reshape(n, m.n_groups, m.ssm_state_size)
+        y = tree_mamba2(rec[0].float(), stash.x, stash.B, C, dt, stash.A, m.D, parents, impl="auto")  # [N, H, P]
         y = self._gated_norm(y.reshape(1, n, -1).to(hidden_states.dtype), gate)
         return m.out_proj(y.to(hidden_states.dtype))
 

@@ -1,0 +1,91 @@
+"""``tree_mamba2``: the SSD (Mamba2) recurrence over a draft tree, one layer, all nodes.
+
+See ``docs/kernels.md`` for the maths, the kernel design and its tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Literal
+
+import torch
+
+from specdec.kernels.tree_mamba2.reference import tree_mamba2_reference
+
+__all__ = ["tree_mamba2", "tree_mamba2_reference"]
+
+Impl = Literal["auto", "triton", "reference"]
+
+
+def tree_mamba2(
+    init_state: torch.Tensor,
+    x: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    parents: torch.Tensor,
+    *,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """SSD outputs ``[N, H, P]`` (fp32, before the gated norm) of every tree node, each from its root-to-node path.
+
+    Arguments as ``tree_mamba2_reference`` (``init_state [H, P, S]``, ``x [N, H, P]``, ``B`` and ``C [N, G, S]``
+    with ``H % G == 0``, ``dt [N, H]``, ``A`` and ``D [H]``, ``parents [N]`` with ``parents[i] < i``).
+
+    Args:
+        impl: ``"triton"`` (one fused launch), ``"reference"`` (level-synchronous PyTorch) or ``"auto"``: Triton
+            when the tensors are on a CUDA device and Triton imports, else the reference.
+    """
+    _check_inputs(init_state, x, B, C, dt, A, D, parents)
+    if impl == "auto":
+        impl = "triton" if x.device.type == "cuda" and _triton_available() else "reference"
+    if impl == "reference":
+        return tree_mamba2_reference(init_state, x, B, C, dt, A, D, parents)
+    if impl != "triton":
+        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'reference'.")
+    if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='reference'.")
+    from specdec.kernels.tree_mamba2.triton import tree_mamba2_triton
+
+    return tree_mamba2_triton(init_state, x, B, C, dt, A, D, parents)
+
+
+@functools.cache
+def _triton_available() -> bool:
+    try:
+        import specdec.kernels.tree_mamba2.triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _check_inputs(init_state, x, B, C, dt, A, D, parents) -> None:
+    if x.dim() != 3 or B.dim() != 3:
+        raise ValueError(f"x must be [N, H, P] and B [N, G, S]; got {list(x.shape)} and {list(B.shape)}.")
+    n, h, p = x.shape
+    g, s = B.shape[1:]
+    if B.shape[0] != n or g == 0 or h % g:
+        raise ValueError(f"B must be [N={n}, G, S] with H={h} divisible by G; got {list(B.shape)}.")
+    expected = {
+        "init_state": (init_state, (h, p, s)),
+        "C": (C, (n, g, s)),
+        "dt": (dt, (n, h)),
+        "A": (A, (h,)),
+        "D": (D, (h,)),
+        "parents": (parents, (n,)),
+    }
+    for name, (tensor, shape) in expected.items():
+        if tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"{name} must be {list(shape)} for x {list(x.shape)}, B {list(B.shape)}; got {list(tensor.shape)}."
+            )
+    if n == 0:
+        raise ValueError("tree_mamba2 needs at least one node.")
+    if parents.dtype.is_floating_point or parents.dtype.is_complex or parents.dtype == torch.bool:
+        raise TypeError(f"parents must be an integer tensor (int64); got {parents.dtype}.")
+    devices = {t.device for t in (init_state, x, B, C, dt, A, D, parents)}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}.")
