@@ -1,32 +1,41 @@
-"""Hybrid (Gated DeltaNet + attention) targets on the fast path: device-side tree topology and recurrent commit.
+"""Hybrid (Gated DeltaNet or Mamba2 + attention) targets on the fast path: device tree topology, recurrent commit.
 
 The recurrent mixers run through the same adapters as on the eager path (``specdec.state.gdn``), fed a
 ``DeviceTopology`` built from the device tree (conv gather table and parent array as tensors, no host reads);
-the Gated DeltaNet recurrence goes through ``specdec.kernels.tree_gdn`` (Triton on CUDA). The conv windows and
+the recurrences go through ``specdec.kernels.tree_gdn`` / ``tree_mamba2`` (Triton on CUDA). The conv windows and
 recurrent states live in static tensors (``specdec.fast.storage``); the commit replays the accepted path from the
 committed state in a fixed number of masked steps and rebuilds each conv window by one gather.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from specdec.state.gdn import GatedDeltaNetAdapter
 from specdec.state.hybrid import HybridState, RecurrentAdapter, VerifyRound
+from specdec.state.mamba2 import Mamba2Adapter
 from specdec.trees.device import DeviceTree
 
 __all__ = ["DeviceTopology", "commit_recurrent", "hybrid_reason"]
 
+# Adapters whose tree forward reads only ``conv_index`` and the parent array (both built on the device here).
+_DEVICE_ADAPTERS = (GatedDeltaNetAdapter, Mamba2Adapter)
 
-def hybrid_reason(state) -> str | None:
-    """None when the hybrid state manager's layers have a device path, else why not."""
+
+def hybrid_reason(state, device: torch.device) -> str | None:
+    """None when the hybrid state manager's layers have a device path on ``device``, else why not."""
     if not isinstance(state, HybridState):
         return None
+    mamba = sorted({type(a.module).__name__ for a in state.adapters if isinstance(a, Mamba2Adapter)})
+    if mamba and device.type == "cuda" and os.environ.get("SPECDEC_TREE_MAMBA2") != "triton":
+        return f"the tree scan of {', '.join(mamba)} is not yet capture-safe on CUDA (set SPECDEC_TREE_MAMBA2=triton)"
     if state.mode != "exact":
         return f"hybrid_mode={state.mode!r} replays through the model's own forward"
-    other = sorted({type(a.module).__name__ for a in state.adapters if not isinstance(a, GatedDeltaNetAdapter)})
+    other = sorted({type(a.module).__name__ for a in state.adapters if not isinstance(a, _DEVICE_ADAPTERS)})
     if other:
-        return f"recurrent layers {', '.join(other)} have no device tree scan yet (Gated DeltaNet layers do)"
+        return f"recurrent layers {', '.join(other)} have no device tree scan yet"
     return None
 
 

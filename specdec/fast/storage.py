@@ -10,6 +10,7 @@ nothing here relies on HF's own static-cache bookkeeping.
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING
 
 import torch
@@ -146,9 +147,9 @@ class StaticModel:
         target.model(input_ids=ids, **{target._cache_kw: probe, "use_cache": True})
         attention = [i for i, layer in enumerate(probe.layers) if _tensor(layer, "keys") is not None]
         shapes = {tuple(probe.layers[i].keys.shape[1:]) for i in attention}
-        if len(shapes) != 1:
+        if len(shapes) > 1:
             raise ValueError(f"attention layers of different shapes {sorted(shapes)}")
-        heads, _, head_dim = next(iter(shapes))
+        heads, _, head_dim = next(iter(shapes)) if shapes else (1, 1, 1)  # a pure SSM has no attention rows
         self.storage = StaticKV(
             num_layers=len(attention),
             num_kv_heads=heads,
@@ -164,6 +165,9 @@ class StaticModel:
                 layout.append(attention.index(i))
                 continue
             conv, rec = _tensor(layer, "conv_states"), _tensor(layer, "recurrent_states")
+            if conv is None and rec is None:  # a layer that keeps no state (e.g. an MLP-only block)
+                layout.append(layer)
+                continue
             if conv is None or rec is None:
                 raise ValueError(f"cache layer {i} ({type(layer).__name__}) is neither attention nor conv + state")
             self.recurrent[i] = _StaticRecurrentLayer(torch.zeros_like(conv), torch.zeros_like(rec))
@@ -171,7 +175,7 @@ class StaticModel:
         self.attention_layers = attention
         self.cache = StaticKVCache(self.storage, layout)
         self.keys = torch.arange(capacity, device=target.device)
-        self.mask_types = sorted(set(getattr(target.text_config, "layer_types", None) or [])) if self.recurrent else []
+        self.mask_types = _mask_types(target) if self.recurrent else []
 
     def load(self, cache, length: int) -> None:
         """Copy an HF cache that holds ``length`` prefilled tokens into the static storage (slots ``0 .. length-1``)."""
@@ -223,3 +227,15 @@ def _tensor(layer, name: str) -> torch.Tensor | None:
     if isinstance(value, dict):
         value = value.get(0)
     return value if isinstance(value, torch.Tensor) and value.dim() >= 2 else None
+
+
+def _mask_types(target: TargetModel) -> list[str]:
+    """Layer types under which the model accepts a per-type mask dict (skipping its mask builders), else []."""
+    inner = getattr(target.model, "model", target.model)
+    try:
+        source = inspect.getsource(type(inner).forward)
+    except (OSError, TypeError):
+        return []
+    if "attention_mask, dict)" not in source:
+        return []
+    return sorted(set(getattr(target.text_config, "layer_types", None) or []))

@@ -1,5 +1,6 @@
 """Hybrid targets on the fast path (device-side round, CPU without capture): token-identical to the target's own
-greedy ``generate`` and to the eager path's acceptance; families without a device scan fall back with a reason."""
+greedy ``generate`` and to the eager path's acceptance (Gated DeltaNet and Mamba2 families); the snapshot mode
+falls back with a reason."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from specdec.drafters.dflash import DFlashDrafter
 TREES = [specdec.Chain(k=4), specdec.DDTree(budget=8), specdec.DDTree(budget=20, topk=3)]
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
-def test_gated_deltanet_fast_round_matches_target_generate(family):
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "mamba2"])
+def test_hybrid_fast_round_matches_target_generate(family):
     target = _target(family)
     drafter = _bigram_drafter(target)
     gen = torch.Generator().manual_seed(0)
@@ -57,11 +58,12 @@ def test_zoo_hybrid_fast_round_matches_greedy(zoo):
     assert max(taus) > 2.5  # long accepted paths: deep recurrent commits
 
 
-def test_mamba2_families_fall_back_with_a_reason(caplog):
-    target = _target("mamba2")
+def test_snapshot_mode_falls_back_with_a_reason(caplog):
+    target = _target("qwen3_5")
     input_ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
     want = target.generate(input_ids, max_new_tokens=12, do_sample=False)
+    model = specdec.SpeculativeModel(target, hybrid_mode="snapshot")
     with caplog.at_level(logging.WARNING, logger="specdec.generate"):
-        out = specdec.generate(target, input_ids, max_new_tokens=12, cuda_graphs=True)
+        out = model.generate(input_ids, max_new_tokens=12, cuda_graphs=True, return_dict_in_generate=True)
     assert out.stats.path == "eager" and torch.equal(out.sequences, want)
-    assert "no device tree scan" in caplog.text
+    assert "snapshot" in caplog.text
