@@ -16,7 +16,6 @@ import functools
 import json
 import logging
 import os
-import statistics
 import subprocess
 import time
 from datetime import date
@@ -26,40 +25,14 @@ import torch
 from transformers import AutoTokenizer
 
 import specdec
+from specdec.bench import graph_floor_ms
 from specdec.drafters.dflash import DFlashDrafter
-from specdec.fast.engine import FastEngine
-from specdec.fast.graphs import Captured
 from specdec.loading import load_prompts, load_target, resolve_device, zoo_dir
-from specdec.target import TargetModel
 
 
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-@torch.no_grad()
-def graph_floor_ms(target: TargetModel, context: int, iters: int = 200) -> float | None:
-    """Median ms of one captured single-token forward of ``target`` over ``context`` static slots."""
-    if target.device.type != "cuda":
-        return None
-    engine = FastEngine.for_target(target, capacity=context + 1)
-    fast, device = engine.target, target.device
-    ids = torch.zeros(1, 1, dtype=torch.long, device=device)
-    pos = torch.full((1, 1), context - 1, dtype=torch.long, device=device)
-    write = torch.full((1,), context, dtype=torch.long, device=device)
-    mask = torch.zeros(1, 1, 1, engine.capacity, dtype=target.dtype, device=device)
-    step = Captured(lambda: fast.forward(ids, pos, mask, write), device=device, graph=True)
-    step()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -88,7 +61,6 @@ def main() -> None:
     device, dtype = resolve_device(args.device, args.dtype)
     model = load_target(zoo_dir() / args.target, device=device, dtype=dtype)
     tok = AutoTokenizer.from_pretrained(zoo_dir() / "tokenizer")
-    target = TargetModel.wrap(model)
     drafter = DFlashDrafter.from_pretrained(args.drafter, target=model)
     eos = model.generation_config.eos_token_id
     prompts = []
@@ -100,7 +72,7 @@ def main() -> None:
             break
     new = args.max_new_tokens
     ctx = max(ids.shape[1] for _, ids in prompts) + new
-    floor = graph_floor_ms(target, ctx)
+    floor = graph_floor_ms(model, context_len=ctx)
 
     spec = {
         "ar": (None, None),
@@ -197,7 +169,9 @@ def main() -> None:
         "new tokens, warm "
         f"(every prompt decoded once before timing), compile={args.compile}, commit {commit}, {date.today()}",
         "",
-        f"graph floor (one captured 1-token target forward): {floor:.3f} ms" if floor else "graph floor: n/a (CPU)",
+        f"graph floor (specdec.bench.graph_floor_ms: one captured 1-token HF forward, StaticCache): {floor:.3f} ms"
+        if floor
+        else "graph floor: n/a (CPU)",
         "",
         "| method | path | tok/s | tau | ms/round | x hf-static | = HF greedy | = eager path | warm-up s "
         "| capture+compile ms |",
