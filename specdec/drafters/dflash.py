@@ -408,8 +408,12 @@ class DFlashDrafter:
             context = [(None, None)] * cfg.num_hidden_layers
         hidden = self.model(self._embed(block), positions, context, torch.arange(start, device=device)[None])
         self.num_forwards += 1
-        head = self._lm_head.weight
-        return torch.log_softmax(self._lm_head(hidden[0, 1 : 1 + depth].to(head.dtype)).float(), dim=-1)
+        return self.block_logq(hidden, depth)
+
+    def block_logq(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:
+        """fp32 log-softmax ``[depth, V]`` of the target's LM head on block slots ``1 .. depth`` of ``hidden``."""
+        head = self._lm_head
+        return torch.log_softmax(head(hidden[0, 1 : 1 + depth].to(head.weight.dtype)).float(), dim=-1)
 
     def _ingest(self, ctx: DecodeContext) -> None:
         """Project the rows of ``ctx.target_hidden`` not yet cached (positions ``T-1-R .. T-2``)."""

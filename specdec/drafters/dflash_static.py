@@ -57,5 +57,4 @@ class DFlashStatic:
         allowed = torch.cat([seen, self.block_keys], dim=1)[None]
         context = [(self.kv[i, 0], self.kv[i, 1]) for i in range(self.kv.shape[0])]
         hidden = model(drafter._embed(block), positions, context, self.slots[None], allowed)
-        head = drafter._lm_head
-        return torch.log_softmax(head(hidden[0, 1 : 1 + depth].to(head.weight.dtype)).float(), dim=-1)
+        return drafter.block_logq(hidden, depth)

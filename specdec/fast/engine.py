@@ -28,7 +28,7 @@ from specdec.fast.storage import StaticModel, commit_rows
 from specdec.state.hybrid import HybridState, VerifyRound, _swapped_forwards
 from specdec.state.kv import KVState
 from specdec.target import TargetModel
-from specdec.trees.device import ancestor_matrix, chain_device, ddtree_device
+from specdec.trees.device import ancestor_matrix, chain_device, ddtree_device, root_tree_device
 from specdec.types import Chain, DDTree, SamplingParams, TreeSpec
 from specdec.verify.device import accept_device, target_choices
 
@@ -120,7 +120,7 @@ class _Round:
         engine = self.engine
         if self.drafter is None:
             root = engine.root
-            return _root_tree(root)
+            return root_tree_device(root)
         if isinstance(self.static, ModelStatic):
             self.static.record(engine.root, engine.prefix)
             logq = self.static.logq(engine.prefix, self.depth)
@@ -215,19 +215,6 @@ class _Round:
         out = self.out.tolist()
         num_path = out[self.path_len]
         return out[:num_path], out[self.path_len + 1]
-
-
-def _root_tree(root: torch.Tensor):
-    from specdec.trees.device import DeviceTree
-
-    zero = torch.zeros(1, dtype=torch.long, device=root.device)
-    return DeviceTree(
-        tokens=root.view(1),
-        parents=zero - 1,
-        depth=zero,
-        valid=torch.ones(1, dtype=torch.bool, device=root.device),
-        num_nodes=zero[0] + 1,
-    )
 
 
 class FastEngine:

@@ -17,6 +17,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from specdec.state.hybrid import _state_tensor
+
 if TYPE_CHECKING:
     from specdec.target import TargetModel
 
@@ -145,7 +147,7 @@ class StaticModel:
         probe = DynamicCache(config=target.config)
         ids = torch.zeros(1, 1, dtype=torch.long, device=target.device)
         target.model(input_ids=ids, **{target._cache_kw: probe, "use_cache": True})
-        attention = [i for i, layer in enumerate(probe.layers) if _tensor(layer, "keys") is not None]
+        attention = [i for i, layer in enumerate(probe.layers) if _state_tensor(layer, "keys") is not None]
         shapes = {tuple(probe.layers[i].keys.shape[1:]) for i in attention}
         if len(shapes) > 1:
             raise ValueError(f"attention layers of different shapes {sorted(shapes)}")
@@ -164,7 +166,7 @@ class StaticModel:
             if i in attention:
                 layout.append(attention.index(i))
                 continue
-            conv, rec = _tensor(layer, "conv_states"), _tensor(layer, "recurrent_states")
+            conv, rec = _state_tensor(layer, "conv_states"), _state_tensor(layer, "recurrent_states")
             if conv is None and rec is None:  # a layer that keeps no state (e.g. an MLP-only block)
                 layout.append(layer)
                 continue
@@ -184,8 +186,8 @@ class StaticModel:
             self.storage.kv[slot, 0, :, :, :length].copy_(layer.keys[:, :, :length])
             self.storage.kv[slot, 1, :, :, :length].copy_(layer.values[:, :, :length])
         for i, static in self.recurrent.items():
-            static.conv_states.copy_(_tensor(cache.layers[i], "conv_states"))
-            static.recurrent_states.copy_(_tensor(cache.layers[i], "recurrent_states"))
+            static.conv_states.copy_(_state_tensor(cache.layers[i], "conv_states"))
+            static.recurrent_states.copy_(_state_tensor(cache.layers[i], "recurrent_states"))
 
     def causal_mask(self, positions: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
         """Additive mask ``[1, 1, Q, capacity]``: query q sees the slots ``<= positions[q]`` (where ``visible``).
@@ -220,13 +222,6 @@ class StaticModel:
         out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
         hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1) if taps else None
         return out.logits[0], hidden
-
-
-def _tensor(layer, name: str) -> torch.Tensor | None:
-    value = getattr(layer, name, None)
-    if isinstance(value, dict):
-        value = value.get(0)
-    return value if isinstance(value, torch.Tensor) and value.dim() >= 2 else None
 
 
 def _mask_types(target: TargetModel) -> list[str]:

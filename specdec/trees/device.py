@@ -21,7 +21,7 @@ import torch
 from specdec.kernels.ddtree_build import best_first, triton_fits
 from specdec.types import DraftTree
 
-__all__ = ["DeviceTree", "ancestor_matrix", "chain_device", "ddtree_device", "to_draft_tree"]
+__all__ = ["DeviceTree", "ancestor_matrix", "chain_device", "ddtree_device", "root_tree_device", "to_draft_tree"]
 
 _LOW32 = 0xFFFFFFFF
 
@@ -121,6 +121,12 @@ def chain_device(logq: torch.Tensor, root_token: torch.Tensor, *, k: int, num_sl
     tokens = logq[:length].float().argmax(dim=-1)  # first maximum = smallest id among ties
     steps = torch.arange(length, device=logq.device)
     return _pad_tree(root_token, tokens, steps, steps + 1, num_slots)
+
+
+def root_tree_device(root_token: torch.Tensor) -> DeviceTree:
+    """The one-slot tree of plain decoding: the root alone."""
+    none = root_token.reshape(1)[:0].long()
+    return _pad_tree(root_token, none, none, none, 1)
 
 
 def ancestor_matrix(tree: DeviceTree, max_depth: int) -> torch.Tensor:

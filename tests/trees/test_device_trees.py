@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from device_trees import padded_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -136,21 +137,7 @@ def _device_trees(draw, max_nodes: int = 24):
     for i in range(1, n):
         parents.append({"chain": i - 1, "bush": 0}.get(shape, draw(st.integers(0, i - 1))))
     tokens = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
-    return _pad(tokens, parents, n + draw(st.integers(0, 5)))
-
-
-def _pad(tokens: list[int], parents: list[int], num_slots: int) -> DeviceTree:
-    depth = [0]
-    for p in parents[1:]:
-        depth.append(depth[p] + 1)
-    pad = num_slots - len(tokens)
-    return DeviceTree(
-        tokens=torch.tensor(tokens + [tokens[0]] * pad),
-        parents=torch.tensor(parents + [-1] * pad),
-        depth=torch.tensor(depth + [0] * pad),
-        valid=torch.arange(num_slots) < len(tokens),
-        num_nodes=torch.tensor(len(tokens)),
-    )
+    return padded_tree(tokens, parents, n + draw(st.integers(0, 5)))
 
 
 @settings(max_examples=150, deadline=None)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from device_trees import padded_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -33,21 +34,7 @@ def _trees_and_choices(draw, max_nodes: int = 24):
         kids = [tokens[j] for j in range(1, n) if parents[j] == i]
         pick = draw(st.integers(0, len(kids) + 1))
         choices.append(kids[pick] if pick < len(kids) else draw(st.integers(0, 4)))
-    return _pad(tokens, parents, slots), torch.tensor(choices)
-
-
-def _pad(tokens: list[int], parents: list[int], num_slots: int) -> DeviceTree:
-    depth = [0]
-    for p in parents[1:]:
-        depth.append(depth[p] + 1)
-    pad = num_slots - len(tokens)
-    return DeviceTree(
-        tokens=torch.tensor(tokens + [tokens[0]] * pad),
-        parents=torch.tensor(parents + [-1] * pad),
-        depth=torch.tensor(depth + [0] * pad),
-        valid=torch.arange(num_slots) < len(tokens),
-        num_nodes=torch.tensor(len(tokens)),
-    )
+    return padded_tree(tokens, parents, slots), torch.tensor(choices)
 
 
 def _assert_accept_matches_walk(tree: DeviceTree, choices: torch.Tensor, max_depth: int) -> int:
@@ -85,7 +72,7 @@ def test_accept_device_matches_walk_tree_on_ddtrees(seed, budget, topk, follow):
 
 def test_accept_device_first_duplicate_sibling_wins():
     # Nodes 1 and 2 both carry token 7 under the root; the walk takes node 1 and then its child 3.
-    tree = _pad([0, 7, 7, 8, 9], [-1, 0, 0, 1, 2], 7)
+    tree = padded_tree([0, 7, 7, 8, 9], [-1, 0, 0, 1, 2], 7)
     got = accept_device(tree, torch.tensor([7, 8, 9, 5, 5, 7, 7]), ancestor_matrix(tree, 2), max_depth=3)
     assert got.path.tolist() == [0, 1, 3, 3] and int(got.num_path) == 3
     assert got.tokens.tolist() == [7, 8, 5, 0]
@@ -93,7 +80,7 @@ def test_accept_device_first_duplicate_sibling_wins():
 
 def test_accept_device_never_accepts_padding():
     # Padding slots carry the root token under parent -1; a choice equal to it must not extend the path.
-    tree = _pad([4, 1], [-1, 0], 4)
+    tree = padded_tree([4, 1], [-1, 0], 4)
     got = accept_device(tree, torch.tensor([4, 4, 4, 4]), ancestor_matrix(tree, 1), max_depth=1)
     assert got.path.tolist() == [0, 0] and int(got.num_path) == 1 and got.tokens.tolist() == [4, 0]
 
@@ -199,5 +186,5 @@ def test_target_choices_needs_noise_when_sampling():
     with pytest.raises(ValueError, match="noise"):
         target_choices(torch.zeros(2, 5), SAMPLING, torch.rand(2, 4))
     with pytest.raises(ValueError, match="max_depth"):
-        tree = _pad([0], [-1], 1)
+        tree = padded_tree([0], [-1], 1)
         accept_device(tree, torch.zeros(1, dtype=torch.long), ancestor_matrix(tree, 0), max_depth=-1)
