@@ -10,7 +10,6 @@ nothing here relies on HF's own static-cache bookkeeping.
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING
 
 import torch
@@ -177,7 +176,6 @@ class StaticModel:
         self.attention_layers = attention
         self.cache = StaticKVCache(self.storage, layout)
         self.keys = torch.arange(capacity, device=target.device)
-        self.mask_types = _mask_types(target) if self.recurrent else []
 
     def load(self, cache, length: int) -> None:
         """Copy an HF cache that holds ``length`` prefilled tokens into the static storage (slots ``0 .. length-1``)."""
@@ -217,20 +215,6 @@ class StaticModel:
             kwargs["output_hidden_states"] = True
         if last_only and target._has_logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        if self.mask_types and isinstance(mask, torch.Tensor):  # hybrids: skip HF's mask builders (host checks)
-            mask = dict.fromkeys(self.mask_types, mask)
         out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
         hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1) if taps else None
         return out.logits[0], hidden
-
-
-def _mask_types(target: TargetModel) -> list[str]:
-    """Layer types under which the model accepts a per-type mask dict (skipping its mask builders), else []."""
-    inner = getattr(target.model, "model", target.model)
-    try:
-        source = inspect.getsource(type(inner).forward)
-    except (OSError, TypeError):
-        return []
-    if "attention_mask, dict)" not in source:
-        return []
-    return sorted(set(getattr(target.text_config, "layer_types", None) or []))
