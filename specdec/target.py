@@ -93,8 +93,9 @@ class TargetModel:
         return types is None or any("sliding" in t for t in types)
 
     # -- forwards ----------------------------------------------------------------------------------------
-    def _forward(self, input_ids, *, position_ids=None, attention_mask=None, taps=None, last_only=False):
-        kwargs = {self._cache_kw: self.cache, "use_cache": True}
+    def _forward(self, input_ids, *, position_ids=None, attention_mask=None, taps=None, last_only=False, cache=None):
+        """One forward on ``cache`` (default this wrapper's); returns (logits ``[N, V]``, taps or None)."""
+        kwargs = {self._cache_kw: self.cache if cache is None else cache, "use_cache": True}
         if taps:
             kwargs["output_hidden_states"] = True
         if last_only and self._has_logits_to_keep:
@@ -122,11 +123,7 @@ class TargetModel:
     def prefill_into(self, cache, input_ids: torch.Tensor, taps: Sequence[int] | None = None):
         """Run the prompt into ``cache`` (an empty HF cache) with the model's own forward; this wrapper's cache is
         left alone. Returns (logits ``[V]`` at the last position, taps ``[1, T, L*H]`` or None)."""
-        saved, self.cache = self.cache, cache
-        try:
-            logits, hidden = self._forward(input_ids, taps=taps, last_only=True)
-        finally:
-            self.cache = saved
+        logits, hidden = self._forward(input_ids, taps=taps, last_only=True, cache=cache)
         return logits[-1], hidden
 
     @torch.no_grad()

@@ -206,15 +206,6 @@ class StaticModel:
     def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False):
         """Logits ``[N, V]`` and taps ``[1, N, K*H]`` (or None) of one forward writing K/V at ``write_index``."""
         self.storage.write_index = write_index
-        return self._forward(ids, positions, mask, taps, last_only)
-
-    def _forward(self, ids, positions, mask, taps, last_only):
-        target = self.target
-        kwargs = {target._cache_kw: self.cache, "use_cache": True}
-        if taps:
-            kwargs["output_hidden_states"] = True
-        if last_only and target._has_logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
-        hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1) if taps else None
-        return out.logits[0], hidden
+        return self.target._forward(
+            ids, position_ids=positions, attention_mask=mask, taps=taps, last_only=last_only, cache=self.cache
+        )

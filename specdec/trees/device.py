@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 from specdec.kernels.ddtree_build import best_first, triton_fits
+from specdec.trees.ddtree import _check_logq as check_logq
 from specdec.types import DraftTree
 
 __all__ = ["DeviceTree", "ancestor_matrix", "chain_device", "ddtree_device", "root_tree_device", "to_draft_tree"]
@@ -168,13 +169,8 @@ def to_draft_tree(tree: DeviceTree) -> DraftTree:
 
 
 def _check_logq(logq: torch.Tensor) -> tuple[int, int]:
-    if not isinstance(logq, torch.Tensor) or logq.dim() != 2:
-        shape = tuple(logq.shape) if isinstance(logq, torch.Tensor) else type(logq).__name__
-        raise ValueError(f"logq must be a 2-D [D, V] tensor (row d-1 = depth d), got {shape}; index one sequence.")
-    if not logq.is_floating_point():
-        raise ValueError(f"logq has dtype {logq.dtype}: pass float log-probabilities.")
-    if logq.shape[0] < 1 or logq.shape[1] < 1:
-        raise ValueError(f"logq has shape {tuple(logq.shape)}: it needs at least one depth and one token.")
+    """The heap builder's checks, plus the packed-key limit; returns ``(D, V)``."""
+    check_logq(logq)
     if logq.shape[1] > 2**31:
         raise ValueError(f"logq has {logq.shape[1]} columns: vocabularies above 2**31 tokens are not supported.")
     return logq.shape[0], logq.shape[1]

@@ -6,10 +6,11 @@ Reference: ``specdec.trees.ddtree.build_ddtree`` (the heap on the host); the tor
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
+
+from specdec.kernels._triton import importable
 
 __all__ = ["best_first", "triton_fits"]
 
@@ -27,10 +28,5 @@ def best_first(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
     return best_first_triton(vals, ids, num_nodes)
 
 
-@functools.cache
 def _triton_available() -> bool:
-    try:
-        import specdec.kernels.ddtree_build.triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importable("specdec.kernels.ddtree_build.triton")

@@ -5,12 +5,12 @@ See ``docs/kernels.md`` for the maths, the kernel design and measured speed.
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Literal
 
 import torch
 
+from specdec.kernels._triton import importable
 from specdec.kernels.tree_gdn.reference import tree_gdn_reference
 
 __all__ = ["tree_gdn", "tree_gdn_reference"]
@@ -52,13 +52,8 @@ def tree_gdn(
     return tree_gdn_triton(init_state, q, k, v, log_decay, beta, parents)
 
 
-@functools.cache
 def _triton_available() -> bool:
-    try:
-        import specdec.kernels.tree_gdn.triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importable("specdec.kernels.tree_gdn.triton")
 
 
 def _check_shapes(init_state, q, k, v, log_decay, beta, parents) -> None:

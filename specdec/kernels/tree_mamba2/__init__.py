@@ -5,12 +5,12 @@ See ``docs/kernels.md`` for the maths, the kernel design and its tests.
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Literal
 
 import torch
 
+from specdec.kernels._triton import importable
 from specdec.kernels.tree_mamba2.reference import tree_mamba2_reference
 
 __all__ = ["tree_mamba2", "tree_mamba2_reference"]
@@ -55,13 +55,8 @@ def tree_mamba2(
     return tree_mamba2_triton(init_state, x, B, C, dt, A, D, parents)
 
 
-@functools.cache
 def _triton_available() -> bool:
-    try:
-        import specdec.kernels.tree_mamba2.triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importable("specdec.kernels.tree_mamba2.triton")
 
 
 def _check_inputs(init_state, x, B, C, dt, A, D, parents) -> None:
