@@ -1,0 +1,187 @@
+"""Where a fast-path round spends its device time: per phase, the kernels launched and their summed GPU time.
+
+    python benchmarks/e2e/round_profile.py --target target-dense --drafter assets/drafters/zoo-dense \
+        --budgets 15 32 64 --impls torch triton
+
+For each method the script decodes one prompt through ``specdec.generate`` (so the round is warm and captured),
+then (a) replays the captured round graph ``--replays`` times, putting the decode state back after each replay
+(outside the timed interval), and reports the mean replay time from CUDA events; (b) runs the same round
+function eagerly under ``torch.profiler`` and sums, per phase, the kernels it launched and their GPU time. The
+kernel sum is what the graph costs without launch gaps; the replay time minus that sum is what the graph adds
+(gaps between the kernels of a graph). Phases are the library's own functions, wrapped here by name.
+Last, a per-call line: wall time of a whole ``generate`` call minus its rounds' replay time (prefill, setup,
+host reads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import time
+
+import torch
+from transformers import AutoTokenizer
+
+import specdec
+import specdec.fast.engine as fast_engine
+from specdec.drafters.dflash import DFlashDrafter
+from specdec.drafters.dflash_static import DFlashStatic
+from specdec.fast.engine import FastEngine
+from specdec.fast.storage import StaticModel
+from specdec.loading import load_prompts, load_target, resolve_device, zoo_dir
+
+PHASES = {  # label -> (owner, attribute)
+    "draft": (DFlashStatic, "logq"),
+    "build": (fast_engine, "ddtree_device"),
+    "build-chain": (fast_engine, "chain_device"),
+    "ancestors": (fast_engine, "ancestor_matrix"),
+    "verify": (StaticModel, "forward"),
+    "choose": (fast_engine, "target_choices"),
+    "accept": (fast_engine, "accept_device"),
+    "commit": (fast_engine, "commit_rows"),
+    "ingest": (DFlashStatic, "ingest"),
+}
+
+
+@contextlib.contextmanager
+def labelled():
+    """Wrap each phase function in a ``record_function`` of its label."""
+    saved = {}
+    for label, (owner, attr) in PHASES.items():
+        fn = getattr(owner, attr)
+        saved[label] = fn
+
+        def wrapped(*a, _fn=fn, _label=label, **kw):
+            with torch.profiler.record_function(f"phase:{_label}"):
+                return _fn(*a, **kw)
+
+        setattr(owner, attr, wrapped)
+    try:
+        yield
+    finally:
+        for label, (owner, attr) in PHASES.items():
+            setattr(owner, attr, saved[label])
+
+
+def _kernels(evt) -> tuple[int, float]:
+    n, us = len(evt.kernels), sum(k.duration for k in evt.kernels)
+    for child in evt.cpu_children:
+        cn, cus = _kernels(child)
+        n, us = n + cn, us + cus
+    return n, us
+
+
+@torch.no_grad()
+def profile_round(rnd, engine, rounds: int) -> dict[str, tuple[int, float]]:
+    """Per-phase (kernels per round, GPU ms per round) of ``rounds`` eager runs of the round function."""
+    restore = rnd._snapshot()
+    # A compiled round would recompile around the wrappers: profile it whole, unlabelled.
+    with contextlib.nullcontext() if rnd.compile else labelled():
+        rnd.captured.fn()  # wrapped warm run
+        restore()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(rounds):
+                with torch.profiler.record_function("phase:round"):
+                    rnd.captured.fn()
+                restore()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+    out: dict[str, list] = {}
+    for evt in prof.events():
+        if evt.name.startswith("phase:"):
+            n, us = _kernels(evt)
+            acc = out.setdefault(evt.name[6:], [0, 0.0])
+            acc[0] += n
+            acc[1] += us
+    return {k: (v[0] / rounds, v[1] / rounds / 1e3) for k, v in out.items()}
+
+
+def replay_ms(rnd, replays: int) -> float:
+    graph = rnd.captured.graph
+    if graph is None:
+        return float("nan")
+    restore = rnd._snapshot()
+    total = 0.0
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        restore()
+        end.synchronize()
+        total += start.elapsed_time(end)
+    return total / replays
+
+
+@torch.no_grad()
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="target-dense")
+    ap.add_argument("--drafter", default="assets/drafters/zoo-dense")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[15, 32, 64])
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--impls", nargs="+", default=["torch"], help="DDTree selection impls to profile")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5, help="profiled eager rounds per method")
+    ap.add_argument("--calls", type=int, default=5, help="timed generate calls for the per-call line")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    device, dtype = resolve_device("auto", "auto")
+    if device.type != "cuda":
+        raise SystemExit("round_profile.py needs a CUDA device (it times graph replays).")
+    model = load_target(zoo_dir() / args.target, device=device, dtype=dtype)
+    tok = AutoTokenizer.from_pretrained(zoo_dir() / "tokenizer")
+    drafter = DFlashDrafter.from_pretrained(args.drafter, target=model)
+    ids = tok(load_prompts()[0]["prompt"], return_tensors="pt").input_ids.to(device)
+    k = drafter.config.block_size - 1
+    methods = [("ar", None, None, "torch"), (f"chain-k{k}", drafter, specdec.Chain(k=k), "torch")]
+    for impl in args.impls:
+        for b in args.budgets:
+            methods.append((f"ddtree-b{b}-{impl}", drafter, specdec.DDTree(budget=b, topk=args.topk), impl))
+    rows = []
+    for name, d, tree, impl in methods:
+        fast_engine._DDTREE_IMPL = impl
+        engine = FastEngine._engines.get(model)
+        if engine is not None:
+            engine._rounds.clear()  # the impl is not part of a round's key
+        gen = dict(drafter=d, tree=tree, max_new_tokens=args.max_new_tokens, do_sample=False, compile=args.compile)
+        specdec.generate(model, ids, **gen)
+        walls, rounds = [], []
+        for _ in range(args.calls):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = specdec.generate(model, ids, **gen)
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t)
+            rounds.append(out.stats.rounds)
+        engine = FastEngine._engines[model]
+        (rnd,) = [r for r in engine._rounds.values() if r.drafter is d]
+        rep = replay_ms(rnd, args.replays)
+        phases = profile_round(rnd, engine, args.rounds)
+        per_call = 1e3 * sum(walls) / len(walls) - rep * sum(rounds) / len(rounds)
+        rows.append((name, rep, phases, per_call, sum(rounds) / len(rounds)))
+        print(f"{name}: replay {rep:.3f} ms", flush=True)
+    labels = [p for p in PHASES if any(p in r[2] for r in rows)]
+    print(f"\n# round profile, {args.target}, {torch.cuda.get_device_name(device)}, compile={args.compile}")
+    print("per phase: kernels / GPU ms per round (eager run of the round function under the profiler)\n")
+    print("| method | graph replay ms | kernel sum ms | kernels | " + " | ".join(labels) + " | other | per-call ms |")
+    print("|---|" + "---|" * (len(labels) + 5))
+    for name, rep, phases, per_call, nr in rows:
+        total = phases.get("round", (0, 0.0))
+        named = [phases.get(p, (0, 0.0)) for p in labels]
+        other = (total[0] - sum(n for n, _ in named), total[1] - sum(ms for _, ms in named))
+        cells = [f"{n:.0f} / {ms:.3f}" for n, ms in named] + [f"{other[0]:.0f} / {other[1]:.3f}"]
+        print(f"| {name} | {rep:.3f} | {total[1]:.3f} | {total[0]:.0f} | " + " | ".join(cells)
+              + f" | {per_call:.1f} ({nr:.0f} rounds) |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
