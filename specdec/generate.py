@@ -140,7 +140,7 @@ def generate(
 
     with timer("prefill"):
         if engine is not None:
-            logits, hidden = engine.prefill(input_ids, drafter)
+            logits, hidden = engine.prefill(input_ids, drafter, graph=engine.device.type == "cuda")
         else:
             logits, hidden = tgt.prefill(input_ids, taps)
         first = sample_tokens(args.suppress_eos(logits[None], None, 0), sampling, generator)
@@ -162,11 +162,18 @@ def generate(
         with timer("draft"):
             drafter.prefill(ctx)
 
+    pending = None  # fast path: a launched round not read yet
     while not done:
         remaining = max_new_tokens - len(new_tokens)
         if engine is not None:
             with timer("round"):
-                accepted, num_nodes = fast_round(generator)
+                if pending is None:
+                    pending = fast_round.launch(generator)
+                # Launch the next round before reading this one (the host's work overlaps the device's) unless
+                # this one may finish the call; a next round that an EOS makes unneeded is dropped.
+                ahead = fast_round.launch(generator) if remaining > fast_round.path_len else None
+                accepted, num_nodes = fast_round.read(pending)
+                pending = ahead
             num_accepted = len(accepted) - 1
         else:
             draft, result, hidden = _eager_round(tgt, drafter, tree, ctx, new_tokens, remaining, taps, args, timer)

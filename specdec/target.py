@@ -93,18 +93,29 @@ class TargetModel:
         return types is None or any("sliding" in t for t in types)
 
     # -- forwards ----------------------------------------------------------------------------------------
-    def _forward(self, input_ids, *, position_ids=None, attention_mask=None, taps=None, last_only=False, cache=None):
-        """One forward on ``cache`` (default this wrapper's); returns (logits ``[N, V]``, taps or None)."""
+    def _forward(
+        self, input_ids, *, position_ids=None, attention_mask=None, taps=None, last_only=False, cache=None, rows=None
+    ):
+        """One forward on ``cache`` (default this wrapper's); returns (logits ``[N, V]``, taps or None).
+
+        ``last_only`` keeps the last row's logits, ``rows`` (a ``[R]`` int64 device tensor) the logits of those
+        rows (``[R, V]``; graph-safe: no host read).
+        """
         kwargs = {self._cache_kw: self.cache if cache is None else cache, "use_cache": True}
         if taps:
             kwargs["output_hidden_states"] = True
-        if last_only and self._has_logits_to_keep:
+        if rows is not None and self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = rows
+        elif last_only and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = 1
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, **kwargs)
         hidden = None
         if taps:
             hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1)  # [1, N, L*H]
-        return out.logits[0], hidden
+        logits = out.logits[0]
+        if rows is not None and not self._has_logits_to_keep:
+            logits = logits.index_select(0, rows)
+        return logits, hidden
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, taps: Sequence[int] | None = None):

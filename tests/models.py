@@ -39,11 +39,10 @@ def tiny_model(arch: str, *, seed: int = 0, scale: float = 1.0, attn: str = "sdp
             n_embd=64,
             n_layer=2,
             n_head=4,
-            n_positions=512,
             bos_token_id=1,
             eos_token_id=None,
             attn_implementation=attn,
-            **overrides,
+            **{"n_positions": 512, **overrides},
         )
         model = tf.GPT2LMHeadModel(cfg)
     else:

@@ -53,6 +53,7 @@ def main() -> None:
         help="add a small-LM drafter row: the target's first N layers, Chain(k=4) (0 = none)",
     )
     ap.add_argument("--no-hf", action="store_true", help="skip the HF generate rows")
+    ap.add_argument("--no-hf-eager", action="store_true", help="skip HF's eager generate row (keep hf-static)")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager-path comparison")
     ap.add_argument("--memory-rounds", type=int, default=1000, help="rounds of the flat-memory check (0 = skip)")
     ap.add_argument("--out", default="bench_out/fast")
@@ -84,8 +85,9 @@ def main() -> None:
         small = specdec.ModelDrafter.from_target_layers(model, args.model_layers)
         spec[f"model{args.model_layers}-chain-k4"] = (small, specdec.Chain(k=4))
     methods = {}
-    if not args.no_hf:
+    if not args.no_hf and not args.no_hf_eager:
         methods["hf-generate"] = lambda ids: model.generate(ids, max_new_tokens=new, do_sample=False)
+    if not args.no_hf:
         methods["hf-static"] = lambda ids: model.generate(
             ids, max_new_tokens=new, do_sample=False, cache_implementation="static"
         )

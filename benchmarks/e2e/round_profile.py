@@ -31,6 +31,8 @@ from specdec.fast.engine import FastEngine
 from specdec.fast.storage import StaticModel
 from specdec.loading import load_prompts, load_target, resolve_device, zoo_dir
 
+logger = logging.getLogger("round_profile")
+
 PHASES = {  # label -> (owner, attribute)
     "draft": (DFlashStatic, "logq"),
     "build": (fast_engine, "ddtree_device"),
@@ -64,16 +66,22 @@ def labelled():
             setattr(owner, attr, saved[label])
 
 
-def _kernels(evt) -> tuple[int, float]:
+def _kernels(evt, names: dict | None = None) -> tuple[int, float]:
+    """(kernels, GPU us) launched under ``evt``; adds per-kernel-name (count, us) to ``names``."""
     n, us = len(evt.kernels), sum(k.duration for k in evt.kernels)
+    if names is not None:
+        for k in evt.kernels:
+            acc = names.setdefault(k.name[:60], [0, 0.0])
+            acc[0] += 1
+            acc[1] += k.duration
     for child in evt.cpu_children:
-        cn, cus = _kernels(child)
+        cn, cus = _kernels(child, names)
         n, us = n + cn, us + cus
     return n, us
 
 
 @torch.no_grad()
-def profile_round(rnd, engine, rounds: int) -> dict[str, tuple[int, float]]:
+def profile_round(rnd, engine, rounds: int, top: tuple[str, ...] = ()) -> dict[str, tuple[int, float]]:
     """Per-phase (kernels per round, GPU ms per round) of ``rounds`` eager runs of the round function."""
     restore = rnd._snapshot()
     # A compiled round would recompile around the wrappers: profile it whole, unlabelled.
@@ -93,12 +101,19 @@ def profile_round(rnd, engine, rounds: int) -> dict[str, tuple[int, float]]:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
     out: dict[str, list] = {}
+    names: dict[str, dict] = {}
     for evt in prof.events():
         if evt.name.startswith("phase:"):
-            n, us = _kernels(evt)
-            acc = out.setdefault(evt.name[6:], [0, 0.0])
+            label = evt.name[6:]
+            n, us = _kernels(evt, names.setdefault(label, {}))
+            acc = out.setdefault(label, [0, 0.0])
             acc[0] += n
             acc[1] += us
+    if top:
+        for label in top:
+            ranked = sorted(names.get(label, {}).items(), key=lambda kv: -kv[1][1])[:8]
+            for name, (count, us) in ranked:
+                logger.warning("  %s: %5.1f x %-60s %7.1f us", label, count / rounds, name, us / rounds)
     return {k: (v[0] / rounds, v[1] / rounds / 1e3) for k, v in out.items()}
 
 
@@ -126,12 +141,13 @@ def main() -> None:
     ap.add_argument("--drafter", default="assets/drafters/zoo-dense")
     ap.add_argument("--budgets", type=int, nargs="+", default=[15, 32, 64])
     ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--impls", nargs="+", default=["torch"], help="DDTree selection impls to profile")
+    ap.add_argument("--impls", nargs="+", default=["auto"], help="DDTree selection impls to profile")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5, help="profiled eager rounds per method")
     ap.add_argument("--calls", type=int, default=5, help="timed generate calls for the per-call line")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--top", nargs="*", default=[], help="phases whose heaviest kernels are listed (stderr)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     device, dtype = resolve_device("auto", "auto")
@@ -165,7 +181,8 @@ def main() -> None:
         engine = FastEngine._engines[model]
         (rnd,) = [r for r in engine._rounds.values() if r.drafter is d]
         rep = replay_ms(rnd, args.replays)
-        phases = profile_round(rnd, engine, args.rounds)
+        logger.warning("%s", name)
+        phases = profile_round(rnd, engine, args.rounds, tuple(args.top))
         per_call = 1e3 * sum(walls) / len(walls) - rep * sum(rounds) / len(rounds)
         rows.append((name, rep, phases, per_call, sum(rounds) / len(rounds)))
         print(f"{name}: replay {rep:.3f} ms", flush=True)

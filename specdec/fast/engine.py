@@ -37,9 +37,11 @@ __all__ = ["BUCKET", "FastEngine", "bucket_size", "fast_path_reason", "tree_slot
 logger = logging.getLogger(__name__)
 
 BUCKET = 16  # trees are padded to a multiple of this many nodes
-# The DDTree selection inside rounds: "torch" (default) or "triton"/"auto" (the one-launch kernel, opt-in until
-# its speed is measured on a GPU; docs/kernels.md).
-_DDTREE_IMPL = os.environ.get("SPECDEC_DDTREE_IMPL", "torch")
+PREFILL_BUCKET = 64  # prompts are padded to a multiple of this many tokens for the captured prefill
+PREFILL_CAPTURE_MAX = 512  # longer prompts are prefilled eagerly (their compute hides the kernel launches)
+# The DDTree selection inside rounds: "auto" (default: the one-launch Triton kernel on CUDA, tensor ops
+# elsewhere), "torch" or "triton" (docs/kernels.md).
+_DDTREE_IMPL = os.environ.get("SPECDEC_DDTREE_IMPL", "auto")
 _CAPACITY_STEP = 256
 
 
@@ -108,6 +110,11 @@ class _Round:
         vocab = engine.target.target.vocab_size
         self.uniform = torch.rand(self.slots, vocab, device=device) if sampling.do_sample else None
         self.out[self.path_len : self.path_len + 2] = 1  # plain decoding: one path node, one tree node
+        # Two host copies of ``out`` so that the next round can be launched before this one is read.
+        cuda = device.type == "cuda"
+        self.host = torch.zeros(2, self.out.numel(), dtype=torch.long, pin_memory=cuda)
+        self.ready = [torch.cuda.Event() for _ in range(2)] if cuda else None
+        self.launched = 0
         self.hybrid = engine.target.target.state if isinstance(engine.target.target.state, HybridState) else None
         fn = self._ar_round if drafter is None and self.hybrid is None else self._round
         self.compile = compile
@@ -205,16 +212,72 @@ class _Round:
         cap.first_run_s = cap.capture_s = 0.0
         return out
 
-    def __call__(self, generator: torch.Generator | None) -> tuple[list[int], int]:
-        """Run one round; returns (new tokens: accepted drafts + bonus, number of real tree nodes)."""
+    def launch(self, generator: torch.Generator | None) -> int:
+        """Enqueue one round (after any launched before) and the copy of its result to the host; no host wait.
+
+        Returns the ticket to pass to :meth:`read`. At most two rounds may be launched and not yet read.
+        """
         if self.uniform is not None:
             self.uniform.uniform_(generator=generator)
         self.captured()
+        slot = self.launched % 2
+        self.launched += 1
+        self.host[slot].copy_(self.out, non_blocking=True)
+        if self.ready is not None:
+            self.ready[slot].record()
+        return slot
+
+    def read(self, ticket: int) -> tuple[list[int], int]:
+        """Wait for a launched round; returns (new tokens: accepted drafts + bonus, number of real tree nodes)."""
+        if self.ready is not None:
+            self.ready[ticket].synchronize()
         if self.drafter is not None:
             self.drafter.num_forwards += self.draft_forwards
-        out = self.out.tolist()
+        out = self.host[ticket].tolist()
         num_path = out[self.path_len]
         return out[:num_path], out[self.path_len + 1]
+
+    def __call__(self, generator: torch.Generator | None) -> tuple[list[int], int]:
+        """Run one round and read it."""
+        return self.read(self.launch(generator))
+
+
+class _Prefill:
+    """The prompt forward padded to ``size`` tokens (one captured graph per size and drafter on an engine).
+
+    Padding tokens sit after the prompt, so causal attention keeps them out of every prompt row; their K/V and
+    drafter context rows land in slots past the prompt, which rounds mask out until they overwrite them.
+    """
+
+    def __init__(self, engine: FastEngine, drafter, static, size: int, graph: bool) -> None:
+        device = engine.device
+        self.engine, self.drafter, self.static = engine, drafter, static
+        self.taps = getattr(drafter, "target_layer_ids", None)
+        self.ids = torch.zeros(1, size, dtype=torch.long, device=device)
+        self.last = torch.zeros(1, dtype=torch.long, device=device)  # the last prompt row, whose logits we keep
+        self.positions = torch.arange(size, device=device)
+        self.mask = engine.target.causal_mask(self.positions)
+        self.logits: torch.Tensor | None = None
+        self.captured = Captured(self._run, device=device, graph=graph, pool=engine.graph_pool)
+
+    def _run(self) -> None:
+        logits, hidden = self.engine.target.forward(
+            self.ids, self.positions[None], self.mask, self.positions, self.taps, rows=self.last
+        )
+        self.logits = logits
+        if isinstance(self.static, DFlashStatic):
+            self.static.ingest(hidden, 0)
+        elif self.static is not None:
+            self.static.prefill(self.ids)
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Prefill ``input_ids [1, n]`` (n <= size); returns the logits ``[V]`` at its last position."""
+        n = input_ids.shape[1]
+        self.ids[:, :n].copy_(input_ids)
+        self.ids[:, n:].zero_()
+        self.last.fill_(n - 1)
+        self.captured()
+        return self.logits[0]
 
 
 class FastEngine:
@@ -233,6 +296,8 @@ class FastEngine:
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
         self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._rounds: dict = {}
+        self._prefills: dict = {}
+        self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
         self.setup_s = time.perf_counter() - start
 
     @property
@@ -263,9 +328,19 @@ class FastEngine:
             self._drafters[drafter] = static
         return static
 
-    def prefill(self, input_ids: torch.Tensor, drafter) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the prompt into the static caches (eager; prompt lengths vary). Returns the last logits ``[V]``."""
+    def prefill(self, input_ids: torch.Tensor, drafter, *, graph: bool = False) -> tuple[torch.Tensor, None]:
+        """Run the prompt into the static caches; returns the logits ``[V]`` at its last position.
+
+        Attention-only targets pad prompts of up to ``PREFILL_CAPTURE_MAX`` tokens to a multiple of
+        ``PREFILL_BUCKET`` and run a captured forward per padded length (``graph``); longer prompts and hybrid
+        targets (whose recurrent state must not see padding) run eagerly.
+        """
         n, device = input_ids.shape[1], self.device
+        size = -(-n // PREFILL_BUCKET) * PREFILL_BUCKET
+        if not self.target.recurrent and size <= min(PREFILL_CAPTURE_MAX, self.capacity):
+            logits = self._prefill_for(drafter, size, graph)(input_ids)
+            self.prefix.fill_(n)
+            return logits, None
         taps = getattr(drafter, "target_layer_ids", None)
         target = self.target.target
         if self.target.recurrent:  # hybrids: the model's own forward into an HF cache, then copied in
@@ -283,7 +358,15 @@ class FastEngine:
             static.ingest(hidden, 0)
         elif static is not None:
             static.prefill(input_ids)
-        return logits, hidden
+        return logits, None
+
+    def _prefill_for(self, drafter, size: int, graph: bool) -> _Prefill:
+        key = (id(drafter) if drafter is not None else None, size, graph)
+        pre = self._prefills.get(key)
+        if pre is None or pre.drafter is not drafter:
+            pre = _Prefill(self, drafter, self._static(drafter), size, graph)
+            self._prefills[key] = pre
+        return pre
 
     def set_root(self, token: torch.Tensor) -> None:
         self.root.copy_(token.view(1))

@@ -47,10 +47,12 @@ class Captured:
         snapshot (Callable[[], Callable[[], None]] | None): called before the warm-up; returns the function
             that undoes a warm-up run's effect on the decode state (called after each warm-up run).
         warmup (int): eager runs before capture. Default 2.
+        pool: a graph memory pool (``torch.cuda.graph_pool_handle()``) shared with other graphs that never run
+            at the same time; None = a private pool.
     """
 
-    def __init__(self, fn, *, device: torch.device, graph: bool, snapshot=None, warmup: int = 2) -> None:
-        self.fn, self.device, self.snapshot, self.warmup = fn, device, snapshot, warmup
+    def __init__(self, fn, *, device: torch.device, graph: bool, snapshot=None, warmup: int = 2, pool=None) -> None:
+        self.fn, self.device, self.snapshot, self.warmup, self.pool = fn, device, snapshot, warmup, pool
         self.use_graph = graph and device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
         self.capture_s = 0.0  # later warm-up runs + capture, seconds
@@ -87,7 +89,7 @@ class Captured:
                     self.first_run_s = time.perf_counter() - start
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self.pool):
             self.fn()
         torch.cuda.synchronize(self.device)
         self.graph = graph

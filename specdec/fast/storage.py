@@ -203,9 +203,16 @@ class StaticModel:
         mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
         return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
 
-    def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False):
-        """Logits ``[N, V]`` and taps ``[1, N, K*H]`` (or None) of one forward writing K/V at ``write_index``."""
+    def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, rows=None):
+        """Logits ``[N, V]`` (``[R, V]`` for ``rows``, see ``TargetModel._forward``) and taps ``[1, N, K*H]``
+        (or None) of one forward writing K/V at ``write_index``."""
         self.storage.write_index = write_index
         return self.target._forward(
-            ids, position_ids=positions, attention_mask=mask, taps=taps, last_only=last_only, cache=self.cache
+            ids,
+            position_ids=positions,
+            attention_mask=mask,
+            taps=taps,
+            last_only=last_only,
+            cache=self.cache,
+            rows=rows,
         )

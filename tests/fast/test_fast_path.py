@@ -110,6 +110,33 @@ def test_eos_on_the_fast_path_matches_hf():
             assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]]) and ref.shape == out.sequences.shape
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "gpt2"])
+def test_padded_and_eager_prefills_equal_hf_greedy(arch):
+    """Prompts at the edges of the prefill buckets run padded (pads after the prompt, masked until overwritten);
+    a prompt past PREFILL_CAPTURE_MAX runs the eager prefill. Both give HF's tokens, for both drafter kinds."""
+    from specdec.fast.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX
+
+    positions = {"n_positions": 1024} if arch == "gpt2" else {"max_position_embeddings": 1024}
+    target = tiny_model(arch, scale=2.0, **positions)
+    drafters = [(sharp_drafter(target), specdec.DDTree(budget=12, topk=3)),
+                (specdec.ModelDrafter(perturbed_copy(target, noise=0.3)), specdec.Chain(k=3))]  # fmt: skip
+
+    def engine():
+        return FastEngine.for_target(TargetModel.wrap(target), capacity=1)
+
+    for n in (1, PREFILL_BUCKET - 1, PREFILL_BUCKET, PREFILL_BUCKET + 1, PREFILL_CAPTURE_MAX + 7):
+        ids = prompt(n=n, seed=n)
+        ref = target.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+        for drafter, tree in [(None, None), *drafters]:
+            out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=12, cuda_graphs=True)
+            assert out.stats.path == "fast" and torch.equal(out.sequences, ref), (arch, n, type(drafter).__name__)
+        sizes = {key[1] for key in engine()._prefills}
+        if n <= PREFILL_BUCKET + 1:
+            assert sizes == {PREFILL_BUCKET} | ({2 * PREFILL_BUCKET} if n > PREFILL_BUCKET else set())
+        else:  # the long prompt took the eager prefill
+            assert max(sizes, default=0) <= PREFILL_CAPTURE_MAX
+
+
 def test_commit_rows_equals_per_row_reference():
     gen = torch.Generator().manual_seed(0)
     for _ in range(20):
