@@ -42,6 +42,7 @@ PHASES = {  # label -> (owner, attribute)
     "choose": (fast_engine, "target_choices"),
     "accept": (fast_engine, "accept_device"),
     "commit": (fast_engine, "commit_rows"),
+    "commit-rec": (fast_engine, "commit_recurrent"),
     "ingest": (DFlashStatic, "ingest"),
 }
 

@@ -20,6 +20,7 @@ import statistics
 import time
 
 import torch
+from round_profile import profile_round  # benchmarks/e2e, beside this script
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
 from specdec.drafters.dflash import DFlashDrafter
@@ -192,6 +193,7 @@ def main() -> None:
         )
         builds[budget] = timed(build)
         rows.append((f"tree build + ancestors, budget {budget}", builds[budget], ""))
+    ar_phases = None
     for budget in (15, 31, 63):
         start(drafter)
         rnd = engine.round_for(drafter, DDTree(budget=budget, topk=8), GREEDY, graph=True)
@@ -202,6 +204,29 @@ def main() -> None:
             rest = ms - draft_ms - builds[budget]
             rows.append((f"  verify + accept + commit, {budget + 1} nodes (round - draft - build)", rest,
                          f"{rest / ar_ms:.2f} x the AR step (target <= 1.2)"))  # fmt: skip
+            if device.type == "cuda":  # kernel time per phase (profiler, eager run of the same round)
+                if ar_phases is None:
+                    start(None)
+                    ar_phases = profile_round(ar, engine, 3)
+                start(drafter)
+                ph = profile_round(rnd, engine, 3)
+                verify, verify_ar = ph["verify"][1], ar_phases["verify"][1]
+                commit = ph.get("commit", (0, 0.0))[1] + ph.get("commit-rec", (0, 0.0))[1]
+                rows.append(
+                    (
+                        f"  verify kernels, {budget + 1} nodes / 1 node",
+                        verify,
+                        f"{verify / verify_ar:.2f} x the 1-node verify ({verify_ar:.3f} ms) (target <= 1.2)",
+                    )
+                )
+                rows.append(
+                    (
+                        f"  commit kernels (K/V rows + recurrent replay), budget {budget}",
+                        commit,
+                        f"{100 * commit / ph['round'][1]:.1f} % of the round's kernel time (target <= 5 %)",
+                    )
+                )
+                # fmt: skip
 
     if args.compile:
         for name, d, tree in (
