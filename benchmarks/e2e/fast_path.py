@@ -55,6 +55,9 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true", help="skip the HF generate rows")
     ap.add_argument("--no-hf-eager", action="store_true", help="skip HF's eager generate row (keep hf-static)")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager-path comparison")
+    ap.add_argument("--eager-only", nargs="*", default=None, help="compare only these rows with the eager path")
+    ap.add_argument("--skip", nargs="*", default=[], help="rows not to run (e.g. ar)")
+    ap.add_argument("--repeat", type=int, default=1, help="timed passes per row (run-to-run noise; tok/s = mean)")
     ap.add_argument("--memory-rounds", type=int, default=1000, help="rounds of the flat-memory check (0 = skip)")
     ap.add_argument("--out", default="bench_out/fast")
     args = ap.parse_args()
@@ -75,12 +78,10 @@ def main() -> None:
     ctx = max(ids.shape[1] for _, ids in prompts) + new
     floor = graph_floor_ms(model, context_len=ctx)
 
-    spec = {
-        "ar": (None, None),
-        f"dflash-chain-k{drafter.config.block_size - 1}": (drafter, specdec.Chain(k=drafter.config.block_size - 1)),
-    }
+    spec = {f"dflash-chain-k{drafter.config.block_size - 1}": (drafter, specdec.Chain(k=drafter.config.block_size - 1))}
     for b in args.budgets:
         spec[f"ddtree-b{b}-k{args.topk}"] = (drafter, specdec.DDTree(budget=b, topk=args.topk))
+    spec["ar"] = (None, None)
     if args.model_layers:
         small = specdec.ModelDrafter.from_target_layers(model, args.model_layers)
         spec[f"model{args.model_layers}-chain-k4"] = (small, specdec.Chain(k=4))
@@ -98,6 +99,7 @@ def main() -> None:
         )
 
     rows = []
+    methods = {k: v for k, v in methods.items() if k not in args.skip}
     for name, fn in methods.items():
         t0 = time.perf_counter()
         setup_ms = 0.0
@@ -107,20 +109,24 @@ def main() -> None:
                 setup_ms += out.stats.capture_ms + out.stats.compile_ms
         _sync(device)
         warm_s = time.perf_counter() - t0
-        wall, n_tok, rounds, committed, seqs, paths = 0.0, 0, 0, 0, {}, set()
-        for pid, ids in prompts:
-            _sync(device)
-            t = time.perf_counter()
-            out = fn(ids)
-            _sync(device)
-            wall += time.perf_counter() - t
-            seq = out.sequences if hasattr(out, "sequences") else out
-            seqs[pid] = seq[0, ids.shape[1] :].tolist()
-            n_tok += len(seqs[pid])
-            if hasattr(out, "stats"):
-                rounds += out.stats.rounds
-                committed += sum((a + 1) * c for a, c in enumerate(out.stats.accept_hist))
-                paths.add(out.stats.path)
+        passes = []
+        for _ in range(args.repeat):
+            wall, n_tok, rounds, committed, seqs, paths = 0.0, 0, 0, 0, {}, set()
+            for pid, ids in prompts:
+                _sync(device)
+                t = time.perf_counter()
+                out = fn(ids)
+                _sync(device)
+                wall += time.perf_counter() - t
+                seq = out.sequences if hasattr(out, "sequences") else out
+                seqs[pid] = seq[0, ids.shape[1] :].tolist()
+                n_tok += len(seqs[pid])
+                if hasattr(out, "stats"):
+                    rounds += out.stats.rounds
+                    committed += sum((a + 1) * c for a, c in enumerate(out.stats.accept_hist))
+                    paths.add(out.stats.path)
+            passes.append(n_tok / wall)
+        wall = n_tok / (sum(passes) / len(passes))  # the mean pass
         outs[name] = seqs
         rows.append(
             {
@@ -132,13 +138,17 @@ def main() -> None:
                 "setup_ms": setup_ms,
                 "path": ",".join(sorted(paths)) or "hf",
                 "new_tokens": n_tok,
+                "passes": passes,
             }
         )
-        print(f"{name}: {rows[-1]['tok_s']:.1f} tok/s", flush=True)
+        r = rows[-1]
+        print(f"{name}: {r['tok_s']:.1f} tok/s, tau {r['tau']:.2f}, path {r['path']}, passes {r['passes']}", flush=True)
 
     eager_same = {}
     if not args.no_eager:
         for name, (d, tree) in spec.items():
+            if name not in outs or (args.eager_only is not None and name not in args.eager_only):
+                continue
             same = 0
             for pid, ids in prompts:
                 out = specdec.generate(
@@ -160,7 +170,7 @@ def main() -> None:
 
     hf = outs.get("hf-generate")
     static = next((r["tok_s"] for r in rows if r["method"] == "hf-static"), None)
-    ar = next(r for r in rows if r["method"] == "ar")
+    ar = next((r for r in rows if r["method"] == "ar"), None)
     commit = (
         os.environ.get("SPECDEC_COMMIT")
         or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -196,9 +206,14 @@ def main() -> None:
     trees = [r for r in rows if r["method"].startswith("ddtree")]
     chain = next(r for r in rows if r["method"].startswith("dflash-chain"))
     best = max(trees, key=lambda r: r["tok_s"])
-    if floor:
+    if args.repeat > 1:
+        for r in rows:
+            lo, hi = min(r["passes"]), max(r["passes"])
+            lines.append(f"- {r['method']}: passes " + " / ".join(f"{x:.1f}" for x in r["passes"])
+                         + f" tok/s (spread {100 * (hi - lo) / lo:.1f} %)")  # fmt: skip
+    if floor and ar:
         lines.append(f"- AR time per token / graph floor: {1e3 / ar['tok_s'] / floor:.2f} (target <= 1.25)")
-    for r in trees:
+    for r in trees if ar else []:
         lines.append(
             f"- {r['method']}: tok/s / (0.5 tau x AR) = {r['tok_s'] / (0.5 * r['tau'] * ar['tok_s']):.2f} (target >= 1)"
         )

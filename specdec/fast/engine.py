@@ -196,10 +196,15 @@ class _Round:
         """Save the decode state before the warm-up runs; returns the function that puts it back."""
         engine = self.engine
         prefix, root = engine.prefix.clone(), engine.root.clone()
+        # Attention K/V and drafter rows are rewritten at the same slots by the next run; recurrent states are not.
+        states = [t for layer in engine.target.recurrent.values() for t in (layer.conv_states, layer.recurrent_states)]
+        saved = [t.clone() for t in states]
 
         def restore() -> None:
             engine.prefix.copy_(prefix)
             engine.root.copy_(root)
+            for t, s in zip(states, saved, strict=True):
+                t.copy_(s)
 
         return restore
 

@@ -89,8 +89,15 @@ class Captured:
                     self.first_run_s = time.perf_counter() - start
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self.fn()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.fn()
+        except RuntimeError as err:  # an API call from another thread may invalidate a global-mode capture
+            logger.info("CUDA graph capture failed (%s); retrying with capture_error_mode='thread_local'", err)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                self.fn()
         torch.cuda.synchronize(self.device)
         self.graph = graph
         self.capture_s = time.perf_counter() - start - self.first_run_s

@@ -4,7 +4,8 @@ The recurrent mixers run through the same adapters as on the eager path (``specd
 ``DeviceTopology`` built from the device tree (conv gather table and parent array as tensors, no host reads);
 the recurrences go through ``specdec.kernels.tree_gdn`` / ``tree_mamba2`` (Triton on CUDA). The conv windows and
 recurrent states live in static tensors (``specdec.fast.storage``); the commit replays the accepted path from the
-committed state in a fixed number of masked steps and rebuilds each conv window by one gather.
+committed state in a fixed number of masked steps (one fused Triton launch per Gated DeltaNet layer on CUDA,
+``specdec.kernels.gdn_path_replay``) and rebuilds each conv window by one gather.
 """
 
 from __future__ import annotations
@@ -83,9 +84,7 @@ def commit_recurrent(adapter: RecurrentAdapter, rnd: VerifyRound, path: torch.Te
     """
     conv, rec = adapter.states(rnd)
     stash = rnd.stash[adapter.layer_idx]
-    state = rec.float()
-    for step in range(path.shape[0]):  # fixed count; steps past the path leave the state as it is
-        state = torch.where(num_path > step, adapter.advance(state, stash, path[step : step + 1]), state)
+    state = adapter.replay(rec.float(), stash, path, num_path)  # fixed step count: no host read
     stored = conv.shape[-1]
     window = torch.cat([conv[0], stash.preconv.index_select(0, path).transpose(0, 1).to(conv.dtype)], dim=1)
     conv.copy_(window.index_select(1, num_path + torch.arange(stored, device=path.device))[None])

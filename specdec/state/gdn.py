@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
-from specdec.kernels import tree_gdn
+from specdec.kernels import gdn_path_replay, tree_gdn
 from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv
 
 __all__ = ["GDN_ADAPTERS", "GDNStash", "GatedDeltaNetAdapter", "Qwen3NextGatedDeltaNetAdapter", "gdn_step"]
@@ -105,6 +105,11 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
         out = tree_gdn(rec[0].float(), q, k, v, g, beta, parents, impl="auto").to(hidden_states.dtype)  # [N, HV, V]
         out = m.norm(out.reshape(-1, m.head_v_dim), z[0].reshape(-1, m.head_v_dim)).reshape(1, n, -1)
         return m.out_proj(out)
+
+    def replay(self, state: torch.Tensor, stash: GDNStash, path: torch.Tensor, num_path: torch.Tensor) -> torch.Tensor:
+        state = state.contiguous()  # [1, HV, K, V] fp32, advanced in place (one Triton launch on CUDA)
+        gdn_path_replay(state[0], stash.key, stash.value, stash.log_decay, stash.beta, path, num_path)
+        return state
 
     def advance(self, state: torch.Tensor, stash: GDNStash, nodes: torch.Tensor) -> torch.Tensor:
         key = stash.key.index_select(0, nodes).repeat_interleave(stash.heads_per_key, dim=1)

@@ -256,6 +256,13 @@ class RecurrentAdapter:
     def advance(self, state: torch.Tensor, stash, nodes: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def replay(self, state: torch.Tensor, stash, path: torch.Tensor, num_path: torch.Tensor) -> torch.Tensor:
+        """The fp32 state after the nodes ``path[:num_path]`` (``P`` masked ``advance`` steps, no host read);
+        may update ``state`` in place. Subclasses with a fused kernel override it."""
+        for step in range(path.shape[0]):
+            state = torch.where(num_path > step, self.advance(state, stash, path[step : step + 1]), state)
+        return state
+
     def states(self, rnd: VerifyRound) -> tuple[torch.Tensor, torch.Tensor]:
         """Committed ``(conv window [1, C, S], recurrent state [1, ...])`` of this layer."""
         layer = rnd.cache.layers[self.layer_idx]

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.kernels.tree_gdn import tree_gdn
+from specdec.kernels.tree_gdn import gdn_path_replay, tree_gdn
 from specdec.kernels.tree_gdn.reference import tree_gdn_reference
 from specdec.state.gdn import gdn_step
 from specdec.state.hybrid import TreeTopology, tree_scan
@@ -244,6 +244,88 @@ def test_triton_gpu_matches_reference(case):
     assert torch.equal(tree_gdn(**inputs), out)  # auto picks Triton on CUDA
 
 
+# -- gdn_path_replay: the commit's replay of the accepted path ------------------------------------------------
+PATH_CASES = [Case(n, hv, kd, vd, tree, h=h) for n, hv, h, kd, vd, tree in (
+    (1, 2, 0, 16, 16, "chain"), (9, 4, 2, 32, 16, "random"), (17, 2, 1, 16, 48, "deep"), (33, 4, 0, 64, 32, "chain"),
+)] + [Case(12, 4, 32, 32, "deep", h=2, dtype=torch.bfloat16)]  # fmt: skip
+
+
+def make_path(case: Case, inputs: dict, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """A root-to-node path of the case's tree, padded to the tree's depth + 1 by repeating its last node."""
+    parents = inputs["parents"].tolist()
+    gen = torch.Generator().manual_seed(seed)
+    node = int(torch.randint(0, case.n, (1,), generator=gen))
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    path = path[::-1]
+    depth = [0] * case.n
+    for i in range(1, case.n):
+        depth[i] = depth[parents[i]] + 1
+    padded = path + [path[-1]] * (max(depth) + 1 - len(path))
+    return torch.tensor(padded), torch.tensor(len(path)), path
+
+
+def path_state_oracle(inputs: dict, path: list[int]) -> torch.Tensor:
+    """Oracle: the state after the path's nodes, one ``gdn_step`` per node (host loop over the real nodes only)."""
+    k = inputs["k"].repeat_interleave(inputs["q"].shape[1] // inputs["k"].shape[1], dim=1)
+    state = inputs["init_state"][None].float()
+    for j in path:
+        s = slice(j, j + 1)
+        state = gdn_step(state, k[s], inputs["v"][s].float(), inputs["log_decay"][s], inputs["beta"][s])
+    return state[0]
+
+
+def replay_args(inputs: dict, path: torch.Tensor, num: torch.Tensor) -> tuple:
+    state = inputs["init_state"].float().clone()
+    return state, inputs["k"], inputs["v"], inputs["log_decay"], inputs["beta"], path, num
+
+
+@pytest.mark.parametrize("case", PATH_CASES, ids=lambda c: c.id)
+def test_path_replay_reference_matches_node_by_node(case):
+    inputs = make_inputs(case)
+    for seed in range(4):
+        path, num, real = make_path(case, inputs, seed)
+        args = replay_args(inputs, path, num)
+        gdn_path_replay(*args)  # auto on CPU: the reference
+        assert_close(args[0], path_state_oracle(inputs, real), case.dtype)
+        if len(real) < path.numel():  # the padding steps are masked out, not replayed
+            assert not torch.allclose(args[0], path_state_oracle(inputs, path.tolist()))
+
+
+@pytest.mark.parametrize("case", PATH_CASES, ids=lambda c: c.id)
+def test_path_replay_triton_interpreted_matches_node_by_node(case, interpreted):
+    inputs = make_inputs(case)
+    for seed in range(4):
+        _, _, real = make_path(case, inputs, seed)
+        assert_close(interpreted[f"{case.id}/path{seed}"], path_state_oracle(inputs, real), case.dtype)
+
+
+def test_path_replay_errors():
+    inputs = make_inputs(Case(5, 2, 16, 16, "chain"))
+    path, num, _ = make_path(Case(5, 2, 16, 16, "chain"), inputs, 0)
+    state, *rest = replay_args(inputs, path, num)
+    with pytest.raises(ValueError, match="fp32"):
+        gdn_path_replay(state.double(), *rest)
+    with pytest.raises(ValueError, match="impl="):
+        gdn_path_replay(state, *rest, impl="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [*PATH_CASES, Case(64, 32, 128, 128, "deep", h=16, dtype=torch.bfloat16)],
+                         ids=lambda c: c.id)  # fmt: skip
+def test_path_replay_triton_gpu_matches_reference(case):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    inputs = make_inputs(case, device=torch.device("cuda"))
+    for seed in range(4):
+        path, num, real = make_path(case, make_inputs(case), seed)
+        args = replay_args(inputs, path.cuda(), num.cuda())
+        gdn_path_replay(*args, impl="triton")
+        assert_close(args[0].cpu(), path_state_oracle(make_inputs(case), real), case.dtype)
+
+
 def _poisoned_empty(empty):
     def poisoned(*args, **kwargs):
         t = empty(*args, **kwargs)
@@ -254,7 +336,7 @@ def _poisoned_empty(empty):
 
 def _run_interpreted(path: str) -> None:
     """Subprocess entry: kernel outputs of ``TRITON_CASES`` through the interpreter, saved to ``path``."""
-    from specdec.kernels.tree_gdn.triton import _tree_gdn, tree_gdn_triton
+    from specdec.kernels.tree_gdn.triton import _tree_gdn, gdn_path_replay_triton, tree_gdn_triton
 
     torch.empty = _poisoned_empty(torch.empty)
     results = {}
@@ -265,6 +347,12 @@ def _run_interpreted(path: str) -> None:
         else:
             results[case.id] = tree_gdn_triton(**inputs)
         results[case.id + "/init_state"] = inputs["init_state"]
+    for case in PATH_CASES:
+        inputs = make_inputs(case)
+        for seed in range(4):
+            args = replay_args(inputs, *make_path(case, inputs, seed)[:2])
+            gdn_path_replay_triton(*args)
+            results[f"{case.id}/path{seed}"] = args[0]
     torch.save(results, path)
 
 

@@ -67,3 +67,38 @@ def test_snapshot_mode_falls_back_with_a_reason(caplog):
         out = model.generate(input_ids, max_new_tokens=12, cuda_graphs=True, return_dict_in_generate=True)
     assert out.stats.path == "eager" and torch.equal(out.sequences, want)
     assert "snapshot" in caplog.text
+
+
+@torch.no_grad()
+def test_warmup_runs_are_undone_before_capture():
+    """Capture runs the round twice before recording it and must undo each run, recurrent states included;
+    otherwise the first captured round of a call would decode from a state the warm-up already advanced."""
+    from specdec.fast.engine import FastEngine
+    from specdec.target import TargetModel
+
+    target = _target("qwen3_5")
+    drafter = _bigram_drafter(target)
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(3))
+    specdec.generate(target, ids, drafter=drafter, tree=specdec.DDTree(budget=8), max_new_tokens=8, cuda_graphs=True)
+    engine = FastEngine.for_target(TargetModel.wrap(target), capacity=1)
+    (rnd,) = [r for r in engine._rounds.values() if r.drafter is drafter]
+
+    def start():
+        logits, _ = engine.prefill(ids, drafter)
+        engine.set_root(logits.argmax().view(1))
+
+    def state():
+        rec = [
+            t.clone() for layer in engine.target.recurrent.values() for t in (layer.conv_states, layer.recurrent_states)
+        ]
+        return [engine.prefix.clone(), engine.root.clone(), rnd.out.clone(), *rec]
+
+    start()
+    rnd.captured.fn()
+    once = state()
+    start()
+    restore = rnd._snapshot()
+    rnd.captured.fn()  # a warm-up run, undone
+    restore()
+    rnd.captured.fn()
+    assert len(once) > 3 and all(torch.equal(a, b) for a, b in zip(once, state(), strict=True))

@@ -11,9 +11,9 @@ from typing import Literal
 import torch
 
 from specdec.kernels._triton import importable
-from specdec.kernels.tree_gdn.reference import tree_gdn_reference
+from specdec.kernels.tree_gdn.reference import gdn_path_replay_reference, tree_gdn_reference
 
-__all__ = ["tree_gdn", "tree_gdn_reference"]
+__all__ = ["gdn_path_replay", "gdn_path_replay_reference", "tree_gdn", "tree_gdn_reference"]
 
 Impl = Literal["auto", "triton", "reference"]
 
@@ -50,6 +50,40 @@ def tree_gdn(
     from specdec.kernels.tree_gdn.triton import tree_gdn_triton
 
     return tree_gdn_triton(init_state, q, k, v, log_decay, beta, parents)
+
+
+def gdn_path_replay(
+    state: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    path: torch.Tensor,
+    num_path: torch.Tensor,
+    *,
+    impl: Impl = "auto",
+) -> None:
+    """Advance ``state [HV, K, V]`` (fp32) in place by the accepted nodes ``path[:num_path]`` (the commit of a tree
+    round), without a host read. Arguments as ``gdn_path_replay_reference``.
+
+    Args:
+        impl: ``"triton"`` (one launch per layer: the state is read and written once), ``"reference"`` (``P``
+            masked steps of tensor ops) or ``"auto"``: Triton on CUDA when it imports, else the reference.
+    """
+    if state.dim() != 3 or state.dtype != torch.float32:
+        raise ValueError(f"state must be an fp32 [HV, K, V] tensor; got {state.dtype} {list(state.shape)}.")
+    if impl == "auto":
+        impl = "triton" if state.device.type == "cuda" and _triton_available() else "reference"
+    if impl == "reference":
+        gdn_path_replay_reference(state, k, v, log_decay, beta, path, num_path)
+        return
+    if impl != "triton":
+        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'reference'.")
+    if state.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='reference'.")
+    from specdec.kernels.tree_gdn.triton import gdn_path_replay_triton
+
+    gdn_path_replay_triton(state, k, v, log_decay, beta, path, num_path)
 
 
 def _triton_available() -> bool:

@@ -124,3 +124,32 @@ def _check_parents(parents: torch.Tensor, n: int) -> list[int]:
     if len(parent_list) != n or bad:
         raise ValueError(f"parents must be [N={n}] with -1 <= parents[i] < i; got {parent_list}.")
     return parent_list
+
+
+def gdn_path_replay_reference(
+    state: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    path: torch.Tensor,
+    num_path: torch.Tensor,
+) -> None:
+    """Advance ``state`` in place by the nodes ``path[:num_path]``, in order: ``P`` masked steps, no host read.
+
+    Args:
+        state (torch.Tensor): ``[HV, K, V]`` fp32, updated in place.
+        k, v, log_decay, beta: the nodes' inputs as in :func:`tree_gdn_reference` (``k [N, H, K]``).
+        path (torch.Tensor): ``[P]`` int64 node indices; entries past ``num_path`` are ignored.
+        num_path (torch.Tensor): 0-d int64, the number of real entries of ``path``.
+    """
+    rep = state.shape[0] // k.shape[1]
+    current = state[None]
+    for step in range(path.shape[0]):
+        node = path[step : step + 1]
+        key = k.index_select(0, node).float().repeat_interleave(rep, dim=1)
+        decayed = current * log_decay.index_select(0, node).float().exp()[..., None, None]
+        recalled = (decayed * key[..., None]).sum(-2)
+        delta = (v.index_select(0, node).float() - recalled) * beta.index_select(0, node).float()[..., None]
+        current = torch.where(num_path > step, decayed + key[..., None] * delta[..., None, :], current)
+    state.copy_(current[0])

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["tree_gdn_triton"]
+__all__ = ["gdn_path_replay_triton", "tree_gdn_triton"]
 
 
 @triton.jit
@@ -144,3 +144,71 @@ def _tree_gdn(init_state, q, k, v, log_decay, beta, parents, *, block_v: int, nu
         num_warps=num_warps,
     )
     return out
+
+
+@triton.jit
+def _gdn_path_kernel(
+    state_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    path_ptr,
+    num_ptr,
+    P,
+    HV,
+    HEADS_PER_KEY,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """One program per (value head, value block): load the state slice once, apply the path's updates, store."""
+    head = tl.program_id(0).to(tl.int64)
+    key_head = head // HEADS_PER_KEY
+    num_key_heads = HV // HEADS_PER_KEY
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask_k = offs_k < K
+    mask_v = offs_v < V
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    state_offs = head * K * V + offs_k[:, None] * V + offs_v[None, :]
+    state = tl.load(state_ptr + state_offs, mask=mask_kv, other=0.0)
+    num = tl.load(num_ptr)
+    for step in range(0, P):
+        if step < num:
+            node = tl.load(path_ptr + step)
+            k = tl.load(k_ptr + (node * num_key_heads + key_head) * K + offs_k, mask=mask_k, other=0.0)
+            v = tl.load(v_ptr + (node * HV + head) * V + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + node * HV + head)
+            beta = tl.load(beta_ptr + node * HV + head)
+            state = state * tl.exp(g)
+            recalled = tl.sum(state * k[:, None], axis=0)
+            delta = (v - recalled) * beta
+            state = state + k[:, None] * delta[None, :]
+    tl.store(state_ptr + state_offs, state, mask=mask_kv)
+
+
+def gdn_path_replay_triton(state, k, v, log_decay, beta, path, num_path) -> None:
+    """Triton ``gdn_path_replay``: arguments as ``gdn_path_replay_reference``; ``state`` must be contiguous fp32."""
+    if state.dtype != torch.float32 or not state.is_contiguous():
+        raise ValueError("gdn_path_replay_triton updates state in place: pass a contiguous fp32 tensor.")
+    hv, k_dim, v_dim = state.shape
+    block_v, num_warps = _launch_config(k_dim, v_dim)
+    _gdn_path_kernel[(hv, triton.cdiv(v_dim, block_v))](
+        state,
+        k.float().contiguous(),
+        v.contiguous(),
+        log_decay.float().contiguous(),
+        beta.float().contiguous(),
+        path.to(torch.int64).contiguous(),
+        num_path.to(torch.int64).reshape(1),
+        path.shape[0],
+        hv,
+        hv // k.shape[1],
+        K=k_dim,
+        V=v_dim,
+        BLOCK_K=triton.next_power_of_2(k_dim),
+        BLOCK_V=block_v,
+        num_warps=num_warps,
+    )
