@@ -10,8 +10,6 @@ committed state in a fixed number of masked steps (one fused Triton launch per G
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from specdec.state.gdn import GatedDeltaNetAdapter
@@ -25,13 +23,10 @@ __all__ = ["DeviceTopology", "commit_recurrent", "hybrid_reason"]
 _DEVICE_ADAPTERS = (GatedDeltaNetAdapter, Mamba2Adapter)
 
 
-def hybrid_reason(state, device: torch.device) -> str | None:
-    """None when the hybrid state manager's layers have a device path on ``device``, else why not."""
+def hybrid_reason(state) -> str | None:
+    """None when the hybrid state manager's layers all have a device path, else why not."""
     if not isinstance(state, HybridState):
         return None
-    mamba = sorted({type(a.module).__name__ for a in state.adapters if isinstance(a, Mamba2Adapter)})
-    if mamba and device.type == "cuda" and os.environ.get("SPECDEC_TREE_MAMBA2") != "triton":
-        return f"the tree scan of {', '.join(mamba)} is not yet capture-safe on CUDA (set SPECDEC_TREE_MAMBA2=triton)"
     if state.mode != "exact":
         return f"hybrid_mode={state.mode!r} replays through the model's own forward"
     other = sorted({type(a.module).__name__ for a in state.adapters if not isinstance(a, _DEVICE_ADAPTERS)})

@@ -38,8 +38,7 @@ def verify_logits(model, prefix: torch.Tensor, tree: DraftTree, device: torch.de
 
 
 @pytest.mark.parametrize("family", ["mamba2", "nemotron_h", "falcon_h1"])
-def test_mamba2_tree_verify_cuda_matches_cpu(cuda, family, monkeypatch):
-    monkeypatch.setenv("SPECDEC_TREE_MAMBA2", "triton")  # the compiled kernel is opt-in until checked here
+def test_mamba2_tree_verify_cuda_matches_cpu(cuda, family):
     assert _triton_available(), "the CUDA adapter path must run the Triton kernel"
     cpu_model = tiny_hybrid(family)
     cuda_model = copy.deepcopy(cpu_model).to(cuda)

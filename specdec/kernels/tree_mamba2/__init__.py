@@ -37,13 +37,13 @@ def tree_mamba2(
 
     Args:
         impl: ``"triton"`` (one fused launch), ``"reference"`` (level-synchronous PyTorch) or ``"auto"``: Triton
-            when the tensors are on a CUDA device, Triton imports and ``SPECDEC_TREE_MAMBA2=triton`` is set (the
-            compiled kernel is opt-in until it has been checked on a GPU; docs/kernels.md), else the reference.
+            when the tensors are on a CUDA device and Triton imports (``SPECDEC_TREE_MAMBA2=reference`` forces the
+            reference there), else the reference.
     """
     _check_inputs(init_state, x, B, C, dt, A, D, parents)
     if impl == "auto":
-        opted_in = os.environ.get("SPECDEC_TREE_MAMBA2") == "triton"
-        impl = "triton" if opted_in and x.device.type == "cuda" and _triton_available() else "reference"
+        forced = os.environ.get("SPECDEC_TREE_MAMBA2") == "reference"
+        impl = "triton" if not forced and x.device.type == "cuda" and _triton_available() else "reference"
     if impl == "reference":
         return tree_mamba2_reference(init_state, x, B, C, dt, A, D, parents)
     if impl != "triton":
