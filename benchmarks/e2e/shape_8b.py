@@ -16,13 +16,13 @@ device (``--small`` runs a tiny config on CPU to check the script).
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 from round_profile import profile_round  # benchmarks/e2e, beside this script
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
+from specdec.bench import median_ms
 from specdec.drafters.dflash import DFlashDrafter
 from specdec.fast.engine import FastEngine
 from specdec.fast.graphs import Captured
@@ -34,23 +34,11 @@ GREEDY = SamplingParams()
 
 
 def timed(fn, iters: int = 30) -> float:
-    """Median ms of ``fn()`` (already captured or cheap to launch) over ``iters`` calls, CUDA events."""
+    """Median ms of ``fn()`` (already captured or cheap to launch) after one untimed call (CUDA events on a GPU;
+    the CPU smoke run of the script, ``--small``, times 3 calls)."""
     fn()
-    out = []
-    if not torch.cuda.is_available():  # CPU smoke run of the script (--small)
-        for _ in range(3):
-            t = time.perf_counter()
-            fn()
-            out.append(1e3 * (time.perf_counter() - t))
-        return statistics.median(out)
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return median_ms(fn, device, iters=iters if device.type == "cuda" else 3)
 
 
 def bandwidth_gbs(device) -> float:

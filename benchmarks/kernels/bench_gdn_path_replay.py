@@ -15,12 +15,12 @@ Prints median ms per layer; on CPU only the reference runs.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
+from specdec.bench import median_ms
+from specdec.fast.graphs import Captured
 from specdec.kernels.tree_gdn import gdn_path_replay
 
 SHAPES = {  # value heads, key heads, K, V
@@ -50,36 +50,6 @@ def inputs(shape, accepted: int, device: torch.device, seed: int = 0):
     )
 
 
-def timed(fn, device: torch.device, iters: int = 50) -> float:
-    fn()
-    out = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            fn()
-            out.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(out)
-
-
-def graphed(fn, device: torch.device):
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 @torch.no_grad()
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,8 +69,9 @@ def main() -> None:
                 def call(impl=impl, tensors=tensors, num=num):
                     gdn_path_replay(**tensors, num_path=num, impl=impl)
 
-                fn = graphed(call, device) if provider.endswith("-graph") else call
-                cells.append(f"{timed(fn, device):.4f}")
+                fn = Captured(call, device=device, graph=provider.endswith("-graph"))
+                fn()  # warm (and captured, for the graph providers)
+                cells.append(f"{median_ms(fn, device, iters=50):.4f}")
             print(f"| {name} | {accepted} | " + " | ".join(cells) + " |")
 
 

@@ -5,7 +5,7 @@
 """
 
 from specdec.bench.config import DEFAULT_METHODS, BenchConfig, main_bench, methods_from_specs
-from specdec.bench.floor import graph_floor_ms
+from specdec.bench.floor import graph_floor_ms, median_ms
 from specdec.bench.harness import Method, run_bench
 from specdec.bench.report import aggregate, format_header, format_table, load_rows, plot_summary, write_report
 from specdec.loading import load_prompts, zoo_dir
@@ -21,6 +21,7 @@ __all__ = [
     "load_prompts",
     "load_rows",
     "main_bench",
+    "median_ms",
     "methods_from_specs",
     "plot_summary",
     "run_bench",

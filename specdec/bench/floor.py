@@ -7,10 +7,11 @@ rows. The forward runs through HF's own ``StaticCache`` at the last position of 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
-__all__ = ["graph_floor_ms"]
+__all__ = ["graph_floor_ms", "median_ms"]
 
 
 def graph_floor_ms(model, *, context_len: int, replays: int = 50, warmup: int = 3) -> float | None:
@@ -58,12 +59,23 @@ def graph_floor_ms(model, *, context_len: int, replays: int = 50, warmup: int = 
         model(**inputs)
     for _ in range(warmup):
         graph.replay()
+    return median_ms(graph.replay, device, iters=replays)
+
+
+def median_ms(fn, device: torch.device, *, iters: int = 30) -> float:
+    """Median milliseconds of ``fn()`` over ``iters`` calls: CUDA events around each call on a CUDA ``device``
+    (the device's time for the work ``fn`` enqueues), wall time elsewhere. ``fn`` should be warm."""
     times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t))
     return statistics.median(times)
