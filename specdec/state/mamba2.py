@@ -104,6 +104,22 @@ class Mamba2Adapter(RecurrentAdapter):
         y = self._gated_norm(y.reshape(1, n, -1).to(hidden_states.dtype), gate)
         return m.out_proj(y.to(hidden_states.dtype))
 
+    def replay(
+        self, state: torch.Tensor, stash: Mamba2Stash, path: torch.Tensor, num_path: torch.Tensor
+    ) -> torch.Tensor:
+        """The ``P`` masked SSD steps in closed form (the update is linear in the state): the state decays by the
+        whole path, and step t adds ``dt_t B_t x_t`` decayed by the steps after it. Masked steps get ``dt = 0``
+        (no decay, no input). A few batched ops instead of ``P`` steps; equal to the steps up to fp32 rounding."""
+        real = torch.arange(path.shape[0], device=path.device) < num_path
+        dt = stash.dt.index_select(0, path) * real[:, None]  # [P, H]
+        x = stash.x.index_select(0, path).float()  # [P, H, Hd]
+        B = stash.B.index_select(0, path).float().repeat_interleave(stash.heads_per_group, dim=1)  # [P, H, S]
+        log_decay = dt * stash.A  # [P, H]
+        after = log_decay.flip(0).cumsum(0).flip(0)  # sum over steps >= t
+        after = torch.cat([after[1:], torch.zeros_like(after[:1])])  # sum over steps > t
+        inputs = torch.einsum("th,thp,ths->hps", torch.exp(after) * dt, x, B)
+        return state * torch.exp(log_decay.sum(0))[None, :, None, None] + inputs[None]
+
     def advance(self, state: torch.Tensor, stash: Mamba2Stash, nodes: torch.Tensor) -> torch.Tensor:
         x = stash.x.index_select(0, nodes).float()
         B = stash.B.index_select(0, nodes).float().repeat_interleave(stash.heads_per_group, dim=1)

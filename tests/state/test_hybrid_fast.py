@@ -102,3 +102,37 @@ def test_warmup_runs_are_undone_before_capture():
     restore()
     rnd.captured.fn()
     assert len(once) > 3 and all(torch.equal(a, b) for a, b in zip(once, state(), strict=True))
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_mamba2_closed_form_replay_equals_node_by_node_steps(groups):
+    """The fast path's Mamba2 commit (all masked steps in closed form) against one ``mamba2_step`` per real node."""
+    import torch.nn.functional as F
+
+    from specdec.state.hybrid import RecurrentAdapter
+    from specdec.state.mamba2 import Mamba2Adapter, Mamba2Stash, mamba2_step
+
+    gen = torch.Generator().manual_seed(groups)
+    n, heads, head_dim, state_dim, steps = 12, 4, 8, 6, 7
+    stash = Mamba2Stash(
+        preconv=torch.zeros(n, 1),
+        x=torch.randn(n, heads, head_dim, generator=gen).to(torch.bfloat16),
+        dt=F.softplus(torch.randn(n, heads, generator=gen)),
+        B=torch.randn(n, groups, state_dim, generator=gen).to(torch.bfloat16),
+        A=-torch.rand(heads, generator=gen) * 4 - 0.1,
+        heads_per_group=heads // groups,
+    )
+    adapter = object.__new__(Mamba2Adapter)  # replay and advance read only the stash
+    state = torch.randn(1, heads, head_dim, state_dim, generator=gen)
+    B = stash.B.float().repeat_interleave(heads // groups, dim=1)
+    for num in range(1, steps + 1):
+        nodes = sorted(torch.randperm(n, generator=gen)[:num].tolist())
+        path = torch.tensor(nodes + [nodes[-1]] * (steps - num))
+        want = state
+        for j in nodes:
+            s = slice(j, j + 1)
+            want = mamba2_step(want, stash.x[s].float(), stash.dt[s], B[s], stash.A)
+        got = adapter.replay(state.clone(), stash, path, torch.tensor(num))
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        loop = RecurrentAdapter.replay(adapter, state.clone(), stash, path, torch.tensor(num))
+        torch.testing.assert_close(loop, want, atol=1e-5, rtol=1e-5)
