@@ -3,7 +3,8 @@
 Providers: ``heap`` (``build_ddtree``: top-k on the device, one copy to the host, a Python heap), ``device``
 (``ddtree_device(impl="torch")``, eager launches), ``device-graph`` (the same ops replayed from a CUDA graph: GPU
 time without launch overhead; CUDA only) and ``triton-graph`` (``impl="triton"``: top-k plus the one-launch
-selection of ``specdec.kernels.ddtree_build``, replayed from a graph; where the rank key fits one int64). Shapes:
+selection of ``specdec.kernels.ddtree_build``, replayed from a graph; where the rank key fits one int64) and
+``triton-topk-graph`` (the same with the one-launch Triton top-k, ``topk_impl="triton"``). Shapes:
 depth D = 15 (a block of 16), budgets 15 / 32 / 64 / 128, topk 8 and topk = budget, vocabularies 8192 (the zoo) and
 151936 (Qwen). Inputs are log-softmaxed random logits.
 
@@ -26,7 +27,7 @@ from specdec.kernels.ddtree_build import triton_fits
 from specdec.trees.ddtree import build_ddtree
 from specdec.trees.device import ddtree_device
 
-PROVIDERS = ["heap", "device", "device-graph", "triton-graph"]
+PROVIDERS = ["heap", "device", "device-graph", "triton-graph", "triton-topk-graph"]
 DEPTH = 15
 BUDGETS = [15, 32, 64, 128]
 VOCABS = [8192, 151936]
@@ -40,10 +41,13 @@ def make_call(provider: str, logq: torch.Tensor, budget: int, topk: int):
         return lambda: build_ddtree(logq, 3, budget=budget, topk=topk)
     if provider.endswith("-graph") and logq.device.type != "cuda":
         return None
-    if provider == "triton-graph":
+    if provider in ("triton-graph", "triton-topk-graph"):
         if not triton_fits(logq, min(topk, budget)):
             return None
-        return lambda: ddtree_device(logq, root, budget=budget, topk=topk, num_slots=budget + 1, impl="triton")
+        topk_impl = "triton" if provider == "triton-topk-graph" else "torch"
+        return lambda: ddtree_device(
+            logq, root, budget=budget, topk=topk, num_slots=budget + 1, impl="triton", topk_impl=topk_impl
+        )
     return lambda: ddtree_device(logq, root, budget=budget, topk=topk, num_slots=budget + 1, impl="torch")
 
 

@@ -42,6 +42,8 @@ PREFILL_CAPTURE_MAX = 512  # longer prompts are prefilled eagerly (their compute
 # The DDTree selection inside rounds: "auto" (default: the one-launch Triton kernel on CUDA, tensor ops
 # elsewhere), "torch" or "triton" (docs/kernels.md).
 _DDTREE_IMPL = os.environ.get("SPECDEC_DDTREE_IMPL", "auto")
+# Its per-depth top-k on CUDA: "torch" (default) or "triton" (one launch; opt-in until measured on a GPU).
+_DDTREE_TOPK = os.environ.get("SPECDEC_DDTREE_TOPK", "torch")
 _CAPACITY_STEP = 256
 
 
@@ -135,7 +137,13 @@ class _Round:
             logq = self.static.logq(engine.root, engine.prefix, self.depth)
         if isinstance(self.tree, DDTree):
             return ddtree_device(
-                logq, engine.root, budget=self.tree.budget, topk=self.tree.topk, num_slots=self.slots, impl=_DDTREE_IMPL
+                logq,
+                engine.root,
+                budget=self.tree.budget,
+                topk=self.tree.topk,
+                num_slots=self.slots,
+                impl=_DDTREE_IMPL,
+                topk_impl=_DDTREE_TOPK if logq.device.type == "cuda" else "torch",
             )
         return chain_device(logq, engine.root, k=self.tree.k, num_slots=self.slots)
 

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from specdec.kernels.ddtree_build import best_first, triton_fits
+from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
 from specdec.trees.ddtree import _check_logq as check_logq
 from specdec.types import DraftTree
 
@@ -53,6 +53,7 @@ def ddtree_device(
     topk: int | None,
     num_slots: int,
     impl: str = "torch",
+    topk_impl: str = "torch",
 ) -> DeviceTree:
     """The DDTree of :func:`~specdec.trees.ddtree.build_ddtree`, node for node, as device tensor ops.
 
@@ -71,6 +72,9 @@ def ddtree_device(
         impl (str): ``"torch"`` (default: per-depth selection as tensor ops, any device), ``"triton"`` (the heap's
             pops in one launch, ``specdec.kernels.ddtree_build``; needs ``D * bit_length(k) <= 63``, e.g. D = 15
             with k <= 15) or ``"auto"``: Triton on CUDA when it applies, else torch.
+        topk_impl (str): the per-depth top-k: ``"torch"`` (default: one ``topk`` over packed int64 keys) or
+            ``"triton"`` (``specdec.kernels.ddtree_build.topk_rows``: one launch, a pass per rank; opt-in until
+            its speed is measured on a GPU). Both give the same ranks, ties included.
 
     Returns:
         DeviceTree: ``S`` slots holding ``1 + min(budget, reachable)`` real nodes.
@@ -83,7 +87,9 @@ def ddtree_device(
     if num_slots < budget + 1:
         raise ValueError(f"num_slots={num_slots} < budget + 1 = {budget + 1}: pass num_slots >= budget + 1.")
     k = min(budget if topk is None else topk, budget, vocab)
-    vals, ids = _topk_rows(logq, k)  # [D, k] fp32, [D, k] int64
+    if topk_impl not in ("torch", "triton"):
+        raise ValueError(f"topk_impl={topk_impl!r}: choose 'torch' or 'triton'.")
+    vals, ids = topk_rows(logq, k) if topk_impl == "triton" else _topk_rows(logq, k)  # [D, k] fp32 / int64
     num_real = 1 + min(budget, _reachable(k, depth_limit, budget))
     if impl not in ("auto", "torch", "triton"):
         raise ValueError(f"impl={impl!r}: choose 'auto', 'torch' or 'triton'.")

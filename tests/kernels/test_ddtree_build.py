@@ -37,14 +37,50 @@ def cases(num: int = 150, seed: int = 0):
     return out
 
 
-def _build_all(device: str) -> list:
+def _build_all(device: str, topk_impl: str = "torch") -> list:
     trees = []
     for logq, budget, topk in cases():
         root = torch.tensor(5, device=device)
-        tree = ddtree_device(logq.to(device), root, budget=budget, topk=topk, num_slots=budget + 2, impl="triton")
+        tree = ddtree_device(logq.to(device), root, budget=budget, topk=topk, num_slots=budget + 2, impl="triton",
+                             topk_impl=topk_impl)  # fmt: skip
         draft = to_draft_tree(tree)
         trees.append((draft.tokens, draft.parents))
     return trees
+
+
+def topk_cases(seed: int = 1) -> list[tuple[torch.Tensor, int]]:
+    """(logq, k): vocabularies below, at and past one 4096-wide chunk, tie-heavy rows, -inf, -0.0 next to +0.0,
+    bf16 and float64 input (compared after rounding to fp32)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i, vocab in enumerate([1, 2, 7, 48, 300, 4096, 4100, 8195]):
+        depth = int(torch.randint(1, 16, (1,), generator=gen))
+        if i % 2:
+            logq = torch.randint(-3, 1, (depth, vocab), generator=gen).float()  # many exact ties
+            logq[logq == -3] = float("-inf")
+            logq[logq == 0] = torch.where(torch.rand(int((logq == 0).sum()), generator=gen) < 0.5, -0.0, 0.0)
+        else:
+            logq = torch.log_softmax(3 * torch.randn(depth, vocab, generator=gen), dim=-1)
+        logq = logq.to([torch.float32, torch.bfloat16, torch.float64][i % 3])
+        for k in sorted({1, min(3, vocab), min(8, vocab), min(15, vocab)}):
+            out.append((logq, k))
+    return out
+
+
+def _topk_all(device: str) -> list:
+    from specdec.kernels.ddtree_build import topk_rows
+
+    return [topk_rows(logq.to(device), k) for logq, k in topk_cases()]
+
+
+def _check_topk(results) -> None:
+    from specdec.trees.device import _topk_rows
+
+    assert len(results) > 20
+    for (logq, k), (vals, ids) in zip(topk_cases(), results, strict=True):
+        want_vals, want_ids = _topk_rows(logq, k)
+        assert torch.equal(ids.cpu(), want_ids), (tuple(logq.shape), k, logq.dtype)
+        assert torch.equal(vals.cpu().view(torch.int32), want_vals.view(torch.int32))  # bitwise: -0.0 is kept
 
 
 def _check(trees) -> None:
@@ -66,7 +102,20 @@ def test_interpreted_selection_equals_heap_builder(tmp_path):
     proc = subprocess.run([sys.executable, __file__, str(out)], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    _check(torch.load(out))
+    results = torch.load(out)
+    _check(results["trees"])
+    _check(results["trees_triton_topk"])
+    _check_topk(results["topk"])
+
+
+def test_triton_topk_is_refused_on_cpu_without_the_interpreter():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("checks the error without the interpreter")
+    logq = torch.log_softmax(torch.randn(3, 10), -1)
+    with pytest.raises(ValueError, match="GPU"):
+        ddtree_device(logq, torch.tensor(1), budget=4, topk=2, num_slots=5, topk_impl="triton")
+    with pytest.raises(ValueError, match="topk_impl"):
+        ddtree_device(logq, torch.tensor(1), budget=4, topk=2, num_slots=5, topk_impl="cuda")
 
 
 def test_keys_that_do_not_fit_are_refused():
@@ -83,7 +132,10 @@ def test_keys_that_do_not_fit_are_refused():
 @pytest.mark.gpu
 def test_compiled_selection_equals_heap_builder_on_cuda():
     _check(_build_all("cuda"))
+    _check(_build_all("cuda", topk_impl="triton"))
+    _check_topk(_topk_all("cuda"))
 
 
 if __name__ == "__main__":
-    torch.save(_build_all("cpu"), sys.argv[1])
+    results = {"trees": _build_all("cpu"), "trees_triton_topk": _build_all("cpu", "triton"), "topk": _topk_all("cpu")}
+    torch.save(results, sys.argv[1])

@@ -12,7 +12,7 @@ import torch
 
 from specdec.kernels._triton import importable
 
-__all__ = ["best_first", "triton_fits"]
+__all__ = ["best_first", "topk_rows", "triton_fits"]
 
 
 def triton_fits(logq: torch.Tensor, k: int) -> bool:
@@ -26,6 +26,16 @@ def best_first(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
     from specdec.kernels.ddtree_build.triton import best_first_triton
 
     return best_first_triton(vals, ids, num_nodes)
+
+
+def topk_rows(logq: torch.Tensor, k: int):
+    """Per-row top-``k`` (fp32 values, int64 ids) in (value desc, id asc) order in one launch (see
+    ``triton.topk_rows_triton``); the tensor-op version is ``specdec.trees.device._topk_rows``."""
+    if logq.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("the Triton top-k needs tensors on a GPU (or Triton's interpreter); use topk_impl='torch'.")
+    from specdec.kernels.ddtree_build.triton import topk_rows_triton
+
+    return topk_rows_triton(logq, k)
 
 
 def _triton_available() -> bool:

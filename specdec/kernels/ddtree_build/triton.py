@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["best_first_triton"]
+__all__ = ["best_first_triton", "topk_rows_triton"]
 
 _INT64_MAX = tl.constexpr(9223372036854775807)
 
@@ -102,3 +102,45 @@ def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
         K=k, D=depth_limit, BITS=bits, N=num_nodes, F=slots, num_warps=1,
     )  # fmt: skip
     return out[0], out[1], out[2]
+
+
+@triton.jit
+def _topk_rows_kernel(x_ptr, vals_ptr, ids_ptr, V, stride, K, BLOCK: tl.constexpr):
+    """One program per row: ``K`` passes, pass j taking the best element ranked after pass j-1's pick in the order
+    (value desc, id asc); each pass scans the row in ``BLOCK`` chunks, so any vocabulary size works."""
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * stride
+    prev_v = tl.full([], float("inf"), tl.float32)
+    prev_i = tl.full([], -1, tl.int64)
+    for j in range(0, K):
+        best_v = tl.full([], float("-inf"), tl.float32)
+        best_i = tl.full([], V, tl.int64)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            inside = offs < V
+            x = tl.load(base + offs, mask=inside, other=float("-inf")).to(tl.float32)
+            after = inside & ((x < prev_v) | ((x == prev_v) & (offs > prev_i)))
+            m = tl.max(tl.where(after, x, float("-inf")), axis=0)
+            idx = tl.min(tl.where(after & (x == m), offs, V), axis=0).to(tl.int64)
+            better = (m > best_v) | ((m == best_v) & (idx < best_i))
+            best_v = tl.where(better, m, best_v)
+            best_i = tl.where(better, idx, best_i)
+        value = tl.load(base + best_i).to(tl.float32)  # the element itself (-0.0 stays -0.0)
+        tl.store(vals_ptr + row * K + j, value)
+        tl.store(ids_ptr + row * K + j, best_i)
+        prev_v = value
+        prev_i = best_i
+
+
+def topk_rows_triton(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` fp32 values and int64 ids per row of ``logq [D, V]``, ranked by (fp32 value desc, id asc), as
+    ``specdec.trees.device._topk_rows`` (ties included; -0.0 equals +0.0; no NaN or +inf). ``k <= V``."""
+    depth, vocab = logq.shape
+    if not 1 <= k <= vocab:
+        raise ValueError(f"k={k} must be in [1, V={vocab}].")
+    x = logq.contiguous()
+    vals = torch.empty(depth, k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(depth, k, dtype=torch.int64, device=x.device)
+    block = min(triton.next_power_of_2(vocab), 4096)
+    _topk_rows_kernel[(depth,)](x, vals, ids, vocab, x.stride(0), k, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    return vals, ids
