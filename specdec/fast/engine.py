@@ -55,7 +55,7 @@ def bucket_size(num_nodes: int) -> int:
 def fast_path_reason(target: TargetModel, drafter) -> str | None:
     """None when the fast path can run ``target`` with ``drafter``, else the reason it cannot (for the log)."""
     if not isinstance(target.state, KVState):
-        reason = hybrid_reason(target.state)
+        reason = hybrid_reason(target.state, target.device)
         if reason is not None:
             return f"{type(target.model).__name__}: {reason}"
     if target._sliding_window_layers():

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from specdec.kernels import gdn_path_replay, tree_gdn
+from specdec.kernels.tree_gdn.reference import gdn_step
 from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv
 
 __all__ = ["GDN_ADAPTERS", "GDNStash", "GatedDeltaNetAdapter", "Qwen3NextGatedDeltaNetAdapter", "gdn_step"]
@@ -40,24 +41,6 @@ class GDNStash:
     log_decay: torch.Tensor
     beta: torch.Tensor
     heads_per_key: int
-
-
-def gdn_step(
-    state: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor
-) -> torch.Tensor:
-    """One gated delta-rule update for a batch of nodes.
-
-    Args:
-        state (torch.Tensor): ``[n, HV, K, V]`` fp32 parent states.
-        key, value, log_decay, beta: ``[n, HV, K]``, ``[n, HV, V]``, ``[n, HV]``, ``[n, HV]`` (fp32).
-
-    Returns:
-        ``[n, HV, K, V]`` the nodes' states.
-    """
-    state = state * log_decay.exp()[..., None, None]
-    recalled = (state * key[..., None]).sum(-2)  # [n, HV, V]
-    delta = (value - recalled) * beta[..., None]
-    return state + key[..., None] * delta[..., None, :]
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from specdec.kernels import tree_mamba2
+from specdec.kernels.tree_mamba2.reference import mamba2_step
 from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv
 
 __all__ = ["MAMBA2_ADAPTERS", "FalconH1Adapter", "Mamba2Adapter", "Mamba2Stash", "mamba2_step"]
@@ -41,22 +42,6 @@ class Mamba2Stash:
     B: torch.Tensor
     A: torch.Tensor
     heads_per_group: int
-
-
-def mamba2_step(
-    state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, A: torch.Tensor
-) -> torch.Tensor:
-    """One SSD update for a batch of nodes.
-
-    Args:
-        state (torch.Tensor): ``[n, H, P, S]`` fp32 parent states.
-        x, dt, B: ``[n, H, P]``, ``[n, H]``, ``[n, H, S]`` (fp32); A ``[H]``.
-
-    Returns:
-        ``[n, H, P, S]`` the nodes' states.
-    """
-    decay = torch.exp(dt * A)  # [n, H]
-    return state * decay[..., None, None] + (dt[..., None] * B)[:, :, None, :] * x[..., None]
 
 
 class Mamba2Adapter(RecurrentAdapter):

@@ -136,3 +136,19 @@ def test_mamba2_closed_form_replay_equals_node_by_node_steps(groups):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         loop = RecurrentAdapter.replay(adapter, state.clone(), stash, path, torch.tensor(num))
         torch.testing.assert_close(loop, want, atol=1e-5, rtol=1e-5)
+
+
+def test_cuda_rounds_refuse_a_reference_tree_scan(monkeypatch):
+    """On CUDA a reference tree scan would read the parent array on the host inside every round: the fast path
+    names it and the eager path runs instead (checked with a CUDA device object; nothing runs on it)."""
+    from specdec.fast.hybrid import hybrid_reason
+    from specdec.kernels.tree_gdn import auto_impl
+    from specdec.target import TargetModel
+
+    cuda = torch.device("cuda")
+    mamba = TargetModel.wrap(_target("mamba2")).state
+    qwen = TargetModel.wrap(_target("qwen3_5")).state
+    assert hybrid_reason(mamba, torch.device("cpu")) is None
+    monkeypatch.setenv("SPECDEC_TREE_MAMBA2", "reference")
+    assert "tree_mamba2" in hybrid_reason(mamba, cuda)
+    assert (hybrid_reason(qwen, cuda) is None) == (auto_impl(cuda) == "triton")

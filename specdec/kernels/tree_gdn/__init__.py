@@ -13,7 +13,7 @@ import torch
 from specdec.kernels._triton import importable
 from specdec.kernels.tree_gdn.reference import gdn_path_replay_reference, tree_gdn_reference
 
-__all__ = ["gdn_path_replay", "gdn_path_replay_reference", "tree_gdn", "tree_gdn_reference"]
+__all__ = ["auto_impl", "gdn_path_replay", "gdn_path_replay_reference", "tree_gdn", "tree_gdn_reference"]
 
 Impl = Literal["auto", "triton", "reference"]
 
@@ -40,7 +40,7 @@ def tree_gdn(
     """
     _check_shapes(init_state, q, k, v, log_decay, beta, parents)
     if impl == "auto":
-        impl = "triton" if q.device.type == "cuda" and _triton_available() else "reference"
+        impl = auto_impl(q.device)
     if impl == "reference":
         return tree_gdn_reference(init_state, q, k, v, log_decay, beta, parents)
     if impl != "triton":
@@ -73,7 +73,7 @@ def gdn_path_replay(
     if state.dim() != 3 or state.dtype != torch.float32:
         raise ValueError(f"state must be an fp32 [HV, K, V] tensor; got {state.dtype} {list(state.shape)}.")
     if impl == "auto":
-        impl = "triton" if state.device.type == "cuda" and _triton_available() else "reference"
+        impl = auto_impl(state.device)
     if impl == "reference":
         gdn_path_replay_reference(state, k, v, log_decay, beta, path, num_path)
         return
@@ -84,6 +84,12 @@ def gdn_path_replay(
     from specdec.kernels.tree_gdn.triton import gdn_path_replay_triton
 
     gdn_path_replay_triton(state, k, v, log_decay, beta, path, num_path)
+
+
+def auto_impl(device: torch.device) -> str:
+    """What ``impl="auto"`` runs on ``device``: Triton on CUDA when it imports, else the reference (which reads the
+    parent array on the host, so it cannot run inside a captured round)."""
+    return "triton" if device.type == "cuda" and _triton_available() else "reference"
 
 
 def _triton_available() -> bool:

@@ -12,9 +12,29 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["gdn_update", "level_scan", "tree_gdn_reference"]
+from specdec.kernels._tree import check_parents, nodes_by_depth
+
+__all__ = ["gdn_path_replay_reference", "gdn_step", "gdn_update", "level_scan", "tree_gdn_reference"]
 
 Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def gdn_step(
+    state: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
+    """One gated delta-rule update for a batch of nodes (the state only; the commit's replay uses it).
+
+    Args:
+        state (torch.Tensor): ``[n, HV, K, V]`` fp32 parent states.
+        key, value, log_decay, beta: ``[n, HV, K]``, ``[n, HV, V]``, ``[n, HV]``, ``[n, HV]`` (fp32).
+
+    Returns:
+        ``[n, HV, K, V]`` the nodes' states.
+    """
+    state = state * log_decay.exp()[..., None, None]
+    recalled = (state * key[..., None]).sum(-2)  # [n, HV, V]
+    delta = (value - recalled) * beta[..., None]
+    return state + key[..., None] * delta[..., None, :]
 
 
 def gdn_update(
@@ -25,7 +45,7 @@ def gdn_update(
     log_decay: torch.Tensor,
     beta: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One gated delta-rule step for a batch of nodes (fp32).
+    """``gdn_step`` plus the readout, for a batch of nodes (fp32).
 
     Args:
         state (torch.Tensor): ``[n, HV, K, V]`` parent states.
@@ -36,10 +56,7 @@ def gdn_update(
     Returns:
         ``(states [n, HV, K, V], outputs [n, HV, V])``.
     """
-    state = state * log_decay.exp()[..., None, None]
-    recalled = (state * k[..., None]).sum(-2)  # [n, HV, V]
-    delta = (v - recalled) * beta[..., None]
-    state = state + k[..., None] * delta[..., None, :]
+    state = gdn_step(state, k, v, log_decay, beta)
     return state, (state * q[..., None]).sum(-2)
 
 
@@ -60,18 +77,12 @@ def level_scan(
     """
     n, hv = q.shape[:2]
     k = _expand_heads(k, hv).float()
-    parent_list = _check_parents(parents, n)
-    depth = [0] * n
-    for i, p in enumerate(parent_list):
-        depth[i] = depth[p] + 1 if p >= 0 else 0
-    by_depth: list[list[int]] = [[] for _ in range(max(depth, default=-1) + 1)]
-    for i, d in enumerate(depth):
-        by_depth[d].append(i)
+    parent_list = check_parents(parents, n)
 
     states = init_state.new_empty((n + 1, *init_state.shape), dtype=torch.float32)
     states[0] = init_state
     out = q.new_empty((n, hv, v.shape[-1]), dtype=torch.float32)
-    for nodes in by_depth:
+    for nodes in nodes_by_depth(parent_list):
         rows = torch.tensor(nodes, dtype=torch.long, device=q.device)
         parent_rows = torch.tensor([parent_list[i] + 1 for i in nodes], dtype=torch.long, device=q.device)
         new, o = step(
@@ -118,14 +129,6 @@ def _expand_heads(k: torch.Tensor, hv: int) -> torch.Tensor:
     return k if k.shape[1] == hv else k.repeat_interleave(hv // k.shape[1], dim=1)
 
 
-def _check_parents(parents: torch.Tensor, n: int) -> list[int]:
-    parent_list = [int(p) for p in parents.tolist()]
-    bad = [i for i, p in enumerate(parent_list) if not -1 <= p < i]
-    if len(parent_list) != n or bad:
-        raise ValueError(f"parents must be [N={n}] with -1 <= parents[i] < i; got {parent_list}.")
-    return parent_list
-
-
 def gdn_path_replay_reference(
     state: torch.Tensor,
     k: torch.Tensor,
@@ -143,13 +146,16 @@ def gdn_path_replay_reference(
         path (torch.Tensor): ``[P]`` int64 node indices; entries past ``num_path`` are ignored.
         num_path (torch.Tensor): 0-d int64, the number of real entries of ``path``.
     """
-    rep = state.shape[0] // k.shape[1]
+    k = _expand_heads(k, state.shape[0])
     current = state[None]
     for step in range(path.shape[0]):
         node = path[step : step + 1]
-        key = k.index_select(0, node).float().repeat_interleave(rep, dim=1)
-        decayed = current * log_decay.index_select(0, node).float().exp()[..., None, None]
-        recalled = (decayed * key[..., None]).sum(-2)
-        delta = (v.index_select(0, node).float() - recalled) * beta.index_select(0, node).float()[..., None]
-        current = torch.where(num_path > step, decayed + key[..., None] * delta[..., None, :], current)
+        nxt = gdn_step(
+            current,
+            k.index_select(0, node).float(),
+            v.index_select(0, node).float(),
+            log_decay.index_select(0, node).float(),
+            beta.index_select(0, node).float(),
+        )
+        current = torch.where(num_path > step, nxt, current)
     state.copy_(current[0])

@@ -13,7 +13,7 @@ import torch
 from specdec.kernels._triton import importable
 from specdec.kernels.tree_mamba2.reference import tree_mamba2_reference
 
-__all__ = ["tree_mamba2", "tree_mamba2_reference"]
+__all__ = ["auto_impl", "tree_mamba2", "tree_mamba2_reference"]
 
 Impl = Literal["auto", "triton", "reference"]
 
@@ -42,8 +42,7 @@ def tree_mamba2(
     """
     _check_inputs(init_state, x, B, C, dt, A, D, parents)
     if impl == "auto":
-        forced = os.environ.get("SPECDEC_TREE_MAMBA2") == "reference"
-        impl = "triton" if not forced and x.device.type == "cuda" and _triton_available() else "reference"
+        impl = auto_impl(x.device)
     if impl == "reference":
         return tree_mamba2_reference(init_state, x, B, C, dt, A, D, parents)
     if impl != "triton":
@@ -53,6 +52,13 @@ def tree_mamba2(
     from specdec.kernels.tree_mamba2.triton import tree_mamba2_triton
 
     return tree_mamba2_triton(init_state, x, B, C, dt, A, D, parents)
+
+
+def auto_impl(device: torch.device) -> str:
+    """What ``impl="auto"`` runs on ``device``: Triton on CUDA when it imports and ``SPECDEC_TREE_MAMBA2`` is not
+    ``reference``, else the reference (which reads the parent array on the host: not inside a captured round)."""
+    forced = os.environ.get("SPECDEC_TREE_MAMBA2") == "reference"
+    return "triton" if not forced and device.type == "cuda" and _triton_available() else "reference"
 
 
 def _triton_available() -> bool:

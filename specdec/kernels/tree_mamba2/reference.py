@@ -13,9 +13,27 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["level_scan", "mamba2_update", "tree_mamba2_reference"]
+from specdec.kernels._tree import check_parents, nodes_by_depth
+
+__all__ = ["level_scan", "mamba2_step", "mamba2_update", "tree_mamba2_reference"]
 
 Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def mamba2_step(
+    state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, A: torch.Tensor
+) -> torch.Tensor:
+    """One SSD update for a batch of nodes (the state only; the commit's replay uses it).
+
+    Args:
+        state (torch.Tensor): ``[n, H, P, S]`` fp32 parent states.
+        x, dt, B: ``[n, H, P]``, ``[n, H]``, ``[n, H, S]`` (fp32); A ``[H]``.
+
+    Returns:
+        ``[n, H, P, S]`` the nodes' states.
+    """
+    decay = torch.exp(dt * A)  # [n, H]
+    return state * decay[..., None, None] + (dt[..., None] * B)[:, :, None, :] * x[..., None]
 
 
 def mamba2_update(
@@ -27,7 +45,7 @@ def mamba2_update(
     A: torch.Tensor,
     D: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One SSD step for a batch of nodes (fp32).
+    """``mamba2_step`` plus the readout and skip, for a batch of nodes (fp32).
 
     Args:
         state (torch.Tensor): ``[n, H, P, S]`` parent states.
@@ -39,8 +57,7 @@ def mamba2_update(
     Returns:
         ``(states [n, H, P, S], outputs [n, H, P])``.
     """
-    decay = torch.exp(dt * A)  # [n, H]
-    state = state * decay[..., None, None] + (dt[..., None] * B)[:, :, None, :] * x[..., None]
+    state = mamba2_step(state, x, dt, B, A)
     return state, (state * C[:, :, None, :]).sum(-1) + D[:, None] * x
 
 
@@ -65,7 +82,7 @@ def level_scan(
     B = B.float().repeat_interleave(rep, dim=1)
     C = C.float().repeat_interleave(rep, dim=1)
     x, dt, A, D = x.float(), dt.float(), A.float(), D.float()
-    levels, num_slots = _schedule(_check_parents(parents, n), x.device)
+    levels, num_slots = _schedule(check_parents(parents, n), x.device)
 
     scratch = init_state.new_empty((num_slots, *init_state.shape), dtype=torch.float32)
     scratch[0] = init_state
@@ -123,30 +140,18 @@ def _schedule(parents: list[int], device: torch.device) -> tuple[list[tuple], in
     for p in parents:
         if p >= 0:
             has_child[p] = True
-    slot, num_slots, depth = [0] * n, 1, [0] * n
-    for i, p in enumerate(parents):
-        depth[i] = depth[p] + 1 if p >= 0 else 0
+    slot, num_slots = [0] * n, 1
+    for i in range(n):
         if has_child[i]:
             slot[i], num_slots = num_slots, num_slots + 1
-    by_depth: list[list[int]] = [[] for _ in range(max(depth) + 1)]
-    for i, d in enumerate(depth):
-        by_depth[d].append(i)
 
     def t(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
     levels = []
-    for nodes in by_depth:
+    for nodes in nodes_by_depth(parents):
         rows = [r for r, i in enumerate(nodes) if has_child[i]]
         parent_slots = t([slot[parents[i]] if parents[i] >= 0 else 0 for i in nodes])
         keep = (t(rows), t([slot[nodes[r]] for r in rows])) if rows else (None, None)
         levels.append((t(nodes), parent_slots, *keep))
     return levels, num_slots
-
-
-def _check_parents(parents: torch.Tensor, n: int) -> list[int]:
-    parent_list = [int(p) for p in parents.tolist()]
-    bad = [i for i, p in enumerate(parent_list) if not -1 <= p < i]
-    if len(parent_list) != n or bad:
-        raise ValueError(f"parents must be [N={n}] with -1 <= parents[i] < i; got {parent_list}.")
-    return parent_list
