@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import time
 from pathlib import Path
 
 import torch
+from _timing import time_call  # benchmarks/kernels, beside this script
 
 from specdec.kernels.ddtree_build import triton_fits
 from specdec.trees.ddtree import build_ddtree
@@ -31,7 +31,6 @@ PROVIDERS = ["heap", "device", "device-graph", "triton-graph", "triton-topk-grap
 DEPTH = 15
 BUDGETS = [15, 32, 64, 128]
 VOCABS = [8192, 151936]
-QUANTILES = [0.5, 0.2, 0.8]
 
 
 def make_call(provider: str, logq: torch.Tensor, budget: int, topk: int):
@@ -51,25 +50,6 @@ def make_call(provider: str, logq: torch.Tensor, budget: int, topk: int):
     return lambda: ddtree_device(logq, root, budget=budget, topk=topk, num_slots=budget + 1, impl="torch")
 
 
-def time_call(fn, device: torch.device, graph: bool) -> tuple[float, float, float]:
-    """Median, 20th and 80th percentile ms per call, after a warm-up."""
-    if device.type != "cuda":
-        for _ in range(2):
-            fn()
-        times = []
-        for _ in range(15):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        q = torch.tensor(times).quantile(torch.tensor(QUANTILES))
-        return tuple(q.tolist())
-    import triton.testing
-
-    if graph:
-        return tuple(triton.testing.do_bench_cudagraph(fn, rep=50, quantiles=QUANTILES))
-    return tuple(triton.testing.do_bench(fn, warmup=20, rep=100, quantiles=QUANTILES))
-
-
 def run(device: torch.device) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     rows = []
@@ -80,7 +60,11 @@ def run(device: torch.device) -> list[dict]:
                 row = {"vocab": vocab, "budget": budget, "topk": topk}
                 for provider in PROVIDERS:
                     fn = make_call(provider, logq, budget, topk)
-                    ms = (math.nan,) * 3 if fn is None else time_call(fn, device, graph=provider.endswith("-graph"))
+                    ms = (
+                        (math.nan,) * 3
+                        if fn is None
+                        else time_call(fn, device, graph=provider.endswith("-graph"), rep=100)
+                    )
                     row[provider], row[f"{provider}_p20"], row[f"{provider}_p80"] = ms
                 rows.append(row)
                 print(_format_row(row), flush=True)

@@ -20,13 +20,13 @@ import datetime
 import functools
 import json
 import math
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.testing
+from _timing import time_call  # benchmarks/kernels, beside this script
 
 from specdec.kernels.tree_gdn.reference import gdn_update, level_scan, tree_gdn_reference
 from specdec.state.gdn import gdn_step
@@ -38,7 +38,6 @@ ZOO_CONFIG = REPO.parent / "shared" / "zoo" / "target-hybrid" / "config.json"
 PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph"]
 NODES = [16, 32, 64, 128]
 TREES = ["chain", "random"]
-QUANTILES = [0.5, 0.2, 0.8]
 
 
 def shapes() -> dict[str, dict[str, int]]:
@@ -110,25 +109,15 @@ class Runner:
 
         return lambda: tree_gdn_triton(**inputs)
 
-    def time(self, fn, graph: bool = False) -> tuple[float, float, float]:
-        if self.device.type != "cuda":  # CPU: wall-clock median of a few calls
-            fn()
-            times = []
-            for _ in range(5):
-                start = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - start) * 1e3)
-            times.sort()
-            return times[2], times[1], times[3]
-        if graph:
-            return tuple(triton.testing.do_bench_cudagraph(fn, rep=20, quantiles=QUANTILES))
-        return tuple(triton.testing.do_bench(fn, warmup=10, rep=50, quantiles=QUANTILES))
-
     def bench(self, n: int, provider: str, shape_name: str, tree: str) -> tuple[float, float, float]:
         inputs = make_inputs(shapes()[shape_name], n, tree, self.device)
         fn = self.fn(provider, inputs)
         try:
-            ms = self.time(fn, graph=provider == "triton-graph") if fn is not None else (math.nan,) * 3
+            ms = (
+                time_call(fn, self.device, graph=provider == "triton-graph", rep=50)
+                if fn is not None
+                else (math.nan,) * 3
+            )
         except Exception as exc:  # an optional provider that fails (e.g. no compiler) leaves a gap, not a crash
             print(f"  {provider} {shape_name} {tree} N={n}: {type(exc).__name__}: {str(exc)[:120]}")
             ms = (math.nan,) * 3

@@ -21,13 +21,13 @@ import csv
 import datetime
 import functools
 import math
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.testing
+from _timing import time_call  # benchmarks/kernels, beside this script
 
 from specdec.kernels.tree_mamba2.reference import level_scan, mamba2_update, tree_mamba2_reference
 from specdec.state.hybrid import TreeTopology, tree_scan
@@ -38,7 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph"]
 NODES = [1, 16, 32, 64, 128]
 TREES = ["chain", "random"]
-QUANTILES = [0.5, 0.2, 0.8]
 SHAPES = {  # heads H, head dim P, state size S, groups G
     "tiny": {"h": 8, "p": 16, "s": 16, "g": 2},
     "nemotron-h-8b": {"h": 128, "p": 64, "s": 128, "g": 8},
@@ -105,25 +104,15 @@ class Runner:
 
         return lambda: tree_mamba2_triton(**inputs)
 
-    def time(self, fn, graph: bool = False) -> tuple[float, float, float]:
-        if self.device.type != "cuda":  # CPU: wall-clock median of a few calls
-            fn()
-            times = []
-            for _ in range(5):
-                start = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - start) * 1e3)
-            times.sort()
-            return times[2], times[1], times[3]
-        if graph:
-            return tuple(triton.testing.do_bench_cudagraph(fn, rep=20, quantiles=QUANTILES))
-        return tuple(triton.testing.do_bench(fn, warmup=10, rep=50, quantiles=QUANTILES))
-
     def bench(self, n: int, provider: str, shape_name: str, tree: str) -> tuple[float, float, float]:
         inputs = make_inputs(self.shapes[shape_name], n, tree, self.device)
         fn = self.fn(provider, inputs)
         try:
-            ms = self.time(fn, graph=provider == "triton-graph") if fn is not None else (math.nan,) * 3
+            ms = (
+                time_call(fn, self.device, graph=provider == "triton-graph", rep=50)
+                if fn is not None
+                else (math.nan,) * 3
+            )
         except Exception as exc:  # an optional provider that fails (e.g. no compiler) leaves a gap, not a crash
             print(f"  {provider} {shape_name} {tree} N={n}: {type(exc).__name__}: {str(exc)[:120]}")
             ms = (math.nan,) * 3
