@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import weakref
 
 import torch
@@ -128,8 +127,7 @@ class _Round:
     def _build(self):
         engine = self.engine
         if self.drafter is None:
-            root = engine.root
-            return root_tree_device(root)
+            return root_tree_device(engine.root)
         if isinstance(self.static, ModelStatic):
             self.static.record(engine.root, engine.prefix)
             logq = self.static.logq(engine.prefix, self.depth)
@@ -150,10 +148,8 @@ class _Round:
     def _ar_round(self) -> None:
         """Plain decoding: the root alone, no tree, no commit (its K/V already sits at slot ``prefix``)."""
         engine, target = self.engine, self.engine.target
-        prefix, dtype = engine.prefix, target.target.dtype
-        hidden_slots = target.keys > prefix
-        mask = torch.zeros(hidden_slots.shape, dtype=dtype, device=prefix.device)
-        mask = mask.masked_fill_(hidden_slots, torch.finfo(dtype).min)[None, None, None]
+        prefix = engine.prefix
+        mask = target.additive_mask((target.keys <= prefix)[None])
         logits, _ = target.forward(engine.root[None], prefix.view(1, 1), mask, prefix.view(1))
         choice = target_choices(logits, self.sampling, self.uniform)
         self.out[:1].copy_(choice)
@@ -172,10 +168,7 @@ class _Round:
         in_tree = (rel >= 0) & (rel < self.slots)
         tree_cols = ancestors.gather(1, rel.clamp(0, self.slots - 1).expand(self.slots, -1))
         visible = ((rel < 0) & tree.valid[:, None]) | (in_tree & tree_cols)
-        dtype = engine.target.target.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-        mask = mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
-        args = (tree.tokens[None], (prefix + tree.depth)[None], mask, write_index, self.taps)
+        args = (tree.tokens[None], (prefix + tree.depth)[None], target.additive_mask(visible), write_index, self.taps)
         if self.hybrid is None:
             logits, hidden = target.forward(*args)
         else:  # recurrent mixers run through their adapters over the device topology
@@ -303,7 +296,6 @@ class FastEngine:
 
     def __init__(self, target: TargetModel, capacity: int) -> None:
         self.device = target.device
-        start = time.perf_counter()
         self.target = StaticModel(target, capacity)
         self.prefix = torch.zeros((), dtype=torch.long, device=self.device)
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
@@ -311,7 +303,6 @@ class FastEngine:
         self._rounds: dict = {}
         self._prefills: dict = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
-        self.setup_s = time.perf_counter() - start
 
     @property
     def capacity(self) -> int:

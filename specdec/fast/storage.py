@@ -39,13 +39,6 @@ class StaticKV:
         # Slots written by the next forward; replaced by a tensor of the forward's length before each call.
         self.write_index = torch.zeros(1, dtype=torch.long, device=device)
 
-    @property
-    def nbytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
-
-    def cache(self) -> StaticKVCache:
-        return StaticKVCache(self)
-
 
 class _StaticLayer(CacheLayerMixin):
     """One attention layer's view of ``StaticKV`` (HF layer protocol)."""
