@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 
 import torch
-from _timing import time_call  # benchmarks/kernels, beside this script
+from _common import time_call  # benchmarks/kernels, beside this script
 
 from specdec.kernels.ddtree_build import triton_fits
 from specdec.trees.ddtree import build_ddtree

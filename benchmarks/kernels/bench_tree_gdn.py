@@ -15,7 +15,6 @@ sweep of launch configurations; writes both as CSV under ``--out`` (an ignored f
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import functools
 import json
@@ -26,7 +25,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.testing
-from _timing import time_call  # benchmarks/kernels, beside this script
+from _common import print_table, time_call, write_csv  # benchmarks/kernels, beside this script
 
 from specdec.kernels.tree_gdn.reference import gdn_update, level_scan, tree_gdn_reference
 from specdec.state.gdn import gdn_step
@@ -171,12 +170,12 @@ def main() -> None:
                     | {"triton_gbps": gbps}
                 )
     header = ["shape", "tree", "n", *PROVIDERS, "speedup", "triton_gbps"]
-    _print_table(rows, header)
-    _write_csv(out_dir / "tree_gdn.csv", rows, header)
+    print_table(rows, header)
+    write_csv(out_dir / "tree_gdn.csv", rows, header)
     if device.type == "cuda":
         sweep = _sweep(runner)
-        _print_table(sweep, list(sweep[0]))
-        _write_csv(out_dir / "tree_gdn_configs.csv", sweep, list(sweep[0]))
+        print_table(sweep, list(sweep[0]))
+        write_csv(out_dir / "tree_gdn_configs.csv", sweep, list(sweep[0]))
     print(f"CSV under {out_dir}")
 
 
@@ -190,29 +189,13 @@ def _sweep(runner: Runner) -> list[dict]:
         default = _launch_config(shape["k"], shape["v"])
         for block_v in (8, 16, 32):
             for num_warps in (1, 2, 4):
-                ms = runner.time(functools.partial(_tree_gdn, **inputs, block_v=block_v, num_warps=num_warps))[0]
+                fn = functools.partial(_tree_gdn, **inputs, block_v=block_v, num_warps=num_warps)
+                ms = time_call(fn, runner.device)[0]
                 rows.append(
                     {"shape": shape_name, "block_v": block_v, "num_warps": num_warps, "triton": ms}
                     | {"default": "*" if (block_v, num_warps) == default else ""}
                 )
     return rows
-
-
-def _print_table(rows: list[dict], header: list[str]) -> None:
-    def fmt(x) -> str:
-        return f"{x:.4f}" if isinstance(x, float) and x < 100 else (f"{x:.0f}" if isinstance(x, float) else str(x))
-
-    cells = [header] + [[fmt(row[h]) for h in header] for row in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
-    for line in cells:
-        print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
-
-
-def _write_csv(path: Path, rows: list[dict], header: list[str]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""Timing shared by the kernel benchmarks: (median, 20th, 80th percentile) ms per call."""
+"""Shared by the kernel benchmarks: timing ((median, 20th, 80th percentile) ms per call), table and CSV output."""
 
 from __future__ import annotations
 
+import csv
 import time
+from pathlib import Path
 
 import torch
 
@@ -26,3 +28,20 @@ def time_call(fn, device: torch.device, *, graph: bool = False, rep: int = 50) -
     if graph:
         return tuple(triton.testing.do_bench_cudagraph(fn, rep=rep, quantiles=QUANTILES))
     return tuple(triton.testing.do_bench(fn, warmup=rep // 5, rep=rep, quantiles=QUANTILES))
+
+
+def print_table(rows: list[dict], header: list[str]) -> None:
+    def fmt(x) -> str:
+        return f"{x:.4f}" if isinstance(x, float) and x < 100 else (f"{x:.0f}" if isinstance(x, float) else str(x))
+
+    cells = [header] + [[fmt(row[h]) for h in header] for row in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    for line in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+
+
+def write_csv(path: Path, rows: list[dict], header: list[str]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
