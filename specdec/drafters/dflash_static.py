@@ -1,20 +1,27 @@
 """Fixed-shape storage and forwards of a ``DFlashDrafter`` for the fast path (static context K/V).
 
 The context keys/values of the committed tokens live in one preallocated tensor ``[L, 2, 1, H_kv, capacity, D]``
-at slot = position. The block forward sees every slot through a mask that shows only slots below the committed
-length, so its shapes never change and it can be captured in a CUDA graph. Same maths as
-``DFlashDrafter.draft_logq`` (``docs/dflash.md``).
+at slot = position. The block ``[root, MASK x (B-1)]`` at position ``prefix`` writes its own keys/values into
+slots ``prefix .. prefix + B - 1`` of the same tensor (rows no committed token holds yet; the next ``ingest``
+rewrites them with the accepted tokens' context), so each layer attends over one tensor with a mask that shows
+the slots below ``prefix + B``: no concatenation, and grouped-query heads share their key/value head without a
+copy. Shapes never change, so the forwards can be captured in a CUDA graph. Same maths as
+``DFlashDrafter.draft_logq`` (``docs/dflash.md``), checked against it in ``tests/fast/test_dflash_static.py``.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 __all__ = ["DFlashStatic"]
 
 
 class DFlashStatic:
     """Static context of one ``DFlashDrafter`` for sequences of up to ``capacity`` tokens.
+
+    The context projection of all layers runs as one matrix product over a stacked copy of the layers' key and
+    value weights; :meth:`sync_weights` refreshes that copy in place when the drafter's weights change.
 
     Args:
         drafter (DFlashDrafter): bound to its target (``validate`` was called).
@@ -31,15 +38,74 @@ class DFlashStatic:
         self.slots = torch.arange(capacity, device=device)
         self.offsets = torch.arange(cfg.block_size, device=device)
         self.masks = torch.full((cfg.block_size - 1,), cfg.mask_token_id, dtype=torch.long, device=device)
-        self.block_keys = torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool, device=device)
+        self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        # RoPE tables by position (computed as the model does, once).
+        cos, sin = model.rope(torch.arange(capacity + cfg.block_size, device=device)[None], dtype)
+        self.cos, self.sin = cos[0, 0], sin[0, 0]  # [positions, R]
+        attn = [layer.self_attn for layer in model.layers]
+        self._params = [p for a in attn for m in (a.k_proj, a.v_proj, a.k_norm) for p in m.parameters()]
+        self._weight = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn])
+        self._bias = None
+        if cfg.attention_bias:
+            self._bias = torch.cat([a.k_proj.bias for a in attn] + [a.v_proj.bias for a in attn])
+        self._k_norm = torch.stack([a.k_norm.weight for a in attn])[:, None]  # [L, 1, D]
+        self._versions = self._weight_versions()
+
+    def _weight_versions(self) -> tuple:
+        return tuple((id(p), p._version) for p in self._params)
+
+    def sync_weights(self) -> None:
+        """Refresh the stacked key/value weights if the drafter's were changed in place (outside any graph)."""
+        if self._weight_versions() == self._versions:
+            return
+        attn = [layer.self_attn for layer in self.drafter.model.layers]
+        with torch.no_grad():
+            self._weight.copy_(torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn]))
+            if self._bias is not None:
+                self._bias.copy_(torch.cat([a.k_proj.bias for a in attn] + [a.v_proj.bias for a in attn]))
+            self._k_norm.copy_(torch.stack([a.k_norm.weight for a in attn])[:, None])
+        self._versions = self._weight_versions()
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``x [N, ..., D]`` rotated at ``positions [N]`` (the position axis first)."""
+        shape = (positions.shape[0],) + (1,) * (x.dim() - 2) + (-1,)
+        cos, sin = self.cos[positions].view(shape), self.sin[positions].view(shape)
+        rot = cos.shape[-1]
+        x_rot = x[..., :rot]
+        half = rot // 2
+        rotated = x_rot * cos + torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1) * sin
+        return rotated if rot == x.shape[-1] else torch.cat((rotated, x[..., rot:]), dim=-1)
 
     def ingest(self, hidden: torch.Tensor, first: torch.Tensor | int) -> None:
-        """Project target features ``[1, R, K*H]`` of the tokens at positions ``first .. first + R - 1`` into slots."""
-        positions = torch.arange(hidden.shape[1], device=self.slots.device) + first
-        model = self.drafter.model
-        for layer, (k, v) in enumerate(model.project_context(hidden.to(self.slots.device), positions[None])):
-            self.kv[layer, 0].index_copy_(2, positions, k.to(self.kv.dtype))
-            self.kv[layer, 1].index_copy_(2, positions, v.to(self.kv.dtype))
+        """Project target features ``[1, R, K*H]`` of the tokens at positions ``first .. first + R - 1`` into slots.
+
+        All layers at once: one product with the stacked key/value weights, one key norm and one rotation over a
+        ``[R, L, H_kv, D]`` tensor, one ``index_copy_`` into the storage.
+        """
+        model, cfg = self.drafter.model, self.drafter.config
+        rows = hidden.shape[1]
+        positions = torch.arange(rows, device=self.slots.device) + first
+        ctx = model.hidden_norm(model.fc(hidden[0].to(device=self.slots.device, dtype=model.fc.weight.dtype)))
+        kv = F.linear(ctx, self._weight, self._bias).view(rows, 2, cfg.num_hidden_layers, cfg.num_key_value_heads, -1)
+        k, v = kv[:, 0], kv[:, 1]  # [R, L, H_kv, D]
+        kf = k.float()
+        kf = kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
+        k = self._rope(self._k_norm * kf.to(k.dtype), positions)
+        src = torch.stack((k, v)).permute(2, 0, 3, 1, 4)  # [L, 2, H_kv, R, D]
+        self.kv.index_copy_(4, positions, src[:, :, None].to(self.kv.dtype))
+
+    def _bias_mask(self, prefix: torch.Tensor, window: int | None, dtype) -> torch.Tensor:
+        """Additive mask over the storage slots: ``[1, 1, 1, C]``, or ``[1, 1, rep*B, C]`` when rows differ."""
+        cfg = self.drafter.config
+        keep = (self.slots < prefix + cfg.block_size)[None]  # [1, C]: the context and the block
+        if cfg.causal or window:
+            rel = (prefix + self.offsets)[:, None] - self.slots[None]  # [B, C]
+            keep = keep & (rel >= 0) if cfg.causal else keep.expand(rel.shape[0], -1)
+            if window:
+                keep = keep & (rel < window)
+            keep = keep.repeat(self.rep, 1)  # row r*B + q: query q of the r-th head sharing a key/value head
+        bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
+        return bias.masked_fill_(~keep, torch.finfo(dtype).min)[None, None]
 
     def logq(self, root: torch.Tensor, prefix: torch.Tensor, depth: int) -> torch.Tensor:
         """Per-depth log-probabilities ``[depth, V]`` (fp32) of the block ``[root, MASK x (B-1)]`` at ``prefix``.
@@ -49,12 +115,24 @@ class DFlashStatic:
             prefix (torch.Tensor): 0-d int64, its position (= number of context rows held).
             depth (int): rows wanted (block slots 1..depth).
         """
-        drafter, model = self.drafter, self.drafter.model
-        block = torch.cat([root.view(1), self.masks])[None]
-        positions = (prefix + self.offsets)[None]
-        size = block.shape[1]
-        seen = (self.slots < prefix)[None].expand(size, -1)
-        allowed = torch.cat([seen, self.block_keys], dim=1)[None]
-        context = [(self.kv[i, 0], self.kv[i, 1]) for i in range(self.kv.shape[0])]
-        hidden = model(drafter._embed(block), positions, context, self.slots[None], allowed)
-        return drafter.block_logq(hidden, depth)
+        drafter, model, cfg = self.drafter, self.drafter.model, self.drafter.config
+        size, heads, kv_heads, head_dim = cfg.block_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        positions = prefix + self.offsets  # [B]
+        x = drafter._embed(torch.cat([root.view(1), self.masks])).to(model.fc.weight.dtype)  # [B, H]
+        biases: dict = {}
+        for i, (layer, window) in enumerate(zip(model.layers, cfg.sliding_windows, strict=True)):
+            if window not in biases:
+                biases[window] = self._bias_mask(prefix, window, x.dtype)
+            attn, h = layer.self_attn, layer.input_layernorm(x)
+            q = self._rope(attn.q_norm(attn.q_proj(h).view(size, heads, head_dim)), positions)
+            k = self._rope(attn.k_norm(attn.k_proj(h).view(size, kv_heads, head_dim)), positions)
+            v = attn.v_proj(h).view(size, kv_heads, head_dim)
+            self.kv[i].index_copy_(3, positions, torch.stack((k, v)).transpose(1, 2)[:, None].to(self.kv.dtype))
+            # Heads g*rep .. g*rep+rep-1 share key/value head g: stack them along the query axis.
+            q = q.transpose(0, 1).reshape(1, kv_heads, self.rep * size, head_dim)
+            out = F.scaled_dot_product_attention(
+                q, self.kv[i, 0], self.kv[i, 1], attn_mask=biases[window], scale=head_dim**-0.5
+            )
+            x = x + attn.o_proj(out.reshape(heads, size, head_dim).transpose(0, 1).reshape(size, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return drafter.block_logq(model.norm(x)[None], depth)

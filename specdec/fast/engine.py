@@ -330,6 +330,8 @@ class FastEngine:
             kind = ModelStatic if isinstance(drafter, ModelDrafter) else DFlashStatic
             static = kind(drafter, self.capacity)
             self._drafters[drafter] = static
+        elif isinstance(static, DFlashStatic):
+            static.sync_weights()
         return static
 
     def prefill(self, input_ids: torch.Tensor, drafter, *, graph: bool = False) -> tuple[torch.Tensor, None]:

@@ -1,0 +1,85 @@
+"""The fast path's DFlash forwards (static context, block K/V written into the storage, grouped heads stacked
+along the query axis, all layers' context projection in one product) against the eager drafter's own
+``project_context`` and ``draft_logq`` (the reference), over the config variants the drafter supports."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from models import tiny_model
+
+from specdec.drafters.dflash import DFlashDrafter
+from specdec.drafters.dflash_model import DFlashDraftModel
+from specdec.drafters.dflash_static import DFlashStatic
+from specdec.types import DecodeContext
+
+VARIANTS = {
+    "plain": {},
+    "causal": {"causal": True},
+    "windows": {"sliding_windows": (None, 5)},
+    "partial-rope-bias": {"partial_rotary_factor": 0.5, "attention_bias": True},
+    "mha": {"num_key_value_heads": 4},
+}
+
+
+def drafter_for(target, variant: str) -> DFlashDrafter:
+    base = DFlashDrafter.for_target(target, mask_token_id=3, num_layers=2, block_size=6, target_layer_ids=(0, 2))
+    shape = {"num_attention_heads": 4, "num_key_value_heads": 2, **VARIANTS[variant]}
+    cfg = dataclasses.replace(base.config, **shape)
+    model = DFlashDraftModel(cfg)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.3 if p.dim() == 2 else 0.2) + (p.dim() == 1))
+    return DFlashDrafter(model, target=target)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("qwen3", num_hidden_layers=4)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_static_forwards_equal_the_eager_drafter(target, variant):
+    drafter = drafter_for(target, variant)
+    cfg = drafter.config
+    width = len(cfg.target_layer_ids) * cfg.context_size
+    gen = torch.Generator().manual_seed(0)
+    static = DFlashStatic(drafter, capacity=48)
+    static.kv.normal_(generator=gen)  # stale rows past the context must never be seen
+    ids = torch.randint(4, 100, (1, 30), generator=gen)
+    hidden = torch.randn(1, 29, width, generator=gen)
+    drafter.reset()
+    committed = 9  # tokens whose features are in the context; the root sits at position `committed`
+    drafter.prefill(DecodeContext(input_ids=ids[:, : committed + 1], target_hidden=hidden[:, :committed]))
+    static.ingest(hidden[:, :committed], 0)
+    while committed < 29:
+        keys = drafter.model.project_context(hidden[:, :committed], torch.arange(committed)[None])
+        for layer, (k, v) in enumerate(keys):
+            torch.testing.assert_close(static.kv[layer, 0, :, :, :committed], k, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(static.kv[layer, 1, :, :, :committed], v, rtol=1e-5, atol=1e-5)
+        ctx = DecodeContext(input_ids=ids[:, : committed + 1])
+        want = drafter.draft_logq(ctx, depth=cfg.block_size - 1)
+        got = static.logq(ids[0, committed].view(1), torch.tensor(committed), cfg.block_size - 1)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        step = min(1 + committed % 5, 29 - committed)  # accepted path lengths 1..5
+        rows = hidden[:, committed : committed + step]
+        drafter.commit(DecodeContext(input_ids=ids[:, : committed + step + 1], target_hidden=rows), None)
+        static.ingest(rows, torch.tensor(committed))
+        committed += step
+
+
+def test_stacked_weights_follow_in_place_updates(target):
+    drafter = drafter_for(target, "plain")
+    static = DFlashStatic(drafter, capacity=32)
+    hidden = torch.randn(1, 5, len(drafter.config.target_layer_ids) * drafter.config.context_size)
+    with torch.no_grad():
+        for proj in (drafter.model.layers[1].self_attn.k_proj, drafter.model.layers[1].self_attn.v_proj):
+            proj.weight.add_(torch.randn_like(proj.weight))
+    static.sync_weights()
+    static.ingest(hidden, 0)
+    k, v = drafter.model.project_context(hidden, torch.arange(5)[None])[1]
+    torch.testing.assert_close(static.kv[1, 0, :, :, :5], k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(static.kv[1, 1, :, :, :5], v, rtol=1e-5, atol=1e-5)
