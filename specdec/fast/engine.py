@@ -41,8 +41,9 @@ PREFILL_CAPTURE_MAX = 512  # longer prompts are prefilled eagerly (their compute
 # The DDTree selection inside rounds: "auto" (default: the one-launch Triton kernel on CUDA, tensor ops
 # elsewhere), "torch" or "triton" (docs/kernels.md).
 _DDTREE_IMPL = os.environ.get("SPECDEC_DDTREE_IMPL", "auto")
-# Its per-depth top-k on CUDA: "torch" (default) or "triton" (one launch; opt-in until measured on a GPU).
-_DDTREE_TOPK = os.environ.get("SPECDEC_DDTREE_TOPK", "torch")
+# Its per-depth top-k: "auto" (default: the one-launch Triton top-k on CUDA for vocabularies up to
+# specdec.trees.device.TOPK_TRITON_MAX_VOCAB, else torch.topk), "torch" or "triton".
+_DDTREE_TOPK = os.environ.get("SPECDEC_DDTREE_TOPK", "auto")
 _CAPACITY_STEP = 256
 
 

@@ -25,6 +25,9 @@ from specdec.types import DraftTree
 __all__ = ["DeviceTree", "ancestor_matrix", "chain_device", "ddtree_device", "root_tree_device", "to_draft_tree"]
 
 _LOW32 = 0xFFFFFFFF
+# Largest vocabulary for which ``topk_impl="auto"`` takes the Triton top-k: one program per depth scans the whole
+# row once per rank, which beat ``torch.topk`` at 8192 tokens and lost at 151936 on an H200 (docs/kernels.md).
+TOPK_TRITON_MAX_VOCAB = 32768
 
 
 class DeviceTree(NamedTuple):
@@ -72,9 +75,10 @@ def ddtree_device(
         impl (str): ``"torch"`` (default: per-depth selection as tensor ops, any device), ``"triton"`` (the heap's
             pops in one launch, ``specdec.kernels.ddtree_build``; needs ``D * bit_length(k) <= 63``, e.g. D = 15
             with k <= 15) or ``"auto"``: Triton on CUDA when it applies, else torch.
-        topk_impl (str): the per-depth top-k: ``"torch"`` (default: one ``topk`` over packed int64 keys) or
-            ``"triton"`` (``specdec.kernels.ddtree_build.topk_rows``: one launch, a pass per rank; opt-in until
-            its speed is measured on a GPU). Both give the same ranks, ties included.
+        topk_impl (str): the per-depth top-k: ``"torch"`` (default: one ``topk`` over packed int64 keys),
+            ``"triton"`` (``specdec.kernels.ddtree_build.topk_rows``: one launch, one program per depth, a pass
+            per rank) or ``"auto"``: Triton on CUDA for vocabularies up to ``TOPK_TRITON_MAX_VOCAB`` (where it
+            measured faster, ``docs/kernels.md``), else torch. All give the same ranks, ties included.
 
     Returns:
         DeviceTree: ``S`` slots holding ``1 + min(budget, reachable)`` real nodes.
@@ -87,8 +91,10 @@ def ddtree_device(
     if num_slots < budget + 1:
         raise ValueError(f"num_slots={num_slots} < budget + 1 = {budget + 1}: pass num_slots >= budget + 1.")
     k = min(budget if topk is None else topk, budget, vocab)
-    if topk_impl not in ("torch", "triton"):
-        raise ValueError(f"topk_impl={topk_impl!r}: choose 'torch' or 'triton'.")
+    if topk_impl not in ("auto", "torch", "triton"):
+        raise ValueError(f"topk_impl={topk_impl!r}: choose 'auto', 'torch' or 'triton'.")
+    if topk_impl == "auto":
+        topk_impl = "triton" if vocab <= TOPK_TRITON_MAX_VOCAB and triton_fits(logq, 1) else "torch"
     vals, ids = topk_rows(logq, k) if topk_impl == "triton" else _topk_rows(logq, k)  # [D, k] fp32 / int64
     num_real = 1 + min(budget, _reachable(k, depth_limit, budget))
     if impl not in ("auto", "torch", "triton"):

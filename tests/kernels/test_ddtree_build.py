@@ -133,6 +133,7 @@ def test_keys_that_do_not_fit_are_refused():
 def test_compiled_selection_equals_heap_builder_on_cuda():
     _check(_build_all("cuda"))
     _check(_build_all("cuda", topk_impl="triton"))
+    _check(_build_all("cuda", topk_impl="auto"))  # the engine's default: Triton top-k for small vocabularies
     _check_topk(_topk_all("cuda"))
 
 
