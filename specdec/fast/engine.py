@@ -24,12 +24,13 @@ from specdec.drafters.model_static import ModelStatic
 from specdec.fast.graphs import Captured, compile_fn
 from specdec.fast.hybrid import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.fast.storage import StaticModel, commit_rows
+from specdec.kernels.tree_accept import accept_path, tree_mask
 from specdec.state.hybrid import HybridState, VerifyRound, _swapped_forwards
 from specdec.state.kv import KVState
 from specdec.target import TargetModel
-from specdec.trees.device import ancestor_matrix, chain_device, ddtree_device, root_tree_device
+from specdec.trees.device import chain_device, ddtree_device, root_tree_device
 from specdec.types import Chain, DDTree, SamplingParams, TreeSpec
-from specdec.verify.device import accept_device, target_choices
+from specdec.verify.device import target_choices
 
 __all__ = ["BUCKET", "FastEngine", "bucket_size", "fast_path_reason", "tree_slots"]
 
@@ -161,15 +162,11 @@ class _Round:
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix
         tree = self._build()
-        ancestors = ancestor_matrix(tree, self.depth)
         # Node i sits at slot prefix + i and position prefix + depth[i]; it sees the committed prefix and its
-        # ancestors; padding nodes see only themselves.
+        # ancestors; padding nodes see only themselves (one Triton launch on CUDA).
+        mask = tree_mask(tree.parents, tree.valid, prefix, target.capacity, self.depth, target.target.dtype)
         write_index = prefix + self.arange
-        rel = target.keys[None] - prefix  # [1, C]
-        in_tree = (rel >= 0) & (rel < self.slots)
-        tree_cols = ancestors.gather(1, rel.clamp(0, self.slots - 1).expand(self.slots, -1))
-        visible = ((rel < 0) & tree.valid[:, None]) | (in_tree & tree_cols)
-        args = (tree.tokens[None], (prefix + tree.depth)[None], target.additive_mask(visible), write_index, self.taps)
+        args = (tree.tokens[None], (prefix + tree.depth)[None], mask, write_index, self.taps)
         if self.hybrid is None:
             logits, hidden = target.forward(*args)
         else:  # recurrent mixers run through their adapters over the device topology
@@ -178,7 +175,7 @@ class _Round:
             with _swapped_forwards(self.hybrid.adapters, rnd):
                 logits, hidden = target.forward(*args)
         choices = target_choices(logits, self.sampling, self.uniform)
-        accept = accept_device(tree, choices, ancestors, max_depth=self.depth)
+        accept = accept_path(tree.tokens, tree.parents, tree.depth, tree.valid, choices, self.depth)
         if self.depth:
             commit_rows(target.storage.kv, prefix, accept.path)
         if self.hybrid is not None:

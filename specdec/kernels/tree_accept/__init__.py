@@ -1,0 +1,205 @@
+"""``tree_accept``: the fast path round's tree attention mask and acceptance walk, one Triton launch each.
+
+References (the specification and the CPU path): ``tree_mask_reference`` is the mask the round builds from
+:func:`specdec.trees.device.ancestor_matrix` (pointer jumping, then a gather over the key columns);
+``accept_path_reference`` is :func:`specdec.verify.device.accept_device`. On CUDA these are ~100 small kernels per
+round; the Triton versions (``triton.py``) are two launches with bitwise-equal outputs, and, like the references,
+read nothing on the host, so they can be captured in a CUDA graph. See ``docs/kernels.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import torch
+
+from specdec.kernels._triton import importable
+from specdec.trees.device import DeviceTree, ancestor_matrix
+from specdec.verify.device import DeviceAccept, accept_device
+
+__all__ = [
+    "MAX_ACCEPT_SLOTS",
+    "accept_path",
+    "accept_path_reference",
+    "tree_mask",
+    "tree_mask_reference",
+]
+
+Impl = Literal["auto", "torch", "triton"]
+
+MAX_ACCEPT_SLOTS = 256
+"""The most slots ``accept_path``'s Triton program holds in registers; ``impl="auto"`` uses the reference above."""
+
+
+def tree_mask(
+    parents: torch.Tensor,
+    valid: torch.Tensor,
+    prefix: torch.Tensor,
+    capacity: int,
+    max_depth: int,
+    dtype: torch.dtype,
+    *,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """Additive attention mask of a tree round: node i (at key slot ``prefix + i``) sees the committed keys
+    ``[0, prefix)`` if it is real, and the slots of itself and its ancestors. Arguments as
+    :func:`tree_mask_reference`.
+
+    Args:
+        impl (str): ``"triton"`` (one launch: CUDA or Triton's interpreter), ``"torch"`` (the reference) or
+            ``"auto"``: Triton on CUDA (or under ``TRITON_INTERPRET=1``) when it imports, else the reference.
+
+    Returns:
+        torch.Tensor: ``[1, 1, S, capacity]`` of ``dtype``, 0 where visible, ``torch.finfo(dtype).min`` elsewhere.
+    """
+    _check_mask_args(parents, valid, prefix, capacity, max_depth, dtype)
+    if _pick(impl, parents.device, fits=True) == "torch":
+        return tree_mask_reference(parents, valid, prefix, capacity, max_depth, dtype)
+    from specdec.kernels.tree_accept.triton import tree_mask_triton
+
+    return tree_mask_triton(parents, valid, prefix, capacity, max_depth, dtype)
+
+
+def tree_mask_reference(
+    parents: torch.Tensor,
+    valid: torch.Tensor,
+    prefix: torch.Tensor,
+    capacity: int,
+    max_depth: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The round's mask as tensor ops: :func:`~specdec.trees.device.ancestor_matrix`, then a gather per key column.
+
+    Args:
+        parents (torch.Tensor): ``[S]`` int64; ``parents[0] = -1``, ``parents[i] < i``, padding holds -1.
+        valid (torch.Tensor): ``[S]`` bool, True for the real nodes (a prefix of the slots).
+        prefix (torch.Tensor): 0-d int64 on the tree's device, the key slot of node 0 (never read on the host).
+        capacity (int): key slots, the mask's last dim.
+        max_depth (int): an upper bound on the depth of the real nodes, >= 0 (ancestors are followed up to
+            ``2**bit_length(max_depth) - 1`` levels, the reach of ``ancestor_matrix``).
+        dtype (torch.dtype): float dtype of the mask.
+
+    Returns:
+        torch.Tensor: ``[1, 1, S, capacity]`` of ``dtype``, 0 where visible, ``torch.finfo(dtype).min`` elsewhere.
+    """
+    slots = parents.numel()
+    # ancestor_matrix reads only the parents: the other fields are placeholders (no extra kernels)
+    tree = DeviceTree(tokens=parents, parents=parents, depth=parents, valid=valid, num_nodes=parents[0])
+    ancestors = ancestor_matrix(tree, max_depth)
+    keys = torch.arange(capacity, device=parents.device)
+    rel = keys[None] - prefix
+    in_tree = (rel >= 0) & (rel < slots)
+    tree_cols = ancestors.gather(1, rel.clamp(0, slots - 1).expand(slots, -1))
+    visible = ((rel < 0) & valid[:, None]) | (in_tree & tree_cols)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+
+
+def accept_path(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depth: torch.Tensor,
+    valid: torch.Tensor,
+    choices: torch.Tensor,
+    max_depth: int,
+    *,
+    impl: Impl = "auto",
+) -> DeviceAccept:
+    """The accepted path of a tree round: from the root, step to the first (smallest) real child carrying the
+    current node's choice, until there is none or depth ``max_depth`` is reached. Arguments as
+    :func:`accept_path_reference`.
+
+    Args:
+        impl (str): ``"triton"`` (one launch, ``S <= MAX_ACCEPT_SLOTS``; CUDA or Triton's interpreter), ``"torch"``
+            (the reference) or ``"auto"``: Triton on CUDA (or under ``TRITON_INTERPRET=1``) when it imports and
+            ``S`` fits, else the reference.
+
+    Returns:
+        DeviceAccept: ``(path [P], num_path 0-d, tokens [P])``, int64, ``P = max_depth + 1``.
+    """
+    _check_accept_args(tokens, parents, depth, valid, choices, max_depth)
+    fits = tokens.numel() <= MAX_ACCEPT_SLOTS
+    if _pick(impl, tokens.device, fits=fits) == "torch":
+        return accept_path_reference(tokens, parents, depth, valid, choices, max_depth)
+    if not fits:
+        raise ValueError(f"impl='triton' holds at most {MAX_ACCEPT_SLOTS} slots, got {tokens.numel()}; use 'torch'.")
+    from specdec.kernels.tree_accept.triton import accept_path_triton
+
+    return accept_path_triton(tokens, parents, valid, choices, max_depth)
+
+
+def accept_path_reference(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depth: torch.Tensor,
+    valid: torch.Tensor,
+    choices: torch.Tensor,
+    max_depth: int,
+) -> DeviceAccept:
+    """:func:`~specdec.verify.device.accept_device` over the tree's :func:`~specdec.trees.device.ancestor_matrix`.
+
+    Args:
+        tokens (torch.Tensor): ``[S]`` int64 node tokens.
+        parents (torch.Tensor): ``[S]`` int64; ``parents[0] = -1``, ``parents[i] < i``, padding holds -1.
+        depth (torch.Tensor): ``[S]`` int64 node depths (consistent with ``parents``; padding holds 0).
+        valid (torch.Tensor): ``[S]`` bool, True for the real nodes (a prefix of the slots).
+        choices (torch.Tensor): ``[S]`` int64, the target's token at each slot.
+        max_depth (int): an upper bound on the depth of the real nodes, >= 0; sets ``P = max_depth + 1``.
+
+    Returns:
+        DeviceAccept: ``(path [P], num_path 0-d, tokens [P])``: the accepted nodes root first (then the last one
+        repeated), their count, and the accepted draft tokens followed by the bonus (then 0).
+    """
+    # accept_device does not read num_nodes: a placeholder view, no kernel
+    tree = DeviceTree(tokens=tokens, parents=parents, depth=depth, valid=valid, num_nodes=parents[0])
+    return accept_device(tree, choices, ancestor_matrix(tree, max_depth), max_depth=max_depth)
+
+
+def _pick(impl: str, device: torch.device, *, fits: bool) -> str:
+    """``"torch"`` or ``"triton"`` for ``impl`` on ``device``."""
+    if impl not in ("auto", "torch", "triton"):
+        raise ValueError(f"impl={impl!r}: choose 'auto', 'torch' or 'triton'.")
+    on_device = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    if impl == "triton" and not on_device:
+        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
+    if impl == "auto":
+        return "triton" if on_device and fits and _triton_available() else "torch"
+    return impl
+
+
+def _triton_available() -> bool:
+    return importable("specdec.kernels.tree_accept.triton")
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r}: pass a Python int >= {low}.")
+
+
+def _check_slots(parents: torch.Tensor, **others: tuple[torch.Tensor, torch.dtype]) -> None:
+    """``parents`` is ``[S]`` int64 with ``S >= 1``; every other tensor ``[S]`` of its dtype, on the same device."""
+    if parents.dim() != 1 or parents.numel() == 0 or parents.dtype != torch.long:
+        raise ValueError(f"parents must be a non-empty [S] int64 tensor; got {parents.dtype} {list(parents.shape)}.")
+    for name, (tensor, dtype) in others.items():
+        if tensor.shape != parents.shape or tensor.dtype != dtype:
+            raise ValueError(f"{name} must be [{parents.numel()}] {dtype}; got {tensor.dtype} {list(tensor.shape)}.")
+        if tensor.device != parents.device:
+            raise ValueError(f"{name} is on {tensor.device}, parents on {parents.device}: pass one device.")
+
+
+def _check_mask_args(parents, valid, prefix, capacity, max_depth, dtype) -> None:
+    _check_slots(parents, valid=(valid, torch.bool))
+    if prefix.numel() != 1 or prefix.dim() > 1 or prefix.dtype != torch.long or prefix.device != parents.device:
+        raise ValueError(f"prefix must be a 0-d int64 tensor on {parents.device}; got {prefix.dtype} "
+                         f"{list(prefix.shape)} on {prefix.device}.")  # fmt: skip
+    _check_int("capacity", capacity, 1)
+    _check_int("max_depth", max_depth, 0)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype!r}: pass a float torch.dtype.")
+
+
+def _check_accept_args(tokens, parents, depth, valid, choices, max_depth) -> None:
+    _check_slots(parents, tokens=(tokens, torch.long), depth=(depth, torch.long), valid=(valid, torch.bool),
+                 choices=(choices, torch.long))  # fmt: skip
+    _check_int("max_depth", max_depth, 0)

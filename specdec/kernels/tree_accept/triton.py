@@ -1,0 +1,148 @@
+"""The fast path round's tree mask and acceptance walk, one Triton launch each (capture-safe: no host reads).
+
+``tree_mask_triton``: one program per (tree row, block of key columns). The program walks its row's parent chain
+(a fixed number of hops, masked past the root) and marks the columns ``prefix + ancestor``; columns before
+``prefix`` are visible to real rows. ``accept_path_triton``: one program holding the ``S`` slots as vectors walks
+from the root, at most ``max_depth`` steps, each step one min-reduction over the slots. Both equal the torch
+references in ``specdec.kernels.tree_accept`` bit for bit (``tests/kernels/test_tree_accept.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec.verify.device import DeviceAccept
+
+__all__ = ["accept_path_triton", "mask_hops", "tree_mask_triton"]
+
+
+@triton.jit
+def _tree_mask_kernel(
+    parents_ptr,  # [S] int64, parents[i] < i, -1 for the root and padding
+    valid_ptr,  # [S] bool
+    prefix_ptr,  # 0-d int64: the key slot of tree node 0
+    out_ptr,  # [S, C] out, the additive mask
+    C,
+    HOPS: tl.constexpr,
+    FILL: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rel = cols.to(tl.int64) - tl.load(prefix_ptr)
+    row_valid = tl.load(valid_ptr + row).to(tl.int1)
+    cur = row.to(tl.int64)
+    seen = ((rel < 0) & row_valid) | (rel == cur)
+    for _ in tl.static_range(HOPS):  # one ancestor per hop; past the root cur stays -1 and loads nothing
+        up = cur >= 0
+        cur = tl.load(parents_ptr + cur, mask=up, other=-1)
+        seen = seen | ((rel == cur) & (cur >= 0))
+    value = tl.where(seen, 0.0, FILL).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row.to(tl.int64) * C + cols, value, mask=cols < C)
+
+
+def mask_hops(max_depth: int) -> int:
+    """Parent hops the mask kernel walks: ``2**bit_length(max_depth) - 1``, exactly the distances that
+    ``ancestor_matrix``'s ``bit_length(max_depth)`` pointer-jumping rounds cover (``max_depth`` itself when it is
+    one less than a power of two, e.g. 15)."""
+    return (1 << max_depth.bit_length()) - 1
+
+
+def tree_mask_triton(
+    parents: torch.Tensor,
+    valid: torch.Tensor,
+    prefix: torch.Tensor,
+    capacity: int,
+    max_depth: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The additive attention mask of a tree round in one launch (arguments as ``tree_mask_reference``).
+
+    Returns:
+        torch.Tensor: ``[1, 1, S, capacity]`` of ``dtype``: 0 where visible, ``torch.finfo(dtype).min`` elsewhere.
+    """
+    slots = parents.numel()
+    out = torch.empty(1, 1, slots, capacity, dtype=dtype, device=parents.device)
+    block = min(triton.next_power_of_2(capacity), 1024)
+    grid = (slots, triton.cdiv(capacity, block))
+    _tree_mask_kernel[grid](
+        parents.contiguous(), valid.contiguous(), prefix, out, capacity,
+        HOPS=mask_hops(max_depth), FILL=torch.finfo(dtype).min, BLOCK_C=block, num_warps=4 if block >= 512 else 1,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _accept_path_kernel(
+    tokens_ptr,  # [S] int64
+    parents_ptr,  # [S] int64
+    valid_ptr,  # [S] bool, a prefix of the slots
+    choices_ptr,  # [S] int64, the target's token at each slot
+    path_ptr,  # [P] int64 out
+    num_ptr,  # [] int64 out
+    new_ptr,  # [P] int64 out
+    S,
+    P: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    slot = tl.arange(0, BLOCK_S)
+    inside = slot < S
+    parents = tl.load(parents_ptr + slot, mask=inside, other=-1)
+    valid = tl.load(valid_ptr + slot, mask=inside, other=0).to(tl.int1) & inside
+    has_parent = valid & (parents >= 0)
+    tokens = tl.load(tokens_ptr + slot, mask=has_parent, other=0)
+    want = tl.load(choices_ptr + parents, mask=has_parent, other=0)
+    # a slot can be the next step only if it is real and carries its parent's choice; the walk takes the first
+    # such child of the current node (the smallest slot), as walk_tree among duplicate siblings
+    good = has_parent & (tokens == want)
+    parent32 = tl.where(good, parents, -1).to(tl.int32)
+    step = tl.arange(0, BLOCK_P)
+    alive = tl.load(valid_ptr).to(tl.int1)  # the root, slot 0
+    cur = tl.zeros([], dtype=tl.int32)
+    num = alive.to(tl.int64)
+    path = tl.zeros([BLOCK_P], dtype=tl.int64)
+    drafts = tl.zeros([BLOCK_P], dtype=tl.int64)
+    for h in tl.static_range(P - 1):
+        nxt = tl.min(tl.where(parent32 == cur, slot, BLOCK_S), axis=0)
+        found = alive & (nxt < BLOCK_S)
+        cur = tl.where(found, nxt, cur)
+        path = tl.where(step == h + 1, cur.to(tl.int64), path)  # a stop repeats the last node
+        drafts = tl.where(step == h, tl.load(tokens_ptr + cur), drafts)  # used only below num - 1
+        num += found.to(tl.int64)
+        alive = found
+    bonus = tl.load(choices_ptr + cur)
+    new = tl.where(step < num - 1, drafts, tl.where(step == num - 1, bonus, 0))
+    tl.store(path_ptr + step, path, mask=step < P)
+    tl.store(new_ptr + step, new, mask=step < P)
+    tl.store(num_ptr, num)
+
+
+def accept_path_triton(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    valid: torch.Tensor,
+    choices: torch.Tensor,
+    max_depth: int,
+) -> DeviceAccept:
+    """The accepted path of a tree round in one launch (arguments as ``accept_path_reference``; the depths are
+    not read: the walk counts them).
+
+    Returns:
+        DeviceAccept: ``path [P]``, ``num_path`` (0-d) and ``tokens [P]``, int64, ``P = max_depth + 1``.
+    """
+    slots = tokens.numel()
+    steps = max_depth + 1
+    device = tokens.device
+    path = torch.empty(steps, dtype=torch.long, device=device)
+    num_path = torch.empty((), dtype=torch.long, device=device)
+    new_tokens = torch.empty(steps, dtype=torch.long, device=device)
+    _accept_path_kernel[(1,)](
+        tokens.contiguous(), parents.contiguous(), valid.contiguous(), choices.contiguous(),
+        path, num_path, new_tokens, slots,
+        P=steps, BLOCK_S=max(triton.next_power_of_2(slots), 2), BLOCK_P=max(triton.next_power_of_2(steps), 2),
+        num_warps=1,
+    )  # fmt: skip
+    return DeviceAccept(path=path, num_path=num_path, tokens=new_tokens)
