@@ -28,7 +28,7 @@ from specdec.kernels.tree_accept import accept_path, tree_mask
 from specdec.state.hybrid import HybridState, VerifyRound, _swapped_forwards
 from specdec.state.kv import KVState
 from specdec.target import TargetModel
-from specdec.trees.device import chain_device, ddtree_device, root_tree_device
+from specdec.trees.device import DeviceTree, chain_device, ddtree_device, root_tree_device
 from specdec.types import Chain, DDTree, SamplingParams, TreeSpec
 from specdec.verify.device import target_choices
 
@@ -251,6 +251,11 @@ class _Prefill:
 
     Padding tokens sit after the prompt, so causal attention keeps them out of every prompt row; their K/V and
     drafter context rows land in slots past the prompt, which rounds mask out until they overwrite them.
+
+    Hybrid targets run the prompt as a verify round over a chain tree: the ``n`` prompt tokens form a chain from
+    slot 0, padding slots are single-node roots (they read the empty state and see only themselves), the tree
+    scans of ``specdec.kernels`` run the recurrent layers, and the commit replays the chain from the zero state
+    into the static conv windows and recurrent states. The recurrent state never sees a padding token.
     """
 
     def __init__(self, engine: FastEngine, drafter, static, size: int, graph: bool) -> None:
@@ -260,19 +265,54 @@ class _Prefill:
         self.ids = torch.zeros(1, size, dtype=torch.long, device=device)
         self.last = torch.zeros(1, dtype=torch.long, device=device)  # the last prompt row, whose logits we keep
         self.positions = torch.arange(size, device=device)
-        self.mask = engine.target.causal_mask(self.positions)
+        state = engine.target.target.state
+        self.hybrid = state if isinstance(state, HybridState) else None
+        if self.hybrid is None:
+            self.mask = engine.target.causal_mask(self.positions)
+        else:
+            self.length = torch.zeros((), dtype=torch.long, device=device)
         self.logits: torch.Tensor | None = None
         self.captured = Captured(self._run, device=device, graph=graph, pool=engine.graph_pool)
 
     def _run(self) -> None:
-        logits, hidden = self.engine.target.forward(
-            self.ids, self.positions[None], self.mask, self.positions, self.taps, rows=self.last
-        )
+        target = self.engine.target
+        if self.hybrid is None:
+            logits, hidden = target.forward(
+                self.ids, self.positions[None], self.mask, self.positions, self.taps, rows=self.last
+            )
+        else:
+            logits, hidden = self._run_chain()
         self.logits = logits
         if isinstance(self.static, DFlashStatic):
             self.static.ingest(hidden, 0)
         elif self.static is not None:
             self.static.prefill(self.ids)
+
+    def _run_chain(self):
+        """Hybrid prompt forward: a verify round of the chain tree of the prompt, then its commit."""
+        target, slots, n = self.engine.target, self.positions, self.length
+        for layer in target.recurrent.values():  # a new sequence starts from the empty state
+            layer.conv_states.zero_()
+            layer.recurrent_states.zero_()
+        real = slots < n
+        tree = DeviceTree(
+            tokens=self.ids[0],
+            parents=torch.where(real, slots - 1, -1),
+            depth=torch.where(real, slots, 0),
+            valid=real,
+            num_nodes=n,
+        )
+        keys = target.keys[None]
+        visible = (keys <= slots[:, None]) & real[:, None] | (keys == slots[:, None])
+        rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
+                          topo=DeviceTopology(tree))  # fmt: skip
+        with _swapped_forwards(self.hybrid.adapters, rnd):
+            logits, hidden = target.forward(
+                self.ids, slots[None], target.additive_mask(visible), slots, self.taps, rows=self.last
+            )
+        for adapter in self.hybrid.adapters:
+            commit_recurrent(adapter, rnd, slots, n)
+        return logits, hidden
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Prefill ``input_ids [1, n]`` (n <= size); returns the logits ``[V]`` at its last position."""
@@ -280,6 +320,8 @@ class _Prefill:
         self.ids[:, :n].copy_(input_ids)
         self.ids[:, n:].zero_()
         self.last.fill_(n - 1)
+        if self.hybrid is not None:
+            self.length.fill_(n)
         self.captured()
         return self.logits[0]
 
@@ -335,13 +377,13 @@ class FastEngine:
     def prefill(self, input_ids: torch.Tensor, drafter, *, graph: bool = False) -> tuple[torch.Tensor, None]:
         """Run the prompt into the static caches; returns the logits ``[V]`` at its last position.
 
-        Attention-only targets pad prompts of up to ``PREFILL_CAPTURE_MAX`` tokens to a multiple of
-        ``PREFILL_BUCKET`` and run a captured forward per padded length (``graph``); longer prompts and hybrid
-        targets (whose recurrent state must not see padding) run eagerly.
+        Prompts of up to ``PREFILL_CAPTURE_MAX`` tokens are padded to a multiple of ``PREFILL_BUCKET`` and run
+        through a captured forward per padded length (``graph``; hybrids as a chain-tree verify, see
+        ``_Prefill``); longer prompts run eagerly (hybrids through the model's own forward, then copied in).
         """
         n, device = input_ids.shape[1], self.device
         size = -(-n // PREFILL_BUCKET) * PREFILL_BUCKET
-        if not self.target.recurrent and size <= min(PREFILL_CAPTURE_MAX, self.capacity):
+        if size <= min(PREFILL_CAPTURE_MAX, self.capacity):
             logits = self._prefill_for(drafter, size, graph)(input_ids)
             self.prefix.fill_(n)
             return logits, None

@@ -152,3 +152,41 @@ def test_cuda_rounds_refuse_a_reference_tree_scan(monkeypatch):
     monkeypatch.setenv("SPECDEC_TREE_MAMBA2", "reference")
     assert "tree_mamba2" in hybrid_reason(mamba, cuda)
     assert (hybrid_reason(qwen, cuda) is None) == (auto_impl(cuda) == "triton")
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+@torch.no_grad()
+def test_padded_prefill_equals_the_models_own_forward(family):
+    """The padded chain-tree prefill leaves the static conv windows, recurrent states and K/V rows, and returns the
+    last logits, that the model's own forward over the unpadded prompt gives (lengths around a bucket edge, and
+    one past the captured maximum, which prefills eagerly)."""
+    from transformers import DynamicCache
+
+    from specdec.fast.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX, FastEngine
+    from specdec.fast.storage import StaticModel
+    from specdec.state.hybrid import _state_tensor
+    from specdec.target import TargetModel
+
+    target = _target(family)
+    tgt = TargetModel(target)
+    gen = torch.Generator().manual_seed(3)
+    lengths = [1, PREFILL_BUCKET - 1, PREFILL_BUCKET + 1, PREFILL_CAPTURE_MAX + 1]
+    engine = FastEngine(tgt, capacity=PREFILL_CAPTURE_MAX + 64)
+    for n in lengths:
+        ids = torch.randint(0, VOCAB, (1, n), generator=gen)
+        for t in (*engine.target.storage.kv.unsqueeze(0), *engine.target.recurrent.values()):  # stale state
+            for x in (t,) if isinstance(t, torch.Tensor) else (t.conv_states, t.recurrent_states):
+                x.normal_(generator=gen)
+        logits, _ = engine.prefill(ids, None)
+        cache = DynamicCache(config=target.config)
+        want_logits, _ = tgt.prefill_into(cache, ids)
+        ref = StaticModel(tgt, engine.capacity)
+        ref.load(cache, n)
+        torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
+        for i, layer in engine.target.recurrent.items():
+            torch.testing.assert_close(layer.conv_states, ref.recurrent[i].conv_states, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(layer.recurrent_states, ref.recurrent[i].recurrent_states, rtol=1e-4, atol=1e-4)
+            assert _state_tensor(cache.layers[i], "recurrent_states") is not None
+        kv, want_kv = engine.target.storage.kv[..., :n, :], ref.storage.kv[..., :n, :]
+        torch.testing.assert_close(kv, want_kv, rtol=1e-4, atol=1e-4)
+        assert int(engine.prefix) == n
