@@ -46,6 +46,9 @@ _DDTREE_IMPL = os.environ.get("SPECDEC_DDTREE_IMPL", "auto")
 # specdec.trees.device.TOPK_TRITON_MAX_VOCAB, else torch.topk), "torch" or "triton".
 _DDTREE_TOPK = os.environ.get("SPECDEC_DDTREE_TOPK", "auto")
 _CAPACITY_STEP = 256
+# How hybrid targets prefill on the fast path: "graph" (default: the captured chain-tree verify of ``_Prefill``)
+# or "model" (the model's own forward, eager, copied into static storage: the eager path's prefill, bit for bit).
+_HYBRID_PREFILL = os.environ.get("SPECDEC_HYBRID_PREFILL", "graph")
 
 
 def bucket_size(num_nodes: int) -> int:
@@ -383,7 +386,8 @@ class FastEngine:
         """
         n, device = input_ids.shape[1], self.device
         size = -(-n // PREFILL_BUCKET) * PREFILL_BUCKET
-        if size <= min(PREFILL_CAPTURE_MAX, self.capacity):
+        graphable = not self.target.recurrent or _HYBRID_PREFILL == "graph"
+        if graphable and size <= min(PREFILL_CAPTURE_MAX, self.capacity):
             logits = self._prefill_for(drafter, size, graph)(input_ids)
             self.prefix.fill_(n)
             return logits, None
