@@ -156,6 +156,7 @@ def main() -> None:
                 )
                 same += out.sequences[0, ids.shape[1] :].tolist() == outs[name][pid]
             eager_same[name] = same / len(prompts)
+            print(f"{name}: equal to the eager path on {same}/{len(prompts)} prompts", flush=True)
 
     mem = None
     if args.memory_rounds and device.type == "cuda":
@@ -167,6 +168,7 @@ def main() -> None:
             out = specdec.generate(model, ids, drafter=d, tree=tree, max_new_tokens=new, do_sample=False)
             done_rounds += out.stats.rounds
         mem = (before, torch.cuda.memory_allocated(device), done_rounds)
+        print(f"memory: {before / 2**20:.1f} MiB before, {mem[1] / 2**20:.1f} MiB after {done_rounds} rounds", flush=True)
 
     hf = outs.get("hf-generate")
     static = next((r["tok_s"] for r in rows if r["method"] == "hf-static"), None)
@@ -204,8 +206,8 @@ def main() -> None:
         )
     lines.append("")
     trees = [r for r in rows if r["method"].startswith("ddtree")]
-    chain = next(r for r in rows if r["method"].startswith("dflash-chain"))
-    best = max(trees, key=lambda r: r["tok_s"])
+    chain = next((r for r in rows if r["method"].startswith("dflash-chain")), None)
+    best = max(trees, key=lambda r: r["tok_s"]) if trees else None
     if args.repeat > 1:
         for r in rows:
             lo, hi = min(r["passes"]), max(r["passes"])
@@ -217,8 +219,9 @@ def main() -> None:
         lines.append(
             f"- {r['method']}: tok/s / (0.5 tau x AR) = {r['tok_s'] / (0.5 * r['tau'] * ar['tok_s']):.2f} (target >= 1)"
         )
-    lines.append(f"- best DDTree ({best['method']}) / chain: {best['tok_s'] / chain['tok_s']:.2f} (target >= 1.35)")
-    if static:
+    if best and chain:
+        lines.append(f"- best DDTree ({best['method']}) / chain: {best['tok_s'] / chain['tok_s']:.2f} (target >= 1.35)")
+    if best and static:
         lines.append(f"- best DDTree / hf-static: {best['tok_s'] / static:.2f} (target >= 2.5)")
     if mem:
         lines.append(f"- memory: {mem[0] / 2**20:.1f} MiB before, {mem[1] / 2**20:.1f} MiB after {mem[2]} more rounds")

@@ -46,9 +46,10 @@ _DDTREE_IMPL = os.environ.get("SPECDEC_DDTREE_IMPL", "auto")
 # specdec.trees.device.TOPK_TRITON_MAX_VOCAB, else torch.topk), "torch" or "triton".
 _DDTREE_TOPK = os.environ.get("SPECDEC_DDTREE_TOPK", "auto")
 _CAPACITY_STEP = 256
-# How hybrid targets prefill on the fast path: "graph" (default: the captured chain-tree verify of ``_Prefill``)
-# or "model" (the model's own forward, eager, copied into static storage: the eager path's prefill, bit for bit).
-_HYBRID_PREFILL = os.environ.get("SPECDEC_HYBRID_PREFILL", "graph")
+# How hybrid targets prefill on the fast path: "model" (default: the model's own forward, eager, copied into static
+# storage; the eager path's prefill bit for bit) or "graph" (the captured chain-tree verify of ``_Prefill``: the same
+# maths without the model's per-call launch overhead, but another rounding order in bf16; docs/hybrid.md).
+_HYBRID_PREFILL = os.environ.get("SPECDEC_HYBRID_PREFILL", "model")
 
 
 def bucket_size(num_nodes: int) -> int:
@@ -381,8 +382,9 @@ class FastEngine:
         """Run the prompt into the static caches; returns the logits ``[V]`` at its last position.
 
         Prompts of up to ``PREFILL_CAPTURE_MAX`` tokens are padded to a multiple of ``PREFILL_BUCKET`` and run
-        through a captured forward per padded length (``graph``; hybrids as a chain-tree verify, see
-        ``_Prefill``); longer prompts run eagerly (hybrids through the model's own forward, then copied in).
+        through a captured forward per padded length (``graph``); longer prompts run eagerly. Hybrid targets
+        prefill through the model's own forward, copied into static storage, unless ``SPECDEC_HYBRID_PREFILL=graph``
+        selects the captured chain-tree verify (``_Prefill``).
         """
         n, device = input_ids.shape[1], self.device
         size = -(-n // PREFILL_BUCKET) * PREFILL_BUCKET

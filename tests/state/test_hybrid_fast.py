@@ -154,9 +154,17 @@ def test_cuda_rounds_refuse_a_reference_tree_scan(monkeypatch):
     assert (hybrid_reason(qwen, cuda) is None) == (auto_impl(cuda) == "triton")
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+@pytest.fixture
+def graph_prefill(monkeypatch):
+    """Hybrid prefill through the captured chain-tree verify (``SPECDEC_HYBRID_PREFILL=graph``)."""
+    import specdec.fast.engine as engine
+
+    monkeypatch.setattr(engine, "_HYBRID_PREFILL", "graph")
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "mamba2"])
 @torch.no_grad()
-def test_padded_prefill_equals_the_models_own_forward(family):
+def test_padded_prefill_equals_the_models_own_forward(family, graph_prefill):
     """The padded chain-tree prefill leaves the static conv windows, recurrent states and K/V rows, and returns the
     last logits, that the model's own forward over the unpadded prompt gives (lengths around a bucket edge, and
     one past the captured maximum, which prefills eagerly)."""
@@ -190,3 +198,17 @@ def test_padded_prefill_equals_the_models_own_forward(family):
         kv, want_kv = engine.target.storage.kv[..., :n, :], ref.storage.kv[..., :n, :]
         torch.testing.assert_close(kv, want_kv, rtol=1e-4, atol=1e-4)
         assert int(engine.prefix) == n
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "mamba2"])
+def test_graph_prefill_decodes_the_target_greedy(family, graph_prefill):
+    target = _target(family)
+    drafter = _bigram_drafter(target)
+    input_ids = torch.randint(0, VOCAB, (1, 70), generator=torch.Generator().manual_seed(5))  # past one bucket
+    # 20 tokens: qwen3_next's 28th greedy token is a near-tie (top-2 logits 6e-4 apart), which the sequential scan
+    # and HF's chunked prefill round to different sides.
+    want = target.generate(input_ids, max_new_tokens=20, do_sample=False)
+    for tree in (None, specdec.DDTree(budget=8)):
+        d = drafter if tree is not None else None
+        fast = specdec.generate(target, input_ids, drafter=d, tree=tree, max_new_tokens=20, cuda_graphs=True)
+        assert fast.stats.path == "fast" and torch.equal(fast.sequences, want), tree
