@@ -168,7 +168,9 @@ def main() -> None:
             out = specdec.generate(model, ids, drafter=d, tree=tree, max_new_tokens=new, do_sample=False)
             done_rounds += out.stats.rounds
         mem = (before, torch.cuda.memory_allocated(device), done_rounds)
-        print(f"memory: {before / 2**20:.1f} MiB before, {mem[1] / 2**20:.1f} MiB after {done_rounds} rounds", flush=True)
+        print(
+            f"memory: {before / 2**20:.1f} MiB before, {mem[1] / 2**20:.1f} MiB after {done_rounds} rounds", flush=True
+        )
 
     hf = outs.get("hf-generate")
     static = next((r["tok_s"] for r in rows if r["method"] == "hf-static"), None)
