@@ -18,13 +18,11 @@ import json
 import logging
 from pathlib import Path
 
-import torch
-from transformers import AutoTokenizer
+from _zoo import decodable_prompts, zoo_pair  # benchmarks/e2e, beside this script
 
 import specdec
 import specdec.fast.engine as fast_engine
-from specdec.drafters.dflash import DFlashDrafter
-from specdec.loading import load_prompts, load_target, resolve_device, zoo_dir
+from specdec.loading import resolve_device
 
 
 def main() -> None:
@@ -41,18 +39,8 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     device, dtype = resolve_device(args.device, args.dtype)
-    model = load_target(zoo_dir() / args.target, device=device, dtype=dtype)
-    tok = AutoTokenizer.from_pretrained(zoo_dir() / "tokenizer")
-    drafter = DFlashDrafter.from_pretrained(args.drafter, target=model)
-    eos = model.generation_config.eos_token_id
-    prompts = []
-    for p in load_prompts():
-        ids = tok(p["prompt"], return_tensors="pt").input_ids.to(device)
-        with torch.no_grad():
-            if int(model(ids).logits[0, -1].argmax()) != eos:
-                prompts.append(ids)
-        if len(prompts) == args.num_prompts:
-            break
+    model, tok, drafter = zoo_pair(args.target, args.drafter, device, dtype)
+    prompts = [ids for _, ids in decodable_prompts(model, tok, args.num_prompts)]
     tree, new = specdec.DDTree(budget=args.budget, topk=args.topk), args.max_new_tokens
 
     def tail(seq, ids):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import time
 from pathlib import Path
@@ -45,3 +46,15 @@ def write_csv(path: Path, rows: list[dict], header: list[str]) -> None:
         writer = csv.DictWriter(f, fieldnames=header)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def bench_args(description: str) -> tuple[argparse.Namespace, torch.device, str]:
+    """The kernel benchmarks' command line (``--device``, ``--out``): parsed args, the device, its name."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--device", default=None, help="torch device; default: the current accelerator, else cpu")
+    parser.add_argument("--out", default="bench_out/kernels", help="folder for the CSV (ignored by git)")
+    args = parser.parse_args()
+    accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    device = torch.device(args.device or (accel.type if accel is not None else "cpu"))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return args, device, name

@@ -15,13 +15,12 @@ Prints a table of median ms per call (20th / 80th percentiles in the CSV) and wr
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 from pathlib import Path
 
 import torch
-from _common import time_call  # benchmarks/kernels, beside this script
+from _common import bench_args, time_call  # benchmarks/kernels, beside this script
 
 from specdec.kernels.ddtree_build import triton_fits
 from specdec.trees.ddtree import build_ddtree
@@ -79,13 +78,7 @@ def _format_row(row: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default=None, help="torch device; default: the current accelerator, else cpu")
-    parser.add_argument("--out", default="bench_out/kernels", help="folder for the CSV (ignored by git)")
-    args = parser.parse_args()
-    accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    device = torch.device(args.device or (accel.type if accel is not None else "cpu"))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    args, device, name = bench_args(__doc__.splitlines()[0])
     print(f"DDTree build, D = {DEPTH}, median ms per call on {name} (torch {torch.__version__}); warm")
     header = ["vocab", "budget", "topk", *PROVIDERS, "heap/best"]
     print(" | ".join(f"{h:>7}" if i < 3 else f"{h:>12}" for i, h in enumerate(header)))

@@ -15,12 +15,11 @@ Prints a table of median ms per call (20th / 80th percentiles in the CSV) and wr
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
 import torch
-from _common import print_table, time_call, write_csv  # benchmarks/kernels, beside this script
+from _common import bench_args, print_table, time_call, write_csv  # benchmarks/kernels, beside this script
 
 from specdec.kernels.tree_accept import accept_path, tree_mask
 from specdec.trees.device import DeviceTree, ancestor_matrix, ddtree_device
@@ -90,13 +89,7 @@ def run(device: torch.device) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default=None, help="torch device; default: the current accelerator, else cpu")
-    parser.add_argument("--out", default="bench_out/kernels", help="folder for the CSV (ignored by git)")
-    args = parser.parse_args()
-    accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    device = torch.device(args.device or (accel.type if accel is not None else "cpu"))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    args, device, name = bench_args(__doc__.splitlines()[0])
     print(f"tree_accept, capacity {CAPACITY}, max_depth {MAX_DEPTH}, bf16 mask, median ms per call on {name} "
           f"(torch {torch.__version__}); warm")  # fmt: skip
     if device.type != "cuda":
