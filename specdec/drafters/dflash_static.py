@@ -11,10 +11,18 @@ copy. Shapes never change, so the forwards can be captured in a CUDA graph. Same
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
+from specdec.kernels.rms_norm import rms_norm
+
 __all__ = ["DFlashStatic"]
+
+# The drafter's RMSNorms on the fast path: "torch" (default: the module's own ops, about eight kernels per norm)
+# or "auto" / "triton" (``specdec.kernels.rms_norm``, one launch per norm on CUDA; opt-in until timed on a GPU).
+_NORM_IMPL = os.environ.get("SPECDEC_DFLASH_NORM", "torch")
 
 
 class DFlashStatic:
@@ -26,10 +34,15 @@ class DFlashStatic:
     Args:
         drafter (DFlashDrafter): bound to its target (``validate`` was called).
         capacity (int): context slots (>= prompt + new tokens + block size).
+        norm_impl (str | None): the RMSNorms: ``"torch"`` (the modules' own ops), ``"auto"`` or ``"triton"``
+            (``specdec.kernels.rms_norm``); None = ``SPECDEC_DFLASH_NORM`` (default ``"torch"``).
     """
 
-    def __init__(self, drafter, capacity: int) -> None:
+    def __init__(self, drafter, capacity: int, *, norm_impl: str | None = None) -> None:
         cfg, model = drafter.config, drafter.model
+        self.norm_impl = _NORM_IMPL if norm_impl is None else norm_impl
+        if self.norm_impl not in ("torch", "auto", "triton"):
+            raise ValueError(f"norm_impl={self.norm_impl!r}: choose 'torch', 'auto' or 'triton' (SPECDEC_DFLASH_NORM).")
         device, dtype = model.fc.weight.device, model.fc.weight.dtype
         self.drafter, self.capacity = drafter, capacity
         self.kv = torch.zeros(
@@ -66,6 +79,12 @@ class DFlashStatic:
             self._k_norm.copy_(torch.stack([a.k_norm.weight for a in attn])[:, None])
         self._versions = self._weight_versions()
 
+    def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
+        """One of the drafter's ``_RMSNorm`` modules applied to ``x``, by ``norm_impl``."""
+        if self.norm_impl == "torch":
+            return module(x)
+        return rms_norm(x, module.weight, module.eps, impl=self.norm_impl)
+
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``x [N, ..., D]`` rotated at ``positions [N]`` (the position axis first)."""
         shape = (positions.shape[0],) + (1,) * (x.dim() - 2) + (-1,)
@@ -85,12 +104,18 @@ class DFlashStatic:
         model, cfg = self.drafter.model, self.drafter.config
         rows = hidden.shape[1]
         positions = torch.arange(rows, device=self.slots.device) + first
-        ctx = model.hidden_norm(model.fc(hidden[0].to(device=self.slots.device, dtype=model.fc.weight.dtype)))
+        ctx = self._norm(
+            model.hidden_norm, model.fc(hidden[0].to(device=self.slots.device, dtype=model.fc.weight.dtype))
+        )
         kv = F.linear(ctx, self._weight, self._bias).view(rows, 2, cfg.num_hidden_layers, cfg.num_key_value_heads, -1)
         k, v = kv[:, 0], kv[:, 1]  # [R, L, H_kv, D]
-        kf = k.float()
-        kf = kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
-        k = self._rope(self._k_norm * kf.to(k.dtype), positions)
+        if self.norm_impl == "torch":
+            kf = k.float()
+            kf = kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
+            k = self._k_norm * kf.to(k.dtype)
+        else:  # row (r, layer, head) takes layer's weight: period = heads
+            k = rms_norm(k, self._k_norm[:, 0], cfg.rms_norm_eps, period=k.shape[2], impl=self.norm_impl)
+        k = self._rope(k, positions)
         src = torch.stack((k, v)).permute(2, 0, 3, 1, 4)  # [L, 2, H_kv, R, D]
         self.kv.index_copy_(4, positions, src[:, :, None].to(self.kv.dtype))
 
@@ -123,9 +148,9 @@ class DFlashStatic:
         for i, (layer, window) in enumerate(zip(model.layers, cfg.sliding_windows, strict=True)):
             if window not in biases:
                 biases[window] = self._bias_mask(prefix, window, x.dtype)
-            attn, h = layer.self_attn, layer.input_layernorm(x)
-            q = self._rope(attn.q_norm(attn.q_proj(h).view(size, heads, head_dim)), positions)
-            k = self._rope(attn.k_norm(attn.k_proj(h).view(size, kv_heads, head_dim)), positions)
+            attn, h = layer.self_attn, self._norm(layer.input_layernorm, x)
+            q = self._rope(self._norm(attn.q_norm, attn.q_proj(h).view(size, heads, head_dim)), positions)
+            k = self._rope(self._norm(attn.k_norm, attn.k_proj(h).view(size, kv_heads, head_dim)), positions)
             v = attn.v_proj(h).view(size, kv_heads, head_dim)
             self.kv[i].index_copy_(3, positions, torch.stack((k, v)).transpose(1, 2)[:, None].to(self.kv.dtype))
             # Heads g*rep .. g*rep+rep-1 share key/value head g: stack them along the query axis.
@@ -134,5 +159,5 @@ class DFlashStatic:
                 q, self.kv[i, 0], self.kv[i, 1], attn_mask=biases[window], scale=head_dim**-0.5
             )
             x = x + attn.o_proj(out.reshape(heads, size, head_dim).transpose(0, 1).reshape(size, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return drafter.block_logq(model.norm(x)[None], depth)
+            x = x + layer.mlp(self._norm(layer.post_attention_layernorm, x))
+        return drafter.block_logq(self._norm(model.norm, x)[None], depth)

@@ -5,6 +5,10 @@ along the query axis, all layers' context projection in one product) against the
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,11 +47,36 @@ def target():
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_static_forwards_equal_the_eager_drafter(target, variant):
+    check_static_forwards(target, variant, "torch")
+
+
+def test_static_forwards_with_the_triton_norms_in_the_interpreter():
+    """``norm_impl="triton"`` (``specdec.kernels.rms_norm``) run by Triton's interpreter, in a subprocess (the
+    interpreter must be chosen before Triton is imported), against the eager drafter on every variant."""
+    pytest.importorskip("triton")
+    tests = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+        "from models import tiny_model\n"
+        "from test_dflash_static import VARIANTS, check_static_forwards\n"
+        "target = tiny_model('qwen3', num_hidden_layers=4)\n"
+        "for variant in VARIANTS:\n"
+        "    check_static_forwards(target, variant, 'triton')\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tests), str(tests / "fast")], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def check_static_forwards(target, variant: str, norm_impl: str) -> None:
+    """DFlashStatic's ingest and block forward against the eager drafter over a sequence of rounds."""
     drafter = drafter_for(target, variant)
     cfg = drafter.config
     width = len(cfg.target_layer_ids) * cfg.context_size
     gen = torch.Generator().manual_seed(0)
-    static = DFlashStatic(drafter, capacity=48)
+    static = DFlashStatic(drafter, capacity=48, norm_impl=norm_impl)
     static.kv.normal_(generator=gen)  # stale rows past the context must never be seen
     ids = torch.randint(4, 100, (1, 30), generator=gen)
     hidden = torch.randn(1, 29, width, generator=gen)

@@ -1,0 +1,79 @@
+"""Speed of ``rms_norm``: the DFlash drafter's RMSNorm, torch reference (``_RMSNorm``'s ops) vs one Triton launch.
+
+Shapes: the drafter's norms over a 16-row block in bf16 with bf16 weights: the hidden norms (``[16, 384]``, the
+zoo drafter, and ``[16, 4096]``, the 8 B shape), the per-head query / key norms ``[16, H, D]`` for H in {6, 32}
+and D in {64, 128}, and the stacked key norm of ``DFlashStatic.ingest`` (``[16, L, H_kv, D]`` with per-layer
+weights ``[L, D]``, ``period = H_kv``; L = 5, H_kv = 8, D = 128, the 8 B drafter). Providers: ``torch`` (eager
+launches), ``torch-graph`` (the same ops replayed from a CUDA graph: GPU time without launch overhead), ``triton``
+and ``triton-graph``; the graph and Triton providers need CUDA.
+
+    python benchmarks/kernels/bench_rms_norm.py [--device cuda] [--out bench_out/kernels]
+
+Prints a table of median ms per call (20th / 80th percentiles in the CSV) and writes it under ``--out``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from _common import bench_args, print_table, time_call, write_csv  # benchmarks/kernels, beside this script
+
+from specdec.kernels.rms_norm import rms_norm
+
+PROVIDERS = ["torch", "torch-graph", "triton", "triton-graph"]
+ROWS = 16
+EPS = 1e-6
+# (name, x's shape, weight rows G, period)
+SHAPES = [
+    ("hidden", (ROWS, 384), 1, 1),
+    ("hidden", (ROWS, 4096), 1, 1),
+    ("heads", (ROWS, 6, 64), 1, 1),
+    ("heads", (ROWS, 6, 128), 1, 1),
+    ("heads", (ROWS, 32, 64), 1, 1),
+    ("heads", (ROWS, 32, 128), 1, 1),
+    ("stacked", (ROWS, 5, 8, 128), 5, 8),
+]
+
+
+def make_call(provider: str, x: torch.Tensor, weight: torch.Tensor, period: int):
+    """A no-argument callable running one norm, or None when the provider does not apply to the device."""
+    if provider != "torch" and x.device.type != "cuda":
+        return None
+    impl = "triton" if provider.startswith("triton") else "torch"
+    return lambda: rms_norm(x, weight, EPS, period=period, impl=impl)
+
+
+def run(device: torch.device) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, shape, groups, period in SHAPES:
+        x = torch.randn(shape, generator=gen).to(device=device, dtype=torch.bfloat16)
+        weight = (1 + 0.1 * torch.randn(groups, shape[-1], generator=gen)).to(device=device, dtype=torch.bfloat16)
+        weight = weight[0] if groups == 1 else weight
+        row = {"norm": name, "shape": "x".join(map(str, shape)), "G": groups, "period": period}
+        for provider in PROVIDERS:
+            fn = make_call(provider, x, weight, period)
+            ms = (math.nan,) * 3 if fn is None else time_call(fn, device, graph=provider.endswith("-graph"), rep=100)
+            row[provider], row[f"{provider}_p20"], row[f"{provider}_p80"] = ms
+        row["graph speedup"] = row["torch-graph"] / row["triton-graph"]
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    args, device, name = bench_args(__doc__.splitlines()[0])
+    print(f"rms_norm, bf16 x and weights, eps {EPS}, median ms per call on {name} (torch {torch.__version__}); warm")
+    if device.type != "cuda":
+        print("no CUDA device: only the eager torch reference runs (graph and Triton columns are nan)")
+    rows = run(device)
+    print_table(rows, ["norm", "shape", "G", "period", *PROVIDERS, "graph speedup"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "rms_norm.csv", rows, list(rows[0]))
+    print(f"CSV: {out / 'rms_norm.csv'}")
+
+
+if __name__ == "__main__":
+    main()

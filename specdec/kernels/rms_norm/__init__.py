@@ -1,0 +1,120 @@
+"""``rms_norm``: the DFlash drafter's RMSNorm in one launch.
+
+The reference (the specification and the CPU path) is the drafter's ``_RMSNorm``
+(:mod:`specdec.drafters.dflash_model`): normalise in fp32, round back to ``x``'s dtype, multiply by the weight.
+On CUDA that is ~8 small kernels per call; the Triton version (``triton.py``) is one launch, reads nothing on the
+host (capture-safe) and equals the reference up to the order of the fp32 sum of squares. A ``[G, D]`` weight
+applies one row per group of ``period`` consecutive rows (e.g. per-layer key norms over ``[R, L, H, D]``), so the
+drafter's stacked norms are one call too. See ``docs/kernels.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Literal
+
+import torch
+
+from specdec.kernels._triton import importable
+
+__all__ = ["FLOAT_DTYPES", "rms_norm", "rms_norm_reference"]
+
+Impl = Literal["auto", "torch", "triton"]
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+"""The dtypes ``x`` and ``weight`` may have."""
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    period: int = 1,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x``, with one weight row per group of ``period`` rows. Arguments as
+    :func:`rms_norm_reference`.
+
+    Args:
+        impl (str): ``"triton"`` (one launch: CUDA or Triton's interpreter), ``"torch"`` (the reference) or
+            ``"auto"``: Triton on CUDA (or under ``TRITON_INTERPRET=1``) when it imports, else the reference.
+
+    Returns:
+        torch.Tensor: ``x``'s shape, dtype ``torch.promote_types(x.dtype, weight.dtype)``.
+    """
+    _check_args(x, weight, eps, period)
+    if _pick(impl, x.device) == "torch":
+        return rms_norm_reference(x, weight, eps, period=period)
+    from specdec.kernels.rms_norm.triton import rms_norm_triton
+
+    return rms_norm_triton(x, weight, eps, period)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *, period: int = 1) -> torch.Tensor:
+    """The drafter's ``_RMSNorm`` as tensor ops; a ``[G, D]`` weight is gathered row by row.
+
+    Args:
+        x (torch.Tensor): ``[..., D]`` float (fp32, bf16, fp16 or fp64), any leading shape; read as ``x.reshape(-1,
+            D)``, rows ``r = 0, 1, ...``.
+        weight (torch.Tensor): ``[D]``, or ``[G, D]``: row ``r`` of ``x`` is scaled by ``weight[(r // period) % G]``
+            (``x [R, L, H, D]`` with per-layer weights ``[L, D]`` takes ``period=H``).
+        eps (float): added to the mean square.
+        period (int): consecutive rows of ``x`` sharing a weight row, >= 1 (only read when ``G > 1``).
+
+    Returns:
+        torch.Tensor: ``x``'s shape, dtype ``torch.promote_types(x.dtype, weight.dtype)``: ``weight * (x / rms)``
+        with ``x / rms`` computed in fp32 and rounded to ``x.dtype`` first.
+    """
+    if weight.dim() == 2 and weight.shape[0] > 1:
+        rows = x.reshape(-1, x.shape[-1])
+        index = (torch.arange(rows.shape[0], device=x.device) // period) % weight.shape[0]
+        return _rms_norm(rows, weight[index], eps).view(x.shape)
+    return _rms_norm(x, weight.reshape(-1), eps)  # [1, D] -> [D]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``_RMSNorm.forward`` verbatim, ``weight`` broadcast against ``x``."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def _pick(impl: str, device: torch.device) -> str:
+    """``"torch"`` or ``"triton"`` for ``impl`` on ``device``."""
+    if impl not in ("auto", "torch", "triton"):
+        raise ValueError(f"impl={impl!r}: choose 'auto', 'torch' or 'triton'.")
+    on_device = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    if impl == "triton" and not on_device:
+        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
+    if impl == "auto":
+        return "triton" if on_device and _triton_available() else "torch"
+    return impl
+
+
+def _triton_available() -> bool:
+    return importable("specdec.kernels.rms_norm.triton")
+
+
+def _check_args(x: torch.Tensor, weight: torch.Tensor, eps: float, period: int) -> None:
+    names = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
+    if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES or x.dim() == 0:
+        got = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a [..., D] tensor (at least one dim) of {names}; got {got}: convert it "
+                         "(e.g. x.float(), x[None]).")  # fmt: skip
+    if not isinstance(weight, torch.Tensor) or weight.dtype not in FLOAT_DTYPES:
+        got = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight must be a tensor of {names}; got {got}: convert it (e.g. weight.float()).")
+    dim = x.shape[-1]
+    if weight.dim() not in (1, 2) or weight.shape[-1] != dim or (weight.dim() == 2 and weight.shape[0] == 0):
+        shape = list(weight.shape)
+        raise ValueError(f"weight must be [D] or [G, D] with G >= 1 and D = x.shape[-1] = {dim}; got {shape}: pass "
+                         "the norm's weight for x's last dim (a row per group).")  # fmt: skip
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device}, x on {x.device}: move them to one device.")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps={eps!r}: pass a finite Python float >= 0 (a tensor would be read on the host).")
+    if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+        raise ValueError(f"period={period!r}: pass a Python int >= 1 (rows of x per weight row).")

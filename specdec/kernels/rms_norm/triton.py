@@ -1,0 +1,101 @@
+"""The drafter's RMSNorm in one Triton launch (capture-safe: no host reads).
+
+One program per block of ``ROWS`` rows (a power of two; several rows only when ``D`` is small), each row held
+whole in a ``BLOCK_D = next_power_of_2(D)`` vector: the sum of squares in fp32, ``rsqrt(sum / D + eps)`` (as
+``1 / sqrt`` with IEEE division and square root, like the CPU reference), the normalised row rounded to ``x``'s
+dtype, then the product with its weight row (``(row // period) % G``) in fp32 (fp64 for a fp64 output) rounded
+once to the output dtype, as PyTorch's mixed-dtype multiply does. Equal to ``rms_norm_reference`` up to the order
+of the fp32 sum (``tests/kernels/test_rms_norm.py``).
+
+Roundings to bf16 are done with integer arithmetic (round to nearest even, the bits of the GPU's ``cvt.rn``):
+Triton's interpreter truncates a float32 -> bfloat16 cast, and the tests run the kernel through it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["block_rows", "rms_norm_triton"]
+
+_BLOCK_ELEMENTS = 2048
+"""Elements per program that several short rows are batched up to."""
+
+
+@triton.jit
+def _to_bf16(x):
+    """fp32 -> bf16, round to nearest even (NaN stays a quiet NaN)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    high = tl.where(x != x, (bits >> 16) | 0x40, rounded)
+    return high.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,  # [R, D] rows stride_x apart, the last dim contiguous
+    w_ptr,  # [G, D] with strides (stride_wg, stride_wd)
+    out_ptr,  # [R, D] contiguous
+    R,
+    D,
+    stride_x,
+    stride_wg,
+    stride_wd,
+    period,
+    G,
+    eps,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    X_BF16: tl.constexpr,  # x is bf16: round the normalised row with _to_bf16
+    OUT_BF16: tl.constexpr,  # the output is bf16: round the product with _to_bf16
+    WIDE: tl.constexpr,  # the output is fp64: multiply in fp64
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # int32 (R < 2**31): the group is a 32-bit division
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < R)[:, None] & (cols < D)[None, :]
+    offs = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + offs * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    # rsqrt(sum / D + eps) with IEEE division and square root (Triton's `/` and `rsqrt` are approximate on GPUs)
+    mean = tl.div_rn(tl.sum(x * x, axis=1), tl.full([ROWS], D, tl.float32))
+    rstd = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.sqrt_rn(mean + eps))
+    normed = x * rstd[:, None]
+    normed = _to_bf16(normed) if X_BF16 else normed.to(x_ptr.dtype.element_ty)
+    group = (rows // period) % G
+    w = tl.load(w_ptr + group[:, None] * stride_wg + cols[None, :] * stride_wd, mask=mask, other=0.0)
+    acc = tl.float64 if WIDE else tl.float32
+    y = normed.to(acc) * w.to(acc)
+    y = _to_bf16(y) if OUT_BF16 else y.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + offs * D + cols[None, :], y, mask=mask)
+
+
+def block_rows(rows: int, dim: int) -> tuple[int, int]:
+    """``(ROWS, BLOCK_D)`` of a launch: whole rows of ``next_power_of_2(dim)`` (at least 2), and as many rows per
+    program as fill ``_BLOCK_ELEMENTS`` (at most ``next_power_of_2(rows)``)."""
+    block_d = max(triton.next_power_of_2(dim), 2)
+    return max(1, min(_BLOCK_ELEMENTS // block_d, triton.next_power_of_2(rows))), block_d
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, period: int = 1) -> torch.Tensor:
+    """RMSNorm of the rows of ``x`` in one launch (arguments as ``rms_norm_reference``; not checked here).
+
+    Returns:
+        torch.Tensor: ``x``'s shape, dtype ``torch.promote_types(x.dtype, weight.dtype)``, contiguous.
+    """
+    dim = x.shape[-1]
+    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    rows = x.reshape(-1, dim)
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    w = weight if weight.dim() == 2 else weight[None]
+    num_rows = rows.shape[0]
+    block, block_d = block_rows(num_rows, dim)
+    _rms_norm_kernel[(triton.cdiv(num_rows, block),)](
+        rows, w, out, num_rows, dim, rows.stride(0), w.stride(0), w.stride(1), period, w.shape[0], float(eps),
+        ROWS=block, BLOCK_D=block_d, X_BF16=x.dtype == torch.bfloat16, OUT_BF16=out_dtype == torch.bfloat16,
+        WIDE=out_dtype == torch.float64, num_warps=min(max(block * block_d // 256, 1), 16),
+    )  # fmt: skip
+    return out
