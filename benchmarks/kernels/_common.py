@@ -58,3 +58,13 @@ def bench_args(description: str) -> tuple[argparse.Namespace, torch.device, str]
     device = torch.device(args.device or (accel.type if accel is not None else "cpu"))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return args, device, name
+
+
+def time_providers(row: dict, providers: list[str], make_call, device: torch.device) -> dict:
+    """Fill ``row[provider]`` (median ms) and ``_p20`` / ``_p80`` for each provider; ``make_call(provider)`` returns
+    the function to time or None (not available here: nan). Providers ending in ``-graph`` replay a CUDA graph."""
+    for provider in providers:
+        fn = make_call(provider)
+        ms = (float("nan"),) * 3 if fn is None else time_call(fn, device, graph=provider.endswith("-graph"), rep=100)
+        row[provider], row[f"{provider}_p20"], row[f"{provider}_p80"] = ms
+    return row

@@ -14,11 +14,10 @@ Prints a table of median ms per call (20th / 80th percentiles in the CSV) and wr
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
-from _common import bench_args, print_table, time_call, write_csv  # benchmarks/kernels, beside this script
+from _common import bench_args, print_table, time_providers, write_csv  # benchmarks/kernels, beside this script
 
 from specdec.kernels.rms_norm import rms_norm
 
@@ -53,10 +52,7 @@ def run(device: torch.device) -> list[dict]:
         weight = (1 + 0.1 * torch.randn(groups, shape[-1], generator=gen)).to(device=device, dtype=torch.bfloat16)
         weight = weight[0] if groups == 1 else weight
         row = {"norm": name, "shape": "x".join(map(str, shape)), "G": groups, "period": period}
-        for provider in PROVIDERS:
-            fn = make_call(provider, x, weight, period)
-            ms = (math.nan,) * 3 if fn is None else time_call(fn, device, graph=provider.endswith("-graph"), rep=100)
-            row[provider], row[f"{provider}_p20"], row[f"{provider}_p80"] = ms
+        time_providers(row, PROVIDERS, lambda p, x=x, w=weight, n=period: make_call(p, x, w, n), device)
         row["graph speedup"] = row["torch-graph"] / row["triton-graph"]
         rows.append(row)
     return rows

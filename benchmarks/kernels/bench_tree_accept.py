@@ -15,11 +15,10 @@ Prints a table of median ms per call (20th / 80th percentiles in the CSV) and wr
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
-from _common import bench_args, print_table, time_call, write_csv  # benchmarks/kernels, beside this script
+from _common import bench_args, print_table, time_providers, write_csv  # benchmarks/kernels, beside this script
 
 from specdec.kernels.tree_accept import accept_path, tree_mask
 from specdec.trees.device import DeviceTree, ancestor_matrix, ddtree_device
@@ -77,12 +76,8 @@ def run(device: torch.device) -> list[dict]:
         tree, choices = make_tree(slots, device)
         for op in OPS:
             row = {"op": op, "slots": slots, "capacity": CAPACITY, "max_depth": MAX_DEPTH}
-            for provider in PROVIDERS:
-                fn = make_call(op, provider, tree, choices, prefix, dtype)
-                ms = (
-                    (math.nan,) * 3 if fn is None else time_call(fn, device, graph=provider.endswith("-graph"), rep=100)
-                )
-                row[provider], row[f"{provider}_p20"], row[f"{provider}_p80"] = ms
+            args = (tree, choices, prefix, dtype)
+            time_providers(row, PROVIDERS, lambda p, op=op, a=args: make_call(op, p, *a), device)
             row["graph speedup"] = row["torch-graph"] / row["triton-graph"]
             rows.append(row)
     return rows

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from kernel_harness import capture_without_host_reads, run_interpreted
 
 from specdec.drafters.dflash_model import _RMSNorm
 from specdec.kernels.rms_norm import rms_norm, rms_norm_reference
 
-REPO = Path(__file__).resolve().parents[2]
 DIMS = [1, 7, 64, 128, 384, 4100]
 X_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 EPS = [1e-6, 1e-5]
@@ -373,14 +372,7 @@ def interpreted(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("rms_norm")
     data = {"cases": cases(), "drafter": drafter_cases()}
     torch.save(data, folder / "cases.pt")
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run([sys.executable, __file__, str(folder)], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_interpreted(__file__, folder)
     return {**data, **torch.load(folder / "outputs.pt")}
 
 
@@ -451,18 +443,7 @@ def test_compiled_kernel_replays_in_a_cuda_graph(layout):
     def step():
         return rms_norm(static_x, static_w, 1e-6, period=4)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")  # a host read would raise here
-    try:
-        with torch.cuda.graph(graph):
-            out = step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    graph, out = capture_without_host_reads(step)
     outputs = []
     for case in cs:
         static_x.copy_(case_x(case))

@@ -10,7 +10,6 @@ element never written shows up, and saves the outputs for the tests here to comp
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 from device_trees import padded_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_harness import capture_without_host_reads, run_interpreted
 
 from specdec.kernels.tree_accept import (
     MAX_ACCEPT_SLOTS,
@@ -31,7 +31,6 @@ from specdec.trees.device import ddtree_device
 from specdec.types import DraftTree
 from specdec.verify.greedy import walk_tree
 
-REPO = Path(__file__).resolve().parents[2]
 SLOTS = [1, 2, 16, 48, 80, 256]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 SHAPES = ["chain", "bush", "random", "deep"]
@@ -328,14 +327,7 @@ def interpreted(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("tree_accept")
     cases = {"mask": mask_cases(), "accept": accept_cases(), "big": [_big_accept_case()]}
     torch.save(cases, folder / "cases.pt")
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run([sys.executable, __file__, str(folder)], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_interpreted(__file__, folder)
     return {"cases": cases, **torch.load(folder / "outputs.pt")}
 
 
@@ -435,18 +427,7 @@ def test_compiled_kernels_replay_in_a_cuda_graph(slots):
                              static["choices"], max_depth)  # fmt: skip
         return mask, accept
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")  # a host read would raise here
-    try:
-        with torch.cuda.graph(graph):
-            mask, accept = step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    graph, (mask, accept) = capture_without_host_reads(step)
     masks, accepts = [], []
     for case in cases:
         for k, v in static.items():

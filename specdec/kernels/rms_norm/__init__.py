@@ -11,14 +11,15 @@ drafter's stacked norms are one call too. See ``docs/kernels.md``.
 from __future__ import annotations
 
 import math
-import os
 from typing import Literal
 
 import torch
 
-from specdec.kernels._triton import importable
+from specdec.kernels._triton import importable, pick_impl
 
 __all__ = ["FLOAT_DTYPES", "rms_norm", "rms_norm_reference"]
+
+_MODULE = "specdec.kernels.rms_norm.triton"
 
 Impl = Literal["auto", "torch", "triton"]
 
@@ -45,7 +46,7 @@ def rms_norm(
         torch.Tensor: ``x``'s shape, dtype ``torch.promote_types(x.dtype, weight.dtype)``.
     """
     _check_args(x, weight, eps, period)
-    if _pick(impl, x.device) == "torch":
+    if pick_impl(impl, x.device, _MODULE) == "torch":
         return rms_norm_reference(x, weight, eps, period=period)
     from specdec.kernels.rms_norm.triton import rms_norm_triton
 
@@ -82,20 +83,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * x.to(dtype)
 
 
-def _pick(impl: str, device: torch.device) -> str:
-    """``"torch"`` or ``"triton"`` for ``impl`` on ``device``."""
-    if impl not in ("auto", "torch", "triton"):
-        raise ValueError(f"impl={impl!r}: choose 'auto', 'torch' or 'triton'.")
-    on_device = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-    if impl == "triton" and not on_device:
-        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
-    if impl == "auto":
-        return "triton" if on_device and _triton_available() else "torch"
-    return impl
-
-
 def _triton_available() -> bool:
-    return importable("specdec.kernels.rms_norm.triton")
+    return importable(_MODULE)
 
 
 def _check_args(x: torch.Tensor, weight: torch.Tensor, eps: float, period: int) -> None:

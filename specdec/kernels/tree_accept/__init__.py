@@ -9,12 +9,11 @@ read nothing on the host, so they can be captured in a CUDA graph. See ``docs/ke
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 import torch
 
-from specdec.kernels._triton import importable
+from specdec.kernels._triton import importable, pick_impl
 from specdec.trees.device import DeviceTree, ancestor_matrix
 from specdec.verify.device import DeviceAccept, accept_device
 
@@ -25,6 +24,8 @@ __all__ = [
     "tree_mask",
     "tree_mask_reference",
 ]
+
+_MODULE = "specdec.kernels.tree_accept.triton"
 
 Impl = Literal["auto", "torch", "triton"]
 
@@ -54,7 +55,7 @@ def tree_mask(
         torch.Tensor: ``[1, 1, S, capacity]`` of ``dtype``, 0 where visible, ``torch.finfo(dtype).min`` elsewhere.
     """
     _check_mask_args(parents, valid, prefix, capacity, max_depth, dtype)
-    if _pick(impl, parents.device, fits=True) == "torch":
+    if pick_impl(impl, parents.device, _MODULE) == "torch":
         return tree_mask_reference(parents, valid, prefix, capacity, max_depth, dtype)
     from specdec.kernels.tree_accept.triton import tree_mask_triton
 
@@ -120,7 +121,7 @@ def accept_path(
     """
     _check_accept_args(tokens, parents, depth, valid, choices, max_depth)
     fits = tokens.numel() <= MAX_ACCEPT_SLOTS
-    if _pick(impl, tokens.device, fits=fits) == "torch":
+    if pick_impl(impl, tokens.device, _MODULE, fits=fits) == "torch":
         return accept_path_reference(tokens, parents, depth, valid, choices, max_depth)
     if not fits:
         raise ValueError(f"impl='triton' holds at most {MAX_ACCEPT_SLOTS} slots, got {tokens.numel()}; use 'torch'.")
@@ -156,20 +157,8 @@ def accept_path_reference(
     return accept_device(tree, choices, ancestor_matrix(tree, max_depth), max_depth=max_depth)
 
 
-def _pick(impl: str, device: torch.device, *, fits: bool) -> str:
-    """``"torch"`` or ``"triton"`` for ``impl`` on ``device``."""
-    if impl not in ("auto", "torch", "triton"):
-        raise ValueError(f"impl={impl!r}: choose 'auto', 'torch' or 'triton'.")
-    on_device = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-    if impl == "triton" and not on_device:
-        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
-    if impl == "auto":
-        return "triton" if on_device and fits and _triton_available() else "torch"
-    return impl
-
-
 def _triton_available() -> bool:
-    return importable("specdec.kernels.tree_accept.triton")
+    return importable(_MODULE)
 
 
 def _check_int(name: str, value: object, low: int) -> None:

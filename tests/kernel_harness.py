@@ -1,0 +1,47 @@
+"""Shared by the kernel tests: Triton's interpreter in a subprocess, and a strict CUDA-graph capture.
+
+``TRITON_INTERPRET=1`` has to be set before Triton is imported, so the kernel tests save their cases to a folder,
+run their own file as a script there with the interpreter on, and load the outputs it wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_interpreted(script: str | Path, folder: Path, *, timeout: int = 600) -> None:
+    """Run ``python script folder`` with ``TRITON_INTERPRET=1`` and the repo and ``tests/`` importable."""
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script), str(folder)], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def capture_without_host_reads(step):
+    """Run ``step()`` once on a side stream (compilation), then capture it in a CUDA graph with host syncs made
+    errors; returns ``(graph, outputs of the captured call)``."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")  # a host read would raise here
+    try:
+        with torch.cuda.graph(graph):
+            out = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return graph, out
