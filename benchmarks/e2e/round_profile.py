@@ -9,6 +9,9 @@ then (a) replays the captured round graph ``--replays`` times, putting the decod
 function eagerly under ``torch.profiler`` and sums, per phase, the kernels it launched and their GPU time. The
 kernel sum is what the graph costs without launch gaps; the replay time minus that sum is what the graph adds
 (gaps between the kernels of a graph). Phases are the library's own functions, wrapped here by name.
+Triton launches are not linked to the profiler's CPU ranges, so their kernels are taken from the raw trace and
+credited by kernel name to the phase whose function launches them (``TRITON_PHASES``; also to "round"); before
+this, the phase sums left them out.
 Last, a per-call line: wall time of a whole ``generate`` call minus its rounds' replay time (prefill, setup,
 host reads).
 """
@@ -45,6 +48,40 @@ PHASES = {  # label -> (owner, attribute)
     "commit-rec": (fast_engine, "commit_recurrent"),
     "ingest": (DFlashStatic, "ingest"),
 }
+
+
+# The library's Triton kernels, by name, and the phase that launches each (rms_norm runs in the draft and the
+# ingest: credited to "norms").
+TRITON_PHASES = {
+    "_topk_rows_kernel": "build",
+    "_best_first_kernel": "build",
+    "_tree_mask_kernel": "mask",
+    "_accept_path_kernel": "accept",
+    "_tree_gdn_kernel": "verify",
+    "_tree_mamba2_kernel": "verify",
+    "_gdn_path_kernel": "commit-rec",
+    "_rms_norm_kernel": "norms",
+}
+
+
+def _triton_kernels(prof, attributed: set[str]) -> dict[str, list]:
+    """Per phase ``[kernels, GPU us]`` of the library's Triton kernels in the raw trace (names not already
+    credited through a CPU range, so that nothing is counted twice)."""
+    try:
+        events = prof.profiler.kineto_results.events()
+    except AttributeError:  # another profiler build: leave them out, as before
+        logger.warning("raw trace unavailable: Triton kernels are not in the phase sums")
+        return {}
+    out: dict[str, list] = {}
+    for evt in events:
+        label = TRITON_PHASES.get(evt.name())
+        if label is None or evt.name() in attributed or "CUDA" not in str(evt.device_type()):
+            continue
+        for key in (label, "round"):
+            acc = out.setdefault(key, [0, 0.0])
+            acc[0] += 1
+            acc[1] += evt.duration_ns() / 1e3
+    return out
 
 
 @contextlib.contextmanager
@@ -110,6 +147,11 @@ def profile_round(rnd, engine, rounds: int, top: tuple[str, ...] = ()) -> dict[s
             acc = out.setdefault(label, [0, 0.0])
             acc[0] += n
             acc[1] += us
+    attributed = {name for per_label in names.values() for name in per_label}
+    for label, (n, us) in _triton_kernels(prof, attributed).items():
+        acc = out.setdefault(label, [0, 0.0])
+        acc[0] += n
+        acc[1] += us
     if top:
         for label in top:
             ranked = sorted(names.get(label, {}).items(), key=lambda kv: -kv[1][1])[:8]
@@ -187,7 +229,7 @@ def main() -> None:
         per_call = 1e3 * sum(walls) / len(walls) - rep * sum(rounds) / len(rounds)
         rows.append((name, rep, phases, per_call, sum(rounds) / len(rounds)))
         print(f"{name}: replay {rep:.3f} ms", flush=True)
-    labels = [p for p in PHASES if any(p in r[2] for r in rows)]
+    labels = [p for p in [*PHASES, "norms"] if any(p in r[2] for r in rows)]
     print(f"\n# round profile, {args.target}, {torch.cuda.get_device_name(device)}, compile={args.compile}")
     print("per phase: kernels / GPU ms per round (eager run of the round function under the profiler)\n")
     print("| method | graph replay ms | kernel sum ms | kernels | " + " | ".join(labels) + " | other | per-call ms |")
