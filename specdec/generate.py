@@ -14,7 +14,7 @@ import torch
 from transformers import GenerationConfig
 
 from specdec.drafters.base import Drafter
-from specdec.fast.engine import FastEngine, fast_path_reason, tree_slots
+from specdec.fast.engine import FastEngine, fast_path_reason, round_depth, tree_slots
 from specdec.hf_args import check_drafter_and_tree, check_input_ids, generation_value, resolve_generation_args
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
@@ -156,8 +156,20 @@ def generate(
         streamer.put(first.view(1).cpu())
     if engine is not None:
         engine.set_root(first)
-        fast_round = engine.round_for(drafter, tree, sampling, graph=engine.device.type == "cuda", compile=compile)
         stats.path = "fast"
+        path_len = round_depth(drafter, tree) + 1
+        extent = tree_slots(drafter, tree)  # slots a round writes and attends to past its root
+        used: dict = {}  # the rounds (one per span bucket) this call launched
+
+        def launch(in_flight: int):
+            """Launch a round whose span holds it: its prefix is at most the committed length plus ``path_len``
+            per round launched and not read yet."""
+            need = input_ids.shape[1] + len(new_tokens) - 1 + in_flight * path_len + extent
+            rnd = engine.round_for(drafter, tree, sampling, graph=engine.device.type == "cuda", compile=compile,
+                                   span=engine.span_for(need))  # fmt: skip
+            used[id(rnd)] = rnd
+            return rnd, rnd.launch(generator)
+
     elif drafter is not None and not done:
         with timer("draft"):
             drafter.prefill(ctx)
@@ -168,11 +180,11 @@ def generate(
         if engine is not None:
             with timer("round"):
                 if pending is None:
-                    pending = fast_round.launch(generator)
+                    pending = launch(0)
                 # Launch the next round before reading this one (the host's work overlaps the device's) unless
                 # this one may finish the call; a next round that an EOS makes unneeded is dropped.
-                ahead = fast_round.launch(generator) if remaining > fast_round.path_len else None
-                accepted, num_nodes = fast_round.read(pending)
+                ahead = launch(1) if remaining > path_len else None
+                accepted, num_nodes = pending[0].read(pending[1])
                 pending = ahead
             num_accepted = len(accepted) - 1
         else:
@@ -205,7 +217,8 @@ def generate(
     stats.draft_forwards = drafter.num_forwards - draft_forwards_before if drafter is not None else 0
     stats.phase_ms = timer.totals_ms()
     if engine is not None:
-        stats.compile_ms, stats.capture_ms = fast_round.take_setup_ms()
+        setup = [rnd.take_setup_ms() for rnd in used.values()]
+        stats.compile_ms, stats.capture_ms = sum(c for c, _ in setup), sum(c for _, c in setup)
     sequences = torch.cat([input_ids, torch.tensor([new_tokens], dtype=torch.long, device=input_ids.device)], 1)
     return GenerateOutput(sequences=sequences, stats=stats)
 

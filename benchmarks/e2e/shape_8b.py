@@ -26,8 +26,9 @@ from specdec.bench import median_ms
 from specdec.drafters.dflash import DFlashDrafter
 from specdec.fast.engine import FastEngine
 from specdec.fast.graphs import Captured
+from specdec.kernels.tree_accept import tree_mask
 from specdec.target import TargetModel
-from specdec.trees.device import ancestor_matrix, ddtree_device
+from specdec.trees.device import ddtree_device
 from specdec.types import DDTree, SamplingParams
 
 GREEDY = SamplingParams()
@@ -133,6 +134,7 @@ def main() -> None:
     rows: list[tuple[str, float, str]] = []
     prompt = torch.randint(10, cfg.vocab_size - 10, (1, args.prompt), device=device)
     engine = FastEngine.for_target(target, capacity=args.prompt + 1024)
+    span = engine.span_for(args.prompt + 96)  # the span bucket a round at this prompt length uses
 
     def start(d):
         engine.prefill(prompt, d)
@@ -140,7 +142,7 @@ def main() -> None:
 
     # AR step: the whole captured round of plain decoding.
     start(None)
-    ar = engine.round_for(None, None, GREEDY, graph=True)
+    ar = engine.round_for(None, None, GREEDY, graph=True, span=span)
     ar_ms = timed(lambda: ar.captured())
     rows.append(("AR step (captured round)", ar_ms, f"{ar_ms / floor:.2f} x HBM floor (target <= 1.3 with compile)"))
 
@@ -155,10 +157,10 @@ def main() -> None:
             None
         ]
         write = args.prompt + torch.arange(n, device=device)
-        mask = torch.zeros(1, 1, n, engine.capacity, dtype=torch.bfloat16, device=device)
+        mask = torch.zeros(1, 1, n, span, dtype=torch.bfloat16, device=device)
         mask[..., args.prompt + n :] = torch.finfo(torch.bfloat16).min
         step = Captured(
-            lambda ids=ids, pos=pos, mask=mask, write=write: engine.target.forward(ids, pos, mask, write),
+            lambda ids=ids, pos=pos, mask=mask, write=write: engine.target.forward(ids, pos, mask, write, span=span),
             device=device,
             graph=True,
         )
@@ -169,22 +171,22 @@ def main() -> None:
     # Pieces of a DDTree round (each captured alone) and the whole round.
     static = engine._static(drafter)
     prefix = engine.prefix
-    draft = Captured(lambda: static.logq(engine.root, prefix, 15), device=device, graph=True)
+    draft = Captured(lambda: static.logq(engine.root, prefix, 15, span), device=device, graph=True)
     draft_ms = timed(draft)
     rows.append(("drafter block forward (16 slots)", draft_ms, ""))
     builds = {}
     for budget in (15, 31, 63):
-        build = Captured(
-            lambda b=budget: ancestor_matrix(ddtree_device(logq, engine.root, budget=b, topk=8, num_slots=b + 1), 15),
-            device=device,
-            graph=True,
-        )
-        builds[budget] = timed(build)
-        rows.append((f"tree build + ancestors, budget {budget}", builds[budget], ""))
+
+        def build(b=budget):  # as the round builds it: DDTree (Triton where it applies), then the tree mask
+            tree = ddtree_device(logq, engine.root, budget=b, topk=8, num_slots=b + 1, impl="auto", topk_impl="auto")
+            return tree_mask(tree.parents, tree.valid, prefix, span, 15, torch.bfloat16)
+
+        builds[budget] = timed(Captured(build, device=device, graph=True))
+        rows.append((f"tree build + mask, budget {budget}", builds[budget], ""))
     ar_phases = None
     for budget in (15, 31, 63):
         start(drafter)
-        rnd = engine.round_for(drafter, DDTree(budget=budget, topk=8), GREEDY, graph=True)
+        rnd = engine.round_for(drafter, DDTree(budget=budget, topk=8), GREEDY, graph=True, span=span)
         ms = timed(lambda rnd=rnd: rnd.captured())
         note = f"{ms / floor_round:.2f} x (target+drafter bytes)/bandwidth (target <= 1.25)" if budget == 31 else ""
         rows.append((f"DDTree round, budget {budget} (captured)", ms, note))
@@ -223,7 +225,7 @@ def main() -> None:
         ):
             start(d)
             c0 = time.perf_counter()
-            rnd = engine.round_for(d, tree, GREEDY, graph=True, compile=True)
+            rnd = engine.round_for(d, tree, GREEDY, graph=True, compile=True, span=span)
             rnd.captured()
             compile_s = time.perf_counter() - c0
             ms = timed(lambda rnd=rnd: rnd.captured())

@@ -119,12 +119,14 @@ class DFlashStatic:
         src = torch.stack((k, v)).permute(2, 0, 3, 1, 4)  # [L, 2, H_kv, R, D]
         self.kv.index_copy_(4, positions, src[:, :, None].to(self.kv.dtype))
 
-    def _bias_mask(self, prefix: torch.Tensor, window: int | None, dtype) -> torch.Tensor:
-        """Additive mask over the storage slots: ``[1, 1, 1, C]``, or ``[1, 1, rep*B, C]`` when rows differ."""
+    def _bias_mask(self, prefix: torch.Tensor, window: int | None, dtype, span: int) -> torch.Tensor:
+        """Additive mask over the first ``span`` storage slots: ``[1, 1, 1, span]``, or ``[1, 1, rep*B, span]`` when
+        rows differ (causal or sliding-window layers)."""
         cfg = self.drafter.config
-        keep = (self.slots < prefix + cfg.block_size)[None]  # [1, C]: the context and the block
+        slots = self.slots[:span]
+        keep = (slots < prefix + cfg.block_size)[None]  # [1, span]: the context and the block
         if cfg.causal or window:
-            rel = (prefix + self.offsets)[:, None] - self.slots[None]  # [B, C]
+            rel = (prefix + self.offsets)[:, None] - slots[None]  # [B, span]
             keep = keep & (rel >= 0) if cfg.causal else keep.expand(rel.shape[0], -1)
             if window:
                 keep = keep & (rel < window)
@@ -132,14 +134,16 @@ class DFlashStatic:
         bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
         return bias.masked_fill_(~keep, torch.finfo(dtype).min)[None, None]
 
-    def logq(self, root: torch.Tensor, prefix: torch.Tensor, depth: int) -> torch.Tensor:
+    def logq(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int | None = None) -> torch.Tensor:
         """Per-depth log-probabilities ``[depth, V]`` (fp32) of the block ``[root, MASK x (B-1)]`` at ``prefix``.
 
         Args:
             root (torch.Tensor): ``[1]`` int64, the last committed token (not yet in the context).
             prefix (torch.Tensor): 0-d int64, its position (= number of context rows held).
             depth (int): rows wanted (block slots 1..depth).
+            span (int | None): slots attended over, ``[0, span)``, at least ``prefix + B``; None = the capacity.
         """
+        span = span or self.capacity
         drafter, model, cfg = self.drafter, self.drafter.model, self.drafter.config
         size, heads, kv_heads, head_dim = cfg.block_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         positions = prefix + self.offsets  # [B]
@@ -147,7 +151,7 @@ class DFlashStatic:
         biases: dict = {}
         for i, (layer, window) in enumerate(zip(model.layers, cfg.sliding_windows, strict=True)):
             if window not in biases:
-                biases[window] = self._bias_mask(prefix, window, x.dtype)
+                biases[window] = self._bias_mask(prefix, window, x.dtype, span)
             attn, h = layer.self_attn, self._norm(layer.input_layernorm, x)
             q = self._rope(self._norm(attn.q_norm, attn.q_proj(h).view(size, heads, head_dim)), positions)
             k = self._rope(self._norm(attn.k_norm, attn.k_proj(h).view(size, kv_heads, head_dim)), positions)
@@ -155,9 +159,8 @@ class DFlashStatic:
             self.kv[i].index_copy_(3, positions, torch.stack((k, v)).transpose(1, 2)[:, None].to(self.kv.dtype))
             # Heads g*rep .. g*rep+rep-1 share key/value head g: stack them along the query axis.
             q = q.transpose(0, 1).reshape(1, kv_heads, self.rep * size, head_dim)
-            out = F.scaled_dot_product_attention(
-                q, self.kv[i, 0], self.kv[i, 1], attn_mask=biases[window], scale=head_dim**-0.5
-            )
+            keys, values = self.kv[i, 0, :, :, :span], self.kv[i, 1, :, :, :span]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=biases[window], scale=head_dim**-0.5)
             x = x + attn.o_proj(out.reshape(heads, size, head_dim).transpose(0, 1).reshape(size, -1))
             x = x + layer.mlp(self._norm(layer.post_attention_layernorm, x))
         return drafter.block_logq(self._norm(model.norm, x)[None], depth)

@@ -32,13 +32,14 @@ from specdec.trees.device import DeviceTree, chain_device, ddtree_device, root_t
 from specdec.types import Chain, DDTree, SamplingParams, TreeSpec
 from specdec.verify.device import target_choices
 
-__all__ = ["BUCKET", "FastEngine", "bucket_size", "fast_path_reason", "tree_slots"]
+__all__ = ["BUCKET", "SPAN_MIN", "FastEngine", "bucket_size", "fast_path_reason", "tree_slots"]
 
 logger = logging.getLogger(__name__)
 
 BUCKET = 16  # trees are padded to a multiple of this many nodes
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this many tokens for the captured prefill
 PREFILL_CAPTURE_MAX = 512  # longer prompts are prefilled eagerly (their compute hides the kernel launches)
+SPAN_MIN = 256  # rounds attend over the first SPAN_MIN * 2**k slots of the storage (one graph per span in use)
 # The DDTree selection inside rounds: "auto" (default: the one-launch Triton kernel on CUDA, tensor ops
 # elsewhere), "torch" or "triton" (docs/kernels.md).
 _DDTREE_IMPL = os.environ.get("SPECDEC_DDTREE_IMPL", "auto")
@@ -86,8 +87,23 @@ def _model_depth(drafter: ModelDrafter, tree: TreeSpec) -> int:
     return tree.k if isinstance(tree, Chain) else min(tree.budget, drafter.tree_depth)
 
 
+def round_depth(drafter, tree: TreeSpec | None) -> int:
+    """Deepest draft node of a round (0 for plain decoding); a round commits at most this + 1 tokens."""
+    if drafter is None:
+        return 0
+    if isinstance(drafter, ModelDrafter):
+        return _model_depth(drafter, tree)
+    block_depth = drafter.config.block_size - 1
+    return min(tree.k, block_depth) if isinstance(tree, Chain) else block_depth
+
+
 class _Round:
-    """One captured speculative round for a fixed (drafter, tree spec, sampling) on an engine."""
+    """One captured speculative round for a fixed (drafter, tree spec, sampling, span) on an engine.
+
+    The target and the DFlash drafter attend over the first ``span`` slots of the static storage only (the
+    committed prefix, the tree and the block must fit); ``generate`` picks the smallest span bucket that holds the
+    round, so attention and masks cost in proportion to the sequence, not to the storage's capacity.
+    """
 
     def __init__(
         self,
@@ -98,17 +114,14 @@ class _Round:
         sampling: SamplingParams,
         graph: bool,
         compile: bool | str,
+        span: int | None = None,
     ) -> None:
         self.engine, self.drafter, self.static, self.tree, self.sampling = engine, drafter, static, tree, sampling
+        self.span = span or engine.capacity
+        self.keys = engine.target.keys[: self.span]
         device = engine.device
-        if drafter is None:
-            self.depth, self.slots = 0, 1
-        elif isinstance(drafter, ModelDrafter):
-            self.depth, self.slots = _model_depth(drafter, tree), bucket_size(tree.budget + 1)
-        else:
-            block_depth = drafter.config.block_size - 1
-            self.depth = min(tree.k, block_depth) if isinstance(tree, Chain) else block_depth
-            self.slots = bucket_size(tree.budget + 1)
+        self.depth = round_depth(drafter, tree)
+        self.slots = 1 if drafter is None else bucket_size(tree.budget + 1)
         self.path_len = self.depth + 1
         self.taps = getattr(drafter, "target_layer_ids", None)
         self.draft_forwards = self.depth if isinstance(drafter, ModelDrafter) else 1
@@ -138,7 +151,7 @@ class _Round:
             self.static.record(engine.root, engine.prefix)
             logq = self.static.logq(engine.prefix, self.depth)
         else:
-            logq = self.static.logq(engine.root, engine.prefix, self.depth)
+            logq = self.static.logq(engine.root, engine.prefix, self.depth, self.span)
         if isinstance(self.tree, DDTree):
             return ddtree_device(
                 logq,
@@ -155,8 +168,8 @@ class _Round:
         """Plain decoding: the root alone, no tree, no commit (its K/V already sits at slot ``prefix``)."""
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix
-        mask = target.additive_mask((target.keys <= prefix)[None])
-        logits, _ = target.forward(engine.root[None], prefix.view(1, 1), mask, prefix.view(1))
+        mask = target.additive_mask((self.keys <= prefix)[None])
+        logits, _ = target.forward(engine.root[None], prefix.view(1, 1), mask, prefix.view(1), span=self.span)
         choice = target_choices(logits, self.sampling, self.uniform)
         self.out[:1].copy_(choice)
         engine.root.copy_(choice)
@@ -168,16 +181,16 @@ class _Round:
         tree = self._build()
         # Node i sits at slot prefix + i and position prefix + depth[i]; it sees the committed prefix and its
         # ancestors; padding nodes see only themselves (one Triton launch on CUDA).
-        mask = tree_mask(tree.parents, tree.valid, prefix, target.capacity, self.depth, target.target.dtype)
+        mask = tree_mask(tree.parents, tree.valid, prefix, self.span, self.depth, target.target.dtype)
         write_index = prefix + self.arange
         args = (tree.tokens[None], (prefix + tree.depth)[None], mask, write_index, self.taps)
         if self.hybrid is None:
-            logits, hidden = target.forward(*args)
+            logits, hidden = target.forward(*args, span=self.span)
         else:  # recurrent mixers run through their adapters over the device topology
             rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
                               topo=DeviceTopology(tree))  # fmt: skip
             with _swapped_forwards(self.hybrid.adapters, rnd):
-                logits, hidden = target.forward(*args)
+                logits, hidden = target.forward(*args, span=self.span)
         choices = target_choices(logits, self.sampling, self.uniform)
         accept = accept_path(tree.tokens, tree.parents, tree.depth, tree.valid, choices, self.depth)
         if self.depth:
@@ -266,13 +279,14 @@ class _Prefill:
         device = engine.device
         self.engine, self.drafter, self.static = engine, drafter, static
         self.taps = getattr(drafter, "target_layer_ids", None)
+        self.size = size
         self.ids = torch.zeros(1, size, dtype=torch.long, device=device)
         self.last = torch.zeros(1, dtype=torch.long, device=device)  # the last prompt row, whose logits we keep
         self.positions = torch.arange(size, device=device)
         state = engine.target.target.state
         self.hybrid = state if isinstance(state, HybridState) else None
         if self.hybrid is None:
-            self.mask = engine.target.causal_mask(self.positions)
+            self.mask = engine.target.causal_mask(self.positions, span=size)  # the prompt attends within itself
         else:
             self.length = torch.zeros((), dtype=torch.long, device=device)
         self.logits: torch.Tensor | None = None
@@ -282,7 +296,7 @@ class _Prefill:
         target = self.engine.target
         if self.hybrid is None:
             logits, hidden = target.forward(
-                self.ids, self.positions[None], self.mask, self.positions, self.taps, rows=self.last
+                self.ids, self.positions[None], self.mask, self.positions, self.taps, rows=self.last, span=self.size
             )
         else:
             logits, hidden = self._run_chain()
@@ -306,13 +320,13 @@ class _Prefill:
             valid=real,
             num_nodes=n,
         )
-        keys = target.keys[None]
+        keys = target.keys[None, : self.size]
         visible = (keys <= slots[:, None]) & real[:, None] | (keys == slots[:, None])
         rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
                           topo=DeviceTopology(tree))  # fmt: skip
         with _swapped_forwards(self.hybrid.adapters, rnd):
             logits, hidden = target.forward(
-                self.ids, slots[None], target.additive_mask(visible), slots, self.taps, rows=self.last
+                self.ids, slots[None], target.additive_mask(visible), slots, self.taps, rows=self.last, span=self.size
             )
         for adapter in self.hybrid.adapters:
             commit_recurrent(adapter, rnd, slots, n)
@@ -423,19 +437,37 @@ class FastEngine:
     def set_root(self, token: torch.Tensor) -> None:
         self.root.copy_(token.view(1))
 
+    def span_for(self, need: int) -> int:
+        """The span bucket of a round that must see slots ``[0, need)``: the smallest ``SPAN_MIN * 2**k`` that holds
+        them, or the whole capacity."""
+        span = SPAN_MIN
+        while span < need:
+            span *= 2
+        return min(span, self.capacity)
+
     def round_for(
-        self, drafter, tree: TreeSpec | None, sampling: SamplingParams, *, graph: bool, compile: bool | str = False
+        self,
+        drafter,
+        tree: TreeSpec | None,
+        sampling: SamplingParams,
+        *,
+        graph: bool,
+        compile: bool | str = False,
+        span: int | None = None,
     ) -> _Round:
-        """The (cached) round of this drafter, tree and sampling; built and captured on first use."""
+        """The (cached) round of this drafter, tree, sampling and span (None: the capacity); built and captured on
+        first use."""
+        span = min(span or self.capacity, self.capacity)
         key = (
             id(drafter) if drafter is not None else None,
             tree if drafter is not None else None,
             sampling,
             graph,
             compile,
+            span,
         )
         rnd = self._rounds.get(key)
         if rnd is None or rnd.drafter is not drafter:
-            rnd = _Round(self, drafter, self._static(drafter), tree, sampling, graph, compile)
+            rnd = _Round(self, drafter, self._static(drafter), tree, sampling, graph, compile, span)
             self._rounds[key] = rnd
         return rnd

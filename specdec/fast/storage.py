@@ -3,9 +3,9 @@
 All layers live in a single tensor ``kv [L, 2, 1, H_kv, capacity, D]`` so that a commit moves the accepted rows
 of every layer with one gather and one scatter. HF attention layers reach it through ``StaticKVCache`` (an HF
 ``Cache`` whose ``update`` writes the new keys/values at the slots held in ``write_index``, a device tensor
-filled before each forward, and returns the whole capacity). The attention mask decides which slots a query
-sees, so stale rows past the committed length are never read. Works the same on transformers 5.17 and newer:
-nothing here relies on HF's own static-cache bookkeeping.
+filled before each forward, and returns the first ``span`` slots, set per forward). The attention mask decides
+which of those slots a query sees, so stale rows past the committed length are never read. Works the same on
+transformers 5.17 and newer: nothing here relies on HF's own static-cache bookkeeping.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ class StaticKV:
         self.kv = torch.zeros(num_layers, 2, 1, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
         # Slots written by the next forward; replaced by a tensor of the forward's length before each call.
         self.write_index = torch.zeros(1, dtype=torch.long, device=device)
+        # Slots the next forward attends over (``[0, span)``); set before each call, fixed inside a captured graph.
+        self.span = capacity
 
 
 class _StaticLayer(CacheLayerMixin):
@@ -57,13 +59,13 @@ class _StaticLayer(CacheLayerMixin):
         return None
 
     def update(self, key_states, value_states, *args, **kwargs):
-        index = self.storage.write_index
+        index, span = self.storage.write_index, self.storage.span
         self.keys.index_copy_(2, index, key_states.to(self.keys.dtype))
         self.values.index_copy_(2, index, value_states.to(self.values.dtype))
-        return self.keys, self.values
+        return self.keys[:, :, :span], self.values[:, :, :span]
 
     def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
-        return self.storage.capacity, 0
+        return self.storage.span, 0
 
     def get_seq_length(self) -> int:
         return 0  # positions and masks are always passed explicitly
@@ -180,14 +182,17 @@ class StaticModel:
             static.conv_states.copy_(_state_tensor(cache.layers[i], "conv_states"))
             static.recurrent_states.copy_(_state_tensor(cache.layers[i], "recurrent_states"))
 
-    def causal_mask(self, positions: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
-        """Additive mask ``[1, 1, Q, capacity]``: query q sees the slots ``<= positions[q]`` (where ``visible``).
+    def causal_mask(
+        self, positions: torch.Tensor, visible: torch.Tensor | None = None, span: int | None = None
+    ) -> torch.Tensor:
+        """Additive mask ``[1, 1, Q, span]``: query q sees the slots ``<= positions[q]`` (where ``visible``).
 
         Args:
             positions (torch.Tensor): ``[Q]`` int64 slot (= position) of each query.
-            visible (torch.Tensor | None): ``[Q, capacity]`` bool restricting it further (None: no restriction).
+            visible (torch.Tensor | None): ``[Q, span]`` bool restricting it further (None: no restriction).
+            span (int | None): slots attended over, ``[0, span)``; None = the whole capacity.
         """
-        seen = self.keys[None] <= positions[:, None]
+        seen = self.keys[: span or self.capacity][None] <= positions[:, None]
         return self.additive_mask(seen if visible is None else seen & visible)
 
     def additive_mask(self, seen: torch.Tensor) -> torch.Tensor:
@@ -196,10 +201,12 @@ class StaticModel:
         mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
         return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
 
-    def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, rows=None):
+    def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, rows=None, span=None):
         """Logits ``[N, V]`` (``[R, V]`` for ``rows``, see ``TargetModel._forward``) and taps ``[1, N, K*H]``
-        (or None) of one forward writing K/V at ``write_index``."""
+        (or None) of one forward writing K/V at ``write_index`` and attending over slots ``[0, span)`` (None: the
+        whole capacity; ``mask`` is ``[1, 1, N, span]``)."""
         self.storage.write_index = write_index
+        self.storage.span = span or self.capacity
         return self.target._forward(
             ids,
             position_ids=positions,

@@ -93,6 +93,9 @@ def check_static_forwards(target, variant: str, norm_impl: str) -> None:
         want = drafter.draft_logq(ctx, depth=cfg.block_size - 1)
         got = static.logq(ids[0, committed].view(1), torch.tensor(committed), cfg.block_size - 1)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        span = committed + cfg.block_size + committed % 3  # attending over fewer slots changes nothing
+        got = static.logq(ids[0, committed].view(1), torch.tensor(committed), cfg.block_size - 1, span)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         step = min(1 + committed % 5, 29 - committed)  # accepted path lengths 1..5
         rows = hidden[:, committed : committed + step]
         drafter.commit(DecodeContext(input_ids=ids[:, : committed + step + 1], target_hidden=rows), None)

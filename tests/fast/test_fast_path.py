@@ -232,3 +232,20 @@ def test_fast_sampling_matches_hf_processed_distribution():
     observed = torch.tensor([counts[k] for k in keys])
     assert gof_pvalue(observed, torch.tensor([joint[k] for k in keys])) > 1e-3
     assert gof_pvalue(observed, torch.tensor([wrong[k] for k in keys])) < 1e-3
+
+
+def test_rounds_switch_span_buckets_as_the_sequence_grows():
+    """Past SPAN_MIN committed slots the rounds move to a larger span bucket (a second graph): still HF greedy."""
+    from specdec.fast.engine import SPAN_MIN
+
+    target = tiny_model("qwen3", scale=2.0)
+    drafter = sharp_drafter(target)
+    ids = prompt(n=20, seed=4)
+    new = SPAN_MIN + 40
+    ref = target.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    for d, tree in ((None, None), (drafter, specdec.DDTree(budget=12, topk=3))):
+        out = specdec.generate(target, ids, drafter=d, tree=tree, max_new_tokens=new, cuda_graphs=True)
+        assert out.stats.path == "fast" and torch.equal(out.sequences, ref), tree
+        engine = FastEngine._engines[target]
+        spans = {key[-1] for key, rnd in engine._rounds.items() if rnd.drafter is d}
+        assert SPAN_MIN in spans and max(spans) > SPAN_MIN, spans
