@@ -36,7 +36,10 @@ __all__ = ["BUCKET", "SPAN_MIN", "FastEngine", "bucket_size", "fast_path_reason"
 
 logger = logging.getLogger(__name__)
 
-BUCKET = 16  # trees are padded to a multiple of this many nodes
+# Trees are padded to a multiple of this many nodes. Each tree spec has its own captured round anyway, so 1 (a round
+# of budget B runs in exactly B + 1 slots; padding only where fewer nodes are reachable) wastes no slot; 16 was the
+# first setting (the 2026-11-30 tables of docs/performance.md and docs/hybrid.md: 16 / 48 / 80 slots at b15/32/64).
+BUCKET = 1
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this many tokens for the captured prefill
 PREFILL_CAPTURE_MAX = 512  # longer prompts are prefilled eagerly (their compute hides the kernel launches)
 SPAN_MIN = 256  # rounds attend over the first SPAN_MIN * 2**k slots of the storage (one graph per span in use)
