@@ -41,6 +41,28 @@ def test_fast_path_fp32_equals_hf_greedy(zoo, tree):
         assert torch.equal(out.sequences, ref)
 
 
+def test_fast_path_fp32_across_span_buckets(zoo):
+    """Long generations cross span buckets (a second captured graph per round kind), DFlash norms in one launch."""
+    import specdec.drafters.dflash_static as dflash_static
+    from specdec.fast.engine import SPAN_MIN, FastEngine
+
+    model, drafter, prompts = _setup(zoo, torch.float32)
+    # read when the engine builds the drafter's static forwards
+    saved, dflash_static._NORM_IMPL = dflash_static._NORM_IMPL, "auto"
+    try:
+        FastEngine._engines.pop(model, None)
+        for ids in prompts[:3]:
+            new = SPAN_MIN + 64
+            ref = model.generate(ids, max_new_tokens=new, do_sample=False)
+            out = specdec.generate(model, ids, drafter=drafter, tree=specdec.DDTree(budget=32, topk=8),
+                                   max_new_tokens=new)  # fmt: skip
+            assert out.stats.path == "fast" and torch.equal(out.sequences, ref)
+        spans = {key[-1] for key in FastEngine._engines[model]._rounds}
+        assert len(spans) > 1, spans
+    finally:
+        dflash_static._NORM_IMPL = saved
+
+
 def test_fast_path_bf16_matches_eager_share(zoo):
     model, drafter, prompts = _setup(zoo, torch.bfloat16)
     tree = specdec.DDTree(budget=32, topk=8)
