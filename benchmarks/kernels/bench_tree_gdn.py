@@ -2,11 +2,13 @@
 
 Providers: ``tree_scan`` (the adapter's former path: ``tree_scan`` + ``gdn_step``, level-synchronous),
 ``reference`` (``tree_gdn_reference``, level-synchronous), ``compiled`` (the reference with its per-depth step
-under ``torch.compile``), ``triton`` (one fused launch) and ``triton-graph`` (the same launch replayed in a CUDA
-graph: kernel time without the host's launch overhead). Shapes: the zoo hybrid target's GDN layer and a
-Qwen3.5-27B-like layer; trees: a chain and a random tree (uniform random parents), N = 16 .. 128 nodes.
+under ``torch.compile``), ``triton`` (one fused launch, the default schedule) and ``triton-graph`` (the same launch
+replayed in a CUDA graph: kernel time without the host's launch overhead), and each schedule forced, graph-replayed:
+``nodes-graph`` (one walk over the nodes) and ``paths-graph`` (one program per node replays its path). Shapes: the
+zoo hybrid target's GDN layer, a Qwen3.5-8B-like and a Qwen3.5-27B-like layer; trees: a chain, a random tree
+(uniform random parents) and a DDTree-like tree (random parents at most 15 deep: a 16-token block), N = 16 .. 128.
 
-    python benchmarks/kernels/bench_tree_gdn.py [--device cuda] [--out bench_out/kernels]
+    python benchmarks/kernels/bench_tree_gdn.py [--device cuda] [--out bench_out/kernels] [--providers ...]
 
 Prints a table (median ms, speedup of Triton over ``tree_scan``, Triton's GB/s over its minimal traffic) and a
 sweep of launch configurations; writes both as CSV under ``--out`` (an ignored folder).
@@ -34,9 +36,10 @@ from specdec.types import DraftTree
 
 REPO = Path(__file__).resolve().parents[2]
 ZOO_CONFIG = REPO.parent / "shared" / "zoo" / "target-hybrid" / "config.json"
-PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph"]
+PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph", "nodes-graph", "paths-graph"]
 NODES = [16, 32, 64, 128]
-TREES = ["chain", "random"]
+TREES = ["chain", "random", "ddtree"]
+MAX_DEPTH = 15  # "ddtree" trees: a DDTree over a 16-token block has its nodes at depths 1..15 below the root
 
 
 def shapes() -> dict[str, dict[str, int]]:
@@ -49,13 +52,32 @@ def shapes() -> dict[str, dict[str, int]]:
             "k": cfg["linear_key_head_dim"],
             "v": cfg["linear_value_head_dim"],
         }
-    return {"zoo-hybrid": zoo, "qwen3.5-27b": {"hv": 48, "h": 16, "k": 128, "v": 128}}
+    return {
+        "zoo-hybrid": zoo,
+        "qwen3.5-8b": {"hv": 32, "h": 16, "k": 128, "v": 128},
+        "qwen3.5-27b": {"hv": 48, "h": 16, "k": 128, "v": 128},
+    }
+
+
+def make_parents(tree: str, n: int, gen: torch.Generator) -> list[int]:
+    parents, depth = [-1], [0]
+    for i in range(1, n):
+        if tree == "chain":
+            parent = i - 1
+        elif tree == "random":
+            parent = int(torch.randint(0, i, (1,), generator=gen))
+        else:  # ddtree: any node above MAX_DEPTH may take children
+            open_nodes = [j for j in range(i) if depth[j] < MAX_DEPTH]
+            parent = open_nodes[int(torch.randint(0, len(open_nodes), (1,), generator=gen))]
+        parents.append(parent)
+        depth.append(depth[parent] + 1)
+    return parents
 
 
 def make_inputs(shape: dict[str, int], n: int, tree: str, device: torch.device, seed: int = 0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     hv, h, k, v = shape["hv"], shape["h"], shape["k"], shape["v"]
-    parents = [-1] + [i - 1 if tree == "chain" else int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+    parents = make_parents(tree, n, gen)
     inputs = dict(
         init_state=torch.randn(hv, k, v, generator=gen),
         q=F.normalize(torch.randn(n, hv, k, generator=gen), dim=-1) * k**-0.5,
@@ -106,14 +128,15 @@ class Runner:
             return None
         from specdec.kernels.tree_gdn.triton import tree_gdn_triton
 
-        return lambda: tree_gdn_triton(**inputs)
+        walk = provider.removesuffix("-graph") if provider in ("nodes-graph", "paths-graph") else "auto"
+        return lambda: tree_gdn_triton(**inputs, walk=walk)
 
     def bench(self, n: int, provider: str, shape_name: str, tree: str) -> tuple[float, float, float]:
         inputs = make_inputs(shapes()[shape_name], n, tree, self.device)
         fn = self.fn(provider, inputs)
         try:
             ms = (
-                time_call(fn, self.device, graph=provider == "triton-graph", rep=50)
+                time_call(fn, self.device, graph=provider.endswith("-graph"), rep=50)
                 if fn is not None
                 else (math.nan,) * 3
             )
@@ -135,7 +158,10 @@ def main() -> None:
     default = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
     parser.add_argument("--device", default=str(default))
     parser.add_argument("--out", default=str(REPO / "bench_out" / "kernels"))
+    parser.add_argument("--providers", nargs="+", default=PROVIDERS, choices=PROVIDERS)
+    parser.add_argument("--no-sweep", action="store_true", help="skip the launch-configuration sweep")
     args = parser.parse_args()
+    providers = [p for p in PROVIDERS if p in args.providers]
     device = torch.device(args.device)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -148,8 +174,8 @@ def main() -> None:
             x_names=["n"],
             x_vals=NODES,
             line_arg="provider",
-            line_vals=PROVIDERS,
-            line_names=PROVIDERS,
+            line_vals=providers,
+            line_names=providers,
             plot_name=f"tree_gdn-{shape_name}-{tree}",
             args={"shape_name": shape_name, "tree": tree},
             ylabel="ms",
@@ -163,16 +189,16 @@ def main() -> None:
     for shape_name, shape in shapes().items():
         for tree in TREES:
             for n in NODES:
-                ms = {p: runner.results[(shape_name, tree, n, p)] for p in PROVIDERS}
+                ms = {p: runner.results.get((shape_name, tree, n, p), math.nan) for p in PROVIDERS}
                 gbps = min_bytes(shape, n) / (ms["triton"] * 1e-3) / 1e9
                 rows.append(
-                    {"shape": shape_name, "tree": tree, "n": n, **ms, "speedup": ms["tree_scan"] / ms["triton"]}
-                    | {"triton_gbps": gbps}
+                    {"shape": shape_name, "tree": tree, "n": n, **{p: ms[p] for p in providers}}
+                    | {"speedup": ms["tree_scan"] / ms["triton"], "triton_gbps": gbps}
                 )
-    header = ["shape", "tree", "n", *PROVIDERS, "speedup", "triton_gbps"]
+    header = ["shape", "tree", "n", *providers, "speedup", "triton_gbps"]
     print_table(rows, header)
     write_csv(out_dir / "tree_gdn.csv", rows, header)
-    if device.type == "cuda":
+    if device.type == "cuda" and not args.no_sweep:
         sweep = _sweep(runner)
         print_table(sweep, list(sweep[0]))
         write_csv(out_dir / "tree_gdn_configs.csv", sweep, list(sweep[0]))
@@ -180,19 +206,22 @@ def main() -> None:
 
 
 def _sweep(runner: Runner) -> list[dict]:
-    """Launch configurations of the kernel at N = 64 (random tree): value block x warps."""
+    """Launch configurations of both schedules at N = 64 (DDTree-like tree): value block x warps."""
     from specdec.kernels.tree_gdn.triton import _launch_config, _tree_gdn
 
     rows = []
     for shape_name, shape in shapes().items():
-        inputs = make_inputs(shape, 64, "random", runner.device)
+        inputs = make_inputs(shape, 64, "ddtree", runner.device)
         default = _launch_config(shape["k"], shape["v"])
         for block_v in (8, 16, 32):
             for num_warps in (1, 2, 4):
-                fn = functools.partial(_tree_gdn, **inputs, block_v=block_v, num_warps=num_warps)
-                ms = time_call(fn, runner.device)[0]
+                ms = {}
+                for walk in ("nodes", "paths"):
+                    fn = functools.partial(_tree_gdn, **inputs, block_v=block_v, num_warps=num_warps, walk=walk)
+                    ms[walk] = time_call(fn, runner.device, graph=True)[0]
                 rows.append(
-                    {"shape": shape_name, "block_v": block_v, "num_warps": num_warps, "triton": ms}
+                    {"shape": shape_name, "block_v": block_v, "num_warps": num_warps}
+                    | {"nodes-graph": ms["nodes"], "paths-graph": ms["paths"]}
                     | {"default": "*" if (block_v, num_warps) == default else ""}
                 )
     return rows

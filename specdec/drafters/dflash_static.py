@@ -20,9 +20,10 @@ from specdec.kernels.rms_norm import rms_norm
 
 __all__ = ["DFlashStatic"]
 
-# The drafter's RMSNorms on the fast path: "torch" (default: the module's own ops, about eight kernels per norm)
-# or "auto" / "triton" (``specdec.kernels.rms_norm``, one launch per norm on CUDA; opt-in until timed on a GPU).
-_NORM_IMPL = os.environ.get("SPECDEC_DFLASH_NORM", "torch")
+# The drafter's RMSNorms on the fast path: "auto" (default: ``specdec.kernels.rms_norm``, one Triton launch per
+# norm on CUDA, the module's own ops elsewhere), "triton" (always the kernel) or "torch" (the module's own ops,
+# about eight kernels per norm on CUDA).
+_NORM_IMPL = os.environ.get("SPECDEC_DFLASH_NORM", "auto")
 
 
 class DFlashStatic:
@@ -35,7 +36,7 @@ class DFlashStatic:
         drafter (DFlashDrafter): bound to its target (``validate`` was called).
         capacity (int): context slots (>= prompt + new tokens + block size).
         norm_impl (str | None): the RMSNorms: ``"torch"`` (the modules' own ops), ``"auto"`` or ``"triton"``
-            (``specdec.kernels.rms_norm``); None = ``SPECDEC_DFLASH_NORM`` (default ``"torch"``).
+            (``specdec.kernels.rms_norm``); None = ``SPECDEC_DFLASH_NORM`` (default ``"auto"``: the kernel on CUDA).
     """
 
     def __init__(self, drafter, capacity: int, *, norm_impl: str | None = None) -> None:

@@ -10,7 +10,10 @@ Agreement with the reference (the fp32 sum of squares is added in another order)
 outputs are within rtol 2e-6, atol 1e-6. With bf16 / fp16 ``x`` the normalised value is rounded to x's dtype
 before the weight multiply, so a tiny fp32 difference can move it to the neighbouring value near a rounding
 midpoint (and a half output then by up to 2 ulps, not 1): every element must equal the reference or that product
-with the other neighbour of the exact ``x / rms``, and at least 99.9 % must be equal.
+with the other neighbour of the exact ``x / rms``, and at least 99.5 % must be equal. (Compiled on an H200 the
+GPU's reduction order put 0.10 % of the bf16 -> fp32 outputs on the other neighbour, 892 of 878306, mostly in
+the long D = 4100 rows; the interpreter about 0.001 %. A conversion that truncates instead of rounding puts about
+half of them there; a wrong tie rule gives values outside the two neighbours' products.)
 """
 
 from __future__ import annotations
@@ -218,7 +221,7 @@ def compare(cases_: list[dict], outputs: list[torch.Tensor], *, oracle: bool = T
     """Each output against the reference (and the float64 oracle). With fp32 / fp64 ``x`` the outputs are within
     rtol 2e-6, atol 1e-6. With bf16 / fp16 ``x`` every element equals the reference or the weight times one of
     the two values of x's dtype around the exact ``x / rms`` (``bracket_products``; half outputs are then at most
-    2 ulps apart), and at least 99.9 % are equal. Returns ``{(x dtype, out dtype): [equal, total]}`` for those."""
+    2 ulps apart), and at least 99.5 % are equal. Returns ``{(x dtype, out dtype): [equal, total]}`` for those."""
     assert len(outputs) == len(cases_)
     counts: dict = {}
     for case, got in zip(cases_, outputs, strict=True):
@@ -240,7 +243,7 @@ def compare(cases_: list[dict], outputs: list[torch.Tensor], *, oracle: bool = T
         if oracle:
             check_oracle(case, got)
     for key, (equal, total) in counts.items():
-        assert equal >= 0.999 * total, (key, equal, total)
+        assert equal >= 0.995 * total, (key, equal, total)
     return counts
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ class Case:
     hv: int
     k: int
     v: int
-    tree: str  # chain | bush | random | deep (mostly chains, with random branch points)
+    tree: str  # chain | bush | random | forest (random, several roots) | deep (mostly chains, random branch points)
     h: int = 0  # key heads (0: same as hv)
     dtype: torch.dtype = torch.float32  # of v
     block_v: int = 0  # 0: the kernel's default launch config
@@ -56,6 +57,8 @@ def make_parents(tree: str, n: int, gen: torch.Generator) -> list[int]:
             parents.append(0)
         elif tree == "random":
             parents.append(int(torch.randint(0, i, (1,), generator=gen)))
+        elif tree == "forest":  # several roots (e.g. the chain-tree prefill's one-node padding roots)
+            parents.append(int(torch.randint(-1, i, (1,), generator=gen)))
         elif tree == "deep":
             branch = bool(torch.rand((), generator=gen) < 0.3)
             parents.append(int(torch.randint(0, i, (1,), generator=gen)) if branch else i - 1)
@@ -130,10 +133,12 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
 REFERENCE_CASES = [
     Case(n, hv, kd, vd, tree, h=h)
     for n in (1, 7, 16, 63, 65)
-    for tree in ("chain", "bush", "random", "deep")
+    for tree in ("chain", "bush", "random", "forest", "deep")
     for hv, h, kd, vd in ((1, 0, 16, 32), (4, 2, 64, 48))
     if not (n == 1 and tree != "chain")
 ] + [Case(33, 4, 32, 16, "random", dtype=torch.bfloat16), Case(33, 4, 32, 16, "deep", dtype=torch.float16)]
+
+WALKS = ("paths", "nodes")  # the kernel's two schedules: one program per node's path, one walk over the nodes
 
 # the interpreter is slow (cost ~ programs x nodes): small heads for the long trees
 TRITON_CASES = [
@@ -149,18 +154,24 @@ TRITON_CASES = [
     Case(65, 1, 32, 48, "random"),
     Case(65, 1, 48, 40, "deep", block_v=64),
     Case(65, 1, 16, 16, "chain", dtype=torch.float16),
+    Case(9, 2, 16, 16, "forest", h=1),
+    Case(40, 1, 32, 16, "forest"),
 ]
 
 GPU_CASES = [
-    *(Case(n, 4, 64, 64, tree, h=2) for n in (1, 7, 16, 63, 65, 128) for tree in ("chain", "bush", "random", "deep")),
+    *(
+        Case(n, 4, 64, 64, tree, h=2)
+        for n in (1, 7, 16, 63, 65, 128)
+        for tree in ("chain", "bush", "random", "forest", "deep")
+    ),
     Case(64, 48, 128, 128, "random", h=16, dtype=torch.bfloat16),  # Qwen3.5-27B-like layer
     Case(65, 8, 64, 64, "deep", h=4, dtype=torch.bfloat16),  # zoo hybrid layer
     Case(300, 2, 48, 40, "deep"),
 ]
 
 
-@pytest.mark.parametrize("case", REFERENCE_CASES, ids=lambda c: c.id)
-def test_reference_matches_level_scan(case):
+@pytest.mark.parametrize("case", [c for c in REFERENCE_CASES if c.tree != "forest"], ids=lambda c: c.id)
+def test_reference_matches_level_scan(case):  # the level scan takes a DraftTree: one root
     inputs = make_inputs(case)
     before = inputs["init_state"].clone()
     out = tree_gdn_reference(**inputs)
@@ -190,14 +201,27 @@ def interpreted(tmp_path_factory) -> dict[str, torch.Tensor]:
     return torch.load(path)
 
 
+@pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: c.id)
-def test_triton_interpreted_matches_reference(case, interpreted):
+def test_triton_interpreted_matches_reference(case, walk, interpreted):
     inputs = make_inputs(case)
-    out = interpreted[case.id]
+    out = interpreted[f"{case.id}/{walk}"]
     assert not out.isnan().any()
     assert_close(out, tree_gdn_reference(**inputs), case.dtype)
-    assert_close(out, level_scan_output(inputs), case.dtype)
+    assert_close(out, path_output(inputs) if case.tree == "forest" else level_scan_output(inputs), case.dtype)
     assert torch.equal(interpreted[case.id + "/init_state"], inputs["init_state"])
+
+
+def test_auto_walk_follows_the_node_count():
+    from specdec.kernels.tree_gdn import triton as kernels
+
+    calls = []
+    with mock.patch.object(kernels, "_tree_gdn", side_effect=lambda *a, **kw: calls.append(kw["walk"])):
+        for n in (1, kernels.PATHS_MAX_NODES, kernels.PATHS_MAX_NODES + 1):
+            kernels.tree_gdn_triton(**make_inputs(Case(n, 1, 16, 16, "random")))
+    assert calls == ["paths", "paths", "nodes"]
+    with pytest.raises(ValueError, match="walk="):
+        kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="levels")
 
 
 def test_auto_on_cpu_is_the_reference():
@@ -234,12 +258,16 @@ def test_triton_on_cpu_is_refused():
 def test_triton_gpu_matches_reference(case):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
+    from specdec.kernels.tree_gdn.triton import tree_gdn_triton
+
     inputs = make_inputs(case, device=torch.device("cuda"))
     before = inputs["init_state"].clone()
     out = tree_gdn(**inputs, impl="triton")
     assert not out.isnan().any()
     assert_close(out, tree_gdn(**inputs, impl="reference"), case.dtype)
     assert_close(out.cpu(), tree_gdn_reference(**make_inputs(case)), case.dtype)
+    for walk in WALKS:
+        assert_close(tree_gdn_triton(**inputs, walk=walk), out, case.dtype)
     assert torch.equal(inputs["init_state"], before)
     assert torch.equal(tree_gdn(**inputs), out)  # auto picks Triton on CUDA
 
@@ -342,10 +370,11 @@ def _run_interpreted(path: str) -> None:
     results = {}
     for case in TRITON_CASES:
         inputs = make_inputs(case)
-        if case.block_v:
-            results[case.id] = _tree_gdn(**inputs, block_v=case.block_v, num_warps=1)
-        else:
-            results[case.id] = tree_gdn_triton(**inputs)
+        for walk in WALKS:
+            if case.block_v:
+                results[f"{case.id}/{walk}"] = _tree_gdn(**inputs, block_v=case.block_v, num_warps=1, walk=walk)
+            else:
+                results[f"{case.id}/{walk}"] = tree_gdn_triton(**inputs, walk=walk)
         results[case.id + "/init_state"] = inputs["init_state"]
     for case in PATH_CASES:
         inputs = make_inputs(case)

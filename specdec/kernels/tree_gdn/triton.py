@@ -10,6 +10,14 @@ walks the nodes in order ``0 .. N-1`` (a parent always precedes its children):
 
 The scratch has one ``[HV, K, V]`` fp32 row per node (rows are written only for such branch points and are never
 zeroed). The next node's inputs are loaded one step ahead, so their latency overlaps the current update.
+
+That walk is ``N`` dependent steps. For trees of up to ``PATHS_MAX_NODES`` nodes the default is the path-parallel
+kernel instead: one program per (value head, value block, node) replays the node's own root-to-node path from
+``init_state`` (its depth + 1 steps, no scratch, no barriers) and writes that node's output. The work is the sum
+of the depths instead of ``N``, but the steps in sequence are only the deepest path's: a DDTree of budget 64 drawn
+from a 16-token block is at most 17 deep where the node walk is 65 long. A chain of ``N`` nodes costs both kernels
+``N`` steps in sequence, and the path kernel ``N (N + 1) / 2`` updates in all, so long chains (the chain-tree
+prefill) keep the node walk.
 """
 
 from __future__ import annotations
@@ -18,7 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["gdn_path_replay_triton", "tree_gdn_triton"]
+__all__ = ["PATHS_MAX_NODES", "gdn_path_replay_triton", "tree_gdn_triton"]
+
+PATHS_MAX_NODES = 128
+"""Trees of up to this many nodes run the path-parallel kernel, larger ones the node walk."""
 
 
 @triton.jit
@@ -99,6 +110,73 @@ def _launch_config(k_dim: int, v_dim: int) -> tuple[int, int]:
     return block_v, 1 if elems <= 2048 else 2
 
 
+@triton.jit
+def _tree_gdn_paths_kernel(
+    init_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    parents_ptr,
+    out_ptr,
+    N,
+    HV,
+    HEADS_PER_KEY,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program per (value head, value block, node): the node's root-to-node path replayed from ``init_state``.
+
+    The path is found by walking up the parent array (``depth[j]``: how far above the node path node ``j`` sits,
+    -1 off the path), then replayed from the root down, the next step's inputs loaded one step ahead.
+    """
+    head = tl.program_id(0).to(tl.int64)
+    node = tl.program_id(2).to(tl.int64)
+    key_head = head // HEADS_PER_KEY
+    num_key_heads = HV // HEADS_PER_KEY
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask_k = offs_k < K
+    mask_v = offs_v < V
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+
+    node_ids = tl.arange(0, BLOCK_N)
+    up = tl.full([BLOCK_N], -1, tl.int32)  # up[j] = steps from the node up to ancestor j (0: the node itself)
+    cur = node
+    steps = tl.full([], 0, tl.int32)
+    while cur >= 0:
+        up = tl.where(node_ids == cur, steps, up)
+        cur = tl.load(parents_ptr + cur)
+        steps += 1
+
+    state = tl.load(init_ptr + head * K * V + offs_k[:, None] * V + offs_v[None, :], mask=mask_kv, other=0.0)
+    # inputs of the root (steps - 1 above the node); each iteration prefetches those of the next path node
+    j = tl.sum(tl.where(up == steps - 1, node_ids, 0), axis=0).to(tl.int64)
+    k = tl.load(k_ptr + (j * num_key_heads + key_head) * K + offs_k, mask=mask_k, other=0.0)
+    v = tl.load(v_ptr + (j * HV + head) * V + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + j * HV + head)
+    beta = tl.load(beta_ptr + j * HV + head)
+    for s in range(1, steps + 1):
+        # the node itself (s == steps) prefetches itself again: unused, always in bounds
+        nxt = tl.sum(tl.where(up == tl.maximum(steps - 1 - s, 0), node_ids, 0), axis=0).to(tl.int64)
+        k_next = tl.load(k_ptr + (nxt * num_key_heads + key_head) * K + offs_k, mask=mask_k, other=0.0)
+        v_next = tl.load(v_ptr + (nxt * HV + head) * V + offs_v, mask=mask_v, other=0.0)
+        g_next = tl.load(g_ptr + nxt * HV + head)
+        beta_next = tl.load(beta_ptr + nxt * HV + head)
+        state = state * tl.exp(g)
+        recalled = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]
+        delta = (v - recalled) * beta
+        state = state + k[:, None] * delta[None, :]
+        k, v, g, beta = k_next, v_next.to(tl.float32), g_next, beta_next
+    q = tl.load(q_ptr + (node * HV + head) * K + offs_k, mask=mask_k, other=0.0)
+    out = tl.sum(state * q[:, None], axis=0)
+    tl.store(out_ptr + (node * HV + head) * V + offs_v, out, mask=mask_v)
+
+
 def tree_gdn_triton(
     init_state: torch.Tensor,
     q: torch.Tensor,
@@ -107,19 +185,52 @@ def tree_gdn_triton(
     log_decay: torch.Tensor,
     beta: torch.Tensor,
     parents: torch.Tensor,
+    *,
+    walk: str = "auto",
 ) -> torch.Tensor:
     """Triton ``tree_gdn``; arguments and result as ``tree_gdn_reference``.
 
     ``parents`` is not validated here (that would need a device sync): ``parents[i] < i`` is required.
+
+    Args:
+        walk (str): ``"paths"`` (one program per node replays its path), ``"nodes"`` (one walk over the nodes in
+            order) or ``"auto"``: paths for trees of up to ``PATHS_MAX_NODES`` nodes, else nodes.
     """
+    if walk == "auto":
+        walk = "paths" if q.shape[0] <= PATHS_MAX_NODES else "nodes"
+    if walk not in ("paths", "nodes"):
+        raise ValueError(f"walk={walk!r}: choose 'auto', 'paths' or 'nodes'.")
     block_v, num_warps = _launch_config(q.shape[-1], v.shape[-1])
-    return _tree_gdn(init_state, q, k, v, log_decay, beta, parents, block_v=block_v, num_warps=num_warps)
+    return _tree_gdn(init_state, q, k, v, log_decay, beta, parents, block_v=block_v, num_warps=num_warps, walk=walk)
 
 
-def _tree_gdn(init_state, q, k, v, log_decay, beta, parents, *, block_v: int, num_warps: int) -> torch.Tensor:
+def _tree_gdn(
+    init_state, q, k, v, log_decay, beta, parents, *, block_v: int, num_warps: int, walk: str = "nodes"
+) -> torch.Tensor:
     n, hv, k_dim = q.shape
     v_dim = v.shape[-1]
     out = torch.empty((n, hv, v_dim), dtype=torch.float32, device=q.device)
+    if walk == "paths":
+        _tree_gdn_paths_kernel[(hv, triton.cdiv(v_dim, block_v), n)](
+            init_state.float().contiguous(),
+            q.float().contiguous(),
+            k.float().contiguous(),
+            v.contiguous(),
+            log_decay.float().contiguous(),
+            beta.float().contiguous(),
+            parents.to(torch.int64).contiguous(),
+            out,
+            n,
+            hv,
+            hv // k.shape[1],
+            K=k_dim,
+            V=v_dim,
+            BLOCK_K=triton.next_power_of_2(k_dim),
+            BLOCK_V=block_v,
+            BLOCK_N=triton.next_power_of_2(n),
+            num_warps=num_warps,
+        )
+        return out
     scratch = torch.empty((n, hv, k_dim, v_dim), dtype=torch.float32, device=q.device)
     grid = (hv, triton.cdiv(v_dim, block_v))
     _tree_gdn_kernel[grid](
