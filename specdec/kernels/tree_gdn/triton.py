@@ -210,30 +210,7 @@ def _tree_gdn(
     n, hv, k_dim = q.shape
     v_dim = v.shape[-1]
     out = torch.empty((n, hv, v_dim), dtype=torch.float32, device=q.device)
-    if walk == "paths":
-        _tree_gdn_paths_kernel[(hv, triton.cdiv(v_dim, block_v), n)](
-            init_state.float().contiguous(),
-            q.float().contiguous(),
-            k.float().contiguous(),
-            v.contiguous(),
-            log_decay.float().contiguous(),
-            beta.float().contiguous(),
-            parents.to(torch.int64).contiguous(),
-            out,
-            n,
-            hv,
-            hv // k.shape[1],
-            K=k_dim,
-            V=v_dim,
-            BLOCK_K=triton.next_power_of_2(k_dim),
-            BLOCK_V=block_v,
-            BLOCK_N=triton.next_power_of_2(n),
-            num_warps=num_warps,
-        )
-        return out
-    scratch = torch.empty((n, hv, k_dim, v_dim), dtype=torch.float32, device=q.device)
-    grid = (hv, triton.cdiv(v_dim, block_v))
-    _tree_gdn_kernel[grid](
+    inputs = (
         init_state.float().contiguous(),
         q.float().contiguous(),
         k.float().contiguous(),
@@ -242,18 +219,17 @@ def _tree_gdn(
         beta.float().contiguous(),
         parents.to(torch.int64).contiguous(),
         out,
-        scratch,
-        n,
-        hv,
-        hv // k.shape[1],
-        hv * k_dim * v_dim,
-        K=k_dim,
-        V=v_dim,
-        BLOCK_K=triton.next_power_of_2(k_dim),
-        BLOCK_V=block_v,
-        BLOCK_N=triton.next_power_of_2(n),
-        num_warps=num_warps,
     )
+    sizes = dict(K=k_dim, V=v_dim, BLOCK_K=triton.next_power_of_2(k_dim), BLOCK_V=block_v,
+                 BLOCK_N=triton.next_power_of_2(n), num_warps=num_warps)  # fmt: skip
+    heads_per_key = hv // k.shape[1]
+    if walk == "paths":
+        _tree_gdn_paths_kernel[(hv, triton.cdiv(v_dim, block_v), n)](*inputs, n, hv, heads_per_key, **sizes)
+    else:
+        scratch = torch.empty((n, hv, k_dim, v_dim), dtype=torch.float32, device=q.device)
+        _tree_gdn_kernel[(hv, triton.cdiv(v_dim, block_v))](
+            *inputs, scratch, n, hv, heads_per_key, hv * k_dim * v_dim, **sizes
+        )
     return out
 
 
