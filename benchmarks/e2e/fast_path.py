@@ -27,6 +27,7 @@ from _zoo import decodable_prompts, zoo_pair  # benchmarks/e2e, beside this scri
 import specdec
 from specdec.bench import graph_floor_ms
 from specdec.loading import resolve_device
+from specdec.state import HybridState, manager_for
 
 
 def _sync(device):
@@ -67,6 +68,7 @@ def main() -> None:
     new = args.max_new_tokens
     ctx = max(ids.shape[1] for _, ids in prompts) + new
     floor = graph_floor_ms(model, context_len=ctx)
+    hybrid = isinstance(manager_for(model), HybridState)
 
     spec = {f"dflash-chain-k{drafter.config.block_size - 1}": (drafter, specdec.Chain(k=drafter.config.block_size - 1))}
     for b in args.budgets:
@@ -212,8 +214,14 @@ def main() -> None:
             lo, hi = min(r["passes"]), max(r["passes"])
             lines.append(f"- {r['method']}: passes " + " / ".join(f"{x:.1f}" for x in r["passes"])
                          + f" tok/s (spread {100 * (hi - lo) / lo:.1f} %)")  # fmt: skip
-    if floor and ar:
-        lines.append(f"- AR time per token / graph floor: {1e3 / ar['tok_s'] / floor:.2f} (target <= 1.25)")
+    if floor and ar:  # the targets: 1.25 x the floor on attention-only targets, 1.3 x on hybrids
+        bound = 1.3 if hybrid else 1.25
+        lines.append(f"- AR time per token / graph floor: {1e3 / ar['tok_s'] / floor:.2f} (target <= {bound})")
+    by_budget = {int(r["method"].split("-")[1][1:]): r["tok_s"] for r in trees}
+    steps = [(a, b) for a, b in zip(sorted(by_budget), sorted(by_budget)[1:], strict=False)]
+    if steps:  # tok/s from each budget to the next (non-decreasing within the passes' spread is the target)
+        lines.append("- DDTree tok/s from budget to budget: " + ", ".join(
+            f"b{a} -> b{b} {100 * (by_budget[b] / by_budget[a] - 1):+.1f} %" for a, b in steps))  # fmt: skip
     for r in trees if ar else []:
         lines.append(
             f"- {r['method']}: tok/s / (0.5 tau x AR) = {r['tok_s'] / (0.5 * r['tau'] * ar['tok_s']):.2f} (target >= 1)"
