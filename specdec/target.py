@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec.state import cache_kwarg, manager_for
+from specdec.state.hybrid import HybridState, hybrid_prefill
 from specdec.trees import tree_attention_bias, tree_position_ids
 from specdec.types import DraftTree
 
@@ -119,15 +120,45 @@ class TargetModel:
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, taps: Sequence[int] | None = None):
-        """Run the prompt ``[1, T]`` into a fresh cache.
+        """Run the prompt ``[1, T]`` into a fresh cache (hybrids in exact mode: as ``SPECDEC_HYBRID_PREFILL``
+        says, ``specdec.state.hybrid_prefill``).
 
         Returns:
             (logits ``[V]`` at the last prompt position, taps ``[1, T, L*H]`` or None).
         """
+        state = self.state
+        scan = isinstance(state, HybridState) and state.mode == "exact" and hybrid_prefill() == "scan"
         self.cache = DynamicCache(config=self.config)
         self.length = 0
+        if scan:
+            return self._prefill_scan(input_ids, taps)
         logits, hidden = self._forward(input_ids, taps=taps, last_only=True)
         self.length = input_ids.shape[-1]
+        return logits[-1], hidden
+
+    def _prefill_scan(self, input_ids: torch.Tensor, taps: Sequence[int] | None):
+        """Hybrid prefill as the fast path's ``"scan"`` prefill runs it, eagerly: the prompt as a chain tree from
+        the empty state through the adapters and tree scans, then each recurrent layer's path replay.
+
+        The cache's layers are created by one token through the model's own forward, then emptied
+        (``HybridState.clear``), so no layer of the result comes from that forward."""
+        from specdec.fast.hybrid import commit_recurrent  # the fast path's commit: one replay per layer
+
+        self._forward(input_ids[:, :1], last_only=True)
+        self.state.clear(self.cache)
+        n, device = input_ids.shape[-1], self.device
+        parents = torch.arange(-1, n - 1)
+        tree = DraftTree(tokens=input_ids[0].cpu(), parents=parents)
+        mask = tree_attention_bias(tree.parents, 0, dtype=self.dtype, device=device)
+        positions = torch.arange(n, device=device)[None]
+        with self.state.verify_scope(self.model, self.cache, tree, 0):
+            logits, hidden = self._forward(input_ids, position_ids=positions, attention_mask=mask, taps=taps,
+                                           last_only=True)  # fmt: skip
+        rnd = self.state.take_round(self.cache, 0)  # the attention rows are already the prompt's, in order
+        path = torch.arange(n, device=device)
+        for adapter in self.state.adapters:
+            commit_recurrent(adapter, rnd, path, torch.tensor(n, device=device))
+        self.length = n
         return logits[-1], hidden
 
     @torch.no_grad()

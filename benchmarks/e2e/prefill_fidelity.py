@@ -3,12 +3,13 @@
     python benchmarks/e2e/prefill_fidelity.py --target target-hybrid --drafter assets/drafters/zoo-hybrid \
         --num-prompts 20 --max-new-tokens 128 --budget 32
 
-Decodes the same prompts (first greedy token not EOS) with HF's own greedy ``generate``, specdec's eager path
-(DDTree), and the fast path (AR and DDTree) with each hybrid prefill (``model``: the model's own forward copied
-into static storage, the default; ``graph``: the captured chain-tree verify), and prints the share of outputs
-equal to HF greedy and to the eager path. In fp32 all of them are token-identical (``tests/``); in bf16 two
-exact computations that round in a different order can resolve a near-tie differently, and this table shows how
-often that happens.
+Decodes the same prompts (first greedy token not EOS) with HF's own greedy ``generate`` and, under each hybrid
+prefill (``SPECDEC_HYBRID_PREFILL``: ``model``, the model's own forward, the default; ``scan``, the prompt as a
+chain tree through specdec's tree scans, captured on the fast path), specdec's eager path (DDTree) and the fast
+path (AR and DDTree). Prints the share of outputs equal to HF greedy, to the eager path with the model's prefill,
+and to the eager path with the same prefill as the row. In fp32 all of them are token-identical (``tests/``); in
+bf16 two exact computations that round in a different order can resolve a near-tie differently, and this table
+shows how often that happens.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 
 from _zoo import decodable_prompts, zoo_pair  # benchmarks/e2e, beside this script
 
 import specdec
-import specdec.fast.engine as fast_engine
 from specdec.loading import resolve_device
 
 
@@ -47,38 +48,42 @@ def main() -> None:
         return seq[0, ids.shape[1] :].tolist()
 
     outs = {"hf-generate": [tail(model.generate(ids, max_new_tokens=new, do_sample=False), ids) for ids in prompts]}
-    outs["eager-ddtree"] = [
-        tail(
-            specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=new, cuda_graphs=False).sequences,
-            ids,
-        )
-        for ids in prompts
-    ]
-    saved = fast_engine._HYBRID_PREFILL
+    saved = os.environ.get("SPECDEC_HYBRID_PREFILL")
     try:
-        for mode in ("model", "graph"):
-            fast_engine._HYBRID_PREFILL = mode
-            for name, d, t in (("ar", None, None), ("ddtree", drafter, tree)):
-                outs[f"fast-{name}-prefill-{mode}"] = [
+        for mode in ("model", "scan"):
+            os.environ["SPECDEC_HYBRID_PREFILL"] = mode
+            for name, d, t, graphs in (("eager-ddtree", drafter, tree, False), ("fast-ar", None, None, True),
+                                       ("fast-ddtree", drafter, tree, True)):  # fmt: skip
+                outs[f"{name}-prefill-{mode}"] = [
                     tail(
-                        specdec.generate(model, ids, drafter=d, tree=t, max_new_tokens=new, cuda_graphs=True).sequences,
+                        specdec.generate(
+                            model, ids, drafter=d, tree=t, max_new_tokens=new, cuda_graphs=graphs
+                        ).sequences,
                         ids,
                     )
                     for ids in prompts
                 ]
     finally:
-        fast_engine._HYBRID_PREFILL = saved
+        if saved is None:
+            os.environ.pop("SPECDEC_HYBRID_PREFILL", None)
+        else:
+            os.environ["SPECDEC_HYBRID_PREFILL"] = saved
     lines = [
         f"# decoding fidelity, {args.target}, {device}, {dtype}, {len(prompts)} prompts x {new} new tokens, "
         f"DDTree b{args.budget} topk {args.topk}",
         "",
-        "| run | = HF greedy | = eager path (DDTree) |",
-        "|---|---|---|",
+        "| run | = HF greedy | = eager path (DDTree, model's prefill) | = eager path (DDTree, same prefill) |",
+        "|---|---|---|---|",
     ]
+
+    def same(a: list, b: list) -> str:
+        return f"{sum(x == y for x, y in zip(a, b, strict=True))}/{len(a)}"
+
     for name, seqs in outs.items():
-        hf = sum(a == b for a, b in zip(seqs, outs["hf-generate"], strict=True))
-        eager = sum(a == b for a, b in zip(seqs, outs["eager-ddtree"], strict=True))
-        lines.append(f"| {name} | {hf}/{len(seqs)} | {eager}/{len(seqs)} |")
+        mode = name.rsplit("-", 1)[-1] if "prefill" in name else "model"
+        eager = outs[f"eager-ddtree-prefill-{mode}"]
+        lines.append(f"| {name} | {same(seqs, outs['hf-generate'])} | "
+                     f"{same(seqs, outs['eager-ddtree-prefill-model'])} | {same(seqs, eager)} |")  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "outputs.json").write_text(json.dumps(outs))

@@ -25,7 +25,7 @@ from specdec.fast.graphs import Captured, compile_fn
 from specdec.fast.hybrid import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.fast.storage import StaticModel, commit_rows
 from specdec.kernels.tree_accept import accept_path, tree_mask
-from specdec.state.hybrid import HybridState, VerifyRound, _swapped_forwards
+from specdec.state.hybrid import HybridState, VerifyRound, _swapped_forwards, hybrid_prefill
 from specdec.state.kv import KVState
 from specdec.target import TargetModel
 from specdec.trees.device import DeviceTree, chain_device, ddtree_device, root_tree_device
@@ -50,10 +50,6 @@ _DDTREE_IMPL = os.environ.get("SPECDEC_DDTREE_IMPL", "auto")
 # specdec.trees.device.TOPK_TRITON_MAX_VOCAB, else torch.topk), "torch" or "triton".
 _DDTREE_TOPK = os.environ.get("SPECDEC_DDTREE_TOPK", "auto")
 _CAPACITY_STEP = 256
-# How hybrid targets prefill on the fast path: "model" (default: the model's own forward, eager, copied into static
-# storage; the eager path's prefill bit for bit) or "graph" (the captured chain-tree verify of ``_Prefill``: the same
-# maths without the model's per-call launch overhead, but another rounding order in bf16; docs/hybrid.md).
-_HYBRID_PREFILL = os.environ.get("SPECDEC_HYBRID_PREFILL", "model")
 
 
 def bucket_size(num_nodes: int) -> int:
@@ -400,14 +396,19 @@ class FastEngine:
 
         Prompts of up to ``PREFILL_CAPTURE_MAX`` tokens are padded to a multiple of ``PREFILL_BUCKET`` and run
         through a captured forward per padded length (``graph``); longer prompts run eagerly. Hybrid targets
-        prefill through the model's own forward, copied into static storage, unless ``SPECDEC_HYBRID_PREFILL=graph``
-        selects the captured chain-tree verify (``_Prefill``).
+        prefill through the model's own forward, copied into static storage, unless ``SPECDEC_HYBRID_PREFILL=scan``
+        (``specdec.state.hybrid_prefill``) selects the chain-tree verify of ``_Prefill`` (longer prompts run it
+        uncaptured, at their padded size), as the eager path's prefill then does too.
         """
         n, device = input_ids.shape[1], self.device
         size = -(-n // PREFILL_BUCKET) * PREFILL_BUCKET
-        graphable = not self.target.recurrent or _HYBRID_PREFILL == "graph"
-        if graphable and size <= min(PREFILL_CAPTURE_MAX, self.capacity):
+        scan = bool(self.target.recurrent) and hybrid_prefill() == "scan"
+        if (not self.target.recurrent or scan) and size <= min(PREFILL_CAPTURE_MAX, self.capacity):
             logits = self._prefill_for(drafter, size, graph)(input_ids)
+            self.prefix.fill_(n)
+            return logits, None
+        if scan:  # a long prompt: the same chain-tree verify, not captured and not kept
+            logits = _Prefill(self, drafter, self._static(drafter), min(size, self.capacity), graph=False)(input_ids)
             self.prefix.fill_(n)
             return logits, None
         taps = getattr(drafter, "target_layer_ids", None)

@@ -26,11 +26,13 @@ from specdec.types import DraftTree
 
 __all__ = [
     "HYBRID_MODES",
+    "HYBRID_PREFILLS",
     "HybridState",
     "RecurrentAdapter",
     "TreeTopology",
     "VerifyRound",
     "cache_kwarg",
+    "hybrid_prefill",
     "is_recurrent_cache_layer",
     "tree_conv",
     "tree_scan",
@@ -39,6 +41,24 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 HYBRID_MODES = ("exact", "snapshot")
+HYBRID_PREFILLS = ("model", "scan")
+"""How hybrid targets run the prompt (``SPECDEC_HYBRID_PREFILL``): ``"model"`` (default), the model's own forward
+(HF's chunked or fused kernels); ``"scan"``, the prompt as a chain tree through specdec's adapters and tree scans,
+then the commit's replay (captured on the fast path). Both are exact; in bf16 they round differently."""
+
+
+def hybrid_prefill() -> str:
+    """The hybrid prefill chosen by ``SPECDEC_HYBRID_PREFILL`` (read at each call; ``"graph"`` is an older name of
+    ``"scan"``)."""
+    import os
+
+    value = os.environ.get("SPECDEC_HYBRID_PREFILL", "model")
+    value = "scan" if value == "graph" else value
+    if value not in HYBRID_PREFILLS:
+        raise ValueError(f"SPECDEC_HYBRID_PREFILL={value!r}: choose one of {HYBRID_PREFILLS} (default 'model').")
+    return value
+
+
 _CACHE_KWARGS = ("cache", "past_key_values", "cache_params")  # newest name first (5.24: cache; 5.17: the others)
 
 
@@ -425,7 +445,8 @@ class HybridState:
                 f"to verify_scope (pass it as {cache_kwarg(rnd.model)!r})."
             )
 
-    def _take_round(self, cache, prefix_len: int) -> VerifyRound:
+    def take_round(self, cache, prefix_len: int) -> VerifyRound:
+        """The verified round of ``cache`` at ``prefix_len``, handed over (the state forgets it)."""
         rnd, self._round = self._round, None
         if rnd is None:
             raise RuntimeError("commit without a verify_scope: there is no verified tree to commit.")
@@ -437,7 +458,7 @@ class HybridState:
 
     def commit(self, cache, prefix_len: int, path: Sequence[int]) -> None:
         """Keep the accepted root-to-node ``path`` (node indices, root first) as if run causally."""
-        rnd = self._take_round(cache, prefix_len)
+        rnd = self.take_round(cache, prefix_len)
         path = _check_path(rnd.tree, path)
         if self.mode == "snapshot":
             restore(cache, rnd.snap)
@@ -446,6 +467,19 @@ class HybridState:
         self._kv.commit(cache, prefix_len, path)
         for adapter in self.adapters:
             adapter.commit(rnd, path)
+
+    def clear(self, cache) -> None:
+        """Empty ``cache`` in place: every recurrent layer's conv window and state zeroed (the state before any
+        token), every attention layer cropped to no tokens. The cache must have been run (its layers exist)."""
+        self._round = None
+        for adapter in self.adapters:
+            layer = cache.layers[adapter.layer_idx]
+            for name in ("conv_states", "recurrent_states"):
+                state = _state_tensor(layer, name)
+                if state is None:
+                    raise ValueError(f"Layer {adapter.layer_idx} has no {name} yet: run a token through the model.")
+                state.zero_()
+        self._kv.rollback(cache, 0)
 
     def rollback(self, cache, prefix_len: int) -> None:
         """Undo a verify forward (exact mode never wrote recurrent state; snapshot mode restores its snapshot)."""

@@ -97,14 +97,12 @@ def test_fast_path_sampling_runs_and_reuses_graphs(zoo):
     assert again.stats.capture_ms == 0.0  # the graph of the first call is replayed
 
 
-@pytest.mark.parametrize("prefill", ["model", "graph"])
+@pytest.mark.parametrize("prefill", ["model", "scan"])
 def test_fast_path_hybrid_fp32_equals_hf_greedy(zoo, prefill, monkeypatch):
     """The zoo hybrid (Gated DeltaNet + attention) captured on the fast path, with either hybrid prefill."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import specdec.fast.engine as engine
-
-    monkeypatch.setattr(engine, "_HYBRID_PREFILL", prefill)
+    monkeypatch.setenv("SPECDEC_HYBRID_PREFILL", prefill)
 
     model = AutoModelForCausalLM.from_pretrained(zoo / "target-hybrid", dtype=torch.float32).cuda().eval()
     tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")

@@ -156,10 +156,8 @@ def test_cuda_rounds_refuse_a_reference_tree_scan(monkeypatch):
 
 @pytest.fixture
 def graph_prefill(monkeypatch):
-    """Hybrid prefill through the captured chain-tree verify (``SPECDEC_HYBRID_PREFILL=graph``)."""
-    import specdec.fast.engine as engine
-
-    monkeypatch.setattr(engine, "_HYBRID_PREFILL", "graph")
+    """Hybrid prefill through the chain-tree verify (``SPECDEC_HYBRID_PREFILL=scan``)."""
+    monkeypatch.setenv("SPECDEC_HYBRID_PREFILL", "scan")
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "mamba2"])
