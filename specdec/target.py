@@ -151,7 +151,7 @@ class TargetModel:
         tree = DraftTree(tokens=input_ids[0].cpu(), parents=parents)
         mask = tree_attention_bias(tree.parents, 0, dtype=self.dtype, device=device)
         positions = torch.arange(n, device=device)[None]
-        with self.state.verify_scope(self.model, self.cache, tree, 0):
+        with self.state.verify_scope(self.model, self.cache, tree, 0, prompt=True):
             logits, hidden = self._forward(input_ids, position_ids=positions, attention_mask=mask, taps=taps,
                                            last_only=True)  # fmt: skip
         rnd = self.state.take_round(self.cache, 0)  # the attention rows are already the prompt's, in order

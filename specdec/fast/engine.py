@@ -322,7 +322,7 @@ class _Prefill:
         keys = target.keys[None, : self.size]
         visible = (keys <= slots[:, None]) & real[:, None] | (keys == slots[:, None])
         rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
-                          topo=DeviceTopology(tree))  # fmt: skip
+                          topo=DeviceTopology(tree), prompt=True)  # fmt: skip
         with _swapped_forwards(self.hybrid.adapters, rnd):
             logits, hidden = target.forward(
                 self.ids, slots[None], target.additive_mask(visible), slots, self.taps, rows=self.last, span=self.size

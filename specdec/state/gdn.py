@@ -85,7 +85,10 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
 
         # conv tap W-2 is the parent's column (stored - 1 above the root): the parent array already on the device
         parents = index[:, -2] - conv.shape[-1]
-        out = tree_gdn(rec[0].float(), q, k, v, g, beta, parents, impl="auto").to(hidden_states.dtype)  # [N, HV, V]
+        # the prompt's chain: one walk over the nodes (replaying every node's path would cost N (N + 1) / 2 steps)
+        walk = "nodes" if rnd.prompt else "auto"
+        out = tree_gdn(rec[0].float(), q, k, v, g, beta, parents, impl="auto", walk=walk)
+        out = out.to(hidden_states.dtype)  # [N, HV, V]
         out = m.norm(out.reshape(-1, m.head_v_dim), z[0].reshape(-1, m.head_v_dim)).reshape(1, n, -1)
         return m.out_proj(out)
 

@@ -242,6 +242,7 @@ class VerifyRound:
     stash: dict[int, object] = field(default_factory=dict)  # layer_idx -> adapter stash
     snap: Snapshot | None = None
     native: bool = False
+    prompt: bool = False  # the prompt's chain tree (the scan prefill): tree scans walk the nodes in order
     _on_device: dict = field(default_factory=dict, repr=False)
 
     def topology(self, device: torch.device) -> TreeTopology:
@@ -410,14 +411,20 @@ class HybridState:
                 )
 
     @contextmanager
-    def verify_scope(self, model, cache, tree: DraftTree, prefix_len: int) -> Iterator[None]:
-        """Wrap the target's one forward over ``tree`` (tokens in node order, positions ``prefix_len + depth``)."""
+    def verify_scope(self, model, cache, tree: DraftTree, prefix_len: int, *, prompt: bool = False) -> Iterator[None]:
+        """Wrap the target's one forward over ``tree`` (tokens in node order, positions ``prefix_len + depth``);
+        ``prompt``: the tree is the prompt's chain (``VerifyRound.prompt``)."""
         if self._round is not None:
             logger.debug("verify_scope: discarding a round that was neither committed nor rolled back")
         self._check_cache(cache)
         device = self.adapters[0].module.conv1d.weight.device
         rnd = VerifyRound(
-            model=model, cache=cache, tree=tree, prefix_len=prefix_len, topo=TreeTopology.from_tree(tree, device)
+            model=model,
+            cache=cache,
+            tree=tree,
+            prefix_len=prefix_len,
+            topo=TreeTopology.from_tree(tree, device),
+            prompt=prompt,
         )
         if self.mode == "snapshot":
             rnd.snap = snapshot(cache, attention="length")

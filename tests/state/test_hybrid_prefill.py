@@ -119,3 +119,31 @@ def test_a_bad_setting_is_refused_before_the_cache_changes(monkeypatch):
     assert all(torch.equal(t, before[name]) for name, t in _cache_tensors(tgt).items())
     monkeypatch.setenv("SPECDEC_HYBRID_PREFILL", "graph")  # the older name
     assert hybrid_prefill() == "scan"
+
+
+def test_the_prompt_chain_walks_the_nodes_and_rounds_pick_by_size(scan):
+    """The prompt's chain goes to ``tree_gdn`` with ``walk="nodes"`` (paths would replay N (N + 1) / 2 steps) on
+    both paths; verify rounds leave the choice to the kernel (``"auto"``)."""
+    import specdec.state.gdn as gdn
+
+    target = _target("qwen3_5")
+    drafter = _bigram_drafter(target)
+    ids = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(4))
+    walks: list[tuple[int, str]] = []
+
+    def spy(*args, walk="auto", **kwargs):
+        walks.append((args[1].shape[0], walk))
+        return gdn_tree(*args, walk=walk, **kwargs)
+
+    gdn_tree = gdn.tree_gdn
+    with mock.patch.object(gdn, "tree_gdn", side_effect=spy):
+        for graphs in (False, True):
+            walks.clear()
+            specdec.generate(target, ids, drafter=drafter, tree=specdec.DDTree(budget=8), max_new_tokens=6,
+                             cuda_graphs=graphs)  # fmt: skip
+            prompt = [w for n, w in walks if n >= 20]
+            rounds = [w for n, w in walks if n < 20]
+            assert prompt and set(prompt) == {"nodes"}, graphs  # one per GDN layer (the fast path pads to 64)
+            assert rounds and set(rounds) == {"auto"}, graphs
+    with pytest.raises(ValueError, match="walk="):
+        gdn_tree(*(torch.zeros(1),) * 7, walk="levels")

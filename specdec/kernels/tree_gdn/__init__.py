@@ -28,6 +28,7 @@ def tree_gdn(
     parents: torch.Tensor,
     *,
     impl: Impl = "auto",
+    walk: str = "auto",
 ) -> torch.Tensor:
     """Gated delta-rule outputs ``[N, HV, V]`` (fp32) of every tree node, each from its root-to-node path.
 
@@ -37,7 +38,12 @@ def tree_gdn(
     Args:
         impl: ``"triton"`` (one fused launch), ``"reference"`` (level-synchronous PyTorch) or ``"auto"``: Triton
             when the tensors are on a CUDA device and Triton imports, else the reference.
+        walk: the Triton kernel's schedule (``tree_gdn_triton``): ``"paths"`` (one program per node replays its
+            path: steps in sequence = the tree's depth), ``"nodes"`` (one walk over the nodes in order: best for
+            long chains) or ``"auto"`` (paths up to ``PATHS_MAX_NODES`` nodes). The reference ignores it.
     """
+    if walk not in ("auto", "paths", "nodes"):
+        raise ValueError(f"walk={walk!r}: choose 'auto', 'paths' or 'nodes'.")
     _check_shapes(init_state, q, k, v, log_decay, beta, parents)
     if impl == "auto":
         impl = auto_impl(q.device)
@@ -49,7 +55,7 @@ def tree_gdn(
         raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='reference'.")
     from specdec.kernels.tree_gdn.triton import tree_gdn_triton
 
-    return tree_gdn_triton(init_state, q, k, v, log_decay, beta, parents)
+    return tree_gdn_triton(init_state, q, k, v, log_decay, beta, parents, walk=walk)
 
 
 def gdn_path_replay(
