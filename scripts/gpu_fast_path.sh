@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The fast-path tables of docs/performance.md and docs/hybrid.md on one zoo target, in one run (bf16, warm).
+#   SPECDEC_ZOO=... bash scripts/gpu_fast_path.sh dense|hybrid OUT_DIR [STEP...]
+# dense: the gpu tests, the fast-path table (HF rows, eager comparison of b15 / b32, memory) and the round profile.
+# hybrid: the gpu tests, the bf16 prefill fidelity table, the sweep with both prefills (two passes), the round
+# profile and the 8 B Qwen3.5 shape. Each step has its own time limit, so a slow step leaves the others' tables.
+# STEP (default: all of them): tests, fast, profile (dense); tests, fidelity, sweep-model, sweep-scan, profile,
+# shape (hybrid). The whole hybrid run takes about 20 minutes.
+set -u
+NAME=${1:?dense or hybrid}
+OUT=${2:?output folder}
+shift 2
+STEPS=" ${*:-tests fast fidelity sweep-model sweep-scan profile shape} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
+export PYTHONPATH=${PYTHONPATH:-}:$(pwd) PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+python3 -c "import torch, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'transformers', transformers.__version__)"
+tables() { grep -vE "^(WARNING|INFO|Loading)" "$1" | tail -"$2"; }
+if [ "$NAME" = dense ]; then
+    if want tests; then
+        timeout 150 python3 -m pytest -m gpu tests/kernels tests/gpu -k "not hybrid and not gdn and not mamba2" -q \
+            -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1; tail -1 "$OUT/gpu_tests.log"
+    fi
+    if want fast; then
+        timeout 300 python3 benchmarks/e2e/fast_path.py --budgets 15 32 64 --eager-only ddtree-b15-k8 ddtree-b32-k8 \
+            --out "$OUT/fast" >"$OUT/fast.log" 2>&1; tables "$OUT/fast.log" 40
+    fi
+    if want profile; then
+        timeout 90 python3 benchmarks/e2e/round_profile.py --budgets 15 32 64 >"$OUT/prof.log" 2>&1
+        grep -A9 "^# round" "$OUT/prof.log"
+    fi
+else
+    H="--target target-hybrid --drafter assets/drafters/zoo-hybrid"
+    if want tests; then
+        timeout 150 python3 -m pytest -m gpu tests/kernels tests/gpu -k "hybrid or gdn or mamba2" -q \
+            -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1; tail -1 "$OUT/gpu_tests.log"
+    fi
+    if want fidelity; then
+        timeout 200 python3 benchmarks/e2e/prefill_fidelity.py --out "$OUT/fidelity" >"$OUT/fidelity.log" 2>&1
+        tables "$OUT/fidelity.log" 12
+    fi
+    for prefill in model scan; do
+        want "sweep-$prefill" || continue
+        SPECDEC_HYBRID_PREFILL=$prefill timeout 280 python3 benchmarks/e2e/fast_path.py $H --no-hf \
+            --budgets 8 16 32 64 128 --repeat 2 --eager-only ddtree-b32-k8 ddtree-b64-k8 --memory-rounds 0 \
+            --out "$OUT/sweep-$prefill" >"$OUT/sweep-$prefill.log" 2>&1; tables "$OUT/sweep-$prefill.log" 34
+    done
+    if want profile; then
+        SPECDEC_HYBRID_PREFILL=scan timeout 90 python3 benchmarks/e2e/round_profile.py $H --budgets 16 32 64 \
+            >"$OUT/prof.log" 2>&1; grep -A9 "^# round" "$OUT/prof.log"
+    fi
+    if want shape; then
+        timeout 150 python3 benchmarks/e2e/shape_8b.py --hybrid >"$OUT/shape.log" 2>&1; tail -22 "$OUT/shape.log"
+    fi
+fi
