@@ -148,7 +148,7 @@ class TargetModel:
         self.state.clear(self.cache)
         n, device = input_ids.shape[-1], self.device
         parents = torch.arange(-1, n - 1)
-        tree = DraftTree(tokens=input_ids[0].cpu(), parents=parents)
+        tree = DraftTree(tokens=input_ids[0], parents=parents)  # parents on the host (the topology), tokens stay
         mask = tree_attention_bias(tree.parents, 0, dtype=self.dtype, device=device)
         positions = torch.arange(n, device=device)[None]
         with self.state.verify_scope(self.model, self.cache, tree, 0, prompt=True):

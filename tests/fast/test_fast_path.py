@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+from host_reads import spy_round_reads
 from models import perturbed_copy, tiny_model
 from oracles import gof_pvalue
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
@@ -255,30 +256,7 @@ def test_round_reads_nothing_on_the_host(monkeypatch):
     """Inside a round (drafter, build, mask, verify, acceptance, commit) no tensor value reaches the host: on CUDA
     each would be a device sync in the middle of the round. Plain decoding, chain and DDTree, DFlash and small-LM
     drafters; the one read per round is ``_Round.read`` of the pinned copy, outside the round."""
-    import specdec.fast.engine as engine
-
-    reads = []
-    inside = [False]
-    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
-        original = getattr(torch.Tensor, name)
-
-        def spy(self, *args, _original=original, _name=name, **kwargs):
-            if inside[0]:
-                reads.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, spy)
-    for fn in ("_round", "_ar_round"):
-        original = getattr(engine._Round, fn)
-
-        def traced(self, _original=original):
-            inside[0] = True
-            try:
-                return _original(self)
-            finally:
-                inside[0] = False
-
-        monkeypatch.setattr(engine._Round, fn, traced)
+    reads = spy_round_reads(monkeypatch)
     target = tiny_model("qwen3", scale=2.0)
     drafters = [sharp_drafter(target), specdec.ModelDrafter(perturbed_copy(target, noise=0.3))]
     ids = prompt()

@@ -210,3 +210,23 @@ def test_graph_prefill_decodes_the_target_greedy(family, graph_prefill):
         d = drafter if tree is not None else None
         fast = specdec.generate(target, input_ids, drafter=d, tree=tree, max_new_tokens=20, cuda_graphs=True)
         assert fast.stats.path == "fast" and torch.equal(fast.sequences, want), tree
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "mamba2"])
+def test_hybrid_round_reads_nothing_on_the_host(family, monkeypatch):
+    """A hybrid round (adapters over the device topology, tree scans, path replay commit) reads no tensor value on
+    the host, except inside the CPU references of the tree-scan kernels (their level schedule is built on the
+    host; on CUDA the fast path runs hybrids only with the Triton scans, ``hybrid_reason``)."""
+    from host_reads import spy_round_reads
+
+    reads = spy_round_reads(monkeypatch, exempt=("specdec/kernels/tree_gdn/reference.py",
+                                                 "specdec/kernels/tree_mamba2/reference.py"))  # fmt: skip
+    target = _target(family)
+    drafter = _bigram_drafter(target)
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    rounds = 0
+    for d, tree in ((None, None), (drafter, specdec.Chain(k=4)), (drafter, specdec.DDTree(budget=8))):
+        out = specdec.generate(target, ids, drafter=d, tree=tree, max_new_tokens=16, cuda_graphs=True)
+        assert out.stats.path == "fast"
+        rounds += out.stats.rounds
+    assert rounds > 6 and reads == []

@@ -1,0 +1,42 @@
+"""Spies on every way a tensor value reaches the host, inside the fast path's round functions only."""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+
+READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+def spy_round_reads(monkeypatch, *, exempt: tuple[str, ...] = ()) -> list[str]:
+    """Patch ``torch.Tensor``'s host reads and ``_Round._round`` / ``_ar_round``; returns the list that collects
+    ``"name at file:line"`` of each read made while a round function runs, except reads with a frame of a file
+    whose path contains one of ``exempt`` on the stack."""
+    import specdec.fast.engine as engine
+
+    reads: list[str] = []
+    inside = [False]
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            if inside[0]:
+                stack = traceback.extract_stack()[:-1]
+                if not any(part in frame.filename for frame in stack for part in exempt):
+                    reads.append(f"{_name} at {stack[-1].filename}:{stack[-1].lineno}")
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    for fn in ("_round", "_ar_round"):
+        original = getattr(engine._Round, fn)
+
+        def traced(self, _original=original):
+            inside[0] = True
+            try:
+                return _original(self)
+            finally:
+                inside[0] = False
+
+        monkeypatch.setattr(engine._Round, fn, traced)
+    return reads
