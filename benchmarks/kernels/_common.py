@@ -60,6 +60,17 @@ def bench_args(description: str) -> tuple[argparse.Namespace, torch.device, str]
     return args, device, name
 
 
+def report(rows: list[dict], columns: list[str], out: str, filename: str, device: torch.device) -> None:
+    """Print ``columns`` of ``rows`` (after a note when there is no CUDA device) and write every column as CSV."""
+    if device.type != "cuda":
+        print("no CUDA device: only the eager torch reference runs (graph and Triton columns are nan)")
+    print_table(rows, columns)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_csv(folder / filename, rows, list(rows[0]))
+    print(f"CSV: {folder / filename}")
+
+
 def time_providers(row: dict, providers: list[str], make_call, device: torch.device) -> dict:
     """Fill ``row[provider]`` (median ms) and ``_p20`` / ``_p80`` for each provider; ``make_call(provider)`` returns
     the function to time or None (not available here: nan). Providers ending in ``-graph`` replay a CUDA graph."""

@@ -14,10 +14,8 @@ Prints a table of median ms per call (20th / 80th percentiles in the CSV) and wr
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-from _common import bench_args, print_table, time_providers, write_csv  # benchmarks/kernels, beside this script
+from _common import bench_args, report, time_providers  # benchmarks/kernels, beside this script
 
 from specdec.kernels.rms_norm import rms_norm
 
@@ -61,14 +59,7 @@ def run(device: torch.device) -> list[dict]:
 def main() -> None:
     args, device, name = bench_args(__doc__.splitlines()[0])
     print(f"rms_norm, bf16 x and weights, eps {EPS}, median ms per call on {name} (torch {torch.__version__}); warm")
-    if device.type != "cuda":
-        print("no CUDA device: only the eager torch reference runs (graph and Triton columns are nan)")
-    rows = run(device)
-    print_table(rows, ["norm", "shape", "G", "period", *PROVIDERS, "graph speedup"])
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "rms_norm.csv", rows, list(rows[0]))
-    print(f"CSV: {out / 'rms_norm.csv'}")
+    report(run(device), ["norm", "shape", "G", "period", *PROVIDERS, "graph speedup"], args.out, "rms_norm.csv", device)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,8 @@ Prints a table of median ms per call (20th / 80th percentiles in the CSV) and wr
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-from _common import bench_args, print_table, time_providers, write_csv  # benchmarks/kernels, beside this script
+from _common import bench_args, report, time_providers  # benchmarks/kernels, beside this script
 
 from specdec.kernels.tree_accept import accept_path, tree_mask
 from specdec.trees.device import DeviceTree, ancestor_matrix, ddtree_device
@@ -87,14 +85,7 @@ def main() -> None:
     args, device, name = bench_args(__doc__.splitlines()[0])
     print(f"tree_accept, capacity {CAPACITY}, max_depth {MAX_DEPTH}, bf16 mask, median ms per call on {name} "
           f"(torch {torch.__version__}); warm")  # fmt: skip
-    if device.type != "cuda":
-        print("no CUDA device: only the eager torch reference runs (graph and Triton columns are nan)")
-    rows = run(device)
-    print_table(rows, ["op", "slots", *PROVIDERS, "graph speedup"])
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "tree_accept.csv", rows, list(rows[0]))
-    print(f"CSV: {out / 'tree_accept.csv'}")
+    report(run(device), ["op", "slots", *PROVIDERS, "graph speedup"], args.out, "tree_accept.csv", device)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ class DFlashStatic:
         self._bias = None
         if cfg.attention_bias:
             self._bias = torch.cat([a.k_proj.bias for a in attn] + [a.v_proj.bias for a in attn])
-        self._k_norm = torch.stack([a.k_norm.weight for a in attn])[:, None]  # [L, 1, D]
+        self._k_norm = torch.stack([a.k_norm.weight for a in attn])  # [L, D]
         self._versions = self._weight_versions()
 
     def _weight_versions(self) -> tuple:
@@ -77,13 +77,12 @@ class DFlashStatic:
             self._weight.copy_(torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn]))
             if self._bias is not None:
                 self._bias.copy_(torch.cat([a.k_proj.bias for a in attn] + [a.v_proj.bias for a in attn]))
-            self._k_norm.copy_(torch.stack([a.k_norm.weight for a in attn])[:, None])
+            self._k_norm.copy_(torch.stack([a.k_norm.weight for a in attn]))
         self._versions = self._weight_versions()
 
     def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
-        """One of the drafter's ``_RMSNorm`` modules applied to ``x``, by ``norm_impl``."""
-        if self.norm_impl == "torch":
-            return module(x)
+        """One of the drafter's ``_RMSNorm`` modules applied to ``x``, by ``norm_impl`` (``"torch"``: the reference,
+        the module's own ops bit for bit)."""
         return rms_norm(x, module.weight, module.eps, impl=self.norm_impl)
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -110,12 +109,8 @@ class DFlashStatic:
         )
         kv = F.linear(ctx, self._weight, self._bias).view(rows, 2, cfg.num_hidden_layers, cfg.num_key_value_heads, -1)
         k, v = kv[:, 0], kv[:, 1]  # [R, L, H_kv, D]
-        if self.norm_impl == "torch":
-            kf = k.float()
-            kf = kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
-            k = self._k_norm * kf.to(k.dtype)
-        else:  # row (r, layer, head) takes layer's weight: period = heads
-            k = rms_norm(k, self._k_norm[:, 0], cfg.rms_norm_eps, period=k.shape[2], impl=self.norm_impl)
+        # row (r, layer, head) takes its layer's key-norm weight: period = heads
+        k = rms_norm(k, self._k_norm, cfg.rms_norm_eps, period=k.shape[2], impl=self.norm_impl)
         k = self._rope(k, positions)
         src = torch.stack((k, v)).permute(2, 0, 3, 1, 4)  # [L, 2, H_kv, R, D]
         self.kv.index_copy_(4, positions, src[:, :, None].to(self.kv.dtype))

@@ -403,12 +403,13 @@ class FastEngine:
         n, device = input_ids.shape[1], self.device
         size = -(-n // PREFILL_BUCKET) * PREFILL_BUCKET
         scan = bool(self.target.recurrent) and hybrid_prefill() == "scan"
+        pre = None
         if (not self.target.recurrent or scan) and size <= min(PREFILL_CAPTURE_MAX, self.capacity):
-            logits = self._prefill_for(drafter, size, graph)(input_ids)
-            self.prefix.fill_(n)
-            return logits, None
-        if scan:  # a long prompt: the same chain-tree verify, not captured and not kept
-            logits = _Prefill(self, drafter, self._static(drafter), min(size, self.capacity), graph=False)(input_ids)
+            pre = self._prefill_for(drafter, size, graph)
+        elif scan:  # a long prompt: the same chain-tree verify, not captured and not kept
+            pre = _Prefill(self, drafter, self._static(drafter), min(size, self.capacity), graph=False)
+        if pre is not None:
+            logits = pre(input_ids)
             self.prefix.fill_(n)
             return logits, None
         taps = getattr(drafter, "target_layer_ids", None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,8 +51,6 @@ then the commit's replay (captured on the fast path). Both are exact; in bf16 th
 def hybrid_prefill() -> str:
     """The hybrid prefill chosen by ``SPECDEC_HYBRID_PREFILL`` (read at each call; ``"graph"`` is an older name of
     ``"scan"``)."""
-    import os
-
     value = os.environ.get("SPECDEC_HYBRID_PREFILL", "model")
     value = "scan" if value == "graph" else value
     if value not in HYBRID_PREFILLS:

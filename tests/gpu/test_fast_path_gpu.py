@@ -99,7 +99,9 @@ def test_fast_path_sampling_runs_and_reuses_graphs(zoo):
 
 @pytest.mark.parametrize("prefill", ["model", "scan"])
 def test_fast_path_hybrid_fp32_equals_hf_greedy(zoo, prefill, monkeypatch):
-    """The zoo hybrid (Gated DeltaNet + attention) captured on the fast path, with either hybrid prefill."""
+    """The zoo hybrid (Gated DeltaNet + attention) captured on the fast path, with either hybrid prefill: HF greedy;
+    and the eager path with the same prefill (Triton tree scans and path replay on the HF cache): HF greedy with the
+    same accepted lengths."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     monkeypatch.setenv("SPECDEC_HYBRID_PREFILL", prefill)
@@ -112,28 +114,11 @@ def test_fast_path_hybrid_fp32_equals_hf_greedy(zoo, prefill, monkeypatch):
         ids = tok(row["prompt"], return_tensors="pt").input_ids.cuda()
         ref = model.generate(ids, max_new_tokens=48, do_sample=False)
         for tree in (None, specdec.Chain(k=15), specdec.DDTree(budget=32, topk=8)):
-            out = specdec.generate(model, ids, drafter=drafter if tree else None, tree=tree, max_new_tokens=48)
-            assert out.stats.path == "fast"
-            assert torch.equal(out.sequences, ref)
-
-
-def test_hybrid_eager_scan_prefill_fp32_equals_hf_greedy(zoo, monkeypatch):
-    """The zoo hybrid on CUDA, eager path with the scan prefill (Triton tree scans and path replay on the HF cache):
-    HF greedy, and the same accepted lengths as the fast path with the same prefill."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    monkeypatch.setenv("SPECDEC_HYBRID_PREFILL", "scan")
-    model = AutoModelForCausalLM.from_pretrained(zoo / "target-hybrid", dtype=torch.float32).cuda().eval()
-    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
-    drafter = DFlashDrafter.from_pretrained("assets/drafters/zoo-hybrid", target=model)
-    rows = [json.loads(line) for line in (zoo / "prompts_dev.jsonl").read_text().splitlines()]
-    for row in rows[:3]:
-        ids = tok(row["prompt"], return_tensors="pt").input_ids.cuda()
-        ref = model.generate(ids, max_new_tokens=48, do_sample=False)
-        for tree in (None, specdec.DDTree(budget=32, topk=8)):
             kwargs = dict(drafter=drafter if tree else None, tree=tree, max_new_tokens=48)
-            eager = specdec.generate(model, ids, cuda_graphs=False, **kwargs)
             fast = specdec.generate(model, ids, **kwargs)
-            assert eager.stats.path == "eager" and fast.stats.path == "fast"
-            assert torch.equal(eager.sequences, ref) and torch.equal(fast.sequences, ref)
-            assert eager.stats.accept_hist == fast.stats.accept_hist
+            assert fast.stats.path == "fast"
+            assert torch.equal(fast.sequences, ref)
+            if isinstance(tree, specdec.DDTree):
+                eager = specdec.generate(model, ids, cuda_graphs=False, **kwargs)
+                assert eager.stats.path == "eager" and torch.equal(eager.sequences, ref)
+                assert eager.stats.accept_hist == fast.stats.accept_hist
