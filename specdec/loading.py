@@ -40,14 +40,14 @@ def resolve_model_path(path: str | Path, *, what: str = "model folder") -> str:
     return str(path)
 
 
-def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
-    """``"auto"`` = the current accelerator if there is one, else CPU; ``"auto"`` dtype = bf16 on an
-    accelerator, fp32 on CPU."""
-    if device == "auto":
+def resolve_device(device: str | None = "auto", dtype: str | None = "auto") -> tuple[torch.device, torch.dtype]:
+    """``"auto"`` (or ``None``) = the current accelerator if there is one, else CPU; ``"auto"`` (or ``None``)
+    dtype = bf16 on an accelerator, fp32 on CPU."""
+    if device in (None, "auto"):
         accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
         device = accelerator if accelerator is not None else "cpu"
     dev = torch.device(device)
-    if dtype == "auto":
+    if dtype in (None, "auto"):
         return dev, torch.float32 if dev.type == "cpu" else torch.bfloat16
     return dev, getattr(torch, dtype)
 

@@ -127,7 +127,7 @@ class TargetModel:
             (logits ``[V]`` at the last prompt position, taps ``[1, T, L*H]`` or None).
         """
         state = self.state
-        scan = isinstance(state, HybridState) and state.mode == "exact" and hybrid_prefill() == "scan"
+        scan = isinstance(state, HybridState) and state.mode == "exact" and hybrid_prefill(self.device) == "scan"
         self.cache = DynamicCache(config=self.config)
         self.length = 0
         if scan:

@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from _zoo import decodable_prompts, zoo_pair  # benchmarks/e2e, beside this script
@@ -34,8 +35,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--budget", type=int, default=32)
     ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", default="bench_out/prefill_fidelity")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -47,48 +48,54 @@ def main() -> None:
     def tail(seq, ids):
         return seq[0, ids.shape[1] :].tolist()
 
-    outs = {"hf-generate": [tail(model.generate(ids, max_new_tokens=new, do_sample=False), ids) for ids in prompts]}
+    lines = [
+        f"# decoding fidelity, {args.target}, {device}, {dtype}, {len(prompts)} prompts x {new} new tokens, "
+        f"DDTree b{args.budget} topk {args.topk}",
+        "",
+        "| run | = HF greedy | = eager path (DDTree, model's prefill) | = eager path (DDTree, same prefill) | s |",
+        "|---|---|---|---|---|",
+    ]
+    print("\n".join(lines), flush=True)
+
+    def same(a: list, b: list) -> str:
+        return f"{sum(x == y for x, y in zip(a, b, strict=True))}/{len(a)}"
+
+    outs: dict[str, list] = {}
+
+    def row(name: str, mode: str, decode) -> None:
+        start = time.perf_counter()
+        outs[name] = [tail(decode(ids), ids) for ids in prompts]
+        hf = outs.get("hf-generate", outs[name])
+        eager_model = outs.get("eager-ddtree-prefill-model", outs[name])
+        eager_same = outs.get(f"eager-ddtree-prefill-{mode}", outs[name])
+        lines.append(f"| {name} | {same(outs[name], hf)} | {same(outs[name], eager_model)} | "
+                     f"{same(outs[name], eager_same)} | {time.perf_counter() - start:.0f} |")  # fmt: skip
+        print(lines[-1], flush=True)
+
+    # the eager path of each prefill runs before the fast path with it, so every row prints when it is done
+    row("hf-generate", "model", lambda ids: model.generate(ids, max_new_tokens=new, do_sample=False))
     saved = os.environ.get("SPECDEC_HYBRID_PREFILL")
     try:
         for mode in ("model", "scan"):
             os.environ["SPECDEC_HYBRID_PREFILL"] = mode
             for name, d, t, graphs in (("eager-ddtree", drafter, tree, False), ("fast-ar", None, None, True),
                                        ("fast-ddtree", drafter, tree, True)):  # fmt: skip
-                outs[f"{name}-prefill-{mode}"] = [
-                    tail(
-                        specdec.generate(
-                            model, ids, drafter=d, tree=t, max_new_tokens=new, cuda_graphs=graphs
-                        ).sequences,
-                        ids,
-                    )
-                    for ids in prompts
-                ]
+                row(
+                    f"{name}-prefill-{mode}",
+                    mode,
+                    lambda ids, d=d, t=t, graphs=graphs: specdec.generate(
+                        model, ids, drafter=d, tree=t, max_new_tokens=new, cuda_graphs=graphs
+                    ).sequences,
+                )
     finally:
         if saved is None:
             os.environ.pop("SPECDEC_HYBRID_PREFILL", None)
         else:
             os.environ["SPECDEC_HYBRID_PREFILL"] = saved
-    lines = [
-        f"# decoding fidelity, {args.target}, {device}, {dtype}, {len(prompts)} prompts x {new} new tokens, "
-        f"DDTree b{args.budget} topk {args.topk}",
-        "",
-        "| run | = HF greedy | = eager path (DDTree, model's prefill) | = eager path (DDTree, same prefill) |",
-        "|---|---|---|---|",
-    ]
-
-    def same(a: list, b: list) -> str:
-        return f"{sum(x == y for x, y in zip(a, b, strict=True))}/{len(a)}"
-
-    for name, seqs in outs.items():
-        mode = name.rsplit("-", 1)[-1] if "prefill" in name else "model"
-        eager = outs[f"eager-ddtree-prefill-{mode}"]
-        lines.append(f"| {name} | {same(seqs, outs['hf-generate'])} | "
-                     f"{same(seqs, outs['eager-ddtree-prefill-model'])} | {same(seqs, eager)} |")  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "outputs.json").write_text(json.dumps(outs))
     (out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ PHASES = {  # label -> (owner, attribute)
 # ingest: credited to "norms").
 TRITON_PHASES = {
     "_topk_rows_kernel": "build",
+    "_topk_row_in_registers_kernel": "build",
     "_best_first_kernel": "build",
     "_tree_mask_kernel": "mask",
     "_accept_path_kernel": "accept",

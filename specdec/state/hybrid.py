@@ -42,19 +42,24 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 HYBRID_MODES = ("exact", "snapshot")
-HYBRID_PREFILLS = ("model", "scan")
-"""How hybrid targets run the prompt (``SPECDEC_HYBRID_PREFILL``): ``"model"`` (default), the model's own forward
-(HF's chunked or fused kernels); ``"scan"``, the prompt as a chain tree through specdec's adapters and tree scans,
-then the commit's replay (captured on the fast path). Both are exact; in bf16 they round differently."""
+HYBRID_PREFILLS = ("auto", "model", "scan")
+"""How hybrid targets run the prompt (``SPECDEC_HYBRID_PREFILL``): ``"model"``, the model's own forward (HF's
+chunked or fused kernels); ``"scan"``, the prompt as a chain tree through specdec's adapters and tree scans, then
+the commit's replay (captured on the fast path); ``"auto"`` (default), ``scan`` for targets on CUDA (faster there,
+docs/hybrid.md) and ``model`` elsewhere (the sequential tree scan of a long prompt is slow on a CPU). Both are
+exact; in bf16 they round differently."""
 
 
-def hybrid_prefill() -> str:
-    """The hybrid prefill chosen by ``SPECDEC_HYBRID_PREFILL`` (read at each call; ``"graph"`` is an older name of
-    ``"scan"``)."""
-    value = os.environ.get("SPECDEC_HYBRID_PREFILL", "model")
+def hybrid_prefill(device: torch.device | str | None = None) -> str:
+    """The hybrid prefill chosen by ``SPECDEC_HYBRID_PREFILL`` for a target on ``device`` (read at each call;
+    ``"graph"`` is an older name of ``"scan"``): ``"model"`` or ``"scan"``, ``"auto"`` resolved by the device
+    (``None`` counts as CPU)."""
+    value = os.environ.get("SPECDEC_HYBRID_PREFILL", "auto")
     value = "scan" if value == "graph" else value
     if value not in HYBRID_PREFILLS:
-        raise ValueError(f"SPECDEC_HYBRID_PREFILL={value!r}: choose one of {HYBRID_PREFILLS} (default 'model').")
+        raise ValueError(f"SPECDEC_HYBRID_PREFILL={value!r}: choose one of {HYBRID_PREFILLS} (default 'auto').")
+    if value == "auto":
+        return "scan" if device is not None and torch.device(device).type == "cuda" else "model"
     return value
 
 

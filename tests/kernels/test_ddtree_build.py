@@ -49,11 +49,11 @@ def _build_all(device: str, topk_impl: str = "torch") -> list:
 
 
 def topk_cases(seed: int = 1) -> list[tuple[torch.Tensor, int]]:
-    """(logq, k): vocabularies below, at and past one 4096-wide chunk, tie-heavy rows, -inf, -0.0 next to +0.0,
-    bf16 and float64 input (compared after rounding to fp32)."""
+    """(logq, k): vocabularies below, at and past one 4096-wide chunk and the largest row kept in registers (16384),
+    tie-heavy rows, -inf, -0.0 next to +0.0, bf16 and float64 input (compared after rounding to fp32)."""
     gen = torch.Generator().manual_seed(seed)
     out = []
-    for i, vocab in enumerate([1, 2, 7, 48, 300, 4096, 4100, 8195]):
+    for i, vocab in enumerate([1, 2, 7, 48, 300, 4096, 4100, 8195, 16384, 16390]):
         depth = int(torch.randint(1, 16, (1,), generator=gen))
         if i % 2:
             logq = torch.randint(-3, 1, (depth, vocab), generator=gen).float()  # many exact ties

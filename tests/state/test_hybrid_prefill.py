@@ -121,6 +121,37 @@ def test_a_bad_setting_is_refused_before_the_cache_changes(monkeypatch):
     assert hybrid_prefill() == "scan"
 
 
+def test_auto_picks_the_scan_on_cuda_and_the_models_forward_elsewhere(monkeypatch):
+    monkeypatch.delenv("SPECDEC_HYBRID_PREFILL", raising=False)
+    assert hybrid_prefill(torch.device("cuda")) == "scan" and hybrid_prefill("cuda:1") == "scan"
+    assert hybrid_prefill(torch.device("cpu")) == "model" and hybrid_prefill() == "model"
+    monkeypatch.setenv("SPECDEC_HYBRID_PREFILL", "model")
+    assert hybrid_prefill(torch.device("cuda")) == "model"
+    monkeypatch.setenv("SPECDEC_HYBRID_PREFILL", "scan")
+    assert hybrid_prefill(torch.device("cpu")) == "scan"
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_both_paths_resolve_the_prefill_for_the_targets_device(graphs, monkeypatch):
+    """The eager and the fast path ask ``hybrid_prefill`` with the target's device (``auto`` depends on it)."""
+    import specdec.fast.engine
+    import specdec.target
+
+    seen = []
+
+    def spy(device=None):
+        seen.append(device)
+        return hybrid_prefill(device)
+
+    module = specdec.fast.engine if graphs else specdec.target
+    monkeypatch.setattr(module, "hybrid_prefill", spy)
+    target = _target("qwen3_5")
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
+    specdec.generate(target, ids, drafter=_bigram_drafter(target), tree=specdec.DDTree(budget=4, topk=2),
+                     max_new_tokens=3, cuda_graphs=graphs)  # fmt: skip
+    assert seen and all(torch.device(d) == torch.device("cpu") for d in seen)
+
+
 def test_the_prompt_chain_walks_the_nodes_and_rounds_pick_by_size(scan):
     """The prompt's chain goes to ``tree_gdn`` with ``walk="nodes"`` (paths would replay N (N + 1) / 2 steps) on
     both paths; verify rounds leave the choice to the kernel (``"auto"``)."""

@@ -1,11 +1,15 @@
-"""One-launch best-first DDTree selection: the heap builder's pops, done by a single Triton program.
+"""One-launch DDTree build kernels: the per-depth top-k and the heap builder's pops.
 
-The program keeps the heap's open prefixes in registers (``F`` slots: score, parent score, packed rank tuple,
-depth, rank, parent) and pops ``N`` times. A pop takes the open prefix with the largest score, ties broken by
-the smallest packed rank tuple (one int64, most significant digit = depth 1, so shorter tuples sort first),
-emits it as node ``t + 1``, replaces it by its next sibling and opens its first child in slot ``t + 1``. Scores
-are float64 sums ``parent score + fp32 value``, the same arithmetic as the heap builder, so the nodes and their
-order are identical (``tests/kernels/test_ddtree_build.py``).
+Selection: a single Triton program keeps the heap's open prefixes in registers (``F`` slots: score, parent score,
+packed rank tuple, packed depth / rank / parent) and pops ``N`` times. A pop takes the open prefix with the
+largest score, ties broken by the smallest packed rank tuple (one int64, most significant digit = depth 1, so
+shorter tuples sort first; open prefixes have distinct tuples), emits it as node ``t + 1``, replaces it by its
+next sibling and opens its first child in slot ``t + 1``. Scores are float64 sums ``parent score + fp32 value``,
+the same arithmetic as the heap builder, so the nodes and their order are identical
+(``tests/kernels/test_ddtree_build.py``). Each pop costs four reductions, three of them in sequence.
+
+Top-k: one program per depth. Rows of up to 16384 entries are read once into registers as distinct int64 keys
+and each rank is one max; longer rows are scanned once per rank.
 """
 
 from __future__ import annotations
@@ -32,51 +36,47 @@ def _best_first_kernel(
     N: tl.constexpr,
     F: tl.constexpr,
 ):
+    # A pop is on the critical path of the next one, so it takes as few reductions as possible: the max score,
+    # the min rank key among the tied slots (keys of open prefixes are distinct, so that names one slot; its
+    # score and key are then known), and two independent sums for the slot's parent score and packed
+    # (depth, rank, parent) = depth | rank << 8 | parent << 32.
     slot = tl.arange(0, F)
     one = tl.full([], 1, tl.int64)
     first = tl.load(vals_ptr).to(tl.float64)
     score = tl.where(slot == 0, first, 0.0).to(tl.float64)
     parent_score = tl.zeros([F], dtype=tl.float64)
     key = tl.where(slot == 0, one << ((D - 1) * BITS), 0).to(tl.int64)
-    depth = tl.where(slot == 0, 1, 0).to(tl.int32)
-    rank = tl.zeros([F], dtype=tl.int32)
-    parent = tl.zeros([F], dtype=tl.int32)
+    info = tl.where(slot == 0, 1, 0).to(tl.int64)  # depth 1, rank 0, parent 0 (the root)
     active = slot == 0
     for t in range(N):
         best = tl.max(tl.where(active, score, float("-inf")), axis=0)
-        tied = active & (score == best)
-        low = tl.min(tl.where(tied, key, _INT64_MAX), axis=0)
-        pick = tl.min(tl.where(tied & (key == low), slot, F), axis=0)
-        sel = slot == pick
-        p_score = tl.sum(tl.where(sel, score, 0.0), axis=0)
+        low = tl.min(tl.where(active & (score == best), key, _INT64_MAX), axis=0)
+        sel = active & (key == low)
         p_parent_score = tl.sum(tl.where(sel, parent_score, 0.0), axis=0)
-        p_key = tl.sum(tl.where(sel, key, 0), axis=0)
-        p_depth = tl.sum(tl.where(sel, depth, 0), axis=0)
-        p_rank = tl.sum(tl.where(sel, rank, 0), axis=0)
-        p_parent = tl.sum(tl.where(sel, parent, 0), axis=0)
+        p_info = tl.sum(tl.where(sel, info, 0), axis=0)
+        p_depth = (p_info & 0xFF).to(tl.int32)
+        p_rank = ((p_info >> 8) & 0xFFFFFF).to(tl.int32)
         row = (p_depth - 1) * K
         tl.store(tokens_ptr + t, tl.load(ids_ptr + row + p_rank))
-        tl.store(parents_ptr + t, p_parent.to(tl.int64))
+        tl.store(parents_ptr + t, p_info >> 32)
         tl.store(depth_ptr + t, p_depth.to(tl.int64))
         # the popped prefix's slot now holds its next sibling (same parent, next rank at that depth)
         has_sibling = p_rank + 1 < K
         sibling = tl.load(vals_ptr + row + p_rank + 1, mask=has_sibling, other=0.0).to(tl.float64)
         digit = one << ((D - p_depth) * BITS).to(tl.int64)
         score = tl.where(sel, p_parent_score + sibling, score)
-        key = tl.where(sel, p_key + digit, key)
-        rank = tl.where(sel, p_rank + 1, rank)
+        key = tl.where(sel, low + digit, key)
+        info = tl.where(sel, p_info + 256, info)  # rank + 1
         active = active & ~(sel & ~has_sibling)
         # its first child opens in slot t + 1 (never used before: each pop opens at most one new slot)
         has_child = p_depth < D
         child = tl.load(vals_ptr + p_depth * K, mask=has_child, other=0.0).to(tl.float64)
         opened = (slot == t + 1) & has_child
         child_digit = one << (tl.maximum(D - p_depth - 1, 0) * BITS).to(tl.int64)
-        score = tl.where(opened, p_score + child, score)
-        parent_score = tl.where(opened, p_score, parent_score)
-        key = tl.where(opened, p_key + child_digit, key)
-        depth = tl.where(opened, p_depth + 1, depth)
-        rank = tl.where(opened, 0, rank)
-        parent = tl.where(opened, t + 1, parent)
+        score = tl.where(opened, best + child, score)
+        parent_score = tl.where(opened, best, parent_score)
+        key = tl.where(opened, low + child_digit, key)
+        info = tl.where(opened, (p_depth + 1).to(tl.int64) | ((t + 1) * one << 32), info)
         active = active | opened
 
 
@@ -93,6 +93,8 @@ def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
     """
     depth_limit, k = vals.shape
     bits = k.bit_length()
+    if k >= 2**24 or num_nodes >= 2**31:
+        raise ValueError(f"k={k}, num_nodes={num_nodes}: the selection packs ranks in 24 bits and parents in 31.")
     if depth_limit * bits > 63:
         raise ValueError(f"rank tuples of {depth_limit} digits of {bits} bits do not fit one int64 key.")
     out = torch.empty(3, num_nodes, dtype=torch.long, device=vals.device)
@@ -132,6 +134,37 @@ def _topk_rows_kernel(x_ptr, vals_ptr, ids_ptr, V, stride, K, BLOCK: tl.constexp
         prev_i = best_i
 
 
+@triton.jit
+def _topk_row_in_registers_kernel(x_ptr, vals_ptr, ids_ptr, V, stride, K: tl.constexpr, KP: tl.constexpr,
+                                  BLOCK: tl.constexpr):  # fmt: skip
+    """One program per row for rows that fit one ``BLOCK``: the row is read once into registers as distinct int64
+    keys (fp32 value mapped to an ordered integer in the high half, ``V - 1 - id`` in the low half), then each of
+    the ``K`` passes is a single max over the keys below the previous pick. Values are read at the end (-0.0 stays
+    -0.0)."""
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * stride
+    offs = tl.arange(0, BLOCK)
+    inside = offs < V
+    x = tl.load(base + offs, mask=inside, other=float("-inf")).to(tl.float32)
+    bits = x.to(tl.int32, bitcast=True).to(tl.int64)
+    ordered = tl.where(bits < 0, -2147483648 - bits, bits)  # -0.0 and +0.0 both map to 0
+    keys = tl.where(inside, ordered * 4294967296 + (V - 1 - offs), -_INT64_MAX - 1)
+    slot = tl.arange(0, KP)
+    picked = tl.zeros([KP], dtype=tl.int64)
+    prev = tl.full([], _INT64_MAX, tl.int64)
+    for j in range(K):
+        prev = tl.max(tl.where(keys < prev, keys, -_INT64_MAX - 1), axis=0)
+        picked = tl.where(slot == j, V - 1 - (prev & 0xFFFFFFFF), picked)
+    keep = slot < K
+    tl.store(ids_ptr + row * K + slot, picked, mask=keep)
+    tl.store(vals_ptr + row * K + slot, tl.load(base + picked, mask=keep).to(tl.float32), mask=keep)
+
+
+# Rows up to this many entries are read once into registers (the zoo's 8192-token vocabulary); longer rows are
+# scanned once per rank.
+_REGISTER_ROW_MAX = 16384
+
+
 def topk_rows_triton(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``k`` fp32 values and int64 ids per row of ``logq [D, V]``, ranked by (fp32 value desc, id asc), as
     ``specdec.trees.device._topk_rows`` (ties included; -0.0 equals +0.0; no NaN or +inf). ``k <= V``."""
@@ -141,6 +174,13 @@ def topk_rows_triton(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     x = logq.contiguous()
     vals = torch.empty(depth, k, dtype=torch.float32, device=x.device)
     ids = torch.empty(depth, k, dtype=torch.int64, device=x.device)
+    if vocab <= _REGISTER_ROW_MAX:
+        block = triton.next_power_of_2(vocab)
+        _topk_row_in_registers_kernel[(depth,)](
+            x, vals, ids, vocab, x.stride(0), K=k, KP=triton.next_power_of_2(k), BLOCK=block,
+            num_warps=max(1, min(16, block // 512)),
+        )  # fmt: skip
+        return vals, ids
     block = min(triton.next_power_of_2(vocab), 4096)
     _topk_rows_kernel[(depth,)](x, vals, ids, vocab, x.stride(0), k, BLOCK=block, num_warps=8 if block >= 2048 else 4)
     return vals, ids
