@@ -142,6 +142,9 @@ def main() -> None:
         )
         r = rows[-1]
         print(f"{name}: {r['tok_s']:.1f} tok/s, tau {r['tau']:.2f}, path {r['path']}, passes {r['passes']}", flush=True)
+        partial = Path(args.out) / "partial.json"  # what is done so far, in case a time limit cuts the run
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"rows": rows, "outputs": outs}))
 
     eager_same = {}
     if not args.no_eager:
@@ -171,7 +174,7 @@ def main() -> None:
             f"memory: {before / 2**20:.1f} MiB before, {mem[1] / 2**20:.1f} MiB after {done_rounds} rounds", flush=True
         )
 
-    hf = outs.get("hf-generate")
+    hf = outs.get("hf-generate") or outs.get("hf-static")  # HF's greedy tokens (static-cache run without eager)
     static = next((r["tok_s"] for r in rows if r["method"] == "hf-static"), None)
     ar = next((r for r in rows if r["method"] == "ar"), None)
     commit = (
