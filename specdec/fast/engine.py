@@ -225,9 +225,14 @@ class _Round:
 
     # -- host side ---------------------------------------------------------------------------------------
     def take_setup_ms(self) -> tuple[float, float]:
-        """(first warm-up run, rest of warm-up + capture) in ms if this round was captured since the last call."""
+        """(compile, capture) in ms spent by this round since the last call: with ``compile``, its first run
+        (captured rounds: the first warm-up run; uncaptured ones, e.g. on CPU: the first call) counts as compile
+        time and the rest of the warm-up and capture as capture time; without, all of it is capture time (zero
+        when the round is not captured)."""
         cap = self.captured
         first, rest = cap.first_run_s * 1e3, cap.capture_s * 1e3
+        if cap.first_call_uncaptured and not self.compile:  # an uncaptured, uncompiled first call: no setup
+            first = 0.0
         out = (first, rest) if self.compile else (0.0, first + rest)
         cap.first_run_s = cap.capture_s = 0.0
         return out

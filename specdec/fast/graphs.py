@@ -57,9 +57,16 @@ class Captured:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.capture_s = 0.0  # later warm-up runs + capture, seconds
         self.first_run_s = 0.0  # the first warm-up run (where compilation happens), seconds
+        # None until the first call; True when that call ran uncaptured (its time is then first_run_s)
+        self.first_call_uncaptured: bool | None = None if not self.use_graph else False
 
     def __call__(self) -> None:
         if not self.use_graph:
+            if self.first_call_uncaptured is None:  # where a compiled function compiles: its first run
+                start = time.perf_counter()
+                self.fn()
+                self.first_run_s, self.first_call_uncaptured = time.perf_counter() - start, True
+                return
             self.fn()
             return
         if self.graph is None:

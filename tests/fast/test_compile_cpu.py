@@ -1,0 +1,29 @@
+"""``compile=True`` on CPU: the rounds are compiled by inductor and run uncaptured; the tokens stay HF's greedy ones
+and the compile time is reported on the first call only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import tiny_model
+from test_fast_path import prompt, sharp_drafter
+
+import specdec
+
+
+@pytest.mark.slow
+def test_compiled_rounds_equal_hf_greedy_and_report_their_compile_time():
+    target = tiny_model("llama", scale=2.0)
+    drafter = sharp_drafter(target)
+    ids = prompt()
+    ref = target.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+    tree = specdec.DDTree(budget=6, topk=3)
+    kwargs = dict(drafter=drafter, tree=tree, max_new_tokens=20, cuda_graphs=True, compile=True)
+    first = specdec.generate(target, ids, **kwargs)
+    again = specdec.generate(target, ids, **kwargs)
+    assert first.stats.path == again.stats.path == "fast"
+    assert torch.equal(first.sequences, ref) and torch.equal(again.sequences, ref)
+    assert first.stats.compile_ms > 0 and first.stats.capture_ms == 0  # nothing is captured on CPU
+    assert again.stats.compile_ms == 0 and again.stats.capture_ms == 0  # the compiled round is reused
+    plain = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=20, cuda_graphs=True)
+    assert torch.equal(plain.sequences, ref) and plain.stats.compile_ms == plain.stats.capture_ms == 0
