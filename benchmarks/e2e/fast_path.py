@@ -5,7 +5,10 @@ DDTree on the fast path, all measured warm in one run.
         --num-prompts 20 --max-new-tokens 128 --out bench_out/fast
 
 Every method first decodes every prompt once untimed (warm-up: kernel selection, graph capture, compilation),
-then the same prompts are timed. Prompts whose first greedy token is EOS are skipped (they decode nothing).
+then the same prompts are timed; a row that still captured or compiled while timed is flagged. ``--interleave``
+warms every method twice and then times pass p of every method before pass p + 1 of any, so that slow drifts of
+the machine reach all rows alike (with ``--repeat``, the best DDTree / chain ratio is also printed per pass).
+Prompts whose first greedy token is EOS are skipped (they decode nothing).
 tok/s = new tokens / wall time of the whole call (prefill included) summed over prompts, for every row alike.
 """
 
@@ -58,6 +61,9 @@ def main() -> None:
     ap.add_argument("--eager-only", nargs="*", default=None, help="compare only these rows with the eager path")
     ap.add_argument("--skip", nargs="*", default=[], help="rows not to run (e.g. ar)")
     ap.add_argument("--repeat", type=int, default=1, help="timed passes per row (run-to-run noise; tok/s = mean)")
+    ap.add_argument(
+        "--interleave", action="store_true", help="warm every method twice, then time pass p of all before pass p + 1"
+    )
     ap.add_argument("--memory-rounds", type=int, default=1000, help="rounds of the flat-memory check (0 = skip)")
     ap.add_argument("--out", default="bench_out/fast")
     args = ap.parse_args()
@@ -92,52 +98,62 @@ def main() -> None:
 
     rows = []
     methods = {k: v for k, v in methods.items() if k not in args.skip}
-    for name, fn in methods.items():
-        t0 = time.perf_counter()
-        setup_ms = 0.0
-        for _, ids in prompts:  # warm-up: every prompt once
-            out = fn(ids)
+    warm: dict[str, tuple[float, float]] = {}  # method -> (warm-up s, capture + compile ms)
+    timed: dict[str, list[dict]] = {name: [] for name in methods}
+
+    def warm_up(name: str) -> None:
+        t0, setup_ms = time.perf_counter(), 0.0
+        for _, ids in prompts:  # every prompt once
+            out = methods[name](ids)
             if hasattr(out, "stats"):
                 setup_ms += out.stats.capture_ms + out.stats.compile_ms
         _sync(device)
-        warm_s = time.perf_counter() - t0
-        passes = []
-        phases = {"prefill": 0.0, "round": 0.0}  # the loop's own phase times (CUDA events on GPU), all passes
-        for _ in range(args.repeat):
-            wall, n_tok, rounds, committed, seqs, paths = 0.0, 0, 0, 0, {}, set()
-            for pid, ids in prompts:
-                _sync(device)
-                t = time.perf_counter()
-                out = fn(ids)
-                _sync(device)
-                wall += time.perf_counter() - t
-                seq = out.sequences if hasattr(out, "sequences") else out
-                seqs[pid] = seq[0, ids.shape[1] :].tolist()
-                n_tok += len(seqs[pid])
-                if hasattr(out, "stats"):
-                    rounds += out.stats.rounds
-                    committed += sum((a + 1) * c for a, c in enumerate(out.stats.accept_hist))
-                    paths.add(out.stats.path)
-                    for phase in phases:
-                        phases[phase] += out.stats.phase_ms.get(phase, 0.0)
-            passes.append(n_tok / wall)
+        s0, m0 = warm.get(name, (0.0, 0.0))
+        warm[name] = (s0 + time.perf_counter() - t0, m0 + setup_ms)
+
+    def timed_pass(name: str) -> None:
+        got = {"wall": 0.0, "tokens": 0, "rounds": 0, "committed": 0, "seqs": {}, "paths": set(), "cold_ms": 0.0,
+               "prefill": 0.0, "round": 0.0}  # fmt: skip
+        for pid, ids in prompts:
+            _sync(device)
+            t = time.perf_counter()
+            out = methods[name](ids)
+            _sync(device)
+            got["wall"] += time.perf_counter() - t
+            seq = out.sequences if hasattr(out, "sequences") else out
+            got["seqs"][pid] = seq[0, ids.shape[1] :].tolist()
+            got["tokens"] += len(got["seqs"][pid])
+            if hasattr(out, "stats"):
+                got["rounds"] += out.stats.rounds
+                got["committed"] += sum((a + 1) * c for a, c in enumerate(out.stats.accept_hist))
+                got["paths"].add(out.stats.path)
+                got["cold_ms"] += out.stats.capture_ms + out.stats.compile_ms  # must stay 0: nothing cold is timed
+                for phase in ("prefill", "round"):  # the loop's own phase times (CUDA events on GPU)
+                    got[phase] += out.stats.phase_ms.get(phase, 0.0)
+        timed[name].append(got)
+
+    def finish(name: str) -> None:
+        done = timed[name]
+        passes = [p["tokens"] / p["wall"] for p in done]
+        n_tok, rounds, committed = done[-1]["tokens"], done[-1]["rounds"], done[-1]["committed"]
         wall = n_tok / (sum(passes) / len(passes))  # the mean pass
-        outs[name] = seqs
+        outs[name] = done[-1]["seqs"]
         rows.append(
             {
                 "method": name,
                 "tok_s": n_tok / wall,
                 "tau": committed / rounds if rounds else 1.0,
                 "ms_per_round": 1e3 * wall / rounds if rounds else None,
-                "warmup_s": warm_s,
-                "setup_ms": setup_ms,
-                "path": ",".join(sorted(paths)) or "hf",
+                "warmup_s": warm[name][0],
+                "setup_ms": warm[name][1],
+                "cold_ms": sum(p["cold_ms"] for p in done),
+                "path": ",".join(sorted(set().union(*(p["paths"] for p in done)))) or "hf",
                 "new_tokens": n_tok,
                 "passes": passes,
                 # per call: wall, prefill (+ first token), rounds (stream time from the first launch to the read)
                 "call_ms": 1e3 * wall / len(prompts),
-                "prefill_ms": phases["prefill"] / (len(prompts) * args.repeat),
-                "rounds_ms": phases["round"] / (len(prompts) * args.repeat),
+                "prefill_ms": sum(p["prefill"] for p in done) / (len(prompts) * len(done)),
+                "rounds_ms": sum(p["round"] for p in done) / (len(prompts) * len(done)),
             }
         )
         r = rows[-1]
@@ -145,6 +161,21 @@ def main() -> None:
         partial = Path(args.out) / "partial.json"  # what is done so far, in case a time limit cuts the run
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps({"rows": rows, "outputs": outs}))
+
+    if args.interleave:  # all warm-ups twice (a later method may grow the storage and retire earlier graphs), then
+        for name in [*methods, *methods]:  # pass p of every method before pass p + 1 of any
+            warm_up(name)
+        for _ in range(args.repeat):
+            for name in methods:
+                timed_pass(name)
+        for name in methods:
+            finish(name)
+    else:
+        for name in methods:
+            warm_up(name)
+            for _ in range(args.repeat):
+                timed_pass(name)
+            finish(name)
 
     eager_same = {}
     if not args.no_eager:
@@ -231,6 +262,13 @@ def main() -> None:
         )
     if best and chain:
         lines.append(f"- best DDTree ({best['method']}) / chain: {best['tok_s'] / chain['tok_s']:.2f} (target >= 1.35)")
+        if args.interleave and args.repeat > 1:  # the same ratio within each pass (rows timed side by side)
+            per_pass = [b / c for b, c in zip(best["passes"], chain["passes"], strict=True)]
+            lines.append("  per pass: " + " / ".join(f"{x:.2f}" for x in per_pass))
+    for r in rows:
+        if r["cold_ms"]:
+            lines.append(f"- WARNING {r['method']}: {r['cold_ms']:.0f} ms of capture or compilation inside the timed "
+                         "passes (a shape the warm-up missed); its tok/s is not warm")  # fmt: skip
     if best and static:
         lines.append(f"- best DDTree / hf-static: {best['tok_s'] / static:.2f} (target >= 2.5)")
     calls = [r for r in rows if r["path"] == "fast"]  # the eager loop times nested phases

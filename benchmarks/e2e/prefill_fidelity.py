@@ -83,9 +83,11 @@ def main() -> None:
                 row(
                     f"{name}-prefill-{mode}",
                     mode,
-                    lambda ids, d=d, t=t, graphs=graphs: specdec.generate(
-                        model, ids, drafter=d, tree=t, max_new_tokens=new, cuda_graphs=graphs
-                    ).sequences,
+                    lambda ids, d=d, t=t, graphs=graphs: (
+                        specdec.generate(
+                            model, ids, drafter=d, tree=t, max_new_tokens=new, cuda_graphs=graphs
+                        ).sequences
+                    ),
                 )
     finally:
         if saved is None:
