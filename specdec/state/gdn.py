@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from specdec.kernels import gdn_path_replay, tree_gdn
+from specdec.kernels.tree_gdn import chain_walk
 from specdec.kernels.tree_gdn.reference import gdn_step
 from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv
 
@@ -85,8 +86,9 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
 
         # conv tap W-2 is the parent's column (stored - 1 above the root): the parent array already on the device
         parents = index[:, -2] - conv.shape[-1]
-        # the prompt's chain: one walk over the nodes (replaying every node's path would cost N (N + 1) / 2 steps)
-        walk = "nodes" if rnd.prompt else "auto"
+        # the prompt's chain: one walk over the nodes (replaying every node's path would cost N (N + 1) / 2 steps);
+        # a drafted chain: by its size and the layer's heads; other trees: by their size (tree_gdn's "auto")
+        walk = "nodes" if rnd.prompt else chain_walk(n, m.num_v_heads) if rnd.chain else "auto"
         out = tree_gdn(rec[0].float(), q, k, v, g, beta, parents, impl="auto", walk=walk)
         out = out.to(hidden_states.dtype)  # [N, HV, V]
         out = m.norm(out.reshape(-1, m.head_v_dim), z[0].reshape(-1, m.head_v_dim)).reshape(1, n, -1)

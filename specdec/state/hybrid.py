@@ -247,6 +247,7 @@ class VerifyRound:
     snap: Snapshot | None = None
     native: bool = False
     prompt: bool = False  # the prompt's chain tree (the scan prefill): tree scans walk the nodes in order
+    chain: bool = False  # each node's parent is the node before (tree scans pick their schedule for chains)
     _on_device: dict = field(default_factory=dict, repr=False)
 
     def topology(self, device: torch.device) -> TreeTopology:
@@ -430,6 +431,7 @@ class HybridState:
             topo=TreeTopology.from_tree(tree, device),
             prompt=prompt,
         )
+        rnd.chain = rnd.topo.is_chain
         if self.mode == "snapshot":
             rnd.snap = snapshot(cache, attention="length")
             rnd.native = rnd.topo.is_chain

@@ -224,6 +224,19 @@ def test_auto_walk_follows_the_node_count():
         kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="levels")
 
 
+# The faster schedule on chains, as measured by bench_tree_gdn.py on an H200 (docs/kernels.md, 95b3174):
+# (value heads, nodes) -> the schedule with the lower graph-replayed time per layer.
+CHAIN_BENCH = {(8, 16): "paths", (8, 32): "paths", (8, 64): "nodes", (8, 128): "nodes",
+               (32, 16): "nodes", (32, 32): "nodes", (32, 64): "nodes", (32, 128): "nodes",
+               (48, 16): "nodes", (48, 32): "nodes", (48, 64): "nodes", (48, 128): "nodes"}  # fmt: skip
+
+
+def test_chain_walk_picks_the_measured_faster_schedule():
+    from specdec.kernels.tree_gdn import chain_walk
+
+    assert {(heads, n): chain_walk(n, heads) for heads, n in CHAIN_BENCH} == CHAIN_BENCH
+
+
 def test_auto_on_cpu_is_the_reference():
     inputs = make_inputs(Case(9, 2, 16, 16, "random"))
     assert torch.equal(tree_gdn(**inputs), tree_gdn_reference(**inputs))

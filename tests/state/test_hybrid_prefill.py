@@ -160,10 +160,12 @@ def test_the_prompt_chain_walks_the_nodes_and_rounds_pick_by_size(scan):
     target = _target("qwen3_5")
     drafter = _bigram_drafter(target)
     ids = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(4))
-    walks: list[tuple[int, str]] = []
+    walks: list[tuple[int, str, bool]] = []
 
     def spy(*args, walk="auto", **kwargs):
-        walks.append((args[1].shape[0], walk))
+        parents = args[6]
+        chain = torch.equal(parents.cpu(), torch.arange(-1, parents.numel() - 1))
+        walks.append((args[1].shape[0], walk, chain))
         return gdn_tree(*args, walk=walk, **kwargs)
 
     gdn_tree = gdn.tree_gdn
@@ -172,9 +174,44 @@ def test_the_prompt_chain_walks_the_nodes_and_rounds_pick_by_size(scan):
             walks.clear()
             specdec.generate(target, ids, drafter=drafter, tree=specdec.DDTree(budget=8), max_new_tokens=6,
                              cuda_graphs=graphs)  # fmt: skip
-            prompt = [w for n, w in walks if n >= 20]
-            rounds = [w for n, w in walks if n < 20]
+            prompt = [w for n, w, _ in walks if n >= 20]
+            trees = [w for n, w, chain in walks if n < 20 and (graphs or not chain)]
             assert prompt and set(prompt) == {"nodes"}, graphs  # one per GDN layer (the fast path pads to 64)
-            assert rounds and set(rounds) == {"auto"}, graphs
+            # DDTree rounds: "auto"; on the eager path a round whose tree came out as a chain takes the chain rule
+            assert trees and set(trees) == {"auto"}, graphs
     with pytest.raises(ValueError, match="walk="):
         gdn_tree(*(torch.zeros(1),) * 7, walk="levels")
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_drafted_chains_pick_their_schedule_by_size_and_heads(graphs, monkeypatch):
+    """Chain rounds ask ``tree_gdn`` for ``chain_walk``'s schedule (paths while value heads x nodes is small, the
+    node walk past it) on both paths; DDTree rounds keep ``"auto"``; the tokens stay HF's greedy ones."""
+    import sys
+
+    import specdec.state.gdn as gdn
+
+    tree_gdn_module = sys.modules["specdec.kernels.tree_gdn"]  # the package (specdec.kernels.tree_gdn is the function)
+
+    target = _target("qwen3_5")
+    drafter = _bigram_drafter(target)
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(5))
+    ref = target.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    walks: list[str] = []
+    gdn_tree = gdn.tree_gdn
+
+    def spy(*args, walk="auto", **kwargs):
+        walks.append(walk)
+        return gdn_tree(*args, walk=walk, **kwargs)
+
+    def rounds(tree) -> set[str]:
+        walks.clear()
+        out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=8, cuda_graphs=graphs)
+        assert torch.equal(out.sequences, ref)
+        return set(walks)
+
+    monkeypatch.setattr(gdn, "tree_gdn", spy)
+    assert rounds(specdec.Chain(k=4)) == {"paths"}  # 5 nodes x a few value heads
+    assert rounds(specdec.DDTree(budget=4, topk=2)) == {"auto"}
+    monkeypatch.setattr(tree_gdn_module, "CHAIN_PATHS_MAX_WORK", 0)
+    assert rounds(specdec.Chain(k=4)) == {"nodes"}

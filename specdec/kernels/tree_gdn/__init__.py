@@ -13,9 +13,32 @@ import torch
 from specdec.kernels._triton import importable
 from specdec.kernels.tree_gdn.reference import gdn_path_replay_reference, tree_gdn_reference
 
-__all__ = ["auto_impl", "gdn_path_replay", "gdn_path_replay_reference", "tree_gdn", "tree_gdn_reference"]
+__all__ = [
+    "CHAIN_PATHS_MAX_WORK",
+    "auto_impl",
+    "chain_walk",
+    "gdn_path_replay",
+    "gdn_path_replay_reference",
+    "tree_gdn",
+    "tree_gdn_reference",
+]
 
 Impl = Literal["auto", "triton", "reference"]
+
+CHAIN_PATHS_MAX_WORK = 256
+"""A chain takes the path schedule only while value heads x nodes stays within this (``chain_walk``)."""
+
+
+def chain_walk(num_nodes: int, num_value_heads: int) -> str:
+    """The ``walk`` for a chain of ``num_nodes`` nodes in a layer with ``num_value_heads`` value heads.
+
+    On a chain the path schedule replays N (N + 1) / 2 steps over N programs per (value head, value block), so it
+    pays only while those programs fill the GPU in about one wave: ``"paths"`` while ``num_value_heads *
+    num_nodes <= CHAIN_PATHS_MAX_WORK``, else ``"nodes"``. The bound is read off the kernel bench on an H200
+    (docs/kernels.md, ``95b3174``): 8 value heads, paths faster at 16 and 32 nodes, nodes at 64 and 128; 32 and 48
+    value heads, nodes faster at every size from 16 nodes (2.0-15.6x).
+    """
+    return "paths" if num_value_heads * num_nodes <= CHAIN_PATHS_MAX_WORK else "nodes"
 
 
 def tree_gdn(
