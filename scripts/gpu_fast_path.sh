@@ -4,13 +4,16 @@
 # dense: the gpu tests, the fast-path table (HF rows, eager comparison of b15 / b32, memory) and the round profile.
 # hybrid: the gpu tests, the bf16 prefill fidelity table, the sweep with both prefills (two passes), the round
 # profile and the 8 B Qwen3.5 shape. Each step has its own time limit, so a slow step leaves the others' tables.
-# STEP (default: all of them): tests, fast, profile (dense); tests, fidelity, sweep-model, sweep-scan, profile,
-# shape (hybrid). The whole hybrid run takes about 20 minutes.
+# STEP (default: tests fast profile, or tests fidelity sweep-model sweep-scan profile shape): tests, fast, profile,
+# ratio (the rows timed pass by pass, --interleave --repeat 3), compile-cache, kernels (dense); tests, fidelity,
+# sweep-model, sweep-scan, ratio, profile, shape, kernels (hybrid). The whole default hybrid run takes about 20
+# minutes.
 set -u
 NAME=${1:?dense or hybrid}
 OUT=${2:?output folder}
 shift 2
-STEPS=" ${*:-tests fast fidelity sweep-model sweep-scan profile shape} "
+if [ "$NAME" = dense ]; then DEFAULT="tests fast profile"; else DEFAULT="tests fidelity sweep-model sweep-scan profile shape"; fi
+STEPS=" ${*:-$DEFAULT} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 export PYTHONPATH=${PYTHONPATH:-}:$(pwd) PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -29,6 +32,18 @@ if [ "$NAME" = dense ]; then
         timeout 90 python3 benchmarks/e2e/round_profile.py --budgets 15 32 64 >"$OUT/prof.log" 2>&1
         grep -A9 "^# round" "$OUT/prof.log"
     fi
+    if want ratio; then
+        timeout 240 python3 benchmarks/e2e/fast_path.py --budgets 15 32 64 --no-hf --no-eager --memory-rounds 0 \
+            --interleave --repeat 3 --out "$OUT/ratio" >"$OUT/ratio.log" 2>&1; tables "$OUT/ratio.log" 24
+    fi
+    if want compile-cache; then
+        timeout 400 python3 benchmarks/e2e/compile_cache.py --processes 2 >"$OUT/compile_cache.log" 2>&1
+        tables "$OUT/compile_cache.log" 6
+    fi
+    if want kernels; then
+        (cd benchmarks/kernels && timeout 90 python3 bench_device_tree.py --out "$OUT/kernels" >"$OUT/kernels.log" 2>&1)
+        tail -18 "$OUT/kernels.log"
+    fi
 else
     H="--target target-hybrid --drafter assets/drafters/zoo-hybrid"
     if want tests; then
@@ -45,6 +60,14 @@ else
             --budgets 8 16 32 64 128 --repeat 2 --eager-only ddtree-b32-k8 ddtree-b64-k8 --memory-rounds 0 \
             --out "$OUT/sweep-$prefill" >"$OUT/sweep-$prefill.log" 2>&1; tables "$OUT/sweep-$prefill.log" 34
     done
+    if want ratio; then
+        timeout 280 python3 benchmarks/e2e/fast_path.py $H --no-hf --no-eager --budgets 16 32 64 --memory-rounds 0 \
+            --interleave --repeat 3 --out "$OUT/ratio" >"$OUT/ratio.log" 2>&1; tables "$OUT/ratio.log" 24
+    fi
+    if want kernels; then
+        (cd benchmarks/kernels && timeout 120 python3 bench_tree_mamba2.py --out "$OUT/kernels" >"$OUT/kernels.log" 2>&1)
+        tail -30 "$OUT/kernels.log"
+    fi
     if want profile; then
         SPECDEC_HYBRID_PREFILL=scan timeout 90 python3 benchmarks/e2e/round_profile.py $H --budgets 16 32 64 \
             >"$OUT/prof.log" 2>&1; grep -A9 "^# round" "$OUT/prof.log"
