@@ -5,7 +5,8 @@
 # hybrid: the gpu tests, the bf16 prefill fidelity table, the sweep with both prefills (two passes), the round
 # profile and the 8 B Qwen3.5 shape. Each step has its own time limit, so a slow step leaves the others' tables.
 # STEP (default: tests fast profile, or tests fidelity sweep-model sweep-scan profile shape): tests, fast, profile,
-# ratio (the rows timed pass by pass, --interleave --repeat 3), compile-cache, kernels (dense); tests, fidelity,
+# ratio (the rows timed pass by pass, --interleave --repeat 3, with budgets 31 / 63 whose 32 / 64 slots may tile
+# better than 33 / 65), compile-cache, kernels (dense); tests, fidelity,
 # sweep-model, sweep-scan, ratio, profile, shape, kernels (hybrid). The whole default hybrid run takes about 20
 # minutes.
 set -u
@@ -33,7 +34,7 @@ if [ "$NAME" = dense ]; then
         grep -A9 "^# round" "$OUT/prof.log"
     fi
     if want ratio; then
-        timeout 240 python3 benchmarks/e2e/fast_path.py --budgets 15 32 64 --no-hf --no-eager --memory-rounds 0 \
+        timeout 280 python3 benchmarks/e2e/fast_path.py --budgets 15 31 32 63 64 --no-hf --no-eager --memory-rounds 0 \
             --interleave --repeat 3 --out "$OUT/ratio" >"$OUT/ratio.log" 2>&1; tables "$OUT/ratio.log" 24
     fi
     if want compile-cache; then
