@@ -240,6 +240,8 @@ def main() -> None:
             + f"{r['warmup_s']:.1f} | {r['setup_ms']:.0f} |"
         )
     lines.append("")
+    if hf is not None and "hf-generate" not in outs:
+        lines.append("- = HF greedy: against HF's static-cache greedy tokens (HF's eager row was not run)")
     trees = [r for r in rows if r["method"].startswith("ddtree")]
     chain = next((r for r in rows if r["method"].startswith("dflash-chain")), None)
     best = max(trees, key=lambda r: r["tok_s"]) if trees else None
