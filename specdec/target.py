@@ -127,7 +127,8 @@ class TargetModel:
             (logits ``[V]`` at the last prompt position, taps ``[1, T, L*H]`` or None).
         """
         state = self.state
-        scan = isinstance(state, HybridState) and state.mode == "exact" and hybrid_prefill(self.device) == "scan"
+        exact_hybrid = isinstance(state, HybridState) and state.mode == "exact"
+        scan = exact_hybrid and hybrid_prefill(self.device, input_ids.shape[-1]) == "scan"
         self.cache = DynamicCache(config=self.config)
         self.length = 0
         if scan:

@@ -402,12 +402,13 @@ class FastEngine:
         Prompts of up to ``PREFILL_CAPTURE_MAX`` tokens are padded to a multiple of ``PREFILL_BUCKET`` and run
         through a captured forward per padded length (``graph``); longer prompts run eagerly. Hybrid targets
         prefill as ``specdec.state.hybrid_prefill`` says: the model's own forward, copied into static storage, or
-        (``scan``, the default on CUDA) the chain-tree verify of ``_Prefill`` (longer prompts run it
-        uncaptured, at their padded size), as the eager path's prefill then does too.
+        (``scan``, the default on CUDA for prompts up to 4096 tokens) the chain-tree verify of ``_Prefill``
+        (prompts over ``PREFILL_CAPTURE_MAX`` run it uncaptured, at their padded size), as the eager path's prefill
+        then does too.
         """
         n, device = input_ids.shape[1], self.device
         size = -(-n // PREFILL_BUCKET) * PREFILL_BUCKET
-        scan = bool(self.target.recurrent) and hybrid_prefill(device) == "scan"
+        scan = bool(self.target.recurrent) and hybrid_prefill(device, n) == "scan"
         pre = None
         if (not self.target.recurrent or scan) and size <= min(PREFILL_CAPTURE_MAX, self.capacity):
             pre = self._prefill_for(drafter, size, graph)

@@ -26,6 +26,7 @@ from specdec.state.snapshot import Snapshot, restore, snapshot
 from specdec.types import DraftTree
 
 __all__ = [
+    "AUTO_SCAN_MAX_TOKENS",
     "HYBRID_MODES",
     "HYBRID_PREFILLS",
     "HybridState",
@@ -45,21 +46,29 @@ HYBRID_MODES = ("exact", "snapshot")
 HYBRID_PREFILLS = ("auto", "model", "scan")
 """How hybrid targets run the prompt (``SPECDEC_HYBRID_PREFILL``): ``"model"``, the model's own forward (HF's
 chunked or fused kernels); ``"scan"``, the prompt as a chain tree through specdec's adapters and tree scans, then
-the commit's replay (captured on the fast path); ``"auto"`` (default), ``scan`` for targets on CUDA (faster there,
-docs/hybrid.md) and ``model`` elsewhere (the sequential tree scan of a long prompt is slow on a CPU). Both are
-exact; in bf16 they round differently."""
+the commit's replay (captured on the fast path); ``"auto"`` (default), ``scan`` for prompts of up to
+``AUTO_SCAN_MAX_TOKENS`` tokens on CUDA (faster there, docs/hybrid.md) and ``model`` otherwise. Both are exact; in
+bf16 they round differently."""
+
+AUTO_SCAN_MAX_TOKENS = 4096
+"""The longest prompt ``"auto"`` prefills by the scan. The scan walks a prompt's chain one node after another in
+every recurrent layer and attends under an N x N mask (32 MiB in bf16 at this length), where the model's chunked
+forward is parallel over the prompt; past this length ``auto`` leaves long prompts to the model. A guard on
+memory and sequential steps, not a measured crossover (the zoo's prompts, up to 649 tokens, are measured)."""
 
 
-def hybrid_prefill(device: torch.device | str | None = None) -> str:
-    """The hybrid prefill chosen by ``SPECDEC_HYBRID_PREFILL`` for a target on ``device`` (read at each call;
-    ``"graph"`` is an older name of ``"scan"``): ``"model"`` or ``"scan"``, ``"auto"`` resolved by the device
-    (``None`` counts as CPU)."""
+def hybrid_prefill(device: torch.device | str | None = None, num_tokens: int | None = None) -> str:
+    """The hybrid prefill chosen by ``SPECDEC_HYBRID_PREFILL`` for a prompt of ``num_tokens`` tokens and a target
+    on ``device`` (read at each call; ``"graph"`` is an older name of ``"scan"``): ``"model"`` or ``"scan"``,
+    ``"auto"`` resolved by the device and the length (``None`` counts as CPU / as a short prompt)."""
     value = os.environ.get("SPECDEC_HYBRID_PREFILL", "auto")
     value = "scan" if value == "graph" else value
     if value not in HYBRID_PREFILLS:
         raise ValueError(f"SPECDEC_HYBRID_PREFILL={value!r}: choose one of {HYBRID_PREFILLS} (default 'auto').")
     if value == "auto":
-        return "scan" if device is not None and torch.device(device).type == "cuda" else "model"
+        on_cuda = device is not None and torch.device(device).type == "cuda"
+        short = num_tokens is None or num_tokens <= AUTO_SCAN_MAX_TOKENS
+        return "scan" if on_cuda and short else "model"
     return value
 
 

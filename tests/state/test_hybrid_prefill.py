@@ -121,27 +121,29 @@ def test_a_bad_setting_is_refused_before_the_cache_changes(monkeypatch):
     assert hybrid_prefill() == "scan"
 
 
-def test_auto_picks_the_scan_on_cuda_and_the_models_forward_elsewhere(monkeypatch):
+def test_auto_picks_the_scan_for_short_prompts_on_cuda_and_the_models_forward_otherwise(monkeypatch):
     monkeypatch.delenv("SPECDEC_HYBRID_PREFILL", raising=False)
-    assert hybrid_prefill(torch.device("cuda")) == "scan" and hybrid_prefill("cuda:1") == "scan"
-    assert hybrid_prefill(torch.device("cpu")) == "model" and hybrid_prefill() == "model"
+    assert hybrid_prefill(torch.device("cuda")) == "scan" and hybrid_prefill("cuda:1", 4096) == "scan"
+    assert hybrid_prefill("cuda", 4097) == "model"
+    assert hybrid_prefill(torch.device("cpu"), 10) == "model" and hybrid_prefill() == "model"
     monkeypatch.setenv("SPECDEC_HYBRID_PREFILL", "model")
-    assert hybrid_prefill(torch.device("cuda")) == "model"
+    assert hybrid_prefill(torch.device("cuda"), 10) == "model"
     monkeypatch.setenv("SPECDEC_HYBRID_PREFILL", "scan")
-    assert hybrid_prefill(torch.device("cpu")) == "scan"
+    assert hybrid_prefill(torch.device("cpu"), 5000) == "scan"
 
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_both_paths_resolve_the_prefill_for_the_targets_device(graphs, monkeypatch):
-    """The eager and the fast path ask ``hybrid_prefill`` with the target's device (``auto`` depends on it)."""
+    """The eager and the fast path ask ``hybrid_prefill`` with the target's device and the prompt's length
+    (``auto`` depends on both)."""
     import specdec.fast.engine
     import specdec.target
 
     seen = []
 
-    def spy(device=None):
-        seen.append(device)
-        return hybrid_prefill(device)
+    def spy(device=None, num_tokens=None):
+        seen.append((device, num_tokens))
+        return hybrid_prefill(device, num_tokens)
 
     module = specdec.fast.engine if graphs else specdec.target
     monkeypatch.setattr(module, "hybrid_prefill", spy)
@@ -149,7 +151,7 @@ def test_both_paths_resolve_the_prefill_for_the_targets_device(graphs, monkeypat
     ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
     specdec.generate(target, ids, drafter=_bigram_drafter(target), tree=specdec.DDTree(budget=4, topk=2),
                      max_new_tokens=3, cuda_graphs=graphs)  # fmt: skip
-    assert seen and all(torch.device(d) == torch.device("cpu") for d in seen)
+    assert seen and all(torch.device(d) == torch.device("cpu") and n == 6 for d, n in seen)
 
 
 def test_the_prompt_chain_walks_the_nodes_and_rounds_pick_by_size(scan):
