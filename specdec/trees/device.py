@@ -20,6 +20,7 @@ import torch
 
 from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
 from specdec.trees.ddtree import _check_logq as check_logq
+from specdec.trees.mask import ancestor_mask
 from specdec.types import DraftTree
 
 __all__ = ["DeviceTree", "ancestor_matrix", "chain_device", "ddtree_device", "root_tree_device", "to_draft_tree"]
@@ -156,15 +157,7 @@ def ancestor_matrix(tree: DeviceTree, max_depth: int) -> torch.Tensor:
         torch.Tensor: ``[S, S]`` bool on the tree's device.
     """
     _check_int("max_depth", max_depth, 0)
-    slots = tree.parents.numel()
-    mask = torch.eye(slots, dtype=torch.bool, device=tree.parents.device)  # distances [0, 2**t)
-    jump = tree.parents  # the ancestor 2**t levels up, -1 above the root
-    for _ in range(max_depth.bit_length()):
-        has = (jump >= 0).unsqueeze(-1)
-        hop = jump.clamp(min=0)
-        mask = mask | (mask[hop] & has)
-        jump = torch.where(jump >= 0, jump[hop], -1)
-    return mask
+    return ancestor_mask(tree.parents, max_depth)
 
 
 def to_draft_tree(tree: DeviceTree) -> DraftTree:
