@@ -33,6 +33,27 @@ PATHS_MAX_NODES = 128
 
 
 @triton.jit
+def _head_slice(HV, HEADS_PER_KEY, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+    """This program's value head (axis 0) and value block (axis 1): head, its key head, the number of key heads,
+    the key / value offsets and their masks."""
+    head = tl.program_id(0).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask_k = offs_k < K
+    mask_v = offs_v < V
+    return head, head // HEADS_PER_KEY, HV // HEADS_PER_KEY, offs_k, offs_v, mask_k, mask_v
+
+
+@triton.jit
+def _delta_rule_step(state, k, v, g, beta):
+    """One gated delta-rule update of a ``[BLOCK_K, BLOCK_V]`` state slice (decay, recall, corrected write)."""
+    state = state * tl.exp(g)
+    recalled = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]
+    delta = (v - recalled) * beta
+    return state + k[:, None] * delta[None, :]
+
+
+@triton.jit
 def _tree_gdn_kernel(
     init_ptr,
     q_ptr,
@@ -53,13 +74,8 @@ def _tree_gdn_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    head = tl.program_id(0).to(tl.int64)
-    key_head = head // HEADS_PER_KEY
-    num_key_heads = HV // HEADS_PER_KEY
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask_k = offs_k < K
-    mask_v = offs_v < V
+    head, key_head, num_key_heads, offs_k, offs_v, mask_k, mask_v = _head_slice(HV, HEADS_PER_KEY, K, V, BLOCK_K,
+                                                                                BLOCK_V)  # fmt: skip
     mask_kv = mask_k[:, None] & mask_v[None, :]
     state_offs = head * K * V + offs_k[:, None] * V + offs_v[None, :]  # int64: head is int64
 
@@ -89,10 +105,7 @@ def _tree_gdn_kernel(
                 state = tl.load(init_ptr + state_offs, mask=mask_kv, other=0.0)
             else:
                 state = tl.load(scratch_ptr + parent * NODE_STRIDE + state_offs, mask=mask_kv, other=0.0)
-        state = state * tl.exp(g)
-        recalled = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]
-        delta = (v - recalled) * beta
-        state = state + k[:, None] * delta[None, :]
+        state = _delta_rule_step(state, k, v, g, beta)
         out = tl.sum(state * q[:, None], axis=0)
         tl.store(out_ptr + (node * HV + head) * V + offs_v, out, mask=mask_v)
         branch_children = tl.sum(((all_parents == node) & (node_ids != node + 1)).to(tl.int32), axis=0)
@@ -134,14 +147,9 @@ def _tree_gdn_paths_kernel(
     The path is found by walking up the parent array (``depth[j]``: how far above the node path node ``j`` sits,
     -1 off the path), then replayed from the root down, the next step's inputs loaded one step ahead.
     """
-    head = tl.program_id(0).to(tl.int64)
     node = tl.program_id(2).to(tl.int64)
-    key_head = head // HEADS_PER_KEY
-    num_key_heads = HV // HEADS_PER_KEY
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask_k = offs_k < K
-    mask_v = offs_v < V
+    head, key_head, num_key_heads, offs_k, offs_v, mask_k, mask_v = _head_slice(HV, HEADS_PER_KEY, K, V, BLOCK_K,
+                                                                                BLOCK_V)  # fmt: skip
     mask_kv = mask_k[:, None] & mask_v[None, :]
 
     node_ids = tl.arange(0, BLOCK_N)
@@ -167,10 +175,7 @@ def _tree_gdn_paths_kernel(
         v_next = tl.load(v_ptr + (nxt * HV + head) * V + offs_v, mask=mask_v, other=0.0)
         g_next = tl.load(g_ptr + nxt * HV + head)
         beta_next = tl.load(beta_ptr + nxt * HV + head)
-        state = state * tl.exp(g)
-        recalled = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]
-        delta = (v - recalled) * beta
-        state = state + k[:, None] * delta[None, :]
+        state = _delta_rule_step(state, k, v, g, beta)
         k, v, g, beta = k_next, v_next.to(tl.float32), g_next, beta_next
     q = tl.load(q_ptr + (node * HV + head) * K + offs_k, mask=mask_k, other=0.0)
     out = tl.sum(state * q[:, None], axis=0)
@@ -251,13 +256,8 @@ def _gdn_path_kernel(
     BLOCK_V: tl.constexpr,
 ):
     """One program per (value head, value block): load the state slice once, apply the path's updates, store."""
-    head = tl.program_id(0).to(tl.int64)
-    key_head = head // HEADS_PER_KEY
-    num_key_heads = HV // HEADS_PER_KEY
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask_k = offs_k < K
-    mask_v = offs_v < V
+    head, key_head, num_key_heads, offs_k, offs_v, mask_k, mask_v = _head_slice(HV, HEADS_PER_KEY, K, V, BLOCK_K,
+                                                                                BLOCK_V)  # fmt: skip
     mask_kv = mask_k[:, None] & mask_v[None, :]
     state_offs = head * K * V + offs_k[:, None] * V + offs_v[None, :]
     state = tl.load(state_ptr + state_offs, mask=mask_kv, other=0.0)
@@ -269,10 +269,7 @@ def _gdn_path_kernel(
             v = tl.load(v_ptr + (node * HV + head) * V + offs_v, mask=mask_v, other=0.0).to(tl.float32)
             g = tl.load(g_ptr + node * HV + head)
             beta = tl.load(beta_ptr + node * HV + head)
-            state = state * tl.exp(g)
-            recalled = tl.sum(state * k[:, None], axis=0)
-            delta = (v - recalled) * beta
-            state = state + k[:, None] * delta[None, :]
+            state = _delta_rule_step(state, k, v, g, beta)
     tl.store(state_ptr + state_offs, state, mask=mask_kv)
 
 
