@@ -9,6 +9,15 @@ from specdec.drafters.dflash import DFlashDrafter
 from specdec.loading import load_prompts, load_target, zoo_dir
 
 
+def add_pair_args(ap, *, kind: str = "dense") -> None:
+    """The arguments every zoo benchmark takes: ``--target`` and ``--drafter`` (the zoo's ``kind`` pair by
+    default), ``--device`` and ``--dtype`` (``auto``: ``specdec.loading.resolve_device``)."""
+    ap.add_argument("--target", default=f"target-{kind}")
+    ap.add_argument("--drafter", default=f"assets/drafters/zoo-{kind}", help="DFlash checkpoint folder")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+
+
 def zoo_pair(target: str, drafter: str, device: torch.device, dtype: torch.dtype):
     """(model, tokenizer, DFlash drafter) for a zoo target folder name and a drafter checkpoint path."""
     model = load_target(zoo_dir() / target, device=device, dtype=dtype)

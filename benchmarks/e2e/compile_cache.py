@@ -22,12 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from _zoo import add_pair_args  # benchmarks/e2e, beside this script
+
 
 def child(args: argparse.Namespace) -> None:
     import logging
 
     import torch
-    from _zoo import decodable_prompts, zoo_pair  # benchmarks/e2e, beside this script
+    from _zoo import decodable_prompts, zoo_pair
 
     import specdec
     from specdec.loading import resolve_device
@@ -51,15 +53,12 @@ def child(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="target-dense")
-    ap.add_argument("--drafter", default="assets/drafters/zoo-dense")
+    add_pair_args(ap)
     ap.add_argument("--budget", type=int, default=15)
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--cache-dir", default=None, help="inductor cache folder (default: a new empty one)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

@@ -25,7 +25,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from _zoo import decodable_prompts, zoo_pair  # benchmarks/e2e, beside this script
+from _zoo import add_pair_args, decodable_prompts, zoo_pair  # benchmarks/e2e, beside this script
 
 import specdec
 from specdec.bench import graph_floor_ms
@@ -40,14 +40,11 @@ def _sync(device):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="target-dense")
-    ap.add_argument("--drafter", default="assets/drafters/zoo-dense")
+    add_pair_args(ap)
     ap.add_argument("--num-prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--budgets", type=int, nargs="+", default=[15, 32, 64])
     ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--compile", action="store_true", help="torch.compile the forwards under the graphs")
     ap.add_argument(
         "--model-layers",

@@ -21,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from _zoo import decodable_prompts, zoo_pair  # benchmarks/e2e, beside this script
+from _zoo import add_pair_args, decodable_prompts, zoo_pair  # benchmarks/e2e, beside this script
 
 import specdec
 from specdec.loading import resolve_device
@@ -29,14 +29,11 @@ from specdec.loading import resolve_device
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="target-hybrid")
-    ap.add_argument("--drafter", default="assets/drafters/zoo-hybrid")
+    add_pair_args(ap, kind="hybrid")
     ap.add_argument("--num-prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--budget", type=int, default=32)
     ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", default="bench_out/prefill_fidelity")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
