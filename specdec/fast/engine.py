@@ -187,7 +187,7 @@ class _Round:
             logits, hidden = target.forward(*args, span=self.span)
         else:  # recurrent mixers run through their adapters over the device topology
             rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
-                              topo=DeviceTopology(tree), chain=not isinstance(self.tree, DDTree))  # fmt: skip
+                              topo=DeviceTopology(tree, chain=not isinstance(self.tree, DDTree)))  # fmt: skip
             with _swapped_forwards(self.hybrid.adapters, rnd):
                 logits, hidden = target.forward(*args, span=self.span)
         choices = target_choices(logits, self.sampling, self.uniform)

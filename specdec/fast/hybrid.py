@@ -49,11 +49,12 @@ class DeviceTopology:
     Args:
         tree (DeviceTree): ``S`` slots; padding slots have parent -1 and depth 0 (they read the committed state
             and window, and their outputs are ignored).
+        chain (bool): the real nodes form a chain by construction (a ``Chain`` round); the tree is on the device,
+            so this is not read off it.
     """
 
-    is_chain = False
-
-    def __init__(self, tree: DeviceTree) -> None:
+    def __init__(self, tree: DeviceTree, *, chain: bool = False) -> None:
+        self.is_chain = chain
         self.parents, self.depth = tree.parents, tree.depth
         self.device = tree.parents.device
         self.num_nodes = tree.parents.numel()

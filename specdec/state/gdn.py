@@ -88,7 +88,7 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
         parents = index[:, -2] - conv.shape[-1]
         # the prompt's chain: one walk over the nodes (replaying every node's path would cost N (N + 1) / 2 steps);
         # a drafted chain: by its size and the layer's heads; other trees: by their size (tree_gdn's "auto")
-        walk = "nodes" if rnd.prompt else chain_walk(n, m.num_v_heads) if rnd.chain else "auto"
+        walk = "nodes" if rnd.prompt else chain_walk(n, m.num_v_heads) if topo.is_chain else "auto"
         out = tree_gdn(rec[0].float(), q, k, v, g, beta, parents, impl="auto", walk=walk)
         out = out.to(hidden_states.dtype)  # [N, HV, V]
         out = m.norm(out.reshape(-1, m.head_v_dim), z[0].reshape(-1, m.head_v_dim)).reshape(1, n, -1)

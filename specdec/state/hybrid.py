@@ -12,6 +12,7 @@ costs are in ``docs/hybrid.md``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -136,8 +137,9 @@ class TreeTopology:
     def num_nodes(self) -> int:
         return len(self.parents)
 
-    @property
+    @functools.cached_property
     def is_chain(self) -> bool:
+        """Each node's parent is the node before (computed once per tree, read by every layer)."""
         return all(p == i - 1 for i, p in enumerate(self.parents))
 
     def conv_index(self, width: int, stored: int) -> torch.Tensor:
@@ -256,7 +258,6 @@ class VerifyRound:
     snap: Snapshot | None = None
     native: bool = False
     prompt: bool = False  # the prompt's chain tree (the scan prefill): tree scans walk the nodes in order
-    chain: bool = False  # each node's parent is the node before (tree scans pick their schedule for chains)
     _on_device: dict = field(default_factory=dict, repr=False)
 
     def topology(self, device: torch.device) -> TreeTopology:
@@ -440,7 +441,6 @@ class HybridState:
             topo=TreeTopology.from_tree(tree, device),
             prompt=prompt,
         )
-        rnd.chain = rnd.topo.is_chain
         if self.mode == "snapshot":
             rnd.snap = snapshot(cache, attention="length")
             rnd.native = rnd.topo.is_chain
