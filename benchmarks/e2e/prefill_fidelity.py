@@ -66,7 +66,7 @@ def main() -> None:
         eager_model = outs.get("eager-ddtree-prefill-model", outs[name])
         eager_same = outs.get(f"eager-ddtree-prefill-{mode}", outs[name])
         lines.append(f"| {name} | {same(outs[name], hf)} | {same(outs[name], eager_model)} | "
-                     f"{same(outs[name], eager_same)} | {time.perf_counter() - start:.0f} |")  # fmt: skip
+                     f"{same(outs[name], eager_same)} | {time.perf_counter() - start:.1f} |")  # fmt: skip
         print(lines[-1], flush=True)
 
     # the eager path of each prefill runs before the fast path with it, so every row prints when it is done
