@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fast-path tables of docs/performance.md and docs/hybrid.md on one zoo target, in one run (bf16, warm).
 #   SPECDEC_ZOO=... bash scripts/gpu_fast_path.sh dense|hybrid OUT_DIR [STEP...]
-# dense: the gpu tests, the fast-path table (HF rows, eager comparison of b15 / b32, memory) and the round profile.
+# dense: the gpu tests, the fast-path table (HF rows, eager comparison of b15 / b63, memory) and the round profile.
 # hybrid: the gpu tests, the bf16 prefill fidelity table, the sweep with both prefills (two passes), the round
 # profile and the 8 B Qwen3.5 shape. Each step has its own time limit, so a slow step leaves the others' tables.
 # STEP (default: tests fast profile, or tests fidelity sweep-model sweep-scan profile shape): tests, fast, profile,
@@ -26,7 +26,7 @@ if [ "$NAME" = dense ]; then
             -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1; tail -1 "$OUT/gpu_tests.log"
     fi
     if want fast; then
-        timeout 300 python3 benchmarks/e2e/fast_path.py --budgets 15 32 64 --eager-only ddtree-b15-k8 ddtree-b32-k8 \
+        timeout 300 python3 benchmarks/e2e/fast_path.py --budgets 15 32 63 --eager-only ddtree-b15-k8 ddtree-b63-k8 \
             --out "$OUT/fast" >"$OUT/fast.log" 2>&1; tables "$OUT/fast.log" 40
     fi
     if want profile; then
@@ -64,7 +64,7 @@ else
             --out "$OUT/sweep-$prefill" >"$OUT/sweep-$prefill.log" 2>&1; tables "$OUT/sweep-$prefill.log" 34
     done
     if want ratio; then
-        timeout 280 python3 benchmarks/e2e/fast_path.py $H --no-hf --no-eager --budgets 16 32 64 --memory-rounds 0 \
+        timeout 280 python3 benchmarks/e2e/fast_path.py $H --no-hf --no-eager --budgets 16 31 32 63 64 --memory-rounds 0 \
             --interleave --repeat 3 --out "$OUT/ratio" >"$OUT/ratio.log" 2>&1; tables "$OUT/ratio.log" 24
     fi
     if want kernels; then

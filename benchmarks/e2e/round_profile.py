@@ -13,7 +13,9 @@ Triton launches are not linked to the profiler's CPU ranges, so their kernels ar
 credited by kernel name to the phase whose function launches them (``TRITON_PHASES``; also to "round"); before
 this, the phase sums left them out.
 Last, a per-call line: wall time of a whole ``generate`` call minus its rounds' replay time (prefill, setup,
-host reads).
+host reads). With ``--num-prompts N`` the calls cycle through N dev prompts, every span bucket a method used is
+replayed, and a second table gives each bucket's rounds per call and replay time, and their weighted mean: the
+round cost that real decoding pays (rounds near the end of long prompts attend over a larger span).
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ def profile_round(rnd, engine, rounds: int, top: tuple[str, ...] = ()) -> dict[s
         acc[1] += us
     if top:
         for label in top:
-            ranked = sorted(names.get(label, {}).items(), key=lambda kv: -kv[1][1])[:8]
+            ranked = sorted(names.get(label, {}).items(), key=lambda kv: -kv[1][1])[:15]
             for name, (count, us) in ranked:
                 logger.warning("  %s: %5.1f x %-60s %7.1f us", label, count / rounds, name, us / rounds)
     return {k: (v[0] / rounds, v[1] / rounds / 1e3) for k, v in out.items()}
@@ -192,6 +194,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=5, help="timed generate calls for the per-call line")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--top", nargs="*", default=[], help="phases whose heaviest kernels are listed (stderr)")
+    ap.add_argument("--num-prompts", type=int, default=1,
+                    help="dev prompts each timed call cycles through; with more than one, every span bucket the "
+                         "method used is replayed and its round count printed (the span mix of real decoding)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     device, dtype = resolve_device("auto", "auto")
@@ -200,35 +205,44 @@ def main() -> None:
     model = load_target(zoo_dir() / args.target, device=device, dtype=dtype)
     tok = AutoTokenizer.from_pretrained(zoo_dir() / "tokenizer")
     drafter = DFlashDrafter.from_pretrained(args.drafter, target=model)
-    ids = tok(load_prompts()[0]["prompt"], return_tensors="pt").input_ids.to(device)
+    prompts = [tok(p["prompt"], return_tensors="pt").input_ids.to(device) for p in load_prompts()[: args.num_prompts]]
     k = drafter.config.block_size - 1
     methods = [("ar", None, None, "torch"), (f"chain-k{k}", drafter, specdec.Chain(k=k), "torch")]
     for impl in args.impls:
         for b in args.budgets:
             methods.append((f"ddtree-b{b}-{impl}", drafter, specdec.DDTree(budget=b, topk=args.topk), impl))
-    rows = []
+    rows, spans = [], []
     for name, d, tree, impl in methods:
         fast_engine._DDTREE_IMPL = impl
         engine = FastEngine._engines.get(model)
         if engine is not None:
             engine._rounds.clear()  # the impl is not part of a round's key
         gen = dict(drafter=d, tree=tree, max_new_tokens=args.max_new_tokens, do_sample=False, compile=args.compile)
-        specdec.generate(model, ids, **gen)
+        for ids in prompts:  # warm: every prompt (and so every span bucket) once
+            specdec.generate(model, ids, **gen)
+        engine = FastEngine._engines[model]
+        before = {key: r.launched for key, r in engine._rounds.items()}
         walls, rounds = [], []
-        for _ in range(args.calls):
+        for call in range(args.calls * len(prompts)):
+            ids = prompts[call % len(prompts)]
             torch.cuda.synchronize()
             t = time.perf_counter()
             out = specdec.generate(model, ids, **gen)
             torch.cuda.synchronize()
             walls.append(time.perf_counter() - t)
             rounds.append(out.stats.rounds)
-        engine = FastEngine._engines[model]
+        if len(prompts) > 1:
+            spans.append((name, [(r.span, r.launched - before.get(key, 0), replay_ms(r, args.replays))
+                                 for key, r in engine._rounds.items() if r.drafter is d]))  # fmt: skip
         # the round of this method that ran the most (one per span bucket the calls used)
         rnd = max((r for r in engine._rounds.values() if r.drafter is d), key=lambda r: r.launched)
         rep = replay_ms(rnd, args.replays)
         logger.warning("%s", name)
         phases = profile_round(rnd, engine, args.rounds, tuple(args.top))
         per_call = 1e3 * sum(walls) / len(walls) - rep * sum(rounds) / len(rounds)
+        if len(prompts) > 1:  # the rounds' replay time weighted by how often each span ran
+            used = [(n, ms) for _, n, ms in spans[-1][1] if n]
+            per_call = 1e3 * sum(walls) / len(walls) - sum(n * ms for n, ms in used) / args.calls / len(prompts)
         rows.append((name, rep, phases, per_call, sum(rounds) / len(rounds)))
         print(f"{name}: replay {rep:.3f} ms", flush=True)
     labels = [p for p in [*PHASES, "norms"] if any(p in r[2] for r in rows)]
@@ -243,6 +257,19 @@ def main() -> None:
         cells = [f"{n:.0f} / {ms:.3f}" for n, ms in named] + [f"{other[0]:.0f} / {other[1]:.3f}"]
         print(f"| {name} | {rep:.3f} | {total[1]:.3f} | {total[0]:.0f} | " + " | ".join(cells)
               + f" | {per_call:.1f} ({nr:.0f} rounds) |")  # fmt: skip
+    if spans:
+        print(f"\n# span buckets over {len(prompts)} prompts: rounds timed per call, graph replay ms\n")
+        print("| method | " + " | ".join(f"span {s}" for s in sorted({s for _, u in spans for s, _, _ in u})) +
+              " | weighted replay ms |")  # fmt: skip
+        all_spans = sorted({s for _, u in spans for s, _, _ in u})
+        print("|---|" + "---|" * (len(all_spans) + 1))
+        for name, used in spans:
+            by_span = {s: (n, ms) for s, n, ms in used}
+            cells = [f"{by_span[s][0] / args.calls / len(prompts):.1f} / {by_span[s][1]:.3f}" if s in by_span else "-"
+                     for s in all_spans]  # fmt: skip
+            total = sum(n for _, n, _ in used)
+            weighted = sum(n * ms for _, n, ms in used) / max(total, 1)
+            print(f"| {name} | " + " | ".join(cells) + f" | {weighted:.3f} |")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ largest score, ties broken by the smallest packed rank tuple (one int64, most si
 shorter tuples sort first; open prefixes have distinct tuples), emits it as node ``t + 1``, replaces it by its
 next sibling and opens its first child in slot ``t + 1``. Scores are float64 sums ``parent score + fp32 value``,
 the same arithmetic as the heap builder, so the nodes and their order are identical
-(``tests/kernels/test_ddtree_build.py``). Each pop costs four reductions, three of them in sequence.
+(``tests/kernels/test_ddtree_build.py``). Each pop is one reduction (a tuple combine that carries the winner's
+slot and payload).
 
 Top-k: one program per depth. Rows of up to 16384 entries are read once into registers as distinct int64 keys
 and each rank is one max; longer rows are scanned once per rank.
@@ -24,6 +25,21 @@ _INT64_MAX = tl.constexpr(9223372036854775807)
 
 
 @triton.jit
+def _pick(v1, s1, k1, i1, ps1, inf1, v2, s2, k2, i2, ps2, inf2):
+    # The better of two open prefixes: open first, then the larger score, then the smaller rank key (distinct
+    # among open prefixes); the payload (slot, parent score, packed info) travels with it.
+    first = (v1 > v2) | ((v1 == v2) & ((s1 > s2) | ((s1 == s2) & (k1 < k2))))
+    return (
+        tl.where(first, v1, v2),
+        tl.where(first, s1, s2),
+        tl.where(first, k1, k2),
+        tl.where(first, i1, i2),
+        tl.where(first, ps1, ps2),
+        tl.where(first, inf1, inf2),
+    )
+
+
+@triton.jit
 def _best_first_kernel(
     vals_ptr,  # [D, K] fp32, each row sorted (value desc, id asc)
     ids_ptr,  # [D, K] int64
@@ -36,9 +52,8 @@ def _best_first_kernel(
     N: tl.constexpr,
     F: tl.constexpr,
 ):
-    # A pop is on the critical path of the next one, so it takes as few reductions as possible: the max score,
-    # the min rank key among the tied slots (keys of open prefixes are distinct, so that names one slot; its
-    # score and key are then known), and two independent sums for the slot's parent score and packed
+    # A pop is on the critical path of the next one, so it is one reduction: the open prefix with the largest
+    # score (ties: smallest rank key) together with its slot, parent score and packed
     # (depth, rank, parent) = depth | rank << 8 | parent << 32.
     slot = tl.arange(0, F)
     one = tl.full([], 1, tl.int64)
@@ -47,13 +62,12 @@ def _best_first_kernel(
     parent_score = tl.zeros([F], dtype=tl.float64)
     key = tl.where(slot == 0, one << ((D - 1) * BITS), 0).to(tl.int64)
     info = tl.where(slot == 0, 1, 0).to(tl.int64)  # depth 1, rank 0, parent 0 (the root)
-    active = slot == 0
+    active = tl.where(slot == 0, 1, 0).to(tl.int32)
     for t in range(N):
-        best = tl.max(tl.where(active, score, float("-inf")), axis=0)
-        low = tl.min(tl.where(active & (score == best), key, _INT64_MAX), axis=0)
-        sel = active & (key == low)
-        p_parent_score = tl.sum(tl.where(sel, parent_score, 0.0), axis=0)
-        p_info = tl.sum(tl.where(sel, info, 0), axis=0)
+        _, best, low, win, p_parent_score, p_info = tl.reduce(
+            (active, score, key, slot, parent_score, info), 0, _pick
+        )
+        sel = slot == win
         p_depth = (p_info & 0xFF).to(tl.int32)
         p_rank = ((p_info >> 8) & 0xFFFFFF).to(tl.int32)
         row = (p_depth - 1) * K
@@ -67,7 +81,7 @@ def _best_first_kernel(
         score = tl.where(sel, p_parent_score + sibling, score)
         key = tl.where(sel, low + digit, key)
         info = tl.where(sel, p_info + 256, info)  # rank + 1
-        active = active & ~(sel & ~has_sibling)
+        active = tl.where(sel & ~has_sibling, 0, active)
         # its first child opens in slot t + 1 (never used before: each pop opens at most one new slot)
         has_child = p_depth < D
         child = tl.load(vals_ptr + p_depth * K, mask=has_child, other=0.0).to(tl.float64)
@@ -77,7 +91,7 @@ def _best_first_kernel(
         parent_score = tl.where(opened, best, parent_score)
         key = tl.where(opened, low + child_digit, key)
         info = tl.where(opened, (p_depth + 1).to(tl.int64) | ((t + 1) * one << 32), info)
-        active = active | opened
+        active = tl.where(opened, 1, active)
 
 
 def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
