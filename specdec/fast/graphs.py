@@ -17,8 +17,17 @@ __all__ = ["Captured", "compile_fn"]
 logger = logging.getLogger(__name__)
 
 
+# Compiled variants kept per round function (see compile_fn).
+RECOMPILE_LIMIT = 64
+
+
 def compile_fn(fn: Callable, mode: bool | str = True) -> Callable:
     """``torch.compile`` for fixed shapes without its own CUDA graphs (the caller captures).
+
+    Every captured round compiles the same Python function (``_Round._round``) for its own drafter, tree,
+    sampling and span; dynamo keeps at most ``recompile_limit`` variants of one function and runs the rest
+    uncompiled (default 8: a few trees over a few span buckets). This raises the limit to at least
+    ``RECOMPILE_LIMIT``.
 
     Args:
         fn (Callable): the function.
@@ -30,6 +39,8 @@ def compile_fn(fn: Callable, mode: bool | str = True) -> Callable:
             f"compile={mode!r}: use True, 'default' or 'max-autotune-no-cudagraphs' (specdec captures "
             "the CUDA graphs itself)."
         )
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(fn, mode=None if mode is True else mode, dynamic=False)
 
 

@@ -27,3 +27,29 @@ def test_compiled_rounds_equal_hf_greedy_and_report_their_compile_time():
     assert again.stats.compile_ms == 0 and again.stats.capture_ms == 0  # the compiled round is reused
     plain = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=20, cuda_graphs=True)
     assert torch.equal(plain.sequences, ref) and plain.stats.compile_ms == plain.stats.capture_ms == 0
+
+
+class _Variant:
+    """A stand-in for a round: the same method compiled once per instance, specialised on an attribute."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.k + 1
+
+
+@pytest.mark.slow
+def test_more_compiled_rounds_than_dynamos_default_limit_all_stay_compiled():
+    """Every round compiles the same function (one variant per drafter, tree, sampling and span); past dynamo's
+    default of 8 variants the rest would run uncompiled. Twelve variants give twelve compiled graphs."""
+    from torch._dynamo.utils import counters
+
+    from specdec.fast.graphs import compile_fn
+
+    x = torch.ones(4)
+    before = counters["stats"]["unique_graphs"]
+    for k in range(12):
+        fn = compile_fn(_Variant(k).run)
+        assert torch.equal(fn(x), x * k + 1)
+    assert counters["stats"]["unique_graphs"] - before == 12

@@ -63,6 +63,27 @@ def test_fast_path_fp32_across_span_buckets(zoo):
         dflash_static._NORM_IMPL = saved
 
 
+def test_compiled_fast_path_with_triton_norms_equals_hf_greedy(zoo):
+    """compile=True on CUDA with the drafter's one-launch norms (the default): torch.compile hands the Triton
+    kernel its eps as fp64, which once failed to compile; fp32 outputs equal HF greedy, compile time reported."""
+    import specdec.drafters.dflash_static as dflash_static
+    from specdec.fast.engine import FastEngine
+
+    model, drafter, prompts = _setup(zoo, torch.float32)
+    saved, dflash_static._NORM_IMPL = dflash_static._NORM_IMPL, "auto"
+    try:
+        FastEngine._engines.pop(model, None)
+        tree = specdec.DDTree(budget=15, topk=8)
+        for i, ids in enumerate([prompts[0], prompts[0], prompts[1]]):
+            ref = model.generate(ids, max_new_tokens=24, do_sample=False)
+            out = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=24, compile=True)
+            assert out.stats.path == "fast" and torch.equal(out.sequences, ref)
+            if i < 2:  # the same prompt again: its rounds are compiled already
+                assert (out.stats.compile_ms > 0) == (i == 0), out.stats.compile_ms
+    finally:
+        dflash_static._NORM_IMPL = saved
+
+
 def test_fast_path_bf16_matches_eager_share(zoo):
     model, drafter, prompts = _setup(zoo, torch.bfloat16)
     tree = specdec.DDTree(budget=32, topk=8)

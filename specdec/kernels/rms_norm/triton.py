@@ -58,7 +58,8 @@ def _rms_norm_kernel(
     x = tl.load(x_ptr + offs * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     # rsqrt(sum / D + eps) with IEEE division and square root (Triton's `/` and `rsqrt` are approximate on GPUs)
     mean = tl.div_rn(tl.sum(x * x, axis=1), tl.full([ROWS], D, tl.float32))
-    rstd = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.sqrt_rn(mean + eps))
+    # eps arrives as fp32 from a plain launch and as fp64 from torch.compile: the sum is fp32 either way
+    rstd = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.sqrt_rn(mean + tl.cast(eps, tl.float32)))
     normed = x * rstd[:, None]
     normed = _to_bf16(normed) if X_BF16 else normed.to(x_ptr.dtype.element_ty)
     group = (rows // period) % G
