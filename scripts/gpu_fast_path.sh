@@ -22,7 +22,7 @@ python3 -c "import torch, transformers; print(torch.cuda.get_device_name(), 'tor
 tables() { grep -vE "^(WARNING|INFO|Loading)" "$1" | tail -"$2"; }
 if [ "$NAME" = dense ]; then
     if want tests; then
-        timeout 150 python3 -m pytest -m gpu tests/kernels tests/gpu -k "not hybrid and not gdn and not mamba2" -q \
+        timeout 330 python3 -m pytest -m gpu tests/kernels tests/gpu -k "not hybrid and not gdn and not mamba2" -q \
             -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1; tail -1 "$OUT/gpu_tests.log"
     fi
     if want fast; then
