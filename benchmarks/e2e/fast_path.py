@@ -264,6 +264,9 @@ def main() -> None:
         if args.interleave and args.repeat > 1:  # the same ratio within each pass (rows timed side by side)
             per_pass = [b / c for b, c in zip(best["passes"], chain["passes"], strict=True)]
             lines.append("  per pass: " + " / ".join(f"{x:.2f}" for x in per_pass))
+        elif not args.interleave:  # docs/performance.md: the e43b556 tables
+            lines.append("  (rows timed one after another: on the H200 the chain row has paid ~2.5 ms more per call "
+                         "there than pass by pass; --interleave --repeat 3 is the figure to quote)")  # fmt: skip
     for r in rows:
         if r["cold_ms"]:
             lines.append(f"- WARNING {r['method']}: {r['cold_ms']:.0f} ms of capture or compilation inside the timed "
