@@ -9,14 +9,14 @@ import torch
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
 
-def spy_round_reads(monkeypatch, *, exempt: tuple[str, ...] = ()) -> list[str]:
+def spy_round_reads(monkeypatch, *, exempt: tuple[str, ...] = (), everywhere: bool = False) -> list[str]:
     """Patch ``torch.Tensor``'s host reads and ``_Round._round`` / ``_ar_round``; returns the list that collects
-    ``"name at file:line"`` of each read made while a round function runs, except reads with a frame of a file
-    whose path contains one of ``exempt`` on the stack."""
+    ``"name at file:line"`` of each read made while a round function runs (``everywhere``: of every read), except
+    reads with a frame of a file whose path contains one of ``exempt`` on the stack."""
     import specdec.fast.engine as engine
 
     reads: list[str] = []
-    inside = [False]
+    inside = [everywhere]
     for name in READS:
         original = getattr(torch.Tensor, name)
 
@@ -36,7 +36,7 @@ def spy_round_reads(monkeypatch, *, exempt: tuple[str, ...] = ()) -> list[str]:
             try:
                 return _original(self)
             finally:
-                inside[0] = False
+                inside[0] = everywhere
 
         monkeypatch.setattr(engine._Round, fn, traced)
     return reads

@@ -265,3 +265,18 @@ def test_round_reads_nothing_on_the_host(monkeypatch):
         out = specdec.generate(target, ids, drafter=d, tree=tree, max_new_tokens=20, cuda_graphs=True)
         rounds += out.stats.rounds
     assert rounds > 10 and reads == []
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_call_reads_the_host_once_per_round(monkeypatch, do_sample):
+    """Around the rounds, the loop's budget: one read per round (the pinned copy of its accepted tokens and counts)
+    and one for the prefill's first token, for plain decoding, a chain and a DDTree, greedy and sampling."""
+    target = tiny_model("qwen3", scale=2.0)
+    drafter = sharp_drafter(target)  # its identity check reads the target's embedding once, before the spy
+    reads = spy_round_reads(monkeypatch, everywhere=True)
+    for d, tree in [(None, None), (drafter, specdec.Chain(k=4)), (drafter, specdec.DDTree(budget=12))]:
+        reads.clear()
+        out = specdec.generate(target, prompt(), drafter=d, tree=tree, max_new_tokens=20, do_sample=do_sample,
+                               generator=torch.Generator().manual_seed(0), cuda_graphs=True)  # fmt: skip
+        assert out.stats.path == "fast" and out.stats.rounds > 0
+        assert len(reads) == out.stats.rounds + 1, reads
