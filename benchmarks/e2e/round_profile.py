@@ -231,12 +231,13 @@ def main() -> None:
             torch.cuda.synchronize()
             walls.append(time.perf_counter() - t)
             rounds.append(out.stats.rounds)
-        if len(prompts) > 1:
-            spans.append((name, [(r.span, r.launched - before.get(key, 0), replay_ms(r, args.replays))
-                                 for key, r in engine._rounds.items() if r.drafter is d]))  # fmt: skip
+        mine = [(key, r) for key, r in engine._rounds.items() if r.drafter is d]
+        replays = {key: replay_ms(r, args.replays) for key, r in mine} if len(prompts) > 1 else {}
+        if replays:
+            spans.append((name, [(r.span, r.launched - before.get(key, 0), replays[key]) for key, r in mine]))
         # the round of this method that ran the most (one per span bucket the calls used)
-        rnd = max((r for r in engine._rounds.values() if r.drafter is d), key=lambda r: r.launched)
-        rep = replay_ms(rnd, args.replays)
+        key, rnd = max(mine, key=lambda kr: kr[1].launched)
+        rep = replays[key] if replays else replay_ms(rnd, args.replays)
         logger.warning("%s", name)
         phases = profile_round(rnd, engine, args.rounds, tuple(args.top))
         per_call = 1e3 * sum(walls) / len(walls) - rep * sum(rounds) / len(rounds)
