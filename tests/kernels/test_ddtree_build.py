@@ -14,9 +14,6 @@ from specdec.trees.ddtree import build_ddtree
 from specdec.trees.device import ddtree_device, to_draft_tree
 
 REPO = Path(__file__).resolve().parents[2]
-# The interpreter runs the selection's tuple reduction slowly: it checks the first 75 cases (every kind of case
-# recurs within them), the GPU test all 150.
-INTERPRETED = 75
 
 
 def cases(num: int = 150, seed: int = 0):
@@ -40,9 +37,9 @@ def cases(num: int = 150, seed: int = 0):
     return out
 
 
-def _build_all(device: str, topk_impl: str = "torch", num: int = 150) -> list:
+def _build_all(device: str, topk_impl: str = "torch") -> list:
     trees = []
-    for logq, budget, topk in cases(num):
+    for logq, budget, topk in cases():
         root = torch.tensor(5, device=device)
         tree = ddtree_device(logq.to(device), root, budget=budget, topk=topk, num_slots=budget + 2, impl="triton",
                              topk_impl=topk_impl)  # fmt: skip
@@ -86,9 +83,9 @@ def _check_topk(results) -> None:
         assert torch.equal(vals.cpu().view(torch.int32), want_vals.view(torch.int32))  # bitwise: -0.0 is kept
 
 
-def _check(trees, num: int = 150) -> None:
-    assert len(trees) > num * 3 // 5
-    for (logq, budget, topk), (tokens, parents) in zip(cases(num), trees, strict=True):
+def _check(trees) -> None:
+    assert len(trees) > 90
+    for (logq, budget, topk), (tokens, parents) in zip(cases(), trees, strict=True):
         want = build_ddtree(logq, 5, budget=budget, topk=topk)
         assert torch.equal(tokens.cpu(), want.tokens.cpu()), (budget, topk)
         assert torch.equal(parents.cpu(), want.parents), (budget, topk)
@@ -106,8 +103,8 @@ def test_interpreted_selection_equals_heap_builder(tmp_path):
                           timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = torch.load(out)
-    _check(results["trees"], num=INTERPRETED)
-    _check(results["trees_triton_topk"], num=INTERPRETED // 3)  # the Triton top-k has its own check below
+    _check(results["trees"])
+    _check(results["trees_triton_topk"])
     _check_topk(results["topk"])
 
 
@@ -141,10 +138,5 @@ def test_compiled_selection_equals_heap_builder_on_cuda():
 
 
 if __name__ == "__main__":
-    trees = _build_all("cpu", num=INTERPRETED)
-    results = {
-        "trees": trees,
-        "trees_triton_topk": _build_all("cpu", "triton", num=INTERPRETED // 3),
-        "topk": _topk_all("cpu"),
-    }
+    results = {"trees": _build_all("cpu"), "trees_triton_topk": _build_all("cpu", "triton"), "topk": _topk_all("cpu")}
     torch.save(results, sys.argv[1])
