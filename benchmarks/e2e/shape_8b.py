@@ -7,10 +7,11 @@
 Times, as medians of CUDA-graph replays after warm-up: the copy bandwidth and the HBM floor (weight bytes /
 bandwidth); the fast path's AR step (one captured round of plain decoding); the target forward over 1/16/32/64
 tree nodes; and the pieces and whole of a DDTree round (drafter block forward, tree build, verify, acceptance
-and commit) for budgets 15/31/63 (16/32/64 nodes). ``--compile`` adds the AR step and the b31 round compiled
-under the graphs (about two minutes of compilation each at this size). With ``--hybrid`` the verify is timed as
-round - drafter - build (the recurrent layers run through specdec's adapters inside the round). Needs a CUDA
-device (``--small`` runs a tiny config on CPU to check the script).
+and commit) for budgets 15/31/63 (16/32/64 nodes). ``--compile`` adds the AR step (with its heaviest kernels), the
+16/32/64-node target forwards and the b31 round compiled under the graphs (one to two minutes of compilation each
+at this size). Rows are printed as they are measured, and as a table at the end. With ``--hybrid`` the verify is
+timed as round - drafter - build (the recurrent layers run through specdec's adapters inside the round). Needs a
+CUDA device (``--small`` runs a tiny config on CPU to check the script).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwe
 from specdec.bench import median_ms
 from specdec.drafters.dflash import DFlashDrafter
 from specdec.fast.engine import FastEngine
-from specdec.fast.graphs import Captured
+from specdec.fast.graphs import Captured, compile_fn
 from specdec.kernels.tree_accept import tree_mask
 from specdec.target import TargetModel
 from specdec.trees.device import ddtree_device
@@ -132,7 +133,20 @@ def main() -> None:
     floor = t_bytes / gbs / 1e6
     floor_round = (t_bytes + d_bytes) / gbs / 1e6
     rows: list[tuple[str, float, str]] = []
+
+    def add(name: str, ms: float, note: str) -> None:  # printed at once too: a run cut short keeps its figures
+        rows.append((name, ms, note))
+        print(f"{name}: {ms:.3f} ms {note}", flush=True)
+
     prompt = torch.randint(10, cfg.vocab_size - 10, (1, args.prompt), device=device)
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    shape = "Qwen3.5 hybrid shape (3 GDN : 1 attention)" if args.hybrid else "Qwen3-8B shape"
+    header = (
+        f"# {shape} ({cfg.num_hidden_layers} layers, random bf16), prompt {args.prompt}, {gpu}\n"
+        f"target {t_bytes / 1e9:.2f} GB, drafter {d_bytes / 1e9:.2f} GB, copy bandwidth {gbs / 1e3:.3f} TB/s, "
+        f"HBM floor {floor:.2f} ms (target), {floor_round:.2f} ms (target + drafter); setup {setup_s:.0f} s"
+    )
+    print(header, flush=True)
     engine = FastEngine.for_target(target, capacity=args.prompt + 1024)
     span = engine.span_for(args.prompt + 96)  # the span bucket a round at this prompt length uses
 
@@ -140,16 +154,28 @@ def main() -> None:
         engine.prefill(prompt, d)
         engine.set_root(prompt[0, -1])
 
+    def compiled_round(name: str, d, tree):
+        """Time the round of ``d`` / ``tree`` compiled under its graph; returns (ms, the round)."""
+        start(d)
+        c0 = time.perf_counter()
+        rnd = engine.round_for(d, tree, GREEDY, graph=True, compile=True, span=span)
+        rnd.captured()
+        compile_s = time.perf_counter() - c0
+        ms = timed(lambda: rnd.captured())
+        ref = floor if d is None else floor_round
+        add(name, ms, f"{ms / ref:.2f} x its floor; compile + capture {compile_s:.0f} s")
+        return ms, rnd
+
     # AR step: the whole captured round of plain decoding.
     start(None)
     ar = engine.round_for(None, None, GREEDY, graph=True, span=span)
     ar_ms = timed(lambda: ar.captured())
-    rows.append(("AR step (captured round)", ar_ms, f"{ar_ms / floor:.2f} x HBM floor (target <= 1.3 with compile)"))
+    add("AR step (captured round)", ar_ms, f"{ar_ms / floor:.2f} x HBM floor (target <= 1.3 with compile)")
 
     # Target forward over N tree nodes (same function, one graph per N).
     start(drafter)
     logq = torch.log_softmax(torch.randn(15, cfg.vocab_size, device=device) * 3, -1)
-    fwd = {}
+    fwd, forwards = {}, {}
     for n in () if args.hybrid else (1, 16, 32, 64):  # hybrids: verify = round - draft - build (below)
         tree = ddtree_device(logq, prompt[0, -1], budget=max(n - 1, 1), topk=8, num_slots=n) if n > 1 else None
         ids = tree.tokens[None] if tree is not None else prompt[:, -1:]
@@ -159,21 +185,21 @@ def main() -> None:
         write = args.prompt + torch.arange(n, device=device)
         mask = torch.zeros(1, 1, n, span, dtype=torch.bfloat16, device=device)
         mask[..., args.prompt + n :] = torch.finfo(torch.bfloat16).min
-        step = Captured(
-            lambda ids=ids, pos=pos, mask=mask, write=write: engine.target.forward(ids, pos, mask, write, span=span),
-            device=device,
-            graph=True,
-        )
-        fwd[n] = timed(step)
+
+        def forward(ids=ids, pos=pos, mask=mask, write=write):
+            return engine.target.forward(ids, pos, mask, write, span=span)
+
+        forwards[n] = forward
+        fwd[n] = timed(Captured(forward, device=device, graph=True))
         note = "" if n == 1 else f"{fwd[n] / fwd[1]:.2f} x the 1-token forward (target <= 1.15)"
-        rows.append((f"target forward, {n} nodes", fwd[n], note))
+        add(f"target forward, {n} nodes", fwd[n], note)
 
     # Pieces of a DDTree round (each captured alone) and the whole round.
     static = engine._static(drafter)
     prefix = engine.prefix
     draft = Captured(lambda: static.logq(engine.root, prefix, 15, span), device=device, graph=True)
     draft_ms = timed(draft)
-    rows.append(("drafter block forward (16 slots)", draft_ms, ""))
+    add("drafter block forward (16 slots)", draft_ms, "")
     builds = {}
     for budget in (15, 31, 63):
 
@@ -182,63 +208,56 @@ def main() -> None:
             return tree_mask(tree.parents, tree.valid, prefix, span, 15, torch.bfloat16)
 
         builds[budget] = timed(Captured(build, device=device, graph=True))
-        rows.append((f"tree build + mask, budget {budget}", builds[budget], ""))
-    ar_phases = None
+        add(f"tree build + mask, budget {budget}", builds[budget], "")
+    rounds = {}
     for budget in (15, 31, 63):
         start(drafter)
-        rnd = engine.round_for(drafter, DDTree(budget=budget, topk=8), GREEDY, graph=True, span=span)
+        rounds[budget] = rnd = engine.round_for(drafter, DDTree(budget=budget, topk=8), GREEDY, graph=True, span=span)
         ms = timed(lambda rnd=rnd: rnd.captured())
         note = f"{ms / floor_round:.2f} x (target+drafter bytes)/bandwidth (target <= 1.25)" if budget == 31 else ""
-        rows.append((f"DDTree round, budget {budget} (captured)", ms, note))
+        add(f"DDTree round, budget {budget} (captured)", ms, note)
         if args.hybrid:
             rest = ms - draft_ms - builds[budget]
-            rows.append((f"  verify + accept + commit, {budget + 1} nodes (round - draft - build)", rest,
-                         f"{rest / ar_ms:.2f} x the AR step (target <= 1.2)"))  # fmt: skip
-            if device.type == "cuda":  # kernel time per phase (profiler, eager run of the same round)
-                if ar_phases is None:
-                    start(None)
-                    ar_phases = profile_round(ar, engine, 3)
-                start(drafter)
-                ph = profile_round(rnd, engine, 3)
-                verify, verify_ar = ph["verify"][1], ar_phases["verify"][1]
-                commit = ph.get("commit", (0, 0.0))[1] + ph.get("commit-rec", (0, 0.0))[1]
-                rows.append(
-                    (
-                        f"  verify kernels, {budget + 1} nodes / 1 node",
-                        verify,
-                        f"{verify / verify_ar:.2f} x the 1-node verify ({verify_ar:.3f} ms) (target <= 1.2)",
-                    )
-                )
-                rows.append(
-                    (
-                        f"  commit kernels (K/V rows + recurrent replay), budget {budget}",
-                        commit,
-                        f"{100 * commit / ph['round'][1]:.1f} % of the round's kernel time (target <= 5 %)",
-                    )
-                )
-                # fmt: skip
+            add(f"  verify + accept + commit, {budget + 1} nodes (round - draft - build)", rest,
+                f"{rest / ar_ms:.2f} x the AR step (target <= 1.2)")  # fmt: skip
 
     if args.compile:
-        for name, d, tree in (
-            ("AR step, compiled", None, None),
-            ("DDTree round b31, compiled", drafter, DDTree(budget=31, topk=8)),
-        ):
-            start(d)
+        ar_compiled, ar_c = compiled_round("AR step, compiled", None, None)
+        for n in (16, 32, 64) if not args.hybrid else ():  # against the compiled AR step (the 1-token step)
             c0 = time.perf_counter()
-            rnd = engine.round_for(d, tree, GREEDY, graph=True, compile=True, span=span)
-            rnd.captured()
+            step = Captured(compile_fn(forwards[n]), device=device, graph=True)
+            step()
             compile_s = time.perf_counter() - c0
-            ms = timed(lambda rnd=rnd: rnd.captured())
-            ref = floor if d is None else floor_round
-            rows.append((name, ms, f"{ms / ref:.2f} x its floor; compile + capture {compile_s:.0f} s"))
+            ms = timed(step)
+            note = f"{ms / ar_compiled:.2f} x the compiled AR step (target <= 1.15), compile {compile_s:.0f} s"
+            add(f"target forward, {n} nodes, compiled", ms, note)
+        compiled_round("DDTree round b31, compiled", drafter, DDTree(budget=31, topk=8))
 
-    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    shape = "Qwen3.5 hybrid shape (3 GDN : 1 attention)" if args.hybrid else "Qwen3-8B shape"
-    print(f"# {shape} ({cfg.num_hidden_layers} layers, random bf16), prompt {args.prompt}, {gpu}")
-    print(
-        f"target {t_bytes / 1e9:.2f} GB, drafter {d_bytes / 1e9:.2f} GB, copy bandwidth {gbs / 1e3:.3f} TB/s, "
-        f"HBM floor {floor:.2f} ms (target), {floor_round:.2f} ms (target + drafter); setup {setup_s:.0f} s"
-    )
+    # Kernel profiles last: the profiler slows the graph replays timed after it.
+    if device.type == "cuda" and args.hybrid:  # kernel time per phase (profiler, eager runs of the same rounds)
+        start(None)
+        ar_phases = profile_round(ar, engine, 3)
+        for budget, rnd in rounds.items():
+            start(drafter)
+            ph = profile_round(rnd, engine, 3)
+            verify, verify_ar = ph["verify"][1], ar_phases["verify"][1]
+            commit = ph.get("commit", (0, 0.0))[1] + ph.get("commit-rec", (0, 0.0))[1]
+            add(
+                f"  verify kernels, {budget + 1} nodes / 1 node",
+                verify,
+                f"{verify / verify_ar:.2f} x the 1-node verify ({verify_ar:.3f} ms) (target <= 1.2)",
+            )
+            add(
+                f"  commit kernels (K/V rows + recurrent replay), budget {budget}",
+                commit,
+                f"{100 * commit / ph['round'][1]:.1f} % of the round's kernel time (target <= 5 %)",
+            )
+    if device.type == "cuda" and args.compile:  # where the compiled AR step's time goes (heaviest kernels, stderr)
+        start(None)
+        phases = profile_round(ar_c, engine, 3, top=("round",))
+        add("  AR step, compiled: kernel sum", phases["round"][1], f"{phases['round'][0]:.0f} kernels")
+
+    print(header)
     print("\n| figure | ms | note |\n|---|---|---|")
     for name, ms, note in rows:
         print(f"| {name} | {ms:.3f} | {note} |")

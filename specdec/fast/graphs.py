@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+from specdec.kernels._triton import prime_imports
+
 __all__ = ["Captured", "compile_fn"]
 
 logger = logging.getLogger(__name__)
@@ -27,7 +29,8 @@ def compile_fn(fn: Callable, mode: bool | str = True) -> Callable:
     Every captured round compiles the same Python function (``_Round._round``) for its own drafter, tree,
     sampling and span; dynamo keeps at most ``recompile_limit`` variants of one function and runs the rest
     uncompiled (default 8: a few trees over a few span buckets). This raises the limit to at least
-    ``RECOMPILE_LIMIT``.
+    ``RECOMPILE_LIMIT``. It also tries the kernels' Triton imports first (``specdec.kernels._triton.prime_imports``):
+    an import traced inside the round would split it into separately compiled pieces at every kernel call.
 
     Args:
         fn (Callable): the function.
@@ -41,6 +44,7 @@ def compile_fn(fn: Callable, mode: bool | str = True) -> Callable:
         )
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    prime_imports()
     return torch.compile(fn, mode=None if mode is True else mode, dynamic=False)
 
 

@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 
 import torch
 
-__all__ = ["importable", "pick_impl"]
+__all__ = ["KERNEL_MODULES", "importable", "pick_impl", "prime_imports"]
+
+# The Triton modules the library's kernels dispatch to (``prime_imports`` tries them all).
+KERNEL_MODULES = tuple(
+    f"specdec.kernels.{name}.triton" for name in ("ddtree_build", "rms_norm", "tree_accept", "tree_gdn", "tree_mamba2")
+)
+
+# module -> whether it imports. A plain dict, not ``functools.cache``: torch.compile traces through a cache wrapper
+# into ``importlib.import_module`` (a graph break at every kernel call), but reads a filled dict as a constant.
+_IMPORTABLE: dict[str, bool] = {}
 
 
-@functools.cache
 def importable(module: str) -> bool:
-    """True when ``module`` (e.g. ``"specdec.kernels.tree_gdn.triton"``) imports."""
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
+    """True when ``module`` (e.g. ``"specdec.kernels.tree_gdn.triton"``) imports; tried once per process."""
+    known = _IMPORTABLE.get(module)
+    if known is None:
+        try:
+            importlib.import_module(module)
+            known = True
+        except ImportError:
+            known = False
+        _IMPORTABLE[module] = known
+    return known
+
+
+def prime_imports() -> None:
+    """Try every kernel module now, so that code compiled later reads ``importable`` without importing."""
+    for module in KERNEL_MODULES:
+        importable(module)
 
 
 def pick_impl(impl: str, device: torch.device, module: str, *, fits: bool = True) -> str:

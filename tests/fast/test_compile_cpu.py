@@ -53,3 +53,21 @@ def test_more_compiled_rounds_than_dynamos_default_limit_all_stay_compiled():
         fn = compile_fn(_Variant(k).run)
         assert torch.equal(fn(x), x * k + 1)
     assert counters["stats"]["unique_graphs"] - before == 12
+
+
+def test_kernel_dispatch_compiles_without_graph_breaks():
+    """Every Triton-backed kernel asks ``importable`` which implementation to run; traced by torch.compile, an
+    import there splits the compiled round at each kernel call. After ``compile_fn`` the check is a constant."""
+    from specdec.fast.graphs import compile_fn
+    from specdec.kernels._triton import KERNEL_MODULES, importable
+
+    def dispatch(x: torch.Tensor) -> torch.Tensor:
+        for module in KERNEL_MODULES:
+            x = x + (1 if importable(module) else 2)
+        return x * 3
+
+    compile_fn(dispatch)  # primes the imports (compiles lazily: nothing runs here)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(dispatch)(torch.zeros(4))
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
