@@ -107,6 +107,8 @@ def main() -> None:
         _sync(device)
         s0, m0 = warm.get(name, (0.0, 0.0))
         warm[name] = (s0 + time.perf_counter() - t0, m0 + setup_ms)
+        took = time.perf_counter() - t0
+        print(f"{name}: warm-up {took:.1f} s (capture + compile {setup_ms / 1e3:.1f} s)", flush=True)
 
     def timed_pass(name: str) -> None:
         got = {"wall": 0.0, "tokens": 0, "rounds": 0, "committed": 0, "seqs": {}, "paths": set(), "cold_ms": 0.0,

@@ -15,12 +15,21 @@ KERNEL_MODULES = tuple(
 )
 
 # module -> whether it imports. A plain dict, not ``functools.cache``: torch.compile traces through a cache wrapper
-# into ``importlib.import_module`` (a graph break at every kernel call), but reads a filled dict as a constant.
+# into ``importlib.import_module``, but reads a filled dict as a constant.
 _IMPORTABLE: dict[str, bool] = {}
+
+# Under torch.compile, each kernel dispatch ends the compiled region and the kernel launches outside it ("split",
+# the default), or the whole round is one graph with the Triton kernels inside ("whole"). On an H200 the split
+# rounds measured faster (docs/performance.md, "With compile=True").
+COMPILE_GRAPH = os.environ.get("SPECDEC_COMPILE_GRAPH", "split")
+if COMPILE_GRAPH not in ("split", "whole"):
+    raise ValueError(f"SPECDEC_COMPILE_GRAPH={COMPILE_GRAPH!r}: use 'split' or 'whole'.")
 
 
 def importable(module: str) -> bool:
     """True when ``module`` (e.g. ``"specdec.kernels.tree_gdn.triton"``) imports; tried once per process."""
+    if COMPILE_GRAPH == "split" and torch.compiler.is_compiling():
+        torch._dynamo.graph_break()
     known = _IMPORTABLE.get(module)
     if known is None:
         try:

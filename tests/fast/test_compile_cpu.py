@@ -55,19 +55,30 @@ def test_more_compiled_rounds_than_dynamos_default_limit_all_stay_compiled():
     assert counters["stats"]["unique_graphs"] - before == 12
 
 
-def test_kernel_dispatch_compiles_without_graph_breaks():
-    """Every Triton-backed kernel asks ``importable`` which implementation to run; traced by torch.compile, an
-    import there splits the compiled round at each kernel call. After ``compile_fn`` the check is a constant."""
+@pytest.mark.parametrize("graph, graphs", [("split", 5), ("whole", 1)])
+def test_kernel_dispatch_ends_the_compiled_region_unless_whole(monkeypatch, graph, graphs):
+    """Every Triton-backed kernel asks ``importable`` which implementation to run. Compiled, "split" (the default)
+    breaks the graph there, once per call; "whole" keeps one graph (the check is a constant after ``compile_fn``),
+    and never traces an import, which would break it too."""
     from specdec.fast.graphs import compile_fn
+    from specdec.kernels import _triton
     from specdec.kernels._triton import KERNEL_MODULES, importable
 
-    def dispatch(x: torch.Tensor) -> torch.Tensor:
-        for module in KERNEL_MODULES:
-            x = x + (1 if importable(module) else 2)
+    monkeypatch.setattr(_triton, "COMPILE_GRAPH", graph)
+
+    def dispatch(x: torch.Tensor) -> torch.Tensor:  # no loop: a graph break inside one skips the whole frame
+        a, b, c, d, e = KERNEL_MODULES
+        x = x + (1 if importable(a) else 2)
+        x = x + (1 if importable(b) else 2)
+        x = x + (1 if importable(c) else 2)
+        x = x + (1 if importable(d) else 2)
+        x = x + (1 if importable(e) else 2)
         return x * 3
 
     compile_fn(dispatch)  # primes the imports (compiles lazily: nothing runs here)
     torch._dynamo.reset()
     explained = torch._dynamo.explain(dispatch)(torch.zeros(4))
-    assert explained.graph_break_count == 0, explained.break_reasons
-    assert explained.graph_count == 1
+    # split: the region before the first dispatch holds no op, so five graphs, one after each dispatch
+    assert explained.graph_count == graphs, explained.break_reasons
+    assert all("User-inserted graph break" in str(reason) for reason in explained.break_reasons)  # not an import
+    torch._dynamo.reset()
