@@ -6,7 +6,8 @@
 # profile and the 8 B Qwen3.5 shape. Each step has its own time limit, so a slow step leaves the others' tables.
 # STEP (default: tests fast profile, or tests fidelity sweep-model sweep-scan profile shape): tests, fast, profile,
 # ratio (the rows timed pass by pass, --interleave --repeat 3, with budgets 31 / 63 whose 32 / 64 slots may tile
-# better than 33 / 65), compile-cache, kernels (dense); tests, fidelity,
+# better than 33 / 65), compiled (the same, compile=True), shape (Qwen3-8B shape, compiled too), compile-cache,
+# kernels (dense); tests, fidelity,
 # sweep-model, sweep-scan, ratio, profile, shape, kernels (hybrid). The whole default hybrid run takes about 20
 # minutes.
 set -u
@@ -38,6 +39,13 @@ if [ "$NAME" = dense ]; then
     if want ratio; then
         timeout 280 python3 benchmarks/e2e/fast_path.py --budgets 15 31 32 63 64 --no-hf --no-eager --memory-rounds 0 \
             --interleave --repeat 3 --out "$OUT/ratio" >"$OUT/ratio.log" 2>&1; tables "$OUT/ratio.log" 24
+    fi
+    if want compiled; then  # the same rows compiled under the graphs (cold compile + capture: about 4 minutes)
+        timeout 420 python3 benchmarks/e2e/fast_path.py --compile --budgets 31 63 --no-hf --no-eager --memory-rounds 0 \
+            --interleave --repeat 3 --out "$OUT/compiled" >"$OUT/compiled.log" 2>&1; tables "$OUT/compiled.log" 24
+    fi
+    if want shape; then  # the Qwen3-8B shape, compiled too (about 7 minutes)
+        (cd benchmarks/e2e && timeout 560 python3 shape_8b.py --compile >"$OUT/shape.log" 2>&1); tail -16 "$OUT/shape.log"
     fi
     if want compile-cache; then
         timeout 400 python3 benchmarks/e2e/compile_cache.py --processes 2 >"$OUT/compile_cache.log" 2>&1
