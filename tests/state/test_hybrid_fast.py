@@ -230,3 +230,24 @@ def test_hybrid_round_reads_nothing_on_the_host(family, monkeypatch):
         assert out.stats.path == "fast"
         rounds += out.stats.rounds
     assert rounds > 6 and reads == []
+
+
+@pytest.mark.slow
+def test_compiled_hybrid_rounds_equal_hf_greedy_and_compile_once():
+    """``compile=True`` on a Gated DeltaNet hybrid: the compiled rounds (adapters, tree scans, path replays) decode
+    the target's greedy tokens, and a second call reuses them without tracing anything again."""
+    from torch._dynamo.utils import counters
+
+    target = _target("qwen3_5")
+    drafter = _bigram_drafter(target)
+    input_ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    want = target.generate(input_ids, max_new_tokens=30, do_sample=False)
+    kwargs = dict(drafter=drafter, tree=specdec.DDTree(budget=8), max_new_tokens=30, cuda_graphs=True, compile=True)
+    first = specdec.generate(target, input_ids, **kwargs)
+    graphs = counters["stats"]["unique_graphs"]
+    again = specdec.generate(target, input_ids, **kwargs)
+    assert first.stats.path == again.stats.path == "fast"
+    assert torch.equal(first.sequences, want) and torch.equal(again.sequences, want)
+    assert first.stats.compile_ms > 0 and again.stats.compile_ms == 0
+    assert first.stats.new_tokens > first.stats.rounds  # multi-token commits ran compiled
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing recompiled on the second call
