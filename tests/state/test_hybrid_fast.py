@@ -16,6 +16,8 @@ import specdec
 from specdec.drafters.dflash import DFlashDrafter
 
 TREES = [specdec.Chain(k=4), specdec.DDTree(budget=8), specdec.DDTree(budget=20, topk=3)]
+# The CPU references of the tree-scan kernels build their level schedule on the host (CUDA rounds refuse them).
+REFERENCE_SCANS = ("specdec/kernels/tree_gdn/reference.py", "specdec/kernels/tree_mamba2/reference.py")
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "mamba2"])
@@ -219,8 +221,7 @@ def test_hybrid_round_reads_nothing_on_the_host(family, monkeypatch):
     host; on CUDA the fast path runs hybrids only with the Triton scans, ``hybrid_reason``)."""
     from host_reads import spy_round_reads
 
-    reads = spy_round_reads(monkeypatch, exempt=("specdec/kernels/tree_gdn/reference.py",
-                                                 "specdec/kernels/tree_mamba2/reference.py"))  # fmt: skip
+    reads = spy_round_reads(monkeypatch, exempt=REFERENCE_SCANS)
     target = _target(family)
     drafter = _bigram_drafter(target)
     ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
@@ -251,3 +252,19 @@ def test_compiled_hybrid_rounds_equal_hf_greedy_and_compile_once():
     assert first.stats.compile_ms > 0 and again.stats.compile_ms == 0
     assert first.stats.new_tokens > first.stats.rounds  # multi-token commits ran compiled
     assert counters["stats"]["unique_graphs"] == graphs  # nothing recompiled on the second call
+
+
+def test_hybrid_call_reads_the_host_once_per_round(monkeypatch):
+    """Around the rounds too, a hybrid call reads the host once per round (the pinned copy of its result) and once
+    for the prefill's first token, outside the CPU references of the tree scans (as above)."""
+    from host_reads import spy_round_reads
+
+    reads = spy_round_reads(monkeypatch, everywhere=True, exempt=REFERENCE_SCANS)
+    target = _target("qwen3_5")
+    drafter = _bigram_drafter(target)
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    for d, tree in ((None, None), (drafter, specdec.DDTree(budget=8))):
+        reads.clear()
+        out = specdec.generate(target, ids, drafter=d, tree=tree, max_new_tokens=16, cuda_graphs=True)
+        assert out.stats.path == "fast" and out.stats.rounds > 0
+        assert len(reads) == out.stats.rounds + 1, reads
