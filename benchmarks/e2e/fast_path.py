@@ -105,9 +105,9 @@ def main() -> None:
             if hasattr(out, "stats"):
                 setup_ms += out.stats.capture_ms + out.stats.compile_ms
         _sync(device)
-        s0, m0 = warm.get(name, (0.0, 0.0))
-        warm[name] = (s0 + time.perf_counter() - t0, m0 + setup_ms)
         took = time.perf_counter() - t0
+        s0, m0 = warm.get(name, (0.0, 0.0))
+        warm[name] = (s0 + took, m0 + setup_ms)
         print(f"{name}: warm-up {took:.1f} s (capture + compile {setup_ms / 1e3:.1f} s)", flush=True)
 
     def timed_pass(name: str) -> None:

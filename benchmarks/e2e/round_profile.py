@@ -212,6 +212,7 @@ def main() -> None:
         for b in args.budgets:
             methods.append((f"ddtree-b{b}-{impl}", drafter, specdec.DDTree(budget=b, topk=args.topk), impl))
     rows, spans = [], []
+    num_calls = args.calls * len(prompts)  # timed calls per method
     for name, d, tree, impl in methods:
         fast_engine._DDTREE_IMPL = impl
         engine = FastEngine._engines.get(model)
@@ -223,7 +224,7 @@ def main() -> None:
         engine = FastEngine._engines[model]
         before = {key: r.launched for key, r in engine._rounds.items()}
         walls, rounds = [], []
-        for call in range(args.calls * len(prompts)):
+        for call in range(num_calls):
             ids = prompts[call % len(prompts)]
             torch.cuda.synchronize()
             t = time.perf_counter()
@@ -240,10 +241,10 @@ def main() -> None:
         rep = replays[key] if replays else replay_ms(rnd, args.replays)
         logger.warning("%s", name)
         phases = profile_round(rnd, engine, args.rounds, tuple(args.top))
-        per_call = 1e3 * sum(walls) / len(walls) - rep * sum(rounds) / len(rounds)
-        if len(prompts) > 1:  # the rounds' replay time weighted by how often each span ran
-            used = [(n, ms) for _, n, ms in spans[-1][1] if n]
-            per_call = 1e3 * sum(walls) / len(walls) - sum(n * ms for n, ms in used) / args.calls / len(prompts)
+        # the rounds' replay time per call: weighted by how often each span ran, or the most-used round's
+        per_round = sum(n * ms for _, n, ms in spans[-1][1]) if replays else rep * sum(rounds)
+        rounds_ms = per_round / num_calls
+        per_call = 1e3 * sum(walls) / len(walls) - rounds_ms
         rows.append((name, rep, phases, per_call, sum(rounds) / len(rounds)))
         print(f"{name}: replay {rep:.3f} ms", flush=True)
     labels = [p for p in [*PHASES, "norms"] if any(p in r[2] for r in rows)]
@@ -259,14 +260,13 @@ def main() -> None:
         print(f"| {name} | {rep:.3f} | {total[1]:.3f} | {total[0]:.0f} | " + " | ".join(cells)
               + f" | {per_call:.1f} ({nr:.0f} rounds) |")  # fmt: skip
     if spans:
-        print(f"\n# span buckets over {len(prompts)} prompts: rounds timed per call, graph replay ms\n")
-        print("| method | " + " | ".join(f"span {s}" for s in sorted({s for _, u in spans for s, _, _ in u})) +
-              " | weighted replay ms |")  # fmt: skip
         all_spans = sorted({s for _, u in spans for s, _, _ in u})
+        print(f"\n# span buckets over {len(prompts)} prompts: rounds timed per call, graph replay ms\n")
+        print("| method | " + " | ".join(f"span {s}" for s in all_spans) + " | weighted replay ms |")
         print("|---|" + "---|" * (len(all_spans) + 1))
         for name, used in spans:
             by_span = {s: (n, ms) for s, n, ms in used}
-            cells = [f"{by_span[s][0] / args.calls / len(prompts):.1f} / {by_span[s][1]:.3f}" if s in by_span else "-"
+            cells = [f"{by_span[s][0] / num_calls:.1f} / {by_span[s][1]:.3f}" if s in by_span else "-"
                      for s in all_spans]  # fmt: skip
             total = sum(n for _, n, _ in used)
             weighted = sum(n * ms for _, n, ms in used) / max(total, 1)

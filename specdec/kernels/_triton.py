@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 
 import torch
 
 __all__ = ["KERNEL_MODULES", "importable", "pick_impl", "prime_imports"]
 
-# The Triton modules the library's kernels dispatch to (``prime_imports`` tries them all).
+# The Triton modules the library's kernels dispatch to: every ``specdec/kernels/<name>/triton.py``.
 KERNEL_MODULES = tuple(
-    f"specdec.kernels.{name}.triton" for name in ("ddtree_build", "rms_norm", "tree_accept", "tree_gdn", "tree_mamba2")
+    f"specdec.kernels.{path.parent.name}.triton" for path in sorted(Path(__file__).parent.glob("*/triton.py"))
 )
 
 # module -> whether it imports. A plain dict, not ``functools.cache``: torch.compile traces through a cache wrapper
