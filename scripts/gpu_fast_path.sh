@@ -8,7 +8,7 @@
 # ratio (the rows timed pass by pass, --interleave --repeat 3, with budgets 31 / 63 whose 32 / 64 slots may tile
 # better than 33 / 65), compiled (the same, compile=True), shape (Qwen3-8B shape, compiled too), compile-cache,
 # kernels (dense); tests, fidelity,
-# sweep-model, sweep-scan, ratio, profile, shape, kernels (hybrid). The whole default hybrid run takes about 20
+# sweep-model, sweep-scan, ratio, compiled, profile, shape, shape-compiled, kernels (hybrid). The whole default hybrid run takes about 20
 # minutes.
 set -u
 NAME=${1:?dense or hybrid}
@@ -75,6 +75,12 @@ else
         timeout 280 python3 benchmarks/e2e/fast_path.py $H --no-hf --no-eager --budgets 16 31 32 63 64 --memory-rounds 0 \
             --interleave --repeat 3 --out "$OUT/ratio" >"$OUT/ratio.log" 2>&1; tables "$OUT/ratio.log" 24
     fi
+    if want compiled; then  # the sweep compiled under the graphs (scan prefill), pass by pass
+        SPECDEC_HYBRID_PREFILL=scan timeout 480 python3 benchmarks/e2e/fast_path.py $H --compile --no-hf \
+            --budgets 16 32 64 --eager-only ddtree-b32-k8 ddtree-b64-k8 --memory-rounds 0 --interleave --repeat 2 \
+            --out "$OUT/compiled" >"$OUT/compiled.log" 2>&1
+        tables "$OUT/compiled.log" 24
+    fi
     if want kernels; then
         (cd benchmarks/kernels && timeout 120 python3 bench_tree_mamba2.py --out "$OUT/kernels" >"$OUT/kernels.log" 2>&1)
         tail -30 "$OUT/kernels.log"
@@ -85,5 +91,9 @@ else
     fi
     if want shape; then
         timeout 150 python3 benchmarks/e2e/shape_8b.py --hybrid >"$OUT/shape.log" 2>&1; tail -22 "$OUT/shape.log"
+    fi
+    if want shape-compiled; then  # the 8 B hybrid with its AR step and b31 round compiled (several minutes)
+        (cd benchmarks/e2e && timeout 540 python3 shape_8b.py --hybrid --compile >"$OUT/shape_compiled.log" 2>&1)
+        tail -24 "$OUT/shape_compiled.log"
     fi
 fi

@@ -9,7 +9,8 @@ bandwidth); the fast path's AR step (one captured round of plain decoding); the 
 tree nodes; and the pieces and whole of a DDTree round (drafter block forward, tree build, verify, acceptance
 and commit) for budgets 15/31/63 (16/32/64 nodes). ``--compile`` adds the AR step (with its heaviest kernels), the
 16/32/64-node target forwards and the b31 round compiled under the graphs (one to two minutes of compilation each
-at this size). Rows are printed as they are measured, and as a table at the end. With ``--hybrid`` the verify is
+at this size). The uncompiled AR step and target forwards are also timed with HF's own ``sdpa`` attention (grouped
+K/V repeated per query head), beside the engine's grouped attention (``specdec.fast.attention``). Rows are printed as they are measured, and as a table at the end. With ``--hybrid`` the verify is
 timed as round - drafter - build (the recurrent layers run through specdec's adapters inside the round). Needs a
 CUDA device (``--small`` runs a tiny config on CPU to check the script).
 """
@@ -25,6 +26,7 @@ from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwe
 
 from specdec.bench import median_ms
 from specdec.drafters.dflash import DFlashDrafter
+from specdec.fast import attention
 from specdec.fast.engine import FastEngine
 from specdec.fast.graphs import Captured, compile_fn
 from specdec.kernels.tree_accept import tree_mask
@@ -60,6 +62,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=("default", "max-autotune-no-cudagraphs"),
+        help="inductor mode of the compiled rows (max-autotune benchmarks kernel choices: minutes more per shape)",
+    )
     ap.add_argument("--small", action="store_true", help="a tiny config on CPU: checks the script, times nothing")
     ap.add_argument(
         "--hybrid",
@@ -150,6 +158,9 @@ def main() -> None:
     engine = FastEngine.for_target(target, capacity=args.prompt + 1024)
     span = engine.span_for(args.prompt + 96)  # the span bucket a round at this prompt length uses
 
+    mode = True if args.compile_mode == "default" else args.compile_mode
+    scope = engine.attention_scope(None)  # the target's forwards as the engine runs them (specdec.fast.attention)
+
     def start(d):
         engine.prefill(prompt, d)
         engine.set_root(prompt[0, -1])
@@ -158,7 +169,7 @@ def main() -> None:
         """Time the round of ``d`` / ``tree`` compiled under its graph; returns (ms, the round)."""
         start(d)
         c0 = time.perf_counter()
-        rnd = engine.round_for(d, tree, GREEDY, graph=True, compile=True, span=span)
+        rnd = engine.round_for(d, tree, GREEDY, graph=True, compile=mode, span=span)
         rnd.captured()
         compile_s = time.perf_counter() - c0
         ms = timed(lambda: rnd.captured())
@@ -166,7 +177,15 @@ def main() -> None:
         add(name, ms, f"{ms / ref:.2f} x its floor; compile + capture {compile_s:.0f} s")
         return ms, rnd
 
-    # AR step: the whole captured round of plain decoding.
+    # AR step: the whole captured round of plain decoding; first with HF's sdpa attention (grouped K/V repeated
+    # per query head), then as the engine runs it (query heads stacked per K/V head, specdec.fast.attention).
+    attention.ENABLED = False
+    start(None)
+    ar_hf = engine.round_for(None, None, GREEDY, graph=True, span=span)
+    ar_hf_ms = timed(lambda: ar_hf.captured())
+    add("AR step, HF sdpa attention (K/V repeated)", ar_hf_ms, f"{ar_hf_ms / floor:.2f} x HBM floor")
+    attention.ENABLED = True
+    engine._rounds.clear()
     start(None)
     ar = engine.round_for(None, None, GREEDY, graph=True, span=span)
     ar_ms = timed(lambda: ar.captured())
@@ -190,9 +209,10 @@ def main() -> None:
             return engine.target.forward(ids, pos, mask, write, span=span)
 
         forwards[n] = forward
-        fwd[n] = timed(Captured(forward, device=device, graph=True))
+        hf_ms = timed(Captured(forward, device=device, graph=True))  # outside the scope: HF's sdpa
+        fwd[n] = timed(Captured(forward, device=device, graph=True, scope=scope))
         note = "" if n == 1 else f"{fwd[n] / fwd[1]:.2f} x the 1-token forward (target <= 1.15)"
-        add(f"target forward, {n} nodes", fwd[n], note)
+        add(f"target forward, {n} nodes", fwd[n], f"{note}; HF sdpa attention {hf_ms:.3f} ms")
 
     # Pieces of a DDTree round (each captured alone) and the whole round.
     static = engine._static(drafter)
@@ -225,7 +245,7 @@ def main() -> None:
         ar_compiled, ar_c = compiled_round("AR step, compiled", None, None)
         for n in (16, 32, 64) if not args.hybrid else ():  # against the compiled AR step (the 1-token step)
             c0 = time.perf_counter()
-            step = Captured(compile_fn(forwards[n]), device=device, graph=True)
+            step = Captured(compile_fn(forwards[n], mode), device=device, graph=True, scope=scope)
             step()
             compile_s = time.perf_counter() - c0
             ms = timed(step)

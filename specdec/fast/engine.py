@@ -21,6 +21,7 @@ from specdec.drafters.dflash import DFlashDrafter
 from specdec.drafters.dflash_static import DFlashStatic
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.model_static import ModelStatic
+from specdec.fast.attention import AttentionScope
 from specdec.fast.graphs import Captured, compile_fn
 from specdec.fast.hybrid import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.fast.storage import StaticModel, commit_rows
@@ -138,7 +139,11 @@ class _Round:
         fn = self._ar_round if drafter is None and self.hybrid is None else self._round
         self.compile = compile
         self.captured = Captured(
-            compile_fn(fn, compile) if compile else fn, device=device, graph=graph, snapshot=self._snapshot
+            compile_fn(fn, compile) if compile else fn,
+            device=device,
+            graph=graph,
+            snapshot=self._snapshot,
+            scope=engine.attention_scope(static),
         )
 
     # -- the round (device only) -------------------------------------------------------------------------
@@ -294,7 +299,9 @@ class _Prefill:
         else:
             self.length = torch.zeros((), dtype=torch.long, device=device)
         self.logits: torch.Tensor | None = None
-        self.captured = Captured(self._run, device=device, graph=graph, pool=engine.graph_pool)
+        self.captured = Captured(
+            self._run, device=device, graph=graph, pool=engine.graph_pool, scope=engine.attention_scope(static)
+        )
 
     def _run(self) -> None:
         target = self.engine.target
@@ -418,6 +425,11 @@ class FastEngine:
             logits = pre(input_ids)
             self.prefix.fill_(n)
             return logits, None
+        with self.attention_scope(self._static(drafter)):
+            return self._prefill_eager(input_ids, drafter)
+
+    def _prefill_eager(self, input_ids: torch.Tensor, drafter) -> tuple[torch.Tensor, None]:
+        n, device = input_ids.shape[1], self.device
         taps = getattr(drafter, "target_layer_ids", None)
         target = self.target.target
         if self.target.recurrent:  # hybrids: the model's own forward into an HF cache, then copied in
@@ -436,6 +448,12 @@ class FastEngine:
         elif static is not None:
             static.prefill(input_ids)
         return logits, None
+
+    def attention_scope(self, static) -> AttentionScope:
+        """The scope in which this engine runs the forwards of its target (and of ``static``'s draft model, a
+        ``ModelStatic``): grouped-query attention without K/V expansion (``specdec.fast.attention``)."""
+        draft = static.model.target.model if isinstance(static, ModelStatic) else None
+        return AttentionScope(self.target.target.model, draft)
 
     def _prefill_for(self, drafter, size: int, graph: bool) -> _Prefill:
         key = (id(drafter) if drafter is not None else None, size, graph)

@@ -6,6 +6,7 @@ runs everywhere and the CPU suite proves it exact.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -64,10 +65,15 @@ class Captured:
         warmup (int): eager runs before capture. Default 2.
         pool: a graph memory pool (``torch.cuda.graph_pool_handle()``) shared with other graphs that never run
             at the same time; None = a private pool.
+        scope: a context manager entered around every run of ``fn`` (warm-up, capture, uncaptured calls), not
+            around replays; e.g. ``specdec.fast.attention.AttentionScope``. None = none.
     """
 
-    def __init__(self, fn, *, device: torch.device, graph: bool, snapshot=None, warmup: int = 2, pool=None) -> None:
+    def __init__(
+        self, fn, *, device: torch.device, graph: bool, snapshot=None, warmup: int = 2, pool=None, scope=None
+    ) -> None:
         self.fn, self.device, self.snapshot, self.warmup, self.pool = fn, device, snapshot, warmup, pool
+        self.scope = scope if scope is not None else contextlib.nullcontext()
         self.use_graph = graph and device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
         self.capture_s = 0.0  # later warm-up runs + capture, seconds
@@ -76,6 +82,13 @@ class Captured:
         self.first_call_uncaptured: bool | None = None if not self.use_graph else False
 
     def __call__(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        with self.scope:
+            self._run()
+
+    def _run(self) -> None:
         if not self.use_graph:
             if self.first_call_uncaptured is None:  # where a compiled function compiles: its first run
                 start = time.perf_counter()

@@ -1,0 +1,107 @@
+"""Grouped-query attention of the fast path (``specdec.fast.attention``) against HF's own ``sdpa`` attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+import specdec
+from specdec.fast import attention
+from specdec.fast.attention import NAME, AttentionScope, grouped_sdpa
+from tests.models import tiny_model
+
+
+class _Module(torch.nn.Module):
+    """What HF's sdpa function reads off an attention module."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def _inputs(heads, kv_heads, q_len, span, *, seed=0, bool_mask=False):
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(1, heads, q_len, 16, generator=g)
+    key = torch.randn(1, kv_heads, span, 16, generator=g)
+    value = torch.randn(1, kv_heads, span, 16, generator=g)
+    # a random visibility pattern (every row sees slot 0), as tree masks are
+    seen = torch.rand(q_len, span, generator=g) < 0.6
+    seen[:, 0] = True
+    if bool_mask:
+        return query, key, value, seen[None, None]
+    mask = torch.zeros(q_len, span).masked_fill_(~seen, torch.finfo(torch.float32).min)[None, None]
+    return query, key, value, mask
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (8, 2), (6, 3), (4, 1)])
+@pytest.mark.parametrize("q_len", [1, 5, 64])
+@pytest.mark.parametrize("bool_mask", [False, True])
+def test_grouped_sdpa_equals_hf_sdpa(heads, kv_heads, q_len, bool_mask):
+    query, key, value, mask = _inputs(heads, kv_heads, q_len, 96, seed=q_len + heads, bool_mask=bool_mask)
+    module = _Module(heads // kv_heads)
+    want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    got, _ = grouped_sdpa(module, query, key, value, mask, scaling=0.3)
+    assert got.shape == want.shape == (1, q_len, heads, 16)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_grouped_sdpa_hands_what_it_does_not_cover_to_hf(monkeypatch):
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return sdpa_attention_forward(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa_attention_forward", spy)
+    query, key, value, mask = _inputs(4, 2, 3, 32)
+    module = _Module(2)
+    grouped_sdpa(module, query, key, value, mask)
+    assert calls == []  # the grouped case runs its own SDPA call
+    grouped_sdpa(module, query, key, value, None, is_causal=True)  # no mask: HF's causal path
+    grouped_sdpa(module, query, key, value, mask.expand(1, 4, 3, 32))  # a per-head mask
+    grouped_sdpa(module, query, key, value, mask, softcap=None, position_bias=torch.zeros(1, 4, 3, 32))
+    grouped_sdpa(_Module(1), query, key[:, :1].expand(1, 4, 32, 16), value[:, :1].expand(1, 4, 32, 16), mask)  # MHA
+    assert len(calls) == 4
+
+
+def test_scope_switches_sdpa_configs_and_restores_them():
+    model = tiny_model("qwen3")
+    other = tiny_model("llama", attn="eager")
+    assert model.config._attn_implementation == "sdpa"
+    scope = AttentionScope(model, other, None)
+    with scope:
+        assert model.config._attn_implementation == NAME
+        assert other.config._attn_implementation == "eager"  # only sdpa is switched
+        with scope:  # re-entrant
+            assert model.config._attn_implementation == NAME
+        assert model.config._attn_implementation == NAME
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError, match="boom"), scope:
+        raise RuntimeError("boom")
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_fast_path_runs_grouped_attention_and_leaves_the_model_as_it_was(monkeypatch):
+    model = tiny_model("qwen3", scale=4.0)
+    heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
+    assert heads > kv_heads  # a grouped-query target, or this test proves nothing
+    seen = []
+
+    def spy(module, query, key, value, mask, **kwargs):
+        seen.append((query.shape[2], key.shape[1]))
+        return grouped_sdpa(module, query, key, value, mask, **kwargs)
+
+    from transformers import AttentionInterface
+
+    attention._register()
+    monkeypatch.setitem(AttentionInterface._global_mapping, NAME, spy)
+    ids = torch.tensor([[3, 14, 15, 92, 65]])
+    want = model.generate(ids, max_new_tokens=12, do_sample=False)
+    out = specdec.generate(model, ids, max_new_tokens=12, cuda_graphs=True)
+    assert out.stats.path == "fast"
+    assert torch.equal(out.sequences, want)
+    assert seen and all(k == kv_heads for _, k in seen)
+    assert model.config._attn_implementation == "sdpa"
