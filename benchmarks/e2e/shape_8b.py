@@ -10,7 +10,8 @@ tree nodes; and the pieces and whole of a DDTree round (drafter block forward, t
 and commit) for budgets 15/31/63 (16/32/64 nodes). ``--compile`` adds the AR step (with its heaviest kernels), the
 16/32/64-node target forwards and the b31 round compiled under the graphs (one to two minutes of compilation each
 at this size). The uncompiled AR step and target forwards are also timed with HF's own ``sdpa`` attention (grouped
-K/V repeated per query head), beside the engine's grouped attention (``specdec.fast.attention``). Rows are printed as they are measured, and as a table at the end. With ``--hybrid`` the verify is
+K/V repeated per query head), beside the engine's grouped attention (``specdec.fast.attention``). Rows are
+printed as they are measured, and as a table at the end. With ``--hybrid`` the verify is
 timed as round - drafter - build (the recurrent layers run through specdec's adapters inside the round). Needs a
 CUDA device (``--small`` runs a tiny config on CPU to check the script).
 """
