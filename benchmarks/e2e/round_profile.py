@@ -125,8 +125,9 @@ def _kernels(evt, names: dict | None = None) -> tuple[int, float]:
 def profile_round(rnd, engine, rounds: int, top: tuple[str, ...] = ()) -> dict[str, tuple[int, float]]:
     """Per-phase (kernels per round, GPU ms per round) of ``rounds`` eager runs of the round function."""
     restore = rnd._snapshot()
-    # A compiled round would recompile around the wrappers: profile it whole, unlabelled.
-    with contextlib.nullcontext() if rnd.compile else labelled():
+    # A compiled round would recompile around the wrappers: profile it whole, unlabelled. The round's scope (its
+    # attention, specdec.fast.attention) as when it was captured: outside it a compiled round would recompile.
+    with rnd.captured.scope, contextlib.nullcontext() if rnd.compile else labelled():
         rnd.captured.fn()  # wrapped warm run
         restore()
         if torch.cuda.is_available():

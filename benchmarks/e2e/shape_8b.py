@@ -19,6 +19,7 @@ CUDA device (``--small`` runs a tiny config on CPU to check the script).
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 
 import torch
@@ -36,6 +37,7 @@ from specdec.trees.device import ddtree_device
 from specdec.types import DDTree, SamplingParams
 
 GREEDY = SamplingParams()
+logger = logging.getLogger("shape_8b")
 
 
 def timed(fn, iters: int = 30) -> float:
@@ -68,6 +70,11 @@ def main() -> None:
         default="default",
         choices=("default", "max-autotune-no-cudagraphs"),
         help="inductor mode of the compiled rows (max-autotune benchmarks kernel choices: minutes more per shape)",
+    )
+    ap.add_argument(
+        "--attention-ab",
+        action="store_true",
+        help="only the compiled AR step, with HF's sdpa attention and with the engine's grouped one (+ kernel lists)",
     )
     ap.add_argument("--small", action="store_true", help="a tiny config on CPU: checks the script, times nothing")
     ap.add_argument(
@@ -177,6 +184,25 @@ def main() -> None:
         ref = floor if d is None else floor_round
         add(name, ms, f"{ms / ref:.2f} x its floor; compile + capture {compile_s:.0f} s")
         return ms, rnd
+
+    if args.attention_ab:  # the compiled AR step with each attention, timed, then profiled; nothing else
+        timings = {}
+        for grouped in (False, True):
+            attention.ENABLED = grouped
+            engine._rounds.clear()
+            timings[grouped] = compiled_round(f"AR step, compiled, {'grouped' if grouped else 'HF sdpa'} attention",
+                                              None, None)  # fmt: skip
+        for grouped, (_, rnd) in timings.items():
+            start(None)
+            logger.warning("heaviest kernels, %s attention:", "grouped" if grouped else "HF sdpa")
+            phases = profile_round(rnd, engine, 3, top=("round",))
+            add(f"  kernel sum, {'grouped' if grouped else 'HF sdpa'}", phases["round"][1],
+                f"{phases['round'][0]:.0f} kernels")  # fmt: skip
+        attention.ENABLED = True
+        print(header)
+        for name, ms, note in rows:
+            print(f"| {name} | {ms:.3f} | {note} |")
+        return
 
     # AR step: the whole captured round of plain decoding; first with HF's sdpa attention (grouped K/V repeated
     # per query head), then as the engine runs it (query heads stacked per K/V head, specdec.fast.attention).
