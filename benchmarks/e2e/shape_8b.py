@@ -167,7 +167,8 @@ def main() -> None:
     span = engine.span_for(args.prompt + 96)  # the span bucket a round at this prompt length uses
 
     mode = True if args.compile_mode == "default" else args.compile_mode
-    scope = engine.attention_scope(None)  # the target's forwards as the engine runs them (specdec.fast.attention)
+    # the target's forwards as the engine runs them, uncompiled and compiled (specdec.fast.attention.grouped_for)
+    scope, compiled_scope = engine.attention_scope(None), engine.attention_scope(None, compiled=True)
 
     def start(d):
         engine.prefill(prompt, d)
@@ -188,7 +189,7 @@ def main() -> None:
     if args.attention_ab:  # the compiled AR step with each attention, timed, then profiled; nothing else
         timings = {}
         for grouped in (False, True):
-            attention.ENABLED = grouped
+            attention.MODE = "1" if grouped else "0"
             engine._rounds.clear()
             timings[grouped] = compiled_round(f"AR step, compiled, {'grouped' if grouped else 'HF sdpa'} attention",
                                               None, None)  # fmt: skip
@@ -198,7 +199,7 @@ def main() -> None:
             phases = profile_round(rnd, engine, 3, top=("round",))
             add(f"  kernel sum, {'grouped' if grouped else 'HF sdpa'}", phases["round"][1],
                 f"{phases['round'][0]:.0f} kernels")  # fmt: skip
-        attention.ENABLED = True
+        attention.MODE = "auto"
         print(header)
         for name, ms, note in rows:
             print(f"| {name} | {ms:.3f} | {note} |")
@@ -206,12 +207,12 @@ def main() -> None:
 
     # AR step: the whole captured round of plain decoding; first with HF's sdpa attention (grouped K/V repeated
     # per query head), then as the engine runs it (query heads stacked per K/V head, specdec.fast.attention).
-    attention.ENABLED = False
+    attention.MODE = "0"
     start(None)
     ar_hf = engine.round_for(None, None, GREEDY, graph=True, span=span)
     ar_hf_ms = timed(lambda: ar_hf.captured())
     add("AR step, HF sdpa attention (K/V repeated)", ar_hf_ms, f"{ar_hf_ms / floor:.2f} x HBM floor")
-    attention.ENABLED = True
+    attention.MODE = "auto"
     engine._rounds.clear()
     start(None)
     ar = engine.round_for(None, None, GREEDY, graph=True, span=span)
@@ -272,7 +273,7 @@ def main() -> None:
         ar_compiled, ar_c = compiled_round("AR step, compiled", None, None)
         for n in (16, 32, 64) if not args.hybrid else ():  # against the compiled AR step (the 1-token step)
             c0 = time.perf_counter()
-            step = Captured(compile_fn(forwards[n], mode), device=device, graph=True, scope=scope)
+            step = Captured(compile_fn(forwards[n], mode), device=device, graph=True, scope=compiled_scope)
             step()
             compile_s = time.perf_counter() - c0
             ms = timed(step)

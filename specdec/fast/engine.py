@@ -21,7 +21,7 @@ from specdec.drafters.dflash import DFlashDrafter
 from specdec.drafters.dflash_static import DFlashStatic
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.model_static import ModelStatic
-from specdec.fast.attention import AttentionScope
+from specdec.fast.attention import AttentionScope, grouped_for
 from specdec.fast.graphs import Captured, compile_fn
 from specdec.fast.hybrid import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.fast.storage import StaticModel, commit_rows
@@ -143,7 +143,7 @@ class _Round:
             device=device,
             graph=graph,
             snapshot=self._snapshot,
-            scope=engine.attention_scope(static),
+            scope=engine.attention_scope(static, compiled=bool(compile)),
         )
 
     # -- the round (device only) -------------------------------------------------------------------------
@@ -449,11 +449,12 @@ class FastEngine:
             static.prefill(input_ids)
         return logits, None
 
-    def attention_scope(self, static) -> AttentionScope:
+    def attention_scope(self, static, *, compiled: bool = False) -> AttentionScope:
         """The scope in which this engine runs the forwards of its target (and of ``static``'s draft model, a
-        ``ModelStatic``): grouped-query attention without K/V expansion (``specdec.fast.attention``)."""
+        ``ModelStatic``): grouped-query attention without K/V expansion where ``specdec.fast.attention.grouped_for``
+        says so (``compiled``: the forwards run under ``torch.compile``)."""
         draft = static.model.target.model if isinstance(static, ModelStatic) else None
-        return AttentionScope(self.target.target.model, draft)
+        return AttentionScope(self.target.target.model, draft, grouped=grouped_for(compiled))
 
     def _prefill_for(self, drafter, size: int, graph: bool) -> _Prefill:
         key = (id(drafter) if drafter is not None else None, size, graph)

@@ -105,3 +105,34 @@ def test_fast_path_runs_grouped_attention_and_leaves_the_model_as_it_was(monkeyp
     assert torch.equal(out.sequences, want)
     assert seen and all(k == kv_heads for _, k in seen)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_grouped_for_follows_the_mode(monkeypatch):
+    monkeypatch.setattr(attention, "MODE", "auto")
+    assert attention.grouped_for(False) and not attention.grouped_for(True)
+    monkeypatch.setattr(attention, "MODE", "1")
+    assert attention.grouped_for(False) and attention.grouped_for(True)
+    monkeypatch.setattr(attention, "MODE", "0")
+    assert not attention.grouped_for(False) and not attention.grouped_for(True)
+    monkeypatch.setattr(attention, "MODE", "yes")
+    with pytest.raises(ValueError, match="SPECDEC_GROUPED_ATTENTION='yes'"):
+        attention.grouped_for(False)
+
+
+def test_scope_that_does_not_group_leaves_the_model_alone():
+    model = tiny_model("qwen3")
+    with AttentionScope(model, grouped=False):
+        assert model.config._attn_implementation == "sdpa"
+
+
+def test_engine_groups_uncompiled_rounds_only_by_default(monkeypatch):
+    from specdec.fast.engine import FastEngine
+    from specdec.target import TargetModel
+
+    monkeypatch.setattr(attention, "MODE", "auto")
+    model = tiny_model("qwen3")
+    engine = FastEngine.for_target(TargetModel.wrap(model), capacity=64)
+    eager = engine.round_for(None, None, specdec.SamplingParams(), graph=False)
+    compiled = engine.round_for(None, None, specdec.SamplingParams(), graph=False, compile=True)  # not run
+    assert [id(c) for c in eager.captured.scope.configs] == [id(model.config)]
+    assert compiled.captured.scope.configs == []
