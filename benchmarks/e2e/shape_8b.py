@@ -33,7 +33,7 @@ from specdec.fast.engine import FastEngine
 from specdec.fast.graphs import Captured, compile_fn
 from specdec.kernels.tree_accept import tree_mask
 from specdec.target import TargetModel
-from specdec.trees.device import ddtree_device
+from specdec.trees.device import ddtree_device, root_tree_device
 from specdec.types import DDTree, SamplingParams
 
 GREEDY = SamplingParams()
@@ -269,6 +269,21 @@ def main() -> None:
             add(f"  verify + accept + commit, {budget + 1} nodes (round - draft - build)", rest,
                 f"{rest / ar_ms:.2f} x the AR step (target <= 1.2)")  # fmt: skip
 
+    # Hybrids: the round's own verify (mask, target forward with the recurrent layers through their adapters and
+    # tree scans) over a fixed tree of 1 / 16 / 32 / 64 nodes, captured alone; it commits nothing, so it repeats.
+    verifies = {}
+    if args.hybrid:
+        start(drafter)
+        owners = {1: engine.round_for(None, None, GREEDY, graph=True, span=span), **{b + 1: rounds[b] for b in rounds}}
+        for n, owner in owners.items():
+            tree = (root_tree_device(engine.root) if n == 1 else
+                    ddtree_device(logq, engine.root, budget=n - 1, topk=8, num_slots=owner.slots))  # fmt: skip
+            verifies[n] = lambda owner=owner, tree=tree: owner._verify(tree)
+            ms = timed(Captured(verifies[n], device=device, graph=True, scope=owner.captured.scope))
+            fwd[n] = ms
+            note = "" if n == 1 else f"{ms / fwd[1]:.2f} x the 1-node verify (target <= 1.2)"
+            add(f"hybrid verify, {n} nodes", ms, note)
+
     if args.compile:
         ar_compiled, ar_c = compiled_round("AR step, compiled", None, None)
         for n in (16, 32, 64) if not args.hybrid else ():  # against the compiled AR step (the 1-token step)
@@ -280,6 +295,17 @@ def main() -> None:
             note = f"{ms / ar_compiled:.2f} x the compiled AR step (target <= 1.15), compile {compile_s:.0f} s"
             add(f"target forward, {n} nodes, compiled", ms, note)
         compiled_round("DDTree round b31, compiled", drafter, DDTree(budget=31, topk=8))
+        for n, verify in verifies.items():  # hybrids: the verify alone, compiled, against its 1-node form
+            start(drafter)
+            c0 = time.perf_counter()
+            step = Captured(compile_fn(verify, mode), device=device, graph=True,
+                            scope=engine.attention_scope(None, compiled=True))  # fmt: skip
+            step()
+            compile_s = time.perf_counter() - c0
+            ms = timed(step)
+            fwd[-n] = ms
+            note = "" if n == 1 else f"{ms / fwd[-1]:.2f} x the compiled 1-node verify (target <= 1.2)"
+            add(f"hybrid verify, {n} nodes, compiled", ms, f"{note}; compile {compile_s:.0f} s")
 
     # Kernel profiles last: the profiler slows the graph replays timed after it.
     if device.type == "cuda" and args.hybrid:  # kernel time per phase (profiler, eager runs of the same rounds)

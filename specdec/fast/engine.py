@@ -179,22 +179,31 @@ class _Round:
         engine.root.copy_(choice)
         prefix.add_(1)
 
-    def _round(self) -> None:
+    def _verify(self, tree: DeviceTree):
+        """The target forward over ``tree`` (``slots`` nodes) on top of the committed prefix; returns (logits
+        ``[slots, V]``, taps or None, the hybrid ``VerifyRound`` or None). Writes only the K/V rows of the tree's
+        slots (and the adapters' stash): until a commit, a repeat of it computes the same."""
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix
-        tree = self._build()
         # Node i sits at slot prefix + i and position prefix + depth[i]; it sees the committed prefix and its
         # ancestors; padding nodes see only themselves (one Triton launch on CUDA).
         mask = tree_mask(tree.parents, tree.valid, prefix, self.span, self.depth, target.target.dtype)
         write_index = prefix + self.arange
         args = (tree.tokens[None], (prefix + tree.depth)[None], mask, write_index, self.taps)
         if self.hybrid is None:
+            return (*target.forward(*args, span=self.span), None)
+        # recurrent mixers run through their adapters over the device topology
+        rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
+                          topo=DeviceTopology(tree, chain=not isinstance(self.tree, DDTree)))  # fmt: skip
+        with _swapped_forwards(self.hybrid.adapters, rnd):
             logits, hidden = target.forward(*args, span=self.span)
-        else:  # recurrent mixers run through their adapters over the device topology
-            rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
-                              topo=DeviceTopology(tree, chain=not isinstance(self.tree, DDTree)))  # fmt: skip
-            with _swapped_forwards(self.hybrid.adapters, rnd):
-                logits, hidden = target.forward(*args, span=self.span)
+        return logits, hidden, rnd
+
+    def _round(self) -> None:
+        engine, target = self.engine, self.engine.target
+        prefix = engine.prefix
+        tree = self._build()
+        logits, hidden, rnd = self._verify(tree)
         choices = target_choices(logits, self.sampling, self.uniform)
         accept = accept_path(tree.tokens, tree.parents, tree.depth, tree.valid, choices, self.depth)
         if self.depth:
