@@ -7,9 +7,9 @@
 # STEP (default: tests fast profile, or tests fidelity sweep-model sweep-scan profile shape): tests, fast, profile,
 # ratio (the rows timed pass by pass, --interleave --repeat 3, with budgets 31 / 63 whose 32 / 64 slots may tile
 # better than 33 / 65), compiled (the same, compile=True), shape (Qwen3-8B shape, compiled too), compile-cache,
-# kernels (dense); tests, fidelity,
-# sweep-model, sweep-scan, ratio, compiled, profile, shape, shape-compiled, kernels (hybrid). The whole default hybrid run takes about 20
-# minutes.
+# kernels, attention (the 8B AR step with each attention kernel) (dense); tests, fidelity, sweep-model,
+# sweep-scan, ratio, compiled, profile, shape, shape-compiled, kernels (hybrid). The whole default hybrid run takes
+# about 20 minutes.
 set -u
 NAME=${1:?dense or hybrid}
 OUT=${2:?output folder}
@@ -54,6 +54,12 @@ if [ "$NAME" = dense ]; then
     if want kernels; then
         (cd benchmarks/kernels && timeout 90 python3 bench_device_tree.py --out "$OUT/kernels" >"$OUT/kernels.log" 2>&1)
         tail -18 "$OUT/kernels.log"
+        (cd benchmarks/kernels && timeout 120 python3 bench_tree_attention.py --out "$OUT/kernels" \
+            >"$OUT/attention_kernel.log" 2>&1); tail -20 "$OUT/attention_kernel.log"
+    fi
+    if want attention; then  # the 8B AR step with HF's, the grouped SDPA and the Triton split-K/V attention
+        (cd benchmarks/e2e && timeout 420 python3 shape_8b.py --attention-ab >"$OUT/attn_ab.log" 2>&1)
+        grep "^|" "$OUT/attn_ab.log"
     fi
 else
     H="--target target-hybrid --drafter assets/drafters/zoo-hybrid"

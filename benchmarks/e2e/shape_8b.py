@@ -74,7 +74,8 @@ def main() -> None:
     ap.add_argument(
         "--attention-ab",
         action="store_true",
-        help="only the compiled AR step, with HF's sdpa attention and with the engine's grouped one (+ kernel lists)",
+        help="only the AR step (captured, and compiled) with HF's sdpa attention, the engine's grouped one on SDPA, "
+        "and grouped on the Triton split-K/V kernel (specdec.kernels.tree_attention), + kernel lists",
     )
     ap.add_argument("--small", action="store_true", help="a tiny config on CPU: checks the script, times nothing")
     ap.add_argument(
@@ -186,20 +187,24 @@ def main() -> None:
         add(name, ms, f"{ms / ref:.2f} x its floor; compile + capture {compile_s:.0f} s")
         return ms, rnd
 
-    if args.attention_ab:  # the compiled AR step with each attention, timed, then profiled; nothing else
+    if args.attention_ab:  # the AR step with each attention, uncompiled and compiled, timed, then profiled
         timings = {}
-        for grouped in (False, True):
-            attention.MODE = "1" if grouped else "0"
+        variants = {"HF sdpa": ("0", "sdpa"), "grouped": ("1", "sdpa"), "grouped, Triton kernel": ("1", "triton")}
+        for name, (mode_, kernel) in variants.items():
+            attention.MODE, attention.KERNEL = mode_, kernel
             engine._rounds.clear()
-            timings[grouped] = compiled_round(f"AR step, compiled, {'grouped' if grouped else 'HF sdpa'} attention",
-                                              None, None)  # fmt: skip
-        for grouped, (_, rnd) in timings.items():
             start(None)
-            logger.warning("heaviest kernels, %s attention:", "grouped" if grouped else "HF sdpa")
+            eager = engine.round_for(None, None, GREEDY, graph=True, span=span)
+            ms = timed(lambda eager=eager: eager.captured())
+            add(f"AR step, {name} attention", ms, f"{ms / floor:.2f} x HBM floor")
+            timings[name] = compiled_round(f"AR step, compiled, {name} attention", None, None)
+        for name, (_, rnd) in timings.items():
+            attention.MODE, attention.KERNEL = variants[name]
+            start(None)
+            logger.warning("heaviest kernels, %s attention:", name)
             phases = profile_round(rnd, engine, 3, top=("round",))
-            add(f"  kernel sum, {'grouped' if grouped else 'HF sdpa'}", phases["round"][1],
-                f"{phases['round'][0]:.0f} kernels")  # fmt: skip
-        attention.MODE = "auto"
+            add(f"  kernel sum, {name}", phases["round"][1], f"{phases['round'][0]:.0f} kernels")
+        attention.MODE, attention.KERNEL = "auto", "sdpa"
         print(header)
         for name, ms, note in rows:
             print(f"| {name} | {ms:.3f} | {note} |")

@@ -14,6 +14,8 @@ capture, compilation, uncaptured calls) and restores them afterwards, so the use
 Anything it does not cover (no mask, a per-head mask, dropout, soft-capping, attention sinks, position biases)
 goes to HF's ``sdpa_attention_forward`` unchanged. ``SPECDEC_GROUPED_ATTENTION`` says where it is used
 (:func:`grouped_for`): ``auto`` (default: forwards that are not compiled), ``1`` (all) or ``0`` (none).
+``SPECDEC_ATTENTION_KERNEL=triton`` runs the grouped case through ``specdec.kernels.tree_attention`` instead of
+SDPA (split over the key span as well; not the default until it has been timed on a GPU).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-__all__ = ["MODE", "NAME", "AttentionScope", "grouped_for", "grouped_sdpa"]
+__all__ = ["KERNEL", "MODE", "NAME", "AttentionScope", "grouped_for", "grouped_sdpa"]
 
 NAME = "specdec_grouped_sdpa"
 # Keyword arguments that change what attention computes; any of them set sends the call to HF's sdpa.
@@ -36,6 +38,13 @@ _HF_ONLY = ("softcap", "s_aux", "sinks", "position_bias")
 # (never). Read when a scope is built (rounds and prefills build theirs once); benchmarks set it to compare.
 MODE = os.environ.get("SPECDEC_GROUPED_ATTENTION", "auto")
 _MODES = ("auto", "1", "0")
+
+
+# The kernel of the grouped case: "sdpa" (default: PyTorch's SDPA on the stacked rows) or "triton" (the split-K/V
+# kernel of specdec.kernels.tree_attention, which also spreads the span over many programs; opt-in until timed).
+KERNEL = os.environ.get("SPECDEC_ATTENTION_KERNEL", "sdpa")
+if KERNEL not in ("sdpa", "triton"):
+    raise ValueError(f"SPECDEC_ATTENTION_KERNEL={KERNEL!r}: use 'sdpa' or 'triton'.")
 
 
 def grouped_for(compiled: bool) -> bool:
@@ -88,6 +97,10 @@ def grouped_sdpa(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
     batch, _, q_len, head_dim = query.shape
+    if KERNEL == "triton" and batch == 1:
+        from specdec.kernels.tree_attention import tree_attention  # Triton on CUDA, its reference elsewhere
+
+        return tree_attention(query, key, value, attention_mask, head_dim**-0.5 if scaling is None else scaling), None
     rep = heads // kv_heads
     stacked = query.reshape(batch, kv_heads, rep * q_len, head_dim)
     rows, span = attention_mask.shape[0], attention_mask.shape[-1]

@@ -136,3 +136,35 @@ def test_engine_groups_uncompiled_rounds_only_by_default(monkeypatch):
     compiled = engine.round_for(None, None, specdec.SamplingParams(), graph=False, compile=True)  # not run
     assert [id(c) for c in eager.captured.scope.configs] == [id(model.config)]
     assert compiled.captured.scope.configs == []
+
+
+@pytest.mark.parametrize("q_len", [1, 7])
+def test_triton_kernel_choice_calls_tree_attention_and_equals_hf(monkeypatch, q_len):
+    """``SPECDEC_ATTENTION_KERNEL=triton``: the grouped case goes to ``tree_attention`` (its reference on CPU; the
+    kernel itself is checked in ``tests/kernels/test_tree_attention.py``)."""
+    import specdec.kernels.tree_attention as ta
+
+    calls = []
+    real = ta.tree_attention
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "KERNEL", "triton")
+    monkeypatch.setattr(ta, "tree_attention", spy)
+    query, key, value, mask = _inputs(8, 2, q_len, 40, seed=3)
+    module = _Module(4)
+    want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+    got, _ = grouped_sdpa(module, query, key, value, mask, scaling=0.25)
+    assert calls == [query.shape]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_fast_path_with_the_triton_kernel_choice_equals_hf_greedy(monkeypatch):
+    monkeypatch.setattr(attention, "KERNEL", "triton")
+    model = tiny_model("llama", scale=4.0)
+    ids = torch.tensor([[5, 9, 2, 77, 31, 8]])
+    want = model.generate(ids, max_new_tokens=10, do_sample=False)
+    out = specdec.generate(model, ids, max_new_tokens=10, cuda_graphs=True)
+    assert out.stats.path == "fast" and torch.equal(out.sequences, want)

@@ -1,0 +1,153 @@
+"""``tree_attention``: a few query rows (a decode step, or a draft tree of up to ~128 nodes) attending over a long
+key / value span of a static cache, with grouped-query heads and an arbitrary per-row visibility mask.
+
+The reference (the specification and the CPU path) expands K / V per query head and takes an fp32 softmax, as HF's
+eager / SDPA attention does. The Triton version (``triton.py``) never expands K / V: the ``rep = H // H_kv`` query
+heads of a group are stacked along the row axis so every K / V tile it loads serves all of them, and the key axis
+is split into chunks run by separate programs (split-KV, "flash-decoding"), whose fp32 partial softmax states a
+second launch combines. It reads nothing on the host, so it can be captured in a CUDA graph.
+
+Every query row must see at least one key slot (the caller's guarantee, as in any causal or tree mask): for a row
+that sees none, the reference and the kernel may return anything (no error is raised).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+from specdec.kernels._triton import importable, pick_impl
+
+__all__ = ["FLOAT_DTYPES", "TRITON_DTYPES", "TRITON_HEAD_DIMS", "tree_attention", "tree_attention_reference"]
+
+_MODULE = "specdec.kernels.tree_attention.triton"
+
+Impl = Literal["auto", "torch", "triton"]
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+"""The dtypes query / key / value may have (all three the same)."""
+
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The dtypes the Triton version takes; with others ``impl="auto"`` uses the reference."""
+
+TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
+"""The head dims the Triton version takes (a power of two, whole in one tile); others fall back in ``"auto"``."""
+
+
+def tree_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    *,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """Masked grouped-query attention of ``Q`` query rows over ``S`` key slots. Arguments as
+    :func:`tree_attention_reference`.
+
+    Args:
+        impl (str): ``"triton"`` (split-KV: CUDA or Triton's interpreter; fp32 / bf16 / fp16 and a head dim in
+            ``TRITON_HEAD_DIMS``), ``"torch"`` (the reference) or ``"auto"``: Triton on CUDA (or under
+            ``TRITON_INTERPRET=1``) when it imports and the call fits it, else the reference.
+
+    Returns:
+        torch.Tensor: ``[1, Q, H, D]`` contiguous, query's dtype (the layout of HF's attention functions).
+    """
+    _check_args(query, key, value, mask, scale, impl)
+    if pick_impl(impl, query.device, _MODULE, fits=_fits_triton(query)) == "torch":
+        return tree_attention_reference(query, key, value, mask, scale)
+    from specdec.kernels.tree_attention.triton import tree_attention_triton
+
+    return tree_attention_triton(query, key, value, mask, scale)
+
+
+def tree_attention_reference(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention as HF's eager path computes it: K / V repeated per query head, fp32 scores plus the additive mask,
+    softmax, weighted sum of V, rounded to query's dtype.
+
+    Args:
+        query (torch.Tensor): ``[1, H, Q, D]`` float (fp32, bf16, fp16 or fp64); any strides.
+        key (torch.Tensor): ``[1, H_kv, S, D]``, query's dtype, ``H % H_kv == 0``: query head ``h`` reads key /
+            value head ``h // (H // H_kv)``. May be a view of a longer cache (``buf[:, :, :S]``).
+        value (torch.Tensor): ``[1, H_kv, S, D]`` like ``key``.
+        mask (torch.Tensor): ``[1, 1, Q, S]``, shared by all heads: bool (True = visible) or an additive float mask
+            (0 = visible, a very negative value such as ``torch.finfo(dtype).min`` = hidden). Every row must see at
+            least one slot; for a row that sees none the output is unspecified.
+        scale (float): the softmax scale (usually ``D ** -0.5``).
+
+    Returns:
+        torch.Tensor: ``[1, Q, H, D]`` contiguous, query's dtype.
+    """
+    rep = query.shape[1] // key.shape[1]
+    acc = torch.promote_types(query.dtype, torch.float32)
+    k = key.repeat_interleave(rep, dim=1).to(acc)
+    v = value.repeat_interleave(rep, dim=1).to(acc)
+    if mask.dtype == torch.bool:
+        additive = torch.zeros(mask.shape, dtype=acc, device=mask.device)
+        additive.masked_fill_(~mask, torch.finfo(acc).min)
+    else:
+        additive = mask.to(acc)
+    scores = torch.matmul(query.to(acc), k.transpose(-1, -2)) * scale + additive
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, v).to(query.dtype)
+    return out.transpose(1, 2).contiguous()
+
+
+def _triton_available() -> bool:
+    return importable(_MODULE)
+
+
+def _fits_triton(query: torch.Tensor) -> bool:
+    """Whether the Triton version takes the call: its dtype and a head dim held whole in one tile."""
+    return query.dtype in TRITON_DTYPES and query.shape[-1] in TRITON_HEAD_DIMS
+
+
+def _describe(t) -> str:
+    return f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _check_args(query, key, value, mask, scale, impl: str = "auto") -> None:
+    names = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.dtype not in FLOAT_DTYPES:
+            layout = "[1, H, Q, D]" if name == "query" else "[1, H_kv, S, D]"
+            raise ValueError(f"{name} must be a 4-d {layout} tensor of {names}; got {_describe(t)}: pass the "
+                             "(batch, heads, positions, head dim) tensor, in a float dtype.")  # fmt: skip
+        if t.shape[0] != 1:
+            raise ValueError(f"{name} has batch {t.shape[0]}; only batch 1 is supported: call once per sequence.")
+    _, heads, rows, dim = query.shape
+    _, kv_heads, slots, kv_dim = key.shape
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise ValueError(f"query, key and value must share a dtype; got {query.dtype}, {key.dtype}, {value.dtype}: "
+                         "convert key and value to query's dtype.")  # fmt: skip
+    if value.shape != key.shape:
+        raise ValueError(f"value must have key's shape {list(key.shape)}; got {list(value.shape)}: pass the value "
+                         "cache span matching the key span.")  # fmt: skip
+    if kv_dim != dim:
+        raise ValueError(f"key's head dim {kv_dim} differs from query's {dim}: pass matching heads.")
+    if heads == 0 or kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(f"query's H = {heads} heads must be a positive multiple of key's H_kv = {kv_heads}: "
+                         "pass the key / value heads of the query's layer (grouped-query attention).")  # fmt: skip
+    if slots == 0:
+        raise ValueError("key has S = 0 slots: every query row must see at least one key slot.")
+    if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.dtype.is_floating_point):
+        raise ValueError(f"mask must be a bool (True = visible) or additive float tensor; got {_describe(mask)}: "
+                         "convert it (e.g. mask.bool()).")  # fmt: skip
+    if tuple(mask.shape) != (1, 1, rows, slots):
+        raise ValueError(f"mask must be [1, 1, Q, S] = [1, 1, {rows}, {slots}] (one for all heads); got "
+                         f"{list(mask.shape)}: slice it to the key span (mask[..., :S]), or pass "
+                         "mask[:, :1].")  # fmt: skip
+    for name, t in (("key", key), ("value", value), ("mask", mask)):
+        if t.device != query.device:
+            raise ValueError(f"{name} is on {t.device}, query on {query.device}: move them to one device.")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale={scale!r}: pass a finite Python float (a tensor would be read on the host).")
+    if impl == "triton" and not _fits_triton(query):
+        dtypes = ", ".join(str(d).removeprefix("torch.") for d in TRITON_DTYPES)
+        raise ValueError(f"impl='triton' takes {dtypes} with a head dim D in {TRITON_HEAD_DIMS}; got {query.dtype} "
+                         f"and D = {dim}: use impl='torch' (or 'auto', which falls back to it).")  # fmt: skip

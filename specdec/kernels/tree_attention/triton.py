@@ -1,0 +1,255 @@
+"""Split-KV ("flash-decoding") grouped-query attention of a few query rows over a long key span, in two launches
+(capture-safe: no host reads, the launch plan comes from shapes alone).
+
+Rows. The ``rep = H // H_kv`` query heads of key / value head ``g`` are stacked along the row axis: row
+``r = i * Q + q`` (``r < R = rep * Q``) is query ``q`` of head ``g * rep + i``. A program holds ``BLOCK_M`` such
+rows (padded to at least 16 so that ``tl.dot`` applies), so each K / V tile it loads serves every head of the
+group: K / V are never expanded.
+
+Split. The span ``[0, S)`` is cut into ``C`` chunks of ``CHUNK`` slots (a power of two, at least 32; the last
+chunk may be partial). ``_split_kernel`` runs on a grid ``(C, H_kv, cdiv(R, BLOCK_M))``: each program walks its
+chunk in tiles of ``BLOCK_N`` slots with an online softmax in fp32 (scores ``q @ k^T * scale`` from ``tl.dot``,
+the mask read in place: a bool mask replaces hidden scores with the fp32 minimum, as the reference's additive
+conversion does; a float mask is added) and writes its partial state (running max ``m``, sum of exponentials
+``l``, unnormalised ``sum p * v``) in fp32 to a workspace laid out ``[H_kv, R, C]`` (``[H_kv, R, C, D]``).
+``C`` is chosen so that ``H_kv * row blocks * C`` is about ``_TARGET_PROGRAMS`` (~2 programs per SM of a
+132-SM H200): K / V bytes are what the call reads, and one program per head would leave most SMs idle.
+
+Combine. ``_combine_kernel`` runs one program per (group, row): ``out = sum_c e^(m_c - M) acc_c /
+sum_c e^(m_c - M) l_c`` with ``M = max_c m_c`` (chunks read ``BLOCK_C`` at a time with the same online rescale),
+rounded to the output dtype (bf16 with integer round-to-nearest-even: Triton's interpreter truncates a float32 ->
+bfloat16 cast) and stored at ``out[0, q, g * rep + i]``, the ``[1, Q, H, D]`` layout.
+
+Precision. Scores and all sums are fp32; fp32 inputs use IEEE dots (no TF32). With bf16 / fp16 inputs the
+probabilities are rounded to the value dtype for the ``p @ v`` dot (as FlashAttention does) and ``l`` sums those
+rounded values, so the output stays an exact convex combination of its (rounded) weights.
+
+A chunk a row sees nothing of (a sparse tree mask over a long span) has ``m = -inf`` (masked padding) or the fp32
+minimum and weighs nothing in the combine; the exponent reference is clamped so no ``-inf - -inf`` arises.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec.kernels.rms_norm.triton import _to_bf16
+
+__all__ = ["split_plan", "tree_attention_triton"]
+
+_TARGET_PROGRAMS = 256
+"""Split programs aimed for: about two per SM on an H200 (132 SMs)."""
+
+_MIN_CHUNK = 32
+"""The fewest slots per chunk: below it the combine's traffic outweighs the split's parallelism."""
+
+_FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """``a @ b`` accumulated in fp32: IEEE for fp32 inputs; ``UPCAST``: bf16 operands widened to fp32 first (exact
+    products, so the same sums), because Triton's interpreter multiplies bf16 tiles as raw integers."""
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr,  # [1, H, Q, D], strides (stride_qh, stride_qq, 1)
+    k_ptr,  # [1, H_kv, S, D], strides (stride_kh, stride_ks, 1)
+    v_ptr,  # [1, H_kv, S, D], strides (stride_vh, stride_vs, 1)
+    mask_ptr,  # [1, 1, Q, S], strides (stride_mq, stride_ms): uint8 (a bool mask) or float
+    m_ptr,  # [H_kv, R, C] fp32 workspace: running max
+    l_ptr,  # [H_kv, R, C] fp32 workspace: sum of exponentials
+    acc_ptr,  # [H_kv, R, C, D] fp32 workspace: sum of p * v
+    Q,
+    S,
+    R,
+    stride_qh,
+    stride_qq,
+    stride_kh,
+    stride_ks,
+    stride_vh,
+    stride_vs,
+    stride_mq,
+    stride_ms,
+    scale,
+    REP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    MASK_BOOL: tl.constexpr,  # the mask is bool (read as uint8): nonzero = visible
+    IEEE: tl.constexpr,  # fp32 inputs: IEEE dots, p kept in fp32
+    UPCAST: tl.constexpr,  # bf16 under the interpreter: dots on operands widened to fp32 (see _dot)
+):
+    chunk = tl.program_id(0)
+    group = tl.program_id(1)
+    num_chunks = tl.num_programs(0)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < R
+    head = group * REP + rows // Q
+    qi = rows % Q
+    dims = tl.arange(0, D)
+
+    q_offs = head.to(tl.int64)[:, None] * stride_qh + qi.to(tl.int64)[:, None] * stride_qq + dims[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+    k_base = k_ptr + group.to(tl.int64) * stride_kh
+    v_base = v_ptr + group.to(tl.int64) * stride_vh
+    mask_rows = mask_ptr + qi.to(tl.int64)[:, None] * stride_mq
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    start = chunk * CHUNK
+    end = tl.minimum(start + CHUNK, S)
+    for s0 in tl.range(start, end, BLOCK_N):
+        cols = s0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < end
+        cols64 = cols.to(tl.int64)
+        # K^T tile [D, BLOCK_N]; slots past the span are never read (the cache beyond S may hold anything)
+        k = tl.load(k_base + cols64[None, :] * stride_ks + dims[:, None], mask=col_ok[None, :], other=0.0)
+        scores = _dot(q, k, IEEE, UPCAST) * scale
+        seen = tl.load(mask_rows + cols64[None, :] * stride_ms, mask=row_ok[:, None] & col_ok[None, :], other=0)
+        scores = tl.where(seen != 0, scores, _FP32_MIN) if MASK_BOOL else scores + seen.to(tl.float32)
+        scores = tl.where(col_ok[None, :], scores, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing yet: no -inf - -inf
+        p = tl.exp(scores - m_ref[:, None])
+        alpha = tl.exp(m_i - m_ref)
+        v = tl.load(v_base + cols64[:, None] * stride_vs + dims[None, :], mask=col_ok[:, None], other=0.0)
+        if IEEE:
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + _dot(p, v, IEEE, UPCAST)
+        else:
+            p_low = p.to(v.dtype)
+            l_i = l_i * alpha + tl.sum(p_low.to(tl.float32), axis=1)
+            acc = acc * alpha[:, None] + _dot(p_low, v, IEEE, UPCAST)
+        m_i = m_new
+
+    part = (group.to(tl.int64) * R + rows) * num_chunks + chunk
+    tl.store(m_ptr + part, m_i, mask=row_ok)
+    tl.store(l_ptr + part, l_i, mask=row_ok)
+    tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _combine_kernel(
+    m_ptr,  # [H_kv, R, C] fp32
+    l_ptr,  # [H_kv, R, C] fp32
+    acc_ptr,  # [H_kv, R, C, D] fp32
+    out_ptr,  # [1, Q, H, D] contiguous
+    Q,
+    H,
+    R,
+    C,
+    REP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+):
+    pid = tl.program_id(0)  # group * R + row
+    group = pid // R
+    row = pid % R
+    head = group * REP + row // Q
+    qi = row % Q
+    dims = tl.arange(0, D)
+    base = pid.to(tl.int64) * C
+
+    m_run = tl.full([], float("-inf"), tl.float32)
+    l_run = tl.zeros([], tl.float32)
+    acc = tl.zeros([D], tl.float32)
+    for c0 in tl.range(0, C, BLOCK_C):
+        cs = c0 + tl.arange(0, BLOCK_C)
+        ok = cs < C
+        m_c = tl.load(m_ptr + base + cs, mask=ok, other=float("-inf"))
+        l_c = tl.load(l_ptr + base + cs, mask=ok, other=0.0)
+        acc_c = tl.load(acc_ptr + (base + cs)[:, None] * D + dims[None, :], mask=ok[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m_c, axis=0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_run - m_ref)
+        w = tl.exp(m_c - m_ref)
+        l_run = l_run * alpha + tl.sum(w * l_c, axis=0)
+        acc = acc * alpha + tl.sum(w[:, None] * acc_c, axis=0)
+        m_run = m_new
+
+    out = acc / l_run
+    out = _to_bf16(out) if OUT_BF16 else out.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + (qi.to(tl.int64) * H + head) * D + dims, out)
+
+
+def split_plan(rows: int, kv_heads: int, slots: int) -> dict[str, int]:
+    """The launch plan of a call, from shapes only: ``rows = rep * Q`` stacked rows per group, ``H_kv``, ``S``.
+
+    Returns:
+        dict: ``BLOCK_M`` (rows per program, 16-64), ``row_blocks``, ``CHUNK`` (slots per chunk, a power of two
+        >= ``_MIN_CHUNK``), ``chunks`` (``cdiv(S, CHUNK)``) and ``BLOCK_N`` (slots per tile, <= 64).
+    """
+    block_m = max(16, min(64, triton.next_power_of_2(rows)))
+    row_blocks = triton.cdiv(rows, block_m)
+    want = triton.cdiv(_TARGET_PROGRAMS, kv_heads * row_blocks)
+    chunk = max(_MIN_CHUNK, triton.next_power_of_2(triton.cdiv(slots, want)))
+    return {
+        "BLOCK_M": block_m,
+        "row_blocks": row_blocks,
+        "CHUNK": chunk,
+        "chunks": triton.cdiv(slots, chunk),
+        "BLOCK_N": min(64, chunk),
+    }
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def tree_attention_triton(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Masked grouped-query attention in two launches (arguments as ``tree_attention_reference``; not checked
+    here: fp32 / bf16 / fp16, a power-of-two head dim 16-256).
+
+    Returns:
+        torch.Tensor: ``[1, Q, H, D]`` contiguous, query's dtype.
+    """
+    _, heads, num_q, dim = query.shape
+    kv_heads, slots = key.shape[1], key.shape[2]
+    rep = heads // kv_heads
+    out = torch.empty((1, num_q, heads, dim), dtype=query.dtype, device=query.device)
+    if num_q == 0:
+        return out
+    query, key, value = (_last_dim_contiguous(t) for t in (query, key, value))
+    rows = rep * num_q
+    plan = split_plan(rows, kv_heads, slots)
+    chunks = plan["chunks"]
+    ws = dict(dtype=torch.float32, device=query.device)
+    m = torch.empty((kv_heads, rows, chunks), **ws)
+    lsum = torch.empty((kv_heads, rows, chunks), **ws)
+    acc = torch.empty((kv_heads, rows, chunks, dim), **ws)
+    is_bool = mask.dtype == torch.bool
+    mask_arg = mask.view(torch.uint8) if is_bool else mask
+    wide = dim * plan["BLOCK_M"] >= 8192
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    _split_kernel[(chunks, kv_heads, plan["row_blocks"])](
+        query, key, value, mask_arg, m, lsum, acc, num_q, slots, rows,
+        query.stride(1), query.stride(2), key.stride(1), key.stride(2), value.stride(1), value.stride(2),
+        mask.stride(2), mask.stride(3), float(scale),
+        REP=rep, CHUNK=plan["CHUNK"], BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
+        MASK_BOOL=is_bool, IEEE=query.dtype == torch.float32, UPCAST=query.dtype == torch.bfloat16 and interpreted,
+        num_warps=8 if wide else 4,
+    )  # fmt: skip
+    _combine_kernel[(kv_heads * rows,)](
+        m, lsum, acc, out, num_q, heads, rows, chunks,
+        REP=rep, D=dim, BLOCK_C=max(2, min(32, triton.next_power_of_2(chunks))),
+        OUT_BF16=query.dtype == torch.bfloat16, num_warps=4 if dim * chunks >= 4096 else 2,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,467 @@
+"""``tree_attention``: the split-KV Triton attention (interpreter on CPU, compiled on GPU) and the torch reference,
+both against expectations from outside the code under test: HF's own ``sdpa_attention_forward`` and a float64
+brute force written here (one softmax per query head over its key / value head, ``h // rep``).
+
+The interpreted comparisons run in one subprocess with ``TRITON_INTERPRET=1`` (it must be set before Triton is
+imported and must not leak into the rest of the suite): this file, run as a script, reads the cases the tests
+wrote, runs the Triton version with ``torch.empty`` NaN-poisoned (an output element or a workspace partial never
+written shows up) and saves the outputs for the tests here to compare. Keys and values are ``[:, :, :S]`` slices
+of NaN-filled longer buffers, and most masks are slices of longer masks with NaN (float) or True (bool) past
+``S``, so a read past the span shows up as NaN.
+
+Tolerances (against the float64 brute force computed from the very inputs, i.e. the bf16 / fp16-rounded values):
+
+- fp32 inputs: rtol 1e-5, atol 1e-5. The scores and sums are fp32 (IEEE dots, no TF32): errors are a few fp32
+  ulps of the scores (|score| <~ 30 here) through exp, ~1e-6 observed.
+- bf16 / fp16 inputs, the reference: rtol 2**-8, atol 1e-6: it computes in fp32 and rounds once (half an ulp,
+  at most 2**-8 relative in bf16).
+- bf16 / fp16 inputs, the kernel: rtol 2**-7, atol 1e-2, and a mean absolute error at most twice the
+  reference's plus 1e-4 (a systematic error would pass the bound element by element). The fp32 result, slightly
+  off, may round to the other neighbour (one ulp, at most 2**-7 relative); and the kernel rounds the probabilities
+  to the value dtype for the ``p @ v`` dot (as FlashAttention does; the interpreter truncates, so up to 2**-8
+  relative per weight) and normalises by the sum of the rounded weights, so the output is a convex combination
+  whose weights are off by at most ~2**-7 relative: an error of at most ~2**-7 times the weighted mean of
+  ``|v - out|`` (~1 for these N(0, 1) values), ~8e-3. Observed under the interpreter in bf16: max 1.1e-2 where
+  the reference's is 7.7e-3 (Q 64 over S 17), means 1.0-1.8 times the reference's.
+- HF's SDPA vs the reference: fp32 rtol / atol 1e-5; bf16 / fp16 atol 1e-2, rtol 2**-7 (both round once to the
+  output dtype; SDPA's CPU kernel may round its intermediates differently).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from kernel_harness import capture_without_host_reads, run_interpreted
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from specdec.kernels.tree_attention import _check_args, tree_attention, tree_attention_reference
+
+HEADS = [(4, 2), (8, 2), (6, 3), (4, 4), (32, 8)]
+QS = [1, 3, 16, 64, 65]
+SLOTS = [1, 17, 256, 1030]
+DIMS = [64, 128]
+DTYPES = [torch.float32, torch.bfloat16]
+MASKS = ["bool", "float", "neg_inf"]  # bool; additive finfo(dtype).min; additive fp32 -inf
+PATTERNS = ["random", "tree", "sparse"]
+HALF = (torch.bfloat16, torch.float16)
+
+
+# --- cases -------------------------------------------------------------------------------------------------------
+
+
+def _randint(gen: torch.Generator, low: int, high: int) -> int:
+    """Uniform in [low, high]."""
+    return int(torch.randint(low, high + 1, (1,), generator=gen))
+
+
+def visibility(gen: torch.Generator, rows: int, slots: int, pattern: str) -> torch.Tensor:
+    """``[Q, S]`` bool, every row seeing slot 0. ``random``: slot 0 plus each slot with a random density (5-95 %);
+    ``tree``: the committed prefix ``[0, S - Q)`` seen by all and a random tree in the last ``Q`` slots (each node
+    sees itself and its ancestors; ``random`` when ``S < Q``); ``sparse``: slot 0 plus up to two random slots (most
+    chunks of a long span are then hidden from a row)."""
+    if pattern == "tree" and slots >= rows:
+        prefix = slots - rows
+        seen = torch.zeros(rows, slots, dtype=torch.bool)
+        seen[:, :prefix] = True
+        for i in range(rows):
+            seen[i, prefix + i] = True
+            if i > 0:
+                parent = _randint(gen, 0, i - 1)
+                seen[i, prefix : prefix + i] |= seen[parent, prefix : prefix + i]
+        seen[:, 0] = True  # the root when prefix == 0 (every node descends from it): already set then
+        return seen
+    if pattern == "sparse":
+        seen = torch.zeros(rows, slots, dtype=torch.bool)
+        for _ in range(2):
+            seen[torch.arange(rows), torch.randint(slots, (rows,), generator=gen)] = True
+    else:
+        density = [0.05, 0.5, 0.95][_randint(gen, 0, 2)]
+        seen = torch.rand(rows, slots, generator=gen) < density
+    seen[:, 0] = True
+    return seen
+
+
+def make_case(seed, heads, kv_heads, rows, slots, dim, dtype, mask, pattern, *, q_layout="heads",
+              kv_layout="heads", mask_padded=True, q_scale=1.0) -> dict:  # fmt: skip
+    """One case: ``query`` stored ``[1, H, Q, D]`` (``q_layout="hf"``: a transposed ``[1, Q, H, D]`` buffer),
+    key / value buffers longer than ``S`` filled with NaN past it (``kv_layout="seq"``: stored ``[1, S', H_kv,
+    D]`` like a sequence-major cache), the mask as ``mask`` kind (a slice of a longer mask when ``mask_padded``)."""
+    gen = torch.Generator().manual_seed(seed)
+    buf_slots = slots + _randint(gen, 1, 40) if slots < 1000 else 1536
+    q = (torch.randn(1, heads, rows, dim, generator=gen, dtype=torch.float64) * q_scale).to(dtype)
+    q_base = q.transpose(1, 2).contiguous() if q_layout == "hf" else q
+    kv = []
+    for _ in range(2):
+        buf = torch.full((1, kv_heads, buf_slots, dim), float("nan"), dtype=dtype)
+        buf[:, :, :slots] = torch.randn(1, kv_heads, slots, dim, generator=gen, dtype=torch.float64).to(dtype)
+        kv.append(buf.transpose(1, 2).contiguous() if kv_layout == "seq" else buf)
+    seen = visibility(gen, rows, slots, pattern)
+    width = buf_slots if mask_padded else slots
+    if mask == "bool":
+        mask_base = torch.ones(1, 1, rows, width, dtype=torch.bool)
+        mask_base[0, 0, :, :slots] = seen
+    else:
+        mask_dtype = dtype if mask == "float" else torch.float32
+        hidden = torch.finfo(mask_dtype).min if mask == "float" else -math.inf
+        mask_base = torch.full((1, 1, rows, width), float("nan"), dtype=mask_dtype)
+        mask_base[0, 0, :, :slots] = torch.zeros(rows, slots, dtype=mask_dtype).masked_fill(~seen, hidden)
+    return dict(q_base=q_base, k_base=kv[0], v_base=kv[1], mask_base=mask_base, slots=slots, scale=dim**-0.5,
+                q_layout=q_layout, kv_layout=kv_layout, mask=mask, pattern=pattern,
+                info=(heads, kv_heads, rows, slots, dim, str(dtype), mask, pattern, q_layout, kv_layout))  # fmt: skip
+
+
+def cases() -> list[dict]:
+    """41 cases picked from the cross product: every (heads, Q) pair once (25) with S cycling over ``SLOTS``
+    (17 / 256 for Q >= 64, to keep the interpreter quick), D, dtype, mask kind, pattern and layouts alternating;
+    then the shapes that matter: the 8 B layer (H 32, H_kv 8, D 128) and the zoo's (6, 2, 64) over long spans
+    with trees, S = 1, fp16, and row counts that need several row blocks."""
+    specs = []
+    for i, ((heads, kv_heads), rows) in enumerate((h, q) for h in HEADS for q in QS):
+        slots = (17, 256)[i % 2] if rows >= 64 else SLOTS[(i + i // 5) % 4]
+        specs.append((heads, kv_heads, rows, slots, DIMS[i % 2], DTYPES[(i // 2) % 2], MASKS[i % 3],
+                      PATTERNS[(i // 3) % 3]))  # fmt: skip
+    bf16, fp32, fp16 = torch.bfloat16, torch.float32, torch.float16
+    specs += [
+        (32, 8, 16, 1030, 128, bf16, "float", "tree"),
+        (32, 8, 1, 1030, 128, bf16, "bool", "sparse"),
+        (32, 8, 3, 1030, 128, fp32, "neg_inf", "random"),
+        (32, 8, 16, 256, 128, fp32, "bool", "tree"),
+        (6, 2, 1, 512, 64, bf16, "float", "tree"),
+        (6, 2, 16, 512, 64, fp32, "bool", "tree"),
+        (6, 2, 65, 256, 64, bf16, "bool", "sparse"),
+        (8, 2, 65, 256, 128, fp32, "bool", "tree"),
+        (4, 4, 64, 1, 64, bf16, "bool", "random"),
+        (6, 3, 3, 1, 128, fp32, "float", "random"),
+        (4, 2, 16, 1030, 64, fp16, "float", "sparse"),
+        (8, 2, 3, 17, 128, fp16, "bool", "tree"),
+        (4, 2, 1, 1030, 64, bf16, "neg_inf", "sparse"),
+        (8, 2, 16, 1030, 64, fp32, "float", "random"),
+        (4, 4, 3, 256, 128, bf16, "neg_inf", "tree"),
+        (6, 3, 64, 17, 64, fp32, "bool", "sparse"),
+    ]  # fmt: skip
+    out = []
+    for i, spec in enumerate(specs):
+        out.append(make_case(i, *spec, q_layout=("heads", "hf")[(i // 4) % 2], kv_layout=("heads", "seq")[(i // 3) % 2],
+                             mask_padded=i % 5 != 0, q_scale=(1.0, 4.0)[(i // 7) % 2]))  # fmt: skip
+    return out
+
+
+def case_args(case: dict, device: str = "cpu") -> tuple:
+    """``(query [1, H, Q, D], key, value [1, H_kv, S, D], mask [1, 1, Q, S], scale)`` as views of the buffers."""
+    slots = case["slots"]
+    q = case["q_base"].to(device)
+    q = q.transpose(1, 2) if case["q_layout"] == "hf" else q
+    k, v = case["k_base"].to(device), case["v_base"].to(device)
+    if case["kv_layout"] == "seq":
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+    return q, k[:, :, :slots], v[:, :, :slots], case["mask_base"].to(device)[..., :slots], case["scale"]
+
+
+# --- oracles and comparisons --------------------------------------------------------------------------------------
+
+
+def brute64(query, key, value, mask, scale) -> torch.Tensor:
+    """``[1, Q, H, D]`` float64: per query head ``h``, softmax(q_h k_g^T * scale + mask) v_g with ``g = h // rep``
+    (a bool mask hides with -inf)."""
+    heads, rows, dim = query.shape[1:]
+    rep = heads // key.shape[1]
+    q, k, v = (t.cpu().double() for t in (query, key, value))
+    mask = mask.cpu()[0, 0]
+    additive = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, -math.inf) if mask.dtype == torch.bool \
+        else mask.double()  # fmt: skip
+    out = torch.empty(rows, heads, dim, dtype=torch.float64)
+    for h in range(heads):
+        g = h // rep
+        scores = q[0, h] @ k[0, g].T * scale + additive
+        out[:, h] = torch.softmax(scores, dim=-1) @ v[0, g]
+    return out[None]
+
+
+class _GroupedAttention(torch.nn.Module):
+    """What HF's attention functions read from the attention module."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def hf_sdpa(query, key, value, mask, scale) -> torch.Tensor:
+    """HF's ``sdpa_attention_forward`` with the mask made additive in query's dtype."""
+    if mask.dtype == torch.bool:
+        additive = torch.zeros(mask.shape, dtype=query.dtype).masked_fill(~mask, torch.finfo(query.dtype).min)
+    else:
+        additive = mask.to(query.dtype)
+    module = _GroupedAttention(query.shape[1] // key.shape[1])
+    out, _ = sdpa_attention_forward(module, query, key, value, additive, scaling=scale)
+    return out
+
+
+def _kernel_tolerance(dtype: torch.dtype) -> dict:
+    return dict(rtol=2**-7, atol=1e-2) if dtype in HALF else dict(rtol=1e-5, atol=1e-5)
+
+
+def check_oracle(case: dict, got: torch.Tensor, *, rtol: float, atol: float, mean_atol: float | None = None):
+    """``got`` is the ``[1, Q, H, D]`` contiguous output in query's dtype, within ``rtol`` / ``atol`` of the float64
+    brute force (and, with ``mean_atol``, a mean absolute error below it)."""
+    args = case_args(case)
+    query = args[0]
+    heads, rows, dim = query.shape[1:]
+    assert got.shape == (1, rows, heads, dim) and got.dtype == query.dtype and got.is_contiguous(), case["info"]
+    want = brute64(*args)
+    got = got.cpu().double()
+    assert not got.isnan().any(), case["info"]
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{case['info']}: {m}")
+    if mean_atol is not None:
+        assert float((got - want).abs().mean()) <= mean_atol, case["info"]
+
+
+def check_kernel(case: dict, got: torch.Tensor) -> None:
+    """The Triton output against the brute force, with the kernel's tolerance for its dtype; with half inputs its
+    mean error at most twice the reference's plus 1e-4."""
+    dtype = case["q_base"].dtype
+    mean = None
+    if dtype in HALF:
+        args = case_args(case)
+        mean = 2 * float((tree_attention_reference(*args).double() - brute64(*args)).abs().mean()) + 1e-4
+    check_oracle(case, got, **_kernel_tolerance(dtype), mean_atol=mean)
+
+
+# --- tests on CPU -------------------------------------------------------------------------------------------------
+
+
+def test_cases_cover_what_matters():
+    from specdec.kernels.tree_attention.triton import split_plan
+
+    cs = cases()
+    info = [c["info"] for c in cs]
+    assert {(h, kv) for h, kv, *_ in info} == set(HEADS) | {(6, 2)}
+    assert {i[2] for i in info} == set(QS) and {i[3] for i in info} >= set(SLOTS) and {i[4] for i in info} == {64, 128}
+    assert {(i[5], i[6]) for i in info} >= {(str(d), m) for d in DTYPES for m in MASKS}
+    assert {i[7] for i in info} == set(PATTERNS) and {i[8] for i in info} == {"heads", "hf"}
+    assert {i[9] for i in info} == {"heads", "seq"} and "torch.float16" in {i[5] for i in info}
+    assert sum(c["mask_base"].shape[-1] > c["slots"] for c in cs) > 25
+    # the launch plans: several chunks with a partial last one, several row blocks, padded row blocks, one chunk
+    plans = [(i, split_plan(i[0] // i[1] * i[2], i[1], i[3])) for i in info]
+    assert sum(p["chunks"] > 8 and i[3] % p["CHUNK"] != 0 for i, p in plans) >= 5
+    assert sum(p["row_blocks"] > 1 for _, p in plans) >= 5 and sum(p["chunks"] == 1 for _, p in plans) >= 3
+    assert sum((i[0] // i[1] * i[2]) % p["BLOCK_M"] != 0 for i, p in plans) >= 20
+    # every S with several head layouts, big Q only over short spans (interpreter time)
+    assert all(len({i[:2] for i in info if i[3] == s}) >= 3 for s in SLOTS)
+    assert all(i[3] <= 256 for i in info if i[2] >= 64)
+
+
+def test_split_plan_fills_the_gpu_at_the_8b_shape():
+    from specdec.kernels.tree_attention.triton import split_plan
+
+    for rows in (1, 16, 32, 64):
+        plan = split_plan(4 * rows, 8, 1024)
+        programs = plan["chunks"] * 8 * plan["row_blocks"]
+        assert programs >= 256 and plan["chunks"] * plan["CHUNK"] >= 1024 > (plan["chunks"] - 1) * plan["CHUNK"]
+        assert plan["CHUNK"] >= 32 and plan["CHUNK"] % plan["BLOCK_N"] == 0 and plan["BLOCK_M"] >= 16
+
+
+def test_reference_matches_hf_sdpa():
+    for case in cases():
+        args = case_args(case)
+        got, want = tree_attention_reference(*args), hf_sdpa(*args)
+        assert got.shape == want.shape and got.dtype == want.dtype, case["info"]
+        tol = dict(rtol=2**-7, atol=1e-2) if got.dtype in HALF else dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got, want, **tol, msg=lambda m, c=case: f"{c['info']}: {m}")
+
+
+def test_reference_matches_float64_brute_force():
+    for case in cases():
+        half = case["q_base"].dtype in HALF
+        check_oracle(case, tree_attention_reference(*case_args(case)), rtol=2**-8 if half else 1e-5,
+                     atol=1e-6 if half else 1e-5)  # fmt: skip
+
+
+def test_oracle_check_catches_a_wrong_head_group():
+    # The comparisons see one head mapped to the wrong key / value head (h % H_kv instead of h // rep): the
+    # planted-bug check, kept as a test.
+    case = next(c for c in cases() if c["info"][:2] == (8, 2) and c["q_base"].dtype == torch.bfloat16)
+    q, k, v, mask, scale = case_args(case)
+    rep = q.shape[1] // k.shape[1]
+    wrong = tree_attention_reference(q, k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1), mask, scale)
+    with pytest.raises(AssertionError):
+        check_kernel(case, wrong)
+
+
+def test_torch_impl_and_cpu_auto_are_the_reference():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("checks the CPU dispatch without the interpreter")
+    for case in cases()[:12]:
+        args = case_args(case)
+        want = tree_attention_reference(*args)
+        assert torch.equal(tree_attention(*args, impl="torch"), want), case["info"]
+        assert torch.equal(tree_attention(*args), want), case["info"]
+    with pytest.raises(ValueError, match="GPU"):
+        tree_attention(*case_args(cases()[0]), impl="triton")
+
+
+def test_fp64_and_odd_head_dims_use_the_reference():
+    gen = torch.Generator().manual_seed(5)
+    for dtype, dim in ((torch.float64, 64), (torch.float32, 96), (torch.bfloat16, 8)):
+        q = torch.randn(1, 4, 3, dim, generator=gen).to(dtype)
+        k, v = (torch.randn(1, 2, 9, dim, generator=gen).to(dtype) for _ in range(2))
+        mask = torch.rand(1, 1, 3, 9, generator=gen) < 0.5
+        mask[..., 0] = True
+        got = tree_attention(q, k, v, mask, 0.3)
+        torch.testing.assert_close(got.double(), brute64(q, k, v, mask, 0.3), rtol=1e-2, atol=1e-2)
+        with pytest.raises(ValueError, match=rf"impl='triton' takes .*D = {dim}: use impl='torch'"):
+            tree_attention(q, k, v, mask, 0.3, impl="triton")
+
+
+def test_bad_arguments_are_refused():
+    q, k, v = torch.randn(1, 4, 3, 64), torch.randn(1, 2, 9, 64), torch.randn(1, 2, 9, 64)
+    mask = torch.ones(1, 1, 3, 9, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"query must be a 4-d \[1, H, Q, D\] tensor .*got torch.float32 \[4, 3, 64\]"):
+        tree_attention(q[0], k, v, mask, 0.1)
+    with pytest.raises(ValueError, match=r"key must be a 4-d \[1, H_kv, S, D\] .*got torch.int64"):
+        tree_attention(q, k.long(), v, mask, 0.1)
+    with pytest.raises(ValueError, match=r"query has batch 2; only batch 1"):
+        tree_attention(q.expand(2, -1, -1, -1), k, v, mask, 0.1)
+    with pytest.raises(ValueError, match=r"share a dtype; got torch.float32, torch.bfloat16, torch.float32"):
+        tree_attention(q, k.bfloat16(), v, mask, 0.1)
+    with pytest.raises(ValueError, match=r"value must have key's shape \[1, 2, 9, 64\]; got \[1, 2, 8, 64\]"):
+        tree_attention(q, k, v[:, :, :8], mask, 0.1)
+    with pytest.raises(ValueError, match=r"key's head dim 32 differs from query's 64"):
+        tree_attention(q, k[..., :32], v[..., :32], mask, 0.1)
+    with pytest.raises(ValueError, match=r"H = 4 heads must be a positive multiple of key's H_kv = 3"):
+        tree_attention(q, torch.randn(1, 3, 9, 64), torch.randn(1, 3, 9, 64), mask, 0.1)
+    with pytest.raises(ValueError, match=r"S = 0 slots"):
+        tree_attention(q, k[:, :, :0], v[:, :, :0], mask[..., :0], 0.1)
+    with pytest.raises(ValueError, match=r"mask must be a bool .*got torch.int64 \[1, 1, 3, 9\].*mask.bool\(\)"):
+        tree_attention(q, k, v, mask.long(), 0.1)
+    with pytest.raises(ValueError, match=r"mask must be \[1, 1, Q, S\] = \[1, 1, 3, 9\].*got \[1, 1, 3, 12\]"):
+        tree_attention(q, k, v, torch.ones(1, 1, 3, 12, dtype=torch.bool), 0.1)
+    with pytest.raises(ValueError, match=r"got \[1, 4, 3, 9\]: .*mask\[:, :1\]"):
+        tree_attention(q, k, v, mask.expand(1, 4, 3, 9), 0.1)
+    with pytest.raises(ValueError, match=r"mask is on meta, query on cpu: move them to one device"):
+        tree_attention(q, k, v, mask.to("meta"), 0.1)
+    with pytest.raises(ValueError, match=r"scale=tensor.*finite Python float"):
+        tree_attention(q, k, v, mask, torch.tensor(0.1))
+    with pytest.raises(ValueError, match=r"scale=nan"):
+        tree_attention(q, k, v, mask, math.nan)
+    with pytest.raises(ValueError, match=r"impl='flash': choose 'auto', 'torch' or 'triton'"):
+        tree_attention(q, k, v, mask, 0.1, impl="flash")
+    _check_args(q, k, v, mask, 0.1, "triton")  # fits: no error
+
+
+# --- Triton through the interpreter ------------------------------------------------------------------------------
+
+
+def hidden_row_case() -> dict:
+    """Rows 2 of a bool and a float mask see nothing (outside the contract): no crash, the other rows exact."""
+    return make_case(99, 4, 2, 5, 100, 64, torch.float32, "bool", "random")
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> dict:
+    pytest.importorskip("triton")
+    folder = tmp_path_factory.mktemp("tree_attention")
+    data = {"cases": cases(), "hidden": hidden_row_case()}
+    torch.save(data, folder / "cases.pt")
+    run_interpreted(__file__, folder)
+    return {**data, **torch.load(folder / "outputs.pt")}
+
+
+def test_interpreted_matches_float64_brute_force(interpreted):
+    for case, got in zip(interpreted["cases"], interpreted["outputs"], strict=True):
+        check_kernel(case, got)
+
+
+def test_interpreted_auto_dispatch_fallbacks_and_empty(interpreted):
+    # under TRITON_INTERPRET=1 "auto" runs Triton, except for what the kernel does not take (fp64, D = 96)
+    assert interpreted["auto_impl"] == "triton"
+    check_kernel(interpreted["cases"][0], interpreted["auto"])
+    assert interpreted["fallback_calls"] == 0
+    assert interpreted["empty"].shape == (1, 0, 4, 64)
+
+
+def test_interpreted_fully_hidden_row_does_not_crash(interpreted):
+    case = interpreted["hidden"]
+    q, k, v, mask, scale = case_args(case)
+    for name in ("hidden_bool", "hidden_float"):
+        got = interpreted[name]
+        assert got.shape == (1, 5, 4, 64), name
+        keep = torch.arange(5) != 2
+        want = brute64(q[:, :, keep], k, v, mask[:, :, keep], scale)
+        torch.testing.assert_close(got[:, keep].double(), want, rtol=1e-5, atol=1e-5)
+
+
+def _run_interpreted(folder: Path) -> None:
+    """Subprocess entry: the Triton outputs of the saved cases through the interpreter, saved beside them."""
+    from unittest import mock
+
+    import specdec.kernels.tree_attention as package
+    from specdec.kernels.tree_attention import triton as kernels
+
+    data = torch.load(folder / "cases.pt")
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        return empty(*args, **kwargs).fill_(float("nan"))
+
+    torch.empty = poisoned
+    out = {"outputs": [tree_attention(*case_args(c), impl="triton") for c in data["cases"]]}
+    with mock.patch.object(kernels, "tree_attention_triton", side_effect=kernels.tree_attention_triton) as spy:
+        out["auto"] = tree_attention(*case_args(data["cases"][0]))
+        out["auto_impl"] = "triton" if spy.call_count else "torch"
+        spy.reset_mock()
+        for dtype, dim in ((torch.float64, 64), (torch.float32, 96)):
+            q, k = torch.randn(1, 4, 3, dim, dtype=dtype), torch.randn(1, 2, 9, dim, dtype=dtype)
+            tree_attention(q, k, k, torch.ones(1, 1, 3, 9, dtype=torch.bool), 0.1)
+        out["fallback_calls"] = spy.call_count
+    q, k = torch.randn(1, 4, 0, 64), torch.randn(1, 2, 9, 64)
+    out["empty"] = tree_attention(q, k, k, torch.ones(1, 1, 0, 9, dtype=torch.bool), 0.1, impl="triton")
+    q, k, v, mask, scale = case_args(data["hidden"])
+    hidden = mask.clone()
+    hidden[:, :, 2] = False
+    out["hidden_bool"] = tree_attention(q, k, v, hidden, scale, impl="triton")
+    additive = torch.zeros(hidden.shape).masked_fill(~hidden, torch.finfo(torch.float32).min)
+    out["hidden_float"] = tree_attention(q, k, v, additive, scale, impl="triton")
+    assert package._triton_available()
+    torch.save(out, folder / "outputs.pt")
+
+
+# --- compiled on CUDA ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_compiled_matches_float64_brute_force_on_cuda():
+    for case in cases():
+        check_kernel(case, tree_attention(*case_args(case, "cuda"), impl="triton"))
+        check_kernel(case, tree_attention(*case_args(case, "cuda")))  # "auto" is Triton on CUDA
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["bool", "float"])
+def test_compiled_kernel_replays_in_a_cuda_graph(mask):
+    # One capture at the 8 B shape, then new queries / keys / values / masks copied in before each replay.
+    cs = [make_case(50 + i, 32, 8, 16, 1024, 128, torch.bfloat16, mask, "tree", q_layout="hf") for i in range(4)]
+    bases = ("q_base", "k_base", "v_base", "mask_base")
+    static = {**cs[0], **{name: cs[0][name].to("cuda") for name in bases}}  # views of these buffers are captured
+
+    def step():
+        return tree_attention(*case_args(static, "cuda"), impl="triton")
+
+    graph, out = capture_without_host_reads(step)
+    for case in cs:
+        for name in bases:
+            static[name].copy_(case[name])
+        graph.replay()
+        got = out.clone()
+        check_kernel(case, got)
+        want = tree_attention_reference(*case_args(case, "cuda"))
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-2)
+
+
+if __name__ == "__main__":
+    _run_interpreted(Path(sys.argv[1]))
