@@ -45,3 +45,17 @@ def capture_without_host_reads(step):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     return graph, out
+
+
+def poison_empty(int_fill: int | None = None) -> None:
+    """From now on ``torch.empty`` fills float tensors with NaN (integer ones with ``int_fill``, if given), so an
+    output element a kernel never writes shows up. For the interpreter subprocess of a kernel test only."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        if t.is_floating_point():
+            return t.fill_(float("nan"))
+        return t if int_fill is None else t.fill_(int_fill)
+
+    torch.empty = poisoned

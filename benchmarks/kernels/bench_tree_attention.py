@@ -20,6 +20,7 @@ from _common import bench_args, report, time_providers  # benchmarks/kernels, be
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specdec.kernels.tree_attention import tree_attention, tree_attention_reference
+from specdec.trees import tree_attention_bias
 
 BASE = ["hf-sdpa", "sdpa-stacked", "reference", "triton"]
 PROVIDERS = [p for base in BASE for p in (base, f"{base}-graph")]
@@ -40,16 +41,10 @@ class _GroupedAttention(torch.nn.Module):
 
 
 def tree_mask(gen: torch.Generator, rows: int, slots: int) -> torch.Tensor:
-    """``[1, 1, Q, S]`` bool: the prefix ``[0, S - Q)`` seen by all, node i at ``S - Q + i`` seeing its ancestors."""
-    prefix = slots - rows
-    seen = torch.zeros(rows, slots, dtype=torch.bool)
-    seen[:, :prefix] = True
-    for i in range(rows):
-        seen[i, prefix + i] = True
-        if i > 0:
-            parent = int(torch.randint(i, (1,), generator=gen))
-            seen[i, prefix : prefix + i] |= seen[parent, prefix : prefix + i]
-    return seen[None, None]
+    """``[1, 1, Q, S]`` bool: the prefix ``[0, S - Q)`` seen by all, node i at ``S - Q + i`` seeing its ancestors
+    (a random tree; the library's ``tree_attention_bias``)."""
+    parents = torch.tensor([-1] + [int(torch.randint(i, (1,), generator=gen)) for i in range(1, rows)])
+    return tree_attention_bias(parents, slots - rows, dtype=torch.float32, device="cpu") == 0
 
 
 def make_call(provider: str, query, key, value, mask, additive, scale):

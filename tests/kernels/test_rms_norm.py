@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_harness import capture_without_host_reads, run_interpreted
+from kernel_harness import capture_without_host_reads, poison_empty, run_interpreted
 
 from specdec.drafters.dflash_model import _RMSNorm
 from specdec.kernels.rms_norm import rms_norm, rms_norm_reference
@@ -403,12 +403,7 @@ def _run_interpreted(folder: Path) -> None:
     from specdec.kernels.rms_norm import triton as kernels
 
     data = torch.load(folder / "cases.pt")
-    empty = torch.empty
-
-    def poisoned(*args, **kwargs):
-        return empty(*args, **kwargs).fill_(float("nan"))
-
-    torch.empty = poisoned
+    poison_empty()
     out = {
         "outputs": [rms_norm(*case_args(c), period=c["period"], impl="triton") for c in data["cases"]],
         "drafter_outputs": [rms_norm(*case_args(c), period=c["period"], impl="triton") for c in data["drafter"]],

@@ -18,7 +18,7 @@ import torch
 from device_trees import padded_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_harness import capture_without_host_reads, run_interpreted
+from kernel_harness import capture_without_host_reads, poison_empty, run_interpreted
 
 from specdec.kernels.tree_accept import (
     MAX_ACCEPT_SLOTS,
@@ -353,14 +353,6 @@ def _big_accept_case() -> dict:
                 choices=follow_choices(gen, tree, 3, 0.9), max_depth=int(tree["depth"].max()))  # fmt: skip
 
 
-def _poisoned_empty(empty):
-    def poisoned(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(POISON)
-
-    return poisoned
-
-
 def _run_interpreted(folder: Path) -> None:
     """Subprocess entry: the Triton outputs of the saved cases through the interpreter, saved beside them."""
     from unittest import mock
@@ -369,7 +361,7 @@ def _run_interpreted(folder: Path) -> None:
     from specdec.kernels.tree_accept import triton as kernels
 
     cases = torch.load(folder / "cases.pt")
-    torch.empty = _poisoned_empty(torch.empty)
+    poison_empty(POISON)
     out = {
         "mask": [kernels.tree_mask_triton(*_mask_args(c)) for c in cases["mask"]],
         "accept": [tuple(kernels.accept_path_triton(*_accept_args(c)[:2], *_accept_args(c)[3:]))

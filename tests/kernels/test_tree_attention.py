@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_harness import capture_without_host_reads, run_interpreted
+from kernel_harness import capture_without_host_reads, poison_empty, run_interpreted
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specdec.kernels.tree_attention import _check_args, tree_attention, tree_attention_reference
@@ -404,12 +404,7 @@ def _run_interpreted(folder: Path) -> None:
     from specdec.kernels.tree_attention import triton as kernels
 
     data = torch.load(folder / "cases.pt")
-    empty = torch.empty
-
-    def poisoned(*args, **kwargs):
-        return empty(*args, **kwargs).fill_(float("nan"))
-
-    torch.empty = poisoned
+    poison_empty()
     out = {"outputs": [tree_attention(*case_args(c), impl="triton") for c in data["cases"]]}
     with mock.patch.object(kernels, "tree_attention_triton", side_effect=kernels.tree_attention_triton) as spy:
         out["auto"] = tree_attention(*case_args(data["cases"][0]))

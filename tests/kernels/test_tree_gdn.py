@@ -367,19 +367,12 @@ def test_path_replay_triton_gpu_matches_reference(case):
         assert_close(args[0].cpu(), path_state_oracle(make_inputs(case), real), case.dtype)
 
 
-def _poisoned_empty(empty):
-    def poisoned(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    return poisoned
-
-
 def _run_interpreted(path: str) -> None:
     """Subprocess entry: kernel outputs of ``TRITON_CASES`` through the interpreter, saved to ``path``."""
     from specdec.kernels.tree_gdn.triton import _tree_gdn, gdn_path_replay_triton, tree_gdn_triton
+    from tests.kernel_harness import poison_empty  # the repo is on this subprocess's path, tests/ is not
 
-    torch.empty = _poisoned_empty(torch.empty)
+    poison_empty()
     results = {}
     for case in TRITON_CASES:
         inputs = make_inputs(case)

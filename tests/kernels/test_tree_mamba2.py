@@ -285,19 +285,12 @@ def test_triton_gpu_matches_reference(case):
     assert torch.equal(tree_mamba2(**inputs), out)  # auto picks Triton on CUDA
 
 
-def _poisoned_empty(empty):
-    def poisoned(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    return poisoned
-
-
 def _run_interpreted(path: str) -> None:
     """Subprocess entry: kernel outputs of ``TRITON_CASES`` through the interpreter, saved to ``path``."""
     from specdec.kernels.tree_mamba2.triton import _tree_mamba2, tree_mamba2_triton
+    from tests.kernel_harness import poison_empty  # the repo is on this subprocess's path, tests/ is not
 
-    torch.empty = _poisoned_empty(torch.empty)
+    poison_empty()
     results = {}
     for case in TRITON_CASES:
         inputs = make_inputs(case)
