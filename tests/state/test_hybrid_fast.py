@@ -268,3 +268,35 @@ def test_hybrid_call_reads_the_host_once_per_round(monkeypatch):
         out = specdec.generate(target, ids, drafter=d, tree=tree, max_new_tokens=16, cuda_graphs=True)
         assert out.stats.path == "fast" and out.stats.rounds > 0
         assert len(reads) == out.stats.rounds + 1, reads
+
+
+@torch.no_grad()
+def test_round_verify_alone_repeats_and_leaves_the_committed_state_alone():
+    """``_Round._verify`` (the round's mask + target forward, timed alone by ``shape_8b.py --hybrid``) commits
+    nothing: a second call over the same tree gives the same logits, and the recurrent states, prefix and root are
+    those the prefill left."""
+    from specdec.fast.engine import FastEngine
+    from specdec.target import TargetModel
+    from specdec.trees.device import ddtree_device
+
+    target = _target("qwen3_5")
+    drafter = _bigram_drafter(target)
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(4))
+    tree_spec = specdec.DDTree(budget=8)
+    specdec.generate(target, ids, drafter=drafter, tree=tree_spec, max_new_tokens=8, cuda_graphs=True)
+    engine = FastEngine.for_target(TargetModel.wrap(target), capacity=1)
+    (rnd,) = [r for r in engine._rounds.values() if r.drafter is drafter]
+    logits, _ = engine.prefill(ids, drafter)
+    engine.set_root(logits.argmax().view(1))
+    layers = engine.target.recurrent.values()
+    before = [t.clone() for layer in layers for t in (layer.conv_states, layer.recurrent_states)]
+    before += [engine.prefix.clone(), engine.root.clone()]
+    logq = torch.log_softmax(torch.randn(rnd.depth, VOCAB, generator=torch.Generator().manual_seed(5)) * 3, -1)
+    tree = ddtree_device(logq, engine.root, budget=8, topk=4, num_slots=rnd.slots)
+    with rnd.captured.scope:
+        first = rnd._verify(tree)[0].clone()
+        second = rnd._verify(tree)[0]
+    assert first.shape[0] == rnd.slots and torch.equal(first, second)
+    after = [t for layer in layers for t in (layer.conv_states, layer.recurrent_states)]
+    after += [engine.prefix, engine.root]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
