@@ -97,7 +97,7 @@ def grouped_sdpa(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
     batch, _, q_len, head_dim = query.shape
-    if KERNEL == "triton" and batch == 1:
+    if KERNEL == "triton" and batch == 1 and attention_mask.shape[:3] == (1, 1, q_len):
         from specdec.kernels.tree_attention import tree_attention  # Triton on CUDA, its reference elsewhere
 
         return tree_attention(query, key, value, attention_mask, head_dim**-0.5 if scaling is None else scaling), None
