@@ -76,6 +76,13 @@ def main() -> None:
         help="only the AR step (captured, and compiled) with HF's sdpa attention, the engine's grouped one on SDPA, "
         "and grouped on the Triton split-K/V kernel (specdec.kernels.tree_attention), + kernel lists",
     )
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=["hf", "grouped", "triton"],
+        choices=["hf", "grouped", "triton"],
+        help="with --attention-ab: which attentions to time (HF sdpa, grouped SDPA, grouped Triton kernel)",
+    )
     ap.add_argument("--small", action="store_true", help="a tiny config on CPU: checks the script, times nothing")
     ap.add_argument(
         "--hybrid",
@@ -189,7 +196,9 @@ def main() -> None:
 
     if args.attention_ab:  # the AR step with each attention, uncompiled and compiled, timed, then profiled
         timings = {}
-        variants = {"HF sdpa": ("0", "sdpa"), "grouped": ("1", "sdpa"), "grouped, Triton kernel": ("1", "triton")}
+        known = {"hf": ("HF sdpa", "0", "sdpa"), "grouped": ("grouped", "1", "sdpa"),
+                 "triton": ("grouped, Triton kernel", "1", "triton")}  # fmt: skip
+        variants = {known[v][0]: known[v][1:] for v in args.variants}
         for name, (mode_, kernel) in variants.items():
             attention.MODE, attention.KERNEL = mode_, kernel
             engine._rounds.clear()
@@ -197,7 +206,7 @@ def main() -> None:
             eager = engine.round_for(None, None, GREEDY, graph=True, span=span)
             ms = timed(lambda eager=eager: eager.captured())
             add(f"AR step, {name} attention", ms, f"{ms / floor:.2f} x HBM floor")
-            timings[name] = compiled_round(f"AR step, compiled, {name} attention", None, None)
+            timings[name] = compiled_round(f"AR step, compiled ({args.compile_mode}), {name} attention", None, None)
         for name, (_, rnd) in timings.items():
             attention.MODE, attention.KERNEL = variants[name]
             start(None)
