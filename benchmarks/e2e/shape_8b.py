@@ -213,7 +213,7 @@ def main() -> None:
             logger.warning("heaviest kernels, %s attention:", name)
             phases = profile_round(rnd, engine, 3, top=("round",))
             add(f"  kernel sum, {name}", phases["round"][1], f"{phases['round'][0]:.0f} kernels")
-        attention.MODE, attention.KERNEL = "auto", "sdpa"
+        attention.MODE, attention.KERNEL = "auto", "auto"
         print(header)
         for name, ms, note in rows:
             print(f"| {name} | {ms:.3f} | {note} |")

@@ -1,7 +1,7 @@
 """Speed of ``tree_attention``: a decode step or a draft tree over a static-cache span, grouped-query attention.
 
-Shapes: the 8 B target's attention (H 32, H_kv 8, D 128) over a span of S = 1024 slots of a 1536-slot cache, and
-the zoo target's (H 6, H_kv 2, D 64) over S = 512 of 768; bf16, Q in {1, 16, 32, 64} query rows, a tree mask
+Shapes: the 8 B target's attention (H 32, H_kv 8, D 128) over a span of S = 1024 slots of a 1536-slot cache, the
+8 B Qwen3.5 hybrid's (H 16, H_kv 4, D 256) over the same, and the zoo target's (H 6, H_kv 2, D 64) over S = 512 of 768; bf16, Q in {1, 16, 32, 64} query rows, a tree mask
 (the committed prefix plus each node's ancestors). Providers: ``hf-sdpa`` (HF's ``sdpa_attention_forward`` with
 an additive mask: K / V repeated per query head, as the model runs it), ``sdpa-stacked`` (PyTorch's SDPA on the
 query reshaped to ``[1, H_kv, rep * Q, D]`` against unexpanded K / V, the mask repeated ``rep`` times),
@@ -27,7 +27,7 @@ PROVIDERS = [p for base in BASE for p in (base, f"{base}-graph")]
 CPU_PROVIDERS = ("hf-sdpa", "sdpa-stacked", "reference")
 ROWS = [1, 16, 32, 64]
 # (name, H, H_kv, D, span S, cache slots)
-SHAPES = [("8b", 32, 8, 128, 1024, 1536), ("zoo", 6, 2, 64, 512, 768)]
+SHAPES = [("8b", 32, 8, 128, 1024, 1536), ("8b-hybrid", 16, 4, 256, 1024, 1536), ("zoo", 6, 2, 64, 512, 768)]
 DTYPE = torch.bfloat16
 
 

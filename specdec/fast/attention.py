@@ -13,9 +13,11 @@ switches the ``sdpa`` configs of the models it is given to it while the fast pat
 capture, compilation, uncaptured calls) and restores them afterwards, so the user's model is left as it was.
 Anything it does not cover (no mask, a per-head mask, dropout, soft-capping, attention sinks, position biases)
 goes to HF's ``sdpa_attention_forward`` unchanged. ``SPECDEC_GROUPED_ATTENTION`` says where it is used
-(:func:`grouped_for`): ``auto`` (default: forwards that are not compiled), ``1`` (all) or ``0`` (none).
-``SPECDEC_ATTENTION_KERNEL=triton`` runs the grouped case through ``specdec.kernels.tree_attention`` instead of
-SDPA (split over the key span as well; not the default until it has been timed on a GPU).
+(:func:`grouped_for`): ``auto`` (default: every forward where the grouped case runs the Triton kernel, uncompiled
+forwards where it runs SDPA), ``1`` (all) or ``0`` (none). ``SPECDEC_ATTENTION_KERNEL`` picks the grouped case's
+kernel (:func:`triton_kernel_for`): ``auto`` (default: ``specdec.kernels.tree_attention``'s split-K/V Triton kernel
+on CUDA where Triton is importable and the dtype and head dim fit, SDPA on the stacked rows otherwise), ``triton``
+(``tree_attention`` always: its torch reference off CUDA) or ``sdpa``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-__all__ = ["KERNEL", "MODE", "NAME", "AttentionScope", "grouped_for", "grouped_sdpa"]
+__all__ = ["KERNEL", "MODE", "NAME", "AttentionScope", "grouped_for", "grouped_sdpa", "triton_kernel_for"]
 
 NAME = "specdec_grouped_sdpa"
 # Keyword arguments that change what attention computes; any of them set sends the call to HF's sdpa.
@@ -40,24 +42,48 @@ MODE = os.environ.get("SPECDEC_GROUPED_ATTENTION", "auto")
 _MODES = ("auto", "1", "0")
 
 
-# The kernel of the grouped case: "sdpa" (default: PyTorch's SDPA on the stacked rows) or "triton" (the split-K/V
-# kernel of specdec.kernels.tree_attention, which also spreads the span over many programs; opt-in until timed).
-KERNEL = os.environ.get("SPECDEC_ATTENTION_KERNEL", "sdpa")
-if KERNEL not in ("sdpa", "triton"):
-    raise ValueError(f"SPECDEC_ATTENTION_KERNEL={KERNEL!r}: use 'sdpa' or 'triton'.")
+# The kernel of the grouped case: "auto" (the split-K/V Triton kernel of specdec.kernels.tree_attention on CUDA
+# where it is importable and fits, SDPA on the stacked rows otherwise), "triton" (tree_attention always) or "sdpa".
+KERNEL = os.environ.get("SPECDEC_ATTENTION_KERNEL", "auto")
+_KERNELS = ("auto", "triton", "sdpa")
 
 
-def grouped_for(compiled: bool) -> bool:
-    """Whether forwards (``compiled`` or not) run :func:`grouped_sdpa` under the current ``MODE``.
+def triton_kernel_for(
+    device: torch.device | str, dtype: torch.dtype | None = None, head_dim: int | None = None
+) -> bool:
+    """Whether the grouped case of forwards on ``device`` (with query ``dtype`` / ``head_dim`` where known) runs
+    ``specdec.kernels.tree_attention`` under the current ``KERNEL``.
 
-    "auto" keeps HF's attention under ``torch.compile``: at the Qwen3-8B shape on an H200 the compiled AR step
-    measured the same either way (6.48 ms with HF's repeated K/V, 6.53 grouped; docs/performance.md): SDPA then
-    runs 8 grouped heads of 4 stacked rows instead of 32 heads of one row, and its kernel for that shape took
-    0.88 ms against 0.30 ms, eating the 0.47 ms of K/V copies saved. Uncompiled, grouped saved 0.38 ms of 9.60.
+    "auto" takes the Triton kernel wherever it runs compiled. At the Qwen3-8B shape on an H200 (one layer, captured,
+    1024 slots) it took 0.0065 / 0.0111 / 0.0192 ms for 1 / 16 / 64 query rows against SDPA's 0.0255 / 0.0299 /
+    0.0328 on the stacked rows and HF's 0.0296 / 0.0501 / 0.0512 (``benchmarks/kernels/bench_tree_attention.py``).
+    """
+    if KERNEL not in _KERNELS:
+        raise ValueError(f"SPECDEC_ATTENTION_KERNEL={KERNEL!r}: use 'auto', 'triton' or 'sdpa'.")
+    if KERNEL != "auto":
+        return KERNEL == "triton"
+    from specdec.kernels import tree_attention as kernel
+
+    return (
+        torch.device(device).type == "cuda"
+        and kernel._triton_available()
+        and (dtype is None or dtype in kernel.TRITON_DTYPES)
+        and (head_dim is None or head_dim in kernel.TRITON_HEAD_DIMS)
+    )
+
+
+def grouped_for(compiled: bool, device: torch.device | str = "cpu") -> bool:
+    """Whether forwards on ``device`` (``compiled`` or not) run :func:`grouped_sdpa` under the current ``MODE``.
+
+    "auto" groups every forward whose grouped case runs the Triton kernel (:func:`triton_kernel_for`), and only
+    uncompiled ones where it would run SDPA: at the Qwen3-8B shape on an H200 the compiled AR step measured the
+    same with HF's attention and grouped SDPA (6.48 ms with HF's repeated K/V, 6.53 grouped; docs/performance.md):
+    SDPA then runs 8 grouped heads of 4 stacked rows instead of 32 heads of one row, and its kernel for that shape
+    took 0.88 ms against 0.30 ms, eating the 0.47 ms of K/V copies saved. Uncompiled, grouped saved 0.38 ms of 9.60.
     """
     if MODE not in _MODES:
         raise ValueError(f"SPECDEC_GROUPED_ATTENTION={MODE!r}: use 'auto', '1' or '0'")
-    return MODE == "1" or (MODE == "auto" and not compiled)
+    return MODE == "1" or (MODE == "auto" and (not compiled or triton_kernel_for(device)))
 
 
 def grouped_sdpa(
@@ -97,7 +123,8 @@ def grouped_sdpa(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
     batch, _, q_len, head_dim = query.shape
-    if KERNEL == "triton" and batch == 1 and attention_mask.shape[:3] == (1, 1, q_len):
+    full_mask = batch == 1 and attention_mask.shape[:3] == (1, 1, q_len)
+    if full_mask and triton_kernel_for(query.device, query.dtype, head_dim):
         from specdec.kernels.tree_attention import tree_attention  # Triton on CUDA, its reference elsewhere
 
         return tree_attention(query, key, value, attention_mask, head_dim**-0.5 if scaling is None else scaling), None

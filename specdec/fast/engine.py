@@ -463,7 +463,7 @@ class FastEngine:
         ``ModelStatic``): grouped-query attention without K/V expansion where ``specdec.fast.attention.grouped_for``
         says so (``compiled``: the forwards run under ``torch.compile``)."""
         draft = static.model.target.model if isinstance(static, ModelStatic) else None
-        return AttentionScope(self.target.target.model, draft, grouped=grouped_for(compiled))
+        return AttentionScope(self.target.target.model, draft, grouped=grouped_for(compiled, self.device))
 
     def _prefill_for(self, drafter, size: int, graph: bool) -> _Prefill:
         key = (id(drafter) if drafter is not None else None, size, graph)

@@ -108,15 +108,44 @@ def test_fast_path_runs_grouped_attention_and_leaves_the_model_as_it_was(monkeyp
 
 
 def test_grouped_for_follows_the_mode(monkeypatch):
+    from specdec.kernels import tree_attention as kernel
+
+    monkeypatch.setattr(kernel, "_triton_available", lambda: True)
+    monkeypatch.setattr(attention, "KERNEL", "auto")
     monkeypatch.setattr(attention, "MODE", "auto")
+    # uncompiled: always; compiled: only where the grouped case is the Triton kernel (CUDA), not SDPA (CPU)
     assert attention.grouped_for(False) and not attention.grouped_for(True)
+    assert attention.grouped_for(False, "cuda") and attention.grouped_for(True, torch.device("cuda"))
+    monkeypatch.setattr(attention, "KERNEL", "sdpa")
+    assert attention.grouped_for(False, "cuda") and not attention.grouped_for(True, "cuda")
     monkeypatch.setattr(attention, "MODE", "1")
     assert attention.grouped_for(False) and attention.grouped_for(True)
     monkeypatch.setattr(attention, "MODE", "0")
-    assert not attention.grouped_for(False) and not attention.grouped_for(True)
+    assert not attention.grouped_for(False) and not attention.grouped_for(True, "cuda")
     monkeypatch.setattr(attention, "MODE", "yes")
     with pytest.raises(ValueError, match="SPECDEC_GROUPED_ATTENTION='yes'"):
         attention.grouped_for(False)
+
+
+def test_triton_kernel_for_follows_the_kernel_choice(monkeypatch):
+    from specdec.kernels import tree_attention as kernel
+
+    monkeypatch.setattr(attention, "KERNEL", "auto")
+    monkeypatch.setattr(kernel, "_triton_available", lambda: True)
+    assert attention.triton_kernel_for("cuda", torch.bfloat16, 128)
+    assert attention.triton_kernel_for(torch.device("cuda", 0))  # dtype / head dim unknown yet: the device decides
+    assert not attention.triton_kernel_for("cpu", torch.bfloat16, 128)  # off CUDA: SDPA, not the torch reference
+    assert not attention.triton_kernel_for("cuda", torch.float64, 128)  # dtypes and head dims the kernel refuses
+    assert not attention.triton_kernel_for("cuda", torch.bfloat16, 80)
+    monkeypatch.setattr(kernel, "_triton_available", lambda: False)
+    assert not attention.triton_kernel_for("cuda", torch.bfloat16, 128)
+    monkeypatch.setattr(attention, "KERNEL", "triton")
+    assert attention.triton_kernel_for("cpu", torch.float64, 80)  # forced: tree_attention picks its own impl
+    monkeypatch.setattr(attention, "KERNEL", "sdpa")
+    assert not attention.triton_kernel_for("cuda", torch.bfloat16, 128)
+    monkeypatch.setattr(attention, "KERNEL", "flash")
+    with pytest.raises(ValueError, match="SPECDEC_ATTENTION_KERNEL='flash'"):
+        attention.triton_kernel_for("cuda")
 
 
 def test_scope_that_does_not_group_leaves_the_model_alone():
@@ -151,14 +180,16 @@ def test_triton_kernel_choice_calls_tree_attention_and_equals_hf(monkeypatch, q_
         calls.append(args[0].shape)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(attention, "KERNEL", "triton")
     monkeypatch.setattr(ta, "tree_attention", spy)
     query, key, value, mask = _inputs(8, 2, q_len, 40, seed=3)
     module = _Module(4)
     want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
-    got, _ = grouped_sdpa(module, query, key, value, mask, scaling=0.25)
-    assert calls == [query.shape]
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for kernel, called in (("auto", []), ("sdpa", []), ("triton", [query.shape])):  # auto: SDPA off CUDA
+        calls.clear()
+        monkeypatch.setattr(attention, "KERNEL", kernel)
+        got, _ = grouped_sdpa(module, query, key, value, mask, scaling=0.25)
+        assert calls == called, kernel
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_fast_path_with_the_triton_kernel_choice_equals_hf_greedy(monkeypatch):

@@ -82,7 +82,7 @@ def _split_kernel(
     stride_vs,
     stride_mq,
     stride_ms,
-    scale,
+    SCALE: tl.constexpr,  # constexpr: a float argument would be fp64 in a compiled caller's launch and widen the scores
     REP: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -118,7 +118,7 @@ def _split_kernel(
         cols64 = cols.to(tl.int64)
         # K^T tile [D, BLOCK_N]; slots past the span are never read (the cache beyond S may hold anything)
         k = tl.load(k_base + cols64[None, :] * stride_ks + dims[:, None], mask=col_ok[None, :], other=0.0)
-        scores = _dot(q, k, IEEE, UPCAST) * scale
+        scores = _dot(q, k, IEEE, UPCAST) * SCALE
         seen = tl.load(mask_rows + cols64[None, :] * stride_ms, mask=row_ok[:, None] & col_ok[None, :], other=0)
         scores = tl.where(seen != 0, scores, _FP32_MIN) if MASK_BOOL else scores + seen.to(tl.float32)
         scores = tl.where(col_ok[None, :], scores, float("-inf"))
@@ -242,8 +242,8 @@ def tree_attention_triton(
     _split_kernel[(chunks, kv_heads, plan["row_blocks"])](
         query, key, value, mask_arg, m, lsum, acc, num_q, slots, rows,
         query.stride(1), query.stride(2), key.stride(1), key.stride(2), value.stride(1), value.stride(2),
-        mask.stride(2), mask.stride(3), float(scale),
-        REP=rep, CHUNK=plan["CHUNK"], BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
+        mask.stride(2), mask.stride(3),
+        SCALE=float(scale), REP=rep, CHUNK=plan["CHUNK"], BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
         MASK_BOOL=is_bool, IEEE=query.dtype == torch.float32, UPCAST=query.dtype == torch.bfloat16 and interpreted,
         num_warps=8 if wide else 4,
     )  # fmt: skip
