@@ -83,6 +83,12 @@ def main() -> None:
         choices=["hf", "grouped", "triton"],
         help="with --attention-ab: which attentions to time (HF sdpa, grouped SDPA, grouped Triton kernel)",
     )
+    ap.add_argument(
+        "--verify-only",
+        action="store_true",
+        help="only the verify rows (1 / 16 / 32 / 64 nodes; with --compile compiled too): no AR step, pieces, rounds "
+        "or profiles",
+    )
     ap.add_argument("--small", action="store_true", help="a tiny config on CPU: checks the script, times nothing")
     ap.add_argument(
         "--hybrid",
@@ -194,6 +200,55 @@ def main() -> None:
         add(name, ms, f"{ms / ref:.2f} x its floor; compile + capture {compile_s:.0f} s")
         return ms, rnd
 
+    def time_rounds(logq):
+        """The AR step (with HF's attention too), the drafter, the builds and the DDTree rounds, timed."""
+        # AR step: the whole captured round of plain decoding; first with HF's sdpa attention (grouped K/V repeated
+        # per query head), then as the engine runs it (query heads stacked per K/V head, specdec.fast.attention).
+        attention.MODE = "0"
+        start(None)
+        ar_hf = engine.round_for(None, None, GREEDY, graph=True, span=span)
+        ar_hf_ms = timed(lambda: ar_hf.captured())
+        add("AR step, HF sdpa attention (K/V repeated)", ar_hf_ms, f"{ar_hf_ms / floor:.2f} x HBM floor")
+        attention.MODE = "auto"
+        engine._rounds.clear()
+        start(None)
+        ar = engine.round_for(None, None, GREEDY, graph=True, span=span)
+        ar_ms = timed(lambda: ar.captured())
+        add("AR step (captured round)", ar_ms, f"{ar_ms / floor:.2f} x HBM floor (target <= 1.3 with compile)")
+
+        # Pieces of a DDTree round (each captured alone) and the whole round.
+        start(drafter)
+        static = engine._static(drafter)
+        prefix = engine.prefix
+        draft = Captured(lambda: static.logq(engine.root, prefix, 15, span), device=device, graph=True)
+        draft_ms = timed(draft)
+        add("drafter block forward (16 slots)", draft_ms, "")
+        builds = {}
+        for budget in (15, 31, 63):
+
+            def build(b=budget):  # as the round builds it: DDTree (Triton where it applies), then the tree mask
+                tree = ddtree_device(
+                    logq, engine.root, budget=b, topk=8, num_slots=b + 1, impl="auto", topk_impl="auto"
+                )
+                return tree_mask(tree.parents, tree.valid, prefix, span, 15, torch.bfloat16)
+
+            builds[budget] = timed(Captured(build, device=device, graph=True))
+            add(f"tree build + mask, budget {budget}", builds[budget], "")
+        rounds = {}
+        for budget in (15, 31, 63):
+            start(drafter)
+            rounds[budget] = rnd = engine.round_for(
+                drafter, DDTree(budget=budget, topk=8), GREEDY, graph=True, span=span
+            )
+            ms = timed(lambda rnd=rnd: rnd.captured())
+            note = f"{ms / floor_round:.2f} x (target+drafter bytes)/bandwidth (target <= 1.25)" if budget == 31 else ""
+            add(f"DDTree round, budget {budget} (captured)", ms, note)
+            if args.hybrid:
+                rest = ms - draft_ms - builds[budget]
+                add(f"  verify + accept + commit, {budget + 1} nodes (round - draft - build)", rest,
+                    f"{rest / ar_ms:.2f} x the AR step (target <= 1.2)")  # fmt: skip
+        return ar, ar_ms, rounds
+
     if args.attention_ab:  # the AR step with each attention, uncompiled and compiled, timed, then profiled
         timings = {}
         known = {"hf": ("HF sdpa", "0", "sdpa"), "grouped": ("grouped", "1", "sdpa"),
@@ -219,49 +274,13 @@ def main() -> None:
             print(f"| {name} | {ms:.3f} | {note} |")
         return
 
-    # AR step: the whole captured round of plain decoding; first with HF's sdpa attention (grouped K/V repeated
-    # per query head), then as the engine runs it (query heads stacked per K/V head, specdec.fast.attention).
-    attention.MODE = "0"
-    start(None)
-    ar_hf = engine.round_for(None, None, GREEDY, graph=True, span=span)
-    ar_hf_ms = timed(lambda: ar_hf.captured())
-    add("AR step, HF sdpa attention (K/V repeated)", ar_hf_ms, f"{ar_hf_ms / floor:.2f} x HBM floor")
-    attention.MODE = "auto"
-    engine._rounds.clear()
-    start(None)
-    ar = engine.round_for(None, None, GREEDY, graph=True, span=span)
-    ar_ms = timed(lambda: ar.captured())
-    add("AR step (captured round)", ar_ms, f"{ar_ms / floor:.2f} x HBM floor (target <= 1.3 with compile)")
-
     start(drafter)
     logq = torch.log_softmax(torch.randn(15, cfg.vocab_size, device=device) * 3, -1)
-
-    # Pieces of a DDTree round (each captured alone) and the whole round.
-    static = engine._static(drafter)
-    prefix = engine.prefix
-    draft = Captured(lambda: static.logq(engine.root, prefix, 15, span), device=device, graph=True)
-    draft_ms = timed(draft)
-    add("drafter block forward (16 slots)", draft_ms, "")
-    builds = {}
-    for budget in (15, 31, 63):
-
-        def build(b=budget):  # as the round builds it: DDTree (Triton where it applies), then the tree mask
-            tree = ddtree_device(logq, engine.root, budget=b, topk=8, num_slots=b + 1, impl="auto", topk_impl="auto")
-            return tree_mask(tree.parents, tree.valid, prefix, span, 15, torch.bfloat16)
-
-        builds[budget] = timed(Captured(build, device=device, graph=True))
-        add(f"tree build + mask, budget {budget}", builds[budget], "")
-    rounds = {}
-    for budget in (15, 31, 63):
-        start(drafter)
-        rounds[budget] = rnd = engine.round_for(drafter, DDTree(budget=budget, topk=8), GREEDY, graph=True, span=span)
-        ms = timed(lambda rnd=rnd: rnd.captured())
-        note = f"{ms / floor_round:.2f} x (target+drafter bytes)/bandwidth (target <= 1.25)" if budget == 31 else ""
-        add(f"DDTree round, budget {budget} (captured)", ms, note)
-        if args.hybrid:
-            rest = ms - draft_ms - builds[budget]
-            add(f"  verify + accept + commit, {budget + 1} nodes (round - draft - build)", rest,
-                f"{rest / ar_ms:.2f} x the AR step (target <= 1.2)")  # fmt: skip
+    if args.verify_only:  # the verifies' owners: the rounds whose buckets they use (captured, not timed)
+        rounds = {b: engine.round_for(drafter, DDTree(budget=b, topk=8), GREEDY, graph=True, span=span)
+                  for b in (15, 31, 63)}  # fmt: skip
+    else:
+        ar, ar_ms, rounds = time_rounds(logq)
 
     # The round's own verify (tree mask, target forward; hybrids: the recurrent layers through their adapters and
     # tree scans) over a fixed tree of 1 / 16 / 32 / 64 nodes, captured alone; it commits nothing, so it repeats.
@@ -279,8 +298,9 @@ def main() -> None:
         add(f"verify, {n} nodes", fwd[n], f"{note}; HF sdpa attention {hf_ms:.3f} ms")
 
     if args.compile:
-        ar_compiled, ar_c = compiled_round("AR step, compiled", None, None)
-        compiled_round("DDTree round b31, compiled", drafter, DDTree(budget=31, topk=8))
+        if not args.verify_only:
+            ar_compiled, ar_c = compiled_round(f"AR step, compiled ({args.compile_mode})", None, None)
+            compiled_round(f"DDTree round b31, compiled ({args.compile_mode})", drafter, DDTree(budget=31, topk=8))
         for n, verify in verifies.items():  # the verify alone, compiled, against its compiled 1-node form
             start(drafter)
             c0 = time.perf_counter()
@@ -290,11 +310,13 @@ def main() -> None:
             ms = timed(step)
             fwd[-n] = ms
             note = "" if n == 1 else f"{ms / fwd[-1]:.2f} x the compiled 1-node verify (target <= {verify_target})"
-            add(f"verify, {n} nodes, compiled", ms, f"{note}; {ms / ar_compiled:.2f} x the compiled AR step; "
-                f"compile {compile_s:.0f} s")  # fmt: skip
+            vs_ar = "" if args.verify_only else f"; {ms / ar_compiled:.2f} x the compiled AR step"
+            add(f"verify, {n} nodes, compiled ({args.compile_mode})", ms, f"{note}{vs_ar}; compile {compile_s:.0f} s")
 
     # Kernel profiles last: the profiler slows the graph replays timed after it.
-    if device.type == "cuda" and args.hybrid:  # kernel time per phase (profiler, eager runs of the same rounds)
+    if (
+        device.type == "cuda" and args.hybrid and not args.verify_only
+    ):  # kernel time per phase (profiler, eager runs of the same rounds)
         start(None)
         ar_phases = profile_round(ar, engine, 3)
         for budget, rnd in rounds.items():
@@ -312,7 +334,9 @@ def main() -> None:
                 commit,
                 f"{100 * commit / ph['round'][1]:.1f} % of the round's kernel time (target <= 5 %)",
             )
-    if device.type == "cuda" and args.compile:  # where the compiled AR step's time goes (heaviest kernels, stderr)
+    if (
+        device.type == "cuda" and args.compile and not args.verify_only
+    ):  # where the compiled AR step's time goes (heaviest kernels, stderr)
         start(None)
         phases = profile_round(ar_c, engine, 3, top=("round",))
         add("  AR step, compiled: kernel sum", phases["round"][1], f"{phases['round'][0]:.0f} kernels")

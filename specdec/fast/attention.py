@@ -16,8 +16,8 @@ goes to HF's ``sdpa_attention_forward`` unchanged. ``SPECDEC_GROUPED_ATTENTION``
 (:func:`grouped_for`): ``auto`` (default: every forward where the grouped case runs the Triton kernel, uncompiled
 forwards where it runs SDPA), ``1`` (all) or ``0`` (none). ``SPECDEC_ATTENTION_KERNEL`` picks the grouped case's
 kernel (:func:`triton_kernel_for`): ``auto`` (default: ``specdec.kernels.tree_attention``'s split-K/V Triton kernel
-on CUDA where Triton is importable and the dtype and head dim fit, SDPA on the stacked rows otherwise), ``triton``
-(``tree_attention`` always: its torch reference off CUDA) or ``sdpa``.
+in compiled forwards on CUDA where Triton is importable and the dtype and head dim fit, SDPA on the stacked rows
+otherwise), ``triton`` (``tree_attention`` always: its torch reference off CUDA) or ``sdpa``.
 """
 
 from __future__ import annotations
@@ -42,21 +42,26 @@ MODE = os.environ.get("SPECDEC_GROUPED_ATTENTION", "auto")
 _MODES = ("auto", "1", "0")
 
 
-# The kernel of the grouped case: "auto" (the split-K/V Triton kernel of specdec.kernels.tree_attention on CUDA
-# where it is importable and fits, SDPA on the stacked rows otherwise), "triton" (tree_attention always) or "sdpa".
+# The kernel of the grouped case: "auto" (the split-K/V Triton kernel of specdec.kernels.tree_attention in compiled
+# forwards on CUDA where it is importable and fits, SDPA on the stacked rows otherwise), "triton" (tree_attention
+# always) or "sdpa".
 KERNEL = os.environ.get("SPECDEC_ATTENTION_KERNEL", "auto")
 _KERNELS = ("auto", "triton", "sdpa")
 
 
 def triton_kernel_for(
-    device: torch.device | str, dtype: torch.dtype | None = None, head_dim: int | None = None
+    device: torch.device | str, compiled: bool, dtype: torch.dtype | None = None, head_dim: int | None = None
 ) -> bool:
-    """Whether the grouped case of forwards on ``device`` (with query ``dtype`` / ``head_dim`` where known) runs
-    ``specdec.kernels.tree_attention`` under the current ``KERNEL``.
+    """Whether the grouped case of forwards on ``device`` (``compiled`` or not; with query ``dtype`` / ``head_dim``
+    where known) runs ``specdec.kernels.tree_attention`` under the current ``KERNEL``.
 
-    "auto" takes the Triton kernel wherever it runs compiled. At the Qwen3-8B shape on an H200 (one layer, captured,
-    1024 slots) it took 0.0065 / 0.0111 / 0.0192 ms for 1 / 16 / 64 query rows against SDPA's 0.0255 / 0.0299 /
-    0.0328 on the stacked rows and HF's 0.0296 / 0.0501 / 0.0512 (``benchmarks/kernels/bench_tree_attention.py``).
+    "auto" takes the Triton kernel for compiled forwards on CUDA, where it is importable and fits. At the Qwen3-8B
+    shape on an H200 (one layer, captured, 1024 slots) it took 0.0065 / 0.0111 / 0.0192 ms for 1 / 16 / 64 query
+    rows against SDPA's 0.0255 / 0.0299 / 0.0328 on the stacked rows and HF's 0.0296 / 0.0501 / 0.0512
+    (``benchmarks/kernels/bench_tree_attention.py``), and the compiled AR step went from 5.36 ms (HF's attention)
+    to 4.55 ms. Uncompiled forwards keep SDPA: with the kernel the zoo dense rows were 10 % faster, but its sums
+    are associated differently from the SDPA kernels of HF's own forward, and in bf16 that flipped near-tied
+    tokens on 6 of 20 prompts against the eager path (docs/performance.md); ``triton`` takes that trade.
     """
     if KERNEL not in _KERNELS:
         raise ValueError(f"SPECDEC_ATTENTION_KERNEL={KERNEL!r}: use 'auto', 'triton' or 'sdpa'.")
@@ -65,7 +70,8 @@ def triton_kernel_for(
     from specdec.kernels import tree_attention as kernel
 
     return (
-        torch.device(device).type == "cuda"
+        compiled
+        and torch.device(device).type == "cuda"
         and kernel._triton_available()
         and (dtype is None or dtype in kernel.TRITON_DTYPES)
         and (head_dim is None or head_dim in kernel.TRITON_HEAD_DIMS)
@@ -83,7 +89,7 @@ def grouped_for(compiled: bool, device: torch.device | str = "cpu") -> bool:
     """
     if MODE not in _MODES:
         raise ValueError(f"SPECDEC_GROUPED_ATTENTION={MODE!r}: use 'auto', '1' or '0'")
-    return MODE == "1" or (MODE == "auto" and (not compiled or triton_kernel_for(device)))
+    return MODE == "1" or (MODE == "auto" and (not compiled or triton_kernel_for(device, compiled)))
 
 
 def grouped_sdpa(
@@ -124,7 +130,7 @@ def grouped_sdpa(
         )
     batch, _, q_len, head_dim = query.shape
     full_mask = batch == 1 and attention_mask.shape[:3] == (1, 1, q_len)
-    if full_mask and triton_kernel_for(query.device, query.dtype, head_dim):
+    if full_mask and triton_kernel_for(query.device, torch.compiler.is_compiling(), query.dtype, head_dim):
         from specdec.kernels.tree_attention import tree_attention  # Triton on CUDA, its reference elsewhere
 
         return tree_attention(query, key, value, attention_mask, head_dim**-0.5 if scaling is None else scaling), None

@@ -132,20 +132,21 @@ def test_triton_kernel_for_follows_the_kernel_choice(monkeypatch):
 
     monkeypatch.setattr(attention, "KERNEL", "auto")
     monkeypatch.setattr(kernel, "_triton_available", lambda: True)
-    assert attention.triton_kernel_for("cuda", torch.bfloat16, 128)
-    assert attention.triton_kernel_for(torch.device("cuda", 0))  # dtype / head dim unknown yet: the device decides
-    assert not attention.triton_kernel_for("cpu", torch.bfloat16, 128)  # off CUDA: SDPA, not the torch reference
-    assert not attention.triton_kernel_for("cuda", torch.float64, 128)  # dtypes and head dims the kernel refuses
-    assert not attention.triton_kernel_for("cuda", torch.bfloat16, 80)
+    assert attention.triton_kernel_for("cuda", True, torch.bfloat16, 128)
+    assert attention.triton_kernel_for(torch.device("cuda", 0), True)  # dtype / head dim unknown yet
+    assert not attention.triton_kernel_for("cuda", False, torch.bfloat16, 128)  # uncompiled: SDPA
+    assert not attention.triton_kernel_for("cpu", True, torch.bfloat16, 128)  # off CUDA: SDPA, not the reference
+    assert not attention.triton_kernel_for("cuda", True, torch.float64, 128)  # dtypes and head dims it refuses
+    assert not attention.triton_kernel_for("cuda", True, torch.bfloat16, 80)
     monkeypatch.setattr(kernel, "_triton_available", lambda: False)
-    assert not attention.triton_kernel_for("cuda", torch.bfloat16, 128)
+    assert not attention.triton_kernel_for("cuda", True, torch.bfloat16, 128)
     monkeypatch.setattr(attention, "KERNEL", "triton")
-    assert attention.triton_kernel_for("cpu", torch.float64, 80)  # forced: tree_attention picks its own impl
+    assert attention.triton_kernel_for("cpu", False, torch.float64, 80)  # forced: tree_attention picks its impl
     monkeypatch.setattr(attention, "KERNEL", "sdpa")
-    assert not attention.triton_kernel_for("cuda", torch.bfloat16, 128)
+    assert not attention.triton_kernel_for("cuda", True, torch.bfloat16, 128)
     monkeypatch.setattr(attention, "KERNEL", "flash")
     with pytest.raises(ValueError, match="SPECDEC_ATTENTION_KERNEL='flash'"):
-        attention.triton_kernel_for("cuda")
+        attention.triton_kernel_for("cuda", True)
 
 
 def test_scope_that_does_not_group_leaves_the_model_alone():

@@ -29,6 +29,7 @@ Tolerances (against the float64 brute force computed from the very inputs, i.e. 
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
@@ -118,8 +119,8 @@ def make_case(seed, heads, kv_heads, rows, slots, dim, dtype, mask, pattern, *, 
 def cases() -> list[dict]:
     """44 cases picked from the cross product: every (heads, Q) pair once (25) with S cycling over ``SLOTS``
     (17 / 256 for Q >= 64, to keep the interpreter quick), D, dtype, mask kind, pattern and layouts alternating;
-    then the shapes that matter: the 8 B layers (H 32, H_kv 8, D 128; the hybrid's 16, 4, 256) and the zoo's (6, 2, 64) over long spans
-    with trees, S = 1, fp16, and row counts that need several row blocks."""
+    then the shapes that matter: the 8 B layers (H 32, H_kv 8, D 128; the hybrid's 16, 4, 256) and the zoo's
+    (6, 2, 64) over long spans with trees, S = 1, fp16, and row counts that need several row blocks."""
     specs = []
     for i, ((heads, kv_heads), rows) in enumerate((h, q) for h in HEADS for q in QS):
         slots = (17, 256)[i % 2] if rows >= 64 else SLOTS[(i + i // 5) % 4]
@@ -251,7 +252,7 @@ def test_cases_cover_what_matters():
     assert {i[9] for i in info} == {"heads", "seq"} and "torch.float16" in {i[5] for i in info}
     assert sum(c["mask_base"].shape[-1] > c["slots"] for c in cs) > 25
     # the launch plans: several chunks with a partial last one, several row blocks, padded row blocks, one chunk
-    plans = [(i, split_plan(i[0] // i[1] * i[2], i[1], i[3])) for i in info]
+    plans = [(i, split_plan(i[0] // i[1] * i[2], i[1], i[3], i[4], 4 if i[5] == "torch.float32" else 2)) for i in info]
     assert sum(p["chunks"] > 8 and i[3] % p["CHUNK"] != 0 for i, p in plans) >= 5
     assert sum(p["row_blocks"] > 1 for _, p in plans) >= 5 and sum(p["chunks"] == 1 for _, p in plans) >= 3
     assert sum((i[0] // i[1] * i[2]) % p["BLOCK_M"] != 0 for i, p in plans) >= 20
@@ -268,6 +269,12 @@ def test_split_plan_fills_the_gpu_at_the_8b_shape():
         programs = plan["chunks"] * 8 * plan["row_blocks"]
         assert programs >= 256 and plan["chunks"] * plan["CHUNK"] >= 1024 > (plan["chunks"] - 1) * plan["CHUNK"]
         assert plan["CHUNK"] >= 32 and plan["CHUNK"] % plan["BLOCK_N"] == 0 and plan["BLOCK_M"] >= 16
+    # the query tile and every stage's K / V tiles fit in an H200's shared memory (227 KiB; D 256 in fp32 with
+    # three stages asked for 232 KiB)
+    for dim, itemsize, rows in itertools.product((64, 128, 256), (2, 4), (4, 64)):
+        plan = split_plan(rows, 4, 4096, dim, itemsize)
+        tiles = 2 * plan["BLOCK_N"] * dim * itemsize * plan["STAGES"] + plan["BLOCK_M"] * dim * itemsize
+        assert tiles <= 227 * 1024, (dim, itemsize, rows, plan)
 
 
 def test_reference_matches_hf_sdpa():

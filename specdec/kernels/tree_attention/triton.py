@@ -188,13 +188,18 @@ def _combine_kernel(
     tl.store(out_ptr + (qi.to(tl.int64) * H + head) * D + dims, out)
 
 
-def split_plan(rows: int, kv_heads: int, slots: int) -> dict[str, int]:
-    """The launch plan of a call, from shapes only: ``rows = rep * Q`` stacked rows per group, ``H_kv``, ``S``.
+def split_plan(rows: int, kv_heads: int, slots: int, dim: int = 128, itemsize: int = 2) -> dict[str, int]:
+    """The launch plan of a call, from shapes only: ``rows = rep * Q`` stacked rows per group, ``H_kv``, ``S``, the
+    head dim and the element size of K / V.
 
     Returns:
         dict: ``BLOCK_M`` (rows per program, 16-64), ``row_blocks``, ``CHUNK`` (slots per chunk, a power of two
-        >= ``_MIN_CHUNK``), ``chunks`` (``cdiv(S, CHUNK)``) and ``BLOCK_N`` (slots per tile, <= 64).
+        >= ``_MIN_CHUNK``), ``chunks`` (``cdiv(S, CHUNK)``), ``BLOCK_N`` (slots per tile: 64, or 32 for rows of
+        K / V wider than 512 bytes, e.g. D 256 in bf16) and ``STAGES`` (software pipeline depth: 3, or 2 for those
+        wide rows; three stages of 64-slot K and V tiles of D 256 in fp32 need more than an H200's 227 KiB of
+        shared memory).
     """
+    wide = dim * itemsize > 512
     block_m = max(16, min(64, triton.next_power_of_2(rows)))
     row_blocks = triton.cdiv(rows, block_m)
     want = triton.cdiv(_TARGET_PROGRAMS, kv_heads * row_blocks)
@@ -204,7 +209,8 @@ def split_plan(rows: int, kv_heads: int, slots: int) -> dict[str, int]:
         "row_blocks": row_blocks,
         "CHUNK": chunk,
         "chunks": triton.cdiv(slots, chunk),
-        "BLOCK_N": min(64, chunk),
+        "BLOCK_N": min(32 if wide else 64, chunk),
+        "STAGES": 2 if wide else 3,
     }
 
 
@@ -229,7 +235,7 @@ def tree_attention_triton(
         return out
     query, key, value = (_last_dim_contiguous(t) for t in (query, key, value))
     rows = rep * num_q
-    plan = split_plan(rows, kv_heads, slots)
+    plan = split_plan(rows, kv_heads, slots, dim, key.element_size())
     chunks = plan["chunks"]
     ws = dict(dtype=torch.float32, device=query.device)
     m = torch.empty((kv_heads, rows, chunks), **ws)
@@ -245,7 +251,7 @@ def tree_attention_triton(
         mask.stride(2), mask.stride(3),
         SCALE=float(scale), REP=rep, CHUNK=plan["CHUNK"], BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
         MASK_BOOL=is_bool, IEEE=query.dtype == torch.float32, UPCAST=query.dtype == torch.bfloat16 and interpreted,
-        num_warps=8 if wide else 4,
+        num_warps=8 if wide else 4, num_stages=plan["STAGES"],
     )  # fmt: skip
     _combine_kernel[(kv_heads * rows,)](
         m, lsum, acc, out, num_q, heads, rows, chunks,
