@@ -1,12 +1,13 @@
 """Speed of ``tree_attention``: a decode step or a draft tree over a static-cache span, grouped-query attention.
 
-Shapes: the 8 B target's attention (H 32, H_kv 8, D 128) over a span of S = 1024 slots of a 1536-slot cache, the
-8 B Qwen3.5 hybrid's (H 16, H_kv 4, D 256) over the same, and the zoo target's (H 6, H_kv 2, D 64) over S = 512 of 768; bf16, Q in {1, 16, 32, 64} query rows, a tree mask
-(the committed prefix plus each node's ancestors). Providers: ``hf-sdpa`` (HF's ``sdpa_attention_forward`` with
-an additive mask: K / V repeated per query head, as the model runs it), ``sdpa-stacked`` (PyTorch's SDPA on the
-query reshaped to ``[1, H_kv, rep * Q, D]`` against unexpanded K / V, the mask repeated ``rep`` times),
-``reference`` (``tree_attention_reference``), ``triton`` (the split-KV kernel); ``-graph`` variants replay the
-call from a CUDA graph (GPU time without launch overhead). Only the eager torch providers run without CUDA.
+Shapes: the 8 B target's attention (H 32, H_kv 8, D 128) over a span of S = 1024 slots of a 1536-slot cache, the 8 B
+Qwen3.5 hybrid's (H 16, H_kv 4, D 256) over the same, and the zoo target's (H 6, H_kv 2, D 64) over S = 512 of 768;
+bf16, Q in {1, 16, 32, 64} query rows, a tree mask (the committed prefix plus each node's ancestors). Providers:
+``hf-sdpa`` (HF's ``sdpa_attention_forward`` with an additive mask: K / V repeated per query head, as the model runs
+it), ``sdpa-stacked`` (PyTorch's SDPA on the query reshaped to ``[1, H_kv, rep * Q, D]`` against unexpanded K / V,
+the mask repeated ``rep`` times), ``reference`` (``tree_attention_reference``), ``triton`` (the split-KV kernel);
+``-graph`` variants replay the call from a CUDA graph (GPU time without launch overhead). Only the eager torch
+providers run without CUDA.
 
     python benchmarks/kernels/bench_tree_attention.py [--device cuda] [--out bench_out/kernels]
 
