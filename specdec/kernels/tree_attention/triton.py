@@ -242,7 +242,8 @@ def tree_attention_triton(
     lsum = torch.empty((kv_heads, rows, chunks), **ws)
     acc = torch.empty((kv_heads, rows, chunks, dim), **ws)
     is_bool = mask.dtype == torch.bool
-    mask_arg = mask.view(torch.uint8) if is_bool else mask
+    # a bool mask is read as bytes: a view when eager; under torch.compile a copy (inductor cannot lower a bool view)
+    mask_arg = (mask.to(torch.uint8) if torch.compiler.is_compiling() else mask.view(torch.uint8)) if is_bool else mask
     wide = dim * plan["BLOCK_M"] >= 8192
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     _split_kernel[(chunks, kv_heads, plan["row_blocks"])](
