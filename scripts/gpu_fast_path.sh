@@ -7,8 +7,9 @@
 # STEP (default: tests fast profile, or tests fidelity sweep-model sweep-scan profile shape): tests, fast, profile,
 # ratio (the rows timed pass by pass, --interleave --repeat 3, with budgets 31 / 63 whose 32 / 64 slots may tile
 # better than 33 / 65), compiled (the same, compile=True), shape (Qwen3-8B shape, compiled too), compile-cache,
-# kernels, attention (the 8B AR step with each attention kernel) (dense); tests, fidelity, sweep-model,
-# sweep-scan, ratio, compiled, profile, shape, shape-compiled, kernels (hybrid). The whole default hybrid run takes
+# kernels, attention (the 8B AR step with each attention kernel), autotune (the 8B AR step and b31 round with
+# compile="max-autotune-no-cudagraphs"), verify-autotune (its 1/16/32/64-node verifies) (dense); tests, fidelity,
+# sweep-model, sweep-scan, ratio, compiled, profile, shape, shape-compiled, verify-autotune, kernels (hybrid). The whole default hybrid run takes
 # about 20 minutes.
 set -u
 NAME=${1:?dense or hybrid}
@@ -57,6 +58,14 @@ if [ "$NAME" = dense ]; then
         (cd benchmarks/kernels && timeout 120 python3 bench_tree_attention.py --out "$OUT/kernels" \
             >"$OUT/attention_kernel.log" 2>&1); tail -20 "$OUT/attention_kernel.log"
     fi
+    if want autotune; then  # about 5 minutes
+        (cd benchmarks/e2e && timeout 420 python3 shape_8b.py --compile --compile-mode max-autotune-no-cudagraphs \
+            --skip-verify >"$OUT/shape_autotune.log" 2>&1); grep "^|" "$OUT/shape_autotune.log"
+    fi
+    if want verify-autotune; then  # about 8 minutes (90-190 s of compilation per verify)
+        (cd benchmarks/e2e && timeout 590 python3 shape_8b.py --compile --compile-mode max-autotune-no-cudagraphs \
+            --verify-only >"$OUT/verify_autotune.log" 2>&1); grep "^|" "$OUT/verify_autotune.log"
+    fi
     if want attention; then  # the 8B AR step with HF's, the grouped SDPA and the Triton split-K/V attention
         (cd benchmarks/e2e && timeout 420 python3 shape_8b.py --attention-ab >"$OUT/attn_ab.log" 2>&1)
         grep "^|" "$OUT/attn_ab.log"
@@ -97,6 +106,11 @@ else
     fi
     if want shape; then
         timeout 150 python3 benchmarks/e2e/shape_8b.py --hybrid >"$OUT/shape.log" 2>&1; tail -22 "$OUT/shape.log"
+    fi
+    if want verify-autotune; then  # the 1/16/32/64-node verifies compiled with max-autotune (over 9 minutes)
+        (cd benchmarks/e2e && timeout 590 python3 shape_8b.py --hybrid --verify-only --compile \
+            --compile-mode max-autotune-no-cudagraphs >"$OUT/verify_autotune.log" 2>&1)
+        grep "^|" "$OUT/verify_autotune.log"
     fi
     if want shape-compiled; then  # the 8 B hybrid with its AR step and b31 round compiled (several minutes)
         (cd benchmarks/e2e && timeout 540 python3 shape_8b.py --hybrid --compile >"$OUT/shape_compiled.log" 2>&1)
