@@ -29,6 +29,15 @@ def run_interpreted(script: str | Path, folder: Path, *, timeout: int = 600) -> 
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+def interpreted_outputs(script: str | Path, folder: Path, data: dict) -> dict:
+    """Save ``data`` (the cases) to ``folder/cases.pt``, run ``script`` on it under the interpreter
+    (:func:`run_interpreted`; the script writes ``folder/outputs.pt``) and return ``data`` merged with those
+    outputs: the body of every kernel test's module-scoped ``interpreted`` fixture."""
+    torch.save(data, folder / "cases.pt")
+    run_interpreted(script, folder)
+    return {**data, **torch.load(folder / "outputs.pt")}
+
+
 def capture_without_host_reads(step):
     """Run ``step()`` once on a side stream (compilation), then capture it in a CUDA graph with host syncs made
     errors; returns ``(graph, outputs of the captured call)``."""

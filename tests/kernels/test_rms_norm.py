@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_harness import capture_without_host_reads, poison_empty, run_interpreted
+from kernel_harness import capture_without_host_reads, interpreted_outputs, poison_empty
 
 from specdec.drafters.dflash_model import _RMSNorm
 from specdec.kernels.rms_norm import rms_norm, rms_norm_reference
@@ -372,11 +372,8 @@ def test_bad_arguments_are_refused():
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
     pytest.importorskip("triton")
-    folder = tmp_path_factory.mktemp("rms_norm")
     data = {"cases": cases(), "drafter": drafter_cases()}
-    torch.save(data, folder / "cases.pt")
-    run_interpreted(__file__, folder)
-    return {**data, **torch.load(folder / "outputs.pt")}
+    return interpreted_outputs(__file__, tmp_path_factory.mktemp("rms_norm"), data)
 
 
 def test_interpreted_equals_reference(interpreted):

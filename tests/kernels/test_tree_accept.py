@@ -18,7 +18,7 @@ import torch
 from device_trees import padded_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_harness import capture_without_host_reads, poison_empty, run_interpreted
+from kernel_harness import capture_without_host_reads, interpreted_outputs, poison_empty
 
 from specdec.kernels.tree_accept import (
     MAX_ACCEPT_SLOTS,
@@ -324,11 +324,8 @@ def test_bad_arguments_are_refused():
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
     pytest.importorskip("triton")
-    folder = tmp_path_factory.mktemp("tree_accept")
-    cases = {"mask": mask_cases(), "accept": accept_cases(), "big": [_big_accept_case()]}
-    torch.save(cases, folder / "cases.pt")
-    run_interpreted(__file__, folder)
-    return {"cases": cases, **torch.load(folder / "outputs.pt")}
+    data = {"cases": {"mask": mask_cases(), "accept": accept_cases(), "big": [_big_accept_case()]}}
+    return interpreted_outputs(__file__, tmp_path_factory.mktemp("tree_accept"), data)
 
 
 def test_interpreted_mask_equals_reference(interpreted):
@@ -360,7 +357,7 @@ def _run_interpreted(folder: Path) -> None:
     import specdec.kernels.tree_accept as tree_accept
     from specdec.kernels.tree_accept import triton as kernels
 
-    cases = torch.load(folder / "cases.pt")
+    cases = torch.load(folder / "cases.pt")["cases"]
     poison_empty(POISON)
     out = {
         "mask": [kernels.tree_mask_triton(*_mask_args(c)) for c in cases["mask"]],

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_harness import capture_without_host_reads, poison_empty, run_interpreted
+from kernel_harness import capture_without_host_reads, interpreted_outputs, poison_empty
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specdec.kernels.tree_attention import _check_args, tree_attention, tree_attention_reference
@@ -376,11 +376,8 @@ def hidden_row_case() -> dict:
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
     pytest.importorskip("triton")
-    folder = tmp_path_factory.mktemp("tree_attention")
     data = {"cases": cases(), "hidden": hidden_row_case()}
-    torch.save(data, folder / "cases.pt")
-    run_interpreted(__file__, folder)
-    return {**data, **torch.load(folder / "outputs.pt")}
+    return interpreted_outputs(__file__, tmp_path_factory.mktemp("tree_attention"), data)
 
 
 def test_interpreted_matches_float64_brute_force(interpreted):
