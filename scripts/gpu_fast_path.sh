@@ -8,7 +8,8 @@
 # ratio (the rows timed pass by pass, --interleave --repeat 3, with budgets 31 / 63 whose 32 / 64 slots may tile
 # better than 33 / 65), compiled (the same, compile=True), shape (Qwen3-8B shape, compiled too), compile-cache,
 # kernels, attention (the 8B AR step with each attention kernel), autotune (the 8B AR step and b31 round with
-# compile="max-autotune-no-cudagraphs"), verify-autotune (its 1/16/32/64-node verifies) (dense); tests, fidelity,
+# compile="max-autotune-no-cudagraphs"), verify-autotune (its 1/16/32/64-node verifies), linear (the split-K
+# skinny kernel: its gpu tests, bench, and the autotune step with it) (dense); tests, fidelity,
 # sweep-model, sweep-scan, ratio, compiled, profile, shape, shape-compiled, verify-autotune, kernels (hybrid). The whole default hybrid run takes
 # about 20 minutes.
 set -u
@@ -65,6 +66,15 @@ if [ "$NAME" = dense ]; then
     if want verify-autotune; then  # about 8 minutes (90-190 s of compilation per verify)
         (cd benchmarks/e2e && timeout 590 python3 shape_8b.py --compile --compile-mode max-autotune-no-cudagraphs \
             --verify-only >"$OUT/verify_autotune.log" 2>&1); grep "^|" "$OUT/verify_autotune.log"
+    fi
+    if want linear; then  # the split-K skinny kernel: gpu tests, kernel bench, the 8B AR step and b31 round with it
+        timeout 120 python3 -m pytest -m gpu tests/kernels/test_skinny_linear.py -q -p no:cacheprovider \
+            >"$OUT/linear_tests.log" 2>&1; tail -1 "$OUT/linear_tests.log"
+        (cd benchmarks/kernels && timeout 120 python3 bench_skinny_linear.py --out "$OUT/kernels" \
+            >"$OUT/linear_kernel.log" 2>&1); tail -30 "$OUT/linear_kernel.log"
+        (cd benchmarks/e2e && timeout 420 python3 shape_8b.py --linear-kernel triton --compile \
+            --compile-mode max-autotune-no-cudagraphs --skip-verify >"$OUT/shape_linear.log" 2>&1)
+        grep "^|" "$OUT/shape_linear.log"
     fi
     if want attention; then  # the 8B AR step with HF's, the grouped SDPA and the Triton split-K/V attention
         (cd benchmarks/e2e && timeout 420 python3 shape_8b.py --attention-ab >"$OUT/attn_ab.log" 2>&1)

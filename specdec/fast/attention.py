@@ -158,14 +158,21 @@ class AttentionScope:
 
     Entering and leaving sets one attribute per config object (the model's and any sub-configs its modules hold);
     leaving restores exactly what was there, also after an exception. Models on ``eager`` or any other attention
-    are left alone, and so is every model when ``grouped`` is False.
+    are left alone, and so is every model when ``grouped`` is False. With ``linear`` the scope also routes the
+    models' ``nn.Linear`` layers through ``specdec.fast.linear.skinny_forward`` while active (the engine's whole
+    forward scope, ``SPECDEC_LINEAR_KERNEL``).
 
     Args:
         models: HF models (None entries are skipped).
-        grouped (bool): switch to grouped attention (False: the scope does nothing). Default True.
+        grouped (bool): switch to grouped attention (False: the scope does nothing for attention). Default True.
+        linear (bool): route the linear layers as well. Default False.
     """
 
-    def __init__(self, *models, grouped: bool = True) -> None:
+    def __init__(self, *models, grouped: bool = True, linear: bool = False) -> None:
+        from specdec.fast.linear import linear_modules
+
+        self.linears = linear_modules(*models) if linear else []
+        self._routed: list = []
         configs: dict[int, PretrainedConfig] = {}
         if grouped:
             for model in models:
@@ -182,15 +189,22 @@ class AttentionScope:
 
     def __enter__(self) -> AttentionScope:
         if self._depth == 0:
+            from specdec.fast.linear import route
+
             self._switched = [c for c in self.configs if getattr(c, "_attn_implementation_internal", None) == "sdpa"]
             for config in self._switched:
                 config._attn_implementation_internal = NAME
+            self._routed = route(self.linears)
         self._depth += 1
         return self
 
     def __exit__(self, *exc) -> None:
         self._depth -= 1
         if self._depth == 0:
+            from specdec.fast.linear import unroute
+
             for config in self._switched:
                 config._attn_implementation_internal = "sdpa"
             self._switched = []
+            unroute(self._routed)
+            self._routed = []

@@ -24,6 +24,7 @@ from specdec.drafters.model_static import ModelStatic
 from specdec.fast.attention import AttentionScope, grouped_for
 from specdec.fast.graphs import Captured, compile_fn
 from specdec.fast.hybrid import DeviceTopology, commit_recurrent, hybrid_reason
+from specdec.fast.linear import linear_kernel_for
 from specdec.fast.storage import StaticModel, commit_rows
 from specdec.kernels.tree_accept import accept_path, tree_mask
 from specdec.state.hybrid import HybridState, VerifyRound, _swapped_forwards, hybrid_prefill
@@ -461,9 +462,11 @@ class FastEngine:
     def attention_scope(self, static, *, compiled: bool = False) -> AttentionScope:
         """The scope in which this engine runs the forwards of its target (and of ``static``'s draft model, a
         ``ModelStatic``): grouped-query attention without K/V expansion where ``specdec.fast.attention.grouped_for``
-        says so (``compiled``: the forwards run under ``torch.compile``)."""
+        says so (``compiled``: the forwards run under ``torch.compile``), and the linear layers through the split-K
+        kernel with ``SPECDEC_LINEAR_KERNEL=triton`` (``specdec.fast.linear``)."""
         draft = static.model.target.model if isinstance(static, ModelStatic) else None
-        return AttentionScope(self.target.target.model, draft, grouped=grouped_for(compiled, self.device))
+        grouped = grouped_for(compiled, self.device)
+        return AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear_kernel_for())
 
     def _prefill_for(self, drafter, size: int, graph: bool) -> _Prefill:
         key = (id(drafter) if drafter is not None else None, size, graph)

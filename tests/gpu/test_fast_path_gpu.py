@@ -84,6 +84,29 @@ def test_compiled_fast_path_with_triton_norms_equals_hf_greedy(zoo):
         dflash_static._NORM_IMPL = saved
 
 
+@pytest.mark.parametrize("compile", [False, True])
+def test_fast_path_fp32_with_the_linear_kernel_equals_hf_greedy(zoo, compile, monkeypatch):
+    """SPECDEC_LINEAR_KERNEL=triton: every linear layer of the target through the split-K skinny kernel (CUDA,
+    fp32 IEEE dots), uncompiled and inside torch.compile; outputs equal HF greedy."""
+    from specdec.fast import linear
+    from specdec.fast.engine import FastEngine
+    from specdec.kernels.skinny_linear import triton as kernel
+
+    calls = []
+    real = kernel.skinny_linear_triton
+    monkeypatch.setattr(kernel, "skinny_linear_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(linear, "KERNEL", "triton")
+    model, drafter, prompts = _setup(zoo, torch.float32)
+    FastEngine._engines.pop(model, None)
+    for ids in prompts[:3]:
+        ref = model.generate(ids, max_new_tokens=32, do_sample=False)
+        out = specdec.generate(model, ids, drafter=drafter, tree=specdec.DDTree(budget=15, topk=8),
+                               max_new_tokens=32, compile=compile)  # fmt: skip
+        assert out.stats.path == "fast" and torch.equal(out.sequences, ref)
+    assert calls  # traced or launched: the kernel took part
+    FastEngine._engines.pop(model, None)
+
+
 def test_fast_path_bf16_matches_eager_share(zoo):
     model, drafter, prompts = _setup(zoo, torch.bfloat16)
     tree = specdec.DDTree(budget=32, topk=8)
