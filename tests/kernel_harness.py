@@ -56,6 +56,19 @@ def capture_without_host_reads(step):
     return graph, out
 
 
+def check_replays(cases: list[dict], bases: tuple[str, ...], call, check) -> None:
+    """Capture ``call(static)`` once (:func:`capture_without_host_reads`), ``static`` being the first case with its
+    ``bases`` tensors copied to CUDA (the captured call reads views of them); then for every case copy its ``bases``
+    into those buffers, replay, and ``check(case, output)``."""
+    static = {**cases[0], **{name: cases[0][name].to("cuda") for name in bases}}
+    graph, out = capture_without_host_reads(lambda: call(static))
+    for case in cases:
+        for name in bases:
+            static[name].copy_(case[name])
+        graph.replay()
+        check(case, out.clone())
+
+
 def poison_empty(int_fill: int | None = None) -> None:
     """From now on ``torch.empty`` fills float tensors with NaN (integer ones with ``int_fill``, if given), so an
     output element a kernel never writes shows up. For the interpreter subprocess of a kernel test only."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_harness import capture_without_host_reads, interpreted_outputs, poison_empty
+from kernel_harness import check_replays, interpreted_outputs, poison_empty
 
 from specdec.kernels.skinny_linear import _check_args, skinny_linear, skinny_linear_reference
 
@@ -392,20 +392,13 @@ def test_kernel_inside_torch_compile_matches_float64_brute_force():
 def test_compiled_kernel_replays_in_a_cuda_graph(rows, k, n):
     # One capture (split-K, and one split at the lm_head shape), then new inputs copied in before each replay.
     cs = [cuda_case(200 + i, rows, k, n, bias=True) for i in range(3)]
-    bases = ("x_base", "w_base", "bias")
-    static = {**cs[0], **{name: cs[0][name].to("cuda") for name in bases}}
 
-    def step():
-        return skinny_linear(*case_args(static, "cuda"), impl="triton")
-
-    graph, out = capture_without_host_reads(step)
-    for case in cs:
-        for name in bases:
-            static[name].copy_(case[name])
-        graph.replay()
-        got = out.clone()
+    def check(case, got):
         check_kernel(case, got)
         torch.testing.assert_close(got, skinny_linear_reference(*case_args(case, "cuda")), rtol=2**-7, atol=1e-2)
+
+    bases = ("x_base", "w_base", "bias")
+    check_replays(cs, bases, lambda static: skinny_linear(*case_args(static, "cuda"), impl="triton"), check)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_harness import capture_without_host_reads, interpreted_outputs, poison_empty
+from kernel_harness import check_replays, interpreted_outputs, poison_empty
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specdec.kernels.tree_attention import _check_args, tree_attention, tree_attention_reference
@@ -460,21 +460,14 @@ def test_kernel_inside_torch_compile_matches_float64_brute_force():
 def test_compiled_kernel_replays_in_a_cuda_graph(mask):
     # One capture at the 8 B shape, then new queries / keys / values / masks copied in before each replay.
     cs = [make_case(50 + i, 32, 8, 16, 1024, 128, torch.bfloat16, mask, "tree", q_layout="hf") for i in range(4)]
-    bases = ("q_base", "k_base", "v_base", "mask_base")
-    static = {**cs[0], **{name: cs[0][name].to("cuda") for name in bases}}  # views of these buffers are captured
 
-    def step():
-        return tree_attention(*case_args(static, "cuda"), impl="triton")
-
-    graph, out = capture_without_host_reads(step)
-    for case in cs:
-        for name in bases:
-            static[name].copy_(case[name])
-        graph.replay()
-        got = out.clone()
+    def check(case, got):
         check_kernel(case, got)
         want = tree_attention_reference(*case_args(case, "cuda"))
         torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-2)
+
+    bases = ("q_base", "k_base", "v_base", "mask_base")
+    check_replays(cs, bases, lambda static: tree_attention(*case_args(static, "cuda"), impl="triton"), check)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from specdec.kernels.rms_norm.triton import _to_bf16
+from specdec.kernels.tree_attention.triton import _dot  # fp32-accumulated dot, IEEE / interpreter-safe
 
 __all__ = ["MAX_ROWS", "skinny_linear_triton", "split_plan"]
 
@@ -56,19 +57,6 @@ _INTERPRETER_SMS = 8
 
 # device index -> SM count. A plain dict: a filled one is a constant to torch.compile.
 _SM_COUNT: dict[int, int] = {}
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """``a @ b`` in fp32: IEEE for fp32 inputs; ``UPCAST``: bf16 operands widened to fp32 first (exact products),
-    because Triton's interpreter multiplies bf16 tiles as raw integers."""
-    if UPCAST:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif IEEE:
-        out = tl.dot(a, b, input_precision="ieee")
-    else:
-        out = tl.dot(a, b)
-    return out
 
 
 @triton.jit
