@@ -31,7 +31,16 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-__all__ = ["KERNEL", "MODE", "NAME", "AttentionScope", "grouped_for", "grouped_sdpa", "triton_kernel_for"]
+__all__ = [
+    "KERNEL",
+    "MODE",
+    "NAME",
+    "AttentionScope",
+    "attention_shape",
+    "grouped_for",
+    "grouped_sdpa",
+    "triton_kernel_for",
+]
 
 NAME = "specdec_grouped_sdpa"
 # Keyword arguments that change what attention computes; any of them set sends the call to HF's sdpa.
@@ -78,8 +87,11 @@ def triton_kernel_for(
     )
 
 
-def grouped_for(compiled: bool, device: torch.device | str = "cpu") -> bool:
-    """Whether forwards on ``device`` (``compiled`` or not) run :func:`grouped_sdpa` under the current ``MODE``.
+def grouped_for(
+    compiled: bool, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, head_dim: int | None = None
+) -> bool:
+    """Whether forwards on ``device`` (``compiled`` or not; the model's ``dtype`` / attention ``head_dim`` where
+    known) run :func:`grouped_sdpa` under the current ``MODE``.
 
     "auto" groups every forward whose grouped case runs the Triton kernel (:func:`triton_kernel_for`), and only
     uncompiled ones where it would run SDPA: at the Qwen3-8B shape on an H200 the compiled AR step measured the
@@ -89,7 +101,22 @@ def grouped_for(compiled: bool, device: torch.device | str = "cpu") -> bool:
     """
     if MODE not in _MODES:
         raise ValueError(f"SPECDEC_GROUPED_ATTENTION={MODE!r}: use 'auto', '1' or '0'")
-    return MODE == "1" or (MODE == "auto" and (not compiled or triton_kernel_for(device, compiled)))
+    return MODE == "1" or (MODE == "auto" and (not compiled or triton_kernel_for(device, compiled, dtype, head_dim)))
+
+
+def attention_shape(model) -> tuple[torch.dtype | None, int | None]:
+    """``(dtype, head dim)`` of ``model``'s attention as its config states them (``text_config`` first), None
+    where it does not say."""
+    if model is None:
+        return None, None
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    head_dim = getattr(config, "head_dim", None)
+    heads, hidden = getattr(config, "num_attention_heads", None), getattr(config, "hidden_size", None)
+    if not isinstance(head_dim, int) and isinstance(heads, int) and isinstance(hidden, int) and heads:
+        head_dim = hidden // heads
+    dtype = getattr(model, "dtype", None)
+    return (dtype if isinstance(dtype, torch.dtype) else None), (head_dim if isinstance(head_dim, int) else None)
 
 
 def grouped_sdpa(

@@ -127,6 +127,22 @@ def test_grouped_for_follows_the_mode(monkeypatch):
         attention.grouped_for(False)
 
 
+def test_compiled_rounds_group_only_where_the_kernel_fits_the_model(monkeypatch):
+    from specdec.kernels import tree_attention as kernel
+
+    monkeypatch.setattr(kernel, "_triton_available", lambda: True)
+    monkeypatch.setattr(attention, "KERNEL", "auto")
+    monkeypatch.setattr(attention, "MODE", "auto")
+    qwen3, gpt2 = tiny_model("qwen3"), tiny_model("gpt2")
+    # the head dims the models' own attention modules use
+    assert attention.attention_shape(qwen3) == (torch.float32, qwen3.model.layers[0].self_attn.head_dim)
+    assert attention.attention_shape(gpt2) == (torch.float32, gpt2.transformer.h[0].attn.head_dim)
+    assert attention.attention_shape(None) == (None, None)
+    assert attention.grouped_for(True, "cuda", *attention.attention_shape(qwen3))
+    assert not attention.grouped_for(True, "cuda", torch.bfloat16, 80)  # a head dim the kernel refuses: HF's
+    assert attention.grouped_for(False, "cuda", torch.bfloat16, 80)  # uncompiled: grouped SDPA still
+
+
 def test_triton_kernel_for_follows_the_kernel_choice(monkeypatch):
     from specdec.kernels import tree_attention as kernel
 
