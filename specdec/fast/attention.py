@@ -46,8 +46,8 @@ NAME = "specdec_grouped_sdpa"
 # Keyword arguments that change what attention computes; any of them set sends the call to HF's sdpa.
 _HF_ONLY = ("softcap", "s_aux", "sinks", "position_bias")
 # Where the fast path uses grouped_sdpa: "auto" (uncompiled forwards, and compiled ones where the grouped case runs
-# the Triton kernel), "1" (all) or "0"
-# (never). Read when a scope is built (rounds and prefills build theirs once); benchmarks set it to compare.
+# the Triton kernel), "1" (all) or "0" (never). Read when a scope is built (rounds and prefills build theirs once);
+# benchmarks set it to compare.
 MODE = os.environ.get("SPECDEC_GROUPED_ATTENTION", "auto")
 _MODES = ("auto", "1", "0")
 
