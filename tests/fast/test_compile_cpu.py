@@ -29,6 +29,27 @@ def test_compiled_rounds_equal_hf_greedy_and_report_their_compile_time():
     assert torch.equal(plain.sequences, ref) and plain.stats.compile_ms == plain.stats.capture_ms == 0
 
 
+@pytest.mark.slow
+def test_compiled_rounds_trace_the_routed_linear_layers(monkeypatch):
+    """``SPECDEC_LINEAR_KERNEL=triton`` under ``compile=True``: dynamo traces the instance ``forward`` the scope
+    sets on every ``nn.Linear`` (``skinny_linear``, its reference on CPU), the tokens stay HF's greedy ones, and the
+    model is left without those forwards."""
+    import specdec.kernels.skinny_linear as skinny
+    from specdec.fast import linear
+
+    calls = []
+    real = skinny.skinny_linear
+    monkeypatch.setattr(skinny, "skinny_linear", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(linear, "KERNEL", "triton")
+    target = tiny_model("qwen3", scale=4.0)
+    ids = prompt()
+    ref = target.generate(ids, max_new_tokens=12, do_sample=False)
+    out = specdec.generate(target, ids, max_new_tokens=12, cuda_graphs=True, compile=True)
+    assert out.stats.path == "fast" and out.stats.compile_ms > 0 and torch.equal(out.sequences, ref)
+    assert calls  # traced through the routed forwards
+    assert all("forward" not in m.__dict__ for m in target.modules() if type(m) is torch.nn.Linear)
+
+
 class _Variant:
     """A stand-in for a round: the same method compiled once per instance, specialised on an attribute."""
 
