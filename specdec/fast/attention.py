@@ -77,15 +77,9 @@ def triton_kernel_for(
         raise ValueError(f"SPECDEC_ATTENTION_KERNEL={KERNEL!r}: use 'auto', 'triton' or 'sdpa'.")
     if KERNEL != "auto":
         return KERNEL == "triton"
-    from specdec.kernels import tree_attention as kernel
+    from specdec.kernels.tree_attention import triton_picked
 
-    return (
-        compiled
-        and torch.device(device).type == "cuda"
-        and kernel._triton_available()
-        and (dtype is None or dtype in kernel.TRITON_DTYPES)
-        and (head_dim is None or head_dim in kernel.TRITON_HEAD_DIMS)
-    )
+    return compiled and triton_picked(torch.device(device), dtype, head_dim)
 
 
 def grouped_for(
@@ -159,9 +153,13 @@ def grouped_sdpa(
     batch, _, q_len, head_dim = query.shape
     full_mask = batch == 1 and attention_mask.shape[:3] == (1, 1, q_len)
     if full_mask and triton_kernel_for(query.device, torch.compiler.is_compiling(), query.dtype, head_dim):
-        from specdec.kernels.tree_attention import tree_attention  # Triton on CUDA, its reference elsewhere
+        from specdec.kernels.tree_attention import tree_attention
 
-        return tree_attention(query, key, value, attention_mask, head_dim**-0.5 if scaling is None else scaling), None
+        # "auto" has already picked the Triton version (no second dispatch); "triton" lets the call pick (its
+        # reference off CUDA)
+        impl = "triton" if KERNEL == "auto" else "auto"
+        scale = head_dim**-0.5 if scaling is None else scaling
+        return tree_attention(query, key, value, attention_mask, scale, impl=impl), None
     rep = heads // kv_heads
     stacked = query.reshape(batch, kv_heads, rep * q_len, head_dim)
     rows, span = attention_mask.shape[0], attention_mask.shape[-1]
@@ -200,7 +198,7 @@ class AttentionScope:
         from specdec.fast.linear import linear_modules
 
         self.linears = linear_modules(*models) if linear else []
-        self._routed: list = []
+        self._routing = None
         configs: dict[int, PretrainedConfig] = {}
         if grouped:
             for model in models:
@@ -217,22 +215,23 @@ class AttentionScope:
 
     def __enter__(self) -> AttentionScope:
         if self._depth == 0:
-            from specdec.fast.linear import route
+            from specdec.fast.linear import routed
 
             self._switched = [c for c in self.configs if getattr(c, "_attn_implementation_internal", None) == "sdpa"]
             for config in self._switched:
                 config._attn_implementation_internal = NAME
-            self._routed = route(self.linears)
+            if self.linears:
+                self._routing = routed(self.linears)
+                self._routing.__enter__()
         self._depth += 1
         return self
 
     def __exit__(self, *exc) -> None:
         self._depth -= 1
         if self._depth == 0:
-            from specdec.fast.linear import unroute
-
             for config in self._switched:
                 config._attn_implementation_internal = "sdpa"
             self._switched = []
-            unroute(self._routed)
-            self._routed = []
+            if self._routing is not None:
+                routing, self._routing = self._routing, None
+                routing.__exit__(*exc)

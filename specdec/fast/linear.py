@@ -6,12 +6,12 @@ half the copy bandwidth (docs/performance.md): a grid over the output columns al
 skinny kernel also splits the reduction axis across programs.
 
 ``SPECDEC_LINEAR_KERNEL`` says where it is used: ``torch`` (default: the layers' own ``F.linear``) or ``triton``
-(every ``nn.Linear`` of the target, and of a small-LM drafter, while the fast path runs their forwards, for inputs of
-at most ``MAX_ROWS`` rows in the weight's dtype; ``skinny_linear`` picks its torch reference off CUDA). The switch
-is made by :class:`specdec.fast.attention.AttentionScope` (``linear=True``): it sets an instance ``forward`` on each
-such module while the engine runs the forward (warm-up, capture, compilation, uncaptured calls) and removes it
-afterwards, so the user's model is left as it was and graph replays pay nothing. Opt-in until it has been timed on
-a GPU.
+(every ``nn.Linear`` of the target, and of a small-LM drafter, while the fast path runs their forwards;
+``skinny_linear`` takes its kernel on CUDA for at most ``MAX_ROWS`` rows and ``F.linear`` otherwise). The switch is
+made by :class:`specdec.fast.attention.AttentionScope` (``linear=True``) through the hook-safe forward swap the
+recurrent adapters use (``specdec.state.forwards``), while the engine runs the forward (warm-up, capture,
+compilation, uncaptured calls); the user's model is left as it was and graph replays pay nothing. Opt-in until it
+has been timed on a GPU.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import os
 import types
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["KERNEL", "linear_kernel_for", "linear_modules", "skinny_forward"]
+from specdec.state.forwards import swappable, swapped_forwards
+
+__all__ = ["KERNEL", "linear_kernel_for", "linear_modules", "routed", "skinny_forward"]
 
 # "torch" (default) or "triton"; read when a scope is built (rounds and prefills build theirs once).
 KERNEL = os.environ.get("SPECDEC_LINEAR_KERNEL", "torch")
@@ -38,41 +39,27 @@ def linear_kernel_for() -> bool:
 
 
 def skinny_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` through ``skinny_linear`` when ``x`` has at most ``MAX_ROWS`` rows in the weight's dtype (and
-    bias), through ``F.linear`` otherwise. Decided from shapes and dtypes only."""
-    from specdec.kernels.skinny_linear import MAX_ROWS, skinny_linear
+    """``module(x)`` through ``skinny_linear``, whose ``impl="auto"`` takes its Triton kernel on CUDA for at most
+    ``MAX_ROWS`` rows and ``F.linear`` (its reference) otherwise."""
+    from specdec.kernels.skinny_linear import skinny_linear
 
-    weight, bias = module.weight, module.bias
-    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else MAX_ROWS + 1
-    same_dtype = x.dtype == weight.dtype and (bias is None or bias.dtype == weight.dtype)
-    if rows <= MAX_ROWS and same_dtype and weight.dim() == 2 and x.device == weight.device:
-        return skinny_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return skinny_linear(x, module.weight, module.bias)
 
 
 def linear_modules(*models) -> list[nn.Linear]:
     """Every module of ``models`` (None skipped) whose type is exactly ``nn.Linear`` (subclasses such as quantized
-    linears keep their own forward), each once."""
+    linears keep their own forward) and whose forward can be swapped without dropping one the user set
+    (``specdec.state.forwards.swappable``: accelerate's hooks are kept), each once."""
     seen: dict[int, nn.Linear] = {}
     for model in models:
         if model is None:
             continue
         for module in model.modules():
-            if type(module) is nn.Linear:
+            if type(module) is nn.Linear and swappable(module):
                 seen[id(module)] = module
     return list(seen.values())
 
 
-def route(modules: list[nn.Linear]) -> list[nn.Linear]:
-    """Give each module without an instance ``forward`` of its own one bound to :func:`skinny_forward`; returns
-    the modules switched (for :func:`unroute`)."""
-    switched = [m for m in modules if "forward" not in m.__dict__]
-    for module in switched:
-        module.forward = types.MethodType(skinny_forward, module)
-    return switched
-
-
-def unroute(switched: list[nn.Linear]) -> None:
-    """Undo :func:`route`."""
-    for module in switched:
-        module.__dict__.pop("forward", None)
+def routed(modules: list[nn.Linear]):
+    """A context manager that routes ``modules`` through :func:`skinny_forward` while active."""
+    return swapped_forwards((m, types.MethodType(skinny_forward, m)) for m in modules)

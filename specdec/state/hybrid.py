@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.state.forwards import swapped_forwards
 from specdec.state.kv import KVState
 from specdec.state.snapshot import Snapshot, restore, snapshot
 from specdec.types import DraftTree
@@ -359,27 +360,10 @@ class RecurrentAdapter:
         return forward
 
 
-@contextmanager
-def _swapped_forwards(adapters: Sequence[RecurrentAdapter], rnd: VerifyRound) -> Iterator[None]:
-    """Route each adapted mixer's ``forward`` to its adapter; always restored on exit.
-
-    An accelerate hook keeps the original forward in ``_old_forward`` and calls it from an instance ``forward``;
-    swapping ``_old_forward`` keeps such hooks (device placement) in the call chain.
-    """
-    saved = []
-    try:
-        for adapter in adapters:
-            module = adapter.module
-            attr = "_old_forward" if "_old_forward" in module.__dict__ else "forward"
-            saved.append((module, attr, module.__dict__.get(attr)))
-            setattr(module, attr, adapter.bound_forward(rnd))
-        yield
-    finally:
-        for module, attr, old in reversed(saved):
-            if old is None:
-                delattr(module, attr)
-            else:
-                setattr(module, attr, old)
+def _swapped_forwards(adapters: Sequence[RecurrentAdapter], rnd: VerifyRound):
+    """Route each adapted mixer's ``forward`` to its adapter; always restored on exit (hook-safe:
+    ``specdec.state.forwards.swapped_forwards``)."""
+    return swapped_forwards((adapter.module, adapter.bound_forward(rnd)) for adapter in adapters)
 
 
 class HybridState:

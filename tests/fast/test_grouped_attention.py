@@ -9,7 +9,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 import specdec
 from specdec.fast import attention
 from specdec.fast.attention import NAME, AttentionScope, grouped_sdpa
+from specdec.kernels._triton import _IMPORTABLE
 from tests.models import tiny_model
+
+KERNEL_MODULE = "specdec.kernels.tree_attention.triton"  # what the kernel choice asks ``importable`` about
 
 
 class _Module(torch.nn.Module):
@@ -108,9 +111,7 @@ def test_fast_path_runs_grouped_attention_and_leaves_the_model_as_it_was(monkeyp
 
 
 def test_grouped_for_follows_the_mode(monkeypatch):
-    from specdec.kernels import tree_attention as kernel
-
-    monkeypatch.setattr(kernel, "_triton_available", lambda: True)
+    monkeypatch.setitem(_IMPORTABLE, KERNEL_MODULE, True)
     monkeypatch.setattr(attention, "KERNEL", "auto")
     monkeypatch.setattr(attention, "MODE", "auto")
     # uncompiled: always; compiled: only where the grouped case is the Triton kernel (CUDA), not SDPA (CPU)
@@ -128,9 +129,7 @@ def test_grouped_for_follows_the_mode(monkeypatch):
 
 
 def test_compiled_rounds_group_only_where_the_kernel_fits_the_model(monkeypatch):
-    from specdec.kernels import tree_attention as kernel
-
-    monkeypatch.setattr(kernel, "_triton_available", lambda: True)
+    monkeypatch.setitem(_IMPORTABLE, KERNEL_MODULE, True)
     monkeypatch.setattr(attention, "KERNEL", "auto")
     monkeypatch.setattr(attention, "MODE", "auto")
     qwen3, gpt2 = tiny_model("qwen3"), tiny_model("gpt2")
@@ -144,17 +143,15 @@ def test_compiled_rounds_group_only_where_the_kernel_fits_the_model(monkeypatch)
 
 
 def test_triton_kernel_for_follows_the_kernel_choice(monkeypatch):
-    from specdec.kernels import tree_attention as kernel
-
     monkeypatch.setattr(attention, "KERNEL", "auto")
-    monkeypatch.setattr(kernel, "_triton_available", lambda: True)
+    monkeypatch.setitem(_IMPORTABLE, KERNEL_MODULE, True)
     assert attention.triton_kernel_for("cuda", True, torch.bfloat16, 128)
     assert attention.triton_kernel_for(torch.device("cuda", 0), True)  # dtype / head dim unknown yet
     assert not attention.triton_kernel_for("cuda", False, torch.bfloat16, 128)  # uncompiled: SDPA
     assert not attention.triton_kernel_for("cpu", True, torch.bfloat16, 128)  # off CUDA: SDPA, not the reference
     assert not attention.triton_kernel_for("cuda", True, torch.float64, 128)  # dtypes and head dims it refuses
     assert not attention.triton_kernel_for("cuda", True, torch.bfloat16, 80)
-    monkeypatch.setattr(kernel, "_triton_available", lambda: False)
+    monkeypatch.setitem(_IMPORTABLE, KERNEL_MODULE, False)
     assert not attention.triton_kernel_for("cuda", True, torch.bfloat16, 128)
     monkeypatch.setattr(attention, "KERNEL", "triton")
     assert attention.triton_kernel_for("cpu", False, torch.float64, 80)  # forced: tree_attention picks its impl

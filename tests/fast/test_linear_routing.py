@@ -66,21 +66,35 @@ def test_scope_routes_the_linear_layers_and_restores_them():
         assert all("forward" not in m.__dict__ for m in linears[1:])
 
 
-def test_skinny_forward_takes_up_to_max_rows_in_the_weights_dtype(monkeypatch):
+def test_scope_keeps_an_accelerate_style_hook_in_the_call_chain():
+    """A module whose instance ``forward`` is a hook calling ``_old_forward`` (what accelerate's device-placement
+    hooks set) is routed through ``_old_forward``: the hook still runs, then the skinny forward."""
+    model = tiny_model("qwen3")
+    head = model.lm_head
+    seen = []
+    head._old_forward = head.forward
+
+    def hook(*args, **kwargs):
+        seen.append("hook")
+        return head._old_forward(*args, **kwargs)
+
+    head.forward = hook
+    x = torch.randn(1, 3, head.in_features)
+    with AttentionScope(model, grouped=False, linear=True):
+        assert head._old_forward.__func__ is linear.skinny_forward and head.forward is hook
+        torch.testing.assert_close(head(x), F.linear(x, head.weight))
+    assert seen == ["hook"] and head.forward is hook and head._old_forward.__func__ is torch.nn.Linear.forward
+
+
+def test_skinny_forward_is_skinny_linear_of_the_layer(monkeypatch):
     calls = _spy(monkeypatch)
     layer = torch.nn.Linear(24, 10)
-    for shape in [(1, 1, 24), (1, 64, 24), (64, 24)]:
+    for shape in [(1, 1, 24), (1, 64, 24), (64, 24), (1, 65, 24)]:  # skinny_linear picks F.linear past 64 rows
         x = torch.randn(*shape)
         torch.testing.assert_close(linear.skinny_forward(layer, x), layer(x))
-    assert calls == [(1, 1, 24), (1, 64, 24), (64, 24)]
-    calls.clear()
-    for x in [torch.randn(1, 65, 24), torch.randn(2, 40, 24), torch.randn(3, 24, dtype=torch.float64)]:
-        if x.dtype == torch.float64:
-            with pytest.raises(RuntimeError):  # F.linear's own error on mixed dtypes, not a silent cast
-                linear.skinny_forward(layer, x)
-        else:
-            torch.testing.assert_close(linear.skinny_forward(layer, x), layer(x))
-    assert calls == []
+    assert calls == [(1, 1, 24), (1, 64, 24), (64, 24), (1, 65, 24)]
+    with pytest.raises(ValueError, match="weight is torch.float32, x torch.float64"):  # a clear error, no cast
+        linear.skinny_forward(layer, torch.randn(3, 24, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
@@ -94,8 +108,23 @@ def test_fast_path_with_the_linear_kernel_equals_hf_greedy(monkeypatch, arch):
     assert out.stats.path == "fast" and torch.equal(out.sequences, want)
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     assert len(calls) >= 10 * len(linears)  # every layer, every round (the prefill too)
-    assert all(rows <= skinny.MAX_ROWS for *lead, _ in calls for rows in [int(torch.tensor(lead).prod())])
     assert all("forward" not in m.__dict__ for m in linears)  # the model is left as it was
+
+
+def test_routed_forwards_keep_one_host_read_per_round(monkeypatch):
+    """With the linear routing and the Triton attention choice on, a call still reads the host once per round and
+    once for the prefill's first token: the new forwards decide from shapes and dtypes only."""
+    from host_reads import spy_round_reads
+
+    from specdec.fast import attention
+
+    monkeypatch.setattr(linear, "KERNEL", "triton")
+    monkeypatch.setattr(attention, "KERNEL", "triton")
+    target = tiny_model("qwen3", scale=4.0)
+    reads = spy_round_reads(monkeypatch, everywhere=True)
+    out = specdec.generate(target, torch.tensor(IDS), max_new_tokens=12, cuda_graphs=True)
+    assert out.stats.path == "fast" and out.stats.rounds > 0
+    assert len(reads) == out.stats.rounds + 1, reads
 
 
 def test_interpreted_kernel_in_a_fast_path_decode_equals_hf_greedy(tmp_path):

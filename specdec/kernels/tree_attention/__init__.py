@@ -20,7 +20,15 @@ import torch
 
 from specdec.kernels._triton import importable, pick_impl
 
-__all__ = ["FLOAT_DTYPES", "TRITON_DTYPES", "TRITON_HEAD_DIMS", "tree_attention", "tree_attention_reference"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "TRITON_DTYPES",
+    "TRITON_HEAD_DIMS",
+    "fits_triton",
+    "tree_attention",
+    "tree_attention_reference",
+    "triton_picked",
+]
 
 _MODULE = "specdec.kernels.tree_attention.triton"
 
@@ -104,7 +112,18 @@ def _triton_available() -> bool:
 
 def _fits_triton(query: torch.Tensor) -> bool:
     """Whether the Triton version takes the call: its dtype and a head dim held whole in one tile."""
-    return query.dtype in TRITON_DTYPES and query.shape[-1] in TRITON_HEAD_DIMS
+    return fits_triton(query.dtype, query.shape[-1])
+
+
+def fits_triton(dtype: torch.dtype | None = None, head_dim: int | None = None) -> bool:
+    """Whether the Triton version takes queries of ``dtype`` and ``head_dim`` (None: not known yet, not held
+    against it)."""
+    return (dtype is None or dtype in TRITON_DTYPES) and (head_dim is None or head_dim in TRITON_HEAD_DIMS)
+
+
+def triton_picked(device: torch.device, dtype: torch.dtype | None = None, head_dim: int | None = None) -> bool:
+    """Whether ``impl="auto"`` runs the Triton version for queries of ``dtype`` / ``head_dim`` on ``device``."""
+    return pick_impl("auto", device, _MODULE, fits=fits_triton(dtype, head_dim)) == "triton"
 
 
 def _describe(t) -> str:
