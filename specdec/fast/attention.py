@@ -36,7 +36,6 @@ __all__ = [
     "MODE",
     "NAME",
     "AttentionScope",
-    "attention_shape",
     "grouped_for",
     "grouped_sdpa",
     "triton_kernel_for",
@@ -97,21 +96,6 @@ def grouped_for(
     if MODE not in _MODES:
         raise ValueError(f"SPECDEC_GROUPED_ATTENTION={MODE!r}: use 'auto', '1' or '0'")
     return MODE == "1" or (MODE == "auto" and (not compiled or triton_kernel_for(device, compiled, dtype, head_dim)))
-
-
-def attention_shape(model) -> tuple[torch.dtype | None, int | None]:
-    """``(dtype, head dim)`` of ``model``'s attention as its config states them (``text_config`` first), None
-    where it does not say."""
-    if model is None:
-        return None, None
-    config = getattr(model, "config", None)
-    config = getattr(config, "text_config", None) or config
-    head_dim = getattr(config, "head_dim", None)
-    heads, hidden = getattr(config, "num_attention_heads", None), getattr(config, "hidden_size", None)
-    if not isinstance(head_dim, int) and isinstance(heads, int) and isinstance(hidden, int) and heads:
-        head_dim = hidden // heads
-    dtype = getattr(model, "dtype", None)
-    return (dtype if isinstance(dtype, torch.dtype) else None), (head_dim if isinstance(head_dim, int) else None)
 
 
 def grouped_sdpa(

@@ -21,7 +21,7 @@ from specdec.drafters.dflash import DFlashDrafter
 from specdec.drafters.dflash_static import DFlashStatic
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.model_static import ModelStatic
-from specdec.fast.attention import AttentionScope, attention_shape, grouped_for
+from specdec.fast.attention import AttentionScope, grouped_for
 from specdec.fast.graphs import Captured, compile_fn
 from specdec.fast.hybrid import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.fast.linear import linear_kernel_for
@@ -465,7 +465,8 @@ class FastEngine:
         says so (``compiled``: the forwards run under ``torch.compile``), and the linear layers through the split-K
         kernel with ``SPECDEC_LINEAR_KERNEL=triton`` (``specdec.fast.linear``)."""
         draft = static.model.target.model if isinstance(static, ModelStatic) else None
-        grouped = grouped_for(compiled, self.device, *attention_shape(self.target.target.model))
+        kv = self.target.storage.kv  # [L, 2, 1, H_kv, capacity, D]: the attention's own dtype and head dim
+        grouped = grouped_for(compiled, self.device, kv.dtype, kv.shape[-1])
         return AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear_kernel_for())
 
     def _prefill_for(self, drafter, size: int, graph: bool) -> _Prefill:

@@ -128,16 +128,24 @@ def test_grouped_for_follows_the_mode(monkeypatch):
         attention.grouped_for(False)
 
 
-def test_compiled_rounds_group_only_where_the_kernel_fits_the_model(monkeypatch):
+@pytest.mark.parametrize("arch", ["qwen3", "gpt2"])
+def test_compiled_rounds_group_only_where_the_kernel_fits_the_model(monkeypatch, arch):
+    import specdec.fast.engine as engine_module
+    from specdec.fast.engine import FastEngine
+    from specdec.target import TargetModel
+
     monkeypatch.setitem(_IMPORTABLE, KERNEL_MODULE, True)
     monkeypatch.setattr(attention, "KERNEL", "auto")
     monkeypatch.setattr(attention, "MODE", "auto")
-    qwen3, gpt2 = tiny_model("qwen3"), tiny_model("gpt2")
-    # the head dims the models' own attention modules use
-    assert attention.attention_shape(qwen3) == (torch.float32, qwen3.model.layers[0].self_attn.head_dim)
-    assert attention.attention_shape(gpt2) == (torch.float32, gpt2.transformer.h[0].attn.head_dim)
-    assert attention.attention_shape(None) == (None, None)
-    assert attention.grouped_for(True, "cuda", *attention.attention_shape(qwen3))
+    asked = []
+    monkeypatch.setattr(engine_module, "grouped_for", lambda *args: asked.append(args) or attention.grouped_for(*args))
+    model = tiny_model(arch)
+    engine = FastEngine.for_target(TargetModel.wrap(model), capacity=64)
+    engine.attention_scope(None, compiled=True)
+    # the engine asks with the dtype and head dim the model's own attention modules use
+    block = model.model.layers[0].self_attn if arch == "qwen3" else model.transformer.h[0].attn
+    assert asked == [(True, engine.device, model.dtype, block.head_dim)]
+    assert attention.grouped_for(True, "cuda", model.dtype, block.head_dim)
     assert not attention.grouped_for(True, "cuda", torch.bfloat16, 80)  # a head dim the kernel refuses: HF's
     assert attention.grouped_for(False, "cuda", torch.bfloat16, 80)  # uncompiled: grouped SDPA still
 
