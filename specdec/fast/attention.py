@@ -68,7 +68,7 @@ def triton_kernel_for(
     shape on an H200 (one layer, captured, 1024 slots) it took 0.0065 / 0.0111 / 0.0192 ms for 1 / 16 / 64 query
     rows against SDPA's 0.0255 / 0.0299 / 0.0328 on the stacked rows and HF's 0.0296 / 0.0501 / 0.0512
     (``benchmarks/kernels/bench_tree_attention.py``), and the compiled AR step went from 5.36 ms (HF's attention)
-    to 4.55 ms. Uncompiled forwards keep SDPA: with the kernel the zoo dense rows were 10 % faster, but its sums
+    to 4.55 ms. Uncompiled forwards keep SDPA: with the kernel the zoo dense rows were 6-11 % faster, but its sums
     are associated differently from the SDPA kernels of HF's own forward, and in bf16 that flipped near-tied
     tokens on 6 of 20 prompts against the eager path (docs/performance.md); ``triton`` takes that trade.
     """
