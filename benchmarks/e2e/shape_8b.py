@@ -30,6 +30,7 @@ from specdec.drafters.dflash import DFlashDrafter
 from specdec.fast import attention, linear
 from specdec.fast.engine import FastEngine
 from specdec.fast.graphs import Captured, compile_fn
+from specdec.kernels import _triton
 from specdec.kernels.tree_accept import tree_mask
 from specdec.target import TargetModel
 from specdec.trees.device import ddtree_device, root_tree_device
@@ -96,6 +97,13 @@ def main() -> None:
         default=None,
         help="the target's linear layers: their own F.linear, or the split-K skinny kernel (SPECDEC_LINEAR_KERNEL)",
     )
+    ap.add_argument(
+        "--compile-graph",
+        choices=("split", "whole"),
+        default=None,
+        help="compiled rows: each Triton kernel call ends a compiled region, or one graph per round "
+        "(SPECDEC_COMPILE_GRAPH)",
+    )
     ap.add_argument("--small", action="store_true", help="a tiny config on CPU: checks the script, times nothing")
     ap.add_argument(
         "--hybrid",
@@ -105,6 +113,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.linear_kernel is not None:
         linear.KERNEL = args.linear_kernel  # read as the engine builds each round's scope
+    if args.compile_graph is not None:
+        _triton.COMPILE_GRAPH = args.compile_graph  # read as each kernel call is traced
     device = torch.device("cpu" if args.small else "cuda")
     width = (
         dict(
@@ -181,7 +191,7 @@ def main() -> None:
     shape = "Qwen3.5 hybrid shape (3 GDN : 1 attention)" if args.hybrid else "Qwen3-8B shape"
     header = (
         f"# {shape} ({cfg.num_hidden_layers} layers, random bf16), prompt {args.prompt}, {gpu}, "
-        f"linear layers: {linear.KERNEL}\n"
+        f"linear layers: {linear.KERNEL}, compiled regions: {_triton.COMPILE_GRAPH}\n"
         f"target {t_bytes / 1e9:.2f} GB, drafter {d_bytes / 1e9:.2f} GB, copy bandwidth {gbs / 1e3:.3f} TB/s, "
         f"HBM floor {floor:.2f} ms (target), {floor_round:.2f} ms (target + drafter); setup {setup_s:.0f} s"
     )

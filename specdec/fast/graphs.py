@@ -20,18 +20,23 @@ __all__ = ["Captured", "compile_fn"]
 logger = logging.getLogger(__name__)
 
 
-# Compiled variants kept per round function (see compile_fn).
-RECOMPILE_LIMIT = 64
+# Compiled variants kept per function (see compile_fn): a round per drafter, tree, sampling and span bucket, and, where
+# a kernel call ends the compiled region, each layer's forward once per layer and round shape (Qwen3-8B: 36 layers x
+# the AR step, the verify buckets and the rounds). Past the limit dynamo runs the rest uncompiled, silently.
+RECOMPILE_LIMIT = 4096
 
 
 def compile_fn(fn: Callable, mode: bool | str = True) -> Callable:
     """``torch.compile`` for fixed shapes without its own CUDA graphs (the caller captures).
 
     Every captured round compiles the same Python function (``_Round._round``) for its own drafter, tree,
-    sampling and span; dynamo keeps at most ``recompile_limit`` variants of one function and runs the rest
-    uncompiled (default 8: a few trees over a few span buckets). This raises the limit to at least
-    ``RECOMPILE_LIMIT``. It also tries the kernels' Triton imports first (``specdec.kernels._triton.prime_imports``):
-    an import traced inside the round would split it into separately compiled pieces at every kernel call.
+    sampling and span; dynamo keeps at most ``recompile_limit`` variants of one function (and
+    ``accumulated_recompile_limit`` in all) and runs the rest uncompiled (defaults 8 and 256). Where a Triton kernel
+    call ends the compiled region (``SPECDEC_COMPILE_GRAPH=split``), the layer forward around it is compiled on its
+    own, once per layer (its ``layer_idx`` is a constant to dynamo) and round shape. This raises both limits to at
+    least ``RECOMPILE_LIMIT``. It also tries the kernels' Triton imports first
+    (``specdec.kernels._triton.prime_imports``): an import traced inside the round would split it into separately
+    compiled pieces at every kernel call.
 
     Args:
         fn (Callable): the function.
@@ -45,6 +50,7 @@ def compile_fn(fn: Callable, mode: bool | str = True) -> Callable:
         )
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, RECOMPILE_LIMIT)
     prime_imports()
     return torch.compile(fn, mode=None if mode is True else mode, dynamic=False)
 

@@ -76,6 +76,57 @@ def test_more_compiled_rounds_than_dynamos_default_limit_all_stay_compiled():
     assert counters["stats"]["unique_graphs"] - before == 12
 
 
+class _Layer(torch.nn.Module):
+    """A stand-in for an attention layer whose kernel call ends the compiled region: dynamo compiles the rest of its
+    forward on its own, specialised on ``layer_idx`` (as HF's cache update indexes with it)."""
+
+    def __init__(self, idx: int) -> None:
+        super().__init__()
+        self.layer_idx = idx
+
+    def forward(self, x: torch.Tensor, store: torch.Tensor) -> torch.Tensor:
+        y = x + 1
+        torch._dynamo.graph_break()
+        store[self.layer_idx] = y.sum()
+        return y * 2
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Layer(i) for i in range(layers))
+
+    def forward(self, x: torch.Tensor, store: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, store)
+        return x
+
+
+def test_layer_forwards_compiled_per_layer_and_shape_all_stay_compiled(monkeypatch):
+    """A Qwen3-8B round breaks the compiled region at every attention kernel call, so each of its 36 layers'
+    forwards is compiled once per round shape: the AR step and one verify shape are 72 variants of one function,
+    past the 64 specdec used to allow (layers 28-35 of the verify then ran uncompiled). 40 layers x 2 shapes here,
+    on dynamo's own backend (the limits are dynamo's; inductor would only make it slow): every variant compiled."""
+    from torch._dynamo.utils import counters
+
+    from specdec.fast import graphs
+
+    real = torch.compile
+    monkeypatch.setattr(graphs.torch, "compile", lambda fn, **kw: real(fn, backend="eager", dynamic=False))
+    torch._dynamo.reset()
+    counters.clear()
+    stack = _Stack(40)
+    fn = graphs.compile_fn(stack.forward)
+    for rows in (1, 2):
+        store, eager = torch.zeros(40), torch.zeros(40)
+        x = torch.ones(rows, 4)
+        assert torch.equal(fn(x, store), stack(x, eager)) and torch.equal(store, eager)
+    # each layer forward's tail (after the break) compiled once per layer and shape; none ran eager past a limit
+    assert counters["resumes"] and not any("recompile limit" in key for key in counters["unimplemented"])
+    assert counters["stats"]["unique_graphs"] >= 2 * 40
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("graph, graphs", [("split", 5), ("whole", 1)])
 def test_kernel_dispatch_ends_the_compiled_region_unless_whole(monkeypatch, graph, graphs):
     """Every Triton-backed kernel asks ``importable`` which implementation to run. Compiled, "split" (the default)
