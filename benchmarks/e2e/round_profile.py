@@ -130,18 +130,25 @@ def profile_round(rnd, engine, rounds: int, top: tuple[str, ...] = ()) -> dict[s
     with rnd.captured.scope, contextlib.nullcontext() if rnd.compile else labelled():
         rnd.captured.fn()  # wrapped warm run
         restore()
+        return profile_fn(rnd.captured.fn, rounds, top, restore)
+
+
+@torch.no_grad()
+def profile_fn(run, rounds: int, top: tuple[str, ...] = (), restore=lambda: None) -> dict[str, tuple[int, float]]:
+    """Per-phase (kernels per run, GPU ms per run) of ``rounds`` eager calls of ``run`` (warm; ``restore`` after
+    each), the whole call labelled "round"; the heaviest kernels of the phases in ``top`` are logged."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(rounds):
+            with torch.profiler.record_function("phase:round"):
+                run()
+            restore()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities) as prof:
-            for _ in range(rounds):
-                with torch.profiler.record_function("phase:round"):
-                    rnd.captured.fn()
-                restore()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
     out: dict[str, list] = {}
     names: dict[str, dict] = {}
     for evt in prof.events():

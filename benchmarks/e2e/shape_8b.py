@@ -22,7 +22,7 @@ import logging
 import time
 
 import torch
-from round_profile import profile_round  # benchmarks/e2e, beside this script
+from round_profile import profile_fn, profile_round  # benchmarks/e2e, beside this script
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
 from specdec.bench import median_ms
@@ -320,10 +320,13 @@ def main() -> None:
         plain = "outside the engine's scope (HF sdpa attention, the layers' own linears)"
         add(f"verify, {n} nodes", fwd[n], f"{note}; {plain} {hf_ms:.3f} ms")
 
+    compiled_verifies = {}
     if args.compile:
         if not args.verify_only:
             ar_compiled, ar_c = compiled_round(f"AR step, compiled ({args.compile_mode})", None, None)
-            compiled_round(f"DDTree round b31, compiled ({args.compile_mode})", drafter, DDTree(budget=31, topk=8))
+            _, b31_c = compiled_round(
+                f"DDTree round b31, compiled ({args.compile_mode})", drafter, DDTree(budget=31, topk=8)
+            )
         for n, verify in verifies.items():  # the verify alone, compiled, against its compiled 1-node form
             start(drafter)
             c0 = time.perf_counter()
@@ -332,6 +335,7 @@ def main() -> None:
             compile_s = time.perf_counter() - c0
             ms = timed(step)
             fwd[-n] = ms
+            compiled_verifies[n] = step
             note = "" if n == 1 else f"{ms / fwd[-1]:.2f} x the compiled 1-node verify (target <= {verify_target})"
             vs_ar = "" if args.verify_only else f"; {ms / ar_compiled:.2f} x the compiled AR step"
             add(f"verify, {n} nodes, compiled ({args.compile_mode})", ms, f"{note}{vs_ar}; compile {compile_s:.0f} s")
@@ -363,6 +367,17 @@ def main() -> None:
         start(None)
         phases = profile_round(ar_c, engine, 3, top=("round",))
         add("  AR step, compiled: kernel sum", phases["round"][1], f"{phases['round'][0]:.0f} kernels")
+        start(drafter)
+        logger.warning("heaviest kernels, DDTree round b31, compiled:")
+        phases = profile_round(b31_c, engine, 3, top=("round",))
+        add("  DDTree round b31, compiled: kernel sum", phases["round"][1], f"{phases['round'][0]:.0f} kernels")
+    if device.type == "cuda" and args.compile and compiled_verifies:  # the compiled verifies' kernels
+        start(drafter)
+        for n, step in compiled_verifies.items():
+            logger.warning("heaviest kernels, verify, %d nodes, compiled:", n)
+            with compiled_scope:
+                phases = profile_fn(step.fn, 3, top=("round",))
+            add(f"  verify, {n} nodes, compiled: kernel sum", phases["round"][1], f"{phases['round'][0]:.0f} kernels")
 
     print(header)
     print("\n| figure | ms | note |\n|---|---|---|")
