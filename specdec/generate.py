@@ -8,13 +8,14 @@ same loop runs plain autoregressive decoding. See ``docs/api.md``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from transformers import GenerationConfig
 
 from specdec.drafters.base import Drafter
 from specdec.fast.engine import FastEngine, fast_path_reason, round_depth, tree_slots
+from specdec.fast.graphs import check_compile
 from specdec.hf_args import check_drafter_and_tree, check_input_ids, generation_value, resolve_generation_args
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
@@ -62,7 +63,7 @@ def generate(
     pad_token_id: int | None = None,
     use_cache: bool | None = None,
     cuda_graphs: bool | None = None,
-    compile: bool | str = False,
+    compile: bool | str | Mapping = False,
     **kwargs,
 ) -> GenerateOutput:
     """Speculative generation, lossless with respect to the target's own ``generate``.
@@ -93,8 +94,10 @@ def generate(
             captured in CUDA graphs) on CUDA targets it supports, the eager path elsewhere; ``True`` = the fast
             path wherever supported (on CPU its device-side round runs without capture); ``False`` = the eager path.
             Targets or drafters the fast path does not support run eagerly, with a log line saying why.
-        compile (bool): ``torch.compile`` the target and drafter forwards under the graphs (fast path only;
-            compile time is reported in ``stats.compile_ms``). Default False.
+        compile (bool | str | Mapping): ``torch.compile`` the target and drafter forwards under the graphs (fast
+            path only; compile time is reported in ``stats.compile_ms``): True (inductor's default mode), a mode
+            (``"max-autotune-no-cudagraphs"``) or a dict of inductor options (``torch.compile(options=...)``).
+            Default False.
 
     Returns:
         GenerateOutput: ``sequences`` ``[1, T + n_new]`` and ``stats`` (``SpecStats``).
@@ -106,6 +109,7 @@ def generate(
     """
     tgt = TargetModel.wrap(target)
     check_drafter_and_tree(drafter, tree)
+    check_compile(compile)
     input_ids = check_input_ids(input_ids, attention_mask, tgt.device)
     if tree is None:
         tree = getattr(drafter, "default_tree", None) or Chain(k=4)

@@ -55,6 +55,14 @@ def bandwidth_gbs(device) -> float:
     return 2 * x.numel() / ms / 1e6  # bytes read + written, GB/s
 
 
+def option(kv: str) -> tuple[str, object]:
+    """``"key=value"`` as an inductor option (True / False / an int / the string)."""
+    key, _, value = kv.partition("=")
+    if value in ("True", "False"):
+        return key, value == "True"
+    return key, int(value) if value.lstrip("-").isdigit() else value
+
+
 def nbytes(module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
@@ -70,6 +78,14 @@ def main() -> None:
         default="default",
         choices=("default", "max-autotune-no-cudagraphs"),
         help="inductor mode of the compiled rows (max-autotune benchmarks kernel choices: minutes more per shape)",
+    )
+    ap.add_argument(
+        "--compile-options",
+        nargs="+",
+        default=None,
+        metavar="KEY=VALUE",
+        help="inductor options instead of a mode (compile=dict), e.g. max_autotune=True "
+        "coordinate_descent_tuning=True max_autotune_gemm_backends=ATEN",
     )
     ap.add_argument(
         "--attention-ab",
@@ -200,6 +216,9 @@ def main() -> None:
     span = engine.span_for(args.prompt + 96)  # the span bucket a round at this prompt length uses
 
     mode = True if args.compile_mode == "default" else args.compile_mode
+    if args.compile_options:
+        mode = dict(option(kv) for kv in args.compile_options)
+        args.compile_mode = " ".join(args.compile_options)  # the rows' label
     verify_target = 1.2 if args.hybrid else 1.15  # the issues' bound on an N-node verify against one node
     # compiled forwards attend as the engine compiles them (specdec.fast.attention.grouped_for)
     compiled_scope = engine.attention_scope(None, compiled=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
+from collections.abc import Mapping
 
 import torch
 from transformers import DynamicCache
@@ -22,7 +23,7 @@ from specdec.drafters.dflash_static import DFlashStatic
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.model_static import ModelStatic
 from specdec.fast.attention import AttentionScope, grouped_for
-from specdec.fast.graphs import Captured, compile_fn
+from specdec.fast.graphs import Captured, compile_fn, compile_key
 from specdec.fast.hybrid import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.fast.linear import linear_kernel_for
 from specdec.fast.storage import StaticModel, commit_rows
@@ -114,7 +115,7 @@ class _Round:
         tree: TreeSpec | None,
         sampling: SamplingParams,
         graph: bool,
-        compile: bool | str,
+        compile: bool | str | Mapping,
         span: int | None = None,
     ) -> None:
         self.engine, self.drafter, self.static, self.tree, self.sampling = engine, drafter, static, tree, sampling
@@ -495,7 +496,7 @@ class FastEngine:
         sampling: SamplingParams,
         *,
         graph: bool,
-        compile: bool | str = False,
+        compile: bool | str | Mapping = False,
         span: int | None = None,
     ) -> _Round:
         """The (cached) round of this drafter, tree, sampling and span (None: the capacity); built and captured on
@@ -506,7 +507,7 @@ class FastEngine:
             tree if drafter is not None else None,
             sampling,
             graph,
-            compile,
+            compile_key(compile),
             span,
         )
         rnd = self._rounds.get(key)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
 from specdec.kernels._triton import prime_imports
 
-__all__ = ["Captured", "compile_fn"]
+__all__ = ["Captured", "check_compile", "compile_fn", "compile_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,45 @@ logger = logging.getLogger(__name__)
 RECOMPILE_LIMIT = 4096
 
 
-def compile_fn(fn: Callable, mode: bool | str = True) -> Callable:
+MODES = ("default", "max-autotune-no-cudagraphs")
+
+
+def check_compile(compile) -> None:
+    """Refuse a ``compile`` argument ``compile_fn`` cannot use, before anything runs (see ``compile_fn``)."""
+    if isinstance(compile, bool) or compile is None:
+        return
+    if isinstance(compile, str):
+        if compile not in MODES:
+            raise ValueError(
+                f"compile={compile!r}: use True, 'default' or 'max-autotune-no-cudagraphs' (specdec captures the "
+                "CUDA graphs itself), or a dict of inductor options."
+            )
+        return
+    if isinstance(compile, Mapping):
+        if not compile:
+            raise ValueError("compile={}: use True for inductor's defaults, or name the options to set.")
+        bad = [k for k in compile if not isinstance(k, str)]
+        if bad:
+            raise ValueError(f"compile options: keys must be inductor option names (strings), got {bad!r}.")
+        if compile.get("triton.cudagraphs"):
+            raise ValueError(
+                "compile={'triton.cudagraphs': True}: specdec captures the CUDA graphs itself; leave it out."
+            )
+        unknown = [k for k in compile if k not in torch._inductor.list_options()]
+        if unknown:
+            raise ValueError(
+                f"compile options {unknown!r} are not inductor options (torch._inductor.list_options())."
+            )
+        return
+    raise TypeError(f"compile={compile!r}: use a bool, a mode name or a dict of inductor options.")
+
+
+def compile_key(compile) -> object:
+    """A hashable form of a ``compile`` argument (a dict of options becomes its sorted items)."""
+    return tuple(sorted(compile.items())) if isinstance(compile, Mapping) else compile
+
+
+def compile_fn(fn: Callable, mode: bool | str | Mapping = True) -> Callable:
     """``torch.compile`` for fixed shapes without its own CUDA graphs (the caller captures).
 
     Every captured round compiles the same Python function (``_Round._round``) for its own drafter, tree,
@@ -40,18 +78,18 @@ def compile_fn(fn: Callable, mode: bool | str = True) -> Callable:
 
     Args:
         fn (Callable): the function.
-        mode (bool | str): True = inductor's default mode; a string = that mode (e.g.
-            ``"max-autotune-no-cudagraphs"``; modes that capture graphs themselves are refused).
+        mode (bool | str | Mapping): True = inductor's default mode; a string = that mode (e.g.
+            ``"max-autotune-no-cudagraphs"``; modes that capture graphs themselves are refused); a mapping =
+            inductor options (``torch.compile(options=...)``), e.g. ``{"max_autotune": True,
+            "max_autotune_gemm_backends": "ATEN"}``.
     """
-    if isinstance(mode, str) and mode not in ("default", "max-autotune-no-cudagraphs"):
-        raise ValueError(
-            f"compile={mode!r}: use True, 'default' or 'max-autotune-no-cudagraphs' (specdec captures "
-            "the CUDA graphs itself)."
-        )
+    check_compile(mode)
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, RECOMPILE_LIMIT)
     prime_imports()
+    if isinstance(mode, Mapping):
+        return torch.compile(fn, options=dict(mode), dynamic=False)
     return torch.compile(fn, mode=None if mode is True else mode, dynamic=False)
 
 

@@ -376,8 +376,9 @@ def test_compiled_matches_float64_brute_force_on_cuda():
 
 @pytest.mark.gpu
 def test_kernel_inside_torch_compile_matches_float64_brute_force():
+    # without a bias too (a Qwen3 layer's linears): its placeholder argument once aliased the output
     for i, (rows, (k, n)) in enumerate([(1, (4096, 4096)), (32, (12288, 4096)), (64, (4096, 1024))]):
-        case = cuda_case(100 + i, rows, k, n, bias=True)
+        case = cuda_case(100 + i, rows, k, n, bias=i != 1)
         args = case_args(case, "cuda")
         torch._dynamo.reset()
         compiled = torch.compile(lambda x, w, b: skinny_linear(x, w, b, impl="triton") * 1)
