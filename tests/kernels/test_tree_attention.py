@@ -385,6 +385,20 @@ def test_interpreted_matches_float64_brute_force(interpreted):
         check_kernel(case, got)
 
 
+def copied_mask_cases(cs: list[dict]) -> list[dict]:
+    """The smallest bool-mask cases whose mask is a slice of a wider one (not contiguous)."""
+    sliced = [c for c in cs if c["mask"] == "bool" and c["mask_base"].shape[-1] > c["slots"]]
+    return sorted(sliced, key=lambda c: c["q_base"].numel() * c["slots"])[:4]
+
+
+def test_interpreted_copied_bool_mask_matches_float64_brute_force(interpreted):
+    # compiled callers copy a bool mask to bytes; the kernel must read the copy with the copy's strides
+    picked = copied_mask_cases(interpreted["cases"])
+    assert len(picked) == 4 and all(not c["mask_base"][..., : c["slots"]].is_contiguous() for c in picked)
+    for case, got in zip(picked, interpreted["copied_mask"], strict=True):
+        check_kernel(case, got)
+
+
 def test_interpreted_auto_dispatch_fallbacks_and_empty(interpreted):
     # under TRITON_INTERPRET=1 "auto" runs Triton, except for what the kernel does not take (fp64, D = 96)
     assert interpreted["auto_impl"] == "triton"
@@ -430,6 +444,9 @@ def _run_interpreted(folder: Path) -> None:
     out["hidden_bool"] = tree_attention(q, k, v, hidden, scale, impl="triton")
     additive = torch.zeros(hidden.shape).masked_fill(~hidden, torch.finfo(torch.float32).min)
     out["hidden_float"] = tree_attention(q, k, v, additive, scale, impl="triton")
+    # as under torch.compile, where a bool mask is copied to bytes: the copy of a sliced mask has its own strides
+    with mock.patch.object(torch.compiler, "is_compiling", return_value=True):
+        out["copied_mask"] = [tree_attention(*case_args(c), impl="triton") for c in copied_mask_cases(data["cases"])]
     assert package._triton_available()
     torch.save(out, folder / "outputs.pt")
 

@@ -56,11 +56,6 @@ def skinny_linear(
         torch.Tensor: ``[..., N]`` (``x``'s leading dims), ``x``'s dtype; contiguous from the Triton version.
     """
     _check_args(x, weight, bias, impl)
-    if impl == "triton" and _fp32_compiled_on_cuda(x):
-        raise ValueError(
-            "skinny_linear(impl='triton') on fp32 CUDA tensors inside torch.compile gave wrong outputs on an H200 "
-            "(bf16 / fp16 and uncompiled fp32 are verified): use impl='auto' (the reference there) or bf16."
-        )
     if pick_impl(impl, x.device, _MODULE, fits=_fits_triton(x)) == "torch":
         return skinny_linear_reference(x, weight, bias)
     from specdec.kernels.skinny_linear.triton import skinny_linear_triton
@@ -94,16 +89,8 @@ def _rows(x: torch.Tensor) -> int:
 
 
 def _fits_triton(x: torch.Tensor) -> bool:
-    """Whether the Triton version takes the call: its dtype and at most ``MAX_ROWS`` rows, and not fp32 on CUDA
-    inside torch.compile (see ``_fp32_compiled_on_cuda``)."""
-    return x.dtype in TRITON_DTYPES and _rows(x) <= MAX_ROWS and not _fp32_compiled_on_cuda(x)
-
-
-def _fp32_compiled_on_cuda(x: torch.Tensor) -> bool:
-    """fp32 on CUDA while torch.compile traces: the compiled kernel's outputs were wrong on an H200 (32 x 4096 ->
-    4096, every element; bf16 and fp16 calls inside torch.compile and fp32 calls outside it were right), cause not
-    found, so the reference runs there."""
-    return x.dtype == torch.float32 and x.is_cuda and torch.compiler.is_compiling()
+    """Whether the Triton version takes the call: its dtype and at most ``MAX_ROWS`` rows."""
+    return x.dtype in TRITON_DTYPES and _rows(x) <= MAX_ROWS
 
 
 def _describe(t) -> str:

@@ -231,8 +231,8 @@ def skinny_linear_triton(
     direct = split == 1
     dst = out if direct else torch.empty((split, m, n), dtype=torch.float32, device=x2d.device)
     has_bias = bias is not None
-    # never read without a bias; not ``out``: under torch.compile a kernel argument the kernel writes must not alias
-    # another argument (inductor copies the written one and the returned ``out`` was left unwritten)
+    # never read without a bias; not ``out``, so that no argument the kernel writes aliases another one (torch.compile
+    # tracks each argument's mutation)
     bias_arg = bias if has_bias else weight
     out_bf16 = x2d.dtype == torch.bfloat16
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"

@@ -249,7 +249,7 @@ def tree_attention_triton(
     _split_kernel[(chunks, kv_heads, plan["row_blocks"])](
         query, key, value, mask_arg, m, lsum, acc, num_q, slots, rows,
         query.stride(1), query.stride(2), key.stride(1), key.stride(2), value.stride(1), value.stride(2),
-        mask.stride(2), mask.stride(3),
+        mask_arg.stride(2), mask_arg.stride(3),  # the copy's own strides (a copy of a sliced mask is contiguous)
         SCALE=float(scale), REP=rep, CHUNK=plan["CHUNK"], BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
         MASK_BOOL=is_bool, IEEE=query.dtype == torch.float32, UPCAST=query.dtype == torch.bfloat16 and interpreted,
         num_warps=8 if wide else 4, num_stages=plan["STAGES"],
