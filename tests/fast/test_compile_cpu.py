@@ -9,6 +9,7 @@ from models import tiny_model
 from test_fast_path import prompt, sharp_drafter
 
 import specdec
+from specdec.fast.engine import FastEngine
 
 
 @pytest.mark.slow
@@ -154,3 +155,36 @@ def test_kernel_dispatch_ends_the_compiled_region_unless_whole(monkeypatch, grap
     assert explained.graph_count == graphs, explained.break_reasons
     assert all("User-inserted graph break" in str(reason) for reason in explained.break_reasons)  # not an import
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize(
+    "compile, error",
+    [
+        ("max-autotune", "max-autotune-no-cudagraphs"),  # a mode that captures graphs itself
+        ({"triton.cudagraphs": True}, "captures the CUDA graphs itself"),
+        ({}, "name the options"),
+        ({"max_autotune_gem_backends": "ATEN"}, "not inductor options"),
+        (3, "a bool, a mode name or a dict"),
+    ],
+)
+def test_bad_compile_arguments_are_refused_before_anything_runs(compile, error):
+    target = tiny_model("qwen3")
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises((ValueError, TypeError), match=error):
+        specdec.generate(target, prompt(), max_new_tokens=4, cuda_graphs=True, compile=compile)
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
+    assert target not in FastEngine._engines and not any("forward" in m.__dict__ for m in target.modules())
+
+
+@pytest.mark.slow
+def test_compile_with_inductor_options_equals_hf_greedy():
+    """``compile=`` a dict of inductor options (``torch.compile(options=...)``): the rounds compile with them and
+    are cached under them (a second call compiles nothing)."""
+    target = tiny_model("qwen3", scale=4.0)
+    ids = prompt()
+    ref = target.generate(ids, max_new_tokens=10, do_sample=False)
+    options = {"epilogue_fusion": False, "max_autotune_gemm_backends": "ATEN"}
+    first = specdec.generate(target, ids, max_new_tokens=10, cuda_graphs=True, compile=options)
+    again = specdec.generate(target, ids, max_new_tokens=10, cuda_graphs=True, compile=dict(options))
+    assert first.stats.path == "fast" and first.stats.compile_ms > 0 and again.stats.compile_ms == 0
+    assert torch.equal(first.sequences, ref) and torch.equal(again.sequences, ref)
