@@ -8,11 +8,14 @@
 # ratio (the rows timed pass by pass, --interleave --repeat 3, with budgets 31 / 63 whose 32 / 64 slots may tile
 # better than 33 / 65), compiled (the same, compile=True), shape (Qwen3-8B shape, compiled too), compile-cache,
 # kernels, attention (the 8B AR step with each attention kernel), autotune (the 8B AR step and b31 round with
-# compile="max-autotune-no-cudagraphs"), verify-autotune (its 1/16/32/64-node verifies), linear (the split-K
+# compile="max-autotune-no-cudagraphs"), verify-autotune (its 1/16/32/64-node verifies), verify-cublas and
+# round-cublas (the verifies, and the AR step and b31 round, with max-autotune but cuBLAS products), linear (the split-K
 # skinny kernel: its gpu tests, bench, and the autotune step with it) (dense); tests, fidelity,
-# sweep-model, sweep-scan, ratio, compiled, profile, shape, shape-compiled, verify-autotune, kernels (hybrid). The whole default hybrid run takes
+# sweep-model, sweep-scan, ratio, compiled, profile, shape, shape-compiled, verify-autotune, verify-cublas, kernels
+# (hybrid). The whole default hybrid run takes
 # about 20 minutes.
 set -u
+CUBLAS="max_autotune=True coordinate_descent_tuning=True max_autotune_gemm_backends=ATEN"  # compile={...} options
 NAME=${1:?dense or hybrid}
 OUT=${2:?output folder}
 shift 2
@@ -66,6 +69,14 @@ if [ "$NAME" = dense ]; then
     if want verify-autotune; then  # about 8 minutes (90-190 s of compilation per verify)
         (cd benchmarks/e2e && timeout 590 python3 shape_8b.py --compile --compile-mode max-autotune-no-cudagraphs \
             --verify-only >"$OUT/verify_autotune.log" 2>&1); grep "^|" "$OUT/verify_autotune.log"
+    fi
+    if want verify-cublas; then  # about 5 minutes
+        (cd benchmarks/e2e && timeout 590 python3 shape_8b.py --compile --compile-options $CUBLAS --verify-only \
+            >"$OUT/verify_cublas.log" 2>&1); grep "^|" "$OUT/verify_cublas.log"
+    fi
+    if want round-cublas; then  # about 4 minutes
+        (cd benchmarks/e2e && timeout 420 python3 shape_8b.py --compile --compile-options $CUBLAS --skip-verify \
+            >"$OUT/round_cublas.log" 2>&1); grep "^|" "$OUT/round_cublas.log"
     fi
     if want linear; then  # the split-K skinny kernel: gpu tests, kernel bench, the 8B AR step and b31 round with it
         timeout 120 python3 -m pytest -m gpu tests/kernels/test_skinny_linear.py -q -p no:cacheprovider \
@@ -121,6 +132,11 @@ else
         (cd benchmarks/e2e && timeout 590 python3 shape_8b.py --hybrid --verify-only --compile \
             --compile-mode max-autotune-no-cudagraphs >"$OUT/verify_autotune.log" 2>&1)
         grep "^|" "$OUT/verify_autotune.log"
+    fi
+    if want verify-cublas; then  # the same with cuBLAS products (compile={...} options)
+        (cd benchmarks/e2e && timeout 590 python3 shape_8b.py --hybrid --verify-only --compile \
+            --compile-options $CUBLAS >"$OUT/verify_cublas.log" 2>&1)
+        grep "^|" "$OUT/verify_cublas.log"
     fi
     if want shape-compiled; then  # the 8 B hybrid with its AR step and b31 round compiled (several minutes)
         (cd benchmarks/e2e && timeout 540 python3 shape_8b.py --hybrid --compile >"$OUT/shape_compiled.log" 2>&1)

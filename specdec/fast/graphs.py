@@ -60,8 +60,9 @@ def check_compile(compile) -> None:
 
 
 def compile_key(compile) -> object:
-    """A hashable form of a ``compile`` argument (a dict of options becomes its sorted items)."""
-    return tuple(sorted(compile.items())) if isinstance(compile, Mapping) else compile
+    """A hashable form of a ``compile`` argument (a dict of options becomes its sorted items, values by ``repr``:
+    some options take lists)."""
+    return tuple(sorted((k, repr(v)) for k, v in compile.items())) if isinstance(compile, Mapping) else compile
 
 
 def compile_fn(fn: Callable, mode: bool | str | Mapping = True) -> Callable:
