@@ -1,8 +1,8 @@
 """Speed of ``skinny_linear``: the 8 B target's linear layers on a decode step or a draft tree of M rows.
 
 Shapes: Qwen3-8B's projections (hidden 4096, 32 heads x 128, 8 KV heads, intermediate 12288): ``qkv`` (N = 4096 +
-2 x 1024 = 6144), ``o_proj`` (4096 x 4096), ``gate_up`` (N = 2 x 12288), ``gate`` / ``up`` alone (12288 x 4096),
-``down`` (4096 x 12288) and ``lm_head`` (151936 x 4096); bf16, no bias, M in {1, 16, 32, 64} rows. Providers:
+2 x 1024 = 6144), ``o_proj`` (4096 x 4096; also ``q_proj``), ``k|v`` (``k_proj`` / ``v_proj`` alone, 1024 x 4096),
+``gate_up`` (N = 2 x 12288), ``gate`` / ``up`` alone (12288 x 4096), ``down`` (4096 x 12288) and ``lm_head`` (151936 x 4096); bf16, no bias, M in {1, 16, 32, 64} rows. Providers:
 ``cublas`` (``torch.nn.functional.linear``) and ``triton`` (the split-K kernel); ``-graph`` variants replay the call
 from a CUDA graph (GPU time without launch overhead). The ``TB/s`` columns are weight bytes / median time of the
 graph-replayed call (the weight is what a skinny call reads; an H200's HBM gives ~4.8 TB/s). Without CUDA only the
@@ -28,6 +28,7 @@ ROWS = [1, 16, 32, 64]
 SHAPES = [
     ("qkv", 6144, 4096),
     ("o_proj", 4096, 4096),
+    ("k|v", 1024, 4096),
     ("gate_up", 24576, 4096),
     ("gate|up", 12288, 4096),
     ("down", 4096, 12288),
