@@ -2,7 +2,8 @@
 
 Shapes: Qwen3-8B's projections (hidden 4096, 32 heads x 128, 8 KV heads, intermediate 12288): ``qkv`` (N = 4096 +
 2 x 1024 = 6144), ``o_proj`` (4096 x 4096; also ``q_proj``), ``k|v`` (``k_proj`` / ``v_proj`` alone, 1024 x 4096),
-``gate_up`` (N = 2 x 12288), ``gate`` / ``up`` alone (12288 x 4096), ``down`` (4096 x 12288) and ``lm_head`` (151936 x 4096); bf16, no bias, M in {1, 16, 32, 64} rows. Providers:
+``gate_up`` (N = 2 x 12288), ``gate`` / ``up`` alone (12288 x 4096), ``down`` (4096 x 12288) and ``lm_head``
+(151936 x 4096); bf16, no bias, M in {1, 16, 32, 64} rows. Providers:
 ``cublas`` (``torch.nn.functional.linear``) and ``triton`` (the split-K kernel); ``-graph`` variants replay the call
 from a CUDA graph (GPU time without launch overhead). The ``TB/s`` columns are weight bytes / median time of the
 graph-replayed call (the weight is what a skinny call reads; an H200's HBM gives ~4.8 TB/s). Without CUDA only the
