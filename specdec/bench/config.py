@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.harness import Method, run_bench
+from specdec.fast.graphs import check_compile
 from specdec.loading import build_drafter, load_prompts, load_target, resolve_device, zoo_dir
 from specdec.target import TargetModel
 from specdec.types import Chain, DDTree, TreeSpec
@@ -53,7 +54,8 @@ class BenchConfig:
         dtype (str): torch dtype name, or "auto" = bfloat16 on an accelerator, float32 on CPU. Default `auto`.
         hybrid_mode (str): ``exact`` or ``snapshot`` state handling of hybrid targets. Default `exact`.
         cuda_graphs (bool | None): passed to ``generate`` when set. Default `null`.
-        compile (bool | None): passed to ``generate`` when set. Default `null`.
+        compile (bool | str | dict | None): passed to ``generate`` when set (``true``, a mode name or a dict of
+            inductor options). Default `null`.
         graph_floor (bool): time one CUDA-graph-captured 1-token target forward (CUDA only). Default `true`.
         out_dir (str): output folder. Default `bench_out`.
         seed (int): base seed of the per-prompt generators. Default `0`.
@@ -80,7 +82,7 @@ class BenchConfig:
     dtype: str = "auto"
     hybrid_mode: str = "exact"
     cuda_graphs: bool | None = None
-    compile: bool | None = None
+    compile: bool | str | dict | None = None
     graph_floor: bool = True
     out_dir: str = "bench_out"
     seed: int = 0
@@ -102,6 +104,7 @@ class BenchConfig:
             raise ValueError(f"warmup={self.warmup!r} must be an int >= 0 (untimed passes over all prompts).")
         if not self.temperatures:
             raise ValueError("temperatures is empty: give at least one, e.g. [0.0].")
+        check_compile(self.compile)
 
 
 DrafterFactory = Callable[..., object]

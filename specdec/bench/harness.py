@@ -196,7 +196,7 @@ def run_bench(
     top_p: float | None = None,
     hf_baseline: bool = False,
     cuda_graphs: bool | None = None,
-    compile: bool | None = None,
+    compile: bool | str | dict | None = None,
     graph_floor: bool = False,
     progress: bool | object = True,
     meta: Mapping | None = None,
@@ -223,7 +223,8 @@ def run_bench(
         ignore_eos (bool): decode exactly ``max_new_tokens`` tokens. Default False.
         top_k, top_p: HF sampling filters for temperatures > 0 (HF semantics when None).
         hf_baseline (bool): add an ``hf-generate`` method if ``methods`` has none. Default False.
-        cuda_graphs, compile (bool | None): passed to ``generate`` when not None. Default None.
+        cuda_graphs (bool | None), compile (bool | str | dict | None): passed to ``generate`` when not None.
+            Default None.
         graph_floor (bool): time one CUDA-graph-captured 1-token target forward (``graph_floor_ms``). Default False.
         progress (bool | rich.progress.Progress): show a progress bar (or drive the one given). Default True.
         meta (Mapping | None): extra facts for the report header (e.g. ``{"dtype": "bfloat16"}``).

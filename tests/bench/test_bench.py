@@ -208,6 +208,14 @@ def test_main_bench_rejects_unknown_settings():
         main_bench({"max_tokens": 5})
 
 
+def test_main_bench_rejects_a_bad_compile_setting_before_loading_anything():
+    # "max-autotune" captures its own CUDA graphs; a dict must name inductor options (no model is loaded first:
+    # the target below does not exist)
+    for bad, error in (("max-autotune", "max-autotune-no-cudagraphs"), ({"max_autotun": True}, "not inductor")):
+        with pytest.raises(ValueError, match=error):
+            main_bench({"compile": bad, "target": "/nonexistent/target"})
+
+
 def test_run_bench_hf_baseline_marks_identical_outputs():
     class Tok:
         def __call__(self, text, return_tensors=None):
