@@ -1,17 +1,16 @@
 """The target's linear layers through the split-K kernel of ``specdec.kernels.skinny_linear`` (opt-in).
 
-A fast-path round multiplies 1-64 rows (a decode step, a padded draft tree) by every weight of the target. At the
-Qwen3-8B shape on an H200 the best products inductor's autotuning found for 16 and 32 rows ran at 0.5-2.7 TB/s, under
-half the copy bandwidth (docs/performance.md): a grid over the output columns alone leaves most SMs idle. The
-skinny kernel also splits the reduction axis across programs.
+A fast-path round multiplies 1-64 rows (a decode step, a padded draft tree) by every weight of the target; the
+skinny kernel splits the reduction axis across programs as well as the output columns. On an H200 at the Qwen3-8B
+shapes cuBLAS was faster at 16-64 rows (graph-replayed, 3.2-4.1 TB/s against the kernel's 0.38-0.93 x its speed;
+docs/kernels.md), so the routing is opt-in.
 
 ``SPECDEC_LINEAR_KERNEL`` says where it is used: ``torch`` (default: the layers' own ``F.linear``) or ``triton``
 (every ``nn.Linear`` of the target, and of a small-LM drafter, while the fast path runs their forwards;
 ``skinny_linear`` takes its kernel on CUDA for at most ``MAX_ROWS`` rows and ``F.linear`` otherwise). The switch is
 made by :class:`specdec.fast.attention.AttentionScope` (``linear=True``) through the hook-safe forward swap the
 recurrent adapters use (``specdec.state.forwards``), while the engine runs the forward (warm-up, capture,
-compilation, uncaptured calls); the user's model is left as it was and graph replays pay nothing. Opt-in until it
-has been timed on a GPU.
+compilation, uncaptured calls); the user's model is left as it was and graph replays pay nothing.
 """
 
 from __future__ import annotations
