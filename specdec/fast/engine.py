@@ -146,6 +146,7 @@ class _Round:
             graph=graph,
             snapshot=self._snapshot,
             scope=engine.attention_scope(static, compiled=bool(compile)),
+            uncompiled=fn if compile else None,
         )
 
     # -- the round (device only) -------------------------------------------------------------------------

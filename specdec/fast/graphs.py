@@ -112,12 +112,28 @@ class Captured:
             at the same time; None = a private pool.
         scope: a context manager entered around every run of ``fn`` (warm-up, capture, uncaptured calls), not
             around replays; e.g. ``specdec.fast.attention.AttentionScope``. None = none.
+        uncompiled (Callable[[], None] | None): when ``fn`` is a compiled function, the same work uncompiled. If
+            compiling fails (``torch._dynamo.exc.BackendCompilerFailed``, e.g. inductor generating a kernel that
+            needs more shared memory than the GPU has), the decode state is put back (``snapshot``), a warning
+            names the error, and ``uncompiled`` takes ``fn``'s place from then on (still captured). None = errors
+            propagate.
     """
 
     def __init__(
-        self, fn, *, device: torch.device, graph: bool, snapshot=None, warmup: int = 2, pool=None, scope=None
+        self,
+        fn,
+        *,
+        device: torch.device,
+        graph: bool,
+        snapshot=None,
+        warmup: int = 2,
+        pool=None,
+        scope=None,
+        uncompiled=None,
     ) -> None:
         self.fn, self.device, self.snapshot, self.warmup, self.pool = fn, device, snapshot, warmup, pool
+        self.uncompiled = uncompiled
+        self.compile_failed: str | None = None  # the error that made it fall back to ``uncompiled``
         self.scope = scope if scope is not None else contextlib.nullcontext()
         self.use_graph = graph and device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -133,11 +149,31 @@ class Captured:
         with self.scope:
             self._run()
 
+    def _guarded(self, restore: Callable[[], None] | None) -> None:
+        """``fn()``; when compiling it fails, ``restore()`` the state its partial run changed and run ``uncompiled``
+        in its place from now on."""
+        if self.uncompiled is None:
+            self.fn()
+            return
+        try:
+            self.fn()
+        except torch._dynamo.exc.BackendCompilerFailed as err:
+            inner = getattr(err, "inner_exception", None) or err  # what the backend raised
+            reason = f"{type(inner).__name__}: {str(inner).strip().splitlines()[0] if str(inner).strip() else ''}"
+            logger.warning("torch.compile failed for this round; it runs uncompiled: %s", reason)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            if restore is not None:
+                restore()
+            self.fn, self.uncompiled, self.compile_failed = self.uncompiled, None, reason
+            self.fn()
+
     def _run(self) -> None:
         if not self.use_graph:
             if self.first_call_uncaptured is None:  # where a compiled function compiles: its first run
+                restore = self.snapshot() if self.snapshot is not None and self.uncompiled is not None else None
                 start = time.perf_counter()
-                self.fn()
+                self._guarded(restore)
                 self.first_run_s, self.first_call_uncaptured = time.perf_counter() - start, True
                 return
             self.fn()
@@ -161,7 +197,7 @@ class Captured:
         side.wait_stream(current)
         with torch.cuda.stream(side):
             for i in range(self.warmup):
-                self.fn()
+                self._guarded(restore)
                 if restore is not None:
                     restore()
                 if i == 0:

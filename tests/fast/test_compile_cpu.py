@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from compile_faults import failing_backend
 from models import tiny_model
 from test_fast_path import prompt, sharp_drafter
 
@@ -188,3 +189,60 @@ def test_compile_with_inductor_options_equals_hf_greedy():
     again = specdec.generate(target, ids, max_new_tokens=10, cuda_graphs=True, compile=dict(options))
     assert first.stats.path == "fast" and first.stats.compile_ms > 0 and again.stats.compile_ms == 0
     assert torch.equal(first.sequences, ref) and torch.equal(again.sequences, ref)
+
+
+def test_a_round_that_fails_to_compile_is_put_back_and_runs_uncompiled(caplog):
+    """The compiled function has run its first graph (a state update) when its second graph fails to compile: the
+    snapshot puts the state back, the uncompiled function takes over, and the state is updated exactly once."""
+    from specdec.fast.graphs import Captured
+
+    state = torch.zeros(3)
+
+    def step() -> None:
+        state.add_(1)  # the first graph: runs before the second one is compiled
+        torch._dynamo.graph_break()
+        state.mul_(2)
+
+    def snapshot():
+        saved = state.clone()
+        return lambda: state.copy_(saved)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=failing_backend(2))
+    cap = Captured(compiled, device=torch.device("cpu"), graph=False, snapshot=snapshot, uncompiled=step)
+    with caplog.at_level("WARNING", logger="specdec.fast.graphs"):
+        cap()
+    assert torch.equal(state, torch.full((3,), 2.0))  # (0 + 1) * 2 once; without the snapshot it would be 6
+    assert cap.fn is step and "shared memory" in cap.compile_failed
+    assert any("runs uncompiled" in r.getMessage() and "shared memory" in r.getMessage() for r in caplog.records)
+    cap()
+    assert torch.equal(state, torch.full((3,), 6.0))
+    # without an uncompiled fallback the error reaches the caller
+    bare = Captured(torch.compile(step, backend=failing_backend(1)), device=torch.device("cpu"), graph=False)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="shared memory"):
+        bare()
+    torch._dynamo.reset()
+
+
+def test_generate_when_compiling_fails_runs_the_rounds_uncompiled_and_equals_hf_greedy(monkeypatch, caplog):
+    """``compile=True`` where the backend cannot compile the rounds (here: one that fails on its first graph): the
+    call still equals HF greedy on the rounds' uncompiled code, and a warning names the error."""
+    from specdec.fast import engine as fast_engine
+
+    monkeypatch.setattr(
+        fast_engine, "compile_fn", lambda fn, mode: torch.compile(fn, backend=failing_backend(1), dynamic=False)
+    )
+    target = tiny_model("qwen3", scale=2.0)
+    ids = prompt()
+    ref = target.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    torch._dynamo.reset()
+    with caplog.at_level("WARNING", logger="specdec.fast.graphs"):
+        out = specdec.generate(
+            target, ids, drafter=sharp_drafter(target), tree=specdec.DDTree(budget=4, topk=2), max_new_tokens=12,
+            cuda_graphs=True, compile=True,
+        )  # fmt: skip
+    assert out.stats.path == "fast" and torch.equal(out.sequences, ref)
+    assert any("runs uncompiled" in r.getMessage() for r in caplog.records)
+    rounds = [r for r in FastEngine._engines[target]._rounds.values() if r.compile]
+    assert rounds and all(r.captured.compile_failed for r in rounds)
+    torch._dynamo.reset()

@@ -300,3 +300,29 @@ def test_round_verify_alone_repeats_and_leaves_the_committed_state_alone():
     after = [t for layer in layers for t in (layer.conv_states, layer.recurrent_states)]
     after += [engine.prefix, engine.root]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_hybrid_rounds_that_fail_to_compile_run_uncompiled_and_equal_hf_greedy(monkeypatch, caplog):
+    """``compile=True`` on a Gated DeltaNet hybrid whose rounds fail to compile on their second graph (the first has
+    run): the snapshot puts the recurrent states back, each round runs uncompiled, the tokens are HF's greedy ones
+    and a warning names the error."""
+    from compile_faults import failing_backend
+
+    from specdec.fast import engine as fast_engine
+
+    monkeypatch.setattr(
+        fast_engine, "compile_fn", lambda fn, mode: torch.compile(fn, backend=failing_backend(2), dynamic=False)
+    )
+    target = _target("qwen3_5")
+    input_ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    want = target.generate(input_ids, max_new_tokens=30, do_sample=False)
+    torch._dynamo.reset()
+    with caplog.at_level(logging.WARNING, logger="specdec.fast.graphs"):
+        out = specdec.generate(
+            target, input_ids, drafter=_bigram_drafter(target), tree=specdec.DDTree(budget=8), max_new_tokens=30,
+            cuda_graphs=True, compile=True,
+        )  # fmt: skip
+    assert out.stats.path == "fast" and torch.equal(out.sequences, want)
+    assert out.stats.new_tokens > out.stats.rounds  # multi-token commits of the recurrent states
+    assert any("runs uncompiled" in r.getMessage() for r in caplog.records)
+    torch._dynamo.reset()
