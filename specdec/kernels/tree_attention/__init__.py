@@ -122,8 +122,15 @@ def fits_triton(dtype: torch.dtype | None = None, head_dim: int | None = None) -
 
 
 def triton_picked(device: torch.device, dtype: torch.dtype | None = None, head_dim: int | None = None) -> bool:
-    """Whether ``impl="auto"`` runs the Triton version for queries of ``dtype`` / ``head_dim`` on ``device``."""
-    return pick_impl("auto", device, _MODULE, fits=fits_triton(dtype, head_dim)) == "triton"
+    """Whether ``impl="auto"`` runs the Triton version for queries of ``dtype`` / ``head_dim`` on ``device``. When it
+    does on CUDA, the device's shared-memory limit is read now (the launch plans depend on it), so that calls traced
+    by ``torch.compile`` later find it cached."""
+    picked = pick_impl("auto", device, _MODULE, fits=fits_triton(dtype, head_dim)) == "triton"
+    if picked and device.type == "cuda" and not torch.compiler.is_compiling():
+        from specdec.kernels.tree_attention.triton import shared_limit
+
+        shared_limit(device)
+    return picked
 
 
 def _describe(t) -> str:

@@ -38,13 +38,19 @@ import triton.language as tl
 
 from specdec.kernels.rms_norm.triton import _to_bf16
 
-__all__ = ["split_plan", "tree_attention_triton"]
+__all__ = ["shared_bytes", "shared_limit", "split_plan", "tree_attention_triton"]
 
 _TARGET_PROGRAMS = 256
 """Split programs aimed for: about two per SM on an H200 (132 SMs)."""
 
 _MIN_CHUNK = 32
 """The fewest slots per chunk: below it the combine's traffic outweighs the split's parallelism."""
+
+SHARED_BYTES = 232448
+"""Shared memory one program may use when the device's own limit is not known (an H100 / H200's opt-in 227 KiB);
+on CUDA the launcher reads the device's ``shared_memory_per_block_optin``."""
+
+_SHARED_LIMIT: dict[int, int] = {}  # device index -> its limit; a plain dict that a compiled caller reads as a constant
 
 _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min
 
@@ -188,30 +194,56 @@ def _combine_kernel(
     tl.store(out_ptr + (qi.to(tl.int64) * H + head) * D + dims, out)
 
 
-def split_plan(rows: int, kv_heads: int, slots: int, dim: int = 128, itemsize: int = 2) -> dict[str, int]:
+def shared_bytes(block_m: int, block_n: int, stages: int, dim: int, itemsize: int) -> int:
+    """An estimate of a ``_split_kernel`` program's shared memory: the query tile, ``stages`` buffers of K and V
+    tiles, and an fp32 ``[BLOCK_M, BLOCK_N]`` tile for the scores. It equals the one figure Triton 3.6 reported on
+    an H200 (245760 bytes at ``BLOCK_M`` 64, ``BLOCK_N`` 64, 3 stages, D 256, bf16: more than the 232448 there)."""
+    return itemsize * dim * (block_m + 2 * stages * block_n) + 4 * block_m * block_n
+
+
+def split_plan(
+    rows: int, kv_heads: int, slots: int, dim: int = 128, itemsize: int = 2, shared: int = SHARED_BYTES
+) -> dict[str, int]:
     """The launch plan of a call, from shapes only: ``rows = rep * Q`` stacked rows per group, ``H_kv``, ``S``, the
-    head dim and the element size of K / V.
+    head dim, the element size of K / V and the shared memory a program may use.
 
     Returns:
         dict: ``BLOCK_M`` (rows per program, 16-64), ``row_blocks``, ``CHUNK`` (slots per chunk, a power of two
         >= ``_MIN_CHUNK``), ``chunks`` (``cdiv(S, CHUNK)``), ``BLOCK_N`` (slots per tile: 64, or 32 for rows of
-        K / V wider than 512 bytes, e.g. D 256 in bf16) and ``STAGES`` (software pipeline depth: 3, or 2 for those
-        wide rows; three stages of 64-slot K and V tiles of D 256 in fp32 need more than an H200's 227 KiB of
-        shared memory).
+        K / V wider than 512 bytes, e.g. D 256 in fp32) and ``STAGES`` (software pipeline depth: 3, or 2 for those
+        wide rows). Where that needs more than ``shared`` bytes (``shared_bytes``; e.g. 64 rows of D 256 in bf16
+        over 64-slot tiles: 240 KiB), the pipeline is shortened to 2 stages and then the tiles halved.
     """
     wide = dim * itemsize > 512
     block_m = max(16, min(64, triton.next_power_of_2(rows)))
     row_blocks = triton.cdiv(rows, block_m)
     want = triton.cdiv(_TARGET_PROGRAMS, kv_heads * row_blocks)
     chunk = max(_MIN_CHUNK, triton.next_power_of_2(triton.cdiv(slots, want)))
+    block_n, stages = min(32 if wide else 64, chunk), 2 if wide else 3
+    while shared_bytes(block_m, block_n, stages, dim, itemsize) > shared and (stages > 2 or block_n > 16):
+        if stages > 2:
+            stages -= 1
+        else:
+            block_n //= 2
     return {
         "BLOCK_M": block_m,
         "row_blocks": row_blocks,
         "CHUNK": chunk,
         "chunks": triton.cdiv(slots, chunk),
-        "BLOCK_N": min(32 if wide else 64, chunk),
-        "STAGES": 2 if wide else 3,
+        "BLOCK_N": block_n,
+        "STAGES": stages,
     }
+
+
+def shared_limit(device: torch.device) -> int:
+    """The shared memory a program may use on ``device`` (CUDA: its opt-in limit; else ``SHARED_BYTES``)."""
+    if device.type != "cuda":
+        return SHARED_BYTES
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    limit = _SHARED_LIMIT.get(index)
+    if limit is None:
+        limit = _SHARED_LIMIT[index] = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+    return limit
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -235,7 +267,7 @@ def tree_attention_triton(
         return out
     query, key, value = (_last_dim_contiguous(t) for t in (query, key, value))
     rows = rep * num_q
-    plan = split_plan(rows, kv_heads, slots, dim, key.element_size())
+    plan = split_plan(rows, kv_heads, slots, dim, key.element_size(), shared_limit(query.device))
     chunks = plan["chunks"]
     ws = dict(dtype=torch.float32, device=query.device)
     m = torch.empty((kv_heads, rows, chunks), **ws)
