@@ -52,9 +52,7 @@ def check_compile(compile) -> None:
             )
         unknown = [k for k in compile if k not in torch._inductor.list_options()]
         if unknown:
-            raise ValueError(
-                f"compile options {unknown!r} are not inductor options (torch._inductor.list_options())."
-            )
+            raise ValueError(f"compile options {unknown!r} are not inductor options (torch._inductor.list_options()).")
         return
     raise TypeError(f"compile={compile!r}: use a bool, a mode name or a dict of inductor options.")
 
