@@ -4,7 +4,9 @@ Providers: ``tree_scan`` (the adapter's former path: ``tree_scan`` + ``gdn_step`
 ``reference`` (``tree_gdn_reference``, level-synchronous), ``compiled`` (the reference with its per-depth step
 under ``torch.compile``), ``triton`` (one fused launch, the default schedule) and ``triton-graph`` (the same launch
 replayed in a CUDA graph: kernel time without the host's launch overhead), and each schedule forced, graph-replayed:
-``nodes-graph`` (one walk over the nodes) and ``paths-graph`` (one program per node replays its path). Shapes: the
+``nodes-graph`` (one walk over the nodes), ``paths-graph`` (one program per node replays its path) and
+``chunk-graph`` (every node at once in matrix form, fp32 products; ``chunk-tf32x3-graph``: on 3-pass TF32 tensor-core
+products; trees of up to 64 nodes). Shapes: the
 zoo hybrid target's GDN layer, a Qwen3.5-8B-like and a Qwen3.5-27B-like layer; trees: a chain, a random tree
 (uniform random parents) and a DDTree-like tree (random parents at most 15 deep: a 16-token block), N = 16 .. 128.
 
@@ -36,7 +38,8 @@ from specdec.types import DraftTree
 
 REPO = Path(__file__).resolve().parents[2]
 ZOO_CONFIG = REPO.parent / "shared" / "zoo" / "target-hybrid" / "config.json"
-PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph", "nodes-graph", "paths-graph"]
+PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph", "nodes-graph", "paths-graph", "chunk-graph",
+             "chunk-tf32x3-graph"]  # fmt: skip
 NODES = [16, 32, 64, 128]
 TREES = ["chain", "random", "ddtree"]
 MAX_DEPTH = 15  # "ddtree" trees: a DDTree over a 16-token block has its nodes at depths 1..15 below the root
@@ -128,7 +131,18 @@ class Runner:
             return None
         from specdec.kernels.tree_gdn.triton import tree_gdn_triton
 
-        walk = provider.removesuffix("-graph") if provider in ("nodes-graph", "paths-graph") else "auto"
+        if provider == "chunk-tf32x3-graph":  # the matrix form with 3-pass TF32 tensor-core products
+            from specdec.kernels.tree_gdn.triton import _launch_config, _tree_gdn
+
+            block_v, warps = _launch_config(inputs["q"].shape[-1], inputs["v"].shape[-1])
+            if inputs["q"].shape[0] > 64:
+                return None
+            return functools.partial(
+                _tree_gdn, **inputs, block_v=block_v, num_warps=warps, walk="chunk", precision="tf32x3"
+            )
+        if provider == "chunk-graph" and inputs["q"].shape[0] > 64:
+            return None  # the matrix form takes trees of up to 64 nodes
+        walk = provider.removesuffix("-graph") if provider in ("nodes-graph", "paths-graph", "chunk-graph") else "auto"
         return lambda: tree_gdn_triton(**inputs, walk=walk)
 
     def bench(self, n: int, provider: str, shape_name: str, tree: str) -> tuple[float, float, float]:
@@ -190,7 +204,7 @@ def main() -> None:
         for tree in TREES:
             for n in NODES:
                 ms = {p: runner.results.get((shape_name, tree, n, p), math.nan) for p in PROVIDERS}
-                gbps = min_bytes(shape, n) / (ms["triton"] * 1e-3) / 1e9
+                gbps = min_bytes(shape, n) / (ms["triton"] * 1e-3) / 1e9 if "triton" in providers else math.nan
                 rows.append(
                     {"shape": shape_name, "tree": tree, "n": n, **{p: ms[p] for p in providers}}
                     | {"speedup": ms["tree_scan"] / ms["triton"], "triton_gbps": gbps}

@@ -138,7 +138,13 @@ REFERENCE_CASES = [
     if not (n == 1 and tree != "chain")
 ] + [Case(33, 4, 32, 16, "random", dtype=torch.bfloat16), Case(33, 4, 32, 16, "deep", dtype=torch.float16)]
 
-WALKS = ("paths", "nodes")  # the kernel's two schedules: one program per node's path, one walk over the nodes
+# the kernel's schedules: one program per node's path, one walk over the nodes, all nodes at once in matrix form
+WALKS = ("paths", "nodes", "chunk")
+
+
+def walks_for(case) -> tuple[str, ...]:
+    """The schedules that take ``case``'s tree (the matrix form: up to 64 nodes)."""
+    return WALKS if case.n <= 64 else WALKS[:2]
 
 # the interpreter is slow (cost ~ programs x nodes): small heads for the long trees
 TRITON_CASES = [
@@ -201,8 +207,9 @@ def interpreted(tmp_path_factory) -> dict[str, torch.Tensor]:
     return torch.load(path)
 
 
-@pytest.mark.parametrize("walk", WALKS)
-@pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case, walk", [(c, w) for c in TRITON_CASES for w in walks_for(c)], ids=lambda x: getattr(x, "id", x)
+)
 def test_triton_interpreted_matches_reference(case, walk, interpreted):
     inputs = make_inputs(case)
     out = interpreted[f"{case.id}/{walk}"]
@@ -222,6 +229,16 @@ def test_auto_walk_follows_the_node_count():
     assert calls == ["paths", "paths", "nodes"]
     with pytest.raises(ValueError, match="walk="):
         kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="levels")
+    with pytest.raises(ValueError, match="up to 64 nodes"):
+        kernels.tree_gdn_triton(**make_inputs(Case(65, 1, 16, 16, "random")), walk="chunk")
+    calls.clear()
+    with (
+        mock.patch.object(kernels, "TREE_WALK", "chunk"),
+        mock.patch.object(kernels, "_tree_gdn", side_effect=lambda *a, **kw: calls.append(kw["walk"])),
+    ):
+        for n in (1, kernels.CHUNK_MAX_NODES, kernels.CHUNK_MAX_NODES + 1, kernels.PATHS_MAX_NODES + 1):
+            kernels.tree_gdn_triton(**make_inputs(Case(n, 1, 16, 16, "random")))
+    assert calls == ["chunk", "chunk", "paths", "nodes"]
 
 
 # The faster schedule on chains, as measured by bench_tree_gdn.py on an H200 (docs/kernels.md, 95b3174):
@@ -279,7 +296,7 @@ def test_triton_gpu_matches_reference(case):
     assert not out.isnan().any()
     assert_close(out, tree_gdn(**inputs, impl="reference"), case.dtype)
     assert_close(out.cpu(), tree_gdn_reference(**make_inputs(case)), case.dtype)
-    for walk in WALKS:
+    for walk in walks_for(case):
         assert_close(tree_gdn_triton(**inputs, walk=walk), out, case.dtype)
     assert torch.equal(inputs["init_state"], before)
     assert torch.equal(tree_gdn(**inputs), out)  # auto picks Triton on CUDA
@@ -376,7 +393,7 @@ def _run_interpreted(path: str) -> None:
     results = {}
     for case in TRITON_CASES:
         inputs = make_inputs(case)
-        for walk in WALKS:
+        for walk in walks_for(case):
             if case.block_v:
                 results[f"{case.id}/{walk}"] = _tree_gdn(**inputs, block_v=case.block_v, num_warps=1, walk=walk)
             else:

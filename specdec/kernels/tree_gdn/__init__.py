@@ -63,10 +63,11 @@ def tree_gdn(
             when the tensors are on a CUDA device and Triton imports, else the reference.
         walk: the Triton kernel's schedule (``tree_gdn_triton``): ``"paths"`` (one program per node replays its
             path: steps in sequence = the tree's depth), ``"nodes"`` (one walk over the nodes in order: best for
-            long chains) or ``"auto"`` (paths up to ``PATHS_MAX_NODES`` nodes). The reference ignores it.
+            long chains), ``"chunk"`` (every node at once in matrix form, trees of up to ``CHUNK_MAX_NODES``
+            nodes) or ``"auto"`` (see ``tree_gdn_triton``). The reference ignores it.
     """
-    if walk not in ("auto", "paths", "nodes"):
-        raise ValueError(f"walk={walk!r}: choose 'auto', 'paths' or 'nodes'.")
+    if walk not in ("auto", "paths", "nodes", "chunk"):
+        raise ValueError(f"walk={walk!r}: choose 'auto', 'paths', 'nodes' or 'chunk'.")
     _check_shapes(init_state, q, k, v, log_decay, beta, parents)
     if impl == "auto":
         impl = auto_impl(q.device)

@@ -22,14 +22,27 @@ prefill) keep the node walk.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["PATHS_MAX_NODES", "gdn_path_replay_triton", "tree_gdn_triton"]
+__all__ = ["CHUNK_MAX_NODES", "PATHS_MAX_NODES", "gdn_path_replay_triton", "tree_gdn_triton"]
 
 PATHS_MAX_NODES = 128
 """Trees of up to this many nodes run the path-parallel kernel, larger ones the node walk."""
+
+CHUNK_MAX_NODES = 64
+"""The largest tree the matrix-form kernel (``walk="chunk"``) takes: its ``[N, N]`` and ``[N, K]`` tiles."""
+
+CHUNK_BLOCK_V = 32
+"""Value columns per program of the matrix-form kernel."""
+
+TREE_WALK = os.environ.get("SPECDEC_TREE_GDN_WALK", "paths")
+"""What ``walk="auto"`` runs for trees of up to ``CHUNK_MAX_NODES`` nodes: ``"paths"`` or ``"chunk"``."""
+if TREE_WALK not in ("paths", "chunk"):
+    raise ValueError(f"SPECDEC_TREE_GDN_WALK={TREE_WALK!r}: use 'paths' or 'chunk'.")
 
 
 @triton.jit
@@ -153,12 +166,15 @@ def _tree_gdn_paths_kernel(
     mask_kv = mask_k[:, None] & mask_v[None, :]
 
     node_ids = tl.arange(0, BLOCK_N)
+    # the parent array in registers (one load), so the walk up is register work, not a chain of dependent loads
+    all_parents = tl.load(parents_ptr + node_ids, mask=node_ids < N, other=-1).to(tl.int32)
     up = tl.full([BLOCK_N], -1, tl.int32)  # up[j] = steps from the node up to ancestor j (0: the node itself)
-    cur = node
+    cur = node.to(tl.int32)
     steps = tl.full([], 0, tl.int32)
     while cur >= 0:
-        up = tl.where(node_ids == cur, steps, up)
-        cur = tl.load(parents_ptr + cur)
+        on = node_ids == cur
+        up = tl.where(on, steps, up)
+        cur = tl.sum(tl.where(on, all_parents, 0), axis=0)
         steps += 1
 
     state = tl.load(init_ptr + head * K * V + offs_k[:, None] * V + offs_v[None, :], mask=mask_kv, other=0.0)
@@ -182,6 +198,76 @@ def _tree_gdn_paths_kernel(
     tl.store(out_ptr + (node * HV + head) * V + offs_v, out, mask=mask_v)
 
 
+@triton.jit
+def _tree_gdn_chunk_kernel(
+    init_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    parents_ptr,
+    out_ptr,
+    N,
+    HV,
+    HEADS_PER_KEY,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One program per (value head, value block): every node of the tree at once, in matrix form.
+
+    With ``G_i`` the log decay summed over node i's path (itself included) and ``anc(i)`` its ancestors, the
+    corrections ``d_i = beta_i (v_i - k_i S_{pre,i})`` solve ``(I + A) d = beta (V - exp(G) K S_0)`` with
+    ``A_ij = beta_i exp(G_i - G_j) k_i.k_j`` for ``j`` in ``anc(i)``, and each output is ``o_i = exp(G_i) q_i S_0 +
+    sum over j in anc(i) + {i} of exp(G_i - G_j) q_i.k_j d_j``. ``A`` is nilpotent (a product of ``A`` factors
+    follows an ancestor chain), so ``d = R - A d`` iterated ``depth`` times from ``d = R`` is exact for every node:
+    after ``t`` rounds the nodes of depth ``< t`` hold their final values, each row summed as forward substitution
+    would sum it.
+    """
+    head, key_head, num_key_heads, offs_k, offs_v, mask_k, mask_v = _head_slice(HV, HEADS_PER_KEY, K, V, BLOCK_K,
+                                                                                BLOCK_V)  # fmt: skip
+    rows = tl.arange(0, BLOCK_N)
+    valid = rows < N
+    parents = tl.load(parents_ptr + rows, mask=valid, other=-1).to(tl.int32)
+    # anc[i, j]: j is i or one of its ancestors; found by walking every node up at once, in registers
+    cur = tl.where(valid, rows, -1)
+    anc = (rows[:, None] < 0) & (rows[None, :] < 0)  # [BLOCK_N, BLOCK_N], all False
+    depth = tl.full([], -1, tl.int32)
+    while tl.max(cur, axis=0) >= 0:
+        hit = rows[None, :] == cur[:, None]
+        anc = anc | hit
+        cur = tl.where(cur >= 0, tl.sum(tl.where(hit, parents[None, :], 0), axis=1), -1)
+        depth += 1
+
+    g = tl.load(g_ptr + rows * HV + head, mask=valid, other=0.0)
+    beta = tl.load(beta_ptr + rows * HV + head, mask=valid, other=0.0)
+    cum = tl.sum(tl.where(anc, g[None, :], 0.0), axis=1)  # G_i
+    decay = tl.where(anc, tl.exp(tl.where(anc, cum[:, None] - cum[None, :], 0.0)), 0.0)
+
+    mask_nk = valid[:, None] & mask_k[None, :]
+    keys = tl.load(k_ptr + (rows[:, None] * num_key_heads + key_head) * K + offs_k[None, :], mask=mask_nk, other=0.0)
+    queries = tl.load(q_ptr + (rows[:, None] * HV + head) * K + offs_k[None, :], mask=mask_nk, other=0.0)
+    values = tl.load(v_ptr + (rows[:, None] * HV + head) * V + offs_v[None, :],
+                     mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)  # fmt: skip
+    state = tl.load(init_ptr + head * K * V + offs_k[:, None] * V + offs_v[None, :],
+                    mask=mask_k[:, None] & mask_v[None, :], other=0.0)  # fmt: skip
+
+    start = tl.exp(cum)[:, None]
+    strict = anc & (rows[:, None] != rows[None, :])
+    a = tl.where(strict, beta[:, None] * decay * tl.dot(keys, tl.trans(keys), input_precision=PRECISION), 0.0)
+    r = beta[:, None] * (values - start * tl.dot(keys, state, input_precision=PRECISION))
+    d = r
+    for _ in range(depth):
+        d = r - tl.dot(a, d, input_precision=PRECISION)
+    scores = decay * tl.dot(queries, tl.trans(keys), input_precision=PRECISION)
+    out = start * tl.dot(queries, state, input_precision=PRECISION) + tl.dot(scores, d, input_precision=PRECISION)
+    tl.store(out_ptr + (rows[:, None] * HV + head) * V + offs_v[None, :], out, mask=valid[:, None] & mask_v[None, :])
+
+
 def tree_gdn_triton(
     init_state: torch.Tensor,
     q: torch.Tensor,
@@ -199,18 +285,34 @@ def tree_gdn_triton(
 
     Args:
         walk (str): ``"paths"`` (one program per node replays its path), ``"nodes"`` (one walk over the nodes in
-            order) or ``"auto"``: paths for trees of up to ``PATHS_MAX_NODES`` nodes, else nodes.
+            order), ``"chunk"`` (all nodes at once in matrix form, trees of up to ``CHUNK_MAX_NODES`` nodes) or
+            ``"auto"``: ``TREE_WALK`` for trees of up to ``CHUNK_MAX_NODES`` nodes when it is ``"chunk"``, else
+            paths for trees of up to ``PATHS_MAX_NODES`` nodes, else nodes.
     """
+    n = q.shape[0]
     if walk == "auto":
-        walk = "paths" if q.shape[0] <= PATHS_MAX_NODES else "nodes"
-    if walk not in ("paths", "nodes"):
-        raise ValueError(f"walk={walk!r}: choose 'auto', 'paths' or 'nodes'.")
+        walk = "chunk" if TREE_WALK == "chunk" and n <= CHUNK_MAX_NODES else "paths" if n <= PATHS_MAX_NODES else "nodes"
+    if walk not in ("paths", "nodes", "chunk"):
+        raise ValueError(f"walk={walk!r}: choose 'auto', 'paths', 'nodes' or 'chunk'.")
+    if walk == "chunk" and n > CHUNK_MAX_NODES:
+        raise ValueError(f"walk='chunk' takes trees of up to {CHUNK_MAX_NODES} nodes; got {n}: use 'paths' or 'nodes'.")
     block_v, num_warps = _launch_config(q.shape[-1], v.shape[-1])
     return _tree_gdn(init_state, q, k, v, log_decay, beta, parents, block_v=block_v, num_warps=num_warps, walk=walk)
 
 
 def _tree_gdn(
-    init_state, q, k, v, log_decay, beta, parents, *, block_v: int, num_warps: int, walk: str = "nodes"
+    init_state,
+    q,
+    k,
+    v,
+    log_decay,
+    beta,
+    parents,
+    *,
+    block_v: int,
+    num_warps: int,
+    walk: str = "nodes",
+    precision: str = "ieee",
 ) -> torch.Tensor:
     n, hv, k_dim = q.shape
     v_dim = v.shape[-1]
@@ -230,6 +332,11 @@ def _tree_gdn(
     heads_per_key = hv // k.shape[1]
     if walk == "paths":
         _tree_gdn_paths_kernel[(hv, triton.cdiv(v_dim, block_v), n)](*inputs, n, hv, heads_per_key, **sizes)
+    elif walk == "chunk":  # tl.dot needs 16 rows / columns at least; wider value blocks: fewer K K^T per head
+        sizes.update(BLOCK_N=max(16, sizes["BLOCK_N"]), BLOCK_V=CHUNK_BLOCK_V, num_warps=4)
+        _tree_gdn_chunk_kernel[(hv, triton.cdiv(v_dim, CHUNK_BLOCK_V))](
+            *inputs, n, hv, heads_per_key, PRECISION=precision, **sizes
+        )
     else:
         scratch = torch.empty((n, hv, k_dim, v_dim), dtype=torch.float32, device=q.device)
         _tree_gdn_kernel[(hv, triton.cdiv(v_dim, block_v))](
