@@ -38,8 +38,8 @@ from specdec.types import DraftTree
 
 REPO = Path(__file__).resolve().parents[2]
 ZOO_CONFIG = REPO.parent / "shared" / "zoo" / "target-hybrid" / "config.json"
-PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph", "nodes-graph", "paths-graph", "chunk-graph",
-             "chunk-tf32x3-graph"]  # fmt: skip
+PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph", "nodes-graph", "paths-graph",
+             "chunk-graph", "chunk-tf32x3-graph"]  # fmt: skip
 NODES = [16, 32, 64, 128]
 TREES = ["chain", "random", "ddtree"]
 MAX_DEPTH = 15  # "ddtree" trees: a DDTree over a 16-token block has its nodes at depths 1..15 below the root

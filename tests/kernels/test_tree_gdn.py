@@ -146,6 +146,7 @@ def walks_for(case) -> tuple[str, ...]:
     """The schedules that take ``case``'s tree (the matrix form: up to 64 nodes)."""
     return WALKS if case.n <= 64 else WALKS[:2]
 
+
 # the interpreter is slow (cost ~ programs x nodes): small heads for the long trees
 TRITON_CASES = [
     Case(1, 4, 16, 16, "chain"),

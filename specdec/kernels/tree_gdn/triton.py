@@ -291,7 +291,8 @@ def tree_gdn_triton(
     """
     n = q.shape[0]
     if walk == "auto":
-        walk = "chunk" if TREE_WALK == "chunk" and n <= CHUNK_MAX_NODES else "paths" if n <= PATHS_MAX_NODES else "nodes"
+        chunk = TREE_WALK == "chunk" and n <= CHUNK_MAX_NODES
+        walk = "chunk" if chunk else "paths" if n <= PATHS_MAX_NODES else "nodes"
     if walk not in ("paths", "nodes", "chunk"):
         raise ValueError(f"walk={walk!r}: choose 'auto', 'paths', 'nodes' or 'chunk'.")
     if walk == "chunk" and n > CHUNK_MAX_NODES:
