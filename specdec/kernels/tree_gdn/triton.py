@@ -333,8 +333,8 @@ def _tree_gdn(
     heads_per_key = hv // k.shape[1]
     if walk == "paths":
         _tree_gdn_paths_kernel[(hv, triton.cdiv(v_dim, block_v), n)](*inputs, n, hv, heads_per_key, **sizes)
-    elif walk == "chunk":  # tl.dot needs 16 rows at least; 32-row tiles measured slower than 64-row ones on an H200
-        sizes.update(BLOCK_N=16 if n <= 16 else 64, BLOCK_V=CHUNK_BLOCK_V, num_warps=4)
+    elif walk == "chunk":  # tl.dot needs 16 rows / columns at least; wider value blocks: fewer K K^T per head
+        sizes.update(BLOCK_N=max(16, sizes["BLOCK_N"]), BLOCK_V=CHUNK_BLOCK_V, num_warps=4)
         _tree_gdn_chunk_kernel[(hv, triton.cdiv(v_dim, CHUNK_BLOCK_V))](
             *inputs, n, hv, heads_per_key, PRECISION=precision, **sizes
         )
