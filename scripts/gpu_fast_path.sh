@@ -11,7 +11,8 @@
 # compile="max-autotune-no-cudagraphs"), verify-autotune (its 1/16/32/64-node verifies), verify-cublas and
 # round-cublas (the verifies, and the AR step and b31 round, with max-autotune but cuBLAS products), linear (the split-K
 # skinny kernel: its gpu tests, bench, and the uncompiled 8B rounds and verifies with it) (dense); tests, fidelity,
-# sweep-model, sweep-scan, ratio, compiled, profile, shape, shape-compiled, verify-autotune, verify-cublas, kernels
+# sweep-model, sweep-scan, ratio, compiled, profile, shape, shape-compiled, verify-compiled (the 8 B verifies in
+# inductor's default mode), verify-autotune, verify-cublas, kernels, gdn-schedules (tree_gdn's three schedules)
 # (hybrid). The whole default hybrid run takes
 # about 20 minutes.
 set -u
@@ -126,6 +127,16 @@ else
     fi
     if want shape; then
         timeout 150 python3 benchmarks/e2e/shape_8b.py --hybrid >"$OUT/shape.log" 2>&1; tail -22 "$OUT/shape.log"
+    fi
+    if want verify-compiled; then  # the 1/16/32/64-node verifies compiled in the default mode (about 5 minutes)
+        (cd benchmarks/e2e && timeout 560 python3 shape_8b.py --hybrid --verify-only --compile \
+            >"$OUT/verify_compiled.log" 2>&1)
+        grep "^|" "$OUT/verify_compiled.log"
+    fi
+    if want gdn-schedules; then  # tree_gdn: node walk, path replay, matrix form (fp32 / 3-pass TF32 products)
+        (cd benchmarks/kernels && timeout 150 python3 bench_tree_gdn.py --providers nodes-graph paths-graph \
+            chunk-graph chunk-tf32x3-graph --no-sweep --out "$OUT/kernels" >"$OUT/gdn_schedules.log" 2>&1)
+        grep -E "^ *(shape|zoo|qwen)" "$OUT/gdn_schedules.log"
     fi
     if want verify-autotune; then  # the 1/16/32/64-node verifies compiled with max-autotune (over 9 minutes)
         (cd benchmarks/e2e && timeout 590 python3 shape_8b.py --hybrid --verify-only --compile \

@@ -237,7 +237,7 @@ def split_plan(
 
 def shared_limit(device: torch.device) -> int:
     """The shared memory a program may use on ``device`` (CUDA: its opt-in limit; else ``SHARED_BYTES``)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or not torch.cuda.is_available():
         return SHARED_BYTES
     index = device.index if device.index is not None else torch.cuda.current_device()
     limit = _SHARED_LIMIT.get(index)

@@ -18,6 +18,10 @@ of the depths instead of ``N``, but the steps in sequence are only the deepest p
 from a 16-token block is at most 17 deep where the node walk is 65 long. A chain of ``N`` nodes costs both kernels
 ``N`` steps in sequence, and the path kernel ``N (N + 1) / 2`` updates in all, so long chains (the chain-tree
 prefill) keep the node walk.
+
+A third schedule, ``walk="chunk"`` (trees of up to ``CHUNK_MAX_NODES`` nodes), takes every node at once in matrix
+form (``_tree_gdn_chunk_kernel``): exact, but with fp32 products slower than the path kernel at the large shapes
+on an H200 (docs/kernels.md), so ``"auto"`` takes it only with ``SPECDEC_TREE_GDN_WALK=chunk``.
 """
 
 from __future__ import annotations
