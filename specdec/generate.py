@@ -223,6 +223,7 @@ def generate(
     if engine is not None:
         setup = [rnd.take_setup_ms() for rnd in used.values()]
         stats.compile_ms, stats.capture_ms = sum(c for c, _ in setup), sum(c for _, c in setup)
+        stats.compile_fallbacks = sum(rnd.captured.compile_failed is not None for rnd in used.values())
     sequences = torch.cat([input_ids, torch.tensor([new_tokens], dtype=torch.long, device=input_ids.device)], 1)
     return GenerateOutput(sequences=sequences, stats=stats)
 

@@ -198,6 +198,8 @@ class SpecStats:
     captured graph, timed as ``round``. ``path`` says which engine ran (``"fast"`` or ``"eager"``);
     ``capture_ms`` is the time this call spent warming up and capturing graphs (0 when they were reused) and
     ``compile_ms`` the first warm-up runs, where ``torch.compile`` compiles (with ``compile=True``).
+    ``compile_fallbacks`` counts the compiled rounds this call used (one per drafter, tree, sampling and span
+    bucket) that run uncompiled because compiling them failed (docs/api.md); 0 when every one compiled.
     """
 
     rounds: int = 0
@@ -211,6 +213,7 @@ class SpecStats:
     path: str = "eager"
     capture_ms: float = 0.0
     compile_ms: float = 0.0
+    compile_fallbacks: int = 0
 
     @property
     def tau(self) -> float:
@@ -249,6 +252,7 @@ class SpecStats:
             "path": self.path,
             "capture_ms": self.capture_ms,
             "compile_ms": self.compile_ms,
+            "compile_fallbacks": self.compile_fallbacks,
         }
 
 

@@ -113,6 +113,7 @@ def _row(method: Method, drafter, tree, temperature: float, prompt_id, input_ids
         "depth_accept": list(stats.depth_accept),
         "capture_ms": float(getattr(stats, "capture_ms", 0.0) or 0.0),
         "compile_ms": float(getattr(stats, "compile_ms", 0.0) or 0.0),
+        "compile_fallbacks": int(getattr(stats, "compile_fallbacks", 0) or 0),
         "path": getattr(stats, "path", None),
         "identical_to_ar": None,
         "identical_to_hf": None,

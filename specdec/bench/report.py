@@ -50,7 +50,9 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
         ``phase_ms_per_round`` (phase -> summed ms / summed rounds, prefill excluded), ``prefill_ms``
         (mean per prompt), ``identical_share`` / ``identical_hf_share`` (share of temperature-0 rows equal to AR /
         to HF ``generate``, None otherwise), ``warmup_s`` (the method's untimed warm-up), ``capture_ms`` and
-        ``compile_ms`` (CUDA-graph capture and compilation, warm-up and timed calls together) and ``path``.
+        ``compile_ms`` (CUDA-graph capture and compilation, warm-up and timed calls together),
+        ``compile_fallbacks`` (the most compiled rounds one call ran uncompiled because compiling them failed;
+        shown in the table's compile cell) and ``path``.
     """
     groups: dict[tuple[str, float], list[dict]] = {}
     for r in sorted(rows, key=lambda r: r["temperature"]):
@@ -90,6 +92,7 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
                 "warmup_s": first.get("warmup_s", 0.0),
                 "capture_ms": first.get("warmup_capture_ms", 0.0) + sum(r.get("capture_ms", 0.0) for r in group),
                 "compile_ms": first.get("warmup_compile_ms", 0.0) + sum(r.get("compile_ms", 0.0) for r in group),
+                "compile_fallbacks": max((r.get("compile_fallbacks", 0) for r in group), default=0),
                 "path": first.get("path"),
             }
         )
@@ -145,11 +148,16 @@ def format_table(summaries: Sequence[dict]) -> str:
             _share(s.get("identical_hf_share")),
             _fmt(s.get("warmup_s"), ".1f"),
             _fmt(s.get("capture_ms"), ".0f"),
-            _fmt(s.get("compile_ms"), ".0f"),
+            _fmt(s.get("compile_ms"), ".0f") + _fallbacks(s.get("compile_fallbacks", 0)),
             *[_fmt(s["phase_ms_per_round"].get(p), ".2f") for p in phases],
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _fallbacks(count: int) -> str:
+    """A compile cell's mark for rounds that failed to compile and ran uncompiled."""
+    return f" ({count} uncompiled)" if count else ""
 
 
 def _share(share: float | None) -> str:

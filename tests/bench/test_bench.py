@@ -105,6 +105,18 @@ def test_format_table_exact_lines(rows):
     assert len(lines) == 6
 
 
+def test_format_table_marks_rounds_that_ran_uncompiled(rows):
+    """A method whose calls ran compiled rounds uncompiled (their compile failed) says so in its compile cell: the
+    most in one call, not a sum over calls."""
+    marked = [dict(r, compile_ms=5.0, compile_fallbacks=2 if r["prompt_id"] == "a" else 1) for r in rows]
+    summary = {(s["method"], s["temperature"]): s for s in aggregate(marked)}
+    assert summary[("dd", 0.0)]["compile_fallbacks"] == 2
+    lines = format_table(aggregate(marked)).splitlines()
+    want = "| dd | 0 | 8 | 4 | 2.50 | 15.0 | 2.00× | 50% | – | 0.0 | 0 | 10 (2 uncompiled) | 1.00 | 10.00 | 0.50 |"
+    assert lines[3] == want
+    assert "uncompiled" not in format_table(aggregate(rows))
+
+
 def test_write_report_writes_all_files(rows, tmp_path):
     more = [dict(r, method="dd16", budget=16) for r in rows if r["method"] == "dd"]
     summaries = write_report(rows + more, tmp_path)

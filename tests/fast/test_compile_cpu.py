@@ -245,4 +245,10 @@ def test_generate_when_compiling_fails_runs_the_rounds_uncompiled_and_equals_hf_
     assert any("runs uncompiled" in r.getMessage() for r in caplog.records)
     rounds = [r for r in FastEngine._engines[target]._rounds.values() if r.compile]
     assert rounds and all(r.captured.compile_failed for r in rounds)
+    assert out.stats.compile_fallbacks == len(rounds) and out.stats.as_dict()["compile_fallbacks"] == len(rounds)
+    again = specdec.generate(
+        target, ids, drafter=sharp_drafter(target), tree=specdec.DDTree(budget=4, topk=2), max_new_tokens=12,
+        cuda_graphs=True, compile=True,
+    )  # fmt: skip
+    assert torch.equal(again.sequences, ref) and again.stats.compile_fallbacks == len(rounds)  # still uncompiled
     torch._dynamo.reset()

@@ -324,5 +324,5 @@ def test_hybrid_rounds_that_fail_to_compile_run_uncompiled_and_equal_hf_greedy(m
         )  # fmt: skip
     assert out.stats.path == "fast" and torch.equal(out.sequences, want)
     assert out.stats.new_tokens > out.stats.rounds  # multi-token commits of the recurrent states
-    assert any("runs uncompiled" in r.getMessage() for r in caplog.records)
+    assert any("runs uncompiled" in r.getMessage() for r in caplog.records) and out.stats.compile_fallbacks >= 1
     torch._dynamo.reset()
