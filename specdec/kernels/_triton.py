@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["KERNEL_MODULES", "importable", "pick_impl", "prime_imports"]
+__all__ = ["KERNEL_MODULES", "device_property", "importable", "pick_impl", "prime_imports"]
 
 # The Triton modules the library's kernels dispatch to: every ``specdec/kernels/<name>/triton.py``.
 KERNEL_MODULES = tuple(
@@ -25,6 +25,22 @@ _IMPORTABLE: dict[str, bool] = {}
 COMPILE_GRAPH = os.environ.get("SPECDEC_COMPILE_GRAPH", "split")
 if COMPILE_GRAPH not in ("split", "whole"):
     raise ValueError(f"SPECDEC_COMPILE_GRAPH={COMPILE_GRAPH!r}: use 'split' or 'whole'.")
+
+
+# (device index, property name) -> value, read once; a plain dict, which a compiled caller reads as a constant.
+_DEVICE_PROPERTIES: dict[tuple[int, str], int] = {}
+
+
+def device_property(device: torch.device, name: str, default: int) -> int:
+    """``torch.cuda.get_device_properties(device).<name>`` of a CUDA ``device`` (read once per device), for launch
+    plans (e.g. ``multi_processor_count``, ``shared_memory_per_block_optin``); ``default`` elsewhere."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return default
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    value = _DEVICE_PROPERTIES.get((index, name))
+    if value is None:
+        value = _DEVICE_PROPERTIES[(index, name)] = getattr(torch.cuda.get_device_properties(index), name)
+    return value
 
 
 def importable(module: str) -> bool:

@@ -271,6 +271,31 @@ def test_split_plan_fills_the_gpu_at_the_8b_shape():
         assert plan["CHUNK"] >= 32 and plan["CHUNK"] % plan["BLOCK_N"] == 0 and plan["BLOCK_M"] >= 16
 
 
+def test_launch_plans_read_each_device_property_once(monkeypatch):
+    """The attention's shared-memory limit and the skinny kernel's SM count come from the device's properties,
+    read once per device (a compiled caller then reads a cached constant); off CUDA, the planning defaults."""
+    from types import SimpleNamespace
+
+    from specdec.kernels import _triton
+    from specdec.kernels.skinny_linear.triton import sm_count
+    from specdec.kernels.tree_attention.triton import SHARED_BYTES, shared_limit, split_plan
+
+    assert shared_limit(torch.device("cpu")) == SHARED_BYTES and sm_count(torch.device("cpu")) == 8
+    reads = []
+    props = {0: SimpleNamespace(shared_memory_per_block_optin=101376, multi_processor_count=84),
+             1: SimpleNamespace(shared_memory_per_block_optin=232448, multi_processor_count=132)}  # fmt: skip
+    monkeypatch.setattr(_triton, "_DEVICE_PROPERTIES", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: reads.append(i) or props[i])
+    for _ in range(3):
+        assert shared_limit(torch.device("cuda", 0)) == 101376 and shared_limit(torch.device("cuda")) == 232448
+        assert sm_count(torch.device("cuda", 0)) == 84 and sm_count(torch.device("cuda")) == 132
+    assert sorted(reads) == [0, 0, 1, 1]  # one read per (device, property)
+    plan = split_plan(256, 4, 1030, 256, 2, shared_limit(torch.device("cuda", 0)))  # a 99 KiB device
+    assert plan["STAGES"] == 2 and plan["BLOCK_N"] < 64
+
+
 def test_split_plans_fit_the_shared_memory_they_are_given():
     """Triton's own figure on an H200 (its ``OutOfResources`` message): 245760 bytes for 64 rows of D 256 in bf16
     over 64-slot tiles in 3 stages (the 8 B hybrid's 64-node verify, compiled; the limit is 232448). Every plan fits

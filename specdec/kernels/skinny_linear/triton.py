@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.kernels._triton import device_property
 from specdec.kernels.rms_norm.triton import _to_bf16
 from specdec.kernels.tree_attention.triton import _dot  # fp32-accumulated dot, IEEE / interpreter-safe
 
@@ -54,9 +55,6 @@ _STAGE_BUDGET = 160 * 1024
 
 _INTERPRETER_SMS = 8
 """The SM count planned for off CUDA (Triton's interpreter): a few splits, small grids."""
-
-# device index -> SM count. A plain dict: a filled one is a constant to torch.compile.
-_SM_COUNT: dict[int, int] = {}
 
 
 @triton.jit
@@ -193,14 +191,7 @@ def split_plan(m: int, n: int, k: int, sm_count: int, *, itemsize: int = 2, bloc
 
 def sm_count(device: torch.device) -> int:
     """The SM count of a CUDA ``device`` (read once per device); ``_INTERPRETER_SMS`` elsewhere."""
-    if device.type != "cuda":
-        return _INTERPRETER_SMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    known = _SM_COUNT.get(index)
-    if known is None:
-        known = torch.cuda.get_device_properties(index).multi_processor_count
-        _SM_COUNT[index] = known
-    return known
+    return device_property(device, "multi_processor_count", _INTERPRETER_SMS)
 
 
 def skinny_linear_triton(

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.kernels._triton import device_property
 from specdec.kernels.rms_norm.triton import _to_bf16
 
 __all__ = ["shared_bytes", "shared_limit", "split_plan", "tree_attention_triton"]
@@ -49,8 +50,6 @@ _MIN_CHUNK = 32
 SHARED_BYTES = 232448
 """Shared memory one program may use when the device's own limit is not known (an H100 / H200's opt-in 227 KiB);
 on CUDA the launcher reads the device's ``shared_memory_per_block_optin``."""
-
-_SHARED_LIMIT: dict[int, int] = {}  # device index -> its limit; a plain dict that a compiled caller reads as a constant
 
 _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min
 
@@ -236,14 +235,9 @@ def split_plan(
 
 
 def shared_limit(device: torch.device) -> int:
-    """The shared memory a program may use on ``device`` (CUDA: its opt-in limit; else ``SHARED_BYTES``)."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return SHARED_BYTES
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    limit = _SHARED_LIMIT.get(index)
-    if limit is None:
-        limit = _SHARED_LIMIT[index] = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
-    return limit
+    """The shared memory a program may use on ``device`` (CUDA: its opt-in limit, read once; else
+    ``SHARED_BYTES``)."""
+    return device_property(device, "shared_memory_per_block_optin", SHARED_BYTES)
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
