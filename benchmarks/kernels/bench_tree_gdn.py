@@ -39,7 +39,7 @@ from specdec.types import DraftTree
 REPO = Path(__file__).resolve().parents[2]
 ZOO_CONFIG = REPO.parent / "shared" / "zoo" / "target-hybrid" / "config.json"
 PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph", "nodes-graph", "paths-graph",
-             "chunk-graph", "chunk-tf32x3-graph"]  # fmt: skip
+             "chunk-graph", "chunk-tf32x3-graph", "chunk-tf32x3-r64-graph"]  # fmt: skip
 NODES = [16, 32, 64, 128]
 TREES = ["chain", "random", "ddtree"]
 MAX_DEPTH = 15  # "ddtree" trees: a DDTree over a 16-token block has its nodes at depths 1..15 below the root
@@ -131,15 +131,16 @@ class Runner:
             return None
         from specdec.kernels.tree_gdn.triton import tree_gdn_triton
 
-        if provider == "chunk-tf32x3-graph":  # the matrix form with 3-pass TF32 tensor-core products
+        if provider.startswith("chunk-tf32x3"):  # the matrix form with 3-pass TF32 tensor-core products
             from specdec.kernels.tree_gdn.triton import _launch_config, _tree_gdn
 
             block_v, warps = _launch_config(inputs["q"].shape[-1], inputs["v"].shape[-1])
-            if inputs["q"].shape[0] > 64:
+            n = inputs["q"].shape[0]
+            if n > 64:
                 return None
-            return functools.partial(
-                _tree_gdn, **inputs, block_v=block_v, num_warps=warps, walk="chunk", precision="tf32x3"
-            )
+            block_n = 64 if "-r64" in provider and n > 16 else None  # 17-64 nodes in 64-row tiles
+            return functools.partial(_tree_gdn, **inputs, block_v=block_v, num_warps=warps, walk="chunk",
+                                     precision="tf32x3", block_n=block_n)  # fmt: skip
         if provider == "chunk-graph" and inputs["q"].shape[0] > 64:
             return None  # the matrix form takes trees of up to 64 nodes
         walk = provider.removesuffix("-graph") if provider in ("nodes-graph", "paths-graph", "chunk-graph") else "auto"

@@ -172,6 +172,7 @@ GPU_CASES = [
         for tree in ("chain", "bush", "random", "forest", "deep")
     ),
     Case(64, 48, 128, 128, "random", h=16, dtype=torch.bfloat16),  # Qwen3.5-27B-like layer
+    *(Case(n, 32, 128, 128, tree, h=16) for n, tree in ((16, "random"), (32, "deep"), (64, "random"))),  # 8B-like
     Case(65, 8, 64, 64, "deep", h=4, dtype=torch.bfloat16),  # zoo hybrid layer
     Case(300, 2, 48, 40, "deep"),
 ]
@@ -299,6 +300,13 @@ def test_triton_gpu_matches_reference(case):
     assert_close(out.cpu(), tree_gdn_reference(**make_inputs(case)), case.dtype)
     for walk in walks_for(case):
         assert_close(tree_gdn_triton(**inputs, walk=walk), out, case.dtype)
+    if case.n <= 64:  # the matrix form on 3-pass TF32 products, in its own and in 64-row tiles
+        from specdec.kernels.tree_gdn.triton import _launch_config, _tree_gdn
+
+        assert_close(tree_gdn_triton(**inputs, walk="chunk", precision="tf32x3"), out, case.dtype)
+        block_v, warps = _launch_config(case.k, case.v)
+        padded = _tree_gdn(**inputs, block_v=block_v, num_warps=warps, walk="chunk", precision="tf32x3", block_n=64)
+        assert_close(padded, out, case.dtype)
     assert torch.equal(inputs["init_state"], before)
     assert torch.equal(tree_gdn(**inputs), out)  # auto picks Triton on CUDA
 

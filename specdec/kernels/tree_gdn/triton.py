@@ -282,6 +282,7 @@ def tree_gdn_triton(
     parents: torch.Tensor,
     *,
     walk: str = "auto",
+    precision: str = "ieee",
 ) -> torch.Tensor:
     """Triton ``tree_gdn``; arguments and result as ``tree_gdn_reference``.
 
@@ -292,6 +293,8 @@ def tree_gdn_triton(
             order), ``"chunk"`` (all nodes at once in matrix form, trees of up to ``CHUNK_MAX_NODES`` nodes) or
             ``"auto"``: ``TREE_WALK`` for trees of up to ``CHUNK_MAX_NODES`` nodes when it is ``"chunk"``, else
             paths for trees of up to ``PATHS_MAX_NODES`` nodes, else nodes.
+        precision (str): the matrix form's products: ``"ieee"`` (fp32) or ``"tf32x3"`` (3-pass TF32 on tensor
+            cores: each fp32 operand split into two TF32 parts, three products). The other schedules ignore it.
     """
     n = q.shape[0]
     if walk == "auto":
@@ -301,8 +304,11 @@ def tree_gdn_triton(
         raise ValueError(f"walk={walk!r}: choose 'auto', 'paths', 'nodes' or 'chunk'.")
     if walk == "chunk" and n > CHUNK_MAX_NODES:
         raise ValueError(f"walk='chunk' takes trees of up to {CHUNK_MAX_NODES} nodes; got {n}: use 'paths' or 'nodes'.")
+    if precision not in ("ieee", "tf32x3"):
+        raise ValueError(f"precision={precision!r}: choose 'ieee' or 'tf32x3'.")
     block_v, num_warps = _launch_config(q.shape[-1], v.shape[-1])
-    return _tree_gdn(init_state, q, k, v, log_decay, beta, parents, block_v=block_v, num_warps=num_warps, walk=walk)
+    return _tree_gdn(init_state, q, k, v, log_decay, beta, parents, block_v=block_v, num_warps=num_warps, walk=walk,
+                     precision=precision)  # fmt: skip
 
 
 def _tree_gdn(
@@ -318,6 +324,7 @@ def _tree_gdn(
     num_warps: int,
     walk: str = "nodes",
     precision: str = "ieee",
+    block_n: int | None = None,
 ) -> torch.Tensor:
     n, hv, k_dim = q.shape
     v_dim = v.shape[-1]
@@ -338,7 +345,7 @@ def _tree_gdn(
     if walk == "paths":
         _tree_gdn_paths_kernel[(hv, triton.cdiv(v_dim, block_v), n)](*inputs, n, hv, heads_per_key, **sizes)
     elif walk == "chunk":  # tl.dot needs 16 rows / columns at least; wider value blocks: fewer K K^T per head
-        sizes.update(BLOCK_N=max(16, sizes["BLOCK_N"]), BLOCK_V=CHUNK_BLOCK_V, num_warps=4)
+        sizes.update(BLOCK_N=block_n or max(16, sizes["BLOCK_N"]), BLOCK_V=CHUNK_BLOCK_V, num_warps=4)
         _tree_gdn_chunk_kernel[(hv, triton.cdiv(v_dim, CHUNK_BLOCK_V))](
             *inputs, n, hv, heads_per_key, PRECISION=precision, **sizes
         )
