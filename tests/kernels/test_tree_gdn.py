@@ -163,6 +163,7 @@ TRITON_CASES = [
     Case(65, 1, 16, 16, "chain", dtype=torch.float16),
     Case(9, 2, 16, 16, "forest", h=1),
     Case(40, 1, 32, 16, "forest"),
+    Case(24, 2, 32, 32, "random", h=1),  # the matrix form pads 17-64 nodes to 64 rows
 ]
 
 GPU_CASES = [
@@ -221,26 +222,45 @@ def test_triton_interpreted_matches_reference(case, walk, interpreted):
     assert torch.equal(interpreted[case.id + "/init_state"], inputs["init_state"])
 
 
-def test_auto_walk_follows_the_node_count():
+def test_auto_walk_follows_the_node_count_and_the_programs():
     from specdec.kernels.tree_gdn import triton as kernels
 
-    calls = []
-    with mock.patch.object(kernels, "_tree_gdn", side_effect=lambda *a, **kw: calls.append(kw["walk"])):
-        for n in (1, kernels.PATHS_MAX_NODES, kernels.PATHS_MAX_NODES + 1):
-            kernels.tree_gdn_triton(**make_inputs(Case(n, 1, 16, 16, "random")))
-    assert calls == ["paths", "paths", "nodes"]
+    def walks(hv: int, v: int, sizes) -> list[str]:
+        calls = []
+        with mock.patch.object(kernels, "_tree_gdn", side_effect=lambda *a, **kw: calls.append(kw["walk"])):
+            for n in sizes:
+                kernels.tree_gdn_triton(**make_inputs(Case(n, hv, 16, v, "random")))
+        return calls
+
+    lo, hi, paths_max = kernels.CHUNK_MIN_NODES, kernels.CHUNK_MAX_NODES, kernels.PATHS_MAX_NODES
+    sizes = (1, lo - 1, lo, hi, hi + 1, paths_max, paths_max + 1)
+    # 64 value heads x 1 value block, 32 x 2: enough programs for the matrix form; 32 x 1: too few
+    assert walks(64, 16, sizes) == ["paths", "paths", "chunk", "chunk", "paths", "paths", "nodes"]
+    assert walks(32, 64, (lo, hi)) == ["chunk", "chunk"]
+    assert walks(32, 32, sizes) == ["paths"] * 6 + ["nodes"]
+    with mock.patch.object(kernels, "TREE_WALK", "paths"):
+        assert walks(64, 16, (lo, hi)) == ["paths", "paths"]
+    with mock.patch.object(kernels, "TREE_WALK", "chunk"):
+        assert walks(1, 16, (1, hi, hi + 1, paths_max + 1)) == ["chunk", "chunk", "paths", "nodes"]
     with pytest.raises(ValueError, match="walk="):
         kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="levels")
     with pytest.raises(ValueError, match="up to 64 nodes"):
         kernels.tree_gdn_triton(**make_inputs(Case(65, 1, 16, 16, "random")), walk="chunk")
-    calls.clear()
-    with (
-        mock.patch.object(kernels, "TREE_WALK", "chunk"),
-        mock.patch.object(kernels, "_tree_gdn", side_effect=lambda *a, **kw: calls.append(kw["walk"])),
-    ):
-        for n in (1, kernels.CHUNK_MAX_NODES, kernels.CHUNK_MAX_NODES + 1, kernels.PATHS_MAX_NODES + 1):
-            kernels.tree_gdn_triton(**make_inputs(Case(n, 1, 16, 16, "random")))
-    assert calls == ["chunk", "chunk", "paths", "nodes"]
+    with pytest.raises(ValueError, match="precision="):
+        kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="chunk", precision="tf32")
+
+
+# The faster schedule on DDTree-like trees, as measured by bench_tree_gdn.py on an H200 (docs/kernels.md, 7d2113f,
+# paths-graph against chunk-tf32x3-r64-graph): (value heads, value dim, nodes) -> the faster schedule.
+TREE_BENCH = {(8, 64, 16): "paths", (8, 64, 32): "paths", (8, 64, 64): "paths",
+              (32, 128, 16): "chunk", (32, 128, 32): "chunk", (32, 128, 64): "chunk",
+              (48, 128, 16): "chunk", (48, 128, 32): "chunk", (48, 128, 64): "chunk"}  # fmt: skip
+
+
+def test_auto_walk_picks_the_measured_faster_schedule_on_trees():
+    from specdec.kernels.tree_gdn.triton import auto_walk
+
+    assert {key: auto_walk(key[2], key[0], key[1]) for key in TREE_BENCH} == TREE_BENCH
 
 
 # The faster schedule on chains, as measured by bench_tree_gdn.py on an H200 (docs/kernels.md, 95b3174):
@@ -300,13 +320,8 @@ def test_triton_gpu_matches_reference(case):
     assert_close(out.cpu(), tree_gdn_reference(**make_inputs(case)), case.dtype)
     for walk in walks_for(case):
         assert_close(tree_gdn_triton(**inputs, walk=walk), out, case.dtype)
-    if case.n <= 64:  # the matrix form on 3-pass TF32 products, in its own and in 64-row tiles
-        from specdec.kernels.tree_gdn.triton import _launch_config, _tree_gdn
-
-        assert_close(tree_gdn_triton(**inputs, walk="chunk", precision="tf32x3"), out, case.dtype)
-        block_v, warps = _launch_config(case.k, case.v)
-        padded = _tree_gdn(**inputs, block_v=block_v, num_warps=warps, walk="chunk", precision="tf32x3", block_n=64)
-        assert_close(padded, out, case.dtype)
+    if case.n <= 64:  # the matrix form with fp32 products too (the default is 3-pass TF32)
+        assert_close(tree_gdn_triton(**inputs, walk="chunk", precision="ieee"), out, case.dtype)
     assert torch.equal(inputs["init_state"], before)
     assert torch.equal(tree_gdn(**inputs), out)  # auto picks Triton on CUDA
 

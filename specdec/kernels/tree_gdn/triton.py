@@ -20,8 +20,12 @@ from a 16-token block is at most 17 deep where the node walk is 65 long. A chain
 prefill) keep the node walk.
 
 A third schedule, ``walk="chunk"`` (trees of up to ``CHUNK_MAX_NODES`` nodes), takes every node at once in matrix
-form (``_tree_gdn_chunk_kernel``): exact, but with fp32 products slower than the path kernel at the large shapes
-on an H200 (docs/kernels.md), so ``"auto"`` takes it only with ``SPECDEC_TREE_GDN_WALK=chunk``.
+form (``_tree_gdn_chunk_kernel``), one program per (value head, block of ``CHUNK_BLOCK_V`` value columns). Its
+products run on tensor cores in 3 TF32 passes (``precision="tf32x3"``, as accurate as fp32 products at the tests'
+1e-5) or in fp32 (``"ieee"``, several times slower). ``"auto"`` takes it for trees of ``CHUNK_MIN_NODES`` to
+``CHUNK_MAX_NODES`` nodes when it has at least ``CHUNK_MIN_PROGRAMS`` programs: on an H200 (docs/kernels.md) it
+halves the per-layer time of the 8B and 27B shapes' 16- and 64-node trees, ties at 32, and is 1.1-3x slower
+than the path schedule at the zoo hybrid's 16 programs.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["CHUNK_MAX_NODES", "PATHS_MAX_NODES", "gdn_path_replay_triton", "tree_gdn_triton"]
+__all__ = ["CHUNK_MAX_NODES", "PATHS_MAX_NODES", "auto_walk", "gdn_path_replay_triton", "tree_gdn_triton"]
 
 PATHS_MAX_NODES = 128
 """Trees of up to this many nodes run the path-parallel kernel, larger ones the node walk."""
@@ -43,10 +47,26 @@ CHUNK_MAX_NODES = 64
 CHUNK_BLOCK_V = 32
 """Value columns per program of the matrix-form kernel."""
 
-TREE_WALK = os.environ.get("SPECDEC_TREE_GDN_WALK", "paths")
-"""What ``walk="auto"`` runs for trees of up to ``CHUNK_MAX_NODES`` nodes: ``"paths"`` or ``"chunk"``."""
-if TREE_WALK not in ("paths", "chunk"):
-    raise ValueError(f"SPECDEC_TREE_GDN_WALK={TREE_WALK!r}: use 'paths' or 'chunk'.")
+CHUNK_MIN_NODES = 16
+"""``walk="auto"`` takes the matrix form from this many nodes (smaller trees were not measured)."""
+
+CHUNK_MIN_PROGRAMS = 64
+"""``walk="auto"`` takes the matrix form only with at least this many programs (value heads x value blocks)."""
+
+TREE_WALK = os.environ.get("SPECDEC_TREE_GDN_WALK", "auto")
+"""What ``walk="auto"`` runs for trees of up to ``CHUNK_MAX_NODES`` nodes: ``"auto"`` (``auto_walk``), ``"paths"``
+or ``"chunk"``."""
+if TREE_WALK not in ("auto", "paths", "chunk"):
+    raise ValueError(f"SPECDEC_TREE_GDN_WALK={TREE_WALK!r}: use 'auto', 'paths' or 'chunk'.")
+
+
+def auto_walk(num_nodes: int, num_value_heads: int, value_dim: int) -> str:
+    """The schedule ``walk="auto"`` runs for a tree of ``num_nodes`` nodes (see the module docstring)."""
+    if num_nodes <= CHUNK_MAX_NODES and TREE_WALK != "paths":
+        programs = num_value_heads * triton.cdiv(value_dim, CHUNK_BLOCK_V)
+        if TREE_WALK == "chunk" or (num_nodes >= CHUNK_MIN_NODES and programs >= CHUNK_MIN_PROGRAMS):
+            return "chunk"
+    return "paths" if num_nodes <= PATHS_MAX_NODES else "nodes"
 
 
 @triton.jit
@@ -282,7 +302,7 @@ def tree_gdn_triton(
     parents: torch.Tensor,
     *,
     walk: str = "auto",
-    precision: str = "ieee",
+    precision: str = "tf32x3",
 ) -> torch.Tensor:
     """Triton ``tree_gdn``; arguments and result as ``tree_gdn_reference``.
 
@@ -291,15 +311,14 @@ def tree_gdn_triton(
     Args:
         walk (str): ``"paths"`` (one program per node replays its path), ``"nodes"`` (one walk over the nodes in
             order), ``"chunk"`` (all nodes at once in matrix form, trees of up to ``CHUNK_MAX_NODES`` nodes) or
-            ``"auto"``: ``TREE_WALK`` for trees of up to ``CHUNK_MAX_NODES`` nodes when it is ``"chunk"``, else
-            paths for trees of up to ``PATHS_MAX_NODES`` nodes, else nodes.
+            ``"auto"`` (``auto_walk``: chunk for 16-64 nodes with enough programs, else paths for trees of up to
+            ``PATHS_MAX_NODES`` nodes, else nodes; ``SPECDEC_TREE_GDN_WALK`` can force paths or chunk).
         precision (str): the matrix form's products: ``"ieee"`` (fp32) or ``"tf32x3"`` (3-pass TF32 on tensor
             cores: each fp32 operand split into two TF32 parts, three products). The other schedules ignore it.
     """
     n = q.shape[0]
     if walk == "auto":
-        chunk = TREE_WALK == "chunk" and n <= CHUNK_MAX_NODES
-        walk = "chunk" if chunk else "paths" if n <= PATHS_MAX_NODES else "nodes"
+        walk = auto_walk(n, q.shape[1], v.shape[-1])
     if walk not in ("paths", "nodes", "chunk"):
         raise ValueError(f"walk={walk!r}: choose 'auto', 'paths', 'nodes' or 'chunk'.")
     if walk == "chunk" and n > CHUNK_MAX_NODES:
@@ -345,7 +364,8 @@ def _tree_gdn(
     if walk == "paths":
         _tree_gdn_paths_kernel[(hv, triton.cdiv(v_dim, block_v), n)](*inputs, n, hv, heads_per_key, **sizes)
     elif walk == "chunk":  # tl.dot needs 16 rows / columns at least; wider value blocks: fewer K K^T per head
-        sizes.update(BLOCK_N=block_n or max(16, sizes["BLOCK_N"]), BLOCK_V=CHUNK_BLOCK_V, num_warps=4)
+        # 17-64 nodes in 64-row tiles: 32-row tiles ran 2x slower on an H200 (docs/kernels.md)
+        sizes.update(BLOCK_N=block_n or (16 if n <= 16 else 64), BLOCK_V=CHUNK_BLOCK_V, num_warps=4)
         _tree_gdn_chunk_kernel[(hv, triton.cdiv(v_dim, CHUNK_BLOCK_V))](
             *inputs, n, hv, heads_per_key, PRECISION=precision, **sizes
         )
