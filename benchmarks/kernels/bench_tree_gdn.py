@@ -5,10 +5,13 @@ Providers: ``tree_scan`` (the adapter's former path: ``tree_scan`` + ``gdn_step`
 under ``torch.compile``), ``triton`` (one fused launch, the default schedule) and ``triton-graph`` (the same launch
 replayed in a CUDA graph: kernel time without the host's launch overhead), and each schedule forced, graph-replayed:
 ``nodes-graph`` (one walk over the nodes), ``paths-graph`` (one program per node replays its path) and
-``chunk-graph`` (every node at once in matrix form, fp32 products; ``chunk-tf32x3-graph``: on 3-pass TF32 tensor-core
-products; trees of up to 64 nodes). Shapes: the
-zoo hybrid target's GDN layer, a Qwen3.5-8B-like and a Qwen3.5-27B-like layer; trees: a chain, a random tree
-(uniform random parents) and a DDTree-like tree (random parents at most 15 deep: a 16-token block), N = 16 .. 128.
+``chunk-graph`` (every node at once in matrix form on 3-pass TF32 tensor-core products; ``chunk-ieee-graph``: fp32
+products; trees of up to 64 nodes). Shapes: the zoo hybrid target's GDN layer, a Qwen3.5-8B-like and a
+Qwen3.5-27B-like layer. Trees: a chain, a random tree (uniform random parents), a DDTree-like tree (random parents
+at most 15 deep: a 16-token block), and the round's own DDTree (budget N - 1, topk 8) over random draft log-probs:
+``best-flat`` (logits ~ 3 N(0, 1), as ``shape_8b.py``'s verify rows: 2-3 deep) and ``best-peaked`` (one confident
+token per position, as a trained drafter's: 14-15 deep); N = 16 .. 128. ``--chunk-sweep`` times the matrix form's
+tiles on the last two.
 
     python benchmarks/kernels/bench_tree_gdn.py [--device cuda] [--out bench_out/kernels] [--providers ...]
 
@@ -34,15 +37,17 @@ from _common import print_table, time_call, write_csv  # benchmarks/kernels, bes
 from specdec.kernels.tree_gdn.reference import gdn_update, level_scan, tree_gdn_reference
 from specdec.state.gdn import gdn_step
 from specdec.state.hybrid import TreeTopology, tree_scan
+from specdec.trees.ddtree import build_ddtree
 from specdec.types import DraftTree
 
 REPO = Path(__file__).resolve().parents[2]
 ZOO_CONFIG = REPO.parent / "shared" / "zoo" / "target-hybrid" / "config.json"
 PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph", "nodes-graph", "paths-graph",
-             "chunk-graph", "chunk-tf32x3-graph", "chunk-tf32x3-r64-graph"]  # fmt: skip
+             "chunk-graph", "chunk-ieee-graph"]  # fmt: skip
 NODES = [16, 32, 64, 128]
-TREES = ["chain", "random", "ddtree"]
+TREES = ["chain", "random", "ddtree", "best-flat", "best-peaked"]
 MAX_DEPTH = 15  # "ddtree" trees: a DDTree over a 16-token block has its nodes at depths 1..15 below the root
+DRAFT_VOCAB = 32768  # "best-*" trees: DDTree's own builder over 15 positions' draft log-probs of this vocabulary
 
 
 def shapes() -> dict[str, dict[str, int]]:
@@ -63,6 +68,11 @@ def shapes() -> dict[str, dict[str, int]]:
 
 
 def make_parents(tree: str, n: int, gen: torch.Generator) -> list[int]:
+    if tree.startswith("best-"):  # the round's DDTree (budget n - 1, topk 8) over random draft log-probs
+        logits = torch.randn(MAX_DEPTH, DRAFT_VOCAB, generator=gen) * 3  # "flat": as shape_8b.py's verify rows
+        if tree == "best-peaked":  # one confident token per position (p ~ 0.8), as a trained drafter's first choice
+            logits[:, 0] += 20
+        return build_ddtree(torch.log_softmax(logits, -1), 0, budget=n - 1, topk=8).parents.tolist()
     parents, depth = [-1], [0]
     for i in range(1, n):
         if tree == "chain":
@@ -131,18 +141,10 @@ class Runner:
             return None
         from specdec.kernels.tree_gdn.triton import tree_gdn_triton
 
-        if provider.startswith("chunk-tf32x3"):  # the matrix form with 3-pass TF32 tensor-core products
-            from specdec.kernels.tree_gdn.triton import _launch_config, _tree_gdn
-
-            block_v, warps = _launch_config(inputs["q"].shape[-1], inputs["v"].shape[-1])
-            n = inputs["q"].shape[0]
-            if n > 64:
-                return None
-            block_n = 64 if "-r64" in provider and n > 16 else None  # 17-64 nodes in 64-row tiles
-            return functools.partial(_tree_gdn, **inputs, block_v=block_v, num_warps=warps, walk="chunk",
-                                     precision="tf32x3", block_n=block_n)  # fmt: skip
-        if provider == "chunk-graph" and inputs["q"].shape[0] > 64:
+        if provider.startswith("chunk-") and inputs["q"].shape[0] > 64:
             return None  # the matrix form takes trees of up to 64 nodes
+        if provider == "chunk-ieee-graph":
+            return lambda: tree_gdn_triton(**inputs, walk="chunk", precision="ieee")
         walk = provider.removesuffix("-graph") if provider in ("nodes-graph", "paths-graph", "chunk-graph") else "auto"
         return lambda: tree_gdn_triton(**inputs, walk=walk)
 
@@ -175,6 +177,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "bench_out" / "kernels"))
     parser.add_argument("--providers", nargs="+", default=PROVIDERS, choices=PROVIDERS)
     parser.add_argument("--no-sweep", action="store_true", help="skip the launch-configuration sweep")
+    parser.add_argument("--chunk-sweep", action="store_true", help="sweep the matrix form's tiles at the 8B shape")
+    parser.add_argument("--trees", nargs="+", default=TREES, choices=TREES)
     args = parser.parse_args()
     providers = [p for p in PROVIDERS if p in args.providers]
     device = torch.device(args.device)
@@ -196,13 +200,13 @@ def main() -> None:
             ylabel="ms",
         )
         for shape_name in shapes()
-        for tree in TREES
+        for tree in args.trees
     ]
     triton.testing.perf_report(benchmarks)(runner.bench).run(print_data=False)
 
     rows = []
     for shape_name, shape in shapes().items():
-        for tree in TREES:
+        for tree in args.trees:
             for n in NODES:
                 ms = {p: runner.results.get((shape_name, tree, n, p), math.nan) for p in PROVIDERS}
                 gbps = min_bytes(shape, n) / (ms["triton"] * 1e-3) / 1e9 if "triton" in providers else math.nan
@@ -217,6 +221,10 @@ def main() -> None:
         sweep = _sweep(runner)
         print_table(sweep, list(sweep[0]))
         write_csv(out_dir / "tree_gdn_configs.csv", sweep, list(sweep[0]))
+    if device.type == "cuda" and args.chunk_sweep:
+        sweep = _chunk_sweep(runner)
+        print_table(sweep, list(sweep[0]))
+        write_csv(out_dir / "tree_gdn_chunk_configs.csv", sweep, list(sweep[0]))
     print(f"CSV under {out_dir}")
 
 
@@ -240,6 +248,38 @@ def _sweep(runner: Runner) -> list[dict]:
                     | {"default": "*" if (block_v, num_warps) == default else ""}
                 )
     return rows
+
+
+def _chunk_sweep(runner: Runner) -> list[dict]:
+    """The matrix form's tiles (rows x value columns x warps, 3-pass TF32) at the 8B shape, on the round's trees."""
+    from specdec.kernels.tree_gdn.triton import CHUNK_BLOCK_V, CHUNK_WARPS, _tree_gdn, tree_gdn_triton
+
+    rows = []
+    for tree in ("best-flat", "best-peaked"):
+        for n in (16, 32, 64):
+            inputs = make_inputs(shapes()["qwen3.5-8b"], n, tree, runner.device)
+            depth = _depth(inputs["parents"].tolist())
+            paths = time_call(functools.partial(tree_gdn_triton, **inputs, walk="paths"), runner.device, graph=True)[0]
+            for block_n in (16, 32, 64):
+                for block_v in (16, 32, 64):
+                    for warps in (2, 4, 8):
+                        if block_n < n:
+                            continue
+                        fn = functools.partial(_tree_gdn, **inputs, block_v=block_v, num_warps=warps, walk="chunk",
+                                               precision="tf32x3", block_n=block_n)  # fmt: skip
+                        default = (block_n == (16 if n <= 16 else 64) and (block_v, warps) == (CHUNK_BLOCK_V,
+                                   CHUNK_WARPS))  # fmt: skip
+                        rows.append({"tree": tree, "n": n, "depth": depth, "block_n": block_n, "block_v": block_v,
+                                     "num_warps": warps, "chunk-graph": time_call(fn, runner.device, graph=True)[0],
+                                     "paths-graph": paths, "default": "*" if default else ""})  # fmt: skip
+    return rows
+
+
+def _depth(parents: list[int]) -> int:
+    depth = [0] * len(parents)
+    for i, p in enumerate(parents):
+        depth[i] = depth[p] + 1 if p >= 0 else 0
+    return max(depth)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,9 @@ CHUNK_MAX_NODES = 64
 CHUNK_BLOCK_V = 32
 """Value columns per program of the matrix-form kernel."""
 
+CHUNK_WARPS = 4
+"""Warps per program of the matrix-form kernel."""
+
 CHUNK_MIN_NODES = 16
 """``walk="auto"`` takes the matrix form from this many nodes (smaller trees were not measured)."""
 
@@ -325,7 +328,8 @@ def tree_gdn_triton(
         raise ValueError(f"walk='chunk' takes trees of up to {CHUNK_MAX_NODES} nodes; got {n}: use 'paths' or 'nodes'.")
     if precision not in ("ieee", "tf32x3"):
         raise ValueError(f"precision={precision!r}: choose 'ieee' or 'tf32x3'.")
-    block_v, num_warps = _launch_config(q.shape[-1], v.shape[-1])
+    chunk = walk == "chunk"
+    block_v, num_warps = (CHUNK_BLOCK_V, CHUNK_WARPS) if chunk else _launch_config(q.shape[-1], v.shape[-1])
     return _tree_gdn(init_state, q, k, v, log_decay, beta, parents, block_v=block_v, num_warps=num_warps, walk=walk,
                      precision=precision)  # fmt: skip
 
@@ -363,10 +367,10 @@ def _tree_gdn(
     heads_per_key = hv // k.shape[1]
     if walk == "paths":
         _tree_gdn_paths_kernel[(hv, triton.cdiv(v_dim, block_v), n)](*inputs, n, hv, heads_per_key, **sizes)
-    elif walk == "chunk":  # tl.dot needs 16 rows / columns at least; wider value blocks: fewer K K^T per head
+    elif walk == "chunk":  # tl.dot needs 16 rows / columns at least
         # 17-64 nodes in 64-row tiles: 32-row tiles ran 2x slower on an H200 (docs/kernels.md)
-        sizes.update(BLOCK_N=block_n or (16 if n <= 16 else 64), BLOCK_V=CHUNK_BLOCK_V, num_warps=4)
-        _tree_gdn_chunk_kernel[(hv, triton.cdiv(v_dim, CHUNK_BLOCK_V))](
+        sizes.update(BLOCK_N=block_n or (16 if n <= 16 else 64))
+        _tree_gdn_chunk_kernel[(hv, triton.cdiv(v_dim, block_v))](
             *inputs, n, hv, heads_per_key, PRECISION=precision, **sizes
         )
     else:
