@@ -404,6 +404,13 @@ def main() -> None:
         logger.warning("heaviest kernels, DDTree round b31, compiled:")
         phases = profile_round(b31_c, engine, 3, top=("round",))
         add("  DDTree round b31, compiled: kernel sum", phases["round"][1], f"{phases['round'][0]:.0f} kernels")
+    if device.type == "cuda" and args.verify_only and not args.compile:  # the verifies' kernels, uncompiled
+        for n, verify in verifies.items():
+            start(drafter)
+            logger.warning("heaviest kernels, verify, %d nodes:", n)
+            with owners[n].captured.scope:
+                phases = profile_fn(verify, 3, top=("round",))
+            add(f"  verify, {n} nodes: kernel sum", phases["round"][1], f"{phases['round'][0]:.0f} kernels")
     if device.type == "cuda" and args.compile and compiled_verifies:  # the compiled verifies' kernels
         start(drafter)
         for n, step in compiled_verifies.items():

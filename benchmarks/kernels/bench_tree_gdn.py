@@ -252,7 +252,7 @@ def _sweep(runner: Runner) -> list[dict]:
 
 def _chunk_sweep(runner: Runner) -> list[dict]:
     """The matrix form's tiles (rows x value columns x warps, 3-pass TF32) at the 8B shape, on the round's trees."""
-    from specdec.kernels.tree_gdn.triton import CHUNK_BLOCK_V, CHUNK_WARPS, _tree_gdn, tree_gdn_triton
+    from specdec.kernels.tree_gdn.triton import _tree_gdn, chunk_config, tree_gdn_triton
 
     rows = []
     for tree in ("best-flat", "best-peaked"):
@@ -267,8 +267,7 @@ def _chunk_sweep(runner: Runner) -> list[dict]:
                             continue
                         fn = functools.partial(_tree_gdn, **inputs, block_v=block_v, num_warps=warps, walk="chunk",
                                                precision="tf32x3", block_n=block_n)  # fmt: skip
-                        default = (block_n == (16 if n <= 16 else 64) and (block_v, warps) == (CHUNK_BLOCK_V,
-                                   CHUNK_WARPS))  # fmt: skip
+                        default = (block_n, block_v, warps) == chunk_config(n)
                         rows.append({"tree": tree, "n": n, "depth": depth, "block_n": block_n, "block_v": block_v,
                                      "num_warps": warps, "chunk-graph": time_call(fn, runner.device, graph=True)[0],
                                      "paths-graph": paths, "default": "*" if default else ""})  # fmt: skip

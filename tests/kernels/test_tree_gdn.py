@@ -263,6 +263,36 @@ def test_auto_walk_picks_the_measured_faster_schedule_on_trees():
     assert {key: auto_walk(key[2], key[0], key[1]) for key in TREE_BENCH} == TREE_BENCH
 
 
+# The matrix form's tiles at the 8B shape, as measured by bench_tree_gdn.py --chunk-sweep on an H200 (db37916):
+# nodes -> {(BLOCK_N, BLOCK_V, warps): (µs on the flat, µs on the peaked DDTree)}; configurations over 120 µs in
+# all (2-warp 64-row tiles, which spill; 8-warp 32-row tiles) left out.
+CHUNK_SWEEP = {
+    16: {
+        (16, 16, 2): (15.7, 20.8), (16, 16, 4): (26.0, 31.8), (16, 16, 8): (37.1, 50.1), (16, 32, 2): (9.0, 14.2),
+        (16, 32, 4): (7.1, 11.4), (16, 32, 8): (9.0, 13.7), (16, 64, 2): (14.0, 21.2), (16, 64, 4): (9.5, 14.6),
+        (16, 64, 8): (9.0, 14.1), (32, 16, 2): (37.9, 44.9), (32, 32, 2): (48.0, 51.6), (32, 32, 4): (46.8, 54.0),
+        (32, 64, 4): (18.8, 27.1), (32, 64, 8): (21.2, 28.2), (64, 16, 4): (23.2, 42.8), (64, 32, 4): (18.3, 34.4),
+        (64, 32, 8): (29.2, 51.2), (64, 64, 4): (26.0, 46.4), (64, 64, 8): (32.5, 59.0),
+    },
+    32: {
+        (32, 16, 2): (39.9, 46.6), (32, 32, 2): (46.8, 52.8), (32, 32, 4): (48.4, 55.9), (32, 64, 4): (19.9, 28.3),
+        (32, 64, 8): (21.7, 29.3), (64, 16, 4): (25.2, 45.0), (64, 32, 4): (19.8, 36.0), (64, 32, 8): (31.2, 53.4),
+        (64, 64, 4): (27.9, 48.4), (64, 64, 8): (34.9, 61.5),
+    },
+    64: {
+        (64, 16, 4): (26.4, 45.7), (64, 32, 4): (20.6, 36.5), (64, 32, 8): (32.3, 54.2), (64, 64, 4): (28.5, 48.8),
+        (64, 64, 8): (35.6, 61.9),
+    },
+}  # fmt: skip
+
+
+def test_chunk_config_is_the_measured_fastest_on_both_trees():
+    from specdec.kernels.tree_gdn.triton import chunk_config
+
+    for n, times in CHUNK_SWEEP.items():
+        assert chunk_config(n) == min(times, key=lambda config: sum(times[config])), n
+
+
 # The faster schedule on chains, as measured by bench_tree_gdn.py on an H200 (docs/kernels.md, 95b3174):
 # (value heads, nodes) -> the schedule with the lower graph-replayed time per layer.
 CHAIN_BENCH = {(8, 16): "paths", (8, 32): "paths", (8, 64): "nodes", (8, 128): "nodes",

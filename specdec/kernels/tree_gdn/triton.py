@@ -20,7 +20,7 @@ from a 16-token block is at most 17 deep where the node walk is 65 long. A chain
 prefill) keep the node walk.
 
 A third schedule, ``walk="chunk"`` (trees of up to ``CHUNK_MAX_NODES`` nodes), takes every node at once in matrix
-form (``_tree_gdn_chunk_kernel``), one program per (value head, block of ``CHUNK_BLOCK_V`` value columns). Its
+form (``_tree_gdn_chunk_kernel``), one program per (value head, block of value columns). Its
 products run on tensor cores in 3 TF32 passes (``precision="tf32x3"``, as accurate as fp32 products at the tests'
 1e-5) or in fp32 (``"ieee"``, several times slower). ``"auto"`` takes it for trees of ``CHUNK_MIN_NODES`` to
 ``CHUNK_MAX_NODES`` nodes when it has at least ``CHUNK_MIN_PROGRAMS`` programs: on an H200 (docs/kernels.md) it
@@ -44,11 +44,12 @@ PATHS_MAX_NODES = 128
 CHUNK_MAX_NODES = 64
 """The largest tree the matrix-form kernel (``walk="chunk"``) takes: its ``[N, N]`` and ``[N, K]`` tiles."""
 
-CHUNK_BLOCK_V = 32
-"""Value columns per program of the matrix-form kernel."""
+CHUNK_CONFIGS = ((16, 16, 32, 4), (32, 32, 64, 4), (64, 64, 32, 4))
+"""The matrix-form kernel's launch by tree size: ``(up to this many nodes, BLOCK_N rows, BLOCK_V value columns,
+warps)``, the fastest of a 27-way sweep at the 8B shape on the round's DDTree trees (H200, docs/kernels.md)."""
 
-CHUNK_WARPS = 4
-"""Warps per program of the matrix-form kernel."""
+CHUNK_BLOCK_V = 32
+"""``walk="auto"`` counts the matrix form's programs in value blocks of this many columns."""
 
 CHUNK_MIN_NODES = 16
 """``walk="auto"`` takes the matrix form from this many nodes (smaller trees were not measured)."""
@@ -328,10 +329,18 @@ def tree_gdn_triton(
         raise ValueError(f"walk='chunk' takes trees of up to {CHUNK_MAX_NODES} nodes; got {n}: use 'paths' or 'nodes'.")
     if precision not in ("ieee", "tf32x3"):
         raise ValueError(f"precision={precision!r}: choose 'ieee' or 'tf32x3'.")
-    chunk = walk == "chunk"
-    block_v, num_warps = (CHUNK_BLOCK_V, CHUNK_WARPS) if chunk else _launch_config(q.shape[-1], v.shape[-1])
+    block_n = None
+    if walk == "chunk":
+        block_n, block_v, num_warps = chunk_config(n)
+    else:
+        block_v, num_warps = _launch_config(q.shape[-1], v.shape[-1])
     return _tree_gdn(init_state, q, k, v, log_decay, beta, parents, block_v=block_v, num_warps=num_warps, walk=walk,
-                     precision=precision)  # fmt: skip
+                     precision=precision, block_n=block_n)  # fmt: skip
+
+
+def chunk_config(num_nodes: int) -> tuple[int, int, int]:
+    """``(BLOCK_N, BLOCK_V, num_warps)`` of the matrix-form kernel for a tree of ``num_nodes`` nodes."""
+    return next(tuple(config) for limit, *config in CHUNK_CONFIGS if num_nodes <= limit)
 
 
 def _tree_gdn(
@@ -368,8 +377,7 @@ def _tree_gdn(
     if walk == "paths":
         _tree_gdn_paths_kernel[(hv, triton.cdiv(v_dim, block_v), n)](*inputs, n, hv, heads_per_key, **sizes)
     elif walk == "chunk":  # tl.dot needs 16 rows / columns at least
-        # 17-64 nodes in 64-row tiles: 32-row tiles ran 2x slower on an H200 (docs/kernels.md)
-        sizes.update(BLOCK_N=block_n or (16 if n <= 16 else 64))
+        sizes.update(BLOCK_N=block_n or max(16, sizes["BLOCK_N"]))
         _tree_gdn_chunk_kernel[(hv, triton.cdiv(v_dim, block_v))](
             *inputs, n, hv, heads_per_key, PRECISION=precision, **sizes
         )
