@@ -108,6 +108,13 @@ def main() -> None:
     )
     ap.add_argument("--skip-verify", action="store_true", help="leave out the verify rows (time for the rounds)")
     ap.add_argument(
+        "--draft",
+        choices=("flat", "peaked"),
+        default="flat",
+        help="the draft log-probs the verify trees (and the timed tree builds) come from: logits ~ 3 N(0, 1), whose "
+        "DDTree is 2-3 deep, or the same with one confident token per position (14-15 deep, as a trained drafter's)",
+    )
+    ap.add_argument(
         "--nodes",
         type=int,
         nargs="+",
@@ -322,7 +329,10 @@ def main() -> None:
         return
 
     start(drafter)
-    logq = torch.log_softmax(torch.randn(15, cfg.vocab_size, device=device) * 3, -1)
+    logits = torch.randn(15, cfg.vocab_size, device=device) * 3
+    if args.draft == "peaked":  # one confident token per position (p ~ 0.8), as a trained drafter's first choice
+        logits[torch.arange(15, device=device), torch.randint(0, cfg.vocab_size, (15,), device=device)] += 20
+    logq = torch.log_softmax(logits, -1)
     if args.verify_only:  # the verifies' owners: the rounds whose buckets they use (captured, not timed)
         rounds = {n - 1: engine.round_for(drafter, DDTree(budget=n - 1, topk=8), GREEDY, graph=True, span=span)
                   for n in args.nodes}  # fmt: skip
