@@ -232,16 +232,17 @@ def test_auto_walk_follows_the_node_count_and_the_programs():
                 kernels.tree_gdn_triton(**make_inputs(Case(n, hv, 16, v, "random")))
         return calls
 
-    lo, hi, paths_max = kernels.CHUNK_MIN_NODES, kernels.CHUNK_MAX_NODES, kernels.PATHS_MAX_NODES
-    sizes = (1, lo - 1, lo, hi, hi + 1, paths_max, paths_max + 1)
+    hi, paths_max = kernels.CHUNK_MAX_NODES, kernels.PATHS_MAX_NODES
+    sizes = (1, 15, 16, 17, 32, 33, hi, hi + 1, paths_max, paths_max + 1)
     # 64 value heads x 1 value block, 32 x 2: enough programs for the matrix form; 32 x 1: too few
-    assert walks(64, 16, sizes) == ["paths", "paths", "chunk", "chunk", "paths", "paths", "nodes"]
-    assert walks(32, 64, (lo, hi)) == ["chunk", "chunk"]
-    assert walks(32, 32, sizes) == ["paths"] * 6 + ["nodes"]
+    tree = ["paths", "paths", "chunk", "paths", "paths", "chunk", "chunk", "paths", "paths", "nodes"]
+    assert walks(64, 16, sizes) == tree
+    assert walks(32, 64, (16, 32, 33, hi)) == ["chunk", "paths", "chunk", "chunk"]
+    assert walks(32, 32, sizes) == ["paths"] * 9 + ["nodes"]
     with mock.patch.object(kernels, "TREE_WALK", "paths"):
-        assert walks(64, 16, (lo, hi)) == ["paths", "paths"]
+        assert walks(64, 16, (16, hi)) == ["paths", "paths"]
     with mock.patch.object(kernels, "TREE_WALK", "chunk"):
-        assert walks(1, 16, (1, hi, hi + 1, paths_max + 1)) == ["chunk", "chunk", "paths", "nodes"]
+        assert walks(1, 16, (1, 32, hi, hi + 1, paths_max + 1)) == ["chunk", "chunk", "chunk", "paths", "nodes"]
     with pytest.raises(ValueError, match="walk="):
         kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="levels")
     with pytest.raises(ValueError, match="up to 64 nodes"):
@@ -250,11 +251,13 @@ def test_auto_walk_follows_the_node_count_and_the_programs():
         kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="chunk", precision="tf32")
 
 
-# The faster schedule on DDTree-like trees, as measured by bench_tree_gdn.py on an H200 (docs/kernels.md, 7d2113f,
-# paths-graph against chunk-tf32x3-r64-graph): (value heads, value dim, nodes) -> the faster schedule.
+# The faster schedule per tree size inside the 8B hybrid's verify (HV 32, V 128; shape_8b.py --hybrid --verify-only
+# [--draft peaked] [--compile], H200, fe588d4 / f8cdd59): the matrix form is faster at 16 and 64 nodes on deep trees
+# and within noise on shallow ones, and at 32 nodes no faster on deep and slower on shallow trees. The zoo hybrid
+# (HV 8, V 64) and the 27B-like layer (HV 48) as measured by bench_tree_gdn.py on DDTree trees (db37916).
 TREE_BENCH = {(8, 64, 16): "paths", (8, 64, 32): "paths", (8, 64, 64): "paths",
-              (32, 128, 16): "chunk", (32, 128, 32): "chunk", (32, 128, 64): "chunk",
-              (48, 128, 16): "chunk", (48, 128, 32): "chunk", (48, 128, 64): "chunk"}  # fmt: skip
+              (32, 128, 16): "chunk", (32, 128, 32): "paths", (32, 128, 64): "chunk",
+              (48, 128, 16): "chunk", (48, 128, 64): "chunk"}  # fmt: skip
 
 
 def test_auto_walk_picks_the_measured_faster_schedule_on_trees():

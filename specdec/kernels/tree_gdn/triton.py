@@ -22,10 +22,11 @@ prefill) keep the node walk.
 A third schedule, ``walk="chunk"`` (trees of up to ``CHUNK_MAX_NODES`` nodes), takes every node at once in matrix
 form (``_tree_gdn_chunk_kernel``), one program per (value head, block of value columns). Its
 products run on tensor cores in 3 TF32 passes (``precision="tf32x3"``, as accurate as fp32 products at the tests'
-1e-5) or in fp32 (``"ieee"``, several times slower). ``"auto"`` takes it for trees of ``CHUNK_MIN_NODES`` to
-``CHUNK_MAX_NODES`` nodes when it has at least ``CHUNK_MIN_PROGRAMS`` programs: on an H200 (docs/kernels.md) it
-halves the per-layer time of the 8B and 27B shapes' 16- and 64-node trees, ties at 32, and is 1.1-3x slower
-than the path schedule at the zoo hybrid's 16 programs.
+1e-5) or in fp32 (``"ieee"``, several times slower). ``"auto"`` takes it for the tree sizes in
+``CHUNK_AUTO_SIZES`` when it has at least ``CHUNK_MIN_PROGRAMS`` programs (value heads x 32-column value blocks).
+Inside the 8B hybrid's compiled 64-node verify on an H200 it cuts the 24 tree scans from 1.81 to 1.19 ms on a
+DDTree 15 deep (one confident draft token per position, as from a trained drafter; docs/hybrid.md); at the zoo
+hybrid's 16 programs the path schedule stays faster.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ warps)``, the fastest of a 27-way sweep at the 8B shape on the round's DDTree tr
 CHUNK_BLOCK_V = 32
 """``walk="auto"`` counts the matrix form's programs in value blocks of this many columns."""
 
-CHUNK_MIN_NODES = 16
-"""``walk="auto"`` takes the matrix form from this many nodes (smaller trees were not measured)."""
+CHUNK_AUTO_SIZES = ((16, 16), (33, 64))
+"""Tree sizes (inclusive ranges) for which ``walk="auto"`` takes the matrix form. Measured inside the 8B hybrid's
+verify on an H200 (docs/hybrid.md): faster than the path schedule at 16 and 64 nodes on deep trees and as fast on
+shallow ones; at 32 nodes no faster on deep trees and slower on shallow ones; smaller trees not measured."""
 
 CHUNK_MIN_PROGRAMS = 64
 """``walk="auto"`` takes the matrix form only with at least this many programs (value heads x value blocks)."""
@@ -68,7 +71,8 @@ def auto_walk(num_nodes: int, num_value_heads: int, value_dim: int) -> str:
     """The schedule ``walk="auto"`` runs for a tree of ``num_nodes`` nodes (see the module docstring)."""
     if num_nodes <= CHUNK_MAX_NODES and TREE_WALK != "paths":
         programs = num_value_heads * triton.cdiv(value_dim, CHUNK_BLOCK_V)
-        if TREE_WALK == "chunk" or (num_nodes >= CHUNK_MIN_NODES and programs >= CHUNK_MIN_PROGRAMS):
+        sized = any(lo <= num_nodes <= hi for lo, hi in CHUNK_AUTO_SIZES)
+        if TREE_WALK == "chunk" or (sized and programs >= CHUNK_MIN_PROGRAMS):
             return "chunk"
     return "paths" if num_nodes <= PATHS_MAX_NODES else "nodes"
 
