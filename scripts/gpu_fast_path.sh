@@ -12,8 +12,8 @@
 # round-cublas (the verifies, and the AR step and b31 round, with max-autotune but cuBLAS products), linear (the split-K
 # skinny kernel: its gpu tests, bench, and the uncompiled 8B rounds and verifies with it) (dense); tests, fidelity,
 # sweep-model, sweep-scan, ratio, compiled, profile, shape, shape-compiled, verify-compiled (the 8 B verifies in
-# inductor's default mode), verify-autotune, verify-cublas, kernels, gdn-schedules (tree_gdn's three schedules)
-# (hybrid). The whole default hybrid run takes
+# inductor's default mode), verify-peaked (the verifies on deep trees, path schedule vs default), verify-autotune,
+# verify-cublas, kernels, gdn-schedules (tree_gdn's path and matrix schedules, the matrix form's tiles) (hybrid). The whole default hybrid run takes
 # about 20 minutes.
 set -u
 CUBLAS="max_autotune=True coordinate_descent_tuning=True max_autotune_gemm_backends=ATEN"  # compile={...} options
@@ -133,10 +133,18 @@ else
             >"$OUT/verify_compiled.log" 2>&1)
         grep "^|" "$OUT/verify_compiled.log"
     fi
-    if want gdn-schedules; then  # tree_gdn: node walk, path replay, matrix form (fp32 / 3-pass TF32 products)
-        (cd benchmarks/kernels && timeout 150 python3 bench_tree_gdn.py --providers nodes-graph paths-graph \
-            chunk-graph chunk-tf32x3-graph --no-sweep --out "$OUT/kernels" >"$OUT/gdn_schedules.log" 2>&1)
-        grep -E "^ *(shape|zoo|qwen)" "$OUT/gdn_schedules.log"
+    if want gdn-schedules; then  # tree_gdn: path replay vs matrix form on the round's trees, and the chunk tiles
+        (cd benchmarks/kernels && timeout 400 python3 bench_tree_gdn.py --providers paths-graph chunk-graph \
+            --trees ddtree best-flat best-peaked --no-sweep --chunk-sweep --out "$OUT/kernels" \
+            >"$OUT/gdn_schedules.log" 2>&1)
+        grep -E "^ *(shape|zoo|qwen|tree|best)" "$OUT/gdn_schedules.log"
+    fi
+    if want verify-peaked; then  # the verifies on deep trees (as a trained drafter's), both schedules (about 5 min)
+        for walk in paths auto; do
+            (cd benchmarks/e2e && SPECDEC_TREE_GDN_WALK=$walk timeout 140 python3 shape_8b.py --hybrid --verify-only \
+                --draft peaked >"$OUT/verify_peaked_$walk.log" 2>&1)
+            echo "== $walk"; grep "^|" "$OUT/verify_peaked_$walk.log"
+        done
     fi
     if want verify-autotune; then  # the 1/16/32/64-node verifies compiled with max-autotune (over 9 minutes)
         (cd benchmarks/e2e && timeout 590 python3 shape_8b.py --hybrid --verify-only --compile \

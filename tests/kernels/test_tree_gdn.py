@@ -243,6 +243,17 @@ def test_auto_walk_follows_the_node_count_and_the_programs():
         assert walks(64, 16, (16, hi)) == ["paths", "paths"]
     with mock.patch.object(kernels, "TREE_WALK", "chunk"):
         assert walks(1, 16, (1, 32, hi, hi + 1, paths_max + 1)) == ["chunk", "chunk", "chunk", "paths", "nodes"]
+    # a GPU without TF32 tensor cores (before compute capability 8.0): no matrix form unless forced, fp32 products
+    with mock.patch.object(kernels, "tensor_cores", return_value=False):
+        assert walks(64, 16, (16, hi)) == ["paths", "paths"]
+        with mock.patch.object(kernels, "TREE_WALK", "chunk"):
+            assert walks(64, 16, (16,)) == ["chunk"]
+        precisions = []
+        with mock.patch.object(kernels, "_tree_gdn", side_effect=lambda *a, **kw: precisions.append(kw["precision"])):
+            kernels.tree_gdn_triton(**make_inputs(Case(16, 4, 16, 16, "random")), walk="chunk")
+        assert precisions == ["ieee"]
+        with pytest.raises(ValueError, match="TF32 tensor cores"):
+            kernels.tree_gdn_triton(**make_inputs(Case(16, 4, 16, 16, "random")), walk="chunk", precision="tf32x3")
     with pytest.raises(ValueError, match="walk="):
         kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="levels")
     with pytest.raises(ValueError, match="up to 64 nodes"):

@@ -118,8 +118,14 @@ def gdn_path_replay(
 
 def auto_impl(device: torch.device) -> str:
     """What ``impl="auto"`` runs on ``device``: Triton on CUDA when it imports, else the reference (which reads the
-    parent array on the host, so it cannot run inside a captured round)."""
-    return "triton" if device.type == "cuda" and _triton_available() else "reference"
+    parent array on the host, so it cannot run inside a captured round). When Triton, the device's compute capability
+    is read now (the schedule depends on it), so that calls traced by ``torch.compile`` later find it cached."""
+    if device.type == "cuda" and _triton_available():
+        from specdec.kernels.tree_gdn.triton import tensor_cores
+
+        tensor_cores(device)
+        return "triton"
+    return "reference"
 
 
 def _triton_available() -> bool:

@@ -37,7 +37,16 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["CHUNK_MAX_NODES", "PATHS_MAX_NODES", "auto_walk", "gdn_path_replay_triton", "tree_gdn_triton"]
+from specdec.kernels._triton import device_property
+
+__all__ = [
+    "CHUNK_MAX_NODES",
+    "PATHS_MAX_NODES",
+    "auto_walk",
+    "gdn_path_replay_triton",
+    "tensor_cores",
+    "tree_gdn_triton",
+]
 
 PATHS_MAX_NODES = 128
 """Trees of up to this many nodes run the path-parallel kernel, larger ones the node walk."""
@@ -67,9 +76,16 @@ if TREE_WALK not in ("auto", "paths", "chunk"):
     raise ValueError(f"SPECDEC_TREE_GDN_WALK={TREE_WALK!r}: use 'auto', 'paths' or 'chunk'.")
 
 
-def auto_walk(num_nodes: int, num_value_heads: int, value_dim: int) -> str:
-    """The schedule ``walk="auto"`` runs for a tree of ``num_nodes`` nodes (see the module docstring)."""
-    if num_nodes <= CHUNK_MAX_NODES and TREE_WALK != "paths":
+def tensor_cores(device: torch.device) -> bool:
+    """Whether ``device`` runs the matrix form's 3-pass TF32 products: CUDA compute capability 8.0 or newer (read
+    once per device); Triton's interpreter (CPU) emulates them."""
+    return device.type != "cuda" or device_property(device, "major", 8) >= 8
+
+
+def auto_walk(num_nodes: int, num_value_heads: int, value_dim: int, *, tf32: bool = True) -> str:
+    """The schedule ``walk="auto"`` runs for a tree of ``num_nodes`` nodes (see the module docstring); without TF32
+    tensor cores (``tf32=False``) the matrix form is not picked unless ``SPECDEC_TREE_GDN_WALK=chunk``."""
+    if num_nodes <= CHUNK_MAX_NODES and TREE_WALK != "paths" and (tf32 or TREE_WALK == "chunk"):
         programs = num_value_heads * triton.cdiv(value_dim, CHUNK_BLOCK_V)
         sized = any(lo <= num_nodes <= hi for lo, hi in CHUNK_AUTO_SIZES)
         if TREE_WALK == "chunk" or (sized and programs >= CHUNK_MIN_PROGRAMS):
@@ -310,7 +326,7 @@ def tree_gdn_triton(
     parents: torch.Tensor,
     *,
     walk: str = "auto",
-    precision: str = "tf32x3",
+    precision: str | None = None,
 ) -> torch.Tensor:
     """Triton ``tree_gdn``; arguments and result as ``tree_gdn_reference``.
 
@@ -321,18 +337,24 @@ def tree_gdn_triton(
             order), ``"chunk"`` (all nodes at once in matrix form, trees of up to ``CHUNK_MAX_NODES`` nodes) or
             ``"auto"`` (``auto_walk``: chunk for 16-64 nodes with enough programs, else paths for trees of up to
             ``PATHS_MAX_NODES`` nodes, else nodes; ``SPECDEC_TREE_GDN_WALK`` can force paths or chunk).
-        precision (str): the matrix form's products: ``"ieee"`` (fp32) or ``"tf32x3"`` (3-pass TF32 on tensor
-            cores: each fp32 operand split into two TF32 parts, three products). The other schedules ignore it.
+        precision (str | None): the matrix form's products: ``"ieee"`` (fp32), ``"tf32x3"`` (3-pass TF32 on tensor
+            cores: each fp32 operand split into two TF32 parts, three products; compute capability 8.0 or newer) or
+            ``None``: tf32x3 where the device has it, else ieee. The other schedules ignore it.
     """
     n = q.shape[0]
+    tf32 = tensor_cores(q.device)
     if walk == "auto":
-        walk = auto_walk(n, q.shape[1], v.shape[-1])
+        walk = auto_walk(n, q.shape[1], v.shape[-1], tf32=tf32)
     if walk not in ("paths", "nodes", "chunk"):
         raise ValueError(f"walk={walk!r}: choose 'auto', 'paths', 'nodes' or 'chunk'.")
     if walk == "chunk" and n > CHUNK_MAX_NODES:
         raise ValueError(f"walk='chunk' takes trees of up to {CHUNK_MAX_NODES} nodes; got {n}: use 'paths' or 'nodes'.")
+    if precision is None:
+        precision = "tf32x3" if tf32 else "ieee"
     if precision not in ("ieee", "tf32x3"):
-        raise ValueError(f"precision={precision!r}: choose 'ieee' or 'tf32x3'.")
+        raise ValueError(f"precision={precision!r}: choose 'ieee', 'tf32x3' or None.")
+    if precision == "tf32x3" and not tf32:
+        raise ValueError("precision='tf32x3' needs TF32 tensor cores (compute capability 8.0 or newer): use 'ieee'.")
     block_n = None
     if walk == "chunk":
         block_n, block_v, num_warps = chunk_config(n)
