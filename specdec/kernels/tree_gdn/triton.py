@@ -335,7 +335,7 @@ def tree_gdn_triton(
     Args:
         walk (str): ``"paths"`` (one program per node replays its path), ``"nodes"`` (one walk over the nodes in
             order), ``"chunk"`` (all nodes at once in matrix form, trees of up to ``CHUNK_MAX_NODES`` nodes) or
-            ``"auto"`` (``auto_walk``: chunk for 16-64 nodes with enough programs, else paths for trees of up to
+            ``"auto"`` (``auto_walk``: chunk at 16 and 33-64 nodes with enough programs, else paths for trees of up to
             ``PATHS_MAX_NODES`` nodes, else nodes; ``SPECDEC_TREE_GDN_WALK`` can force paths or chunk).
         precision (str | None): the matrix form's products: ``"ieee"`` (fp32), ``"tf32x3"`` (3-pass TF32 on tensor
             cores: each fp32 operand split into two TF32 parts, three products; compute capability 8.0 or newer) or
