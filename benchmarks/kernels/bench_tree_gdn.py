@@ -6,7 +6,8 @@ under ``torch.compile``), ``triton`` (one fused launch, the default schedule) an
 replayed in a CUDA graph: kernel time without the host's launch overhead), and each schedule forced, graph-replayed:
 ``nodes-graph`` (one walk over the nodes), ``paths-graph`` (one program per node replays its path) and
 ``chunk-graph`` (every node at once in matrix form on 3-pass TF32 tensor-core products; ``chunk-ieee-graph``: fp32
-products; trees of up to 64 nodes). Shapes: the zoo hybrid target's GDN layer, a Qwen3.5-8B-like and a
+products; trees of up to 64 nodes; ``chunk-walk-graph`` / ``chunk-squaring-graph``: its two ways of finding the
+ancestors, forced). Shapes: the zoo hybrid target's GDN layer, a Qwen3.5-8B-like and a
 Qwen3.5-27B-like layer. Trees: a chain, a random tree (uniform random parents), a DDTree-like tree (random parents
 at most 15 deep: a 16-token block), and the round's own DDTree (budget N - 1, topk 8) over random draft log-probs:
 ``best-flat`` (logits ~ 3 N(0, 1), as ``shape_8b.py``'s verify rows: 2-3 deep) and ``best-peaked`` (one confident
@@ -43,7 +44,7 @@ from specdec.types import DraftTree
 REPO = Path(__file__).resolve().parents[2]
 ZOO_CONFIG = REPO.parent / "shared" / "zoo" / "target-hybrid" / "config.json"
 PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph", "nodes-graph", "paths-graph",
-             "chunk-graph", "chunk-ieee-graph"]  # fmt: skip
+             "chunk-graph", "chunk-ieee-graph", "chunk-walk-graph", "chunk-squaring-graph"]  # fmt: skip
 NODES = [16, 32, 64, 128]
 TREES = ["chain", "random", "ddtree", "best-flat", "best-peaked"]
 MAX_DEPTH = 15  # "ddtree" trees: a DDTree over a 16-token block has its nodes at depths 1..15 below the root
@@ -145,6 +146,13 @@ class Runner:
             return None  # the matrix form takes trees of up to 64 nodes
         if provider == "chunk-ieee-graph":
             return lambda: tree_gdn_triton(**inputs, walk="chunk", precision="ieee")
+        if provider in ("chunk-walk-graph", "chunk-squaring-graph"):  # the default tiles, the ancestry forced
+            from specdec.kernels.tree_gdn.triton import _tree_gdn, chunk_config
+
+            block_n, block_v, warps = chunk_config(inputs["q"].shape[0])
+            ancestry = provider.split("-")[1]
+            return lambda: _tree_gdn(**inputs, block_v=block_v, num_warps=warps, walk="chunk", precision="tf32x3",
+                                     block_n=block_n, ancestry=ancestry)  # fmt: skip
         walk = provider.removesuffix("-graph") if provider in ("nodes-graph", "paths-graph", "chunk-graph") else "auto"
         return lambda: tree_gdn_triton(**inputs, walk=walk)
 
@@ -252,7 +260,7 @@ def _sweep(runner: Runner) -> list[dict]:
 
 def _chunk_sweep(runner: Runner) -> list[dict]:
     """The matrix form's tiles (rows x value columns x warps, 3-pass TF32) at the 8B shape, on the round's trees."""
-    from specdec.kernels.tree_gdn.triton import _tree_gdn, chunk_config, tree_gdn_triton
+    from specdec.kernels.tree_gdn.triton import _tree_gdn, chunk_ancestry, chunk_config, tree_gdn_triton
 
     rows = []
     for tree in ("best-flat", "best-peaked"):
@@ -266,7 +274,7 @@ def _chunk_sweep(runner: Runner) -> list[dict]:
                         if block_n < n:
                             continue
                         fn = functools.partial(_tree_gdn, **inputs, block_v=block_v, num_warps=warps, walk="chunk",
-                                               precision="tf32x3", block_n=block_n)  # fmt: skip
+                                               precision="tf32x3", block_n=block_n, ancestry=chunk_ancestry(n))  # fmt: skip
                         default = (block_n, block_v, warps) == chunk_config(n)
                         rows.append({"tree": tree, "n": n, "depth": depth, "block_n": block_n, "block_v": block_v,
                                      "num_warps": warps, "chunk-graph": time_call(fn, runner.device, graph=True)[0],

@@ -262,6 +262,18 @@ def test_auto_walk_follows_the_node_count_and_the_programs():
         kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="chunk", precision="tf32")
 
 
+def test_the_matrix_form_squares_the_parent_relation_from_33_nodes():
+    # bench_tree_gdn.py --providers chunk-walk-graph chunk-squaring-graph at the 8B shape on an H200: the squaring
+    # faster at 64 nodes on every tree, slower at 16 and 32 on 2-8-deep ones (docs/kernels.md)
+    from specdec.kernels.tree_gdn import triton as kernels
+
+    calls = []
+    with mock.patch.object(kernels, "_tree_gdn", side_effect=lambda *a, **kw: calls.append(kw["ancestry"])):
+        for n in (1, 16, 32, 33, 64):
+            kernels.tree_gdn_triton(**make_inputs(Case(n, 4, 16, 16, "random")), walk="chunk")
+    assert calls == ["walk", "walk", "walk", "squaring", "squaring"]
+
+
 # The faster schedule per tree size inside the 8B hybrid's verify (HV 32, V 128; shape_8b.py --hybrid --verify-only
 # [--draft peaked] [--compile], H200, fe588d4 / f8cdd59): the matrix form is faster at 16 and 64 nodes on deep trees
 # and within noise on shallow ones, and at 32 nodes no faster on deep and slower on shallow trees. The zoo hybrid

@@ -58,6 +58,12 @@ CHUNK_CONFIGS = ((16, 16, 32, 4), (32, 32, 64, 4), (64, 64, 32, 4))
 """The matrix-form kernel's launch by tree size: ``(up to this many nodes, BLOCK_N rows, BLOCK_V value columns,
 warps)``, the fastest of a 27-way sweep at the 8B shape on the round's DDTree trees (H200, docs/kernels.md)."""
 
+CHUNK_SQUARING_NODES = 33
+"""From this many nodes the matrix-form kernel finds each node's ancestors by squaring the parent relation on tensor
+cores (``log2(depth) + 2`` products) instead of walking every node up at once (``depth`` rounds of register work):
+at the 8B shape on an H200 (``bench_tree_gdn.py``) the squaring was faster at 64 nodes on every tree (18.2 vs 20.5
+us 3 deep, 26.1 vs 36.6 15 deep) and slower at 16 and 32 nodes on 2-8-deep trees (docs/kernels.md)."""
+
 CHUNK_BLOCK_V = 32
 """``walk="auto"`` counts the matrix form's programs in value blocks of this many columns."""
 
@@ -265,6 +271,7 @@ def _tree_gdn_chunk_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    ANCESTRY: tl.constexpr,
 ):
     """One program per (value head, value block): every node of the tree at once, in matrix form.
 
@@ -282,14 +289,27 @@ def _tree_gdn_chunk_kernel(
     valid = rows < N
     parents = tl.load(parents_ptr + rows, mask=valid, other=-1).to(tl.int32)
     # anc[i, j]: j is i or one of its ancestors; found by walking every node up at once, in registers
-    cur = tl.where(valid, rows, -1)
-    anc = (rows[:, None] < 0) & (rows[None, :] < 0)  # [BLOCK_N, BLOCK_N], all False
-    depth = tl.full([], -1, tl.int32)
-    while tl.max(cur, axis=0) >= 0:
-        hit = rows[None, :] == cur[:, None]
-        anc = anc | hit
-        cur = tl.where(cur >= 0, tl.sum(tl.where(hit, parents[None, :], 0), axis=1), -1)
-        depth += 1
+    if ANCESTRY == "walk":  # depth rounds of register work on [BLOCK_N, BLOCK_N] tiles
+        cur = tl.where(valid, rows, -1)
+        anc = (rows[:, None] < 0) & (rows[None, :] < 0)  # [BLOCK_N, BLOCK_N], all False
+        depth = tl.full([], -1, tl.int32)
+        while tl.max(cur, axis=0) >= 0:
+            hit = rows[None, :] == cur[:, None]
+            anc = anc | hit
+            cur = tl.where(cur >= 0, tl.sum(tl.where(hit, parents[None, :], 0), axis=1), -1)
+            depth += 1
+    else:  # "squaring": reach = I + P (P: the parent relation) squared until it stops growing, log2(depth) + 2
+        # products on tensor cores (exact: 0/1 entries in fp16, counts <= BLOCK_N)
+        reach = (((rows[:, None] == rows[None, :]) | (parents[:, None] == rows[None, :])) & valid[:, None]).to(
+            tl.float16
+        )
+        grow = True
+        while grow:
+            wider = (tl.dot(reach, reach) > 0).to(tl.float16)
+            grow = tl.sum((wider != reach).to(tl.int32)) > 0
+            reach = wider
+        anc = reach > 0
+        depth = tl.max(tl.sum(anc.to(tl.int32), axis=1), axis=0) - 1
 
     g = tl.load(g_ptr + rows * HV + head, mask=valid, other=0.0)
     beta = tl.load(beta_ptr + rows * HV + head, mask=valid, other=0.0)
@@ -361,12 +381,18 @@ def tree_gdn_triton(
     else:
         block_v, num_warps = _launch_config(q.shape[-1], v.shape[-1])
     return _tree_gdn(init_state, q, k, v, log_decay, beta, parents, block_v=block_v, num_warps=num_warps, walk=walk,
-                     precision=precision, block_n=block_n)  # fmt: skip
+                     precision=precision, block_n=block_n, ancestry=chunk_ancestry(n))  # fmt: skip
 
 
 def chunk_config(num_nodes: int) -> tuple[int, int, int]:
     """``(BLOCK_N, BLOCK_V, num_warps)`` of the matrix-form kernel for a tree of ``num_nodes`` nodes."""
     return next(tuple(config) for limit, *config in CHUNK_CONFIGS if num_nodes <= limit)
+
+
+def chunk_ancestry(num_nodes: int) -> str:
+    """How the matrix-form kernel finds the ancestors in a tree of ``num_nodes`` nodes: ``"walk"`` or
+    ``"squaring"`` (``CHUNK_SQUARING_NODES``)."""
+    return "squaring" if num_nodes >= CHUNK_SQUARING_NODES else "walk"
 
 
 def _tree_gdn(
@@ -383,6 +409,7 @@ def _tree_gdn(
     walk: str = "nodes",
     precision: str = "ieee",
     block_n: int | None = None,
+    ancestry: str = "walk",
 ) -> torch.Tensor:
     n, hv, k_dim = q.shape
     v_dim = v.shape[-1]
@@ -405,7 +432,7 @@ def _tree_gdn(
     elif walk == "chunk":  # tl.dot needs 16 rows / columns at least
         sizes.update(BLOCK_N=block_n or max(16, sizes["BLOCK_N"]))
         _tree_gdn_chunk_kernel[(hv, triton.cdiv(v_dim, block_v))](
-            *inputs, n, hv, heads_per_key, PRECISION=precision, **sizes
+            *inputs, n, hv, heads_per_key, PRECISION=precision, ANCESTRY=ancestry, **sizes
         )
     else:
         scratch = torch.empty((n, hv, k_dim, v_dim), dtype=torch.float32, device=q.device)
