@@ -274,7 +274,8 @@ def _chunk_sweep(runner: Runner) -> list[dict]:
                         if block_n < n:
                             continue
                         fn = functools.partial(_tree_gdn, **inputs, block_v=block_v, num_warps=warps, walk="chunk",
-                                               precision="tf32x3", block_n=block_n, ancestry=chunk_ancestry(n))  # fmt: skip
+                                               precision="tf32x3", block_n=block_n,
+                                               ancestry=chunk_ancestry(n))  # fmt: skip
                         default = (block_n, block_v, warps) == chunk_config(n)
                         rows.append({"tree": tree, "n": n, "depth": depth, "block_n": block_n, "block_v": block_v,
                                      "num_warps": warps, "chunk-graph": time_call(fn, runner.device, graph=True)[0],
