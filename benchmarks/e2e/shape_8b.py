@@ -135,6 +135,12 @@ def main() -> None:
         help="compiled rows: each Triton kernel call ends a compiled region, or one graph per round "
         "(SPECDEC_COMPILE_GRAPH)",
     )
+    ap.add_argument(
+        "--profile-replays",
+        action="store_true",
+        help="with --compile: also profile the compiled verifies as graph replays (each kernel's time inside the "
+        "graph, not in an eager run) and log the heaviest kernels",
+    )
     ap.add_argument("--small", action="store_true", help="a tiny config on CPU: checks the script, times nothing")
     ap.add_argument(
         "--hybrid",
@@ -428,6 +434,22 @@ def main() -> None:
             with compiled_scope:
                 phases = profile_fn(step.fn, 3, top=("round",))
             add(f"  verify, {n} nodes, compiled: kernel sum", phases["round"][1], f"{phases['round'][0]:.0f} kernels")
+
+    if device.type == "cuda" and args.profile_replays and compiled_verifies:  # kernel times inside the replays
+        start(drafter)
+        for n, step in compiled_verifies.items():
+            step()
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    step()
+                torch.cuda.synchronize()
+            logger.warning("kernels inside the graph replays, verify, %d nodes, compiled (3 replays):\n%s", n,
+                           prof.key_averages().table(sort_by="device_time_total", row_limit=16))  # fmt: skip
+            scans = [e for e in prof.key_averages() if "tree_gdn" in e.key]
+            for e in scans:
+                add(f"  verify, {n} nodes, compiled, replayed: {e.key}", e.device_time_total / 3e3,
+                    f"{e.count / 3:.0f} launches per replay, {e.device_time_total / e.count:.1f} us each")  # fmt: skip
 
     print(header)
     print("\n| figure | ms | note |\n|---|---|---|")
