@@ -60,9 +60,10 @@ warps)``, the fastest of a 27-way sweep at the 8B shape on the round's DDTree tr
 
 CHUNK_SQUARING_NODES = 33
 """From this many nodes the matrix-form kernel finds each node's ancestors by squaring the parent relation on tensor
-cores (``log2(depth) + 2`` products) instead of walking every node up at once (``depth`` rounds of register work):
-at the 8B shape on an H200 (``bench_tree_gdn.py``) the squaring was faster at 64 nodes on every tree (18.2 vs 20.5
-us 3 deep, 26.1 vs 36.6 15 deep) and slower at 16 and 32 nodes on 2-8-deep trees (docs/kernels.md)."""
+cores (``ceil(log2(depth)) + 1`` products, one for depth <= 1) instead of walking every node up at once (``depth``
+rounds of register work): at the 8B shape on an H200 (``bench_tree_gdn.py --providers chunk-walk-graph
+chunk-squaring-graph``) the squaring was faster at 64 nodes on every tree (18.3 vs 20.5 us 3 deep, 26.4 vs 36.8 15
+deep) and slower or equal at 16 and 32 nodes (docs/kernels.md)."""
 
 CHUNK_BLOCK_V = 32
 """``walk="auto"`` counts the matrix form's programs in value blocks of this many columns."""
@@ -288,7 +289,7 @@ def _tree_gdn_chunk_kernel(
     rows = tl.arange(0, BLOCK_N)
     valid = rows < N
     parents = tl.load(parents_ptr + rows, mask=valid, other=-1).to(tl.int32)
-    # anc[i, j]: j is i or one of its ancestors; found by walking every node up at once, in registers
+    # anc[i, j]: j is i or one of its ancestors (depth: the longest path's node count - 1)
     if ANCESTRY == "walk":  # depth rounds of register work on [BLOCK_N, BLOCK_N] tiles
         cur = tl.where(valid, rows, -1)
         anc = (rows[:, None] < 0) & (rows[None, :] < 0)  # [BLOCK_N, BLOCK_N], all False
@@ -298,8 +299,8 @@ def _tree_gdn_chunk_kernel(
             anc = anc | hit
             cur = tl.where(cur >= 0, tl.sum(tl.where(hit, parents[None, :], 0), axis=1), -1)
             depth += 1
-    else:  # "squaring": reach = I + P (P: the parent relation) squared until it stops growing, log2(depth) + 2
-        # products on tensor cores (exact: 0/1 entries in fp16, counts <= BLOCK_N)
+    else:  # "squaring": reach = I + P (P: the parent relation) squared until it stops growing, ceil(log2(depth))
+        # + 1 products on tensor cores (exact: 0/1 entries in fp16, counts <= BLOCK_N)
         reach = (((rows[:, None] == rows[None, :]) | (parents[:, None] == rows[None, :])) & valid[:, None]).to(
             tl.float16
         )
