@@ -1,18 +1,18 @@
 """Speed of ``tree_gdn`` (one layer's gated delta-rule recurrence over a draft tree).
 
-Providers: ``tree_scan`` (the adapter's former path: ``tree_scan`` + ``gdn_step``, level-synchronous),
-``reference`` (``tree_gdn_reference``, level-synchronous), ``compiled`` (the reference with its per-depth step
-under ``torch.compile``), ``triton`` (one fused launch, the default schedule) and ``triton-graph`` (the same launch
+Providers: ``tree_scan`` (the adapter's former path: ``tree_scan`` + ``gdn_step``, level-synchronous), ``reference``
+(``tree_gdn_reference``, level-synchronous), ``compiled`` (the reference with its per-depth step under
+``torch.compile``), ``triton`` (one fused launch, the default schedule) and ``triton-graph`` (the same launch
 replayed in a CUDA graph: kernel time without the host's launch overhead), and each schedule forced, graph-replayed:
 ``nodes-graph`` (one walk over the nodes), ``paths-graph`` (one program per node replays its path) and
 ``chunk-graph`` (every node at once in matrix form on 3-pass TF32 tensor-core products; ``chunk-ieee-graph``: fp32
-products; trees of up to 64 nodes; ``chunk-walk-graph`` / ``chunk-squaring-graph``: its two ways of finding the
-ancestors, forced). Shapes: the zoo hybrid target's GDN layer, a Qwen3.5-8B-like and a
-Qwen3.5-27B-like layer. Trees: a chain, a random tree (uniform random parents), a DDTree-like tree (random parents
-at most 15 deep: a 16-token block), and the round's own DDTree (budget N - 1, topk 8) over random draft log-probs:
-``best-flat`` (logits ~ 3 N(0, 1), as ``shape_8b.py``'s verify rows: 2-3 deep) and ``best-peaked`` (one confident
-token per position, as a trained drafter's: 14-15 deep); N = 16 .. 128. ``--chunk-sweep`` times the matrix form's
-tiles on the last two.
+products, ``chunk-tf32-graph``: 1-pass TF32 products; trees of up to 64 nodes; ``chunk-walk-graph`` /
+``chunk-squaring-graph``: its two ways of finding the ancestors, forced). Shapes: the zoo hybrid target's GDN layer,
+a Qwen3.5-8B-like and a Qwen3.5-27B-like layer. Trees: a chain, a random tree (uniform random parents), a
+DDTree-like tree (random parents at most 15 deep: a 16-token block), and the round's own DDTree (budget N - 1, topk
+8) over random draft log-probs: ``best-flat`` (logits ~ 3 N(0, 1), as ``shape_8b.py``'s verify rows: 2-3 deep) and
+``best-peaked`` (one confident token per position, as a trained drafter's: 14-15 deep); N = 16 .. 128.
+``--chunk-sweep`` times the matrix form's tiles on the last two.
 
     python benchmarks/kernels/bench_tree_gdn.py [--device cuda] [--out bench_out/kernels] [--providers ...]
 
@@ -44,7 +44,8 @@ from specdec.types import DraftTree
 REPO = Path(__file__).resolve().parents[2]
 ZOO_CONFIG = REPO.parent / "shared" / "zoo" / "target-hybrid" / "config.json"
 PROVIDERS = ["tree_scan", "reference", "compiled", "triton", "triton-graph", "nodes-graph", "paths-graph",
-             "chunk-graph", "chunk-ieee-graph", "chunk-walk-graph", "chunk-squaring-graph"]  # fmt: skip
+             "chunk-graph", "chunk-ieee-graph", "chunk-tf32-graph", "chunk-walk-graph",
+             "chunk-squaring-graph"]  # fmt: skip
 NODES = [16, 32, 64, 128]
 TREES = ["chain", "random", "ddtree", "best-flat", "best-peaked"]
 MAX_DEPTH = 15  # "ddtree" trees: a DDTree over a 16-token block has its nodes at depths 1..15 below the root
@@ -144,8 +145,8 @@ class Runner:
 
         if provider.startswith("chunk-") and inputs["q"].shape[0] > 64:
             return None  # the matrix form takes trees of up to 64 nodes
-        if provider == "chunk-ieee-graph":
-            return lambda: tree_gdn_triton(**inputs, walk="chunk", precision="ieee")
+        if provider in ("chunk-ieee-graph", "chunk-tf32-graph"):
+            return lambda: tree_gdn_triton(**inputs, walk="chunk", precision=provider.split("-")[1])
         if provider in ("chunk-walk-graph", "chunk-squaring-graph"):  # the default tiles, the ancestry forced
             from specdec.kernels.tree_gdn.triton import _tree_gdn, chunk_config
 
@@ -186,6 +187,10 @@ def main() -> None:
     parser.add_argument("--providers", nargs="+", default=PROVIDERS, choices=PROVIDERS)
     parser.add_argument("--no-sweep", action="store_true", help="skip the launch-configuration sweep")
     parser.add_argument("--chunk-sweep", action="store_true", help="sweep the matrix form's tiles at the 8B shape")
+    parser.add_argument("--chunk-precision", default="tf32x3", choices=["ieee", "tf32x3", "tf32"],
+                        help="the products of --chunk-sweep")  # fmt: skip
+    parser.add_argument("--accuracy", action="store_true",
+                        help="the matrix form's error per precision at the 8B shape (fp32 reference)")  # fmt: skip
     parser.add_argument("--trees", nargs="+", default=TREES, choices=TREES)
     args = parser.parse_args()
     providers = [p for p in PROVIDERS if p in args.providers]
@@ -230,9 +235,13 @@ def main() -> None:
         print_table(sweep, list(sweep[0]))
         write_csv(out_dir / "tree_gdn_configs.csv", sweep, list(sweep[0]))
     if device.type == "cuda" and args.chunk_sweep:
-        sweep = _chunk_sweep(runner)
+        sweep = _chunk_sweep(runner, args.chunk_precision)
         print_table(sweep, list(sweep[0]))
         write_csv(out_dir / "tree_gdn_chunk_configs.csv", sweep, list(sweep[0]))
+    if device.type == "cuda" and args.accuracy:
+        accuracy = _accuracy(device)
+        print_table(accuracy, list(accuracy[0]))
+        write_csv(out_dir / "tree_gdn_accuracy.csv", accuracy, list(accuracy[0]))
     print(f"CSV under {out_dir}")
 
 
@@ -258,8 +267,9 @@ def _sweep(runner: Runner) -> list[dict]:
     return rows
 
 
-def _chunk_sweep(runner: Runner) -> list[dict]:
-    """The matrix form's tiles (rows x value columns x warps, 3-pass TF32) at the 8B shape, on the round's trees."""
+def _chunk_sweep(runner: Runner, precision: str) -> list[dict]:
+    """The matrix form's tiles (rows x value columns x warps, products of ``precision``) at the 8B shape, on the
+    round's trees."""
     from specdec.kernels.tree_gdn.triton import _tree_gdn, chunk_ancestry, chunk_config, tree_gdn_triton
 
     rows = []
@@ -274,12 +284,33 @@ def _chunk_sweep(runner: Runner) -> list[dict]:
                         if block_n < n:
                             continue
                         fn = functools.partial(_tree_gdn, **inputs, block_v=block_v, num_warps=warps, walk="chunk",
-                                               precision="tf32x3", block_n=block_n,
+                                               precision=precision, block_n=block_n,
                                                ancestry=chunk_ancestry(n))  # fmt: skip
                         default = (block_n, block_v, warps) == chunk_config(n)
                         rows.append({"tree": tree, "n": n, "depth": depth, "block_n": block_n, "block_v": block_v,
                                      "num_warps": warps, "chunk-graph": time_call(fn, runner.device, graph=True)[0],
                                      "paths-graph": paths, "default": "*" if default else ""})  # fmt: skip
+    return rows
+
+
+def _accuracy(device: torch.device) -> list[dict]:
+    """Max abs error of the matrix form's outputs per precision against the fp32 reference (CPU), at the 8B shape
+    on the round's trees, beside the error of rounding that reference to bf16 (what a bf16 model keeps)."""
+    from specdec.kernels.tree_gdn.triton import tree_gdn_triton
+
+    rows = []
+    for tree in ("best-flat", "best-peaked"):
+        for n in (16, 32, 64):
+            inputs = make_inputs(shapes()["qwen3.5-8b"], n, tree, torch.device("cpu"))
+            expected = tree_gdn_reference(**inputs)
+            row = {"tree": tree, "n": n, "depth": _depth(inputs["parents"].tolist())}
+            on_device = {name: t.to(device) for name, t in inputs.items()}
+            for precision in ("ieee", "tf32x3", "tf32"):
+                out = tree_gdn_triton(**on_device, walk="chunk", precision=precision).cpu()
+                row[precision] = float((out - expected).abs().max())
+            row["bf16 rounding"] = float((expected.bfloat16().float() - expected).abs().max())
+            row["max |out|"] = float(expected.abs().max())
+            rows.append(row)
     return rows
 
 

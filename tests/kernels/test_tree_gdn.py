@@ -258,8 +258,15 @@ def test_auto_walk_follows_the_node_count_and_the_programs():
         kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="levels")
     with pytest.raises(ValueError, match="up to 64 nodes"):
         kernels.tree_gdn_triton(**make_inputs(Case(65, 1, 16, 16, "random")), walk="chunk")
+        with pytest.raises(ValueError, match="TF32 tensor cores"):
+            kernels.tree_gdn_triton(**make_inputs(Case(16, 4, 16, 16, "random")), walk="chunk", precision="tf32")
     with pytest.raises(ValueError, match="precision="):
-        kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="chunk", precision="tf32")
+        kernels.tree_gdn_triton(**make_inputs(Case(3, 1, 16, 16, "chain")), walk="chunk", precision="bf16")
+    # precision=None: SPECDEC_TREE_GDN_PRECISION where the device has TF32 tensor cores (auto: 3-pass)
+    for setting, expected in (("auto", "tf32x3"), ("tf32", "tf32"), ("ieee", "ieee")):
+        with mock.patch.object(kernels, "TREE_PRECISION", setting), mock.patch.object(kernels, "_tree_gdn") as run:
+            kernels.tree_gdn_triton(**make_inputs(Case(16, 4, 16, 16, "random")), walk="chunk")
+        assert run.call_args.kwargs["precision"] == expected, setting
 
 
 def test_the_matrix_form_squares_the_parent_relation_from_33_nodes():
@@ -380,6 +387,23 @@ def test_triton_gpu_matches_reference(case):
         assert_close(tree_gdn_triton(**inputs, walk="chunk", precision="ieee"), out, case.dtype)
     assert torch.equal(inputs["init_state"], before)
     assert torch.equal(tree_gdn(**inputs), out)  # auto picks Triton on CUDA
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in GPU_CASES if 16 <= c.n <= 64], ids=lambda c: c.id)
+def test_one_pass_tf32_errs_less_than_rounding_to_bf16(case):
+    """``precision="tf32"`` (opt-in): the matrix form's outputs stay closer to the fp32 reference than that
+    reference rounded to bf16, the precision a bf16 model keeps of them."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from specdec.kernels.tree_gdn.triton import tree_gdn_triton
+
+    expected = tree_gdn_reference(**make_inputs(case))
+    out = tree_gdn_triton(**make_inputs(case, device=torch.device("cuda")), walk="chunk", precision="tf32").cpu()
+    assert not out.isnan().any()
+    error = (out - expected).abs().max()
+    rounding = (expected.bfloat16().float() - expected).abs().max()
+    assert error <= rounding, f"1-pass TF32 error {error:.3g} > bf16 rounding {rounding:.3g}"
 
 
 # -- gdn_path_replay: the commit's replay of the accepted path ------------------------------------------------

@@ -76,6 +76,16 @@ shallow ones; at 32 nodes no faster on deep trees and slower on shallow ones; sm
 CHUNK_MIN_PROGRAMS = 64
 """``walk="auto"`` takes the matrix form only with at least this many programs (value heads x value blocks)."""
 
+PRECISIONS = ("ieee", "tf32x3", "tf32")
+"""The matrix form's products: fp32, 3-pass TF32 (as accurate as fp32 at the tests' 1e-5) or 1-pass TF32 (inputs
+rounded to TF32's 10-bit mantissa, products summed in fp32)."""
+
+TREE_PRECISION = os.environ.get("SPECDEC_TREE_GDN_PRECISION", "auto")
+"""What ``precision=None`` runs in the matrix form on a device with TF32 tensor cores: ``"auto"`` (``tf32x3``) or
+one of ``PRECISIONS``."""
+if TREE_PRECISION not in ("auto", *PRECISIONS):
+    raise ValueError(f"SPECDEC_TREE_GDN_PRECISION={TREE_PRECISION!r}: use 'auto', 'ieee', 'tf32x3' or 'tf32'.")
+
 TREE_WALK = os.environ.get("SPECDEC_TREE_GDN_WALK", "auto")
 """What ``walk="auto"`` runs for trees of up to ``CHUNK_MAX_NODES`` nodes: ``"auto"`` (``auto_walk``), ``"paths"``
 or ``"chunk"``."""
@@ -359,8 +369,10 @@ def tree_gdn_triton(
             ``"auto"`` (``auto_walk``: chunk at 16 and 33-64 nodes with enough programs, else paths for trees of up to
             ``PATHS_MAX_NODES`` nodes, else nodes; ``SPECDEC_TREE_GDN_WALK`` can force paths or chunk).
         precision (str | None): the matrix form's products: ``"ieee"`` (fp32), ``"tf32x3"`` (3-pass TF32 on tensor
-            cores: each fp32 operand split into two TF32 parts, three products; compute capability 8.0 or newer) or
-            ``None``: tf32x3 where the device has it, else ieee. The other schedules ignore it.
+            cores: each fp32 operand split into two TF32 parts, three products; compute capability 8.0 or newer),
+            ``"tf32"`` (1-pass TF32: operands rounded to a 10-bit mantissa, opt-in) or ``None``: where the device has
+            TF32 tensor cores ``SPECDEC_TREE_GDN_PRECISION`` (``auto``: tf32x3), else ieee. The other schedules
+            ignore it.
     """
     n = q.shape[0]
     tf32 = tensor_cores(q.device)
@@ -371,11 +383,13 @@ def tree_gdn_triton(
     if walk == "chunk" and n > CHUNK_MAX_NODES:
         raise ValueError(f"walk='chunk' takes trees of up to {CHUNK_MAX_NODES} nodes; got {n}: use 'paths' or 'nodes'.")
     if precision is None:
-        precision = "tf32x3" if tf32 else "ieee"
-    if precision not in ("ieee", "tf32x3"):
-        raise ValueError(f"precision={precision!r}: choose 'ieee', 'tf32x3' or None.")
-    if precision == "tf32x3" and not tf32:
-        raise ValueError("precision='tf32x3' needs TF32 tensor cores (compute capability 8.0 or newer): use 'ieee'.")
+        precision = ("tf32x3" if TREE_PRECISION == "auto" else TREE_PRECISION) if tf32 else "ieee"
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: choose 'ieee', 'tf32x3', 'tf32' or None.")
+    if precision != "ieee" and not tf32:
+        raise ValueError(
+            f"precision={precision!r} needs TF32 tensor cores (compute capability 8.0 or newer): use 'ieee'."
+        )
     block_n = None
     if walk == "chunk":
         block_n, block_v, num_warps = chunk_config(n)
