@@ -45,7 +45,12 @@ def test_tree_gdn_triton_cuda_matches_reference(cuda, case):
     before = inputs["init_state"].clone()
     out = tree_gdn(**inputs, impl="triton")
     assert out.is_cuda and not out.isnan().any()
-    torch.testing.assert_close(out, tree_gdn(**inputs, impl="reference"), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out.cpu(), tree_gdn_reference(**cpu), atol=1e-5, rtol=1e-5)
+    expected = tree_gdn_reference(**cpu)
+    if case[6] == torch.bfloat16:  # the matrix form takes 1-pass TF32 products for bf16 values: bf16 rounding at most
+        rounding = (expected.bfloat16().float() - expected).abs().max()
+        assert (out.cpu() - expected).abs().max() <= rounding
+    else:
+        torch.testing.assert_close(out, tree_gdn(**inputs, impl="reference"), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(inputs["init_state"], before)  # the committed state is never written
     assert torch.equal(tree_gdn(**inputs), out)  # "auto" picks Triton on CUDA

@@ -43,6 +43,7 @@ __all__ = [
     "CHUNK_MAX_NODES",
     "PATHS_MAX_NODES",
     "auto_walk",
+    "default_precision",
     "gdn_path_replay_triton",
     "tensor_cores",
     "tree_gdn_triton",
@@ -68,10 +69,13 @@ deep) and slower or equal at 16 and 32 nodes (docs/kernels.md)."""
 CHUNK_BLOCK_V = 32
 """``walk="auto"`` counts the matrix form's programs in value blocks of this many columns."""
 
-CHUNK_AUTO_SIZES = ((16, 16), (33, 64))
-"""Tree sizes (inclusive ranges) for which ``walk="auto"`` takes the matrix form. Measured inside the 8B hybrid's
-verify on an H200 (docs/hybrid.md): faster than the path schedule at 16 and 64 nodes on deep trees and as fast on
-shallow ones; at 32 nodes no faster on deep trees and slower on shallow ones; smaller trees not measured."""
+CHUNK_AUTO_SIZES = {"tf32x3": ((16, 16), (33, 64)), "tf32": ((16, 64),), "ieee": ((16, 16), (33, 64))}
+"""Tree sizes (inclusive ranges) for which ``walk="auto"`` takes the matrix form, by its products' precision.
+Measured inside the 8B hybrid's verify on an H200 (docs/hybrid.md): on 3-pass TF32 products faster than the path
+schedule at 16 and 64 nodes on deep trees and as fast on shallow ones, at 32 nodes no faster on deep trees and slower
+on shallow ones; on 1-pass TF32 products 2.0-3.1 x faster at every size from 16 to 64 nodes on both trees
+(``bench_tree_gdn.py``). Smaller trees not measured. ``"ieee"`` (GPUs without TF32 tensor cores) only matters when
+``SPECDEC_TREE_GDN_WALK=chunk`` forces the matrix form."""
 
 CHUNK_MIN_PROGRAMS = 64
 """``walk="auto"`` takes the matrix form only with at least this many programs (value heads x value blocks)."""
@@ -81,8 +85,8 @@ PRECISIONS = ("ieee", "tf32x3", "tf32")
 rounded to TF32's 10-bit mantissa, products summed in fp32)."""
 
 TREE_PRECISION = os.environ.get("SPECDEC_TREE_GDN_PRECISION", "auto")
-"""What ``precision=None`` runs in the matrix form on a device with TF32 tensor cores: ``"auto"`` (``tf32x3``) or
-one of ``PRECISIONS``."""
+"""What ``precision=None`` runs in the matrix form on a device with TF32 tensor cores: ``"auto"``
+(``default_precision``) or one of ``PRECISIONS``."""
 if TREE_PRECISION not in ("auto", *PRECISIONS):
     raise ValueError(f"SPECDEC_TREE_GDN_PRECISION={TREE_PRECISION!r}: use 'auto', 'ieee', 'tf32x3' or 'tf32'.")
 
@@ -99,12 +103,30 @@ def tensor_cores(device: torch.device) -> bool:
     return device.type != "cuda" or device_property(device, "major", 8) >= 8
 
 
-def auto_walk(num_nodes: int, num_value_heads: int, value_dim: int, *, tf32: bool = True) -> str:
-    """The schedule ``walk="auto"`` runs for a tree of ``num_nodes`` nodes (see the module docstring); without TF32
-    tensor cores (``tf32=False``) the matrix form is not picked unless ``SPECDEC_TREE_GDN_WALK=chunk``."""
-    if num_nodes <= CHUNK_MAX_NODES and TREE_WALK != "paths" and (tf32 or TREE_WALK == "chunk"):
+def default_precision(values_dtype: torch.dtype, tf32: bool = True) -> str:
+    """The matrix form's products for ``precision=None``: ``"ieee"`` without TF32 tensor cores (``tf32=False``), else
+    ``SPECDEC_TREE_GDN_PRECISION`` when set, else 1-pass TF32 for bf16 values and 3-pass TF32 otherwise.
+
+    A bf16 model keeps its layer outputs in bf16 (8-bit mantissa), and 1-pass TF32 products err by less than that
+    rounding: at the 8B shape on the round's trees a quarter to a third of it (``bench_tree_gdn.py --accuracy``; the
+    GPU test ``test_one_pass_tf32_errs_less_than_rounding_to_bf16`` holds them to it). The outputs feed only this
+    round's logits: the committed state is advanced by ``gdn_path_replay`` in fp32. fp16 (10-bit mantissa) and fp32
+    models keep the 3-pass products, as accurate as fp32 ones.
+    """
+    if not tf32:
+        return "ieee"
+    if TREE_PRECISION != "auto":
+        return TREE_PRECISION
+    return "tf32" if values_dtype == torch.bfloat16 else "tf32x3"
+
+
+def auto_walk(num_nodes: int, num_value_heads: int, value_dim: int, *, precision: str = "tf32x3") -> str:
+    """The schedule ``walk="auto"`` runs for a tree of ``num_nodes`` nodes whose matrix form would take products of
+    ``precision`` (see the module docstring); without TF32 tensor cores (``precision="ieee"``) the matrix form is not
+    picked unless ``SPECDEC_TREE_GDN_WALK=chunk``."""
+    if num_nodes <= CHUNK_MAX_NODES and TREE_WALK != "paths" and (precision != "ieee" or TREE_WALK == "chunk"):
         programs = num_value_heads * triton.cdiv(value_dim, CHUNK_BLOCK_V)
-        sized = any(lo <= num_nodes <= hi for lo, hi in CHUNK_AUTO_SIZES)
+        sized = any(lo <= num_nodes <= hi for lo, hi in CHUNK_AUTO_SIZES[precision])
         if TREE_WALK == "chunk" or (sized and programs >= CHUNK_MIN_PROGRAMS):
             return "chunk"
     return "paths" if num_nodes <= PATHS_MAX_NODES else "nodes"
@@ -366,30 +388,29 @@ def tree_gdn_triton(
     Args:
         walk (str): ``"paths"`` (one program per node replays its path), ``"nodes"`` (one walk over the nodes in
             order), ``"chunk"`` (all nodes at once in matrix form, trees of up to ``CHUNK_MAX_NODES`` nodes) or
-            ``"auto"`` (``auto_walk``: chunk at 16 and 33-64 nodes with enough programs, else paths for trees of up to
-            ``PATHS_MAX_NODES`` nodes, else nodes; ``SPECDEC_TREE_GDN_WALK`` can force paths or chunk).
+            ``"auto"`` (``auto_walk``: chunk for the sizes of ``CHUNK_AUTO_SIZES`` with enough programs, else paths for
+            trees of up to ``PATHS_MAX_NODES`` nodes, else nodes; ``SPECDEC_TREE_GDN_WALK`` can force paths or chunk).
         precision (str | None): the matrix form's products: ``"ieee"`` (fp32), ``"tf32x3"`` (3-pass TF32 on tensor
             cores: each fp32 operand split into two TF32 parts, three products; compute capability 8.0 or newer),
-            ``"tf32"`` (1-pass TF32: operands rounded to a 10-bit mantissa, opt-in) or ``None``: where the device has
-            TF32 tensor cores ``SPECDEC_TREE_GDN_PRECISION`` (``auto``: tf32x3), else ieee. The other schedules
-            ignore it.
+            ``"tf32"`` (1-pass TF32: operands rounded to a 10-bit mantissa) or ``None`` (``default_precision``: tf32
+            for bf16 values, tf32x3 for others, ieee without TF32 tensor cores). The other schedules ignore it.
     """
     n = q.shape[0]
     tf32 = tensor_cores(q.device)
-    if walk == "auto":
-        walk = auto_walk(n, q.shape[1], v.shape[-1], tf32=tf32)
-    if walk not in ("paths", "nodes", "chunk"):
-        raise ValueError(f"walk={walk!r}: choose 'auto', 'paths', 'nodes' or 'chunk'.")
-    if walk == "chunk" and n > CHUNK_MAX_NODES:
-        raise ValueError(f"walk='chunk' takes trees of up to {CHUNK_MAX_NODES} nodes; got {n}: use 'paths' or 'nodes'.")
     if precision is None:
-        precision = ("tf32x3" if TREE_PRECISION == "auto" else TREE_PRECISION) if tf32 else "ieee"
+        precision = default_precision(v.dtype, tf32)
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: choose 'ieee', 'tf32x3', 'tf32' or None.")
     if precision != "ieee" and not tf32:
         raise ValueError(
             f"precision={precision!r} needs TF32 tensor cores (compute capability 8.0 or newer): use 'ieee'."
         )
+    if walk == "auto":
+        walk = auto_walk(n, q.shape[1], v.shape[-1], precision=precision)
+    if walk not in ("paths", "nodes", "chunk"):
+        raise ValueError(f"walk={walk!r}: choose 'auto', 'paths', 'nodes' or 'chunk'.")
+    if walk == "chunk" and n > CHUNK_MAX_NODES:
+        raise ValueError(f"walk='chunk' takes trees of up to {CHUNK_MAX_NODES} nodes; got {n}: use 'paths' or 'nodes'.")
     block_n = None
     if walk == "chunk":
         block_n, block_v, num_warps = chunk_config(n)
