@@ -284,7 +284,7 @@ def test_the_matrix_form_takes_1_pass_tf32_products_for_bf16_values():
             assert run(torch.bfloat16, walk="chunk")["precision"] == expected, setting
     with mock.patch.object(kernels, "tensor_cores", return_value=False):
         assert run(torch.bfloat16, walk="chunk")["precision"] == "ieee"
-    # on 1-pass products the matrix form also takes 17-32-node trees (2.0-3.1 x the path schedule's speed)
+    # on 1-pass products the matrix form also takes 17-32-node trees (2.0-6.2 x the path schedule's speed, 8B shape)
     walks = {n: (run(torch.bfloat16, n)["walk"], run(torch.float32, n)["walk"]) for n in (15, 16, 17, 32, 33, 64, 65)}
     assert walks == {15: ("paths", "paths"), 16: ("chunk", "chunk"), 17: ("chunk", "paths"), 32: ("chunk", "paths"),
                      33: ("chunk", "chunk"), 64: ("chunk", "chunk"), 65: ("paths", "paths")}  # fmt: skip
@@ -314,7 +314,7 @@ TREE_BENCH = {(8, 64, 16): "paths", (8, 64, 32): "paths", (8, 64, 64): "paths",
 # The same on 1-pass TF32 products (bench_tree_gdn.py --providers paths-graph chunk-tf32-graph --trees best-flat
 # best-peaked, H200, 029dc94; the 64-node verify: shape_8b.py --hybrid --verify-only --compile --nodes 64): the zoo
 # hybrid's 16 programs keep the path schedule (faster on the flat trees at every size), the 8B and 27B layers take
-# the matrix form at every size (2.0-3.1 x faster on the 8B layer).
+# the matrix form at every size (2.0-6.2 x faster on the 8B layer).
 TREE_BENCH_TF32 = {(8, 64, 16): "paths", (8, 64, 32): "paths", (8, 64, 64): "paths",
                    (32, 128, 16): "chunk", (32, 128, 32): "chunk", (32, 128, 64): "chunk",
                    (48, 128, 16): "chunk", (48, 128, 32): "chunk", (48, 128, 64): "chunk"}  # fmt: skip

@@ -73,7 +73,7 @@ CHUNK_AUTO_SIZES = {"tf32x3": ((16, 16), (33, 64)), "tf32": ((16, 64),), "ieee":
 """Tree sizes (inclusive ranges) for which ``walk="auto"`` takes the matrix form, by its products' precision.
 Measured inside the 8B hybrid's verify on an H200 (docs/hybrid.md): on 3-pass TF32 products faster than the path
 schedule at 16 and 64 nodes on deep trees and as fast on shallow ones, at 32 nodes no faster on deep trees and slower
-on shallow ones; on 1-pass TF32 products 2.0-3.1 x faster at every size from 16 to 64 nodes on both trees
+on shallow ones; on 1-pass TF32 products 2.0-6.2 x faster at every size from 16 to 64 nodes on both trees
 (``bench_tree_gdn.py``). Smaller trees not measured. ``"ieee"`` (GPUs without TF32 tensor cores) only matters when
 ``SPECDEC_TREE_GDN_WALK=chunk`` forces the matrix form."""
 
@@ -108,7 +108,7 @@ def default_precision(values_dtype: torch.dtype, tf32: bool = True) -> str:
     ``SPECDEC_TREE_GDN_PRECISION`` when set, else 1-pass TF32 for bf16 values and 3-pass TF32 otherwise.
 
     A bf16 model keeps its layer outputs in bf16 (8-bit mantissa), and 1-pass TF32 products err by less than that
-    rounding: at the 8B shape on the round's trees a quarter to a third of it (``bench_tree_gdn.py --accuracy``; the
+    rounding: at the 8B shape on the round's trees 0.24-0.28 x of it (``bench_tree_gdn.py --accuracy``; the
     GPU test ``test_one_pass_tf32_errs_less_than_rounding_to_bf16`` holds them to it). The outputs feed only this
     round's logits: the committed state is advanced by ``gdn_path_replay`` in fp32. fp16 (10-bit mantissa) and fp32
     models keep the 3-pass products, as accurate as fp32 ones.
