@@ -21,12 +21,13 @@ prefill) keep the node walk.
 
 A third schedule, ``walk="chunk"`` (trees of up to ``CHUNK_MAX_NODES`` nodes), takes every node at once in matrix
 form (``_tree_gdn_chunk_kernel``), one program per (value head, block of value columns). Its
-products run on tensor cores in 3 TF32 passes (``precision="tf32x3"``, as accurate as fp32 products at the tests'
-1e-5) or in fp32 (``"ieee"``, several times slower). ``"auto"`` takes it for the tree sizes in
+products run on tensor cores in 1 TF32 pass for bf16 values (``precision="tf32"``: within bf16 rounding, see
+``default_precision``), in 3 TF32 passes for others (``"tf32x3"``, as accurate as fp32 products at the tests'
+1e-5), or in fp32 (``"ieee"``, several times slower). ``"auto"`` takes it for the tree sizes in
 ``CHUNK_AUTO_SIZES`` when it has at least ``CHUNK_MIN_PROGRAMS`` programs (value heads x 32-column value blocks).
-Inside the 8B hybrid's compiled 64-node verify on an H200 it cuts the 24 tree scans from 1.81 to 1.19 ms on a
-DDTree 15 deep (one confident draft token per position, as from a trained drafter; docs/hybrid.md); at the zoo
-hybrid's 16 programs the path schedule stays faster.
+On 1-pass products it brings the 8B hybrid's compiled 16 / 32 / 64-node verifies on an H200 to 1.09 / 1.16 / 1.14 x
+the 1-node verify (1.16 x at 64 nodes on 15-deep trees; docs/hybrid.md); at the zoo hybrid's 16 programs the path
+schedule stays faster.
 """
 
 from __future__ import annotations
