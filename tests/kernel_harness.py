@@ -81,3 +81,21 @@ def poison_empty(int_fill: int | None = None) -> None:
         return t if int_fill is None else t.fill_(int_fill)
 
     torch.empty = poisoned
+
+
+def assert_within_bf16_rounding(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """``actual`` errs from the fp32 ``expected`` by no more than rounding ``expected`` to bf16 does (max abs): the
+    bound for kernels whose outputs a bf16 model rounds to bf16 anyway."""
+    assert not actual.isnan().any()
+    error = (actual - expected).abs().max()
+    rounding = (expected.bfloat16().float() - expected).abs().max()
+    assert error <= rounding, f"error {error:.3g} > bf16 rounding {rounding:.3g}"
+
+
+def one_pass_tf32(num_nodes: int, value_heads: int, value_dim: int, dtype: torch.dtype) -> bool:
+    """Whether ``tree_gdn``'s default on a CUDA device with TF32 tensor cores runs the matrix form on 1-pass TF32
+    products for such a call (``default_precision`` and ``auto_walk``)."""
+    from specdec.kernels.tree_gdn.triton import auto_walk, default_precision
+
+    precision = default_precision(dtype)
+    return precision == "tf32" and auto_walk(num_nodes, value_heads, value_dim, precision=precision) == "chunk"

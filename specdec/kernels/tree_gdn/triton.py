@@ -70,13 +70,13 @@ deep) and slower or equal at 16 and 32 nodes (docs/kernels.md)."""
 CHUNK_BLOCK_V = 32
 """``walk="auto"`` counts the matrix form's programs in value blocks of this many columns."""
 
-CHUNK_AUTO_SIZES = {"tf32x3": ((16, 16), (33, 64)), "tf32": ((16, 64),), "ieee": ((16, 16), (33, 64))}
+CHUNK_AUTO_SIZES = {"tf32x3": ((16, 16), (33, 64)), "tf32": ((16, 64),)}
 """Tree sizes (inclusive ranges) for which ``walk="auto"`` takes the matrix form, by its products' precision.
 Measured inside the 8B hybrid's verify on an H200 (docs/hybrid.md): on 3-pass TF32 products faster than the path
 schedule at 16 and 64 nodes on deep trees and as fast on shallow ones, at 32 nodes no faster on deep trees and slower
 on shallow ones; on 1-pass TF32 products 2.0-6.2 x faster at every size from 16 to 64 nodes on both trees
-(``bench_tree_gdn.py``). Smaller trees not measured. ``"ieee"`` (GPUs without TF32 tensor cores) only matters when
-``SPECDEC_TREE_GDN_WALK=chunk`` forces the matrix form."""
+(``bench_tree_gdn.py``). Smaller trees not measured. fp32 products (``"ieee"``: GPUs without TF32 tensor cores) have
+no entry: there ``"auto"`` takes the matrix form only when ``SPECDEC_TREE_GDN_WALK=chunk`` forces it."""
 
 CHUNK_MIN_PROGRAMS = 64
 """``walk="auto"`` takes the matrix form only with at least this many programs (value heads x value blocks)."""
@@ -125,10 +125,11 @@ def auto_walk(num_nodes: int, num_value_heads: int, value_dim: int, *, precision
     """The schedule ``walk="auto"`` runs for a tree of ``num_nodes`` nodes whose matrix form would take products of
     ``precision`` (see the module docstring); without TF32 tensor cores (``precision="ieee"``) the matrix form is not
     picked unless ``SPECDEC_TREE_GDN_WALK=chunk``."""
-    if num_nodes <= CHUNK_MAX_NODES and TREE_WALK != "paths" and (precision != "ieee" or TREE_WALK == "chunk"):
+    if num_nodes <= CHUNK_MAX_NODES and TREE_WALK == "chunk":
+        return "chunk"
+    if num_nodes <= CHUNK_MAX_NODES and TREE_WALK == "auto" and precision in CHUNK_AUTO_SIZES:
         programs = num_value_heads * triton.cdiv(value_dim, CHUNK_BLOCK_V)
-        sized = any(lo <= num_nodes <= hi for lo, hi in CHUNK_AUTO_SIZES[precision])
-        if TREE_WALK == "chunk" or (sized and programs >= CHUNK_MIN_PROGRAMS):
+        if programs >= CHUNK_MIN_PROGRAMS and any(lo <= num_nodes <= hi for lo, hi in CHUNK_AUTO_SIZES[precision]):
             return "chunk"
     return "paths" if num_nodes <= PATHS_MAX_NODES else "nodes"
 
