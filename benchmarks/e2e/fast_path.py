@@ -296,7 +296,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.md").write_text(text + "\n")
     (out_dir / "results.json").write_text(
-        json.dumps({"rows": rows, "floor_ms": floor, "eager_same": eager_same}, indent=1)
+        json.dumps({"rows": rows, "floor_ms": floor, "eager_same": eager_same, "outputs": outs}, indent=1)
     )
     print(text)
 
