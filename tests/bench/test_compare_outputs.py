@@ -38,6 +38,17 @@ def test_counts_identical_prompts_and_where_the_others_part(tmp_path):
     assert rows == ["| ar | 1/3 | 1, 1 |", "| ddtree-b32-k8 | 2/2 | - |"]
 
 
+def test_against_compares_every_row_of_the_second_run_with_one_row_of_the_first(tmp_path):
+    a = _run_dir(tmp_path, "a", {"hf-generate": {"p1": [1, 2], "p2": [3, 4]}, "ar": {"p1": [0], "p2": [0]}})
+    b = _run_dir(tmp_path, "b", {"ar": {"p1": [1, 2], "p2": [3, 5]}, "ddtree-b16-k8": {"p1": [1, 2], "p2": [3, 4]}})
+    done = _compare(a, b, "--against", "hf-generate")
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "method" not in line]
+    assert rows == ["| ar | 1/2 | 1 |", "| ddtree-b16-k8 | 2/2 | - |"]
+    done = _compare(a, b, "--against", "hf-static")
+    assert done.returncode != 0 and "no 'hf-static' row" in done.stderr
+
+
 def test_a_run_without_outputs_is_refused_with_the_fix(tmp_path):
     old = tmp_path / "old"
     old.mkdir()
