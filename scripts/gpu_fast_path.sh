@@ -13,7 +13,9 @@
 # skinny kernel: its gpu tests, bench, and the uncompiled 8B rounds and verifies with it) (dense); tests, fidelity,
 # sweep-model, sweep-scan, ratio, compiled, profile, shape, shape-compiled, verify-compiled (the 8 B verifies in
 # inductor's default mode), verify-peaked (the verifies on deep trees, path schedule vs default), verify-autotune,
-# verify-cublas, kernels, gdn-schedules (tree_gdn's path and matrix schedules, the matrix form's tiles) (hybrid). The whole default hybrid run takes
+# verify-cublas, kernels, gdn-schedules (tree_gdn's path and matrix schedules, the matrix form's tiles), targets
+# (every zoo-hybrid target in one pass-by-pass run), scan-fidelity (bf16 tokens with the tree scan's matrix form
+# forced on 1-pass / 3-pass TF32 products, against HF greedy and the default) (hybrid). The whole default hybrid run takes
 # about 20 minutes.
 set -u
 CUBLAS="max_autotune=True coordinate_descent_tuning=True max_autotune_gemm_backends=ATEN"  # compile={...} options
@@ -155,6 +157,23 @@ else
         (cd benchmarks/e2e && timeout 590 python3 shape_8b.py --hybrid --verify-only --compile \
             --compile-options $CUBLAS >"$OUT/verify_cublas.log" 2>&1)
         grep "^|" "$OUT/verify_cublas.log"
+    fi
+    if want targets; then  # every zoo-hybrid target of the fast path in one run: pass by pass, eager identity, memory
+        timeout 330 python3 benchmarks/e2e/fast_path.py $H --no-hf --budgets 16 32 64 --interleave --repeat 3 \
+            --eager-only ddtree-b32-k8 ddtree-b64-k8 --memory-rounds 1000 --out "$OUT/targets" >"$OUT/targets.log" 2>&1
+        tables "$OUT/targets.log" 42
+    fi
+    if want scan-fidelity; then  # bf16 tokens with the tree scan's matrix form forced, 1-pass and 3-pass TF32 products
+        timeout 240 python3 benchmarks/e2e/fast_path.py $H --skip hf-static ar dflash-chain-k15 --budgets 16 32 63 \
+            --no-eager --memory-rounds 0 --out "$OUT/scan-default" >"$OUT/scan-default.log" 2>&1
+        grep "^| " "$OUT/scan-default.log"
+        for p in tf32 tf32x3; do
+            SPECDEC_TREE_GDN_WALK=chunk SPECDEC_TREE_GDN_PRECISION=$p timeout 100 python3 benchmarks/e2e/fast_path.py $H \
+                --no-hf --skip ar dflash-chain-k15 --budgets 16 32 63 --no-eager --memory-rounds 0 \
+                --out "$OUT/scan-$p" >"$OUT/scan-$p.log" 2>&1
+            python3 benchmarks/e2e/compare_outputs.py "$OUT/scan-default" "$OUT/scan-$p" --against hf-generate
+            python3 benchmarks/e2e/compare_outputs.py "$OUT/scan-default" "$OUT/scan-$p"
+        done
     fi
     if want shape-compiled; then  # the 8 B hybrid with its AR step and b31 round compiled (several minutes)
         (cd benchmarks/e2e && timeout 540 python3 shape_8b.py --hybrid --compile >"$OUT/shape_compiled.log" 2>&1)
