@@ -59,6 +59,9 @@ def main() -> None:
         same = [p for p in prompts if a[method][p] == b[method][p]]
         parts = sorted(first_difference(a[method][p], b[method][p]) for p in prompts if p not in same)
         lines.append(f"| {method} | {len(same)}/{len(prompts)} | {', '.join(map(str, parts)) or '-'} |")
+    alone = sorted(set(a) ^ set(b))
+    if alone:  # rows one run has and the other does not: not compared
+        lines += ["", f"- not in both runs, not compared: {', '.join(alone)}"]
     print("\n".join(lines))
 
 

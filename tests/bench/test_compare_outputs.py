@@ -36,6 +36,7 @@ def test_counts_identical_prompts_and_where_the_others_part(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "method" not in line]
     assert rows == ["| ar | 1/3 | 1, 1 |", "| ddtree-b32-k8 | 2/2 | - |"]
+    assert "- not in both runs, not compared: only-in-a" in done.stdout
 
 
 def test_against_compares_every_row_of_the_second_run_with_one_row_of_the_first(tmp_path):
@@ -45,6 +46,7 @@ def test_against_compares_every_row_of_the_second_run_with_one_row_of_the_first(
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "method" not in line]
     assert rows == ["| ar | 1/2 | 1 |", "| ddtree-b16-k8 | 2/2 | - |"]
+    assert "not compared" not in done.stdout
     done = _compare(a, b, "--against", "hf-static")
     assert done.returncode != 0 and "no 'hf-static' row" in done.stderr
 
