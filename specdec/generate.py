@@ -14,8 +14,8 @@ import torch
 from transformers import GenerationConfig
 
 from specdec.drafters.base import Drafter
-from specdec.fast.engine import FastEngine, fast_path_reason, round_depth, tree_slots
-from specdec.fast.graphs import check_compile
+from specdec.engine import FastEngine, fast_path_reason, round_depth, tree_slots
+from specdec.runtime import check_compile
 from specdec.hf_args import check_drafter_and_tree, check_input_ids, generation_value, resolve_generation_args
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer

@@ -143,7 +143,7 @@ class TargetModel:
 
         The cache's layers are created by one token through the model's own forward, then emptied
         (``HybridState.clear``), so no layer of the result comes from that forward."""
-        from specdec.fast.hybrid import commit_recurrent  # the fast path's commit: one replay per layer
+        from specdec.state.recurrent import commit_recurrent  # the fast path's commit: one replay per layer
 
         self._forward(input_ids[:, :1], last_only=True)
         self.state.clear(self.cache)

@@ -13,7 +13,7 @@ def spy_round_reads(monkeypatch, *, exempt: tuple[str, ...] = (), everywhere: bo
     """Patch ``torch.Tensor``'s host reads and ``_Round._round`` / ``_ar_round``; returns the list that collects
     ``"name at file:line"`` of each read made while a round function runs (``everywhere``: of every read), except
     reads with a frame of a file whose path contains one of ``exempt`` on the stack."""
-    import specdec.fast.engine as engine
+    import specdec.engine as engine
 
     reads: list[str] = []
     inside = [everywhere]

@@ -29,11 +29,11 @@ import torch
 from transformers import AutoTokenizer
 
 import specdec
-import specdec.fast.engine as fast_engine
+import specdec.engine as fast_engine
 from specdec.drafters.dflash import DFlashDrafter
 from specdec.drafters.dflash_static import DFlashStatic
-from specdec.fast.engine import FastEngine
-from specdec.fast.storage import StaticModel
+from specdec.engine import FastEngine
+from specdec.state.storage import StaticModel
 from specdec.loading import load_prompts, load_target, resolve_device, zoo_dir
 
 logger = logging.getLogger("round_profile")
@@ -126,7 +126,7 @@ def profile_round(rnd, engine, rounds: int, top: tuple[str, ...] = ()) -> dict[s
     """Per-phase (kernels per round, GPU ms per round) of ``rounds`` eager runs of the round function."""
     restore = rnd._snapshot()
     # A compiled round would recompile around the wrappers: profile it whole, unlabelled. The round's scope (its
-    # attention, specdec.fast.attention) as when it was captured: outside it a compiled round would recompile.
+    # attention, specdec.attention) as when it was captured: outside it a compiled round would recompile.
     with rnd.captured.scope, contextlib.nullcontext() if rnd.compile else labelled():
         rnd.captured.fn()  # wrapped warm run
         restore()

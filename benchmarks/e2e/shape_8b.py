@@ -9,7 +9,7 @@ bandwidth); the fast path's AR step (one captured round of plain decoding); the 
 (drafter block forward, tree build, verify, acceptance and commit) for budgets 15/31/63 (16/32/64 nodes); and the
 round's verify alone (``_Round._verify``: tree mask and target forward, hybrids' recurrent layers through specdec's
 adapters and tree scans) over fixed trees of 1/16/32/64 nodes, with the engine's attention and with HF's own
-``sdpa`` (grouped K/V repeated per query head; ``specdec.fast.attention``). ``--compile`` adds the AR step (with its
+``sdpa`` (grouped K/V repeated per query head; ``specdec.attention``). ``--compile`` adds the AR step (with its
 heaviest kernels), the b31 round and the four verifies compiled under the graphs (about a minute of compilation
 each at this size). Rows are printed as they are measured, and as a table at the end. Needs a CUDA device
 (``--small`` runs a tiny config on CPU to check the script).
@@ -27,9 +27,10 @@ from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwe
 
 from specdec.bench import median_ms
 from specdec.drafters.dflash import DFlashDrafter
-from specdec.fast import attention, linear
-from specdec.fast.engine import FastEngine
-from specdec.fast.graphs import Captured, compile_fn
+from specdec import attention
+from specdec.kernels.skinny_linear import routing as linear
+from specdec.engine import FastEngine
+from specdec.runtime import Captured, compile_fn
 from specdec.kernels import _triton
 from specdec.kernels.tree_accept import tree_mask
 from specdec.target import TargetModel
@@ -241,7 +242,7 @@ def main() -> None:
         mode = dict(option(kv) for kv in args.compile_options)
         args.compile_mode = " ".join(args.compile_options)  # the rows' label
     verify_target = 1.2 if args.hybrid else 1.15  # the issues' bound on an N-node verify against one node
-    # compiled forwards attend as the engine compiles them (specdec.fast.attention.grouped_for)
+    # compiled forwards attend as the engine compiles them (specdec.attention.grouped_for)
     compiled_scope = engine.attention_scope(None, compiled=True)
 
     def start(d):
@@ -263,7 +264,7 @@ def main() -> None:
     def time_rounds(logq):
         """The AR step (with HF's attention too), the drafter, the builds and the DDTree rounds, timed."""
         # AR step: the whole captured round of plain decoding; first with HF's sdpa attention (grouped K/V repeated
-        # per query head), then as the engine runs it (query heads stacked per K/V head, specdec.fast.attention).
+        # per query head), then as the engine runs it (query heads stacked per K/V head, specdec.attention).
         attention.MODE = "0"
         start(None)
         ar_hf = engine.round_for(None, None, GREEDY, graph=True, span=span)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.bench import median_ms
-from specdec.fast.graphs import Captured
+from specdec.runtime import Captured
 from specdec.kernels.tree_gdn import gdn_path_replay
 
 SHAPES = {  # value heads, key heads, K, V

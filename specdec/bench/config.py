@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.harness import Method, run_bench
-from specdec.fast.graphs import check_compile
+from specdec.runtime import check_compile
 from specdec.loading import build_drafter, load_prompts, load_target, resolve_device, zoo_dir
 from specdec.target import TargetModel
 from specdec.types import Chain, DDTree, TreeSpec

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.fast.storage import StaticModel
+from specdec.state.storage import StaticModel
 
 __all__ = ["ModelStatic"]
 

@@ -10,7 +10,7 @@ from models import tiny_model
 from test_fast_path import prompt, sharp_drafter
 
 import specdec
-from specdec.fast.engine import FastEngine
+from specdec.engine import FastEngine
 
 
 @pytest.mark.slow
@@ -37,7 +37,7 @@ def test_compiled_rounds_trace_the_routed_linear_layers(monkeypatch):
     sets on every ``nn.Linear`` (``skinny_linear``, its reference on CPU), the tokens stay HF's greedy ones, and the
     model is left without those forwards."""
     import specdec.kernels.skinny_linear as skinny
-    from specdec.fast import linear
+    from specdec.kernels.skinny_linear import routing as linear
 
     calls = []
     real = skinny.skinny_linear
@@ -68,7 +68,7 @@ def test_more_compiled_rounds_than_dynamos_default_limit_all_stay_compiled():
     default of 8 variants the rest would run uncompiled. Twelve variants give twelve compiled graphs."""
     from torch._dynamo.utils import counters
 
-    from specdec.fast.graphs import compile_fn
+    from specdec.runtime import compile_fn
 
     x = torch.ones(4)
     before = counters["stats"]["unique_graphs"]
@@ -111,7 +111,7 @@ def test_layer_forwards_compiled_per_layer_and_shape_all_stay_compiled(monkeypat
     on dynamo's own backend (the limits are dynamo's; inductor would only make it slow): every variant compiled."""
     from torch._dynamo.utils import counters
 
-    from specdec.fast import graphs
+    from specdec import runtime as graphs
 
     real = torch.compile
     monkeypatch.setattr(graphs.torch, "compile", lambda fn, **kw: real(fn, backend="eager", dynamic=False))
@@ -134,7 +134,7 @@ def test_kernel_dispatch_ends_the_compiled_region_unless_whole(monkeypatch, grap
     """Every Triton-backed kernel asks ``importable`` which implementation to run. Compiled, "split" (the default)
     breaks the graph there, once per call; "whole" keeps one graph (the check is a constant after ``compile_fn``),
     and never traces an import, which would break it too."""
-    from specdec.fast.graphs import compile_fn
+    from specdec.runtime import compile_fn
     from specdec.kernels import _triton
     from specdec.kernels._triton import KERNEL_MODULES, importable
 
@@ -194,7 +194,7 @@ def test_compile_with_inductor_options_equals_hf_greedy():
 def test_a_round_that_fails_to_compile_is_put_back_and_runs_uncompiled(caplog):
     """The compiled function has run its first graph (a state update) when its second graph fails to compile: the
     snapshot puts the state back, the uncompiled function takes over, and the state is updated exactly once."""
-    from specdec.fast.graphs import Captured
+    from specdec.runtime import Captured
 
     state = torch.zeros(3)
 
@@ -210,7 +210,7 @@ def test_a_round_that_fails_to_compile_is_put_back_and_runs_uncompiled(caplog):
     torch._dynamo.reset()
     compiled = torch.compile(step, backend=failing_backend(2))
     cap = Captured(compiled, device=torch.device("cpu"), graph=False, snapshot=snapshot, uncompiled=step)
-    with caplog.at_level("WARNING", logger="specdec.fast.graphs"):
+    with caplog.at_level("WARNING", logger="specdec.runtime"):
         cap()
     assert torch.equal(state, torch.full((3,), 2.0))  # (0 + 1) * 2 once; without the snapshot it would be 6
     assert cap.fn is step and "shared memory" in cap.compile_failed
@@ -227,7 +227,7 @@ def test_a_round_that_fails_to_compile_is_put_back_and_runs_uncompiled(caplog):
 def test_generate_when_compiling_fails_runs_the_rounds_uncompiled_and_equals_hf_greedy(monkeypatch, caplog):
     """``compile=True`` where the backend cannot compile the rounds (here: one that fails on its first graph): the
     call still equals HF greedy on the rounds' uncompiled code, and a warning names the error."""
-    from specdec.fast import engine as fast_engine
+    from specdec import engine as fast_engine
 
     monkeypatch.setattr(
         fast_engine, "compile_fn", lambda fn, mode: torch.compile(fn, backend=failing_backend(1), dynamic=False)
@@ -236,7 +236,7 @@ def test_generate_when_compiling_fails_runs_the_rounds_uncompiled_and_equals_hf_
     ids = prompt()
     ref = target.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
     torch._dynamo.reset()
-    with caplog.at_level("WARNING", logger="specdec.fast.graphs"):
+    with caplog.at_level("WARNING", logger="specdec.runtime"):
         out = specdec.generate(
             target, ids, drafter=sharp_drafter(target), tree=specdec.DDTree(budget=4, topk=2), max_new_tokens=12,
             cuda_graphs=True, compile=True,

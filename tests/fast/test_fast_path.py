@@ -14,8 +14,8 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 import specdec
 from specdec.drafters.dflash import DFlashDrafter
-from specdec.fast.engine import FastEngine, bucket_size
-from specdec.fast.storage import commit_rows, commit_rows_reference
+from specdec.engine import FastEngine, bucket_size
+from specdec.state.storage import commit_rows, commit_rows_reference
 from specdec.target import TargetModel
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "phi3", "gpt2"]
@@ -115,7 +115,7 @@ def test_eos_on_the_fast_path_matches_hf():
 def test_padded_and_eager_prefills_equal_hf_greedy(arch):
     """Prompts at the edges of the prefill buckets run padded (pads after the prompt, masked until overwritten);
     a prompt past PREFILL_CAPTURE_MAX runs the eager prefill. Both give HF's tokens, for both drafter kinds."""
-    from specdec.fast.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX
+    from specdec.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX
 
     positions = {"n_positions": 1024} if arch == "gpt2" else {"max_position_embeddings": 1024}
     target = tiny_model(arch, scale=2.0, **positions)
@@ -237,7 +237,7 @@ def test_fast_sampling_matches_hf_processed_distribution():
 
 def test_rounds_switch_span_buckets_as_the_sequence_grows():
     """Past SPAN_MIN committed slots the rounds move to a larger span bucket (a second graph): still HF greedy."""
-    from specdec.fast.engine import SPAN_MIN
+    from specdec.engine import SPAN_MIN
 
     target = tiny_model("qwen3", scale=2.0)
     drafter = sharp_drafter(target)

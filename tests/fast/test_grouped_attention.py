@@ -1,4 +1,4 @@
-"""Grouped-query attention of the fast path (``specdec.fast.attention``) against HF's own ``sdpa`` attention."""
+"""Grouped-query attention of the fast path (``specdec.attention``) against HF's own ``sdpa`` attention."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import specdec
-from specdec.fast import attention
-from specdec.fast.attention import NAME, AttentionScope, grouped_sdpa
+from specdec import attention
+from specdec.attention import NAME, AttentionScope, grouped_sdpa
 from specdec.kernels._triton import _IMPORTABLE
 from tests.models import tiny_model
 
@@ -130,8 +130,8 @@ def test_grouped_for_follows_the_mode(monkeypatch):
 
 @pytest.mark.parametrize("arch", ["qwen3", "gpt2"])
 def test_compiled_rounds_group_only_where_the_kernel_fits_the_model(monkeypatch, arch):
-    import specdec.fast.engine as engine_module
-    from specdec.fast.engine import FastEngine
+    import specdec.engine as engine_module
+    from specdec.engine import FastEngine
     from specdec.target import TargetModel
 
     monkeypatch.setitem(_IMPORTABLE, KERNEL_MODULE, True)
@@ -177,7 +177,7 @@ def test_scope_that_does_not_group_leaves_the_model_alone():
 
 
 def test_engine_groups_uncompiled_rounds_only_by_default(monkeypatch):
-    from specdec.fast.engine import FastEngine
+    from specdec.engine import FastEngine
     from specdec.target import TargetModel
 
     monkeypatch.setattr(attention, "MODE", "auto")

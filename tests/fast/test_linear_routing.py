@@ -17,8 +17,8 @@ from kernel_harness import interpreted_outputs
 
 import specdec
 import specdec.kernels.skinny_linear as skinny
-from specdec.fast import linear
-from specdec.fast.attention import AttentionScope
+from specdec.kernels.skinny_linear import routing as linear
+from specdec.attention import AttentionScope
 from tests.models import tiny_model
 
 IDS = [[5, 9, 2, 77, 31, 8]]
@@ -116,7 +116,7 @@ def test_routed_forwards_keep_one_host_read_per_round(monkeypatch):
     once for the prefill's first token: the new forwards decide from shapes and dtypes only."""
     from host_reads import spy_round_reads
 
-    from specdec.fast import attention
+    from specdec import attention
 
     monkeypatch.setattr(linear, "KERNEL", "triton")
     monkeypatch.setattr(attention, "KERNEL", "triton")

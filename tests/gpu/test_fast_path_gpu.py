@@ -44,7 +44,7 @@ def test_fast_path_fp32_equals_hf_greedy(zoo, tree):
 def test_fast_path_fp32_across_span_buckets(zoo):
     """Long generations cross span buckets (a second captured graph per round kind), DFlash norms in one launch."""
     import specdec.drafters.dflash_static as dflash_static
-    from specdec.fast.engine import SPAN_MIN, FastEngine
+    from specdec.engine import SPAN_MIN, FastEngine
 
     model, drafter, prompts = _setup(zoo, torch.float32)
     # read when the engine builds the drafter's static forwards
@@ -67,7 +67,7 @@ def test_compiled_fast_path_with_triton_norms_equals_hf_greedy(zoo):
     """compile=True on CUDA with the drafter's one-launch norms (the default): torch.compile hands the Triton
     kernel its eps as fp64, which once failed to compile; fp32 outputs equal HF greedy, compile time reported."""
     import specdec.drafters.dflash_static as dflash_static
-    from specdec.fast.engine import FastEngine
+    from specdec.engine import FastEngine
 
     model, drafter, prompts = _setup(zoo, torch.float32)
     saved, dflash_static._NORM_IMPL = dflash_static._NORM_IMPL, "auto"
@@ -88,8 +88,8 @@ def test_compiled_fast_path_with_triton_norms_equals_hf_greedy(zoo):
 def test_fast_path_fp32_with_the_linear_kernel_equals_hf_greedy(zoo, compile, monkeypatch):
     """SPECDEC_LINEAR_KERNEL=triton: every linear layer of the target through the split-K skinny kernel (CUDA,
     fp32 IEEE dots), uncompiled and inside torch.compile; outputs equal HF greedy."""
-    from specdec.fast import linear
-    from specdec.fast.engine import FastEngine
+    from specdec.kernels.skinny_linear import routing as linear
+    from specdec.engine import FastEngine
     from specdec.kernels.skinny_linear import triton as kernel
 
     calls = []

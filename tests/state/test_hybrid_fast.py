@@ -75,7 +75,7 @@ def test_snapshot_mode_falls_back_with_a_reason(caplog):
 def test_warmup_runs_are_undone_before_capture():
     """Capture runs the round twice before recording it and must undo each run, recurrent states included;
     otherwise the first captured round of a call would decode from a state the warm-up already advanced."""
-    from specdec.fast.engine import FastEngine
+    from specdec.engine import FastEngine
     from specdec.target import TargetModel
 
     target = _target("qwen3_5")
@@ -143,7 +143,7 @@ def test_mamba2_closed_form_replay_equals_node_by_node_steps(groups):
 def test_cuda_rounds_refuse_a_reference_tree_scan(monkeypatch):
     """On CUDA a reference tree scan would read the parent array on the host inside every round: the fast path
     names it and the eager path runs instead (checked with a CUDA device object; nothing runs on it)."""
-    from specdec.fast.hybrid import hybrid_reason
+    from specdec.state.recurrent import hybrid_reason
     from specdec.kernels.tree_gdn import auto_impl
     from specdec.target import TargetModel
 
@@ -170,8 +170,8 @@ def test_padded_prefill_equals_the_models_own_forward(family, graph_prefill):
     one past the captured maximum, which prefills eagerly)."""
     from transformers import DynamicCache
 
-    from specdec.fast.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX, FastEngine
-    from specdec.fast.storage import StaticModel
+    from specdec.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX, FastEngine
+    from specdec.state.storage import StaticModel
     from specdec.state.hybrid import _state_tensor
     from specdec.target import TargetModel
 
@@ -275,7 +275,7 @@ def test_round_verify_alone_repeats_and_leaves_the_committed_state_alone():
     """``_Round._verify`` (the round's mask + target forward, timed alone by ``shape_8b.py --hybrid``) commits
     nothing: a second call over the same tree gives the same logits, and the recurrent states, prefix and root are
     those the prefill left."""
-    from specdec.fast.engine import FastEngine
+    from specdec.engine import FastEngine
     from specdec.target import TargetModel
     from specdec.trees.device import ddtree_device
 
@@ -308,7 +308,7 @@ def test_hybrid_rounds_that_fail_to_compile_run_uncompiled_and_equal_hf_greedy(m
     and a warning names the error."""
     from compile_faults import failing_backend
 
-    from specdec.fast import engine as fast_engine
+    from specdec import engine as fast_engine
 
     monkeypatch.setattr(
         fast_engine, "compile_fn", lambda fn, mode: torch.compile(fn, backend=failing_backend(2), dynamic=False)
@@ -317,7 +317,7 @@ def test_hybrid_rounds_that_fail_to_compile_run_uncompiled_and_equal_hf_greedy(m
     input_ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
     want = target.generate(input_ids, max_new_tokens=30, do_sample=False)
     torch._dynamo.reset()
-    with caplog.at_level(logging.WARNING, logger="specdec.fast.graphs"):
+    with caplog.at_level(logging.WARNING, logger="specdec.runtime"):
         out = specdec.generate(
             target, input_ids, drafter=_bigram_drafter(target), tree=specdec.DDTree(budget=8), max_new_tokens=30,
             cuda_graphs=True, compile=True,

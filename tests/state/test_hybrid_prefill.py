@@ -136,7 +136,7 @@ def test_auto_picks_the_scan_for_short_prompts_on_cuda_and_the_models_forward_ot
 def test_both_paths_resolve_the_prefill_for_the_targets_device(graphs, monkeypatch):
     """The eager and the fast path ask ``hybrid_prefill`` with the target's device and the prompt's length
     (``auto`` depends on both)."""
-    import specdec.fast.engine
+    import specdec.engine
     import specdec.target
 
     seen = []
@@ -145,7 +145,7 @@ def test_both_paths_resolve_the_prefill_for_the_targets_device(graphs, monkeypat
         seen.append((device, num_tokens))
         return hybrid_prefill(device, num_tokens)
 
-    module = specdec.fast.engine if graphs else specdec.target
+    module = specdec.engine if graphs else specdec.target
     monkeypatch.setattr(module, "hybrid_prefill", spy)
     target = _target("qwen3_5")
     ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))

@@ -109,7 +109,7 @@ class Captured:
         pool: a graph memory pool (``torch.cuda.graph_pool_handle()``) shared with other graphs that never run
             at the same time; None = a private pool.
         scope: a context manager entered around every run of ``fn`` (warm-up, capture, uncaptured calls), not
-            around replays; e.g. ``specdec.fast.attention.AttentionScope``. None = none.
+            around replays; e.g. ``specdec.attention.AttentionScope``. None = none.
         uncompiled (Callable[[], None] | None): when ``fn`` is a compiled function, the same work uncompiled. If
             compiling fails (``torch._dynamo.exc.BackendCompilerFailed``, e.g. inductor generating a kernel that
             needs more shared memory than the GPU has), the decode state is put back (``snapshot``), a warning

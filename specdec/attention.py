@@ -169,7 +169,7 @@ class AttentionScope:
     Entering and leaving sets one attribute per config object (the model's and any sub-configs its modules hold);
     leaving restores exactly what was there, also after an exception. Models on ``eager`` or any other attention
     are left alone, and so is every model when ``grouped`` is False. With ``linear`` the scope also routes the
-    models' ``nn.Linear`` layers through ``specdec.fast.linear.skinny_forward`` while active (the engine's whole
+    models' ``nn.Linear`` layers through ``specdec.kernels.skinny_linear.routing.skinny_forward`` while active (the engine's whole
     forward scope, ``SPECDEC_LINEAR_KERNEL``).
 
     Args:
@@ -179,7 +179,7 @@ class AttentionScope:
     """
 
     def __init__(self, *models, grouped: bool = True, linear: bool = False) -> None:
-        from specdec.fast.linear import linear_modules
+        from specdec.kernels.skinny_linear.routing import linear_modules
 
         self.linears = linear_modules(*models) if linear else []
         self._routing = None
@@ -199,7 +199,7 @@ class AttentionScope:
 
     def __enter__(self) -> AttentionScope:
         if self._depth == 0:
-            from specdec.fast.linear import routed
+            from specdec.kernels.skinny_linear.routing import routed
 
             self._switched = [c for c in self.configs if getattr(c, "_attn_implementation_internal", None) == "sdpa"]
             for config in self._switched:

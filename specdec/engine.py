@@ -22,11 +22,11 @@ from specdec.drafters.dflash import DFlashDrafter
 from specdec.drafters.dflash_static import DFlashStatic
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.model_static import ModelStatic
-from specdec.fast.attention import AttentionScope, grouped_for
-from specdec.fast.graphs import Captured, compile_fn, compile_key
-from specdec.fast.hybrid import DeviceTopology, commit_recurrent, hybrid_reason
-from specdec.fast.linear import linear_kernel_for
-from specdec.fast.storage import StaticModel, commit_rows
+from specdec.attention import AttentionScope, grouped_for
+from specdec.runtime import Captured, compile_fn, compile_key
+from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_reason
+from specdec.kernels.skinny_linear.routing import linear_kernel_for
+from specdec.state.storage import StaticModel, commit_rows
 from specdec.kernels.tree_accept import accept_path, tree_mask
 from specdec.state.hybrid import HybridState, VerifyRound, _swapped_forwards, hybrid_prefill
 from specdec.state.kv import KVState
@@ -463,9 +463,9 @@ class FastEngine:
 
     def attention_scope(self, static, *, compiled: bool = False) -> AttentionScope:
         """The scope in which this engine runs the forwards of its target (and of ``static``'s draft model, a
-        ``ModelStatic``): grouped-query attention without K/V expansion where ``specdec.fast.attention.grouped_for``
+        ``ModelStatic``): grouped-query attention without K/V expansion where ``specdec.attention.grouped_for``
         says so (``compiled``: the forwards run under ``torch.compile``), and the linear layers through the split-K
-        kernel with ``SPECDEC_LINEAR_KERNEL=triton`` (``specdec.fast.linear``)."""
+        kernel with ``SPECDEC_LINEAR_KERNEL=triton`` (``specdec.kernels.skinny_linear.routing``)."""
         draft = static.model.target.model if isinstance(static, ModelStatic) else None
         kv = self.target.storage.kv  # [L, 2, 1, H_kv, capacity, D]: the attention's own dtype and head dim
         grouped = grouped_for(compiled, self.device, kv.dtype, kv.shape[-1])

@@ -3,7 +3,7 @@
 The recurrent mixers run through the same adapters as on the eager path (``specdec.state.gdn``), fed a
 ``DeviceTopology`` built from the device tree (conv gather table and parent array as tensors, no host reads);
 the recurrences go through ``specdec.kernels.tree_gdn`` / ``tree_mamba2`` (Triton on CUDA). The conv windows and
-recurrent states live in static tensors (``specdec.fast.storage``); the commit replays the accepted path from the
+recurrent states live in static tensors (``specdec.state.storage``); the commit replays the accepted path from the
 committed state in a fixed number of masked steps (one fused Triton launch per Gated DeltaNet layer on CUDA,
 ``specdec.kernels.gdn_path_replay``) and rebuilds each conv window by one gather.
 """

@@ -8,7 +8,7 @@ docs/kernels.md), so the routing is opt-in.
 ``SPECDEC_LINEAR_KERNEL`` says where it is used: ``torch`` (default: the layers' own ``F.linear``) or ``triton``
 (every ``nn.Linear`` of the target, and of a small-LM drafter, while the fast path runs their forwards;
 ``skinny_linear`` takes its kernel on CUDA for at most ``MAX_ROWS`` rows and ``F.linear`` otherwise). The switch is
-made by :class:`specdec.fast.attention.AttentionScope` (``linear=True``) through the hook-safe forward swap the
+made by :class:`specdec.attention.AttentionScope` (``linear=True``) through the hook-safe forward swap the
 recurrent adapters use (``specdec.state.forwards``), while the engine runs the forward (warm-up, capture,
 compilation, uncaptured calls); the user's model is left as it was and graph replays pay nothing.
 """
