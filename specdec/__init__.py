@@ -5,7 +5,9 @@
 
 from specdec.drafters import DFlashDrafter, ModelDrafter, NGramDrafter
 from specdec.generate import SpeculativeModel, generate
-from specdec.types import Chain, DDTree, DraftTree, GenerateOutput, SamplingParams, SpecStats, VerifyResult
+from specdec.trees import TREES, Chain, DDTree, TreePolicy, register_tree
+from specdec.types import DraftTree, GenerateOutput, SamplingParams, SpecStats, VerifyResult
+from specdec.verify import RULES, Greedy, SampleMatch, VerificationRule, register_rule
 
 __all__ = [
     "Chain",

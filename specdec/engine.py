@@ -1,106 +1,90 @@
-"""The fast path: a speculative round that stays on the device, over static storage, captured in CUDA graphs.
+"""The speculative round, written once, and the engine that owns its storage.
 
-One round = drafter block forward -> tree build -> target forward over the padded tree -> acceptance -> commit of
-the target K/V and of the drafter's context, all tensor ops on the device with no host read; the host then reads
-one small tensor (accepted tokens and counts) for EOS, ``max_new_tokens`` and the streamer. On CUDA the round is
-captured once per (drafter, tree, sampling, bucket) and replayed; on CPU the same code runs eagerly, which is how
-the CPU suite proves it token-identical. Engines (storage + graphs) are cached per target model and reused across
-``generate`` calls. See ``docs/performance.md``.
+One round = drafter proposal -> tree policy -> target forward over the padded tree -> verification rule -> commit
+of the target's state (attention K/V and recurrent state) and of the drafter's state: tensor ops with shapes fixed
+by the (drafter, tree policy, rule, sampling, span) of the round and no host read, so the same code runs when
+called and when replayed from a CUDA graph (optionally under ``torch.compile``): ``specdec.runtime.Captured``
+picks how. The host then reads one small tensor (accepted tokens and counts) for EOS, ``max_new_tokens`` and the
+streamer. Engines (storage + rounds) are cached per target model and reused across ``generate`` calls. See
+``docs/round.md``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from collections.abc import Mapping
 
 import torch
 from transformers import DynamicCache
 
-from specdec.drafters.dflash import DFlashDrafter
-from specdec.drafters.dflash_static import DFlashStatic
-from specdec.drafters.model import ModelDrafter
-from specdec.drafters.model_static import ModelStatic
 from specdec.attention import AttentionScope, grouped_for
-from specdec.runtime import Captured, compile_fn, compile_key
-from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
+from specdec.kernels.tree_accept import tree_mask
+from specdec.runtime import Captured, compile_fn, compile_key
+from specdec.state.hybrid import HybridState, VerifyRound, adapter_forwards, hybrid_prefill
+from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.state.storage import StaticModel, commit_rows
-from specdec.kernels.tree_accept import accept_path, tree_mask
-from specdec.state.hybrid import HybridState, VerifyRound, _swapped_forwards, hybrid_prefill
-from specdec.state.kv import KVState
 from specdec.target import TargetModel
-from specdec.trees.device import DeviceTree, chain_device, ddtree_device, root_tree_device
-from specdec.types import Chain, DDTree, SamplingParams, TreeSpec
-from specdec.verify.device import target_choices
+from specdec.trees.build import root_tree_device
+from specdec.types import DeviceTree, SamplingParams, TreeRow
 
-__all__ = ["BUCKET", "SPAN_MIN", "FastEngine", "bucket_size", "fast_path_reason", "tree_slots"]
+__all__ = ["PREFILL_BUCKET", "SPAN_MIN", "Engine", "Round", "capture_reason", "round_reason", "tree_slots"]
 
 logger = logging.getLogger(__name__)
 
-# Trees are padded to a multiple of this many nodes. Each tree spec has its own captured round anyway, so 1 (a round
-# of budget B runs in exactly B + 1 slots; padding only where fewer nodes are reachable) wastes no slot; 16 was the
-# first setting (the 2026-11-30 tables of docs/performance.md and docs/hybrid.md: 16 / 48 / 80 slots at b15/32/64).
-BUCKET = 1
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this many tokens for the captured prefill
 PREFILL_CAPTURE_MAX = 512  # longer prompts are prefilled eagerly (their compute hides the kernel launches)
 SPAN_MIN = 256  # rounds attend over the first SPAN_MIN * 2**k slots of the storage (one graph per span in use)
-# The DDTree selection inside rounds: "auto" (default: the one-launch Triton kernel on CUDA, tensor ops
-# elsewhere), "torch" or "triton" (docs/kernels.md).
-_DDTREE_IMPL = os.environ.get("SPECDEC_DDTREE_IMPL", "auto")
-# Its per-depth top-k: "auto" (default: the one-launch Triton top-k on CUDA for vocabularies up to
-# specdec.trees.device.TOPK_TRITON_MAX_VOCAB, else torch.topk), "torch" or "triton".
-_DDTREE_TOPK = os.environ.get("SPECDEC_DDTREE_TOPK", "auto")
 _CAPACITY_STEP = 256
 
 
-def bucket_size(num_nodes: int) -> int:
-    """Node slots of the captured verify for a tree of up to ``num_nodes`` nodes (1 stays 1: plain decoding)."""
-    return 1 if num_nodes == 1 else -(-num_nodes // BUCKET) * BUCKET
-
-
-def fast_path_reason(target: TargetModel, drafter) -> str | None:
-    """None when the fast path can run ``target`` with ``drafter``, else the reason it cannot (for the log)."""
-    if not isinstance(target.state, KVState):
-        reason = hybrid_reason(target.state, target.device)
-        if reason is not None:
-            return f"{type(target.model).__name__}: {reason}"
-    if target._sliding_window_layers():
-        return f"{type(target.model).__name__} has sliding-window attention layers"
-    if isinstance(drafter, ModelDrafter):
-        if drafter.lm._sliding_window_layers():
-            return f"the draft model {type(drafter.lm.model).__name__} has sliding-window attention layers"
-        return None
-    if drafter is not None and not isinstance(drafter, DFlashDrafter):
-        return f"{type(drafter).__name__} has no fast path (DFlashDrafter, ModelDrafter and plain decoding do)"
+def round_reason(target: TargetModel, drafter, tree) -> str | None:
+    """None when the round can run ``target`` with ``drafter`` and ``tree``, else what stands in the way."""
+    name = type(target.model).__name__
+    state = target.state
+    if isinstance(state, HybridState) and state.mode != "exact":
+        return (
+            f"{name}: hybrid_mode={state.mode!r} is not a round of its own (the round verifies recurrent layers "
+            "exactly through their adapters, any tree, any budget); use hybrid_mode='exact'. specdec.state.snapshot "
+            "and restore remain available for HF caches"
+        )
+    reason = hybrid_reason(state, target.device, needs_kernels=False) or static_reason(target)
+    if reason is not None:
+        return f"{name}: {reason}"
+    if drafter is not None:
+        wanted = set(getattr(tree, "reads", ()))
+        if not wanted & set(drafter.provides):
+            return (
+                f"{type(tree).__name__} builds from {sorted(wanted)} but {type(drafter).__name__} proposes "
+                f"{sorted(drafter.provides)}; pick a tree policy that reads what the drafter proposes"
+            )
     return None
 
 
-def tree_slots(drafter, tree: TreeSpec) -> int:
-    """Slots a round of ``drafter`` with ``tree`` needs past the root's position (tree bucket and draft window)."""
+def static_reason(target: TargetModel) -> str | None:
+    """None when the static storage runs ``target``'s attention layers exactly, else why not."""
+    if target._sliding_window_layers():
+        return "sliding-window attention layers are not run by the static storage yet"
+    return None
+
+
+def capture_reason(target: TargetModel) -> str | None:
+    """None when the round of ``target`` can be replayed from a CUDA graph on its device, else why not."""
+    if target.device.type != "cuda":
+        return f"the target is on {target.device.type}, CUDA graphs need a CUDA device"
+    return hybrid_reason(target.state, target.device, needs_kernels=True)
+
+
+def tree_slots(drafter, tree) -> int:
+    """Slots a round of ``drafter`` with ``tree`` needs past the root's position (tree slots and draft window)."""
     if drafter is None:
         return 1
-    block = drafter.config.block_size if isinstance(drafter, DFlashDrafter) else _model_depth(drafter, tree) + 1
-    return max(bucket_size(tree.budget + 1), block)
+    return max(tree.budget + 1, drafter.window(tree))
 
 
-def _model_depth(drafter: ModelDrafter, tree: TreeSpec) -> int:
-    return tree.k if isinstance(tree, Chain) else min(tree.budget, drafter.tree_depth)
-
-
-def round_depth(drafter, tree: TreeSpec | None) -> int:
-    """Deepest draft node of a round (0 for plain decoding); a round commits at most this + 1 tokens."""
-    if drafter is None:
-        return 0
-    if isinstance(drafter, ModelDrafter):
-        return _model_depth(drafter, tree)
-    block_depth = drafter.config.block_size - 1
-    return min(tree.k, block_depth) if isinstance(tree, Chain) else block_depth
-
-
-class _Round:
-    """One captured speculative round for a fixed (drafter, tree spec, sampling, span) on an engine.
+class Round:
+    """The speculative round for a fixed (drafter, tree policy, verification rule, sampling, span) on an engine.
 
     The target and the DFlash drafter attend over the first ``span`` slots of the static storage only (the
     committed prefix, the tree and the block must fit); ``generate`` picks the smallest span bucket that holds the
@@ -109,28 +93,35 @@ class _Round:
 
     def __init__(
         self,
-        engine: FastEngine,
+        engine: Engine,
         drafter,
-        static: DFlashStatic | None,
-        tree: TreeSpec | None,
+        state,
+        tree,
+        rule,
         sampling: SamplingParams,
         graph: bool,
         compile: bool | str | Mapping,
         span: int | None = None,
+        suppress: tuple = (0, ()),
     ) -> None:
-        self.engine, self.drafter, self.static, self.tree, self.sampling = engine, drafter, static, tree, sampling
+        self.engine, self.drafter, self.state, self.tree, self.rule = engine, drafter, state, tree, rule
+        self.sampling = sampling
         self.span = span or engine.capacity
         self.keys = engine.target.keys[: self.span]
         device = engine.device
-        self.depth = round_depth(drafter, tree)
-        self.slots = 1 if drafter is None else bucket_size(tree.budget + 1)
+        self.depth = 0 if drafter is None else drafter.draft_depth(tree)
+        self.slots = 1 if drafter is None else tree.budget + 1
         self.path_len = self.depth + 1
         self.taps = getattr(drafter, "target_layer_ids", None)
-        self.draft_forwards = self.depth if isinstance(drafter, ModelDrafter) else 1
+        self.draft_forwards = 0 if drafter is None else drafter.forwards_per_round(tree)
         self.out = torch.zeros(self.path_len + 2, dtype=torch.long, device=device)
         self.arange = torch.arange(self.slots, device=device)
         vocab = engine.target.target.vocab_size
-        self.uniform = torch.rand(self.slots, vocab, device=device) if sampling.do_sample else None
+        uses_noise = rule.uses_noise(sampling)
+        self.noise = torch.rand(1, self.slots, vocab, device=device) if uses_noise else None
+        # min_new_tokens: EOS ids get -inf at nodes whose token would end the output early (HF's processors).
+        self.min_new, eos = suppress
+        self.eos = torch.tensor(eos, dtype=torch.long, device=device) if self.min_new and eos else None
         self.out[self.path_len : self.path_len + 2] = 1  # plain decoding: one path node, one tree node
         # Two host copies of ``out`` so that the next round can be launched before this one is read.
         cuda = device.type == "cuda"
@@ -145,31 +136,29 @@ class _Round:
             device=device,
             graph=graph,
             snapshot=self._snapshot,
-            scope=engine.attention_scope(static, compiled=bool(compile)),
+            scope=engine.attention_scope(state, compiled=bool(compile)),
             uncompiled=fn if compile else None,
         )
 
-    # -- the round (device only) -------------------------------------------------------------------------
-    def _build(self):
+    # -- the round (tensor ops only) ----------------------------------------------------------------------
+    def _build(self) -> DeviceTree:
+        """Drafter proposal -> tree policy: the trees ``[B, slots]``."""
         engine = self.engine
         if self.drafter is None:
-            return root_tree_device(engine.root)
-        if isinstance(self.static, ModelStatic):
-            self.static.record(engine.root, engine.prefix)
-            logq = self.static.logq(engine.prefix, self.depth)
-        else:
-            logq = self.static.logq(engine.root, engine.prefix, self.depth, self.span)
-        if isinstance(self.tree, DDTree):
-            return ddtree_device(
-                logq,
-                engine.root,
-                budget=self.tree.budget,
-                topk=self.tree.topk,
-                num_slots=self.slots,
-                impl=_DDTREE_IMPL,
-                topk_impl=_DDTREE_TOPK if logq.device.type == "cuda" else "torch",
-            )
-        return chain_device(logq, engine.root, k=self.tree.k, num_slots=self.slots)
+            return DeviceTree.stack([root_tree_device(engine.root[0])])
+        proposal = self.state.propose(engine.root, engine.prefix.view(1), self.depth, self.span)
+        return self.tree.build(proposal, engine.root, self.depth)
+
+    def _process(self, logits: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """``min_new_tokens``: EOS gets -inf at nodes whose choice would be a new token before that count."""
+        if self.eos is None:
+            return logits
+        engine = self.engine
+        generated = engine.prefix + 1 - engine.prompt_len  # tokens generated before the root's choice
+        rows = (depth + generated) < self.min_new  # [B, S]
+        cols = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        cols[self.eos[self.eos < logits.shape[-1]]] = True
+        return logits.masked_fill(rows[..., None] & cols, float("-inf"))
 
     def _ar_round(self) -> None:
         """Plain decoding: the root alone, no tree, no commit (its K/V already sits at slot ``prefix``)."""
@@ -177,12 +166,14 @@ class _Round:
         prefix = engine.prefix
         mask = target.additive_mask((self.keys <= prefix)[None])
         logits, _ = target.forward(engine.root[None], prefix.view(1, 1), mask, prefix.view(1), span=self.span)
-        choice = target_choices(logits, self.sampling, self.uniform)
+        tree = DeviceTree.stack([root_tree_device(engine.root[0])])
+        accept = self.rule.accept(tree, self._process(logits[None], tree.depth), self.sampling, self.noise, 0)
+        choice = accept.tokens[0, :1]
         self.out[:1].copy_(choice)
         engine.root.copy_(choice)
         prefix.add_(1)
 
-    def _verify(self, tree: DeviceTree):
+    def _verify(self, tree: TreeRow):
         """The target forward over ``tree`` (``slots`` nodes) on top of the committed prefix; returns (logits
         ``[slots, V]``, taps or None, the hybrid ``VerifyRound`` or None). Writes only the K/V rows of the tree's
         slots (and the adapters' stash): until a commit, a repeat of it computes the same."""
@@ -197,8 +188,8 @@ class _Round:
             return (*target.forward(*args, span=self.span), None)
         # recurrent mixers run through their adapters over the device topology
         rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
-                          topo=DeviceTopology(tree, chain=not isinstance(self.tree, DDTree)))  # fmt: skip
-        with _swapped_forwards(self.hybrid.adapters, rnd):
+                          topo=DeviceTopology(tree, chain=not self.tree.branching if self.tree else True))  # fmt: skip
+        with adapter_forwards(self.hybrid.adapters, rnd):
             logits, hidden = target.forward(*args, span=self.span)
         return logits, hidden, rnd
 
@@ -206,23 +197,22 @@ class _Round:
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix
         tree = self._build()
-        logits, hidden, rnd = self._verify(tree)
-        choices = target_choices(logits, self.sampling, self.uniform)
-        accept = accept_path(tree.tokens, tree.parents, tree.depth, tree.valid, choices, self.depth)
+        logits, hidden, rnd = self._verify(tree.row(0))
+        logits = self._process(logits[None], tree.depth)
+        accept = self.rule.accept(tree, logits, self.sampling, self.noise, self.depth)
+        row = accept.row(0)
         if self.depth:
-            commit_rows(target.storage.kv, prefix, accept.path)
+            commit_rows(target.storage.kv, prefix, row.path)
         if self.hybrid is not None:
             for adapter in self.hybrid.adapters:
-                commit_recurrent(adapter, rnd, accept.path, accept.num_path)
-        if isinstance(self.static, DFlashStatic):
-            self.static.ingest(hidden.index_select(1, accept.path), prefix)
-        elif self.static is not None:
-            self.static.record(accept.tokens, prefix + 1)
-        self.out[: self.path_len].copy_(accept.tokens)
-        self.out[self.path_len] = accept.num_path
-        self.out[self.path_len + 1] = tree.num_nodes
-        engine.root.copy_(accept.tokens.gather(0, (accept.num_path - 1).view(1)))
-        prefix.add_(accept.num_path)
+                commit_recurrent(adapter, rnd, row.path, row.num_path)
+        if self.state is not None:
+            self.state.commit(accept, hidden, prefix.view(1))
+        self.out[: self.path_len].copy_(row.tokens)
+        self.out[self.path_len] = row.num_path
+        self.out[self.path_len + 1] = tree.num_nodes[0]
+        engine.root.copy_(row.tokens.gather(0, (row.num_path - 1).view(1)))
+        prefix.add_(row.num_path)
 
     def _snapshot(self):
         """Save the decode state before the warm-up runs; returns the function that puts it back."""
@@ -259,8 +249,8 @@ class _Round:
 
         Returns the ticket to pass to :meth:`read`. At most two rounds may be launched and not yet read.
         """
-        if self.uniform is not None:
-            self.uniform.uniform_(generator=generator)
+        if self.noise is not None:
+            self.noise.uniform_(generator=generator)
         self.captured()
         slot = self.launched % 2
         self.launched += 1
@@ -296,7 +286,7 @@ class _Prefill:
     into the static conv windows and recurrent states. The recurrent state never sees a padding token.
     """
 
-    def __init__(self, engine: FastEngine, drafter, static, size: int, graph: bool) -> None:
+    def __init__(self, engine: Engine, drafter, static, size: int, graph: bool) -> None:
         device = engine.device
         self.engine, self.drafter, self.static = engine, drafter, static
         self.taps = getattr(drafter, "target_layer_ids", None)
@@ -324,10 +314,8 @@ class _Prefill:
         else:
             logits, hidden = self._run_chain()
         self.logits = logits
-        if isinstance(self.static, DFlashStatic):
-            self.static.ingest(hidden, 0)
-        elif self.static is not None:
-            self.static.prefill(self.ids)
+        if self.static is not None:
+            self.static.prefill(self.ids, hidden)
 
     def _run_chain(self):
         """Hybrid prompt forward: a verify round of the chain tree of the prompt, then its commit."""
@@ -347,7 +335,7 @@ class _Prefill:
         visible = (keys <= slots[:, None]) & real[:, None] | (keys == slots[:, None])
         rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
                           topo=DeviceTopology(tree), prompt=True)  # fmt: skip
-        with _swapped_forwards(self.hybrid.adapters, rnd):
+        with adapter_forwards(self.hybrid.adapters, rnd):
             logits, hidden = target.forward(
                 self.ids, slots[None], target.additive_mask(visible), slots, self.taps, rows=self.last, span=self.size
             )
@@ -367,10 +355,10 @@ class _Prefill:
         return self.logits[0]
 
 
-class FastEngine:
+class Engine:
     """Static storage, captured rounds and decode state of one target model (cached across calls).
 
-    Use :meth:`for_target` to get the engine of a target; ``generate(..., cuda_graphs=...)`` does this.
+    Use :meth:`for_target` to get the engine of a target; ``generate`` does this.
     """
 
     _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -379,7 +367,8 @@ class FastEngine:
         self.device = target.device
         self.target = StaticModel(target, capacity)
         self.prefix = torch.zeros((), dtype=torch.long, device=self.device)
-        self.root = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.root = torch.zeros(1, dtype=torch.long, device=self.device)  # [B]
+        self.prompt_len = torch.zeros((), dtype=torch.long, device=self.device)
         self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._rounds: dict = {}
         self._prefills: dict = {}
@@ -390,7 +379,7 @@ class FastEngine:
         return self.target.capacity
 
     @classmethod
-    def for_target(cls, target: TargetModel, *, capacity: int) -> FastEngine:
+    def for_target(cls, target: TargetModel, *, capacity: int) -> Engine:
         """The cached engine of ``target.model`` if it holds ``capacity`` slots, else a new one."""
         engine = cls._engines.get(target.model)
         if engine is None or engine.capacity < capacity:
@@ -403,16 +392,21 @@ class FastEngine:
         engine.target.target = target
         return engine
 
-    def _static(self, drafter) -> DFlashStatic | ModelStatic | None:
+    @classmethod
+    def forget(cls, target: TargetModel) -> None:
+        """Drop the engine of ``target.model`` (its storage is rebuilt on next use, e.g. after a move)."""
+        cls._engines.pop(target.model, None)
+
+    def _static(self, drafter):
+        """The drafter's state on this engine (made on first use, refreshed on reuse)."""
         if drafter is None:
             return None
         static = self._drafters.get(drafter)
         if static is None:
-            kind = ModelStatic if isinstance(drafter, ModelDrafter) else DFlashStatic
-            static = kind(drafter, self.capacity)
+            static = drafter.attach(self.target.target, self.capacity)
             self._drafters[drafter] = static
-        elif isinstance(static, DFlashStatic):
-            static.sync_weights()
+        else:
+            static.refresh()
         return static
 
     def prefill(self, input_ids: torch.Tensor, drafter, *, graph: bool = False) -> tuple[torch.Tensor, None]:
@@ -455,18 +449,16 @@ class FastEngine:
             logits = logits[-1]
         self.prefix.fill_(n)
         static = self._static(drafter)
-        if isinstance(static, DFlashStatic):
-            static.ingest(hidden, 0)
-        elif static is not None:
-            static.prefill(input_ids)
+        if static is not None:
+            static.prefill(input_ids, hidden)
         return logits, None
 
     def attention_scope(self, static, *, compiled: bool = False) -> AttentionScope:
         """The scope in which this engine runs the forwards of its target (and of ``static``'s draft model, a
-        ``ModelStatic``): grouped-query attention without K/V expansion where ``specdec.attention.grouped_for``
+        drafter state with a ``draft_model``): grouped-query attention without K/V expansion where ``specdec.attention.grouped_for``
         says so (``compiled``: the forwards run under ``torch.compile``), and the linear layers through the split-K
         kernel with ``SPECDEC_LINEAR_KERNEL=triton`` (``specdec.kernels.skinny_linear.routing``)."""
-        draft = static.model.target.model if isinstance(static, ModelStatic) else None
+        draft = getattr(static, "draft_model", None)
         kv = self.target.storage.kv  # [L, 2, 1, H_kv, capacity, D]: the attention's own dtype and head dim
         grouped = grouped_for(compiled, self.device, kv.dtype, kv.shape[-1])
         return AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear_kernel_for())
@@ -493,26 +485,30 @@ class FastEngine:
     def round_for(
         self,
         drafter,
-        tree: TreeSpec | None,
+        tree,
+        rule,
         sampling: SamplingParams,
         *,
         graph: bool,
         compile: bool | str | Mapping = False,
         span: int | None = None,
-    ) -> _Round:
-        """The (cached) round of this drafter, tree, sampling and span (None: the capacity); built and captured on
-        first use."""
+        suppress: tuple = (0, ()),
+    ) -> Round:
+        """The (cached) round of this drafter, tree policy, rule, sampling and span (None: the capacity); built and
+        captured on first use."""
         span = min(span or self.capacity, self.capacity)
         key = (
             id(drafter) if drafter is not None else None,
             tree if drafter is not None else None,
+            rule,
             sampling,
             graph,
             compile_key(compile),
             span,
+            suppress,
         )
         rnd = self._rounds.get(key)
         if rnd is None or rnd.drafter is not drafter:
-            rnd = _Round(self, drafter, self._static(drafter), tree, sampling, graph, compile, span)
+            rnd = Round(self, drafter, self._static(drafter), tree, rule, sampling, graph, compile, span, suppress)
             self._rounds[key] = rnd
         return rnd

@@ -8,36 +8,61 @@ same loop runs plain autoregressive decoding. See ``docs/api.md``.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 
 import torch
 from transformers import GenerationConfig
 
 from specdec.drafters.base import Drafter
-from specdec.engine import FastEngine, fast_path_reason, round_depth, tree_slots
-from specdec.runtime import check_compile
+from specdec.engine import Engine, capture_reason, round_reason, tree_slots
 from specdec.hf_args import check_drafter_and_tree, check_input_ids, generation_value, resolve_generation_args
+from specdec.runtime import check_compile
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
-from specdec.trees import prune_depth, root_tree
-from specdec.types import Chain, DecodeContext, GenerateOutput, SpecStats, TreeSpec
-from specdec.verify import sample_tokens, verify
+from specdec.trees import Chain, TreePolicy
+from specdec.trees.build import root_tree_device
+from specdec.types import DeviceTree, GenerateOutput, SpecStats
+from specdec.verify import VerificationRule, default_rule
 
 __all__ = ["SpeculativeModel", "generate"]
 
 logger = logging.getLogger(__name__)
 
 
-def _check_length(target: TargetModel, input_ids: torch.Tensor, max_new_tokens: int, tree: TreeSpec) -> None:
+def _check_length(target: TargetModel, input_ids: torch.Tensor, max_new_tokens: int) -> None:
     limit = target.max_length
     need = input_ids.shape[1] + max_new_tokens
-    if target._sliding_window_layers():
-        need += tree.budget + 1  # the verify window must fit in the sliding cache too
     if limit is not None and need > limit:
         raise ValueError(
             f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) needs {need} positions but the "
             f"target handles {limit}; shorten the prompt or lower max_new_tokens."
         )
+
+
+def _check_rule(rule, sampling, tree) -> VerificationRule:
+    if isinstance(rule, type):
+        raise TypeError(f"verifier={rule.__name__}: pass an instance, e.g. verifier={rule.__name__}().")
+    if not isinstance(rule, VerificationRule):
+        raise TypeError(
+            f"verifier={rule!r} does not implement specdec.verify.VerificationRule (name, check, uses_noise, accept)."
+        )
+    rule.check(sampling, tree)
+    return rule
+
+
+def _graphs(tgt: TargetModel, cuda_graphs: bool | None) -> bool:
+    """Whether the round is replayed from CUDA graphs (it is called otherwise; same tokens either way)."""
+    if cuda_graphs is False:
+        return False
+    reason = capture_reason(tgt)
+    if reason is None:
+        return True
+    if cuda_graphs:
+        logger.warning("specdec: cuda_graphs=True but the round is called, not replayed (%s)", reason)
+    elif tgt.device.type == "cuda":
+        logger.info("specdec: the round is called, not replayed (%s)", reason)
+    return False
 
 
 @torch.no_grad()
@@ -46,7 +71,8 @@ def generate(
     input_ids: torch.Tensor,
     *,
     drafter: Drafter | None = None,
-    tree: TreeSpec | None = None,
+    tree: TreePolicy | None = None,
+    verifier: VerificationRule | None = None,
     max_new_tokens: int | None = None,
     do_sample: bool | None = None,
     temperature: float | None = None,
@@ -70,14 +96,19 @@ def generate(
 
     Generation arguments take HF's names and semantics (call > ``generation_config`` > the target's
     ``generation_config`` > HF defaults); options specdec cannot honour exactly raise ``ValueError`` naming
-    them (table in ``docs/api.md``).
+    them (table in ``docs/api.md``). Every call runs the same round (``docs/round.md``); ``cuda_graphs`` and
+    ``compile`` only choose how it runs.
 
     Args:
         target: an HF causal LM (or a ``specdec.target.TargetModel``).
         input_ids (torch.Tensor): ``[1, T]`` integer prompt on the target's device.
         drafter (Drafter | None): a drafter instance (e.g. ``NGramDrafter()``); ``None`` runs plain autoregressive
             decoding in the same loop.
-        tree (Chain | DDTree | None): tree shape; default the drafter's ``default_tree`` or ``Chain(4)``.
+        tree (TreePolicy | None): tree policy (``Chain``, ``DDTree`` or your own); default the drafter's
+            ``default_tree`` or ``Chain(4)``.
+        verifier (VerificationRule | None): verification rule (``Greedy``, ``SampleMatch`` or your own); default
+            ``Greedy()`` at ``do_sample=False``, else ``SampleMatch()``. A rule not exact for the sampling settings
+            or the tree policy is refused.
         max_new_tokens (int | None): tokens to generate at most; wins over ``max_length``.
         do_sample, temperature, top_k, top_p: HF sampling arguments.
         eos_token_id (int | list[int] | None): stop tokens (numpy ints and nested lists accepted, as in HF).
@@ -89,15 +120,13 @@ def generate(
         min_new_tokens, min_length (int | None): EOS is suppressed until reached, exactly as HF's processors do.
         pad_token_id (int | None): accepted for drop-in use (one unpadded sequence needs no padding).
         use_cache (bool | None): accepted for drop-in use; specdec always decodes with caches (same tokens).
+        cuda_graphs (bool | None): replay the round from CUDA graphs: ``None`` (default) where the target's device
+            allows it (CUDA, Triton tree scans for hybrids), ``False`` never (the round is called), ``True`` like
+            ``None`` but with a warning where it cannot.
+        compile (bool | str | Mapping): ``torch.compile`` the round (compile time is reported in
+            ``stats.compile_ms``): True (inductor's default mode), a mode (``"max-autotune-no-cudagraphs"``) or a
+            dict of inductor options. Default False.
         **kwargs: other HF ``generate`` options; unsupported or unknown ones raise ``ValueError``.
-        cuda_graphs (bool | None): ``None`` (default) = the fast path (static storage, device-side round
-            captured in CUDA graphs) on CUDA targets it supports, the eager path elsewhere; ``True`` = the fast
-            path wherever supported (on CPU its device-side round runs without capture); ``False`` = the eager path.
-            Targets or drafters the fast path does not support run eagerly, with a log line saying why.
-        compile (bool | str | Mapping): ``torch.compile`` the target and drafter forwards under the graphs (fast
-            path only; compile time is reported in ``stats.compile_ms``): True (inductor's default mode), a mode
-            (``"max-autotune-no-cudagraphs"``) or a dict of inductor options (``torch.compile(options=...)``).
-            Default False.
 
     Returns:
         GenerateOutput: ``sequences`` ``[1, T + n_new]`` and ``stats`` (``SpecStats``).
@@ -131,69 +160,57 @@ def generate(
         **kwargs,
     )
     max_new_tokens, sampling, eos = args.max_new_tokens, args.sampling, set(args.eos_token_ids)
-    _check_length(tgt, input_ids, max_new_tokens, tree)
+    rule = _check_rule(default_rule(sampling) if verifier is None else verifier, sampling, tree)
+    _check_length(tgt, input_ids, max_new_tokens)
+    reason = round_reason(tgt, drafter, tree if drafter is not None else None)
+    if reason is not None:
+        raise ValueError(f"specdec cannot run this combination: {reason}.")
     if drafter is not None:
         drafter.validate(tgt, tree)
         drafter.reset()
+    graph = _graphs(tgt, cuda_graphs)
     draft_forwards_before = drafter.num_forwards if drafter is not None else 0
-    taps = drafter.target_layer_ids if drafter is not None else None
-    stats, timer = SpecStats(), PhaseTimer(tgt.device)
-    engine = _fast_engine(tgt, drafter, tree, input_ids.shape[1] + max_new_tokens, cuda_graphs, compile, args)
+    stats, timer = SpecStats(path="graph" if graph else "eager"), PhaseTimer(tgt.device)
+    prompt_len = input_ids.shape[1]
+    engine = Engine.for_target(tgt, capacity=prompt_len + max_new_tokens + tree_slots(drafter, tree) + 1)
+    suppress = (args.min_new_tokens, tuple(args.eos_token_ids)) if args.min_new_tokens and eos else (0, ())
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
     with timer("prefill"):
-        if engine is not None:
-            logits, hidden = engine.prefill(input_ids, drafter, graph=engine.device.type == "cuda")
-        else:
-            logits, hidden = tgt.prefill(input_ids, taps)
-        first = sample_tokens(args.suppress_eos(logits[None], None, 0), sampling, generator)
+        logits, _ = engine.prefill(input_ids, drafter, graph=graph)
+        first = _first_token(rule, sampling, args.suppress_eos(logits[None], None, 0), generator)
     new_tokens = [int(first)]
-    ctx = DecodeContext(
-        input_ids=torch.cat([input_ids, first.view(1, 1)], dim=1),
-        target_hidden=hidden,
-        generator=generator,
-        timer=timer,
-    )
     done = new_tokens[0] in eos or max_new_tokens == 1
     if streamer is not None:
         streamer.put(first.view(1).cpu())
-    if engine is not None:
-        engine.set_root(first)
-        stats.path = "fast"
-        path_len = round_depth(drafter, tree) + 1
-        extent = tree_slots(drafter, tree)  # slots a round writes and attends to past its root
-        used: dict = {}  # the rounds (one per span bucket) this call launched
+    engine.set_root(first)
+    engine.prompt_len.fill_(prompt_len)
+    path_len = (0 if drafter is None else drafter.draft_depth(tree)) + 1
+    extent = tree_slots(drafter, tree)  # slots a round writes and attends to past its root
+    used: dict = {}  # the rounds (one per span bucket) this call launched
 
-        def launch(in_flight: int):
-            """Launch a round whose span holds it: its prefix is at most the committed length plus ``path_len``
-            per round launched and not read yet."""
-            need = input_ids.shape[1] + len(new_tokens) - 1 + in_flight * path_len + extent
-            rnd = engine.round_for(drafter, tree, sampling, graph=engine.device.type == "cuda", compile=compile,
-                                   span=engine.span_for(need))  # fmt: skip
-            used[id(rnd)] = rnd
-            return rnd, rnd.launch(generator)
+    def launch(in_flight: int):
+        """Launch a round whose span holds it: its prefix is at most the committed length plus ``path_len`` per
+        round launched and not read yet."""
+        need = prompt_len + len(new_tokens) - 1 + in_flight * path_len + extent
+        rnd = engine.round_for(drafter, tree, rule, sampling, graph=graph, compile=compile,
+                               span=engine.span_for(need), suppress=suppress)  # fmt: skip
+        used[id(rnd)] = rnd
+        return rnd, rnd.launch(generator)
 
-    elif drafter is not None and not done:
-        with timer("draft"):
-            drafter.prefill(ctx)
-
-    pending = None  # fast path: a launched round not read yet
+    pending = None  # a launched round not read yet
     while not done:
         remaining = max_new_tokens - len(new_tokens)
-        if engine is not None:
-            with timer("round"):
-                if pending is None:
-                    pending = launch(0)
-                # Launch the next round before reading this one (the host's work overlaps the device's) unless
-                # this one may finish the call; a next round that an EOS makes unneeded is dropped.
-                ahead = launch(1) if remaining > path_len else None
-                accepted, num_nodes = pending[0].read(pending[1])
-                pending = ahead
-            num_accepted = len(accepted) - 1
-        else:
-            draft, result, hidden = _eager_round(tgt, drafter, tree, ctx, new_tokens, remaining, taps, args, timer)
-            accepted, num_accepted, num_nodes = list(result.tokens), result.num_accepted, draft.num_nodes
+        with timer("round"):
+            if pending is None:
+                pending = launch(0)
+            # Launch the next round before reading this one (the host's work overlaps the device's) unless this
+            # one may finish the call; a next round that an EOS makes unneeded is dropped.
+            ahead = launch(1) if remaining > path_len else None
+            accepted, num_nodes = pending[0].read(pending[1])
+            pending = ahead
+        num_accepted = len(accepted) - 1
         for i, tok in enumerate(accepted):
             if tok in eos:
                 accepted, done = accepted[: i + 1], True
@@ -205,14 +222,6 @@ def generate(
         stats.tree_nodes += num_nodes
         if streamer is not None:
             streamer.put(torch.tensor(accepted, dtype=torch.long))
-        if engine is None and not done:
-            with timer("commit"):
-                new = torch.tensor(accepted, dtype=torch.long, device=input_ids.device)
-                ctx.input_ids = torch.cat([ctx.input_ids, new.view(1, -1)], dim=1)
-                path = torch.as_tensor(result.path, device=hidden.device) if hidden is not None else None
-                ctx.target_hidden = hidden.index_select(1, path) if hidden is not None else None
-                if drafter is not None:
-                    drafter.commit(ctx, result)
 
     if streamer is not None:
         streamer.end()
@@ -220,46 +229,20 @@ def generate(
     stats.target_forwards = stats.rounds + 1
     stats.draft_forwards = drafter.num_forwards - draft_forwards_before if drafter is not None else 0
     stats.phase_ms = timer.totals_ms()
-    if engine is not None:
-        setup = [rnd.take_setup_ms() for rnd in used.values()]
-        stats.compile_ms, stats.capture_ms = sum(c for c, _ in setup), sum(c for _, c in setup)
-        stats.compile_fallbacks = sum(rnd.captured.compile_failed is not None for rnd in used.values())
+    setup = [rnd.take_setup_ms() for rnd in used.values()]
+    stats.compile_ms, stats.capture_ms = sum(c for c, _ in setup), sum(c for _, c in setup)
+    stats.compile_fallbacks = sum(rnd.captured.compile_failed is not None for rnd in used.values())
     sequences = torch.cat([input_ids, torch.tensor([new_tokens], dtype=torch.long, device=input_ids.device)], 1)
     return GenerateOutput(sequences=sequences, stats=stats)
 
 
-def _eager_round(tgt, drafter, tree, ctx, new_tokens, remaining, taps, args, timer):
-    """One round on the eager path: propose, verify, walk, commit the target. Returns (tree, result, taps)."""
-    with timer("draft"):
-        if drafter is None:
-            draft = root_tree(new_tokens[-1], tgt.device)
-        else:
-            draft = prune_depth(drafter.propose(ctx, tree), remaining - 1)
-    with timer("verify"):
-        logits, hidden = tgt.verify(draft, taps)
-    with timer("accept"):
-        result = verify(draft, args.suppress_eos(logits, draft.depth, len(new_tokens)), args.sampling, ctx.generator)
-    with timer("commit"):
-        tgt.commit(result.path)
-    return draft, result, hidden
-
-
-def _fast_engine(tgt: TargetModel, drafter, tree: TreeSpec, length: int, cuda_graphs, compile, args):
-    """The fast-path engine for this call, or None for the eager path (with a log line saying why)."""
-    if cuda_graphs is False:
-        return None
-    if cuda_graphs is None and tgt.device.type != "cuda":
-        return None  # CPU default: the eager path (cuda_graphs=True runs the device-side round without capture)
-    reason = fast_path_reason(tgt, drafter)
-    if reason is None and args.min_new_tokens:
-        reason = "min_new_tokens is applied on the eager path only"
-    if reason is not None:
-        log = logger.warning if cuda_graphs else logger.info
-        log("specdec: eager path (%s)", reason)
-        return None
-    engine = FastEngine.for_target(tgt, capacity=length + tree_slots(drafter, tree) + 1)
-    logger.info("specdec: fast path (%s)", "CUDA graphs" if tgt.device.type == "cuda" else "device round, no capture")
-    return engine
+def _first_token(rule, sampling, logits: torch.Tensor, generator) -> torch.Tensor:
+    """The prompt's next token: the rule over the root alone (a target sample, or its argmax)."""
+    tree = DeviceTree.stack([root_tree_device(torch.zeros(1, dtype=torch.long, device=logits.device))])
+    noise = None
+    if rule.uses_noise(sampling):
+        noise = torch.rand(1, 1, logits.shape[-1], device=logits.device, generator=generator)
+    return rule.accept(tree, logits[None], sampling, noise, 0).tokens[0, 0]
 
 
 class SpeculativeModel:
@@ -273,7 +256,8 @@ class SpeculativeModel:
     Args:
         target: an HF causal LM (or a ``specdec.target.TargetModel``).
         drafter (Drafter | None): a drafter instance; None = plain autoregressive decoding.
-        tree (Chain | DDTree | None): tree shape; default the drafter's ``default_tree`` or ``Chain(4)``.
+        tree (TreePolicy | None): tree policy; default the drafter's ``default_tree`` or ``Chain(4)``.
+        verifier (VerificationRule | None): verification rule; default as in :func:`specdec.generate`.
         hybrid_mode (str): how recurrent layers are verified, "exact" (default) or "snapshot" (``docs/hybrid.md``).
 
     Examples:
@@ -282,14 +266,48 @@ class SpeculativeModel:
     """
 
     def __init__(
-        self, target, *, drafter: Drafter | None = None, tree: TreeSpec | None = None, hybrid_mode: str = "exact"
+        self,
+        target,
+        *,
+        drafter: Drafter | None = None,
+        tree: TreePolicy | None = None,
+        verifier: VerificationRule | None = None,
+        hybrid_mode: str = "exact",
     ) -> None:
         check_drafter_and_tree(drafter, tree)
         self.target = TargetModel.wrap(target, hybrid_mode=hybrid_mode)
         self.drafter = drafter
         self.tree = tree
+        self.verifier = verifier
         self.hybrid_mode = hybrid_mode
         self.last_stats: SpecStats | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The target's dtype."""
+        return self.target.dtype
+
+    def eval(self) -> SpeculativeModel:
+        """Put the target (and a model drafter's LM) in eval mode; returns self, as ``nn.Module.eval`` does."""
+        self.target.model.eval()
+        return self
+
+    def to(self, *args, **kwargs) -> SpeculativeModel:
+        """Move the target (and the drafter, where it can move) like ``nn.Module.to``; returns self. Decoding state
+        kept for the old device or dtype is dropped."""
+        self.target.model.to(*args, **kwargs)
+        move = getattr(self.drafter, "to", None)
+        if callable(move) and not isinstance(self.drafter, torch.nn.Module):
+            device = next((a for a in args if isinstance(a, str | torch.device)), kwargs.get("device"))
+            dtype = next((a for a in args if isinstance(a, torch.dtype)), kwargs.get("dtype"))
+            move(device=device, dtype=dtype)
+        Engine.forget(self.target)
+        return self
+
+    def __call__(self, *args, **kwargs):
+        """The target's forward (``model(input_ids)`` -> its ``CausalLMOutput``), as wrapped code expects."""
+        return self.target.model(*args, **kwargs)
 
     @property
     def device(self) -> torch.device:
@@ -342,11 +360,20 @@ class SpeculativeModel:
             raise ValueError("SpeculativeModel.generate needs input_ids (a [1, T] LongTensor).")
         kwargs.setdefault("drafter", self.drafter)
         kwargs.setdefault("tree", self.tree)
+        kwargs.setdefault("verifier", self.verifier)
         as_dict, _ = generation_value(
             "return_dict_in_generate", return_dict_in_generate, generation_config, self.target.model
         )
-        out = generate(
-            self.target, input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
-        )
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(
+                "SpeculativeModel.generate is already running in another thread: one SpeculativeModel decodes one "
+                "sequence at a time (its storage is shared). Use one SpeculativeModel per thread."
+            )
+        try:
+            out = generate(
+                self.target, input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
+            )
+        finally:
+            self._lock.release()
         self.last_stats = out.stats
         return out if as_dict else out.sequences

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
-from specdec.types import Chain, DDTree, SamplingParams
+from specdec.trees import TreePolicy
+from specdec.types import SamplingParams
 
 __all__ = [
     "GenerationArgs",
@@ -189,7 +190,7 @@ def check_drafter_and_tree(drafter, tree) -> None:
             f"drafter={drafter!r} is a string: pass a drafter instance, e.g. drafter=specdec.NGramDrafter() "
             "(names such as 'ngram' are settings of the command line: python -m specdec drafter=ngram)."
         )
-    if drafter is not None and not callable(getattr(drafter, "propose", None)):
+    if drafter is not None and not callable(getattr(drafter, "attach", None)):
         raise TypeError(
             f"drafter must implement the Drafter protocol (specdec/drafters/base.py), got {type(drafter).__name__}; "
             "pass e.g. specdec.NGramDrafter()."
@@ -198,8 +199,11 @@ def check_drafter_and_tree(drafter, tree) -> None:
         raise TypeError(
             f"tree={tree.__name__} is a class: pass an instance, e.g. specdec.DDTree(15) or specdec.Chain(4)."
         )
-    if tree is not None and not isinstance(tree, Chain | DDTree):
-        raise TypeError(f"tree must be specdec.Chain(k) or specdec.DDTree(budget), got {tree!r}.")
+    if tree is not None and not isinstance(tree, TreePolicy):
+        raise TypeError(
+            f"tree must implement the TreePolicy protocol (budget, max_depth, reads, branching, build), got {tree!r}; "
+            "pass e.g. specdec.DDTree(budget) or specdec.Chain(k)."
+        )
 
 
 def check_input_ids(input_ids, attention_mask, device: torch.device) -> torch.Tensor:

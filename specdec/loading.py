@@ -2,20 +2,28 @@
 
 Shared by the CLI and the benchmark harness; takes plain values (no hydra here). Local paths resolve
 independently of the working directory (``specdec.paths``); only an ``owner/name`` id reaches the hub.
+
+Where models come from: the project ships the zoo's dense target, its tokenizer and the dev prompts
+(``assets/zoo``) and the DFlash drafters (``assets/drafters``); :func:`asset_path` finds them in a source
+checkout and in an installed wheel (``specdec/assets``). The rest of the zoo (the hybrid target) comes from
+``$SPECDEC_ZOO`` (:func:`zoo_dir`); any model folder or hub id works as well.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
 
-from specdec.paths import is_local_path, resolve_path, zoo_dir
-from specdec.types import Chain, DDTree, TreeSpec
+from specdec.paths import is_local_path, repo_root, resolve_path
+from specdec.trees import Chain, DDTree
+from specdec.trees import TreePolicy as TreeSpec
 
 __all__ = [
+    "asset_path",
     "build_drafter",
     "build_tree",
     "load_prompts",
@@ -24,19 +32,124 @@ __all__ = [
     "resolve_device",
     "resolve_model_path",
     "zoo_dir",
+    "zoo_path",
 ]
 
 logger = logging.getLogger(__name__)
+
+ZOO_ENV = "SPECDEC_ZOO"
+
+
+def _asset_roots() -> list[Path]:
+    """Where the shipped assets can be: inside the installed package (a wheel), then the checkout's ``assets/``."""
+    return [Path(__file__).resolve().parent / "assets", repo_root() / "assets"]
+
+
+def asset_path(name: str | os.PathLike = "") -> Path:
+    """A file or folder that ships with the project: ``assets/<name>`` of a source checkout, or
+    ``specdec/assets/<name>`` of an installed wheel (``pip install .``), whatever the working directory.
+
+    Args:
+        name: relative to ``assets/``, e.g. ``"drafters/zoo-dense"`` or ``"zoo/target-dense"``.
+
+    Raises:
+        FileNotFoundError: naming the places tried.
+    """
+    tried = [root / name for root in _asset_roots()]
+    for candidate in tried:
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(
+        f"No project asset {os.fspath(name)!r} (tried {', '.join(map(str, tried))}). The assets ship with a clone "
+        "of the project and with a wheel built from one (pip install <clone>); reinstall from a full clone."
+    )
+
+
+def _shipped_zoo() -> Path | None:
+    try:
+        return asset_path("zoo")
+    except FileNotFoundError:
+        return None
+
+
+def zoo_dir() -> Path:
+    """The zoo of trained fixtures: ``$SPECDEC_ZOO`` when set; else ``../shared/zoo`` beside the project when it
+    exists; else the part of the zoo the project ships (``assets/zoo``: the dense target, the tokenizer and the
+    dev prompts). An item missing from an external zoo is still taken from ``assets/zoo`` (:func:`zoo_path`)."""
+    env = os.environ.get(ZOO_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    beside = repo_root().parent / "shared" / "zoo"
+    if beside.is_dir():
+        return beside
+    return _shipped_zoo() or beside
+
+
+def _missing_from_zoo(name: str, zoo: Path) -> str:
+    shipped = _shipped_zoo()
+    ships = ", ".join(sorted(p.name for p in shipped.iterdir() if p.name != "README.md")) if shipped else "nothing"
+    return (
+        f"{name!r} is not in the zoo at {zoo} and does not ship with the project (assets/zoo holds {ships}). "
+        f"Fix: set {ZOO_ENV} to a zoo folder that holds {name} (export {ZOO_ENV}=/path/to/zoo), or give a model "
+        "folder or a hub id instead (e.g. target.path=Qwen/Qwen3-8B)."
+    )
+
+
+def zoo_path(name: str) -> Path:
+    """``name`` (``target-dense``, ``target-hybrid``, ``tokenizer``, ``prompts_dev.jsonl``) in :func:`zoo_dir`, else
+    in the shipped ``assets/zoo``.
+
+    Raises:
+        FileNotFoundError: naming ``SPECDEC_ZOO`` and the fix, when neither holds it.
+    """
+    zoo, shipped = zoo_dir(), _shipped_zoo()
+    for base in (zoo, shipped):
+        if base is not None and (base / name).exists():
+            return base / name
+    raise FileNotFoundError(_missing_from_zoo(name, zoo))
+
+
+def _zoo_item(path: Path) -> str | None:
+    """The zoo item a missing path asks for: a bare name, or a child of the zoo folder (``${zoo:...}``)."""
+    if not path.is_absolute():
+        return str(path) if len(path.parts) == 1 else None
+    parents = {zoo_dir(), repo_root().parent / "shared" / "zoo", *filter(None, [_shipped_zoo()])}
+    return path.name if path.parent in parents else None
+
+
+def _resolve_local(path: str | os.PathLike, *, what: str) -> Path:
+    """:func:`specdec.paths.resolve_path`, then the shipped assets: ``assets/...`` (also the checkout's absolute
+    ``<project>/assets/...`` when the package is installed elsewhere) and zoo items (:func:`zoo_path`)."""
+    try:
+        return resolve_path(path, what=what)
+    except FileNotFoundError as err:
+        given = Path(path).expanduser()
+        checkout_assets = repo_root() / "assets"
+        if given.parts[:1] == ("assets",) or given.is_relative_to(checkout_assets):
+            rest = given.relative_to("assets" if not given.is_absolute() else checkout_assets)
+            try:
+                return asset_path(rest)
+            except FileNotFoundError:
+                raise err from None
+        item = _zoo_item(given)
+        if item is None:
+            raise
+        try:
+            return zoo_path(item)
+        except FileNotFoundError as missing:
+            raise FileNotFoundError(f"{err} {missing}") from None
 
 
 def resolve_model_path(path: str | Path, *, what: str = "model folder") -> str:
     """A local folder (resolved wherever the working directory is) or a hub id ``owner/name``, as a string.
 
     A local-looking path (``./x``, ``/x``, ``x/y/z``, an existing parent folder, ...) that does not exist raises
-    ``FileNotFoundError`` naming the paths tried; it is never sent to the hub.
+    ``FileNotFoundError`` naming the paths tried; it is never sent to the hub. ``assets/...`` and the zoo's items
+    (``target-dense``, ``tokenizer``, ...) fall back to what ships with the project; a zoo item that does not ship
+    (``target-hybrid``) is an error naming ``SPECDEC_ZOO`` and the fix.
     """
     if is_local_path(path) or Path(path).exists():
-        return str(resolve_path(path, what=what))
+        return str(_resolve_local(path, what=what))
     return str(path)
 
 
@@ -75,7 +188,7 @@ def load_prompts(path: str | Path | None = None, *, limit: int | None = None, te
     literal ``text``; ``limit`` keeps the first prompts."""
     if text is not None:
         return [{"id": "text", "prompt": text}]
-    path = zoo_dir() / "prompts_dev.jsonl" if path is None else resolve_path(path, what="prompts file")
+    path = zoo_path("prompts_dev.jsonl") if path is None else _resolve_local(path, what="prompts file")
     if not Path(path).is_file():
         raise FileNotFoundError(f"No prompts file at {path}; give prompts.path (JSONL with a 'prompt' field).")
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

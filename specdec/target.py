@@ -1,8 +1,8 @@
-"""Adapter over an HF causal LM: prefill, one forward over a draft tree, hidden-state taps, state commit.
+"""Adapter over an HF causal LM: model facts, one forward with explicit positions, mask and cache, hidden-state taps.
 
 Works with any HF causal LM whose layers are attention (``sdpa`` or ``eager``) through an additive float 4D
-mask and explicit position ids; recurrent layers go through the state manager of ``specdec.state``. The
-target's cache always holds exactly the committed tokens except the last one (the root of the next tree).
+mask and explicit position ids; recurrent layers go through the adapters of ``specdec.state``. The round runs it
+over specdec's static storage (``specdec.state.storage``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,8 @@ import logging
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache
 
 from specdec.state import cache_kwarg, manager_for
-from specdec.state.hybrid import HybridState, hybrid_prefill
-from specdec.trees import tree_attention_bias, tree_position_ids
-from specdec.types import DraftTree
 
 __all__ = ["TargetModel"]
 
@@ -119,86 +115,8 @@ class TargetModel:
         return logits, hidden
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, taps: Sequence[int] | None = None):
-        """Run the prompt ``[1, T]`` into a fresh cache (hybrids in exact mode: as ``SPECDEC_HYBRID_PREFILL``
-        says, ``specdec.state.hybrid_prefill``).
-
-        Returns:
-            (logits ``[V]`` at the last prompt position, taps ``[1, T, L*H]`` or None).
-        """
-        state = self.state
-        exact_hybrid = isinstance(state, HybridState) and state.mode == "exact"
-        scan = exact_hybrid and hybrid_prefill(self.device, input_ids.shape[-1]) == "scan"
-        self.cache = DynamicCache(config=self.config)
-        self.length = 0
-        if scan:
-            return self._prefill_scan(input_ids, taps)
-        logits, hidden = self._forward(input_ids, taps=taps, last_only=True)
-        self.length = input_ids.shape[-1]
-        return logits[-1], hidden
-
-    def _prefill_scan(self, input_ids: torch.Tensor, taps: Sequence[int] | None):
-        """Hybrid prefill as the fast path's ``"scan"`` prefill runs it, eagerly: the prompt as a chain tree from
-        the empty state through the adapters and tree scans, then each recurrent layer's path replay.
-
-        The cache's layers are created by one token through the model's own forward, then emptied
-        (``HybridState.clear``), so no layer of the result comes from that forward."""
-        from specdec.state.recurrent import commit_recurrent  # the fast path's commit: one replay per layer
-
-        self._forward(input_ids[:, :1], last_only=True)
-        self.state.clear(self.cache)
-        n, device = input_ids.shape[-1], self.device
-        parents = torch.arange(-1, n - 1)
-        tree = DraftTree(tokens=input_ids[0], parents=parents)  # parents on the host (the topology), tokens stay
-        mask = tree_attention_bias(tree.parents, 0, dtype=self.dtype, device=device)
-        positions = torch.arange(n, device=device)[None]
-        with self.state.verify_scope(self.model, self.cache, tree, 0, prompt=True):
-            logits, hidden = self._forward(input_ids, position_ids=positions, attention_mask=mask, taps=taps,
-                                           last_only=True)  # fmt: skip
-        rnd = self.state.take_round(self.cache, 0)  # the attention rows are already the prompt's, in order
-        path = torch.arange(n, device=device)
-        for adapter in self.state.adapters:
-            commit_recurrent(adapter, rnd, path, torch.tensor(n, device=device))
-        self.length = n
-        return logits[-1], hidden
-
-    @torch.no_grad()
     def prefill_into(self, cache, input_ids: torch.Tensor, taps: Sequence[int] | None = None):
         """Run the prompt into ``cache`` (an empty HF cache) with the model's own forward; this wrapper's cache is
         left alone. Returns (logits ``[V]`` at the last position, taps ``[1, T, L*H]`` or None)."""
         logits, hidden = self._forward(input_ids, taps=taps, last_only=True, cache=cache)
         return logits[-1], hidden
-
-    @torch.no_grad()
-    def verify(self, tree: DraftTree, taps: Sequence[int] | None = None):
-        """One forward over all tree nodes on top of the committed prefix.
-
-        Returns:
-            (logits ``[N, V]``, taps ``[1, N, L*H]`` or None). The cache holds the N node entries until
-            ``commit`` or ``rollback``.
-        """
-        prefix = self.length
-        device = self.device
-        input_ids = tree.tokens.to(device).unsqueeze(0)
-        position_ids = tree_position_ids(tree.depth, prefix, device)
-        mask = tree_attention_bias(tree.parents, prefix, dtype=self.dtype, device=device)
-        try:
-            with self.state.verify_scope(self.model, self.cache, tree, prefix):
-                return self._forward(input_ids, position_ids=position_ids, attention_mask=mask, taps=taps)
-        except BaseException:
-            self.state.rollback(self.cache, prefix)
-            raise
-
-    def commit(self, path: Sequence[int]) -> None:
-        """Keep the accepted nodes (``path``, root first) as if they had been run causally."""
-        self.state.commit(self.cache, self.length, path)
-        self.length += len(path)
-
-    def rollback(self) -> None:
-        """Drop the entries of a verify forward that will not be committed."""
-        self.state.rollback(self.cache, self.length)
-
-    def truncate(self, length: int) -> None:
-        """Forget committed tokens past ``length`` (attention-only caches; used by model drafters)."""
-        self.state.rollback(self.cache, length)
-        self.length = length

@@ -1,76 +1,120 @@
-"""Shared frozen dataclasses of specdec: trees, tree specs, sampling, verify results, stats, outputs.
+"""Shared data types of specdec: the tensors the round's stages pass to each other, sampling, stats, outputs.
 
-Everything here is plain data; the algorithms live in ``specdec.trees``, ``specdec.verify`` and
-``specdec.generate``. Notation and conventions: ``docs/trees.md``.
+Everything here is plain data; the stages live in ``specdec.drafters``, ``specdec.trees``, ``specdec.verify`` and
+``specdec.state``, the round that composes them in ``specdec.engine``. Every tensor of the round's protocols carries
+the batch dimension ``B`` first. Notation and conventions: ``docs/trees.md``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 __all__ = [
-    "Chain",
-    "DDTree",
-    "DecodeContext",
+    "Accept",
+    "AcceptRow",
+    "DeviceTree",
     "DraftTree",
     "GenerateOutput",
+    "Proposal",
     "SamplingParams",
     "SpecStats",
-    "TreeSpec",
+    "TreeRow",
     "VerifyResult",
 ]
 
 
-@dataclass(frozen=True)
-class Chain:
-    """A chain of ``k`` draft tokens (the classic linear speculation): ``Chain(4)`` or ``Chain(k=4)``.
+class Proposal(NamedTuple):
+    """What a drafter hands the tree policy each round (tensors on the target's device, batch first).
+
+    A drafter fills the fields it has; a tree policy says which it reads (``TreePolicy.reads``).
 
     Args:
-        k (int): number of drafted tokens per round (non-root nodes), >= 1.
+        logq (torch.Tensor | None): ``[B, D, V]`` float per-depth log-probabilities (row d-1 = depth d) of the
+            draft after each row's root (block drafters, small-LM drafters).
+        paths (torch.Tensor | None): ``[B, M, L]`` int64 drafted continuations of the root, in priority order
+            (retrieval drafters such as n-gram lookup).
+        path_lengths (torch.Tensor | None): ``[B, M]`` int64 real tokens of each path (0 = empty).
     """
 
-    k: int = 4
-
-    def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"Chain(k={self.k!r}): k must be an int >= 1 (number of drafted tokens per round).")
-
-    @property
-    def budget(self) -> int:
-        """Number of non-root nodes the tree may hold."""
-        return self.k
-
-    @property
-    def topk(self) -> int:
-        return 1
+    logq: torch.Tensor | None = None
+    paths: torch.Tensor | None = None
+    path_lengths: torch.Tensor | None = None
 
 
-@dataclass(frozen=True)
-class DDTree:
-    """Best-first draft tree (DDTree): the ``budget`` most likely root-to-node prefixes: ``DDTree(15)``.
+class TreeRow(NamedTuple):
+    """One row's draft tree in ``S`` fixed slots (the unit the kernels work on).
 
     Args:
-        budget (int): number of non-root nodes (verify length = budget + 1), >= 1.
-        topk (int | None): candidates per depth; ``None`` means ``budget`` (the reference behaviour).
+        tokens (torch.Tensor): ``[S]`` int64 node tokens; ``tokens[0]`` is the root; padding holds the root token.
+        parents (torch.Tensor): ``[S]`` int64; ``parents[0] = -1``, ``parents[i] < i``; padding holds -1.
+        depth (torch.Tensor): ``[S]`` int64; padding holds 0.
+        valid (torch.Tensor): ``[S]`` bool, True for the real nodes ``0 .. n-1`` (always a prefix).
+        num_nodes (torch.Tensor): 0-d int64, ``n``.
     """
 
-    budget: int = 15
-    topk: int | None = None
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depth: torch.Tensor
+    valid: torch.Tensor
+    num_nodes: torch.Tensor
 
-    def __post_init__(self) -> None:
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
-            raise ValueError(f"DDTree(budget={self.budget!r}): budget must be an int >= 1 (non-root nodes).")
-        if self.topk is not None and (isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1):
-            raise ValueError(f"DDTree(topk={self.topk!r}): topk must be an int >= 1, or None for topk = budget.")
+
+class DeviceTree(NamedTuple):
+    """The round's draft trees, one per row, in ``S`` fixed slots: the fields of :class:`TreeRow` with a batch
+    dimension (``tokens``, ``parents``, ``depth``, ``valid`` ``[B, S]``; ``num_nodes`` ``[B]``). Padding slots
+    carry the root token, parent -1 and depth 0; they see only themselves and are never accepted."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depth: torch.Tensor
+    valid: torch.Tensor
+    num_nodes: torch.Tensor
+
+    @classmethod
+    def stack(cls, rows) -> DeviceTree:
+        """Rows (:class:`TreeRow`, all of ``S`` slots) -> one batched tree."""
+        return cls(*(torch.stack(field) for field in zip(*rows, strict=True)))
+
+    def row(self, b: int) -> TreeRow:
+        """Row ``b`` as a :class:`TreeRow`."""
+        return TreeRow(*(t[b] for t in self))
 
     @property
-    def effective_topk(self) -> int:
-        return self.budget if self.topk is None else min(self.topk, self.budget)
+    def num_slots(self) -> int:
+        return self.tokens.shape[-1]
 
 
-TreeSpec = Chain | DDTree
+class AcceptRow(NamedTuple):
+    """One row's accepted path, in ``P = max_depth + 1`` fixed slots.
+
+    Args:
+        path (torch.Tensor): ``[P]`` int64 node indices, root first; entries past ``num_path`` repeat the last.
+        num_path (torch.Tensor): 0-d int64, accepted nodes including the root (= accepted drafts + 1).
+        tokens (torch.Tensor): ``[P]`` int64: the accepted draft tokens, then the bonus; 0 past ``num_path``.
+    """
+
+    path: torch.Tensor
+    num_path: torch.Tensor
+    tokens: torch.Tensor
+
+
+class Accept(NamedTuple):
+    """A verification rule's result for the batch: :class:`AcceptRow`'s fields with a batch dimension
+    (``path``, ``tokens`` ``[B, P]``; ``num_path`` ``[B]``)."""
+
+    path: torch.Tensor
+    num_path: torch.Tensor
+    tokens: torch.Tensor
+
+    @classmethod
+    def stack(cls, rows) -> Accept:
+        return cls(*(torch.stack(field) for field in zip(*rows, strict=True)))
+
+    def row(self, b: int) -> AcceptRow:
+        return AcceptRow(*(t[b] for t in self))
 
 
 @dataclass(frozen=True)
@@ -162,30 +206,6 @@ class VerifyResult:
 
 
 @dataclass
-class DecodeContext:
-    """What the loop tells a drafter each round (owned by the loop; drafters only read it).
-
-    Args:
-        input_ids (torch.Tensor): ``[1, T]`` committed tokens; the last one is the root of the next tree.
-        target_hidden (torch.Tensor | None): ``[1, R, L*H]`` concatenated taps of the target layers the drafter
-            asked for, for the R committed tokens the target processed in its last forward (the prompt after
-            prefill; the accepted path after a round). Their positions are ``T-1-R .. T-2``.
-        generator (torch.Generator | None): the run's random generator.
-        timer: the loop's ``specdec.timing.PhaseTimer`` (drafters time their tree build with ``ctx.timer("build")``);
-            None outside the loop.
-    """
-
-    input_ids: torch.Tensor
-    target_hidden: torch.Tensor | None = None
-    generator: torch.Generator | None = None
-    timer: object | None = None
-
-    @property
-    def length(self) -> int:
-        return self.input_ids.shape[-1]
-
-
-@dataclass
 class SpecStats:
     """Statistics of one ``generate`` call.
 
@@ -194,8 +214,9 @@ class SpecStats:
     ``accept_hist[a]`` counts rounds that accepted ``a`` drafted tokens. ``depth_accept[d]`` is the share of
     rounds that reached depth d+1. ``phase_ms`` holds wall time per phase (ms):
     prefill, draft (tree build included), build (the tree build alone, for drafters that build from
-    distributions), verify (target forward), accept (the walk), commit; on the fast path the whole round is one
-    captured graph, timed as ``round``. ``path`` says which engine ran (``"fast"`` or ``"eager"``);
+    distributions), verify (target forward), accept (the walk), commit; the whole round runs as one unit (one
+    captured graph where graphs are used), timed as ``round``. ``path`` says how the round ran: ``"graph"``
+    (replayed from a CUDA graph) or ``"eager"`` (called);
     ``capture_ms`` is the time this call spent warming up and capturing graphs (0 when they were reused) and
     ``compile_ms`` the first warm-up runs, where ``torch.compile`` compiles (with ``compile=True``).
     ``compile_fallbacks`` counts the compiled rounds this call used (one per drafter, tree, sampling and span

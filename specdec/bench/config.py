@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.harness import Method, run_bench
-from specdec.runtime import check_compile
 from specdec.loading import build_drafter, load_prompts, load_target, resolve_device, zoo_dir
+from specdec.runtime import check_compile
 from specdec.target import TargetModel
-from specdec.types import Chain, DDTree, TreeSpec
+from specdec.trees import Chain, DDTree
+from specdec.trees import TreePolicy as TreeSpec
 
 __all__ = ["DEFAULT_METHODS", "BenchConfig", "main_bench", "methods_from_specs"]
 

@@ -1,7 +1,8 @@
 """The graph floor: the time of one CUDA-graph-captured single-token forward of the target.
 
 No decoding loop that runs the target once per token can beat it, so the bench prints it next to the tok/s
-rows. The forward runs through HF's own ``StaticCache`` at the last position of a ``context_len`` window.
+rows, with the bandwidth floor (the target's weight bytes over the device's copy bandwidth). The forward runs
+through HF's own ``StaticCache`` at the last position of a ``context_len`` window.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 
 import torch
 
-__all__ = ["graph_floor_ms", "median_ms"]
+__all__ = ["bandwidth_floor", "graph_floor_ms", "median_ms"]
 
 
 def graph_floor_ms(model, *, context_len: int, replays: int = 50, warmup: int = 3) -> float | None:
@@ -79,3 +80,21 @@ def median_ms(fn, device: torch.device, *, iters: int = 30) -> float:
             fn()
             times.append(1e3 * (time.perf_counter() - t))
     return statistics.median(times)
+
+
+def bandwidth_floor(model, *, copy_mib: int = 1024) -> dict:
+    """The weights' bandwidth floor of one forward: ``weights_gb`` (the target's parameter bytes), ``copy_tb_s``
+    (median device-to-device copy bandwidth, bytes read + written) and ``hbm_floor_ms`` (weights / bandwidth: no
+    forward that reads every weight once can be faster). An empty dict off CUDA.
+    """
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return {}
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    x = torch.empty(copy_mib * 2**20, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    ms = median_ms(lambda: y.copy_(x), device, iters=20)
+    del x, y
+    bytes_per_s = 2 * copy_mib * 2**20 / (ms / 1e3)
+    return {"weights_gb": weights / 1e9, "copy_tb_s": bytes_per_s / 1e12, "hbm_floor_ms": 1e3 * weights / bytes_per_s}

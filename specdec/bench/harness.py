@@ -2,8 +2,12 @@
 
 Measured warm: before timing a method, every prompt it will time is decoded untimed (``warmup`` full passes),
 so no row pays for a first-use cost (kernel selection, allocator growth, CUDA-graph capture, compilation); the
-warm-up time and the capture / compile times are reported apart. Timing brackets each call with a device
-synchronisation; decode time excludes the prefill. A rich progress bar with an ETA counts every call.
+warm-up time and the capture / compile times are reported apart. ``repeat`` timed passes follow, method by
+method or, with ``interleave``, pass p of every method before pass p + 1 of any (slow drifts of the machine then
+reach every row alike). Timing brackets each call with a device synchronisation; decode time excludes the
+prefill. After the timed passes, optional checks run untimed: the eager path's tokens (``eager_compare``),
+reference-style τ (``tau_reference``), flat memory over many rounds (``memory_rounds``), a ``torch.profiler``
+trace per method (``profile``). Only the public ``specdec.generate`` is called.
 """
 
 from __future__ import annotations
@@ -12,18 +16,17 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from specdec.bench.floor import graph_floor_ms
+import specdec
+from specdec.bench.floor import bandwidth_floor, graph_floor_ms
 from specdec.bench.hf import HF_KINDS, hf_row, run_hf
-from specdec.bench.report import environment, write_report
-from specdec.generate import generate
-from specdec.target import TargetModel
-from specdec.types import Chain, DDTree, TreeSpec
+from specdec.bench.report import environment, load_rows, write_report
 
 __all__ = ["Method", "run_bench"]
 
@@ -42,12 +45,22 @@ class Method:
         hf (str | None): run HF's own ``generate`` instead of specdec: ``"generate"`` (eager), ``"static"``
             (``cache_implementation="static"``) or ``"assisted"`` (``assistant_model=`` the small model of the
             ``ModelDrafter`` given as ``drafter``). Default None (specdec).
+        cuda_graphs (bool | None), compile (bool | str | dict | None): this method's ``generate`` settings, over
+            the run's. Default None (the run's).
+        env (Mapping[str, str] | None): environment variables set around every call of this method (settings the
+            library reads at each call). Default None.
+        series (str | None): the plot line this method belongs to (DDTree methods of one spec share one over
+            their budgets). Default None (from the drafter and topk).
     """
 
     name: str
     drafter: object | Callable[[], object] | None = None
-    tree: TreeSpec | None = None
+    tree: object | None = None
     hf: str | None = None
+    cuda_graphs: bool | None = None
+    compile: bool | str | dict | None = None
+    env: Mapping[str, str] | None = field(default=None, compare=False)
+    series: str | None = None
 
     def __post_init__(self) -> None:
         if self.hf is not None and self.hf not in HF_KINDS:
@@ -70,78 +83,146 @@ def _sync(device: torch.device) -> None:
         torch.accelerator.synchronize(device)
 
 
-def _run_one(target, input_ids, drafter, tree, temperature: float, seed: int, gen_kwargs: dict):
-    """One timed ``generate`` call; returns (output, wall seconds)."""
-    device = input_ids.device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature}
-    _sync(device)
-    start = time.perf_counter()
-    out = generate(target, input_ids, drafter=drafter, tree=tree, generator=generator, **sampling, **gen_kwargs)
-    _sync(device)
-    return out, time.perf_counter() - start
+@contextmanager
+def _environ(env: Mapping[str, str] | None) -> Iterator[None]:
+    """``env`` set in ``os.environ`` for the duration, the previous values restored after."""
+    if not env:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: str(v) for k, v in env.items()})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-def _row(method: Method, drafter, tree, temperature: float, prompt_id, input_ids, out, total_s: float) -> dict:
-    stats = out.stats
-    prefill_s = stats.phase_ms.get("prefill", 0.0) / 1e3
-    decode_s = max(total_s - prefill_s, 0.0)
-    decode_tokens = max(stats.new_tokens - 1, 0)  # the first new token comes out of the prefill
-    tree = tree if drafter is not None else None
-    return {
-        "method": method.name,
-        "drafter": "none" if drafter is None else type(drafter).__name__,
-        "tree": "ar" if drafter is None else ("ddtree" if isinstance(tree, DDTree) else "chain"),
-        "budget": 0 if tree is None else tree.budget,
-        "topk": None if tree is None else tree.topk,
-        "temperature": float(temperature),
-        "prompt_id": prompt_id,
-        "prompt_tokens": int(input_ids.shape[1]),
-        "new_tokens": stats.new_tokens,
-        "decode_tokens": decode_tokens,
-        "tau": stats.tau,
-        "rounds": stats.rounds,
-        "target_forwards": stats.target_forwards,
-        "draft_forwards": stats.draft_forwards,
-        "tree_nodes": stats.tree_nodes,
-        "total_s": total_s,
-        "prefill_s": prefill_s,
-        "decode_s": decode_s,
-        "decode_tok_s": decode_tokens / decode_s if decode_s > 0 else None,
-        "phase_ms": dict(stats.phase_ms),
-        "accept_hist": list(stats.accept_hist),
-        "depth_accept": list(stats.depth_accept),
-        "capture_ms": float(getattr(stats, "capture_ms", 0.0) or 0.0),
-        "compile_ms": float(getattr(stats, "compile_ms", 0.0) or 0.0),
-        "compile_fallbacks": int(getattr(stats, "compile_fallbacks", 0) or 0),
-        "path": getattr(stats, "path", None),
-        "identical_to_ar": None,
-        "identical_to_hf": None,
-    }
+def _assistant_model(drafter):
+    """The HF model inside a ``ModelDrafter`` (HF assisted generation takes it as ``assistant_model``)."""
+    for path in (("lm", "model"), ("model",)):
+        obj = drafter
+        for attr in path:
+            obj = getattr(obj, attr, None)
+        if obj is not None and hasattr(obj, "generate"):
+            return obj
+    raise ValueError("hf-assisted needs a model drafter: {hf: assisted, drafter: {kind: model, ...}}.")
+
+
+def _depth_accept(accept_hist: Sequence[int], rounds: int) -> list[float]:
+    rounds = max(rounds, 1)
+    return [sum(accept_hist[d + 1 :]) / rounds for d in range(len(accept_hist) - 1)]
+
+
+def _tree_kind(tree) -> str:
+    return "ddtree" if isinstance(tree, specdec.DDTree) else "chain"
 
 
 class _Runner:
     """Runs one method on one prompt (specdec or HF), returning (sequences, row)."""
 
-    def __init__(self, target: TargetModel, method: Method, gen_kwargs: dict, fast_kwargs: dict) -> None:
-        self.target, self.method = target, method
+    def __init__(self, model, method: Method, gen_kwargs: dict, fast_kwargs: dict, hybrid_mode: str) -> None:
+        self.model, self.method = model, method
         self.drafter = method.make_drafter()
         # Resolve the tree as generate does, so rows record what actually ran.
-        self.tree = method.tree or getattr(self.drafter, "default_tree", None) or Chain(k=4)
-        self.gen_kwargs, self.fast_kwargs = gen_kwargs, fast_kwargs
+        self.tree = None
+        if self.drafter is not None:
+            self.tree = method.tree or getattr(self.drafter, "default_tree", None) or specdec.Chain(k=4)
+        self.gen_kwargs = gen_kwargs
+        self.fast_kwargs = dict(fast_kwargs)
+        for key in ("cuda_graphs", "compile"):
+            if getattr(method, key) is not None:
+                self.fast_kwargs[key] = getattr(method, key)
+        # The public wrapper carries a hybrid mode other than the default; plain generate otherwise.
+        self.spec = None if hybrid_mode == "exact" else specdec.SpeculativeModel(model, hybrid_mode=hybrid_mode)
+        self.series = method.series
+        if self.series is None and isinstance(self.tree, specdec.DDTree):
+            self.series = f"{type(self.drafter).__name__} topk={self.tree.topk or 'budget'}"
+        self.sequences: dict[tuple[float, int], torch.Tensor] = {}  # first timed pass: (temperature, prompt)
+
+    @property
+    def name(self) -> str:
+        return self.method.name
+
+    def generate(self, ids: torch.Tensor, temperature: float, seed: int, **override):
+        """One timed ``specdec.generate`` call; returns (output, wall seconds)."""
+        device = ids.device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature}
+        kwargs = {**self.gen_kwargs, **self.fast_kwargs, **sampling, **override}
+        kwargs = {k: v for k, v in kwargs.items() if v is not None or k in ("top_k", "top_p")}
+        with _environ(self.method.env):
+            _sync(device)
+            start = time.perf_counter()
+            if self.spec is None:
+                out = specdec.generate(
+                    self.model, ids, drafter=self.drafter, tree=self.tree, generator=generator, **kwargs
+                )
+            else:
+                out = self.spec.generate(
+                    ids, drafter=self.drafter, tree=self.tree, generator=generator, return_dict_in_generate=True,
+                    **kwargs,
+                )  # fmt: skip
+            _sync(device)
+        return out, time.perf_counter() - start
 
     def __call__(self, temperature: float, seed: int, prompt_id, ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
         method = self.method
         if method.hf is not None:
             torch.manual_seed(seed)
-            assistant = getattr(getattr(self.drafter, "lm", None), "model", self.drafter)
-            seqs, total_s, prefill_s = run_hf(
-                self.target.model, ids, method.hf, temperature, self.gen_kwargs, assistant=assistant
-            )
-            return seqs, hf_row(method.name, method.hf, temperature, prompt_id, ids, seqs, total_s, prefill_s)
-        kwargs = {**self.gen_kwargs, **self.fast_kwargs}
-        out, total_s = _run_one(self.target, ids, self.drafter, self.tree, temperature, seed, kwargs)
-        return out.sequences, _row(method, self.drafter, self.tree, temperature, prompt_id, ids, out, total_s)
+            assistant = _assistant_model(self.drafter) if method.hf == "assisted" else None
+            with _environ(method.env):
+                seqs, total_s, prefill_s = run_hf(self.model, ids, method.hf, temperature, self.gen_kwargs,
+                                                  assistant=assistant)  # fmt: skip
+            row = hf_row(method.name, method.hf, temperature, prompt_id, ids, seqs, total_s, prefill_s)
+            row["series"] = method.series or method.name
+            return seqs, row
+        out, total_s = self.generate(ids, temperature, seed)
+        return out.sequences, self._row(temperature, prompt_id, ids, out, total_s)
+
+    def _row(self, temperature: float, prompt_id, ids: torch.Tensor, out, total_s: float) -> dict:
+        stats = out.stats
+        phase_ms = dict(stats.phase_ms)
+        prefill_s = phase_ms.get("prefill", 0.0) / 1e3
+        decode_s = max(total_s - prefill_s, 0.0)
+        decode_tokens = max(stats.new_tokens - 1, 0)  # the first new token comes out of the prefill
+        tree = self.tree
+        accept_hist = [int(a) for a in stats.accept_hist]
+        return {
+            "method": self.name,
+            "series": self.series or self.name,
+            "drafter": "none" if self.drafter is None else type(self.drafter).__name__,
+            "tree": "ar" if self.drafter is None else _tree_kind(tree),
+            "budget": 0 if tree is None else tree.budget,
+            "topk": None if tree is None else getattr(tree, "topk", 1),
+            "temperature": float(temperature),
+            "prompt_id": prompt_id,
+            "prompt_tokens": int(ids.shape[1]),
+            "new_tokens": int(stats.new_tokens),
+            "decode_tokens": decode_tokens,
+            "tau": float(stats.tau),
+            "rounds": int(stats.rounds),
+            "target_forwards": getattr(stats, "target_forwards", None),
+            "draft_forwards": getattr(stats, "draft_forwards", None),
+            "tree_nodes": getattr(stats, "tree_nodes", None),
+            "total_s": total_s,
+            "prefill_s": prefill_s,
+            "decode_s": decode_s,
+            "decode_tok_s": decode_tokens / decode_s if decode_s > 0 else None,
+            "phase_ms": phase_ms,
+            "accept_hist": accept_hist,
+            "depth_accept": _depth_accept(accept_hist, stats.rounds),
+            "capture_ms": float(getattr(stats, "capture_ms", 0.0) or 0.0),
+            "compile_ms": float(getattr(stats, "compile_ms", 0.0) or 0.0),
+            "compile_fallbacks": int(getattr(stats, "compile_fallbacks", 0) or 0),
+            "path": getattr(stats, "path", None),
+            "tokens": out.sequences[0, ids.shape[1] :].tolist(),
+            "identical_to_ar": None,
+            "identical_to_hf": None,
+        }
 
 
 def _progress(enabled: bool | object, total: int):
@@ -173,11 +254,22 @@ def _progress(enabled: bool | object, total: int):
 
 
 def _encode(tokenizer, prompts, max_prompt_tokens, device) -> list[torch.Tensor]:
+    """Each prompt's ``[1, T]`` ids: its ``input_ids`` when the record has them, else the tokenized ``prompt``."""
     encoded = []
     for p in prompts:
-        ids = tokenizer(p["prompt"], return_tensors="pt").input_ids
+        if p.get("input_ids") is not None:
+            ids = torch.tensor([list(p["input_ids"])], dtype=torch.long)
+        elif tokenizer is None:
+            raise ValueError(f"prompt {p.get('id')!r} has no input_ids and no tokenizer was given.")
+        else:
+            ids = tokenizer(p["prompt"], return_tensors="pt").input_ids
         encoded.append((ids[:, -max_prompt_tokens:] if max_prompt_tokens else ids).to(device))
     return encoded
+
+
+def _device_dtype(model) -> tuple[torch.device, torch.dtype]:
+    param = next(model.parameters())
+    return param.device, param.dtype
 
 
 def run_bench(
@@ -189,6 +281,8 @@ def run_bench(
     max_new_tokens: int,
     temperatures: Sequence[float] = (0.0,),
     warmup: int = 1,
+    repeat: int = 1,
+    interleave: bool = False,
     out_dir: str | os.PathLike | None = None,
     seed: int = 0,
     max_prompt_tokens: int | None = None,
@@ -196,57 +290,86 @@ def run_bench(
     top_k: int | None = None,
     top_p: float | None = None,
     hf_baseline: bool = False,
+    hybrid_mode: str = "exact",
     cuda_graphs: bool | None = None,
     compile: bool | str | dict | None = None,
     graph_floor: bool = False,
+    eager_compare: bool | Sequence[str] = False,
+    tau_reference: bool = False,
+    memory_rounds: int = 0,
+    profile: bool = False,
+    compare_to: str | os.PathLike | None = None,
+    compare_against: str | None = None,
     progress: bool | object = True,
     meta: Mapping | None = None,
 ) -> list[dict]:
-    """Benchmark every method at every temperature on every prompt, warm; one JSON-ready row per run.
+    """Benchmark every method at every temperature on every prompt, warm; one JSON-ready row per timed call.
 
     Order: HF ``generate`` (its greedy outputs fill ``identical_to_hf``), other HF rows, methods without a
     drafter (their greedy outputs fill ``identical_to_ar``; without one the reference is decoded untimed),
-    then drafters. Prompt i uses the seed ``seed + i`` for every method and temperature.
+    then drafters. Prompt i uses the seed ``seed + i`` for every method, temperature and pass.
 
     Args:
-        target: HF causal LM (or ``specdec.target.TargetModel``), already on its device.
-        tokenizer: HF tokenizer of the target.
-        prompts (Sequence[Mapping]): records with ``"id"`` and ``"prompt"`` (see ``specdec.loading.load_prompts``).
+        target: HF causal LM, already on its device.
+        tokenizer: HF tokenizer of the target (None when every prompt record carries ``input_ids``).
+        prompts (Sequence[Mapping]): records with ``"id"`` and ``"prompt"`` or ``"input_ids"``.
         methods (Sequence[Method]): configurations; names must be unique.
         max_new_tokens (int): tokens to generate per prompt.
         temperatures (Sequence[float]): 0 means greedy. Default (0.0,).
         warmup (int): untimed passes over all (temperature, prompt) pairs per method before timing it; their
             wall time is reported as ``warmup_s``. Default 1.
+        repeat (int): timed passes per method; tok/s pools them, the report lists each. Default 1.
+        interleave (bool): run pass p (warm-up, then timed) of every method before pass p + 1 of any. Default False.
         out_dir (str | PathLike | None): if set, write ``results.jsonl``, ``results.md``, ``plot.png`` and
-            ``meta.json`` (the report header: prompts, max_new_tokens, device, dtype, commit, date, graph floor).
+            ``meta.json`` (the report header: target, prompts, max_new_tokens, device, dtype, commit, date, ...).
         seed (int): base seed of the per-prompt generators. Default 0.
         max_prompt_tokens (int | None): keep only the last tokens of longer prompts. Default None (all).
         ignore_eos (bool): decode exactly ``max_new_tokens`` tokens. Default False.
         top_k, top_p: HF sampling filters for temperatures > 0 (HF semantics when None).
         hf_baseline (bool): add an ``hf-generate`` method if ``methods`` has none. Default False.
-        cuda_graphs (bool | None), compile (bool | str | dict | None): passed to ``generate`` when not None.
-            Default None.
-        graph_floor (bool): time one CUDA-graph-captured 1-token target forward (``graph_floor_ms``). Default False.
+        hybrid_mode (str): ``exact`` or ``snapshot`` (hybrid targets, ``specdec.SpeculativeModel``). Default exact.
+        cuda_graphs (bool | None), compile (bool | str | dict | None): passed to ``generate`` when not None (a
+            method's own setting wins). Default None.
+        graph_floor (bool): time one CUDA-graph-captured 1-token target forward (``graph_floor_ms``) and the
+            weights' bandwidth floor. Default False.
+        eager_compare (bool | Sequence[str]): decode the greedy cases again with ``cuda_graphs=False`` (all
+            specdec methods, or the named ones) and record ``identical_to_eager``. Default False.
+        tau_reference (bool): also decode each drafted case ``budget + 1`` tokens longer and record
+            ``tau_reference``: the mean accepted length of the rounds up to the one that reaches
+            ``max_new_tokens``, counted whole (as reference loops count). Default False.
+        memory_rounds (int): on CUDA, decode the first prompt with the first DDTree (else drafted) method until
+            this many more rounds ran, and report allocated memory before and after. Default 0 (no check).
+        profile (bool): profile one call per method and temperature under ``torch.profiler``; writes
+            ``profile.md`` and ``profile/<method>.trace.json`` into ``out_dir``. Default False.
+        compare_to (str | PathLike | None): an earlier run folder; rows record ``identical_to_run`` and
+            ``first_difference`` against its tokens (the same method's, or ``compare_against``'s). Default None.
+        compare_against (str | None): the method of ``compare_to`` to compare every row with. Default None.
         progress (bool | rich.progress.Progress): show a progress bar (or drive the one given). Default True.
-        meta (Mapping | None): extra facts for the report header (e.g. ``{"dtype": "bfloat16"}``).
+        meta (Mapping | None): extra facts for the report header (e.g. ``{"target": "..."}``).
 
     Returns:
-        list[dict]: one row per (method, temperature, prompt): ``method, drafter, tree`` ("hf", "ar",
-        "chain", "ddtree"), ``budget, topk, temperature, prompt_id, prompt_tokens, new_tokens, decode_tokens``
-        (new tokens after the first, which the prefill yields), ``tau, rounds, target_forwards,
-        draft_forwards, tree_nodes, total_s, prefill_s, decode_s`` (total - prefill), ``decode_tok_s``,
-        ``phase_ms, accept_hist, depth_accept``, ``capture_ms, compile_ms, path`` (from the call's stats),
+        list[dict]: one row per (method, temperature, prompt, timed pass): ``method, series, drafter, tree``
+        ("hf", "ar", "chain", "ddtree"), ``budget, topk, temperature, prompt_id, prompt_tokens, new_tokens,
+        decode_tokens`` (new tokens after the first, which the prefill yields), ``tau, rounds, total_s,
+        prefill_s, decode_s`` (total - prefill), ``decode_tok_s, phase_ms, accept_hist, depth_accept``,
+        ``capture_ms, compile_ms, path`` (from the call's stats), ``tokens`` (the new token ids), ``pass``,
         ``warmup_s, warmup_capture_ms, warmup_compile_ms`` (the method's warm-up), ``identical_to_ar`` and
-        ``identical_to_hf`` (bool at temperature 0 when the reference exists, else None).
+        ``identical_to_hf`` (bool at temperature 0 when the reference exists, else None), and with the checks
+        ``identical_to_eager``, ``tau_reference``, ``identical_to_run`` and ``first_difference``.
     """
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"Method names must be unique, got {names}.")
     if not prompts or not methods:
         raise ValueError("run_bench needs at least one prompt and one method.")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup={warmup!r} must be an int >= 0 (untimed passes over all prompts).")
-    tgt = TargetModel.wrap(target)
+    for name, value, low in (("warmup", warmup, 0), ("repeat", repeat, 1), ("memory_rounds", memory_rounds, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}={value!r} must be an int >= {low}.")
+    if profile and out_dir is None:
+        raise ValueError("profile=True writes its traces into out_dir: give out_dir.")
+    other_run = _load_other_run(compare_to, compare_against) if compare_to is not None else None
+    model = getattr(target, "model", target) if not hasattr(target, "generate") else target
+    device, dtype = _device_dtype(model)
     if hf_baseline and not any(m.hf == "generate" for m in methods):
         methods = [Method(name="hf-generate", hf="generate"), *methods]
     methods = sorted(methods, key=_order)
@@ -254,57 +377,114 @@ def run_bench(
     if ignore_eos:
         gen_kwargs["eos_token_id"] = []
     fast_kwargs = {k: v for k, v in (("cuda_graphs", cuda_graphs), ("compile", compile)) if v is not None}
-    encoded = _encode(tokenizer, prompts, max_prompt_tokens, tgt.device)
+    encoded = _encode(tokenizer, prompts, max_prompt_tokens, device)
     cases = list(itertools.product(temperatures, enumerate(encoded)))
+    runners = [_Runner(model, m, gen_kwargs, fast_kwargs, hybrid_mode) for m in methods]
+    eager_names = _eager_names(eager_compare, runners)
 
     reference: dict[int, torch.Tensor] = {}
-    drafted = any(m.hf is None and m.drafter is not None for m in methods)
-    if 0 in temperatures and drafted and not any(m.hf is None and m.drafter is None for m in methods):
+    drafted = any(r.method.hf is None and r.drafter is not None for r in runners)
+    if 0 in temperatures and drafted and not any(r.method.hf is None and r.drafter is None for r in runners):
+        plain = _Runner(model, Method(name="reference"), gen_kwargs, fast_kwargs, hybrid_mode)
         for i, ids in enumerate(encoded):
-            reference[i] = _run_one(tgt, ids, None, None, 0.0, seed + i, {**gen_kwargs, **fast_kwargs})[0].sequences
+            reference[i] = plain.generate(ids, 0.0, seed + i)[0].sequences
     hf_reference: dict[int, torch.Tensor] = {}
     rows: list[dict] = []
-    bar, task = _progress(progress, len(methods) * len(cases) * (1 + warmup))
+    greedy = [(t, c) for t, c in cases if t == 0]
+    extra = len(greedy) * len(eager_names) + (len(cases) * sum(r.drafter is not None for r in runners) * tau_reference)
+    bar, task = _progress(progress, len(runners) * len(cases) * (warmup + repeat) + extra)
+    warm: dict[str, dict] = {r.name: {"warmup_s": 0.0, "warmup_capture_ms": 0.0, "warmup_compile_ms": 0.0}
+                             for r in runners}  # fmt: skip
+
+    def warm_pass(run: _Runner) -> None:
+        _describe(bar, task, f"{run.name}: warm-up")
+        start, facts = time.perf_counter(), warm[run.name]
+        for temperature, (i, ids) in cases:
+            _, row = run(temperature, seed + i, prompts[i]["id"], ids)
+            facts["warmup_capture_ms"] += row["capture_ms"]
+            facts["warmup_compile_ms"] += row["compile_ms"]
+            _advance(bar, task)
+        facts["warmup_s"] += time.perf_counter() - start
+
+    def timed_pass(run: _Runner, number: int) -> None:
+        _describe(bar, task, f"{run.name}: timed" + (f" pass {number + 1}/{repeat}" if repeat > 1 else ""))
+        for temperature, (i, ids) in cases:
+            seqs, row = run(temperature, seed + i, prompts[i]["id"], ids)
+            row["pass"] = number
+            if number == 0:
+                run.sequences[(temperature, i)] = seqs
+            _mark_identical(row, run.method, temperature, i, seqs, reference, hf_reference)
+            rows.append(row)
+            _advance(bar, task)
+            logger.info("%s T=%g %s: tau %s", run.name, temperature, row["prompt_id"], row["tau"])
+
     with bar or nullcontext():
-        for method in methods:
-            run = _Runner(tgt, method, gen_kwargs, fast_kwargs)
-            warm = _warm_up(run, cases, prompts, seed, warmup, bar, task)
-            if bar is not None:
-                bar.update(task, description=f"{method.name}: timed")
-            for temperature, (i, ids) in cases:
-                seqs, row = run(temperature, seed + i, prompts[i]["id"], ids)
-                row.update(warm)
-                _mark_identical(row, method, temperature, i, seqs, reference, hf_reference)
-                rows.append(row)
-                if bar is not None:
-                    bar.advance(task)
-                logger.info("%s T=%g %s: tau %s", method.name, temperature, row["prompt_id"], row["tau"])
-    header = _header(tgt, encoded, max_new_tokens, warmup, graph_floor, meta)
+        if interleave:
+            for _ in range(warmup):
+                for run in runners:
+                    warm_pass(run)
+            for number in range(repeat):
+                for run in runners:
+                    timed_pass(run, number)
+        else:
+            for run in runners:
+                for _ in range(warmup):
+                    warm_pass(run)
+                for number in range(repeat):
+                    timed_pass(run, number)
+        for row in rows:
+            row.update(warm[row["method"]])
+        for run in runners:
+            if run.name in eager_names:
+                _describe(bar, task, f"{run.name}: eager path")
+                _compare_eager(run, rows, greedy, prompts, seed, bar, task)
+            if tau_reference and run.drafter is not None:
+                _describe(bar, task, f"{run.name}: whole-round τ")
+                _tau_reference(run, rows, cases, prompts, seed, max_new_tokens, bar, task)
+    header = _header(model, device, dtype, encoded, max_new_tokens, warmup, graph_floor, meta)
+    header.update(repeat=repeat, interleave=interleave, eager_compare=sorted(eager_names) or None)
+    if memory_rounds:
+        header["memory"] = _memory_check(runners, encoded[0], seed, memory_rounds)
+    if profile:
+        from specdec.bench.profiling import profile_methods
+
+        header["profile"] = profile_methods(runners, cases, Path(out_dir), seed)
+    if other_run is not None:
+        _compare_other_run(rows, other_run, compare_against)
+        header.update(compare_to=str(compare_to), compare_against=compare_against)
     if out_dir is not None:
         write_report(rows, out_dir, meta=header)
     return rows
 
 
-def _warm_up(run: _Runner, cases, prompts, seed: int, warmup: int, bar, task) -> dict:
-    """``warmup`` untimed passes over all cases; returns the method's warm-up facts for its rows."""
+def _describe(bar, task, text: str) -> None:
     if bar is not None:
-        bar.update(task, description=f"{run.method.name}: warm-up")
-    start, capture_ms, compile_ms = time.perf_counter(), 0.0, 0.0
-    for _ in range(warmup):
-        for temperature, (i, ids) in cases:
-            _, row = run(temperature, seed + i, prompts[i]["id"], ids)
-            capture_ms += row["capture_ms"]
-            compile_ms += row["compile_ms"]
-            if bar is not None:
-                bar.advance(task)
-    return {"warmup_s": time.perf_counter() - start, "warmup_capture_ms": capture_ms, "warmup_compile_ms": compile_ms}
+        bar.update(task, description=text)
+
+
+def _advance(bar, task) -> None:
+    if bar is not None:
+        bar.advance(task)
+
+
+def _eager_names(eager_compare: bool | Sequence[str], runners: Sequence[_Runner]) -> set[str]:
+    """The specdec methods whose greedy tokens are checked against the eager path."""
+    specdec_names = [r.name for r in runners if r.method.hf is None]
+    if eager_compare is True:
+        return set(specdec_names)
+    if not eager_compare:
+        return set()
+    unknown = sorted(set(eager_compare) - set(specdec_names))
+    if unknown:
+        raise ValueError(f"eager_compare names {unknown}, not specdec methods of this run ({specdec_names}).")
+    return set(eager_compare)
 
 
 def _mark_identical(row: dict, method: Method, temperature: float, i: int, seqs, reference, hf_reference) -> None:
     if temperature != 0:
         return
     if method.hf == "generate":
-        hf_reference[i] = seqs
+        hf_reference.setdefault(i, seqs)
     elif method.hf is None and method.drafter is None:
         reference.setdefault(i, seqs)
     if i in hf_reference:
@@ -313,19 +493,104 @@ def _mark_identical(row: dict, method: Method, temperature: float, i: int, seqs,
         row["identical_to_ar"] = bool(torch.equal(seqs, reference[i]))
 
 
-def _header(tgt: TargetModel, encoded, max_new_tokens: int, warmup: int, graph_floor: bool, meta) -> dict:
-    """The facts every report states: prompts, max_new_tokens, device, dtype, commit, date, warm-up, graph floor."""
+def _compare_eager(run: _Runner, rows: list[dict], greedy, prompts, seed: int, bar, task) -> None:
+    """Decode the method's greedy cases on the eager path; mark its rows equal or not to the timed tokens."""
+    for temperature, (i, ids) in greedy:
+        out, _ = run.generate(ids, temperature, seed + i, cuda_graphs=False, compile=False)
+        same = bool(torch.equal(out.sequences, run.sequences[(temperature, i)]))
+        for row in rows:
+            if row["method"] == run.name and row["temperature"] == temperature and row["prompt_id"] == prompts[i]["id"]:
+                row["identical_to_eager"] = same
+        _advance(bar, task)
+
+
+def _tau_reference(run: _Runner, rows: list[dict], cases, prompts, seed: int, max_new_tokens: int, bar, task) -> None:
+    """Reference-style τ: decode ``budget + 1`` tokens more and count whole the rounds up to the one that reaches
+    ``max_new_tokens`` (reference loops draft their full block in the last round and count all it accepts)."""
+    for temperature, (i, ids) in cases:
+        out, _ = run.generate(ids, temperature, seed + i, max_new_tokens=max_new_tokens + run.tree.budget + 1)
+        lengths = getattr(out.stats, "accept_lengths", None)
+        value = None
+        if lengths:
+            done, counted = 1, []  # the prefill commits the first token
+            for length in lengths:
+                if done >= max_new_tokens:
+                    break
+                counted.append(int(length))
+                done += int(length)
+            value = sum(counted) / len(counted) if counted else None
+        for row in rows:
+            if row["method"] == run.name and row["temperature"] == temperature and row["prompt_id"] == prompts[i]["id"]:
+                row["tau_reference"] = value
+        _advance(bar, task)
+
+
+def _memory_check(runners: Sequence[_Runner], ids: torch.Tensor, seed: int, rounds: int) -> dict | None:
+    """Allocated memory before and after ``rounds`` more rounds of one drafted method (CUDA only)."""
+    if ids.device.type != "cuda":
+        logger.info("memory check skipped: it reads the CUDA allocator")
+        return None
+    drafted = [r for r in runners if r.method.hf is None and r.drafter is not None]
+    candidates = [r for r in drafted if isinstance(r.tree, specdec.DDTree)] or drafted
+    if not candidates:
+        return None
+    run = candidates[0]
+    torch.cuda.synchronize(ids.device)
+    before, done = torch.cuda.memory_allocated(ids.device), 0
+    while done < rounds:
+        out, _ = run.generate(ids, 0.0, seed)
+        done += max(int(out.stats.rounds), 1)
+    torch.cuda.synchronize(ids.device)
+    after = torch.cuda.memory_allocated(ids.device)
+    logger.info("memory: %.1f MiB before, %.1f MiB after %d rounds of %s", before / 2**20, after / 2**20, done, run.name)
+    return {"method": run.name, "rounds": done, "before_mib": before / 2**20, "after_mib": after / 2**20}
+
+
+def _load_other_run(compare_to, compare_against: str | None) -> dict:
+    """(method, temperature, prompt id) -> tokens of the first timed pass of an earlier run."""
+    path = Path(compare_to)
+    if not (path / "results.jsonl").is_file() and not path.is_file():
+        raise FileNotFoundError(f"compare_to={compare_to}: no results.jsonl there (give an earlier run's folder).")
+    tokens = {}
+    for r in load_rows(path):
+        if r.get("tokens") is not None and r.get("pass", 0) == 0:
+            tokens[(r["method"], r["temperature"], str(r["prompt_id"]))] = r["tokens"]
+    methods = sorted({m for m, _, _ in tokens})
+    if not tokens:
+        raise ValueError(f"compare_to={compare_to}: its rows hold no tokens; run that bench again.")
+    if compare_against is not None and compare_against not in methods:
+        raise ValueError(f"compare_against={compare_against!r}: {compare_to} has no such method; it has {methods}.")
+    return tokens
+
+
+def _compare_other_run(rows: list[dict], other: dict, against: str | None) -> None:
+    for row in rows:
+        theirs = other.get((against or row["method"], row["temperature"], str(row["prompt_id"])))
+        if theirs is None:
+            continue
+        mine = row["tokens"]
+        row["identical_to_run"] = mine == theirs
+        row["first_difference"] = next(
+            (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+            None if mine == theirs else min(len(mine), len(theirs)),
+        )
+
+
+def _header(model, device, dtype, encoded, max_new_tokens: int, warmup: int, graph_floor: bool, meta) -> dict:
+    """The facts every report states: target, prompts, max_new_tokens, device, dtype, commit, date, warm-up,
+    graph floor."""
     header = {
         "prompts": len(encoded),
         "max_new_tokens": max_new_tokens,
         "warmup": warmup,
-        "dtype": str(tgt.dtype).removeprefix("torch."),
-        **environment(tgt.device),
+        "dtype": str(dtype).removeprefix("torch."),
+        **environment(device),
         **dict(meta or {}),
     }
     if graph_floor:
         context_len = max(ids.shape[1] for ids in encoded) + max_new_tokens
-        header["graph_floor_ms"] = graph_floor_ms(tgt.model, context_len=context_len)
+        header["graph_floor_ms"] = graph_floor_ms(model, context_len=context_len)
         if header["graph_floor_ms"] is not None:
             logger.info("graph floor: %.3f ms per 1-token forward (context %d)", header["graph_floor_ms"], context_len)
+            header.update(bandwidth_floor(model))
     return header

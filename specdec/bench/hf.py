@@ -98,6 +98,7 @@ def hf_row(
         "capture_ms": 0.0,
         "compile_ms": 0.0,
         "path": "hf",
+        "tokens": seqs[0, input_ids.shape[1] :].tolist(),
         "identical_to_ar": None,
         "identical_to_hf": None,
     }

@@ -1,34 +1,49 @@
-"""Aggregate benchmark rows per (method, temperature) and write them as JSONL, a markdown table and a plot.
+"""Aggregate benchmark rows per (method, temperature) and write them as JSONL, a markdown report and a plot.
 
 Rows come from ``specdec.bench.harness.run_bench`` (or ``load_rows`` on its ``results.jsonl``). Speedups are
-against the AR rows (no drafter) of the same temperature; throughput pools tokens and seconds over prompts.
+against the AR rows (no drafter) of the same temperature; throughput pools tokens and seconds over prompts and
+timed passes. ``compare_runs`` compares the tokens of two finished runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 __all__ = [
     "aggregate",
+    "compare_runs",
     "describe_run",
     "environment",
     "format_header",
+    "format_notes",
     "format_table",
     "load_rows",
+    "method_colors",
     "plot_summary",
+    "series_label",
+    "summary_table",
     "write_report",
 ]
 
 # Per-round phases in loop order; any other phase the loop reports follows, sorted by name.
-_PHASE_ORDER = ("draft", "build", "verify", "accept", "commit")
+_PHASE_ORDER = ("draft", "build", "verify", "accept", "commit", "round")
+
+# One colour per plotted series (tab10, then the light half of tab20): assigned in order of first appearance.
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+    "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5",
+)  # fmt: skip
 
 
 def load_rows(path: str | os.PathLike) -> list[dict]:
-    """Read the rows of a ``results.jsonl``."""
-    with Path(path).open() as f:
+    """Read the rows of a ``results.jsonl`` (or of the ``results.jsonl`` inside a run folder)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.jsonl"
+    with path.open() as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -36,23 +51,31 @@ def _phases(rows: Sequence[dict]) -> list[str]:
     return sorted({name for r in rows for name in r["phase_ms"] if name != "prefill"}, key=_phase_key)
 
 
+def _share(values: Iterable) -> float | None:
+    checked = [v for v in values if v is not None]
+    return sum(checked) / len(checked) if checked else None
+
+
 def aggregate(rows: Sequence[dict]) -> list[dict]:
     """One summary per (method, temperature), by temperature, then in order of first appearance.
 
     Args:
-        rows (Sequence[dict]): benchmark rows.
+        rows (Sequence[dict]): benchmark rows (every timed pass of every prompt).
 
     Returns:
-        list[dict]: each with ``method, drafter, tree, budget, topk, temperature, prompts, new_tokens,
-        decode_tokens, decode_s``, ``tau`` (mean over all rounds of all prompts: a prompt that stops at its
-        first token adds no round), ``tok_s`` (sum decode tokens / sum decode
-        seconds), ``speedup`` (over the AR summary of the same temperature, None without one),
-        ``phase_ms_per_round`` (phase -> summed ms / summed rounds, prefill excluded), ``prefill_ms``
-        (mean per prompt), ``identical_share`` / ``identical_hf_share`` (share of temperature-0 rows equal to AR /
-        to HF ``generate``, None otherwise), ``warmup_s`` (the method's untimed warm-up), ``capture_ms`` and
-        ``compile_ms`` (CUDA-graph capture and compilation, warm-up and timed calls together),
-        ``compile_fallbacks`` (the most compiled rounds one call ran uncompiled because compiling them failed;
-        shown in the table's compile cell) and ``path``.
+        list[dict]: each with ``method, series, drafter, tree, budget, topk, temperature, prompts, passes,
+        new_tokens, decode_tokens, decode_s``, ``tau`` (mean over all rounds of all prompts: a prompt that stops at
+        its first token adds no round), ``tau_reference`` (mean of the rows' reference-style τ, None without),
+        ``tok_s`` (sum decode tokens / sum decode seconds), ``tok_s_passes`` (the same per timed pass),
+        ``ms_per_round`` (decode wall ms per round: per token for plain decoding), ``speedup`` (over the AR
+        summary of the same temperature, None without one), ``phase_ms_per_round`` (phase -> summed ms / summed
+        rounds, prefill excluded), ``prefill_ms`` (mean per call), ``identical_share`` / ``identical_hf_share`` /
+        ``identical_eager_share`` / ``identical_run_share`` (share of rows equal to AR / to HF ``generate`` / to
+        the eager path / to the compared run, None when not checked), ``warmup_s`` (the method's untimed warm-up),
+        ``capture_ms`` and ``compile_ms`` (CUDA-graph capture and compilation, warm-up and timed calls together),
+        ``cold_ms`` (capture and compilation inside timed calls only: 0 when the warm-up covered every shape),
+        ``compile_fallbacks`` (the most compiled rounds one call ran uncompiled because compiling them failed)
+        and ``path``.
     """
     groups: dict[tuple[str, float], list[dict]] = {}
     for r in sorted(rows, key=lambda r: r["temperature"]):
@@ -65,33 +88,48 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
         decode_s = sum(r["decode_s"] for r in group)
         rounds = sum(r["rounds"] for r in group if r["tau"] is not None)
         timed = any(name != "prefill" for r in group for name in r["phase_ms"])  # HF rows have no phases
-        checked = [r["identical_to_ar"] for r in group if r.get("identical_to_ar") is not None]
-        checked_hf = [r["identical_to_hf"] for r in group if r.get("identical_to_hf") is not None]
+        passes: dict[int, list[dict]] = {}
+        for r in group:
+            passes.setdefault(r.get("pass", 0), []).append(r)
+        per_pass = []
+        for p in sorted(passes):
+            seconds = sum(r["decode_s"] for r in passes[p])
+            per_pass.append(sum(r["decode_tokens"] for r in passes[p]) / seconds if seconds > 0 else None)
+        all_rounds = sum(r["rounds"] for r in group)
         summaries.append(
             {
                 "method": method,
+                "series": first.get("series") or method,
                 "drafter": first["drafter"],
                 "tree": first["tree"],
                 "budget": first["budget"],
                 "topk": first["topk"],
                 "temperature": temperature,
-                "prompts": len(group),
+                "prompts": len(passes[min(passes)]),
+                "passes": len(passes),
                 "new_tokens": sum(r["new_tokens"] for r in group),
                 "decode_tokens": decode_tokens,
                 "decode_s": decode_s,
                 "tau": sum(r["tau"] * r["rounds"] for r in group if r["tau"] is not None) / rounds if rounds else None,
+                "tau_reference": _mean(r.get("tau_reference") for r in group),
                 "tok_s": decode_tokens / decode_s if decode_s > 0 else None,
+                "tok_s_passes": per_pass,
+                "ms_per_round": 1e3 * decode_s / all_rounds if all_rounds and decode_s > 0 else None,
                 "speedup": None,
                 "phase_ms_per_round": {
                     p: sum(r["phase_ms"].get(p, 0.0) for r in group) / rounds if rounds and timed else None
                     for p in phases
                 },
-                "prefill_ms": sum(r["phase_ms"].get("prefill", 0.0) for r in group) / len(group),
-                "identical_share": sum(checked) / len(checked) if checked else None,
-                "identical_hf_share": sum(checked_hf) / len(checked_hf) if checked_hf else None,
+                "prefill_ms": sum(r["phase_ms"].get("prefill", 1e3 * r.get("prefill_s", 0.0)) for r in group)
+                / len(group),
+                "identical_share": _share(r.get("identical_to_ar") for r in group),
+                "identical_hf_share": _share(r.get("identical_to_hf") for r in group),
+                "identical_eager_share": _share(r.get("identical_to_eager") for r in group),
+                "identical_run_share": _share(r.get("identical_to_run") for r in group),
                 "warmup_s": first.get("warmup_s", 0.0),
                 "capture_ms": first.get("warmup_capture_ms", 0.0) + sum(r.get("capture_ms", 0.0) for r in group),
                 "compile_ms": first.get("warmup_compile_ms", 0.0) + sum(r.get("compile_ms", 0.0) for r in group),
+                "cold_ms": sum(r.get("capture_ms", 0.0) + r.get("compile_ms", 0.0) for r in group),
                 "compile_fallbacks": max((r.get("compile_fallbacks", 0) for r in group), default=0),
                 "path": first.get("path"),
             }
@@ -107,25 +145,44 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
     return summaries
 
 
+def _mean(values: Iterable) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
 def _fmt(value, spec: str, none: str = "–") -> str:
     return none if value is None else format(value, spec)
+
+
+# Columns shown only when some summary has a value: (key, heading, formatter).
+_OPTIONAL = (
+    ("tau_reference", "τ (whole rounds)", lambda v: _fmt(v, ".2f")),
+    ("identical_eager_share", "= eager", lambda v: _pct(v)),
+    ("identical_run_share", "= other run", lambda v: _pct(v)),
+)
 
 
 def format_table(summaries: Sequence[dict]) -> str:
     """Markdown table of ``aggregate`` output: one line per (method, temperature), phase ms per round.
 
-    tok/s is measured warm (after the untimed warm-up passes); warm-up, capture and compile are reported apart."""
+    tok/s is measured warm (after the untimed warm-up passes); warm-up, capture and compile are reported apart.
+    ``τ (whole rounds)``, ``= eager`` and ``= other run`` appear when a row has them."""
     phases = sorted({p for s in summaries for p in s["phase_ms_per_round"]}, key=_phase_key)
+    optional = [c for c in _OPTIONAL if any(s.get(c[0]) is not None for s in summaries)]
     head = [
         "method",
         "T",
         "budget",
         "topk",
         "τ",
+        *[c[1] for c in optional[:1] if c[0] == "tau_reference"],
         "tok/s (warm)",
         "speedup",
+        "ms/round",
+        "prefill ms",
         "= AR",
         "= HF",
+        *[c[1] for c in optional if c[0] != "tau_reference"],
         "warm-up s",
         "capture ms",
         "compile ms",
@@ -142,14 +199,18 @@ def format_table(summaries: Sequence[dict]) -> str:
             str(s["budget"]) if s["tree"] not in ("ar", "hf") else "–",
             topk,
             _fmt(s["tau"], ".2f"),
+            *[fmt(s.get(key)) for key, _, fmt in optional[:1] if key == "tau_reference"],
             _fmt(s["tok_s"], ".1f"),
             _fmt(s["speedup"], ".2f") + ("×" if s["speedup"] is not None else ""),
-            _share(s["identical_share"]),
-            _share(s.get("identical_hf_share")),
+            _fmt(s.get("ms_per_round"), ".3f"),
+            _fmt(s.get("prefill_ms"), ".2f"),
+            _pct(s["identical_share"]),
+            _pct(s.get("identical_hf_share")),
+            *[fmt(s.get(key)) for key, _, fmt in optional if key != "tau_reference"],
             _fmt(s.get("warmup_s"), ".1f"),
             _fmt(s.get("capture_ms"), ".0f"),
             _fmt(s.get("compile_ms"), ".0f") + _fallbacks(s.get("compile_fallbacks", 0)),
-            *[_fmt(s["phase_ms_per_round"].get(p), ".2f") for p in phases],
+            *[_fmt(s["phase_ms_per_round"].get(p), ".3f") for p in phases],
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -160,12 +221,67 @@ def _fallbacks(count: int) -> str:
     return f" ({count} uncompiled)" if count else ""
 
 
-def _share(share: float | None) -> str:
+def _pct(share: float | None) -> str:
     return "–" if share is None else f"{100 * share:.0f}%"
 
 
 def _phase_key(phase: str) -> tuple[int, str]:
     return (_PHASE_ORDER.index(phase) if phase in _PHASE_ORDER else len(_PHASE_ORDER), phase)
+
+
+def format_notes(summaries: Sequence[dict], meta: Mapping | None = None) -> str:
+    """The markdown bullets below the table: pass-by-pass tok/s, the best DDTree against the chain and HF's static
+    cache, AR against the graph floor, rows that captured or compiled while timed, the memory check, the
+    profile and the compared run. Empty when there is nothing to say."""
+    meta = meta or {}
+    lines = []
+    for s in summaries:
+        passes = [p for p in s.get("tok_s_passes", []) if p]
+        if len(passes) > 1:
+            spread = 100 * (max(passes) - min(passes)) / min(passes)
+            lines.append(f"- {s['method']} T={s['temperature']:g}: passes "
+                         + " / ".join(f"{p:.1f}" for p in passes) + f" tok/s (spread {spread:.1f} %)")  # fmt: skip
+    for temperature in sorted({s["temperature"] for s in summaries}):
+        group = [s for s in summaries if s["temperature"] == temperature and s["tok_s"] is not None]
+        trees = [s for s in group if s["tree"] == "ddtree"]
+        if not trees:
+            continue
+        best = max(trees, key=lambda s: s["tok_s"])
+        versus = []
+        for kind, label in (("chain", "the best chain"), ("hf-static", "hf-static")):
+            others = [s for s in group if (s["tree"] == "chain" if kind == "chain" else s["method"] == kind)]
+            if others:
+                other = max(others, key=lambda s: s["tok_s"])
+                ratio = f"{best['tok_s'] / other['tok_s']:.2f}× {label} ({other['method']})"
+                per_pass = [b / o for b, o in zip(best["tok_s_passes"], other["tok_s_passes"], strict=False) if b and o]
+                if len(per_pass) > 1:
+                    ratio += "; per pass " + " / ".join(f"{x:.2f}" for x in per_pass)
+                versus.append(ratio)
+        if versus:
+            lines.append(f"- best DDTree at T={temperature:g}: {best['method']}, " + ", ".join(versus))
+    floor = meta.get("graph_floor_ms")
+    ar = next((s for s in summaries if s["tree"] == "ar" and s.get("ms_per_round")), None)
+    if floor and ar:
+        lines.append(f"- AR ms per token / graph floor: {ar['ms_per_round'] / floor:.2f}")
+    for s in summaries:
+        if s.get("cold_ms"):
+            lines.append(f"- WARNING {s['method']}: {s['cold_ms']:.0f} ms of capture or compilation inside the timed "
+                         "calls (a shape the warm-up missed): its tok/s is not warm")  # fmt: skip
+    memory = meta.get("memory")
+    if memory:
+        lines.append(
+            f"- memory: {memory['before_mib']:.1f} MiB allocated before, {memory['after_mib']:.1f} MiB after "
+            f"{memory['rounds']} more rounds of {memory['method']}"
+        )
+    if meta.get("eager_compare"):
+        lines.append("- = eager: greedy tokens equal to the same method decoded again with cuda_graphs=False")
+    if meta.get("compare_to"):
+        against = f" ({meta['compare_against']} rows)" if meta.get("compare_against") else " (same method)"
+        lines.append(f"- = other run: tokens equal to those of {meta['compare_to']}{against}")
+    if meta.get("profile"):
+        lines.append("- profile: profile.md (per method: kernels, device and host time of one call), traces in "
+                     "profile/ (open in Perfetto or chrome://tracing)")  # fmt: skip
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def environment(device) -> dict:
@@ -200,8 +316,9 @@ def environment(device) -> dict:
 
 
 def describe_run(meta: Mapping) -> str:
-    """One line with what every report states: prompts, max_new_tokens, device, dtype, commit and date."""
+    """One line with what every report states: target, prompts, max_new_tokens, device, dtype, commit and date."""
     parts = [
+        f"target {meta.get('target_name') or meta.get('target') or '?'}",
         f"prompts {meta.get('prompts', '?')}",
         f"max_new_tokens {meta.get('max_new_tokens', '?')}",
         f"{meta.get('device', '?')}",
@@ -216,13 +333,20 @@ def _floor_line(meta: Mapping) -> str:
     floor = meta.get("graph_floor_ms")
     if floor is None:
         return "graph-floor: n/a (needs a CUDA device)"
-    return (
+    line = (
         f"graph-floor: {floor:.3f} ms per 1-token target forward (CUDA graph, static cache) ≈ {1e3 / floor:.0f} tok/s"
     )
+    hbm = meta.get("hbm_floor_ms")
+    if hbm is not None:
+        line += (
+            f"; HBM floor {hbm:.3f} ms (target weights {meta['weights_gb']:.2f} GB at the copy bandwidth "
+            f"{meta['copy_tb_s']:.2f} TB/s)"
+        )
+    return line
 
 
 def format_header(meta: Mapping) -> str:
-    """The markdown lines above the table: run facts, the warm-measurement statement, the graph floor."""
+    """The markdown lines above the table: the title, run facts, the warm-measurement statement, the graph floor."""
     warm = meta.get("warmup", 0)
     how = (
         f"measured warm: every method first decoded all prompts {warm}× untimed; warm-up, CUDA-graph capture "
@@ -230,13 +354,40 @@ def format_header(meta: Mapping) -> str:
         if warm
         else "measured cold (warmup=0): first-use costs are inside the timed rows"
     )
-    return f"# Benchmark ({'warm' if warm else 'cold'})\n\n{describe_run(meta)}\n\n{how}; {_floor_line(meta)}.\n\n"
+    repeat = meta.get("repeat", 1)
+    if repeat and repeat > 1:
+        order = "pass p of every method before pass p + 1 of any" if meta.get("interleave") else "method by method"
+        how += f"; {repeat} timed passes, {order}"
+    title = f"Benchmark: {meta['title']}" if meta.get("title") else "Benchmark"
+    return f"# {title} ({'warm' if warm else 'cold'})\n\n{describe_run(meta)}\n\n{how}; {_floor_line(meta)}.\n\n"
+
+
+def series_label(summary: Mapping) -> str:
+    """The plotted series a summary belongs to: DDTree methods of one spec share a line over their budgets (their
+    ``series``), every other method is its own series."""
+    if summary["tree"] == "ddtree":
+        return summary.get("series") or f"{summary['drafter']} topk={summary['topk'] or 'budget'}"
+    return summary["method"]
+
+
+def method_colors(labels: Iterable[str]) -> dict[str, str]:
+    """One colour per distinct label, in order of first appearance (the same label keeps its colour in every
+    panel); the palette repeats past 20 labels."""
+    order = list(dict.fromkeys(labels))
+    return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(order)}
+
+
+_PANELS = (
+    ("tau", "τ (tokens per target forward)"),
+    ("tok_s", "decode tok/s (warm)"),
+    ("ms_per_round", "decode ms per round"),
+)
 
 
 def plot_summary(summaries: Sequence[dict], path: str | os.PathLike | None = None, *, meta: Mapping | None = None):
-    """Plot τ and decode tok/s against budget: one line per (drafter, topk) of DDTree methods, horizontal
-    lines for the other methods; one row of panels per temperature; tok/s axes start at 0; the title states
-    the run (``describe_run``). Writes a PNG to ``path`` when given.
+    """Plot τ, decode tok/s and ms per round against the DDTree budget: one line per DDTree series, horizontal
+    lines for the other methods; one row of panels per temperature; one colour per series across every panel;
+    every y axis starts at 0; the title states the run (``describe_run``). Writes a PNG to ``path`` when given.
 
     Returns:
         matplotlib.figure.Figure: the figure.
@@ -244,50 +395,81 @@ def plot_summary(summaries: Sequence[dict], path: str | os.PathLike | None = Non
     from matplotlib.figure import Figure  # imported here: only the report needs matplotlib
 
     temperatures = sorted({s["temperature"] for s in summaries})
-    fig = Figure(figsize=(11, 3.8 * len(temperatures) + 0.4), layout="constrained")
+    colors = method_colors(series_label(s) for s in summaries)
+    fig = Figure(figsize=(15, 3.8 * len(temperatures) + 0.5), layout="constrained")
     if meta:
-        fig.suptitle(describe_run(meta), fontsize=9)
-    axes = fig.subplots(len(temperatures), 2, squeeze=False)
+        title = describe_run(meta)
+        fig.suptitle(f"{meta['title']}: {title}" if meta.get("title") else title, fontsize=9)
+    axes = fig.subplots(len(temperatures), len(_PANELS), squeeze=False)
     for row, temperature in zip(axes, temperatures, strict=True):
         group = [s for s in summaries if s["temperature"] == temperature]
-        for ax, metric, title in zip(
-            row, ("tau", "tok_s"), ("τ (tokens per target forward)", "decode tok/s (warm)"), strict=True
-        ):
-            _plot_panel(ax, group, metric)
-            if metric == "tok_s":
-                ax.set_ylim(bottom=0)
+        for ax, (metric, title) in zip(row, _PANELS, strict=True):
+            _plot_panel(ax, group, metric, colors)
+            ax.set_ylim(bottom=0)
             ax.set_title(f"{title}, T={temperature:g}")
     if path is not None:
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=110)
     return fig
 
 
-def _plot_panel(ax, group: Sequence[dict], metric: str) -> None:
+def _plot_panel(ax, group: Sequence[dict], metric: str, colors: Mapping[str, str]) -> None:
     lines: dict[str, list[dict]] = {}
     for s in group:
         if s["tree"] == "ddtree":
-            lines.setdefault(f"{s['drafter']} topk={'budget' if s['topk'] is None else s['topk']}", []).append(s)
+            lines.setdefault(series_label(s), []).append(s)
     budgets = sorted({s["budget"] for s in group if s["tree"] == "ddtree"})
     for label, points in lines.items():
-        points = sorted((p for p in points if p[metric] is not None), key=lambda p: p["budget"])
-        ax.plot([p["budget"] for p in points], [p[metric] for p in points], marker="o", label=label)
-    for i, s in enumerate(p for p in group if p["tree"] != "ddtree" and p[metric] is not None):
-        ax.axhline(s[metric], linestyle="--", color=f"C{(len(lines) + i) % 10}", label=s["method"])
+        points = sorted((p for p in points if p.get(metric) is not None), key=lambda p: p["budget"])
+        if points:
+            xs, ys = [p["budget"] for p in points], [p[metric] for p in points]
+            ax.plot(xs, ys, marker="o", label=label, color=colors[label])
+    for s in group:
+        if s["tree"] != "ddtree" and s.get(metric) is not None:
+            label = series_label(s)
+            ax.axhline(s[metric], linestyle="--", color=colors[label], label=label)
     if len(budgets) > 1 and budgets[0] > 0 and budgets[-1] >= 4 * budgets[0]:
         ax.set_xscale("log", base=2)
-    ax.set_xlabel("budget (non-root nodes)")
+    ax.set_xlabel("DDTree budget (non-root nodes)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def summary_table(summaries: Sequence[dict], *, title: str | None = None):
+    """A ``rich.table.Table`` of the main figures (what the bench prints at the end)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    columns = ["method", "T", "τ", "tok/s", "speedup", "ms/round", "= AR", "= HF"]
+    eager = any(s.get("identical_eager_share") is not None for s in summaries)
+    other = any(s.get("identical_run_share") is not None for s in summaries)
+    columns += ["= eager"] * eager + ["= other run"] * other
+    for col in columns:
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for s in summaries:
+        cells = [
+            s["method"],
+            f"{s['temperature']:g}",
+            _fmt(s["tau"], ".2f"),
+            _fmt(s["tok_s"], ".1f"),
+            _fmt(s["speedup"], ".2f"),
+            _fmt(s.get("ms_per_round"), ".3f"),
+            _pct(s["identical_share"]),
+            _pct(s.get("identical_hf_share")),
+        ]
+        cells += [_pct(s.get("identical_eager_share"))] * eager + [_pct(s.get("identical_run_share"))] * other
+        table.add_row(*cells)
+    return table
 
 
 def write_report(rows: Sequence[dict], out_dir: str | os.PathLike, *, meta: Mapping | None = None) -> list[dict]:
-    """Write ``results.jsonl`` (rows), ``results.md`` (header and table), ``plot.png`` and, with ``meta``,
+    """Write ``results.jsonl`` (rows), ``results.md`` (header, table and notes), ``plot.png`` and, with ``meta``,
     ``meta.json`` into ``out_dir``.
 
     Args:
         rows (Sequence[dict]): benchmark rows.
         out_dir (str | PathLike): output folder (created).
-        meta (Mapping | None): run facts (``prompts, max_new_tokens, device, dtype, commit, date, warmup,
+        meta (Mapping | None): run facts (``target, prompts, max_new_tokens, device, dtype, commit, date, warmup,
             graph_floor_ms``, ...); stated in results.md and the plot title.
 
     Returns:
@@ -299,8 +481,63 @@ def write_report(rows: Sequence[dict], out_dir: str | os.PathLike, *, meta: Mapp
         f.writelines(json.dumps(r) + "\n" for r in rows)
     summaries = aggregate(rows)
     header = format_header(meta) if meta else ""
-    (out / "results.md").write_text(header + format_table(summaries))
+    notes = format_notes(summaries, meta)
+    (out / "results.md").write_text(header + format_table(summaries) + ("\n" + notes if notes else ""))
     plot_summary(summaries, out / "plot.png", meta=meta)
     if meta:
         (out / "meta.json").write_text(json.dumps(dict(meta), indent=2, default=str) + "\n")
     return summaries
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def _tokens_by_method(rows: Sequence[dict]) -> dict[str, dict[tuple[float, str], list[int]]]:
+    """method -> (temperature, prompt id) -> the tokens of its first timed pass."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        if r.get("tokens") is None or r.get("pass", 0) != 0:
+            continue
+        out.setdefault(r["method"], {})[(r["temperature"], str(r["prompt_id"]))] = r["tokens"]
+    return out
+
+
+def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, against: str | None = None) -> str:
+    """How often two finished runs decoded the same tokens, method by method (no decoding, no device).
+
+    Args:
+        run_a, run_b: run folders (or their ``results.jsonl``).
+        against (str | None): compare every method of ``run_b`` with this method of ``run_a`` (e.g.
+            ``"hf-generate"``: how often each row equals HF's greedy tokens) instead of the same method.
+
+    Returns:
+        str: a markdown table ``| method | identical | first differing token of the others |`` and a line naming
+        the methods only one run has.
+
+    Raises:
+        ValueError: a run without tokens, or ``against`` not among run_a's methods.
+    """
+    a, b = (_tokens_by_method(load_rows(run)) for run in (run_a, run_b))
+    for run, tokens in ((run_a, a), (run_b, b)):
+        if not tokens:
+            raise ValueError(f"{run} has no tokens in its rows: run the bench again to record them.")
+    if against is not None:
+        if against not in a:
+            raise ValueError(f"{run_a} has no {against!r} row; it has {', '.join(a)}.")
+        a = dict.fromkeys(b, a[against])
+    lines = [
+        f"# identical outputs, {run_b} against {run_a}" + (f" ({against})" if against else " (method by method)"),
+        "",
+        "| method | identical | first differing token of the others |",
+        "|---|---|---|",
+    ]
+    for method in [m for m in a if m in b]:
+        cases = [c for c in a[method] if c in b[method]]
+        same = [c for c in cases if a[method][c] == b[method][c]]
+        parts = sorted(_first_difference(a[method][c], b[method][c]) for c in cases if c not in same)
+        lines.append(f"| {method} | {len(same)}/{len(cases)} | {', '.join(map(str, parts)) or '-'} |")
+    alone = sorted(set(a) ^ set(b))
+    if alone:
+        lines += ["", f"- not in both runs, not compared: {', '.join(alone)}"]
+    return "\n".join(lines) + "\n"

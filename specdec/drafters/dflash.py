@@ -24,8 +24,7 @@ from specdec.drafters.dflash_model import (
 )
 from specdec.drafters.identity import RECORD_KEY, check_identity, identity_differences, target_identity
 from specdec.paths import is_local_path, resolve_path
-from specdec.trees.ddtree import build_ddtree, chain_from_logq
-from specdec.types import Chain, DDTree, DecodeContext, DraftTree, TreeSpec, VerifyResult
+from specdec.trees import Chain
 
 __all__ = ["DFlashConfig", "DFlashDraftModel", "DFlashDrafter", "default_target_layer_ids"]
 
@@ -74,8 +73,9 @@ def _rope_theta_of(text_cfg) -> float:
 class DFlashDrafter:
     """DFlash drafter (Drafter protocol): one non-causal forward over ``[root, MASK x (B-1)]`` per round.
 
-    The drafter's cache holds the context keys/values of the committed tokens only (the rows of
-    ``ctx.target_hidden`` are projected as they arrive); block keys/values are recomputed each round.
+    Its round code (``dflash_static.py``) keeps the context keys/values of the committed tokens in static storage
+    (the target's tapped features of each accepted path are projected as they arrive); block keys/values are
+    recomputed each round.
 
     Args:
         model (DFlashDraftModel): the drafter's own weights.
@@ -99,7 +99,7 @@ class DFlashDrafter:
         self._bound: tuple[int, dict] | None = None  # (id of the bound HF model, its identity record)
         self.config: DFlashConfig = model.config
         self.target_layer_ids: tuple[int, ...] = self.config.target_layer_ids
-        self.default_tree: TreeSpec = Chain(k=self.config.block_size - 1)
+        self.default_tree = Chain(k=self.config.block_size - 1)
         self.num_forwards = 0
         self._embed: nn.Module | None = getattr(model, "embed_tokens", None)
         self._lm_head: nn.Module | None = getattr(model, "lm_head", None)
@@ -300,7 +300,7 @@ class DFlashDrafter:
         return self
 
     # -- Drafter protocol --------------------------------------------------------------------------------
-    def validate(self, target, tree: TreeSpec) -> None:
+    def validate(self, target, tree) -> None:
         """Check that this drafter fits ``target`` and ``tree``, and bind the target's embedding and LM head."""
         hf = _hf_model(target)
         tc = _text_config(hf)
@@ -335,124 +335,40 @@ class DFlashDrafter:
                 f"The drafter is on {self.model.fc.weight.device} but the target on {self._embed.weight.device}: "
                 "call drafter.to(target.device)."
             )
-        if isinstance(tree, Chain) and tree.k > cfg.block_size - 1:
+        if not tree.branching and tree.max_depth > cfg.block_size - 1:
             raise ValueError(
-                f"Chain(k={tree.k}) drafts more tokens than a DFlash block of block_size={cfg.block_size} yields: "
+                f"{tree!r} drafts more tokens than a DFlash block of block_size={cfg.block_size} yields: "
                 f"use k <= {cfg.block_size - 1}."
             )
-        if not isinstance(tree, Chain | DDTree):
-            raise TypeError(f"DFlashDrafter proposes Chain or DDTree trees, got {type(tree).__name__}.")
 
     def reset(self) -> None:
-        self._keys: list[torch.Tensor] = []
-        self._values: list[torch.Tensor] = []
-        self._len = 0
+        """Nothing to forget: the per-sequence context lives in the round's static storage."""
 
-    @torch.no_grad()
-    def prefill(self, ctx: DecodeContext) -> None:
-        """Start a sequence: project the prompt's target features into the context cache."""
-        self.reset()
-        self._ingest(ctx)
+    @property
+    def provides(self) -> tuple[str, ...]:
+        return ("logq",)
 
-    @torch.no_grad()
-    def commit(self, ctx: DecodeContext, result: VerifyResult) -> None:
-        """Append the accepted path's target features (``ctx.target_hidden``) to the context cache."""
-        self._ingest(ctx)
+    def draft_depth(self, tree) -> int:
+        """Rows of the proposal: the block's draft slots, no deeper than the policy builds."""
+        return min(tree.max_depth, self.config.block_size - 1)
 
-    @torch.no_grad()
-    def propose(self, ctx: DecodeContext, tree: TreeSpec) -> DraftTree:
-        """One drafter forward on ``[root, MASK x (B-1)]``, then the chain or DDTree from its log-probs."""
-        depth = min(tree.k, self.config.block_size - 1) if isinstance(tree, Chain) else self.config.block_size - 1
-        logq = self.draft_logq(ctx, depth=depth)
-        root_token = int(ctx.input_ids[0, -1])
-        if isinstance(tree, Chain):
-            return chain_from_logq(logq, root_token, k=tree.k)
-        timer = getattr(ctx, "timer", None)
-        if timer is None:
-            return build_ddtree(logq, root_token, budget=tree.budget, topk=tree.topk)
-        with timer("build"):
-            return build_ddtree(logq, root_token, budget=tree.budget, topk=tree.topk)
+    def window(self, tree) -> int:
+        """Storage slots a round writes past its root: the block."""
+        return self.config.block_size
 
-    @torch.no_grad()
-    def draft_logq(self, ctx: DecodeContext, *, depth: int | None = None) -> torch.Tensor:
-        """Per-depth draft log-probabilities of the block rooted at ``ctx.input_ids[0, -1]``.
+    def forwards_per_round(self, tree) -> int:
+        return 1
 
-        Args:
-            ctx (DecodeContext): committed tokens; new ``target_hidden`` rows are cached first.
-            depth (int | None): rows wanted (slots 1..depth); default B-1.
+    def attach(self, target, capacity: int):
+        """The drafter's static storage and round code for sequences of up to ``capacity`` tokens."""
+        from specdec.drafters.dflash_static import DFlashStatic
 
-        Returns:
-            torch.Tensor: ``[depth, V]`` fp32 log-softmax of the LM head on block slots 1..depth.
-        """
-        if ctx.input_ids.shape[0] != 1:
-            raise ValueError(
-                f"DFlashDrafter drafts one sequence at a time, got input_ids {tuple(ctx.input_ids.shape)}."
-            )
-        self._ingest(ctx)
-        start, cfg = ctx.length - 1, self.config
-        if self._len != start:
-            raise RuntimeError(
-                f"DFlash context cache holds {self._len} tokens but {start} are committed: pass the target hidden "
-                "states of every committed token (prefill(ctx) after the prompt, commit(ctx, result) each round)."
-            )
-        if self._embed is None or self._lm_head is None:
-            raise RuntimeError("DFlashDrafter has no embedding/LM head: call drafter.bind(target) or validate().")
-        size = cfg.block_size
-        depth = size - 1 if depth is None else depth
-        device = self.model.fc.weight.device
-        block = torch.full((1, size), cfg.mask_token_id, dtype=torch.long, device=device)
-        block[0, 0] = ctx.input_ids[0, -1]
-        positions = torch.arange(start, start + size, device=device)[None]
-        context = [(k[:, :, :start], v[:, :, :start]) for k, v in zip(self._keys, self._values, strict=True)]
-        if not context:  # empty prompt context: zero-length keys
-            context = [(None, None)] * cfg.num_hidden_layers
-        hidden = self.model(self._embed(block), positions, context, torch.arange(start, device=device)[None])
-        self.num_forwards += 1
-        return self.block_logq(hidden, depth)
+        return DFlashStatic(self, capacity)
 
     def block_logq(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:
         """fp32 log-softmax ``[depth, V]`` of the target's LM head on block slots ``1 .. depth`` of ``hidden``."""
         head = self._lm_head
         return torch.log_softmax(head(hidden[0, 1 : 1 + depth].to(head.weight.dtype)).float(), dim=-1)
-
-    def _ingest(self, ctx: DecodeContext) -> None:
-        """Project the rows of ``ctx.target_hidden`` not yet cached (positions ``T-1-R .. T-2``)."""
-        hidden = ctx.target_hidden
-        if hidden is None:
-            return
-        if hidden.dim() != 3 or hidden.shape[0] != 1:
-            raise ValueError(f"ctx.target_hidden must be [1, R, L*H], got {tuple(hidden.shape)}.")
-        rows = hidden.shape[1]
-        first = ctx.length - 1 - rows
-        if first + rows <= self._len:
-            return  # already cached (the loop may show the same rows to commit and propose)
-        if first != self._len:
-            raise RuntimeError(
-                f"ctx.target_hidden covers positions {first}..{first + rows - 1} but the DFlash context cache holds "
-                f"{self._len} tokens: the rows must continue the cache exactly."
-            )
-        device = self.model.fc.weight.device
-        positions = torch.arange(first, first + rows, device=device)[None]
-        new = self.model.project_context(hidden.to(device), positions)
-        if not self._keys:
-            self._keys = [k.new_empty(*k.shape[:2], 0, k.shape[3]) for k, _ in new]
-            self._values = [v.new_empty(*v.shape[:2], 0, v.shape[3]) for _, v in new]
-        for i, (k, v) in enumerate(new):
-            self._keys[i] = _append(self._keys[i], k, self._len)
-            self._values[i] = _append(self._values[i], v, self._len)
-        self._len += rows
-
-
-def _append(buf: torch.Tensor, new: torch.Tensor, length: int) -> torch.Tensor:
-    """Write ``new [1, H, R, D]`` at ``length`` along dim 2 of ``buf``, doubling its capacity when full."""
-    need = length + new.shape[2]
-    if need > buf.shape[2]:
-        grown = buf.new_empty(*buf.shape[:2], max(need, 2 * buf.shape[2], 64), buf.shape[3])
-        grown[:, :, :length] = buf[:, :, :length]
-        buf = grown
-    buf[:, :, length:need] = new
-    return buf
-
 
 def _resolve_checkpoint(path: str | os.PathLike) -> Path:
     """A local checkpoint folder (found wherever the working directory is), or a hub id ``owner/name``."""

@@ -6,7 +6,8 @@ slots ``prefix .. prefix + B - 1`` of the same tensor (rows no committed token h
 rewrites them with the accepted tokens' context), so each layer attends over one tensor with a mask that shows
 the slots below ``prefix + B``: no concatenation, and grouped-query heads share their key/value head without a
 copy. Shapes never change, so the forwards can be captured in a CUDA graph. Same maths as
-``DFlashDrafter.draft_logq`` (``docs/dflash.md``), checked against it in ``tests/fast/test_dflash_static.py``.
+the drafter's training forward (``docs/dflash.md``), checked against an independent dynamic-cache forward in
+``tests/drafters/test_dflash_static.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.kernels.rms_norm import rms_norm
+from specdec.types import Accept, Proposal
 
 __all__ = ["DFlashStatic"]
 
@@ -160,3 +162,20 @@ class DFlashStatic:
             x = x + attn.o_proj(out.reshape(heads, size, head_dim).transpose(0, 1).reshape(size, -1))
             x = x + layer.mlp(self._norm(layer.post_attention_layernorm, x))
         return drafter.block_logq(self._norm(model.norm, x)[None], depth)
+
+    # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
+    def refresh(self) -> None:
+        """Before a call that reuses this storage: pick up changed weights."""
+        self.sync_weights()
+
+    def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        """The prompt's tapped target features ``[1, T, K*H]`` into context slots ``0 .. T-1``."""
+        self.ingest(hidden, 0)
+
+    def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
+        """One block forward per row: ``logq [B, depth, V]``."""
+        return Proposal(logq=torch.stack([self.logq(r.view(1), p, depth, span) for r, p in zip(root, prefix, strict=True)]))
+
+    def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
+        """The accepted path's tapped features into the context slots from each row's old root position."""
+        self.ingest(hidden.index_select(1, accept.path[0]), prefix[0])

@@ -1,20 +1,16 @@
-"""Small-LM drafter: a small HF causal LM sharing the target's tokenizer drafts greedily from its own cache.
+"""Small-LM drafter: a small HF causal LM sharing the target's tokenizer drafts greedily over its own storage.
 
-Per round it runs the newly committed tokens, then drafts D tokens greedily (one forward each), keeping the
-log-probabilities it saw at each depth. ``Chain(k)`` takes the greedy tokens (D = k); ``DDTree(budget, topk)``
-builds the best-first tree from those per-depth distributions (D = min(budget, tree_depth)). The drafter's
-cache is cut back to the committed tokens after each draft, so it always equals the committed prefix.
+Per round it re-runs the last committed tokens, then drafts D tokens greedily (one forward each), keeping the
+log-probabilities it saw at each depth (``model_static.py``). ``Chain(k)`` takes the greedy tokens (D = k);
+``DDTree(budget, topk)`` builds the best-first tree from those per-depth distributions (D = min(budget,
+tree_depth)).
 """
 
 from __future__ import annotations
 
-import torch
-
 from specdec.state.kv import KVState
 from specdec.target import TargetModel
-from specdec.trees import chain_tree, root_tree
-from specdec.trees.ddtree import build_ddtree, chain_from_logq
-from specdec.types import Chain, DecodeContext, DraftTree, TreeSpec, VerifyResult
+from specdec.trees import Chain
 
 __all__ = ["ModelDrafter"]
 
@@ -62,7 +58,7 @@ class ModelDrafter:
             raise ValueError(f"Cannot truncate {type(target).__name__}: weights {missing[:3]} have no source.")
         return cls(draft.eval(), **kwargs)
 
-    def validate(self, target: TargetModel, tree: TreeSpec) -> None:
+    def validate(self, target: TargetModel, tree) -> None:
         if self.lm.vocab_size != target.vocab_size:
             raise ValueError(
                 f"Draft model vocabulary ({self.lm.vocab_size}) differs from the target's ({target.vocab_size}); "
@@ -75,41 +71,29 @@ class ModelDrafter:
             )
 
     def reset(self) -> None:
-        self.lm.cache = None
-        self.lm.length = 0
+        return None
 
-    def prefill(self, ctx: DecodeContext) -> None:
-        self.reset()
+    @property
+    def provides(self) -> tuple[str, ...]:
+        return ("logq",)
 
-    def commit(self, ctx: DecodeContext, result: VerifyResult) -> None:
-        pass  # the cache already equals the committed prefix minus the tokens of this round, fed next propose
+    def draft_depth(self, tree) -> int:
+        """Greedy steps per round: the policy's depth, capped at ``tree_depth`` for branching policies."""
+        return min(tree.max_depth, self.tree_depth) if tree.branching else tree.max_depth
 
-    def _step(self, ctx: DecodeContext) -> torch.Tensor:
-        """Run the committed tokens the cache lacks; return the next-token logits ``[V]``."""
-        self.num_forwards += 1
-        if self.lm.cache is None:
-            logits, _ = self.lm.prefill(ctx.input_ids)
-            return logits
-        pending = ctx.input_ids[0, self.lm.length :].tolist()
-        logits, _ = self.lm.verify(chain_tree(pending[0], pending[1:], self.lm.device))
-        self.lm.commit(range(len(pending)))
-        return logits[-1]
+    def window(self, tree) -> int:
+        return self.draft_depth(tree) + 1
 
-    def propose(self, ctx: DecodeContext, tree: TreeSpec) -> DraftTree:
-        depth = tree.k if isinstance(tree, Chain) else min(tree.budget, self.tree_depth)
-        rows = [torch.log_softmax(self._step(ctx).float(), dim=-1)]
-        for _ in range(depth - 1):
-            logits, _ = self.lm.verify(root_tree(int(rows[-1].argmax()), self.lm.device))
-            self.lm.commit([0])
-            self.num_forwards += 1
-            rows.append(torch.log_softmax(logits[-1].float(), dim=-1))
-        self.lm.truncate(ctx.length)  # drop the drafted tokens: the cache holds exactly the committed prefix
-        logq = torch.stack(rows)  # [D, V]
-        root = int(ctx.input_ids[0, -1])
-        timer = ctx.timer
-        if isinstance(tree, Chain):
-            return chain_from_logq(logq, root, k=depth)
-        if timer is None:
-            return build_ddtree(logq, root, budget=tree.budget, topk=tree.topk)
-        with timer("build"):
-            return build_ddtree(logq, root, budget=tree.budget, topk=tree.topk)
+    def forwards_per_round(self, tree) -> int:
+        return self.draft_depth(tree)
+
+    def attach(self, target, capacity: int):
+        """The draft model's static storage and round code for sequences of up to ``capacity`` tokens."""
+        from specdec.drafters.model_static import ModelStatic
+
+        if self.lm._sliding_window_layers():
+            raise ValueError(
+                f"The draft model {type(self.lm.model).__name__} has sliding-window attention layers, which the "
+                "draft round does not run; use a draft model with full attention."
+            )
+        return ModelStatic(self, capacity)

@@ -3,7 +3,7 @@
 Each round the draft model re-runs the last ``D + 1`` committed tokens (all tokens committed since its last
 round are among them, and re-running the others writes the same keys/values again), reads the depth-1
 distribution at the root, then takes ``D - 1`` greedy one-token steps, all at explicit slots, so the whole draft
-can be captured in a CUDA graph. Same drafts as ``ModelDrafter.propose`` (``model.py``).
+can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from specdec.state.storage import StaticModel
+from specdec.types import Accept, Proposal
 
 __all__ = ["ModelStatic"]
 
@@ -30,7 +31,15 @@ class ModelStatic:
         device = drafter.lm.device
         self.history = torch.zeros(capacity + 1, dtype=torch.long, device=device)  # committed token per position
 
-    def prefill(self, input_ids: torch.Tensor) -> None:
+    @property
+    def draft_model(self):
+        """The draft HF model (its forwards run in the round's attention scope)."""
+        return self.model.target.model
+
+    def refresh(self) -> None:
+        return None
+
+    def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """Run the prompt (positions ``0 .. T-1``) into the draft model's slots and record it."""
         n = input_ids.shape[1]
         positions = torch.arange(n, device=input_ids.device)
@@ -60,3 +69,15 @@ class ModelStatic:
             logits, _ = model.forward(token[None], position[None], model.causal_mask(position), position)
             rows.append(torch.log_softmax(logits[-1:].float(), dim=-1))
         return torch.cat(rows)
+
+    def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
+        """Greedy drafts of ``depth`` tokens after each row's root: ``logq [B, depth, V]``."""
+        rows = []
+        for r, p in zip(root, prefix, strict=True):
+            self.record(r.view(1), p)
+            rows.append(self.logq(p, depth))
+        return Proposal(logq=torch.stack(rows))
+
+    def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
+        """Record the committed tokens (the accepted drafts and the bonus) after each row's old root."""
+        self.record(accept.tokens[0], prefix[0] + 1)

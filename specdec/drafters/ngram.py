@@ -1,7 +1,8 @@
 """N-gram (prompt lookup) drafter: propose what followed earlier occurrences of the latest n tokens.
 
-No model, no state: each round searches the committed tokens. A chain takes the continuation of the most
-recent match; a DDTree spec merges the continuations of several matches into a trie under the node budget.
+No model: each round searches the committed tokens (a static buffer) with tensor ops. It proposes drafted paths:
+a chain takes the continuation of the most recent match; a DDTree merges the continuations of several matches
+into a trie under the node budget.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.trees import chain_tree, paths_to_tree, root_tree
-from specdec.types import Chain, DecodeContext, DraftTree, TreeSpec, VerifyResult
+from specdec.trees import Chain
+from specdec.types import Accept, Proposal
 
-__all__ = ["NGramDrafter", "NGramDrafterConfig"]
+__all__ = ["NGramDrafter", "NGramDrafterConfig", "NGramState"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,42 +48,92 @@ class NGramDrafter:
         self.num_forwards = 0
         self.default_tree = Chain(k=4)
 
-    def validate(self, target, tree: TreeSpec) -> None:
+    def validate(self, target, tree) -> None:
         pass
 
     def reset(self) -> None:
         pass
 
-    def prefill(self, ctx: DecodeContext) -> None:
-        pass
+    @property
+    def provides(self) -> tuple[str, ...]:
+        return ("paths",)
 
-    def commit(self, ctx: DecodeContext, result: VerifyResult) -> None:
-        pass
+    def draft_depth(self, tree) -> int:
+        """Tokens per continuation: the policy's depth."""
+        return tree.max_depth
 
-    def _continuations(self, ids: torch.Tensor, length: int, max_matches: int) -> list[list[int]]:
-        """Continuations (most recent match first) of the longest suffix that occurred before."""
-        total = ids.numel()
-        for n in range(min(self.config.max_ngram, total - 1), self.config.min_ngram - 1, -1):
-            windows = ids[: total - 1].unfold(0, n, 1)  # [total-n, n]; excludes the suffix itself
-            hits = (windows == ids[total - n :]).all(dim=1).nonzero().squeeze(-1).flip(0)
-            found, seen = [], set()
-            for start in hits.tolist():
-                cont = ids[start + n : start + n + length].tolist()
-                if cont and tuple(cont) not in seen:
-                    seen.add(tuple(cont))
-                    found.append(cont)
-                if len(found) >= max_matches:
-                    break
-            if found:
-                return found
-        return []
+    def window(self, tree) -> int:
+        return 1
 
-    def propose(self, ctx: DecodeContext, tree: TreeSpec) -> DraftTree:
-        ids = ctx.input_ids[0].cpu()
-        root = int(ids[-1])
-        device = ctx.input_ids.device
-        if isinstance(tree, Chain):
-            conts = self._continuations(ids, tree.k, 1)
-            return chain_tree(root, conts[0], device) if conts else root_tree(root, device)
-        conts = self._continuations(ids, tree.budget, self.config.max_matches)
-        return paths_to_tree(root, conts, budget=tree.budget, device=device) if conts else root_tree(root, device)
+    def forwards_per_round(self, tree) -> int:
+        return 0
+
+    def attach(self, target, capacity: int) -> NGramState:
+        return NGramState(self.config, capacity, target.device)
+
+
+class NGramState:
+    """The committed tokens in a static buffer and the lookup as tensor ops (no host reads).
+
+    Args:
+        config (NGramDrafterConfig): the lookup settings.
+        capacity (int): positions held.
+        device: of the buffer.
+    """
+
+    def __init__(self, config: NGramDrafterConfig, capacity: int, device) -> None:
+        self.config = config
+        self.history = torch.zeros(capacity, dtype=torch.long, device=device)
+
+    def refresh(self) -> None:
+        return None
+
+    def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        self.history[: input_ids.shape[1]] = input_ids[0]
+
+    def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
+        """Record the committed tokens after each row's old root (rows past the path land where the next round's
+        root and commit overwrite them before any lookup reads them)."""
+        tokens = accept.tokens[0]
+        self.history.index_copy_(0, (prefix[0] + 1 + torch.arange(tokens.numel(), device=tokens.device)).clamp(
+            max=self.history.numel() - 1), tokens)  # fmt: skip
+
+    def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
+        """Continuations ``[B, M, depth]`` of the longest suffix (``max_ngram`` .. ``min_ngram`` tokens) that occurred
+        before, most recent match first, distinct; ``M = max_matches``."""
+        rows = [self._lookup(r, p, depth, span) for r, p in zip(root, prefix, strict=True)]
+        return Proposal(paths=torch.stack([r[0] for r in rows]), path_lengths=torch.stack([r[1] for r in rows]))
+
+    def _lookup(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int):
+        cfg, device = self.config, self.history.device
+        span = min(span, self.history.numel())
+        self.history.index_copy_(0, prefix.view(1), root.view(1))
+        ids = self.history[:span]
+        total = prefix + 1  # committed tokens, the root included
+        starts = torch.arange(span, device=device)
+        best_hits = torch.zeros(span, dtype=torch.bool, device=device)
+        best_n = torch.zeros((), dtype=torch.long, device=device)
+        for n in range(cfg.min_ngram, cfg.max_ngram + 1):  # longer suffixes win where they match
+            if n >= span:
+                break
+            suffix = ids[(total - n + torch.arange(n, device=device)).clamp(min=0)]
+            windows = ids.unfold(0, n, 1)  # [span - n + 1, n]: window s = ids[s : s + n]
+            hits = (windows == suffix).all(-1) & (starts[: windows.shape[0]] + n <= total - 1) & (total - 1 >= n)
+            hits = torch.nn.functional.pad(hits, (0, span - hits.numel()))
+            found = hits.any()
+            best_hits = torch.where(found, hits, best_hits)
+            best_n = torch.where(found, n, best_n)
+        count = min(4 * cfg.max_matches, span)  # most recent candidates looked at
+        score, start = torch.where(best_hits, starts + 1, 0).topk(count)  # latest first; 0 = no match
+        first = start + best_n  # where each continuation begins
+        steps = torch.arange(depth, device=device)
+        length = torch.where(score > 0, (total - first).clamp(min=0, max=depth), 0)  # [C]
+        cont = ids[(first[:, None] + steps).clamp(max=span - 1)]  # [C, depth]
+        masked = torch.where(steps < length[:, None], cont, -1)
+        same = (masked[:, None] == masked[None]).all(-1)  # [C, C]
+        earlier = torch.arange(count, device=device)
+        dup = (same & (earlier[None] < earlier[:, None]) & (length[None] > 0)).any(-1)
+        keep = (length > 0) & ~dup
+        order = torch.sort((~keep).long(), stable=True).indices[: cfg.max_matches]  # kept ones first, in order
+        kept = keep[order]
+        return cont[order], torch.where(kept, length[order], 0)

@@ -360,7 +360,7 @@ class RecurrentAdapter:
         return forward
 
 
-def _swapped_forwards(adapters: Sequence[RecurrentAdapter], rnd: VerifyRound):
+def adapter_forwards(adapters: Sequence[RecurrentAdapter], rnd: VerifyRound):
     """Route each adapted mixer's ``forward`` to its adapter; always restored on exit (hook-safe:
     ``specdec.state.forwards.swapped_forwards``)."""
     return swapped_forwards((adapter.module, adapter.bound_forward(rnd)) for adapter in adapters)
@@ -433,7 +433,7 @@ class HybridState:
             yield
             self._check_native_ran(rnd)
             return
-        with _swapped_forwards(self.adapters, rnd):
+        with adapter_forwards(self.adapters, rnd):
             yield
         missing = [a.layer_idx for a in self.adapters if a.layer_idx not in rnd.stash]
         if missing:

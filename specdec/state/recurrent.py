@@ -17,7 +17,7 @@ from specdec.kernels.tree_mamba2 import auto_impl as mamba2_impl
 from specdec.state.gdn import GatedDeltaNetAdapter
 from specdec.state.hybrid import HybridState, RecurrentAdapter, VerifyRound
 from specdec.state.mamba2 import Mamba2Adapter
-from specdec.trees.device import DeviceTree
+from specdec.types import TreeRow as DeviceTree
 
 __all__ = ["DeviceTopology", "commit_recurrent", "hybrid_reason"]
 
@@ -25,8 +25,12 @@ __all__ = ["DeviceTopology", "commit_recurrent", "hybrid_reason"]
 _DEVICE_ADAPTERS = (GatedDeltaNetAdapter, Mamba2Adapter)
 
 
-def hybrid_reason(state, device: torch.device) -> str | None:
-    """None when the hybrid state manager's layers all have a device path on ``device``, else why not."""
+def hybrid_reason(state, device: torch.device, *, needs_kernels: bool = True) -> str | None:
+    """None when the hybrid state manager's layers all have a device path on ``device``, else why not.
+
+    ``needs_kernels``: also require the Triton tree scans on CUDA (a reference scan reads the parent array on the
+    host, so its round cannot be captured in a CUDA graph; it still runs when called).
+    """
     if not isinstance(state, HybridState):
         return None
     if state.mode != "exact":
@@ -34,7 +38,7 @@ def hybrid_reason(state, device: torch.device) -> str | None:
     other = sorted({type(a.module).__name__ for a in state.adapters if not isinstance(a, _DEVICE_ADAPTERS)})
     if other:
         return f"recurrent layers {', '.join(other)} have no device tree scan yet"
-    if device.type == "cuda":  # a reference scan reads the parent array on the host: no capture, a sync per layer
+    if needs_kernels and device.type == "cuda":  # a reference scan reads the parent array on the host: no capture, a sync per layer
         kernels = {"tree_gdn": gdn_impl, "tree_mamba2": mamba2_impl}
         used = {"tree_gdn" if isinstance(a, GatedDeltaNetAdapter) else "tree_mamba2" for a in state.adapters}
         slow = sorted(name for name in used if kernels[name](device) != "triton")

@@ -1,27 +1,31 @@
-"""Pure functions on draft trees: builders (chain, DDTree), ancestor masks and positions.
-
-Trees are parent arrays (``specdec.types.DraftTree``); notation in ``docs/trees.md``.
+"""Draft trees: the tree policies (``Chain``, ``DDTree``, the ``TreePolicy`` protocol and its registry) and the
+device builders and masks they use. Trees are parent arrays; notation in ``docs/trees.md``.
 """
 
-from specdec.trees.ddtree import build_ddtree, chain_from_logq, tree_path_scores
-from specdec.trees.device import DeviceTree, ancestor_matrix, chain_device, ddtree_device, to_draft_tree
+from specdec.trees.build import (
+    ancestor_matrix,
+    chain_device,
+    chain_from_path,
+    ddtree_device,
+    to_draft_tree,
+    trie_device,
+)
 from specdec.trees.mask import ancestor_mask, tree_attention_bias, tree_position_ids
-from specdec.trees.paths import chain_tree, paths_to_tree, prune_depth, root_tree
+from specdec.trees.policies import TREES, Chain, DDTree, TreePolicy, register_tree
 
 __all__ = [
-    "DeviceTree",
+    "TREES",
+    "Chain",
+    "DDTree",
+    "TreePolicy",
     "ancestor_mask",
     "ancestor_matrix",
-    "build_ddtree",
     "chain_device",
-    "chain_from_logq",
-    "chain_tree",
+    "chain_from_path",
     "ddtree_device",
-    "paths_to_tree",
-    "prune_depth",
-    "root_tree",
+    "register_tree",
     "to_draft_tree",
     "tree_attention_bias",
-    "tree_path_scores",
     "tree_position_ids",
+    "trie_device",
 ]

@@ -1,28 +1,26 @@
-"""Verification rules: pure functions from (tree, target logits, sampling params, generator) to VerifyResult.
-
-Notation (``docs/trees.md``): p = target distribution at a node after HF logits processing.
+"""Verification rules (``Greedy``, ``SampleMatch``, the ``VerificationRule`` protocol and its registry) and the
+HF-identical processing of the target's logits they sample from. Notation: ``docs/trees.md``.
 """
 
-from specdec.verify.device import DeviceAccept, accept_device, gumbel_from_uniform, target_choices
-from specdec.verify.greedy import verify_greedy, walk_tree
-from specdec.verify.sampling import process_logits, sample_tokens, verify_sample
+from specdec.verify.processing import gumbel_from_uniform, process_logits
+from specdec.verify.rules import (
+    RULES,
+    Greedy,
+    SampleMatch,
+    VerificationRule,
+    default_rule,
+    register_rule,
+    target_choices,
+)
 
 __all__ = [
-    "DeviceAccept",
-    "accept_device",
+    "RULES",
+    "Greedy",
+    "SampleMatch",
+    "VerificationRule",
+    "default_rule",
     "gumbel_from_uniform",
     "process_logits",
-    "sample_tokens",
+    "register_rule",
     "target_choices",
-    "verify",
-    "verify_greedy",
-    "verify_sample",
-    "walk_tree",
 ]
-
-
-def verify(tree, target_logits, sampling, generator=None):
-    """Dispatch on ``sampling.do_sample``: greedy walk or sample-and-match."""
-    if sampling.do_sample:
-        return verify_sample(tree, target_logits, sampling, generator)
-    return verify_greedy(tree, target_logits)

@@ -1,7 +1,7 @@
 """``ddtree_build``: the DDTree best-first selection in one Triton launch (GPU), or the torch device ops.
 
-Reference: ``specdec.trees.ddtree.build_ddtree`` (the heap on the host); the torch device version in
-``specdec.trees.device`` is the CPU path. See ``docs/kernels.md``.
+Reference: ``the best-first heap of ``docs/trees.md`` (a host oracle in ``tests/oracles``); the torch device version in
+``specdec.trees.build`` is the CPU path. See ``docs/kernels.md``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def best_first(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
 
 def topk_rows(logq: torch.Tensor, k: int):
     """Per-row top-``k`` (fp32 values, int64 ids) in (value desc, id asc) order in one launch (see
-    ``triton.topk_rows_triton``); the tensor-op version is ``specdec.trees.device._topk_rows``."""
+    ``triton.topk_rows_triton``); the tensor-op version is ``specdec.trees.build._topk_rows``."""
     if logq.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("the Triton top-k needs tensors on a GPU (or Triton's interpreter); use topk_impl='torch'.")
     from specdec.kernels.ddtree_build.triton import topk_rows_triton

@@ -1,8 +1,8 @@
 """``tree_accept``: the fast path round's tree attention mask and acceptance walk, one Triton launch each.
 
 References (the specification and the CPU path): ``tree_mask_reference`` is the mask the round builds from
-:func:`specdec.trees.device.ancestor_matrix` (pointer jumping, then a gather over the key columns);
-``accept_path_reference`` is :func:`specdec.verify.device.accept_device`. On CUDA these are ~100 small kernels per
+``ancestor_mask`` (pointer jumping, then a gather over the key columns); ``accept_path_reference`` is
+``accept_walk`` (both in ``reference.py``). On CUDA these are ~100 small kernels per
 round; the Triton versions (``triton.py``) are two launches with bitwise-equal outputs, and, like the references,
 read nothing on the host, so they can be captured in a CUDA graph. See ``docs/kernels.md``.
 """
@@ -14,13 +14,15 @@ from typing import Literal
 import torch
 
 from specdec.kernels._triton import importable, pick_impl
-from specdec.trees.device import DeviceTree, ancestor_matrix
-from specdec.verify.device import DeviceAccept, accept_device
+from specdec.kernels.tree_accept.reference import accept_path_reference, accept_walk, ancestor_mask, tree_mask_reference
+from specdec.types import AcceptRow
 
 __all__ = [
     "MAX_ACCEPT_SLOTS",
     "accept_path",
     "accept_path_reference",
+    "accept_walk",
+    "ancestor_mask",
     "tree_mask",
     "tree_mask_reference",
 ]
@@ -62,41 +64,6 @@ def tree_mask(
     return tree_mask_triton(parents, valid, prefix, capacity, max_depth, dtype)
 
 
-def tree_mask_reference(
-    parents: torch.Tensor,
-    valid: torch.Tensor,
-    prefix: torch.Tensor,
-    capacity: int,
-    max_depth: int,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """The round's mask as tensor ops: :func:`~specdec.trees.device.ancestor_matrix`, then a gather per key column.
-
-    Args:
-        parents (torch.Tensor): ``[S]`` int64; ``parents[0] = -1``, ``parents[i] < i``, padding holds -1.
-        valid (torch.Tensor): ``[S]`` bool, True for the real nodes (a prefix of the slots).
-        prefix (torch.Tensor): 0-d int64 on the tree's device, the key slot of node 0 (never read on the host).
-        capacity (int): key slots, the mask's last dim.
-        max_depth (int): an upper bound on the depth of the real nodes, >= 0 (ancestors are followed up to
-            ``2**bit_length(max_depth) - 1`` levels, the reach of ``ancestor_matrix``).
-        dtype (torch.dtype): float dtype of the mask.
-
-    Returns:
-        torch.Tensor: ``[1, 1, S, capacity]`` of ``dtype``, 0 where visible, ``torch.finfo(dtype).min`` elsewhere.
-    """
-    slots = parents.numel()
-    # ancestor_matrix reads only the parents: the other fields are placeholders (no extra kernels)
-    tree = DeviceTree(tokens=parents, parents=parents, depth=parents, valid=valid, num_nodes=parents[0])
-    ancestors = ancestor_matrix(tree, max_depth)
-    keys = torch.arange(capacity, device=parents.device)
-    rel = keys[None] - prefix
-    in_tree = (rel >= 0) & (rel < slots)
-    tree_cols = ancestors.gather(1, rel.clamp(0, slots - 1).expand(slots, -1))
-    visible = ((rel < 0) & valid[:, None]) | (in_tree & tree_cols)
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
-
-
 def accept_path(
     tokens: torch.Tensor,
     parents: torch.Tensor,
@@ -106,7 +73,7 @@ def accept_path(
     max_depth: int,
     *,
     impl: Impl = "auto",
-) -> DeviceAccept:
+) -> AcceptRow:
     """The accepted path of a tree round: from the root, step to the first (smallest) real child carrying the
     current node's choice, until there is none or depth ``max_depth`` is reached. Arguments as
     :func:`accept_path_reference`.
@@ -117,7 +84,7 @@ def accept_path(
             ``S`` fits, else the reference.
 
     Returns:
-        DeviceAccept: ``(path [P], num_path 0-d, tokens [P])``, int64, ``P = max_depth + 1``.
+        AcceptRow: ``(path [P], num_path 0-d, tokens [P])``, int64, ``P = max_depth + 1``.
     """
     _check_accept_args(tokens, parents, depth, valid, choices, max_depth)
     fits = tokens.numel() <= MAX_ACCEPT_SLOTS
@@ -128,33 +95,6 @@ def accept_path(
     from specdec.kernels.tree_accept.triton import accept_path_triton
 
     return accept_path_triton(tokens, parents, valid, choices, max_depth)
-
-
-def accept_path_reference(
-    tokens: torch.Tensor,
-    parents: torch.Tensor,
-    depth: torch.Tensor,
-    valid: torch.Tensor,
-    choices: torch.Tensor,
-    max_depth: int,
-) -> DeviceAccept:
-    """:func:`~specdec.verify.device.accept_device` over the tree's :func:`~specdec.trees.device.ancestor_matrix`.
-
-    Args:
-        tokens (torch.Tensor): ``[S]`` int64 node tokens.
-        parents (torch.Tensor): ``[S]`` int64; ``parents[0] = -1``, ``parents[i] < i``, padding holds -1.
-        depth (torch.Tensor): ``[S]`` int64 node depths (consistent with ``parents``; padding holds 0).
-        valid (torch.Tensor): ``[S]`` bool, True for the real nodes (a prefix of the slots).
-        choices (torch.Tensor): ``[S]`` int64, the target's token at each slot.
-        max_depth (int): an upper bound on the depth of the real nodes, >= 0; sets ``P = max_depth + 1``.
-
-    Returns:
-        DeviceAccept: ``(path [P], num_path 0-d, tokens [P])``: the accepted nodes root first (then the last one
-        repeated), their count, and the accepted draft tokens followed by the bonus (then 0).
-    """
-    # accept_device does not read num_nodes: a placeholder view, no kernel
-    tree = DeviceTree(tokens=tokens, parents=parents, depth=depth, valid=valid, num_nodes=parents[0])
-    return accept_device(tree, choices, ancestor_matrix(tree, max_depth), max_depth=max_depth)
 
 
 def _triton_available() -> bool:

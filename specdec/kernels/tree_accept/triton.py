@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.verify.device import DeviceAccept
+from specdec.types import AcceptRow
 
 __all__ = ["accept_path_triton", "mask_hops", "tree_mask_triton"]
 
@@ -126,12 +126,12 @@ def accept_path_triton(
     valid: torch.Tensor,
     choices: torch.Tensor,
     max_depth: int,
-) -> DeviceAccept:
+) -> AcceptRow:
     """The accepted path of a tree round in one launch (arguments as ``accept_path_reference``; the depths are
     not read: the walk counts them).
 
     Returns:
-        DeviceAccept: ``path [P]``, ``num_path`` (0-d) and ``tokens [P]``, int64, ``P = max_depth + 1``.
+        AcceptRow: ``path [P]``, ``num_path`` (0-d) and ``tokens [P]``, int64, ``P = max_depth + 1``.
     """
     slots = tokens.numel()
     steps = max_depth + 1
@@ -145,4 +145,4 @@ def accept_path_triton(
         P=steps, BLOCK_S=max(triton.next_power_of_2(slots), 2), BLOCK_P=max(triton.next_power_of_2(steps), 2),
         num_warps=1,
     )  # fmt: skip
-    return DeviceAccept(path=path, num_path=num_path, tokens=new_tokens)
+    return AcceptRow(path=path, num_path=num_path, tokens=new_tokens)

@@ -1,6 +1,6 @@
 """Tree builders as device tensor ops: the DDTree and the argmax chain without host reads (CUDA-graph safe).
 
-Same trees as :func:`specdec.trees.ddtree.build_ddtree` and :func:`~specdec.trees.ddtree.chain_from_logq`, in a
+Same trees as the best-first heap (``docs/trees.md``) and the argmax chain, in a
 fixed number of slots: every output shape depends only on Python ints, nothing reads a tensor on the host, so the
 functions can be captured in a CUDA graph; they run unchanged on CPU. Real nodes are a prefix of the slots;
 padding slots carry the root token, parent -1 and depth 0, and see only themselves in :func:`ancestor_matrix`.
@@ -14,39 +14,26 @@ all kept nodes by the full key yields the heap's pop order.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
-from specdec.trees.ddtree import _check_logq as check_logq
-from specdec.trees.mask import ancestor_mask
-from specdec.types import DraftTree
+from specdec.kernels.tree_accept.reference import ancestor_mask
+from specdec.types import DraftTree, TreeRow
 
-__all__ = ["DeviceTree", "ancestor_matrix", "chain_device", "ddtree_device", "root_tree_device", "to_draft_tree"]
+__all__ = [
+    "ancestor_matrix",
+    "chain_device",
+    "chain_from_path",
+    "ddtree_device",
+    "root_tree_device",
+    "to_draft_tree",
+    "trie_device",
+]
 
 _LOW32 = 0xFFFFFFFF
 # Largest vocabulary for which ``topk_impl="auto"`` takes the Triton top-k: one program per depth scans the whole
 # row once per rank, which beat ``torch.topk`` at 8192 tokens and lost at 151936 on an H200 (docs/kernels.md).
 TOPK_TRITON_MAX_VOCAB = 32768
-
-
-class DeviceTree(NamedTuple):
-    """A draft tree in ``S`` fixed slots, all tensors on the device of the draft.
-
-    Args:
-        tokens (torch.Tensor): ``[S]`` int64 node tokens; ``tokens[0]`` is the root; padding holds the root token.
-        parents (torch.Tensor): ``[S]`` int64; ``parents[0] = -1``, ``parents[i] < i``; padding holds -1.
-        depth (torch.Tensor): ``[S]`` int64; padding holds 0.
-        valid (torch.Tensor): ``[S]`` bool, True for the real nodes ``0 .. n-1`` (always a prefix).
-        num_nodes (torch.Tensor): 0-d int64, ``n``.
-    """
-
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    depth: torch.Tensor
-    valid: torch.Tensor
-    num_nodes: torch.Tensor
 
 
 def ddtree_device(
@@ -58,8 +45,8 @@ def ddtree_device(
     num_slots: int,
     impl: str = "torch",
     topk_impl: str = "torch",
-) -> DeviceTree:
-    """The DDTree of :func:`~specdec.trees.ddtree.build_ddtree`, node for node, as device tensor ops.
+) -> TreeRow:
+    """The DDTree (the best-first heap of ``docs/trees.md``, node for node) as device tensor ops.
 
     Ranks per depth order tokens by (fp32 value desc, id asc), ties at the top-``k`` cut included; a path scores
     the float64 left-to-right sum of its fp32 per-depth values; nodes come in the heap's pop order, (score desc,
@@ -82,7 +69,7 @@ def ddtree_device(
             measured faster, ``docs/kernels.md``), else torch. All give the same ranks, ties included.
 
     Returns:
-        DeviceTree: ``S`` slots holding ``1 + min(budget, reachable)`` real nodes.
+        TreeRow: ``S`` slots holding ``1 + min(budget, reachable)`` real nodes.
     """
     depth_limit, vocab = _check_logq(logq)
     _check_int("budget", budget, 1)
@@ -114,8 +101,8 @@ def ddtree_device(
     return _pad_tree(root_token, ids[depth - 1, own_rank], new_parents, depth, num_slots)
 
 
-def chain_device(logq: torch.Tensor, root_token: torch.Tensor, *, k: int, num_slots: int) -> DeviceTree:
-    """The argmax chain of :func:`~specdec.trees.ddtree.chain_from_logq` as device tensor ops.
+def chain_device(logq: torch.Tensor, root_token: torch.Tensor, *, k: int, num_slots: int) -> TreeRow:
+    """The argmax chain of the argmax chain as device tensor ops.
 
     Args:
         logq (torch.Tensor): ``[D, V]`` float per-depth log-probabilities (or logits); ties pick the smallest id.
@@ -124,7 +111,7 @@ def chain_device(logq: torch.Tensor, root_token: torch.Tensor, *, k: int, num_sl
         num_slots (int): ``S``, the output length, >= ``1 + min(k, D)``.
 
     Returns:
-        DeviceTree: ``S`` slots holding ``1 + min(k, D)`` real nodes.
+        TreeRow: ``S`` slots holding ``1 + min(k, D)`` real nodes.
     """
     depth_limit, _ = _check_logq(logq)
     _check_int("k", k, 1)
@@ -137,20 +124,20 @@ def chain_device(logq: torch.Tensor, root_token: torch.Tensor, *, k: int, num_sl
     return _pad_tree(root_token, tokens, steps, steps + 1, num_slots)
 
 
-def root_tree_device(root_token: torch.Tensor) -> DeviceTree:
+def root_tree_device(root_token: torch.Tensor) -> TreeRow:
     """The one-slot tree of plain decoding: the root alone."""
     none = root_token.reshape(1)[:0].long()
     return _pad_tree(root_token, none, none, none, 1)
 
 
-def ancestor_matrix(tree: DeviceTree, max_depth: int) -> torch.Tensor:
+def ancestor_matrix(tree: TreeRow, max_depth: int) -> torch.Tensor:
     """Boolean ``[S, S]`` mask, ``A[i, j]`` = slot j is slot i or one of its ancestors, by pointer jumping.
 
     Round t joins each row with the row of the ancestor ``2**t`` levels up, so ``bit_length(max_depth)`` rounds
     cover every node of depth <= ``max_depth``. Padding rows see only themselves.
 
     Args:
-        tree (DeviceTree): ``S`` slots.
+        tree (TreeRow): ``S`` slots.
         max_depth (int): an upper bound on the depth of the real nodes (e.g. ``D``), >= 0.
 
     Returns:
@@ -160,11 +147,11 @@ def ancestor_matrix(tree: DeviceTree, max_depth: int) -> torch.Tensor:
     return ancestor_mask(tree.parents, max_depth)
 
 
-def to_draft_tree(tree: DeviceTree) -> DraftTree:
+def to_draft_tree(tree: TreeRow) -> DraftTree:
     """The real nodes as a :class:`~specdec.types.DraftTree` (reads ``num_nodes`` on the host: not for graphs).
 
     Args:
-        tree (DeviceTree): ``S`` slots.
+        tree (TreeRow): ``S`` slots.
 
     Returns:
         DraftTree: ``tokens [n]`` on the tree's device, ``parents [n]`` on CPU.
@@ -174,8 +161,14 @@ def to_draft_tree(tree: DeviceTree) -> DraftTree:
 
 
 def _check_logq(logq: torch.Tensor) -> tuple[int, int]:
-    """The heap builder's checks, plus the packed-key limit; returns ``(D, V)``."""
-    check_logq(logq)
+    """A ``[D, V]`` float tensor with at least one depth and token, within the packed-key limit; returns ``(D, V)``."""
+    if not isinstance(logq, torch.Tensor) or logq.dim() != 2:
+        shape = tuple(logq.shape) if isinstance(logq, torch.Tensor) else type(logq).__name__
+        raise ValueError(f"logq must be a 2-D [D, V] tensor (row d-1 = depth d), got {shape}; index one sequence.")
+    if not logq.is_floating_point():
+        raise ValueError(f"logq has dtype {logq.dtype}: pass float log-probabilities.")
+    if logq.shape[0] < 1 or logq.shape[1] < 1:
+        raise ValueError(f"logq has shape {tuple(logq.shape)}: it needs at least one depth and one token.")
     if logq.shape[1] > 2**31:
         raise ValueError(f"logq has {logq.shape[1]} columns: vocabularies above 2**31 tokens are not supported.")
     return logq.shape[0], logq.shape[1]
@@ -273,17 +266,92 @@ def _key_order(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 
 def _pad_tree(
     root_token: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, num_slots: int
-) -> DeviceTree:
+) -> TreeRow:
     """Root + the given non-root nodes, padded to ``num_slots`` slots."""
     device = tokens.device
     root = root_token.reshape(1).to(device=device, dtype=torch.long)
     pad = num_slots - 1 - tokens.numel()
     minus = torch.full((pad + 1,), -1, dtype=torch.long, device=device)
     zeros = torch.zeros(pad + 1, dtype=torch.long, device=device)
-    return DeviceTree(
+    return TreeRow(
         tokens=torch.cat([root, tokens, root.expand(pad)]),
         parents=torch.cat([minus[:1], parents, minus[1:]]),
         depth=torch.cat([zeros[:1], depth, zeros[1:]]),
         valid=torch.arange(num_slots, device=device) <= tokens.numel(),
         num_nodes=torch.full((), tokens.numel() + 1, dtype=torch.long, device=device),
+    )
+
+
+def chain_from_path(path: torch.Tensor, length: torch.Tensor, root_token: torch.Tensor, *, num_slots: int) -> TreeRow:
+    """A chain of the first ``length`` tokens of ``path`` (drafts from a path proposal, e.g. an n-gram match).
+
+    Args:
+        path (torch.Tensor): ``[L]`` int64 drafted tokens.
+        length (torch.Tensor): 0-d int64, how many of them are real (0 = the root alone).
+        root_token (torch.Tensor): 0-d or ``[1]`` int64.
+        num_slots (int): ``S >= L + 1``.
+    """
+    steps = torch.arange(path.numel(), device=path.device)
+    real = steps < length
+    return _pad_masked(root_token, path, torch.where(real, steps, -1), torch.where(real, steps + 1, 0), real, num_slots)
+
+
+def trie_device(paths: torch.Tensor, lengths: torch.Tensor, root_token: torch.Tensor, *, budget: int,
+                num_slots: int) -> TreeRow:  # fmt: skip
+    """Merge drafted paths into a trie under ``budget`` non-root nodes, as device tensor ops.
+
+    Paths come in priority order; nodes are numbered path by path, depth by depth (path 0's nodes first, then the
+    nodes path 1 adds, ...), so every prefix of the numbering is closed under parents and the ``budget`` first
+    nodes form the tree. A node is the prefix ``paths[m, :l + 1]``; it is new on path m unless an earlier path with
+    at least ``l + 1`` real tokens shares that prefix.
+
+    Args:
+        paths (torch.Tensor): ``[M, L]`` int64 drafted tokens.
+        lengths (torch.Tensor): ``[M]`` int64 real tokens per path (0 = an empty path).
+        root_token (torch.Tensor): 0-d or ``[1]`` int64.
+        budget (int): non-root nodes kept, >= 1.
+        num_slots (int): ``S >= budget + 1``.
+    """
+    num, steps = paths.shape
+    device = paths.device
+    depth = torch.arange(steps, device=device)
+    real = depth[None] < lengths[:, None]  # [M, L]
+    equal = (paths[:, None] == paths[None]).long().cumprod(-1).bool()  # [M, M', L]: prefixes up to l agree
+    shared = equal & real[None] & real[:, None]
+    first = shared.long().argmax(1)  # [M, L]: first path holding the same prefix (itself if none earlier)
+    new = real & (first == torch.arange(num, device=device)[:, None])
+    order = new.flatten().long().cumsum(0).view(num, steps)  # 1-based node number of each new node
+    node = order.gather(0, first)  # [M, L]: node number of the prefix (m, l), new or shared
+    keep = new & (order <= budget)
+    parent = torch.where(depth[None] > 0, torch.cat([node.new_zeros(num, 1), node[:, :-1]], 1), 0)
+    # scatter the kept nodes into their slots (node numbers 1..budget), the rest to a spill slot
+    spot = torch.where(keep, order, num_slots).flatten()
+    size = num_slots + 1
+    tokens = torch.zeros(size, dtype=torch.long, device=device).scatter_(0, spot, paths.flatten())
+    parents = torch.full((size,), -1, dtype=torch.long, device=device).scatter_(0, spot, parent.flatten())
+    depths = torch.zeros(size, dtype=torch.long, device=device).scatter_(0, spot, (depth + 1).expand(num, -1).flatten())
+    valid = torch.zeros(size, dtype=torch.bool, device=device).scatter_(0, spot, keep.flatten())
+    root = root_token.reshape(1).to(device=device, dtype=torch.long)
+    valid[0] = True
+    parents[0] = -1
+    tokens = torch.where(valid, tokens, root)
+    tokens[0] = root[0]
+    return TreeRow(tokens[:num_slots], parents[:num_slots], depths[:num_slots] * valid[:num_slots],
+                   valid[:num_slots], valid[:num_slots].sum())  # fmt: skip
+
+
+def _pad_masked(root_token, tokens, parents, depth, real, num_slots: int) -> TreeRow:
+    """Root + ``tokens`` where ``real`` (a prefix), padding elsewhere (root token, parent -1, depth 0)."""
+    device = tokens.device
+    root = root_token.reshape(1).to(device=device, dtype=torch.long)
+    pad = num_slots - 1 - tokens.numel()
+    minus = torch.full((pad + 1,), -1, dtype=torch.long, device=device)
+    zeros = torch.zeros(pad + 1, dtype=torch.long, device=device)
+    valid = torch.cat([real.new_ones(1), real, real.new_zeros(pad)])
+    return TreeRow(
+        tokens=torch.cat([root, torch.where(real, tokens, root), root.expand(pad)]),
+        parents=torch.cat([minus[:1], parents, minus[1:]]),
+        depth=torch.cat([zeros[:1], depth, zeros[1:]]),
+        valid=valid,
+        num_nodes=valid.sum(),
     )

@@ -1,0 +1,156 @@
+"""Tree policies: turn a drafter's proposal into the round's draft trees (``DeviceTree [B, S]``).
+
+A policy is any object with the attributes and methods of :class:`TreePolicy`; ``Chain`` and ``DDTree`` are the
+built-in ones. Policies run inside the round, so ``build`` must be tensor ops with shapes fixed by the policy
+(``num_slots``) and no host reads: the same code then runs eagerly and inside a CUDA graph. ``register_tree``
+makes a policy selectable by name (hydra's ``tree=`` group, the bench). See ``docs/extending.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specdec.trees.build import chain_device, chain_from_path, ddtree_device, trie_device
+from specdec.types import DeviceTree, Proposal
+
+__all__ = ["TREES", "Chain", "DDTree", "TreePolicy", "register_tree"]
+
+
+@runtime_checkable
+class TreePolicy(Protocol):
+    """The tree-policy protocol.
+
+    Attributes:
+        budget (int): most non-root nodes a tree holds; the round verifies ``budget + 1`` slots.
+        max_depth (int): deepest node the policy can build; drafters draft at most this deep.
+        reads (tuple[str, ...]): the :class:`~specdec.types.Proposal` fields the policy can build from
+            (``"logq"``, ``"paths"``); a drafter that provides none of them is refused by name.
+        branching (bool): True when siblings occur (drafters may cap the depth they draft for such policies).
+    """
+
+    budget: int
+    max_depth: int
+    reads: tuple[str, ...]
+    branching: bool
+
+    def build(self, proposal: Proposal, root: torch.Tensor, depth: int) -> DeviceTree:
+        """The trees ``[B, budget + 1]`` rooted at ``root [B]`` from ``proposal`` (``depth`` = its drafted depth)."""
+
+
+def _int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r} must be an int >= {low}.")
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain of ``k`` draft tokens (the classic linear speculation): ``Chain(4)`` or ``Chain(k=4)``.
+
+    From per-depth log-probabilities it takes each depth's most likely token (ties: the smallest id); from drafted
+    paths, the first path.
+
+    Args:
+        k (int): number of drafted tokens per round (non-root nodes), >= 1.
+    """
+
+    k: int = 4
+    reads = ("logq", "paths")
+    branching = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"Chain(k={self.k!r}): k must be an int >= 1 (number of drafted tokens per round).")
+
+    @property
+    def budget(self) -> int:
+        """Number of non-root nodes the tree may hold."""
+        return self.k
+
+    @property
+    def max_depth(self) -> int:
+        return self.k
+
+    @property
+    def topk(self) -> int:
+        return 1
+
+    def build(self, proposal: Proposal, root: torch.Tensor, depth: int) -> DeviceTree:
+        slots = self.k + 1
+        if proposal.logq is not None:
+            rows = [chain_device(q, r, k=self.k, num_slots=slots) for q, r in zip(proposal.logq, root, strict=True)]
+        else:
+            rows = [
+                chain_from_path(p[0, : self.k], n[0].clamp(max=self.k), r, num_slots=slots)
+                for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
+            ]
+        return DeviceTree.stack(rows)
+
+
+@dataclass(frozen=True)
+class DDTree:
+    """Best-first draft tree (DDTree): the ``budget`` most likely root-to-node prefixes: ``DDTree(15)``.
+
+    From per-depth log-probabilities it keeps the ``budget`` prefixes of largest summed log-probability (ties by
+    the rank tuple, ``docs/trees.md``); from drafted paths, the trie of the paths in priority order, cut at
+    ``budget`` nodes.
+
+    Args:
+        budget (int): number of non-root nodes (verify length = budget + 1), >= 1.
+        topk (int | None): candidates per depth; ``None`` means ``budget`` (the reference behaviour).
+    """
+
+    budget: int = 15
+    topk: int | None = None
+    reads = ("logq", "paths")
+    branching = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
+            raise ValueError(f"DDTree(budget={self.budget!r}): budget must be an int >= 1 (non-root nodes).")
+        if self.topk is not None and (isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1):
+            raise ValueError(f"DDTree(topk={self.topk!r}): topk must be an int >= 1, or None for topk = budget.")
+
+    @property
+    def effective_topk(self) -> int:
+        return self.budget if self.topk is None else min(self.topk, self.budget)
+
+    @property
+    def max_depth(self) -> int:
+        return self.budget
+
+    def build(self, proposal: Proposal, root: torch.Tensor, depth: int) -> DeviceTree:
+        slots = self.budget + 1
+        if proposal.logq is not None:
+            on_cuda = proposal.logq.device.type == "cuda"
+            rows = [
+                ddtree_device(q, r, budget=self.budget, topk=self.topk, num_slots=slots,
+                              impl=_DDTREE_IMPL, topk_impl=_DDTREE_TOPK if on_cuda else "torch")  # fmt: skip
+                for q, r in zip(proposal.logq, root, strict=True)
+            ]
+        else:
+            rows = [
+                trie_device(p, n, r, budget=self.budget, num_slots=slots)
+                for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
+            ]
+        return DeviceTree.stack(rows)
+
+
+# The DDTree selection's kernels (``docs/kernels.md``): "auto" = the one-launch Triton kernels on CUDA where they
+# apply, tensor ops elsewhere. Set through ``specdec.backends`` (``ddtree``, ``ddtree_topk``).
+_DDTREE_IMPL = "auto"
+_DDTREE_TOPK = "auto"
+
+TREES: dict[str, type] = {"chain": Chain, "ddtree": DDTree}
+"""Tree policies by name (the hydra ``tree=`` group, the bench's ``tree: {kind: ...}``)."""
+
+
+def register_tree(name: str, policy: type) -> type:
+    """Make ``policy`` (a class implementing :class:`TreePolicy`) selectable as ``name``; returns it (a decorator
+    works too: ``register_tree("medusa", MedusaTree)``)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_tree: name must be a non-empty string, got {name!r}.")
+    TREES[name] = policy
+    return policy

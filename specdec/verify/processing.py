@@ -1,0 +1,43 @@
+"""The target's sampling distribution p at a node: its logits processed exactly as HF ``generate`` does
+(temperature, then top-k, then top-p, with HF's own warpers, in fp32), and Gumbel noise to sample it.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from specdec.types import SamplingParams
+
+__all__ = ["gumbel_from_uniform", "process_logits"]
+
+
+def _warpers(sampling: SamplingParams) -> LogitsProcessorList:
+    procs = LogitsProcessorList()
+    if sampling.temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.top_k:
+        procs.append(TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
+    if sampling.top_p is not None and sampling.top_p < 1.0:
+        procs.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))
+    return procs
+
+
+def process_logits(target_logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """HF-identical temperature / top-k / top-p processing of ``[..., V]`` logits, in fp32. Returns the same shape."""
+    scores = target_logits.float()
+    return _warpers(sampling)(None, scores.reshape(-1, scores.shape[-1])).view(scores.shape)
+
+
+def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise ``-log(-log(u))`` from uniforms, with ``u`` clamped into the open interval (0, 1).
+
+    ``argmax(log p + G)`` is an exact sample of p.
+    """
+    info = torch.finfo(u.dtype)
+    return -torch.log(-torch.log(u.clamp(min=info.tiny, max=1.0 - info.eps / 2)))

@@ -1,0 +1,131 @@
+"""Verification rules: from the target's logits over the round's trees to the accepted path and the next token.
+
+A rule is any object with the attributes and methods of :class:`VerificationRule`; ``Greedy`` and
+``SampleMatch`` are the built-in ones, both exact (token-identical to the target's own greedy decoding, or a
+genuine target sample at every position). Rules run inside the round: tensor ops, no host reads, randomness only
+from the uniforms the round draws with the run's generator before each round (``noise``). ``register_rule``
+makes a rule selectable by name. Correctness arguments: ``docs/verification.md``; writing one: ``docs/extending.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specdec.kernels.tree_accept import accept_path
+from specdec.types import Accept, DeviceTree, SamplingParams
+from specdec.verify.processing import gumbel_from_uniform, process_logits
+
+__all__ = ["RULES", "Greedy", "SampleMatch", "VerificationRule", "default_rule", "register_rule", "target_choices"]
+
+
+@runtime_checkable
+class VerificationRule(Protocol):
+    """The verification-rule protocol.
+
+    Attributes:
+        name (str): how stats and errors name the rule.
+    """
+
+    name: str
+
+    def check(self, sampling: SamplingParams, tree) -> None:
+        """Raise ``ValueError`` naming the mismatch when the rule is not exact for these sampling settings or this
+        tree policy (called once per ``generate`` call, before anything runs)."""
+
+    def uses_noise(self, sampling: SamplingParams) -> bool:
+        """Whether :meth:`accept` needs ``noise`` (uniforms ``[B, S, V]`` drawn fresh before every round)."""
+
+    def accept(
+        self, tree: DeviceTree, logits: torch.Tensor, sampling: SamplingParams, noise: torch.Tensor | None,
+        max_depth: int,
+    ) -> Accept:  # fmt: skip
+        """The accepted paths ``[B, max_depth + 1]`` of ``tree`` under the target's ``logits [B, S, V]``."""
+
+
+def target_choices(logits: torch.Tensor, sampling: SamplingParams, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's token at each node: its argmax, or a sample of its HF-processed distribution (Gumbel-max).
+
+    Args:
+        logits (torch.Tensor): ``[..., V]`` target logits.
+        sampling (SamplingParams): greedy (first maximum, as ``torch.argmax``) unless ``do_sample``; then
+            temperature, top-k and top-p are applied as HF does and one token is drawn per row.
+        noise (torch.Tensor | None): uniforms in [0, 1] of ``logits``' shape; required when ``sampling.do_sample``.
+
+    Returns:
+        torch.Tensor: ``logits.shape[:-1]`` int64.
+    """
+    if not sampling.do_sample:
+        return logits.argmax(dim=-1)
+    if noise is None or noise.shape != logits.shape:
+        got = None if noise is None else tuple(noise.shape)
+        raise ValueError(f"do_sample=True needs noise of shape {tuple(logits.shape)} (uniforms), got {got}.")
+    log_p = torch.log_softmax(process_logits(logits, sampling), dim=-1)  # fp32, -inf outside the support
+    return (log_p + gumbel_from_uniform(noise.float())).argmax(dim=-1)
+
+
+def _walk(tree: DeviceTree, choices: torch.Tensor, max_depth: int) -> Accept:
+    """Per row: from the root, step to the first real child carrying the current node's choice."""
+    rows = [
+        accept_path(t.tokens, t.parents, t.depth, t.valid, c, max_depth)
+        for t, c in zip((tree.row(b) for b in range(tree.tokens.shape[0])), choices, strict=True)
+    ]
+    return Accept.stack(rows)
+
+
+@dataclass(frozen=True)
+class Greedy:
+    """Greedy verification: walk from the root while a child carries the target's argmax; the bonus is the argmax
+    at the last accepted node. Exact for any tree at ``do_sample=False``."""
+
+    name = "greedy"
+
+    def check(self, sampling: SamplingParams, tree) -> None:
+        if sampling.do_sample:
+            raise ValueError(
+                "verifier=Greedy() is exact only for do_sample=False; use verifier=SampleMatch() (or leave "
+                "verifier unset) to sample."
+            )
+
+    def uses_noise(self, sampling: SamplingParams) -> bool:
+        return False
+
+    def accept(self, tree, logits, sampling, noise, max_depth):
+        return _walk(tree, logits.argmax(dim=-1), max_depth)
+
+
+@dataclass(frozen=True)
+class SampleMatch:
+    """Sample-and-match: draw one target sample per node from its HF-processed distribution, then walk along the
+    samples. Lossless for any deterministic tree at any temperature (every emitted token is a genuine target
+    sample); at ``do_sample=False`` the samples are the argmax and it is :class:`Greedy`."""
+
+    name = "sample-match"
+
+    def check(self, sampling: SamplingParams, tree) -> None:
+        return None
+
+    def uses_noise(self, sampling: SamplingParams) -> bool:
+        return sampling.do_sample
+
+    def accept(self, tree, logits, sampling, noise, max_depth):
+        return _walk(tree, target_choices(logits, sampling, noise), max_depth)
+
+
+def default_rule(sampling: SamplingParams) -> VerificationRule:
+    """``Greedy()`` at ``do_sample=False``, else ``SampleMatch()``."""
+    return SampleMatch() if sampling.do_sample else Greedy()
+
+
+RULES: dict[str, type] = {"greedy": Greedy, "sample-match": SampleMatch}
+"""Verification rules by name (the hydra ``verifier=`` group, the bench)."""
+
+
+def register_rule(name: str, rule: type) -> type:
+    """Make ``rule`` (a class implementing :class:`VerificationRule`) selectable as ``name``; returns it."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_rule: name must be a non-empty string, got {name!r}.")
+    RULES[name] = rule
+    return rule
