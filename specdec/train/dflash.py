@@ -135,6 +135,11 @@ class TrainConfig:
             )
         if not str(self.out_dir):
             raise ValueError("out_dir is required: the folder the drafter checkpoint is written to.")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 1:
+            raise ValueError(
+                f"max_steps={self.max_steps!r} is not a step count: give an int >= 1 (optimizer steps), "
+                f"e.g. max_steps=500."
+            )
         if self.seq_len < self.block_size + 1:
             raise ValueError(f"seq_len={self.seq_len} must exceed block_size={self.block_size} (anchors need room).")
         if self.num_anchors > self.seq_len - self.block_size:
@@ -327,7 +332,12 @@ def train_dflash(cfg: TrainConfig) -> dict:
             raise ValueError(f"corpus is required: corpus_cache {cfg.corpus_cache} does not exist yet.")
         check_sources(cfg.corpus)
     with StagedOutput(cfg.out_dir) as output:
-        return _train(cfg, output)
+        summary = _train(cfg, output)
+    logger.info(
+        "saved the drafter (config.json, model.safetensors), train_log.jsonl and train_summary.json to %s",
+        output.out_dir.resolve(),
+    )
+    return summary
 
 
 def _train(cfg: TrainConfig, output: StagedOutput) -> dict:
@@ -465,6 +475,7 @@ def _train(cfg: TrainConfig, output: StagedOutput) -> dict:
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             step += 1
+            info = None
             if step % cfg.log_every == 0 or step == 1:
                 rec = {
                     "step": step,
@@ -476,8 +487,9 @@ def _train(cfg: TrainConfig, output: StagedOutput) -> dict:
                 }
                 losses.append(rec)
                 append_jsonl(log_path, rec)
-                bar.update(step, f"loss {rec['loss']:.3f} acc1 {metrics['acc1']:.2f} accept {metrics['accept']:.2f}")
+                info = f"loss {rec['loss']:.3f} acc1 {metrics['acc1']:.2f} accept {metrics['accept']:.2f}"
                 logger.debug("step %d loss %.4f", step, rec["loss"])
+            bar.update(step, info)  # every step, so the bar (and its final line off a terminal) ends at the last
             if cfg.eval_every and step % cfg.eval_every == 0:
                 evaluate()
             if cfg.save_every and step % cfg.save_every == 0:

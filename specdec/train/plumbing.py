@@ -3,7 +3,8 @@
 Local paths resolve independently of the working directory (``specdec.paths``). A run writes into a hidden
 folder beside ``out_dir``; its files move into ``out_dir`` only when it succeeds, so a failed run leaves no
 half-written checkpoint there. Checkpoints in the staging folder are replaced file by file, so an interrupted
-save never corrupts the previous one.
+save never corrupts the previous one. Folders and files get the permissions of the process umask (0755 / 0644
+under 022), like any file the run writes, not the private ones of temporary files.
 """
 
 from __future__ import annotations
@@ -22,6 +23,17 @@ from specdec.paths import is_local_path, resolve_path, zoo_dir
 __all__ = ["Progress", "StagedOutput", "append_jsonl", "load_tokenizer", "pick_device", "resolve_local"]
 
 logger = logging.getLogger(__name__)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _share(path: Path) -> None:
+    """Give ``path`` the permissions a plain ``open`` / ``mkdir`` would (temporary files are private)."""
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
 def resolve_local(path: str) -> str:
@@ -74,6 +86,7 @@ class StagedOutput:
         parent = self.out_dir.resolve().parent
         parent.mkdir(parents=True, exist_ok=True)
         self.path = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.resolve().name}.partial-", dir=parent))
+        _share(self.path)  # it becomes out_dir when out_dir does not exist yet
         return self
 
     def save(self, drafter, *, dtype, step: int) -> None:
@@ -81,6 +94,7 @@ class StagedOutput:
         scratch = Path(tempfile.mkdtemp(prefix=".save-", dir=self.path))
         drafter.save_pretrained(scratch, dtype=dtype)
         for item in scratch.iterdir():
+            _share(item)
             os.replace(item, self.path / item.name)
         scratch.rmdir()
         self.saved_step = step
@@ -145,6 +159,8 @@ class Progress:
         if self.bar is not None:
             self.bar.__exit__(*exc)
 
-    def update(self, step: int, info: str) -> None:
+    def update(self, step: int, info: str | None = None) -> None:
+        """Show ``step`` steps done; ``info`` replaces the text after the bar (None keeps the last one)."""
         if self.bar is not None:
-            self.bar.update(self.task, completed=step, info=info)
+            fields = {} if info is None else {"info": info}
+            self.bar.update(self.task, completed=step, **fields)

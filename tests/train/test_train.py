@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 
 import pytest
 import torch
@@ -232,3 +234,40 @@ def test_failed_run_keeps_its_last_checkpoint_aside(tmp_path, monkeypatch, caplo
     (kept,) = [p for p in tmp_path.iterdir() if p.name.startswith(".out.partial-")]
     assert "the checkpoint of step 5 is kept in" in caplog.text and str(kept) in caplog.text
     assert DFlashDrafter.from_pretrained(kept, target=target, strict=True).config.block_size == 4
+
+
+@pytest.mark.parametrize("steps", [0, -1, True])
+def test_max_steps_below_one_is_refused_before_any_work(tmp_path, steps):
+    with pytest.raises(ValueError, match=r"max_steps=.* int >= 1.*e\.g\. max_steps=\d+"):
+        TrainConfig(target="t", out_dir=str(tmp_path / "out"), corpus=str(tmp_path), max_steps=steps)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_logs_where_it_saved(tmp_path, caplog):
+    cfg, _, _ = small_run(tmp_path, max_steps=2)
+    with caplog.at_level(logging.INFO, logger="specdec.train"):
+        train_dflash(cfg)
+    last = caplog.records[-1].getMessage()
+    assert "saved" in last and last.endswith(str((tmp_path / "out").resolve()))
+
+
+def test_progress_reaches_the_last_step_between_log_lines(tmp_path, capsys):
+    cfg, _, _ = small_run(tmp_path, max_steps=5, log_every=10, progress=True)
+    train_dflash(cfg)
+    shown = capsys.readouterr().out  # not a terminal: the bar's final state only
+    assert "5/5" in shown and "1/5" not in shown
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_checkpoint_files_get_the_umask_permissions(tmp_path, umask):
+    cfg, _, _ = small_run(tmp_path, max_steps=2, save_every=1)
+    old = os.umask(umask)
+    try:
+        train_dflash(cfg)
+    finally:
+        os.umask(old)
+    out = tmp_path / "out"
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "train_log.jsonl", "train_summary.json"} <= set(modes)
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)
