@@ -1,5 +1,6 @@
 """Bench settings and method specs: ``BenchConfig`` (the defaults of ``specdec/conf/bench.yaml``), plain-dict
-method specs turned into ``Method`` objects, and ``main_bench``, which loads everything and runs the bench.
+method specs turned into ``Method`` objects, and ``main_bench``, which loads everything, runs the bench, prints
+the summary and writes the report.
 """
 
 from __future__ import annotations
@@ -8,19 +9,28 @@ import itertools
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.harness import Method, run_bench
-from specdec.loading import build_drafter, load_prompts, load_target, resolve_device, zoo_dir
-from specdec.runtime import check_compile
-from specdec.target import TargetModel
-from specdec.trees import Chain, DDTree
-from specdec.trees import TreePolicy as TreeSpec
+import torch
 
-__all__ = ["DEFAULT_METHODS", "BenchConfig", "main_bench", "methods_from_specs"]
+import specdec
+from specdec.bench.harness import Method, run_bench
+from specdec.bench.hf import HF_KINDS
+from specdec.loading import load_prompts, load_target, resolve_device, resolve_model_path, zoo_dir
+
+__all__ = [
+    "DEFAULT_METHODS",
+    "BenchConfig",
+    "check_compile_setting",
+    "check_method_specs",
+    "default_out_dir",
+    "main_bench",
+    "methods_from_specs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +43,21 @@ DEFAULT_METHODS: tuple[dict, ...] = (
     {"name": "ddtree", "drafter": {"kind": "dflash"}, "tree": {"kind": "ddtree", "budget": [15, 32], "topk": [8]}},
 )
 
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+METHOD_KEYS = ("name", "hf", "drafter", "tree", "cuda_graphs", "compile", "env")
+TREE_FIELDS = {"chain": {"k"}, "ddtree": {"budget", "topk"}}
+DRAFTER_KEYS = {
+    "none": set(),
+    "ngram": {"max_ngram", "min_ngram", "max_matches"},
+    "model": {"path", "truncate_layers", "tree_depth"},
+    "dflash": {"path", "strict", "init", "num_layers", "block_size", "num_taps", "scale", "seed"},
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig:
-    """Settings of ``main_bench``; ``python -m specdec bench`` fills them from ``bench.yaml`` and its groups.
+    """Settings of ``main_bench``; ``python -m specdec bench`` fills them from ``bench.yaml``, its groups and an
+    experiment (``+experiment=NAME``).
 
     Args:
         target (str): target checkpoint folder (a name inside the zoo resolves). Default `target-dense`.
@@ -51,14 +72,33 @@ class BenchConfig:
         max_new_tokens (int): tokens generated per prompt. Default `128`.
         temperatures (list[float]): 0 = greedy. Default `[0.0]`.
         warmup (int): untimed passes over all prompts per method before timing (0 = cold). Default `1`.
+        repeat (int): timed passes per method (the report lists each pass's tok/s). Default `1`.
+        interleave (bool): pass p of every method before pass p + 1 of any (warm-up passes too). Default `false`.
         device (str): "auto" = the current accelerator if there is one, else CPU. Default `auto`.
         dtype (str): torch dtype name, or "auto" = bfloat16 on an accelerator, float32 on CPU. Default `auto`.
         hybrid_mode (str): ``exact`` or ``snapshot`` state handling of hybrid targets. Default `exact`.
         cuda_graphs (bool | None): passed to ``generate`` when set. Default `null`.
         compile (bool | str | dict | None): passed to ``generate`` when set (``true``, a mode name or a dict of
             inductor options). Default `null`.
-        graph_floor (bool): time one CUDA-graph-captured 1-token target forward (CUDA only). Default `true`.
-        out_dir (str): output folder. Default `bench_out`.
+        graph_floor (bool): time one CUDA-graph-captured 1-token target forward and the weights' bandwidth floor
+            (CUDA only). Default `true`.
+        eager_compare (bool | list[str]): decode the greedy cases again with ``cuda_graphs=False`` (every specdec
+            method, or the named ones) and report the share of identical outputs. Default `false`.
+        tau_reference (bool): also report τ counted as reference loops count it (whole rounds). Default `false`.
+        memory_rounds (int): CUDA: allocated memory before and after this many more rounds of a DDTree method
+            (0 = no check). Default `0`.
+        profile (bool): one warm call per method under ``torch.profiler``: ``profile.md`` and the traces.
+            Default `false`.
+        compare_to (str | None): an earlier run folder whose tokens every row is compared with. Default `null`.
+        compare_against (str | None): compare with this method of ``compare_to`` (e.g. ``hf-generate``) instead
+            of the same method. Default `null`.
+        random_target (dict | None): a random-weight target instead of ``target``: ``{preset: qwen3-8b |
+            qwen3.5-hybrid-8b, layers, prompt_tokens, config}`` (see ``specdec.bench.synthetic``). Default `null`.
+        inductor_cache_dir (str | None): torch inductor's cache folder for this run (reused across runs).
+            Default `null`.
+        title (str | None): the report's title (experiments set their name). Default `null`.
+        out_dir (str | None): output folder; null = hydra's run folder (``outputs/bench/<date>/<time>``).
+            Default `null`.
         seed (int): base seed of the per-prompt generators. Default `0`.
         ignore_eos (bool): decode exactly ``max_new_tokens`` tokens. Default `false`.
         top_k (int | None): sampling filter for temperatures > 0. Default `null`.
@@ -79,13 +119,24 @@ class BenchConfig:
     max_new_tokens: int = 128
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     warmup: int = 1
+    repeat: int = 1
+    interleave: bool = False
     device: str = "auto"
     dtype: str = "auto"
     hybrid_mode: str = "exact"
     cuda_graphs: bool | None = None
     compile: bool | str | dict | None = None
     graph_floor: bool = True
-    out_dir: str = "bench_out"
+    eager_compare: bool | list[str] = False
+    tau_reference: bool = False
+    memory_rounds: int = 0
+    profile: bool = False
+    compare_to: str | None = None
+    compare_against: str | None = None
+    random_target: dict | None = None
+    inductor_cache_dir: str | None = None
+    title: str | None = None
+    out_dir: str | None = None
     seed: int = 0
     ignore_eos: bool = False
     top_k: int | None = None
@@ -99,13 +150,54 @@ class BenchConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r}: give an int >= 1, or None for all.")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be an int >= 1.")
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warmup={self.warmup!r} must be an int >= 0 (untimed passes over all prompts).")
+        for name, low in (("warmup", 0), ("repeat", 1), ("memory_rounds", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r} must be an int >= {low}.")
         if not self.temperatures:
             raise ValueError("temperatures is empty: give at least one, e.g. [0.0].")
-        check_compile(self.compile)
+        if self.hybrid_mode not in ("exact", "snapshot"):
+            raise ValueError(f"hybrid_mode={self.hybrid_mode!r}: use exact or snapshot.")
+        if not isinstance(self.eager_compare, bool) and not (
+            isinstance(self.eager_compare, list | tuple) and all(isinstance(n, str) for n in self.eager_compare)
+        ):
+            raise ValueError(f"eager_compare={self.eager_compare!r}: give true, false or a list of method names.")
+        if self.compare_against is not None and self.compare_to is None:
+            raise ValueError("compare_against names a method of compare_to: give compare_to=<an earlier run folder>.")
+        if self.random_target is not None:
+            from specdec.bench.synthetic import check_random_target
+
+            check_random_target(self.random_target)
+        check_compile_setting(self.compile)
+        check_method_specs(self.methods, custom_drafters=None)  # main_bench may add drafter kinds
+
+
+def check_compile_setting(compile) -> None:
+    """Refuse a ``compile`` setting ``generate`` cannot use, before anything is loaded: a bool or None, a mode of
+    ``COMPILE_MODES`` (specdec captures the CUDA graphs itself) or a non-empty dict of inductor options."""
+    if compile is None or isinstance(compile, bool):
+        return
+    if isinstance(compile, str):
+        if compile not in COMPILE_MODES:
+            raise ValueError(
+                f"compile={compile!r}: use true, {' or '.join(repr(m) for m in COMPILE_MODES)} (specdec captures "
+                "the CUDA graphs itself, so no cudagraph mode), or a dict of inductor options."
+            )
+        return
+    if isinstance(compile, Mapping):
+        if not compile:
+            raise ValueError("compile={}: use true for inductor's defaults, or name the options to set.")
+        if compile.get("triton.cudagraphs"):
+            raise ValueError("compile={'triton.cudagraphs': True}: specdec captures the CUDA graphs itself.")
+        import torch._inductor
+
+        unknown = [k for k in compile if k not in torch._inductor.list_options()]
+        if unknown:
+            raise ValueError(f"compile options {unknown!r} are not inductor options (torch._inductor.list_options()).")
+        return
+    raise ValueError(f"compile={compile!r}: use a bool, a mode name or a dict of inductor options.")
 
 
 DrafterFactory = Callable[..., object]
@@ -118,29 +210,98 @@ def _resolve_path(path: str | os.PathLike) -> str:
     return str(zoo_dir() / path)
 
 
-def _tree_specs(spec: Mapping | None) -> list[tuple[str, TreeSpec | None]]:
-    """Expand a tree spec whose fields may be lists into (suffix, TreeSpec) pairs, in product order."""
+def _tree_specs(spec: Mapping | None) -> list[tuple[str, object | None]]:
+    """Expand a tree spec whose fields may be lists into (suffix, tree) pairs, in product order."""
     if spec is None:
         return [("", None)]
     spec = dict(spec)
     kind = spec.pop("kind", "ddtree" if "budget" in spec else "chain")
+    if kind not in TREE_FIELDS:
+        raise ValueError(f"Unknown tree kind {kind!r}: use 'chain' (k) or 'ddtree' (budget, topk).")
+    unknown = set(spec) - TREE_FIELDS[kind]
+    if unknown:
+        raise ValueError(
+            f"tree {{kind: {kind}}} has unknown fields {sorted(unknown)}; it takes {sorted(TREE_FIELDS[kind])}."
+        )
     values = {k: v if isinstance(v, list | tuple) else [v] for k, v in spec.items()}
     combos = [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]
     if kind == "chain":
-        return [(f"chain{c.get('k', 4)}", Chain(**c)) for c in combos]
-    if kind == "ddtree":
-        out = []
-        for c in combos:
-            tree = DDTree(**c)
-            out.append((f"ddtree-b{tree.budget}-k{'b' if tree.topk is None else tree.topk}", tree))
-        return out
-    raise ValueError(f"Unknown tree kind {kind!r}: use 'chain' (k) or 'ddtree' (budget, topk).")
+        return [(f"chain{c.get('k', 4)}", specdec.Chain(**c)) for c in combos]
+    out = []
+    for c in combos:
+        tree = specdec.DDTree(**c)
+        out.append((f"ddtree-b{tree.budget}-k{'b' if tree.topk is None else tree.topk}", tree))
+    return out
+
+
+def _drafter_spec(spec) -> dict | None:
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return {"kind": spec}
+    if isinstance(spec, Mapping) and "kind" in spec:
+        return dict(spec)
+    raise ValueError(f"drafter {spec!r}: give a kind (none, ngram, model, dflash) or {{kind: ..., ...}}.")
+
+
+def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[str] | None = ()) -> None:
+    """Refuse malformed method specs without loading anything: unknown keys, HF kinds, drafter kinds or their
+    settings, tree kinds or fields, ``compile`` and ``env`` values.
+
+    Args:
+        specs (Sequence[Mapping]): the method specs.
+        custom_drafters (Sequence[str] | None): drafter kinds of ``drafter_factories`` (their settings are not
+            checked); None accepts any kind besides the built-in ones. Default ().
+    """
+    if not isinstance(specs, list | tuple) or not specs:
+        raise ValueError("methods is empty: give at least one method spec, e.g. [{name: ar}].")
+    for spec in specs:
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"Method spec {spec!r} is not a mapping; e.g. {{name: ar}}.")
+        unknown = set(spec) - set(METHOD_KEYS)
+        if unknown:
+            raise ValueError(
+                f"Method spec {dict(spec)} has unknown keys {sorted(unknown)}; use {', '.join(METHOD_KEYS)}."
+            )
+        if spec.get("hf") is not None and spec["hf"] not in HF_KINDS:
+            raise ValueError(f"Method spec {dict(spec)}: hf={spec['hf']!r}; choose one of {HF_KINDS}.")
+        drafter = _drafter_spec(spec.get("drafter"))
+        if drafter is not None:
+            kind = drafter.pop("kind")
+            custom = kind in (custom_drafters or ())
+            if kind not in DRAFTER_KEYS and not custom and custom_drafters is not None:
+                raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model or dflash.")
+            extra = set(drafter) - DRAFTER_KEYS[kind] if kind in DRAFTER_KEYS and not custom else set()
+            if extra:
+                raise ValueError(
+                    f"drafter {{kind: {kind}}} has unknown settings {sorted(extra)}; it takes "
+                    f"{sorted(DRAFTER_KEYS[kind]) or 'none'}."
+                )
+        _tree_specs(spec.get("tree"))
+        check_compile_setting(spec.get("compile"))
+        env = spec.get("env")
+        if env is not None and not isinstance(env, Mapping):
+            raise ValueError(f"Method spec {dict(spec)}: env must map variable names to values.")
 
 
 def _attention_only(target) -> bool:
-    from specdec.state.kv import KVState
+    """True for targets whose every layer is attention (HF assisted generation needs one)."""
+    if target is None:
+        return True
+    config = getattr(target, "config", None)
+    attention = {"full_attention", "sliding_attention", "chunked_attention", "attention"}
+    for key in ("layer_types", "layers_block_type"):
+        kinds = getattr(config, key, None)
+        if kinds and not set(kinds) <= attention:
+            return False
+    model_type = str(getattr(config, "model_type", ""))
+    return not any(name in model_type for name in ("mamba", "rwkv", "xlstm"))
 
-    return target is None or isinstance(TargetModel.wrap(target).state, KVState)
+
+def _series(base: str, tree) -> str | None:
+    if isinstance(tree, specdec.DDTree):
+        return f"{base} topk={'budget' if tree.topk is None else tree.topk}"
+    return None
 
 
 def methods_from_specs(
@@ -155,35 +316,34 @@ def methods_from_specs(
 
     A spec is ``{"name"?: str, "hf"?: "generate" | "static" | "assisted", "drafter"?: None | kind |
     {"kind": kind, **kwargs}, "tree"?: None | {"kind": "chain", "k": int | list} | {"kind": "ddtree",
-    "budget": int | list, "topk": int | None | list}}``. Drafters are built once per distinct drafter spec, by
-    ``drafter_factories[kind](target, tokenizer, **kwargs)`` when given, else by ``specdec.loading.build_drafter``
-    (``{kind: dflash}`` without ``path`` loads ``dflash``). ``hf: assisted`` takes the small model of a
-    ``model`` drafter; it is skipped, with a warning, on targets with recurrent layers (HF's assisted
-    generation needs an attention-only target).
+    "budget": int | list, "topk": int | None | list}, "cuda_graphs"?: bool, "compile"?: ..., "env"?: {VAR:
+    value}}``. Drafters are built once per distinct drafter spec, by ``drafter_factories[kind](target, tokenizer,
+    **kwargs)`` when given, else from the public drafter classes: ``ngram`` (``NGramDrafter``), ``model``
+    (``ModelDrafter``: ``path``, or the target's first ``truncate_layers`` layers), ``dflash``
+    (``DFlashDrafter.from_pretrained``; without ``path`` it loads ``dflash``; ``init: random`` builds a random one
+    of the target's width, ``specdec.bench.synthetic.random_dflash``). ``hf: assisted`` takes the small model of a
+    ``model`` drafter; it is skipped, with a warning, on targets with recurrent layers (HF's assisted generation
+    needs an attention-only target).
     """
     factories = dict(drafter_factories or {})
+    check_method_specs(specs, custom_drafters=list(factories))
     built: dict[str, object] = {}
     methods = []
     for spec in specs:
-        unknown = set(spec) - {"name", "drafter", "tree", "hf"}
-        if unknown:
-            raise ValueError(
-                f"Method spec {dict(spec)} has unknown keys {sorted(unknown)}; use name, hf, drafter, tree."
-            )
         if spec.get("hf") == "assisted" and not _attention_only(target):
             logger.warning("skipping %s: HF assisted generation needs an attention-only target", spec.get("name"))
             continue
-        drafter_spec = spec.get("drafter")
-        if isinstance(drafter_spec, str):
-            drafter_spec = {"kind": drafter_spec}
+        drafter_spec = _drafter_spec(spec.get("drafter"))
         drafter = None
         if drafter_spec is not None and drafter_spec.get("kind") != "none":
-            key = json.dumps(dict(drafter_spec), sort_keys=True, default=str)
+            key = json.dumps(drafter_spec, sort_keys=True, default=str)
             if key not in built:
                 built[key] = _build(dict(drafter_spec), target, tokenizer, factories, dflash)
             drafter = built[key]
+        overrides = {k: spec.get(k) for k in ("cuda_graphs", "compile", "env")}
         if spec.get("hf"):
-            methods.append(Method(name=spec.get("name") or f"hf-{spec['hf']}", hf=spec["hf"], drafter=drafter))
+            name = spec.get("name") or f"hf-{spec['hf']}"
+            methods.append(Method(name=name, hf=spec["hf"], drafter=drafter, env=overrides["env"]))
             continue
         base = spec.get("name") or (drafter_spec["kind"] if drafter_spec else "ar")
         trees = _tree_specs(spec.get("tree")) if drafter is not None else [("", None)]
@@ -194,7 +354,7 @@ def methods_from_specs(
                 name = suffix
             else:
                 name = f"{base}/{suffix}"
-            methods.append(Method(name=name, drafter=drafter, tree=tree))
+            methods.append(Method(name=name, drafter=drafter, tree=tree, series=_series(base, tree), **overrides))
     return methods
 
 
@@ -202,19 +362,44 @@ def _build(kwargs: dict, target, tokenizer, factories: Mapping, dflash: str | No
     kind = kwargs.pop("kind")
     if kind in factories:
         return factories[kind](target, tokenizer, **kwargs)
-    if kind == "dflash" and not kwargs.get("path"):
-        if dflash is None:
+    if kind == "ngram":
+        return specdec.NGramDrafter(**{k: int(v) for k, v in kwargs.items()})
+    if kind == "model":
+        depth = int(kwargs.get("tree_depth", 8))
+        if kwargs.get("path"):
+            param = next(target.parameters())
+            path = resolve_model_path(_resolve_path(kwargs["path"]))
+            small = load_target(path, device=param.device, dtype=param.dtype)
+            return specdec.ModelDrafter(small, tree_depth=depth)
+        return specdec.ModelDrafter.from_target_layers(target, int(kwargs.get("truncate_layers", 2)), tree_depth=depth)
+    if kind == "dflash":
+        if kwargs.pop("init", None) == "random":
+            from specdec.bench.synthetic import random_dflash
+
+            return random_dflash(target, **kwargs)
+        path = kwargs.get("path") or dflash
+        if not path:
             raise ValueError("A {kind: dflash} method has no path: give drafter.path or the bench setting dflash=.")
-        kwargs["path"] = dflash
-    if kwargs.get("path"):
-        kwargs["path"] = _resolve_path(kwargs["path"])
-    return build_drafter(kind, target, **kwargs)
+        path = resolve_model_path(_resolve_path(path), what="DFlash checkpoint folder")
+        return specdec.DFlashDrafter.from_pretrained(path, target=target, strict=bool(kwargs.get("strict", False)))
+    raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model or dflash.")
+
+
+def default_out_dir() -> Path:
+    """``outputs/bench/<date>/<time>`` under the working directory (the folder hydra gives the bench's runs)."""
+    return Path("outputs") / "bench" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
+
+
+def _short(path: str) -> str:
+    """A checkpoint path as the report names it: the folder name of a local path, a hub id unchanged."""
+    return Path(path).name if Path(path).exists() else path
 
 
 def main_bench(
     cfg: BenchConfig | Mapping, *, drafter_factories: Mapping[str, DrafterFactory] | None = None
 ) -> list[dict]:
-    """Load the target, tokenizer, prompts and methods named in ``cfg``, run the benchmark, write the report.
+    """Load the target, tokenizer, prompts and methods named in ``cfg``, run the benchmark, write the report and
+    print the summary table and the output folder.
 
     Args:
         cfg (BenchConfig | Mapping): the settings, or a plain dict of ``BenchConfig`` fields.
@@ -222,7 +407,8 @@ def main_bench(
             ``factory(target, tokenizer, **kwargs)``.
 
     Returns:
-        list[dict]: the rows; ``cfg.out_dir`` receives results.jsonl, results.md, plot.png and meta.json.
+        list[dict]: the rows; ``cfg.out_dir`` (default ``default_out_dir()``) receives results.jsonl, results.md,
+        plot.png and meta.json (and profile.md with ``profile``).
     """
     from transformers import AutoTokenizer
 
@@ -231,33 +417,72 @@ def main_bench(
         if unknown:
             raise ValueError(f"Unknown bench settings {sorted(unknown)}; see specdec.bench.BenchConfig.")
         cfg = BenchConfig(**cfg)
+    if cfg.inductor_cache_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cfg.inductor_cache_dir).expanduser().resolve())
     device, dtype = resolve_device(cfg.device, cfg.dtype)
-    target_path = _resolve_path(cfg.target)
-    model = load_target(target_path, device=device, dtype=dtype, attn_implementation=cfg.attn_implementation)
-    target = TargetModel.wrap(model, hybrid_mode=cfg.hybrid_mode)
-    tokenizer = AutoTokenizer.from_pretrained(_resolve_path(cfg.tokenizer or target_path))
-    prompts = load_prompts(cfg.prompts, limit=cfg.num_prompts, text=cfg.prompt_text)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device=cuda but torch sees no CUDA device; use device=auto or device=cpu.")
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir()
+    if cfg.random_target is not None:
+        from specdec.bench.synthetic import describe_random_target, random_prompts, random_target
+
+        model = random_target(cfg.random_target, device=device, dtype=dtype, seed=cfg.seed)
+        tokenizer = None
+        prompt_tokens = int(cfg.random_target.get("prompt_tokens") or 512)
+        prompts = random_prompts(model, num_prompts=cfg.num_prompts or 1, prompt_tokens=prompt_tokens, seed=cfg.seed)
+        target_path = target_name = describe_random_target(cfg.random_target, model)
+    else:
+        target_path = _resolve_path(cfg.target)
+        model = load_target(target_path, device=device, dtype=dtype, attn_implementation=cfg.attn_implementation)
+        tokenizer = AutoTokenizer.from_pretrained(_resolve_path(cfg.tokenizer or target_path))
+        prompts = load_prompts(cfg.prompts, limit=cfg.num_prompts, text=cfg.prompt_text)
+        target_name = _short(target_path)
     methods = methods_from_specs(
         cfg.methods, target=model, tokenizer=tokenizer, drafter_factories=drafter_factories, dflash=cfg.dflash
     )
-    return run_bench(
-        target,
+    rows = run_bench(
+        model,
         tokenizer,
         prompts,
         methods,
         max_new_tokens=cfg.max_new_tokens,
         temperatures=[float(t) for t in cfg.temperatures],
         warmup=cfg.warmup,
-        out_dir=cfg.out_dir,
+        repeat=cfg.repeat,
+        interleave=cfg.interleave,
+        out_dir=out_dir,
         seed=cfg.seed,
         max_prompt_tokens=cfg.max_prompt_tokens,
         ignore_eos=cfg.ignore_eos,
         top_k=cfg.top_k,
         top_p=cfg.top_p,
         hf_baseline=cfg.hf_baseline,
+        hybrid_mode=cfg.hybrid_mode,
         cuda_graphs=cfg.cuda_graphs,
         compile=cfg.compile,
         graph_floor=cfg.graph_floor,
+        eager_compare=list(cfg.eager_compare) if not isinstance(cfg.eager_compare, bool) else cfg.eager_compare,
+        tau_reference=cfg.tau_reference,
+        memory_rounds=cfg.memory_rounds,
+        profile=cfg.profile,
+        compare_to=cfg.compare_to,
+        compare_against=cfg.compare_against,
         progress=cfg.progress,
-        meta={"config": asdict(cfg), "target": target_path},
+        meta={"config": asdict(cfg), "target": target_path, "target_name": target_name, "title": cfg.title},
     )
+    print_summary(rows, out_dir, title=cfg.title)
+    return rows
+
+
+def print_summary(rows: Sequence[dict], out_dir: str | os.PathLike, *, title: str | None = None) -> None:
+    """The bench's closing output: the summary table, then the output folder and its files."""
+    from rich.console import Console
+
+    from specdec.bench.report import aggregate, summary_table
+
+    console = Console()
+    console.print(summary_table(aggregate(rows), title=f"specdec bench: {title}" if title else "specdec bench"))
+    files = [
+        name for name in ("results.md", "plot.png", "results.jsonl", "profile.md") if (Path(out_dir) / name).exists()
+    ]
+    console.print(f"results in {Path(out_dir).resolve()}/ ({', '.join(files)})", markup=False, highlight=False)

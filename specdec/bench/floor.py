@@ -95,6 +95,5 @@ def bandwidth_floor(model, *, copy_mib: int = 1024) -> dict:
     y = torch.empty_like(x)
     y.copy_(x)
     ms = median_ms(lambda: y.copy_(x), device, iters=20)
-    del x, y
     bytes_per_s = 2 * copy_mib * 2**20 / (ms / 1e3)
     return {"weights_gb": weights / 1e9, "copy_tb_s": bytes_per_s / 1e12, "hbm_floor_ms": 1e3 * weights / bytes_per_s}

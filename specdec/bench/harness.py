@@ -542,7 +542,9 @@ def _memory_check(runners: Sequence[_Runner], ids: torch.Tensor, seed: int, roun
         done += max(int(out.stats.rounds), 1)
     torch.cuda.synchronize(ids.device)
     after = torch.cuda.memory_allocated(ids.device)
-    logger.info("memory: %.1f MiB before, %.1f MiB after %d rounds of %s", before / 2**20, after / 2**20, done, run.name)
+    logger.info(
+        "memory: %.1f MiB before, %.1f MiB after %d rounds of %s", before / 2**20, after / 2**20, done, run.name
+    )
     return {"method": run.name, "rounds": done, "before_mib": before / 2**20, "after_mib": after / 2**20}
 
 
@@ -579,7 +581,9 @@ def _compare_other_run(rows: list[dict], other: dict, against: str | None) -> No
 def _header(model, device, dtype, encoded, max_new_tokens: int, warmup: int, graph_floor: bool, meta) -> dict:
     """The facts every report states: target, prompts, max_new_tokens, device, dtype, commit, date, warm-up,
     graph floor."""
+    config = getattr(model, "config", None)
     header = {
+        "target_name": Path(getattr(config, "_name_or_path", "") or type(model).__name__).name,
         "prompts": len(encoded),
         "max_new_tokens": max_new_tokens,
         "warmup": warmup,

@@ -10,6 +10,7 @@ import torch
 from models import tiny_model
 
 import specdec
+from specdec import Chain, DDTree, NGramDrafter
 from specdec.bench import (
     Method,
     aggregate,
@@ -22,8 +23,6 @@ from specdec.bench import (
     write_report,
     zoo_dir,
 )
-from specdec.drafters import NGramDrafter
-from specdec.types import Chain, DDTree
 
 
 def _row(method, tree, temperature, prompt_id, *, tau, rounds, decode_tokens, decode_s, phase_ms, same=None, **kw):
@@ -95,13 +94,19 @@ def test_aggregate_without_ar_has_no_speedup(rows):
 def test_format_table_exact_lines(rows):
     lines = format_table(aggregate(rows)).splitlines()
     head = (
-        "| method | T | budget | topk | τ | tok/s (warm) | speedup | = AR | = HF | warm-up s | capture ms | compile ms "
-        "| draft ms | verify ms | accept ms |"
+        "| method | T | budget | topk | τ | tok/s (warm) | speedup | ms/round | prefill ms | = AR | = HF | warm-up s "
+        "| capture ms | compile ms | draft ms | verify ms | accept ms |"
     )
     assert lines[0] == head
-    assert lines[2] == "| ar | 0 | – | – | 1.00 | 7.5 | 1.00× | 100% | – | 0.0 | 0 | 0 | 0.10 | 13.33 | 0.00 |"
-    assert lines[3] == "| dd | 0 | 8 | 4 | 2.50 | 15.0 | 2.00× | 50% | – | 0.0 | 0 | 0 | 1.00 | 10.00 | 0.50 |"
-    assert lines[5] == "| dd | 1 | 8 | 4 | 1.50 | 6.0 | 1.50× | – | – | 0.0 | 0 | 0 | 0.00 | 10.00 | 0.00 |"
+    assert lines[2] == (
+        "| ar | 0 | – | – | 1.00 | 7.5 | 1.00× | 133.333 | 6.00 | 100% | – | 0.0 | 0 | 0 | 0.100 | 13.333 | 0.000 |"
+    )
+    assert lines[3] == (
+        "| dd | 0 | 8 | 4 | 2.50 | 15.0 | 2.00× | 200.000 | 7.00 | 50% | – | 0.0 | 0 | 0 | 1.000 | 10.000 | 0.500 |"
+    )
+    assert lines[5] == (
+        "| dd | 1 | 8 | 4 | 1.50 | 6.0 | 1.50× | 250.000 | 5.00 | – | – | 0.0 | 0 | 0 | 0.000 | 10.000 | 0.000 |"
+    )
     assert len(lines) == 6
 
 
@@ -112,7 +117,10 @@ def test_format_table_marks_rounds_that_ran_uncompiled(rows):
     summary = {(s["method"], s["temperature"]): s for s in aggregate(marked)}
     assert summary[("dd", 0.0)]["compile_fallbacks"] == 2
     lines = format_table(aggregate(marked)).splitlines()
-    want = "| dd | 0 | 8 | 4 | 2.50 | 15.0 | 2.00× | 50% | – | 0.0 | 0 | 10 (2 uncompiled) | 1.00 | 10.00 | 0.50 |"
+    want = (
+        "| dd | 0 | 8 | 4 | 2.50 | 15.0 | 2.00× | 200.000 | 7.00 | 50% | – | 0.0 | 0 | 10 (2 uncompiled) | 1.000 "
+        "| 10.000 | 0.500 |"
+    )
     assert lines[3] == want
     assert "uncompiled" not in format_table(aggregate(rows))
 

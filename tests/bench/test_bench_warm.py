@@ -16,6 +16,7 @@ from models import tiny_model
 from rich.console import Console
 from rich.progress import Progress
 
+from specdec import DDTree, ModelDrafter, NGramDrafter
 from specdec.bench import (
     DEFAULT_METHODS,
     BenchConfig,
@@ -27,8 +28,6 @@ from specdec.bench import (
     plot_summary,
     run_bench,
 )
-from specdec.drafters import ModelDrafter, NGramDrafter
-from specdec.types import DDTree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,14 +72,24 @@ def test_report_states_the_run_and_plot_axes_start_at_zero(tmp_path):
     text = (tmp_path / "results.md").read_text()
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True)
     first = text.splitlines()[2]
-    for fact in ("prompts 2", "max_new_tokens 8", "cpu", "float32", f"commit {commit.stdout.strip()}"):
+    facts = (
+        "target Qwen3ForCausalLM",
+        "prompts 2",
+        "max_new_tokens 8",
+        "cpu",
+        "float32",
+        f"commit {commit.stdout.strip()}",
+    )
+    for fact in facts:
         assert fact in first, (fact, first)
     assert time.strftime("%Y-%m-%d") in first
     assert text.startswith("# Benchmark (warm)") and "tok/s (warm)" in text and "graph-floor: n/a" in text
-    fig = plot_summary(aggregate(rows), tmp_path / "p.png", meta={"prompts": 2, "max_new_tokens": 8, "dtype": "x"})
-    assert "prompts 2 · max_new_tokens 8" in fig._suptitle.get_text()
+    meta = {"target": "t", "prompts": 2, "max_new_tokens": 8, "dtype": "x", "title": "mine"}
+    fig = plot_summary(aggregate(rows), tmp_path / "p.png", meta=meta)
+    assert fig._suptitle.get_text().startswith("mine: target t · prompts 2 · max_new_tokens 8 · ? · x")
     tok_s_axes = [ax for ax in fig.axes if ax.get_title().startswith("decode tok/s")]
-    assert tok_s_axes and all(ax.get_ylim()[0] == 0 for ax in tok_s_axes)
+    tau_axes = [ax for ax in fig.axes if ax.get_title().startswith("τ")]
+    assert tok_s_axes and tau_axes and all(ax.get_ylim()[0] == 0 for ax in fig.axes)
 
 
 @pytest.mark.parametrize("bad", [{"num_prompts": 0}, {"num_prompts": -2}, {"max_new_tokens": 0}, {"warmup": -1}])

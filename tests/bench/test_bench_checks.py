@@ -1,0 +1,145 @@
+"""The bench's passes and checks on tiny models: interleaved repeats, per-method environment, the eager-path
+comparison, whole-round τ, a comparison with an earlier run, profiling, and a random-weight target."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from models import tiny_model
+
+from specdec import Chain, DDTree, NGramDrafter
+from specdec.bench import BenchConfig, Method, aggregate, format_table, main_bench, run_bench
+
+
+class _Tok:
+    def __call__(self, text, return_tensors=None):
+        return type("Enc", (), {"input_ids": torch.tensor([[3 + ord(c) % 120 for c in text]])})()
+
+
+PROMPTS = [{"id": "a", "prompt": "abcabcabcab"}, {"id": "b", "prompt": "xyz xyz xyz"}]
+
+
+def _target():
+    return tiny_model("qwen3", scale=2.0)
+
+
+def _log_prefills(model, calls: list) -> None:
+    """Log the variable X at every forward that embeds a whole 11-token prompt (each call's prefill)."""
+
+    def hook(module, args, output):
+        if args[0].shape[-1] == 11:
+            calls.append(os.environ.get("X", ""))
+
+    model.get_input_embeddings().register_forward_hook(hook)
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_repeat_and_interleave_order_the_passes(interleave):
+    target, calls = _target(), []
+    _log_prefills(target, calls)
+    methods = [
+        Method(name="A", drafter=NGramDrafter(), tree=Chain(k=3), env={"X": "A"}),
+        Method(name="B", drafter=NGramDrafter(), env={"X": "B"}),
+    ]
+    rows = run_bench(
+        target, _Tok(), PROMPTS[:1], methods, max_new_tokens=6, warmup=1, repeat=2, interleave=interleave,
+        ignore_eos=True, progress=False,
+    )  # fmt: skip
+    assert "X" not in os.environ  # set around each method's calls only
+    assert calls[0] == ""  # the AR reference (the run has no AR method)
+    assert calls[1:] == (["A", "B", "A", "B", "A", "B"] if interleave else ["A", "A", "A", "B", "B", "B"])
+    assert [(r["method"], r["pass"]) for r in rows] == (
+        [("A", 0), ("B", 0), ("A", 1), ("B", 1)] if interleave else [("A", 0), ("A", 1), ("B", 0), ("B", 1)]
+    )
+    summary = {s["method"]: s for s in aggregate(rows)}
+    assert summary["A"]["passes"] == 2 and summary["A"]["prompts"] == 1 and len(summary["A"]["tok_s_passes"]) == 2
+    assert all(r["identical_to_ar"] for r in rows)
+
+
+def test_eager_compare_and_tau_reference(tmp_path):
+    methods = [Method(name="ar"), Method(name="tree", drafter=NGramDrafter(), tree=DDTree(budget=6, topk=2),
+                                         cuda_graphs=True)]  # fmt: skip
+    rows = run_bench(
+        _target(), _Tok(), PROMPTS, methods, max_new_tokens=8, warmup=0, ignore_eos=True, eager_compare=["tree"],
+        tau_reference=True, progress=False, out_dir=tmp_path,
+    )  # fmt: skip
+    tree = [r for r in rows if r["method"] == "tree"]
+    assert all(r["identical_to_eager"] is True for r in tree)
+    assert all(r.get("identical_to_eager") is None for r in rows if r["method"] == "ar")
+    assert all(r["tau_reference"] is not None and r["tau_reference"] >= 1 for r in tree)
+    summaries = aggregate(rows)
+    table = format_table(summaries)
+    assert "| = eager |" in table and "τ (whole rounds)" in table
+    assert "= eager: greedy tokens equal" in (tmp_path / "results.md").read_text()
+    with pytest.raises(ValueError, match="eager_compare names"):
+        run_bench(_target(), _Tok(), PROMPTS, methods, max_new_tokens=4, eager_compare=["nope"], progress=False)
+
+
+def test_compare_to_an_earlier_run(tmp_path):
+    methods = [Method(name="ar"), Method(name="ng", drafter=NGramDrafter(), tree=Chain(k=3))]
+    kwargs = dict(max_new_tokens=6, warmup=0, ignore_eos=True, progress=False)
+    run_bench(_target(), _Tok(), PROMPTS, methods, out_dir=tmp_path / "a", **kwargs)
+    rows = run_bench(_target(), _Tok(), PROMPTS, methods, out_dir=tmp_path / "b", compare_to=tmp_path / "a", **kwargs)
+    assert all(r["identical_to_run"] is True and r["first_difference"] is None for r in rows)
+    rows = run_bench(_target(), _Tok(), PROMPTS, methods, compare_to=tmp_path / "a", compare_against="ar", **kwargs)
+    assert all(r["identical_to_run"] for r in rows)  # lossless: every row equals AR's tokens
+    assert "= other run" in (tmp_path / "b" / "results.md").read_text()
+    with pytest.raises(ValueError, match="compare_against='nope'.*has no such method"):
+        run_bench(_target(), _Tok(), PROMPTS, methods, compare_to=tmp_path / "a", compare_against="nope", **kwargs)
+    with pytest.raises(FileNotFoundError, match="no results.jsonl"):
+        run_bench(_target(), _Tok(), PROMPTS, methods, compare_to=tmp_path / "none", **kwargs)
+
+
+def test_profile_writes_a_summary_and_a_trace_per_method(tmp_path):
+    methods = [Method(name="ar"), Method(name="ng/chain", drafter=NGramDrafter(), tree=Chain(k=3))]
+    run_bench(_target(), _Tok(), PROMPTS, methods, max_new_tokens=6, warmup=0, progress=False, profile=True,
+              out_dir=tmp_path)  # fmt: skip
+    text = (tmp_path / "profile.md").read_text()
+    assert "| ar | 0 |" in text and "| ng/chain | 0 |" in text and "## ng/chain, T=0" in text
+    traces = sorted(p.name for p in (tmp_path / "profile").iterdir())
+    assert traces == ["ar.trace.json", "ng_chain.trace.json"]
+    assert json.loads((tmp_path / "profile" / "ar.trace.json").read_text())["traceEvents"]
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert [p["method"] for p in meta["profile"]] == ["ar", "ng/chain"]
+    with pytest.raises(ValueError, match="out_dir"):
+        run_bench(_target(), _Tok(), PROMPTS, methods, max_new_tokens=4, profile=True, progress=False)
+
+
+def test_random_target_runs_a_random_dflash_drafter_on_cpu(tmp_path):
+    tiny = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16}  # fmt: skip
+    cfg = {
+        "random_target": {"preset": "qwen3-8b", "layers": 2, "prompt_tokens": 12, "config": tiny},
+        "device": "cpu", "dtype": "float32", "num_prompts": 1, "max_new_tokens": 6, "warmup": 0, "ignore_eos": True,
+        "progress": False, "out_dir": str(tmp_path), "title": "shape",
+        "methods": [{"name": "ar"}, {"name": "ddtree", "drafter": {"kind": "dflash", "init": "random", "num_layers": 1},
+                                     "tree": {"kind": "ddtree", "budget": [3, 7], "topk": 2}}],
+    }  # fmt: skip
+    rows = main_bench(cfg)
+    assert [r["method"] for r in rows] == ["ar", "ddtree-b3-k2", "ddtree-b7-k2"]
+    assert all(r["new_tokens"] == 6 and r["prompt_tokens"] == 12 and r["identical_to_ar"] for r in rows)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["target_name"].startswith("random qwen3-8b shape (2 layers")
+    assert (tmp_path / "results.md").read_text().startswith("# Benchmark: shape (cold)")
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        ({"repeat": 0}, "repeat"),
+        ({"eager_compare": "yes"}, "eager_compare"),
+        ({"compare_against": "hf-generate"}, "compare_to"),
+        ({"random_target": {"preset": "llama-70b"}}, "preset"),
+        ({"random_target": {"preset": "qwen3-8b", "width": 3}}, "unknown keys"),
+        ({"methods": [{"name": "x", "drafter": {"kind": "dflash", "budget": 3}}]}, "unknown settings"),
+        ({"methods": [{"name": "x", "tree": {"kind": "chain", "budget": 3}}]}, "unknown fields"),
+        ({"methods": [{"name": "x", "compile": "max-autotune"}]}, "max-autotune-no-cudagraphs"),
+        ({"hybrid_mode": "fast"}, "hybrid_mode"),
+    ],
+)
+def test_bench_config_refuses_bad_settings_before_loading(bad, error):
+    with pytest.raises(ValueError, match=error):
+        BenchConfig(**bad)
