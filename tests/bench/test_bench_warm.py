@@ -16,6 +16,7 @@ from models import tiny_model
 from rich.console import Console
 from rich.progress import Progress
 
+import specdec
 from specdec import DDTree, ModelDrafter, NGramDrafter
 from specdec.bench import (
     DEFAULT_METHODS,
@@ -40,24 +41,30 @@ class _Tok:
 PROMPTS = [{"id": "a", "prompt": "abcabcabcab"}, {"id": "b", "prompt": "xyz xyz xyz"}]
 
 
-class _CountingNGram(NGramDrafter):
-    calls = 0
+def _count_generate_calls(monkeypatch) -> list:
+    """Record the drafter of every ``specdec.generate`` call (the only library call the bench makes)."""
+    calls, real = [], specdec.generate
 
-    def prefill(self, ctx):
-        type(self).calls += 1
-        return super().prefill(ctx)
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("drafter"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(specdec, "generate", counted)
+    return calls
 
 
-def test_warm_up_decodes_every_prompt_before_timing_and_progress_counts_every_call():
-    _CountingNGram.calls = 0
+def test_warm_up_decodes_every_prompt_before_timing_and_progress_counts_every_call(monkeypatch):
+    calls = _count_generate_calls(monkeypatch)
     progress = Progress(console=Console(file=io.StringIO(), force_terminal=True))
-    methods = [Method(name="ar"), Method(name="ng", drafter=_CountingNGram(), tree=DDTree(budget=4, topk=2))]
+    drafter = NGramDrafter()
+    methods = [Method(name="ar"), Method(name="ng", drafter=drafter, tree=DDTree(budget=4, topk=2))]
     rows = run_bench(
         tiny_model("qwen3", scale=2.0), _Tok(), PROMPTS, methods, max_new_tokens=6, temperatures=[0.0, 1.0],
         warmup=1, ignore_eos=True, progress=progress,
     )  # fmt: skip
     cases = len(PROMPTS) * 2  # prompts x temperatures
-    assert _CountingNGram.calls == 2 * cases  # one untimed pass over every case, then the timed pass
+    # one untimed pass over every case, then the timed pass, method by method
+    assert calls == [None] * 2 * cases + [drafter] * 2 * cases
     (task,) = progress.tasks
     assert task.total == task.completed == len(methods) * cases * 2
     assert all(r["warmup_s"] > 0 and r["warmup_capture_ms"] == 0 and r["warmup_compile_ms"] == 0 for r in rows)
