@@ -68,6 +68,9 @@ def target_choices(logits: torch.Tensor, sampling: SamplingParams, noise: torch.
 
 def _walk(tree: DeviceTree, choices: torch.Tensor, max_depth: int) -> Accept:
     """Per row: from the root, step to the first real child carrying the current node's choice."""
+    if tree.num_slots == 1:  # the root alone (plain decoding): its choice is the bonus, nothing to walk
+        zeros = torch.zeros_like(choices)
+        return Accept(path=zeros, num_path=zeros[:, 0] + 1, tokens=choices)
     rows = [
         accept_path(t.tokens, t.parents, t.depth, t.valid, c, max_depth)
         for t, c in zip((tree.row(b) for b in range(tree.tokens.shape[0])), choices, strict=True)
