@@ -285,7 +285,7 @@ def format_notes(summaries: Sequence[dict], meta: Mapping | None = None) -> str:
 
 
 def environment(device) -> dict:
-    """Date, commit, library versions and the device name of a run."""
+    """Date, commit (``git rev-parse``, else ``$SPECDEC_COMMIT``), library versions and the device name of a run."""
     import platform
     import subprocess
     import time
@@ -299,6 +299,7 @@ def environment(device) -> dict:
         commit = sha.stdout.strip() or None
     except OSError:
         commit = None
+    commit = commit or os.environ.get("SPECDEC_COMMIT")  # a copy of the tree without its git folder
     device = torch.device(device)
     if device.type == "cuda":
         name = f"cuda: {torch.cuda.get_device_name(device)}"
