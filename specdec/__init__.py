@@ -1,13 +1,21 @@
 """specdec: exact, composable speculative decoding for HuggingFace causal LMs.
 
 ``specdec.generate(target, input_ids, drafter=..., tree=...)`` is a lossless drop-in for ``target.generate``.
+
+The names below load on first use, so ``python -m specdec --help`` and ``import specdec.cli`` stay free of torch
+and transformers.
 """
 
-from specdec.drafters import DFlashDrafter, ModelDrafter, NGramDrafter
-from specdec.generate import SpeculativeModel, generate
-from specdec.trees import TREES, Chain, DDTree, TreePolicy, register_tree
-from specdec.types import DraftTree, GenerateOutput, SamplingParams, SpecStats, VerifyResult
-from specdec.verify import RULES, Greedy, SampleMatch, VerificationRule, register_rule
+import importlib as _importlib
+import sys as _sys
+import types as _types  # not `types`: the package attribute `types` is the submodule specdec.types
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from specdec.drafters import DFlashDrafter, ModelDrafter, NGramDrafter
+    from specdec.generate import SpeculativeModel, generate
+    from specdec.trees import Chain, DDTree
+    from specdec.types import DraftTree, GenerateOutput, SamplingParams, SpecStats, VerifyResult
 
 __all__ = [
     "Chain",
@@ -25,3 +33,37 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+_HOME = {  # name -> the module it loads from (__all__ and the registries of trees and rules)
+    **dict.fromkeys(("DFlashDrafter", "ModelDrafter", "NGramDrafter"), "specdec.drafters"),
+    **dict.fromkeys(("SpeculativeModel", "generate"), "specdec.generate"),
+    **dict.fromkeys(("TREES", "Chain", "DDTree", "TreePolicy", "register_tree"), "specdec.trees"),
+    **dict.fromkeys(("DraftTree", "GenerateOutput", "SamplingParams", "SpecStats", "VerifyResult"), "specdec.types"),
+    **dict.fromkeys(("RULES", "Greedy", "SampleMatch", "VerificationRule", "register_rule"), "specdec.verify"),
+}
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(_types.ModuleType):
+    """``specdec.generate`` is the function, also once the submodule of that name is imported (the import system
+    would otherwise rebind the package attribute to the submodule, which stays in ``sys.modules``)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, _types.ModuleType) and _HOME.get(name) == value.__name__:
+            return  # the name resolves through __getattr__ on first use
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

@@ -6,6 +6,10 @@ python -m specdec bench target=hybrid num_prompts=5   |   python -m specdec trai
 
 Every command composes the same config groups (``target``, ``prompts``; ``generate`` also ``drafter``, ``tree``,
 ``sampling``); a key that the chosen group option does not define is an error, never silently ignored.
+
+A user error (a bad key or value, a missing file) prints one ``error: ...`` line and exits with status 2;
+``SPECDEC_DEBUG=1`` (or hydra's ``HYDRA_FULL_ERROR=1``) shows the traceback instead. torch and transformers load
+only when a command runs, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -17,12 +21,21 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-
 logger = logging.getLogger("specdec")
 
 _COMMANDS = {"generate": "config", "bench": "bench", "train": "train"}
 _GROUPS = ("target", "drafter", "tree", "sampling", "prompts")
+_COMMAND_GROUPS = {"generate": _GROUPS, "bench": ("target", "prompts"), "train": ("target", "prompts")}
+_INSTEAD = {  # what to use instead of a group that a command does not take
+    ("bench", "drafter"): "bench takes drafters and trees per method, e.g. "
+    "'methods=[{drafter: dflash, tree: {kind: ddtree, budget: [32]}}]'",
+    ("bench", "tree"): "bench takes trees per method, e.g. 'methods=[{drafter: dflash, tree: {kind: chain, k: 8}}]'",
+    ("bench", "sampling"): "bench samples at its temperatures=[...] (with top_k= and top_p=)",
+    ("train", "drafter"): "train builds the DFlash drafter itself: set its shape with num_layers=, block_size=, "
+    "target_layer_ids=, or start from a checkpoint with init_from=<folder>",
+    ("train", "tree"): "train does not decode; trees are settings of `python -m specdec` (generate) and bench methods",
+    ("train", "sampling"): "train does not decode; it evaluates with greedy target continuations",
+}
 _CONF = Path(__file__).resolve().parent / "conf"
 _PROJECT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +43,7 @@ _PROJECT = Path(__file__).resolve().parents[1]
 def _register_resolvers() -> None:
     from omegaconf import OmegaConf
 
-    from specdec.loading import zoo_dir
+    from specdec.paths import zoo_dir
 
     OmegaConf.register_new_resolver("zoo", lambda name: str(zoo_dir() / name), replace=True)
     OmegaConf.register_new_resolver("asset", lambda name: str(_PROJECT / "assets" / name), replace=True)
@@ -67,6 +80,14 @@ def check_keys(cfg: Mapping, choices: Mapping[str, str | None], command: str) ->
     from omegaconf import OmegaConf
 
     for group in _GROUPS:
+        if group in cfg and group not in _COMMAND_GROUPS[command]:
+            option = choices.get(group)
+            raise ValueError(
+                f"`python -m specdec {command}` has no {group} group (its groups: "
+                f"{', '.join(_COMMAND_GROUPS[command])}): drop +{group}{'=' + option if option else ''}; "
+                f"{_INSTEAD[command, group]}."
+            )
+    for group in _GROUPS:
         option = choices.get(group)
         if group not in cfg or option is None or not (_CONF / group / f"{option}.yaml").is_file():
             continue
@@ -78,7 +99,7 @@ def check_keys(cfg: Mapping, choices: Mapping[str, str | None], command: str) ->
                 f"; pick the option that defines it{_hint(group, extra[0])} or drop the key."
             )
     primary = OmegaConf.load(_CONF / f"{_COMMANDS[command]}.yaml")
-    allowed = (set(primary) - {"defaults", "hydra"}) | {g for g in _GROUPS if g in cfg}
+    allowed = (set(primary) - {"defaults", "hydra"}) | {g for g in _COMMAND_GROUPS[command] if g in cfg}
     extra = sorted(set(cfg) - allowed - {"hydra"})
     if extra:
         raise ValueError(
@@ -115,6 +136,7 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
     Returns:
         list[dict]: one record per prompt: ``id``, ``prompt``, ``completion``, ``tokens`` and ``stats``.
     """
+    import torch
     from rich.console import Console
     from transformers import AutoTokenizer
 
@@ -250,6 +272,8 @@ def run_command(command: str, cfg, choices: Mapping[str, str | None], output_dir
     check_keys(c, choices, command)
     if command == "generate":
         return run_generate(c, output_dir)
+    import torch
+
     torch.set_num_threads(resolve_threads(c["threads"]))
     if command == "bench":
         from specdec.bench import main_bench
@@ -260,20 +284,77 @@ def run_command(command: str, cfg, choices: Mapping[str, str | None], output_dir
     return train_dflash(TrainConfig(**train_settings(c)))
 
 
+class _UserError(BaseException):
+    """Carries a user error of a command out of hydra, which would print its traceback (a BaseException passes
+    hydra's handlers untouched)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _debug() -> bool:
+    return os.environ.get("SPECDEC_DEBUG") == "1" or os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def _one_line(error: BaseException) -> str:
+    """The message of ``error`` on one line (hydra's list of options kept, its config search path dropped)."""
+    lines = [ln.strip() for ln in str(error).split("Config search path:")[0].splitlines() if ln.strip()]
+    text, listing = "", False
+    for line in lines:
+        if not text:
+            text = line
+        elif text.endswith(":"):
+            text, listing = f"{text} {line}", True
+        elif listing:
+            text += f", {line}"
+        else:
+            text += f" {line}" if text.endswith((".", ";")) else f"; {line}"
+    return text or type(error).__name__
+
+
 def main() -> None:
+    """``python -m specdec [COMMAND] [key=value ...]``; a user error exits with status 2 and one ``error:`` line."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import ConfigCompositionException, OverrideParseException
 
     command = "generate"
     if len(sys.argv) > 1 and sys.argv[1] in _COMMANDS:
         command = sys.argv.pop(1)
     _register_resolvers()
+    user_errors = (ValueError, FileNotFoundError, FileExistsError)
+    debug = _debug()
 
     def task(cfg) -> None:
         runtime = HydraConfig.get().runtime
-        run_command(command, cfg, dict(runtime.choices), runtime.output_dir)
+        try:
+            run_command(command, cfg, dict(runtime.choices), runtime.output_dir)
+        except user_errors as err:
+            if debug:
+                raise
+            raise _UserError(err) from err
 
-    hydra.main(version_base="1.3", config_path="conf", config_name=_COMMANDS[command])(task)()
+    app = hydra.main(version_base="1.3", config_path="conf", config_name=_COMMANDS[command])(task)
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # hydra raises its own errors (composition, overrides) instead of printing
+    try:
+        app()
+    except _UserError as failed:
+        error = failed.error
+    except (ConfigCompositionException, OverrideParseException) as err:
+        if debug:
+            raise
+        error = err
+    else:
+        return
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
+    sys.stderr.write(f"error: {_one_line(error)}\n")
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -402,7 +402,8 @@ def main_bench(
     print the summary table and the output folder.
 
     Args:
-        cfg (BenchConfig | Mapping): the settings, or a plain dict of ``BenchConfig`` fields.
+        cfg (BenchConfig | Mapping): the settings, or a plain dict of ``BenchConfig`` fields (plus ``threads``,
+            an int >= 1 or "auto", applied with ``torch.set_num_threads``).
         drafter_factories (Mapping[str, Callable] | None): extra drafter kinds, called as
             ``factory(target, tokenizer, **kwargs)``.
 
@@ -413,6 +414,12 @@ def main_bench(
     from transformers import AutoTokenizer
 
     if not isinstance(cfg, BenchConfig):
+        cfg = dict(cfg)
+        threads = cfg.pop("threads", None)  # bench.yaml's torch CPU threads: an int >= 1 or "auto"
+        if threads is not None:
+            from specdec.cli import resolve_threads
+
+            torch.set_num_threads(resolve_threads(threads))
         unknown = set(cfg) - {f.name for f in fields(BenchConfig)}
         if unknown:
             raise ValueError(f"Unknown bench settings {sorted(unknown)}; see specdec.bench.BenchConfig.")
