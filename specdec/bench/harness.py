@@ -167,7 +167,8 @@ class _Runner:
                     **kwargs,
                 )  # fmt: skip
             _sync(device)
-        return out, time.perf_counter() - start
+            seconds = time.perf_counter() - start
+        return out, seconds
 
     def __call__(self, temperature: float, seed: int, prompt_id, ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
         method = self.method
