@@ -12,29 +12,41 @@ import types as _types  # not `types`: the package attribute `types` is the subm
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
+    from specdec.backends import Backends
     from specdec.drafters import DFlashDrafter, ModelDrafter, NGramDrafter
     from specdec.generate import SpeculativeModel, generate
-    from specdec.trees import Chain, DDTree
+    from specdec.trees import TREES, Chain, DDTree, TreePolicy, register_tree
     from specdec.types import DraftTree, GenerateOutput, SamplingParams, SpecStats, VerifyResult
+    from specdec.verify import RULES, Greedy, SampleMatch, VerificationRule, register_rule
 
 __all__ = [
+    "RULES",
+    "TREES",
+    "Backends",
     "Chain",
     "DDTree",
     "DFlashDrafter",
     "DraftTree",
     "GenerateOutput",
+    "Greedy",
     "ModelDrafter",
     "NGramDrafter",
+    "SampleMatch",
     "SamplingParams",
     "SpecStats",
     "SpeculativeModel",
+    "TreePolicy",
+    "VerificationRule",
     "VerifyResult",
     "generate",
+    "register_rule",
+    "register_tree",
 ]
 
 __version__ = "0.1.0"
 
 _HOME = {  # name -> the module it loads from (__all__ and the registries of trees and rules)
+    "Backends": "specdec.backends",
     **dict.fromkeys(("DFlashDrafter", "ModelDrafter", "NGramDrafter"), "specdec.drafters"),
     **dict.fromkeys(("SpeculativeModel", "generate"), "specdec.generate"),
     **dict.fromkeys(("TREES", "Chain", "DDTree", "TreePolicy", "register_tree"), "specdec.trees"),

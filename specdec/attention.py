@@ -22,14 +22,14 @@ otherwise), ``triton`` (``tree_attention`` always: its torch reference off CUDA)
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from specdec.backends import env_default
 
 __all__ = [
     "KERNEL",
@@ -47,14 +47,14 @@ _HF_ONLY = ("softcap", "s_aux", "sinks", "position_bias")
 # Where the fast path uses grouped_sdpa: "auto" (uncompiled forwards, and compiled ones where the grouped case runs
 # the Triton kernel), "1" (all) or "0" (never). Read when a scope is built (rounds and prefills build theirs once);
 # benchmarks set it to compare.
-MODE = os.environ.get("SPECDEC_GROUPED_ATTENTION", "auto")
+MODE = env_default("grouped_attention")
 _MODES = ("auto", "1", "0")
 
 
 # The kernel of the grouped case: "auto" (the split-K/V Triton kernel of specdec.kernels.tree_attention in compiled
 # forwards on CUDA where it is importable and fits, SDPA on the stacked rows otherwise), "triton" (tree_attention
 # always) or "sdpa".
-KERNEL = os.environ.get("SPECDEC_ATTENTION_KERNEL", "auto")
+KERNEL = env_default("attention_kernel")
 _KERNELS = ("auto", "triton", "sdpa")
 
 
@@ -169,8 +169,8 @@ class AttentionScope:
     Entering and leaving sets one attribute per config object (the model's and any sub-configs its modules hold);
     leaving restores exactly what was there, also after an exception. Models on ``eager`` or any other attention
     are left alone, and so is every model when ``grouped`` is False. With ``linear`` the scope also routes the
-    models' ``nn.Linear`` layers through ``specdec.kernels.skinny_linear.routing.skinny_forward`` while active (the engine's whole
-    forward scope, ``SPECDEC_LINEAR_KERNEL``).
+    models' ``nn.Linear`` layers through ``specdec.kernels.skinny_linear.routing.skinny_forward``
+    while active (the engine's whole forward scope, ``Backends.linear_kernel``).
 
     Args:
         models: HF models (None entries are skipped).

@@ -278,7 +278,10 @@ def run_command(command: str, cfg, choices: Mapping[str, str | None], output_dir
     if command == "bench":
         from specdec.bench import main_bench
 
-        return main_bench(bench_settings(c))
+        settings = bench_settings(c)
+        if settings.get("out_dir") is None:  # out_dir: null = the run's own folder (outputs/bench/<date>/<time>)
+            settings["out_dir"] = output_dir
+        return main_bench(settings)
     from specdec.train import TrainConfig, train_dflash
 
     return train_dflash(TrainConfig(**train_settings(c)))

@@ -454,17 +454,19 @@ class Engine:
         return logits, None
 
     def attention_scope(self, static, *, compiled: bool = False) -> AttentionScope:
-        """The scope in which this engine runs the forwards of its target (and of ``static``'s draft model, a
-        drafter state with a ``draft_model``): grouped-query attention without K/V expansion where ``specdec.attention.grouped_for``
-        says so (``compiled``: the forwards run under ``torch.compile``), and the linear layers through the split-K
-        kernel with ``SPECDEC_LINEAR_KERNEL=triton`` (``specdec.kernels.skinny_linear.routing``)."""
+        """The scope in which this engine runs the forwards of its target (and of ``static``'s draft model, for a
+        drafter state with a ``draft_model``): grouped-query attention without K/V expansion where
+        ``specdec.attention.grouped_for`` says so (``compiled``: the forwards run under ``torch.compile``), and the
+        linear layers through the split-K kernel with ``Backends(linear_kernel="triton")``."""
         draft = getattr(static, "draft_model", None)
         kv = self.target.storage.kv  # [L, 2, 1, H_kv, capacity, D]: the attention's own dtype and head dim
         grouped = grouped_for(compiled, self.device, kv.dtype, kv.shape[-1])
         return AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear_kernel_for())
 
     def _prefill_for(self, drafter, size: int, graph: bool) -> _Prefill:
-        key = (id(drafter) if drafter is not None else None, size, graph)
+        from specdec.backends import current
+
+        key = (id(drafter) if drafter is not None else None, size, graph, current())
         pre = self._prefills.get(key)
         if pre is None or pre.drafter is not drafter:
             pre = _Prefill(self, drafter, self._static(drafter), size, graph)
@@ -493,6 +495,7 @@ class Engine:
         compile: bool | str | Mapping = False,
         span: int | None = None,
         suppress: tuple = (0, ()),
+        backends=None,
     ) -> Round:
         """The (cached) round of this drafter, tree policy, rule, sampling and span (None: the capacity); built and
         captured on first use."""
@@ -506,6 +509,7 @@ class Engine:
             compile_key(compile),
             span,
             suppress,
+            backends,
         )
         rnd = self._rounds.get(key)
         if rnd is None or rnd.drafter is not drafter:

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import GenerationConfig
 
+from specdec.backends import Backends
+from specdec.backends import use as use_backends
 from specdec.drafters.base import Drafter
 from specdec.engine import Engine, capture_reason, round_reason, tree_slots
 from specdec.hf_args import check_drafter_and_tree, check_input_ids, generation_value, resolve_generation_args
@@ -90,6 +92,7 @@ def generate(
     use_cache: bool | None = None,
     cuda_graphs: bool | None = None,
     compile: bool | str | Mapping = False,
+    backends: Backends | Mapping | None = None,
     **kwargs,
 ) -> GenerateOutput:
     """Speculative generation, lossless with respect to the target's own ``generate``.
@@ -126,6 +129,8 @@ def generate(
         compile (bool | str | Mapping): ``torch.compile`` the round (compile time is reported in
             ``stats.compile_ms``): True (inductor's default mode), a mode (``"max-autotune-no-cudagraphs"``) or a
             dict of inductor options. Default False.
+        backends (Backends | Mapping | None): which kernel implementations the round uses (``specdec.Backends``,
+            or a dict of its fields to change); default the process setting (``specdec.backends``).
         **kwargs: other HF ``generate`` options; unsupported or unknown ones raise ``ValueError``.
 
     Returns:
@@ -169,6 +174,13 @@ def generate(
         drafter.validate(tgt, tree)
         drafter.reset()
     graph = _graphs(tgt, cuda_graphs)
+    with use_backends(backends) as setting:
+        return _decode(tgt, input_ids, drafter, tree, rule, args, graph, compile, setting, generator, streamer)
+
+
+def _decode(tgt, input_ids, drafter, tree, rule, args, graph, compile, setting, generator, streamer) -> GenerateOutput:
+    """The decoding loop: prefill, then rounds until EOS or ``max_new_tokens`` (one host read per round)."""
+    max_new_tokens, sampling, eos = args.max_new_tokens, args.sampling, set(args.eos_token_ids)
     draft_forwards_before = drafter.num_forwards if drafter is not None else 0
     stats, timer = SpecStats(path="graph" if graph else "eager"), PhaseTimer(tgt.device)
     prompt_len = input_ids.shape[1]
@@ -195,7 +207,7 @@ def generate(
         round launched and not read yet."""
         need = prompt_len + len(new_tokens) - 1 + in_flight * path_len + extent
         rnd = engine.round_for(drafter, tree, rule, sampling, graph=graph, compile=compile,
-                               span=engine.span_for(need), suppress=suppress)  # fmt: skip
+                               span=engine.span_for(need), suppress=suppress, backends=setting)  # fmt: skip
         used[id(rnd)] = rnd
         return rnd, rnd.launch(generator)
 

@@ -12,11 +12,10 @@ the drafter's training forward (``docs/dflash.md``), checked against an independ
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
+from specdec.backends import env_default
 from specdec.kernels.rms_norm import rms_norm
 from specdec.types import Accept, Proposal
 
@@ -25,7 +24,7 @@ __all__ = ["DFlashStatic"]
 # The drafter's RMSNorms on the fast path: "auto" (default: ``specdec.kernels.rms_norm``, one Triton launch per
 # norm on CUDA, the module's own ops elsewhere), "triton" (always the kernel) or "torch" (the module's own ops,
 # about eight kernels per norm on CUDA).
-_NORM_IMPL = os.environ.get("SPECDEC_DFLASH_NORM", "auto")
+_NORM_IMPL = env_default("dflash_norm")
 
 
 class DFlashStatic:
@@ -174,7 +173,8 @@ class DFlashStatic:
 
     def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
         """One block forward per row: ``logq [B, depth, V]``."""
-        return Proposal(logq=torch.stack([self.logq(r.view(1), p, depth, span) for r, p in zip(root, prefix, strict=True)]))
+        rows = [self.logq(r.view(1), p, depth, span) for r, p in zip(root, prefix, strict=True)]
+        return Proposal(logq=torch.stack(rows))
 
     def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
         """The accepted path's tapped features into the context slots from each row's old root position."""

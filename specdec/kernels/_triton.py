@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from specdec.backends import env_default
+
 __all__ = ["KERNEL_MODULES", "device_property", "importable", "pick_impl", "prime_imports"]
 
 # The Triton modules the library's kernels dispatch to: every ``specdec/kernels/<name>/triton.py``.
@@ -22,9 +24,7 @@ _IMPORTABLE: dict[str, bool] = {}
 # Under torch.compile, each kernel dispatch ends the compiled region and the kernel launches outside it ("split",
 # the default), or the whole round is one graph with the Triton kernels inside ("whole"). On an H200 the split
 # rounds measured faster (docs/performance.md, "With compile=True").
-COMPILE_GRAPH = os.environ.get("SPECDEC_COMPILE_GRAPH", "split")
-if COMPILE_GRAPH not in ("split", "whole"):
-    raise ValueError(f"SPECDEC_COMPILE_GRAPH={COMPILE_GRAPH!r}: use 'split' or 'whole'.")
+COMPILE_GRAPH = env_default("compile_graph")
 
 
 # (device index, property name) -> value, read once; a plain dict, which a compiled caller reads as a constant.

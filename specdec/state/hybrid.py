@@ -15,13 +15,13 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
+from specdec.backends import env_default
 from specdec.state.forwards import swapped_forwards
 from specdec.state.kv import KVState
 from specdec.state.snapshot import Snapshot, restore, snapshot
@@ -59,14 +59,14 @@ forward is parallel over the prompt; past this length ``auto`` leaves long promp
 memory and sequential steps, not a measured crossover (the zoo's prompts, up to 649 tokens, are measured)."""
 
 
+PREFILL = env_default("hybrid_prefill")  # "auto", "scan" or "model" (specdec.backends)
+
+
 def hybrid_prefill(device: torch.device | str | None = None, num_tokens: int | None = None) -> str:
     """The hybrid prefill chosen by ``SPECDEC_HYBRID_PREFILL`` for a prompt of ``num_tokens`` tokens and a target
     on ``device`` (read at each call; ``"graph"`` is an older name of ``"scan"``): ``"model"`` or ``"scan"``,
     ``"auto"`` resolved by the device and the length (``None`` counts as CPU / as a short prompt)."""
-    value = os.environ.get("SPECDEC_HYBRID_PREFILL", "auto")
-    value = "scan" if value == "graph" else value
-    if value not in HYBRID_PREFILLS:
-        raise ValueError(f"SPECDEC_HYBRID_PREFILL={value!r}: choose one of {HYBRID_PREFILLS} (default 'auto').")
+    value = PREFILL
     if value == "auto":
         on_cuda = device is not None and torch.device(device).type == "cuda"
         short = num_tokens is None or num_tokens <= AUTO_SCAN_MAX_TOKENS

@@ -38,7 +38,7 @@ def hybrid_reason(state, device: torch.device, *, needs_kernels: bool = True) ->
     other = sorted({type(a.module).__name__ for a in state.adapters if not isinstance(a, _DEVICE_ADAPTERS)})
     if other:
         return f"recurrent layers {', '.join(other)} have no device tree scan yet"
-    if needs_kernels and device.type == "cuda":  # a reference scan reads the parent array on the host: no capture, a sync per layer
+    if needs_kernels and device.type == "cuda":  # a reference scan reads the parents on the host: no capture
         kernels = {"tree_gdn": gdn_impl, "tree_mamba2": mamba2_impl}
         used = {"tree_gdn" if isinstance(a, GatedDeltaNetAdapter) else "tree_mamba2" for a in state.adapters}
         slow = sorted(name for name in used if kernels[name](device) != "triton")

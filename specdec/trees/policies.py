@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from specdec.backends import env_default
 from specdec.trees.build import chain_device, chain_from_path, ddtree_device, trie_device
 from specdec.types import DeviceTree, Proposal
 
@@ -140,8 +141,8 @@ class DDTree:
 
 # The DDTree selection's kernels (``docs/kernels.md``): "auto" = the one-launch Triton kernels on CUDA where they
 # apply, tensor ops elsewhere. Set through ``specdec.backends`` (``ddtree``, ``ddtree_topk``).
-_DDTREE_IMPL = "auto"
-_DDTREE_TOPK = "auto"
+_DDTREE_IMPL = env_default("ddtree")
+_DDTREE_TOPK = env_default("ddtree_topk")
 
 TREES: dict[str, type] = {"chain": Chain, "ddtree": DDTree}
 """Tree policies by name (the hydra ``tree=`` group, the bench's ``tree: {kind: ...}``)."""

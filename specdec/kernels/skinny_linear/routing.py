@@ -15,18 +15,18 @@ compilation, uncaptured calls); the user's model is left as it was and graph rep
 
 from __future__ import annotations
 
-import os
 import types
 
 import torch
 from torch import nn
 
+from specdec.backends import env_default
 from specdec.state.forwards import swappable, swapped_forwards
 
 __all__ = ["KERNEL", "linear_kernel_for", "linear_modules", "routed", "skinny_forward"]
 
 # "torch" (default) or "triton"; read when a scope is built (rounds and prefills build theirs once).
-KERNEL = os.environ.get("SPECDEC_LINEAR_KERNEL", "torch")
+KERNEL = env_default("linear_kernel")
 _KERNELS = ("torch", "triton")
 
 

@@ -32,12 +32,11 @@ schedule stays faster.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from specdec.backends import env_default
 from specdec.kernels._triton import device_property
 
 __all__ = [
@@ -85,17 +84,13 @@ PRECISIONS = ("ieee", "tf32x3", "tf32")
 """The matrix form's products: fp32, 3-pass TF32 (as accurate as fp32 at the tests' 1e-5) or 1-pass TF32 (inputs
 rounded to TF32's 10-bit mantissa, products summed in fp32)."""
 
-TREE_PRECISION = os.environ.get("SPECDEC_TREE_GDN_PRECISION", "auto")
+TREE_PRECISION = env_default("tree_gdn_precision")
 """What ``precision=None`` runs in the matrix form on a device with TF32 tensor cores: ``"auto"``
 (``default_precision``) or one of ``PRECISIONS``."""
-if TREE_PRECISION not in ("auto", *PRECISIONS):
-    raise ValueError(f"SPECDEC_TREE_GDN_PRECISION={TREE_PRECISION!r}: use 'auto', 'ieee', 'tf32x3' or 'tf32'.")
 
-TREE_WALK = os.environ.get("SPECDEC_TREE_GDN_WALK", "auto")
+TREE_WALK = env_default("tree_gdn_walk")
 """What ``walk="auto"`` runs for trees of up to ``CHUNK_MAX_NODES`` nodes: ``"auto"`` (``auto_walk``), ``"paths"``
 or ``"chunk"``."""
-if TREE_WALK not in ("auto", "paths", "chunk"):
-    raise ValueError(f"SPECDEC_TREE_GDN_WALK={TREE_WALK!r}: use 'auto', 'paths' or 'chunk'.")
 
 
 def tensor_cores(device: torch.device) -> bool:

@@ -10,6 +10,7 @@ from typing import Literal
 
 import torch
 
+from specdec.backends import env_default
 from specdec.kernels._triton import importable
 from specdec.kernels.tree_mamba2.reference import tree_mamba2_reference
 
@@ -54,10 +55,13 @@ def tree_mamba2(
     return tree_mamba2_triton(init_state, x, B, C, dt, A, D, parents)
 
 
+IMPL = env_default("tree_mamba2")  # "reference" keeps the tensor-op scan on CUDA too (specdec.backends)
+
+
 def auto_impl(device: torch.device) -> str:
     """What ``impl="auto"`` runs on ``device``: Triton on CUDA when it imports and ``SPECDEC_TREE_MAMBA2`` is not
     ``reference``, else the reference (which reads the parent array on the host: not inside a captured round)."""
-    forced = os.environ.get("SPECDEC_TREE_MAMBA2") == "reference"
+    forced = IMPL == "reference"
     return "triton" if not forced and device.type == "cuda" and _triton_available() else "reference"
 
 
