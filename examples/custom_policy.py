@@ -109,7 +109,8 @@ class ScratchGreedy:
         steps = torch.arange(max_depth + 1, device=choice.device)
         drafts = tree.tokens.gather(1, path[:, (steps + 1).clamp(max=max_depth)])
         bonus = choice.gather(1, path[:, -1:])
-        tokens = torch.where(steps < num_path[:, None] - 1, drafts, torch.where(steps == num_path[:, None] - 1, bonus, 0))
+        last = num_path[:, None] - 1
+        tokens = torch.where(steps < last, drafts, torch.where(steps == last, bonus, 0))
         return Accept(path=path, num_path=num_path, tokens=tokens)
 
 

@@ -164,7 +164,7 @@ def generate(
         use_cache=use_cache,
         **kwargs,
     )
-    max_new_tokens, sampling, eos = args.max_new_tokens, args.sampling, set(args.eos_token_ids)
+    max_new_tokens, sampling = args.max_new_tokens, args.sampling
     rule = _check_rule(default_rule(sampling) if verifier is None else verifier, sampling, tree)
     _check_length(tgt, input_ids, max_new_tokens)
     reason = round_reason(tgt, drafter, tree if drafter is not None else None)
