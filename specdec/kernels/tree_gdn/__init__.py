@@ -35,7 +35,7 @@ def chain_walk(num_nodes: int, num_value_heads: int) -> str:
     On a chain the path schedule replays N (N + 1) / 2 steps over N programs per (value head, value block), so it
     pays only while those programs fill the GPU in about one wave: ``"paths"`` while ``num_value_heads *
     num_nodes <= CHAIN_PATHS_MAX_WORK``, else ``"nodes"``. The bound is read off the kernel bench on an H200
-    (docs/kernels.md, ``95b3174``): 8 value heads, paths faster at 16 and 32 nodes, nodes at 64 and 128; 32 and 48
+    (docs/kernels.md): 8 value heads, paths faster at 16 and 32 nodes, nodes at 64 and 128; 32 and 48
     value heads, nodes faster at every size from 16 nodes (2.0-15.6x).
     """
     return "paths" if num_value_heads * num_nodes <= CHAIN_PATHS_MAX_WORK else "nodes"
