@@ -23,7 +23,7 @@ _IMPORTABLE: dict[str, bool] = {}
 
 # Under torch.compile, each kernel dispatch ends the compiled region and the kernel launches outside it ("split",
 # the default), or the whole round is one graph with the Triton kernels inside ("whole"). On an H200 the split
-# rounds measured faster (docs/performance.md, "With compile=True").
+# rounds measured faster (docs/kernels.md).
 COMPILE_GRAPH = env_default("compile_graph")
 
 
