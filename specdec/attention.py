@@ -70,7 +70,7 @@ def triton_kernel_for(
     (``benchmarks/kernels/bench_tree_attention.py``), and the compiled AR step went from 5.36 ms (HF's attention)
     to 4.55 ms. Uncompiled forwards keep SDPA: with the kernel the zoo dense rows were 6-11 % faster, but its sums
     are associated differently from the SDPA kernels of HF's own forward, and in bf16 that flipped near-tied
-    tokens on 6 of 20 prompts against the eager path (docs/performance.md); ``triton`` takes that trade.
+    tokens on 6 of 20 prompts against the eager path (docs/kernels.md); ``triton`` takes that trade.
     """
     if KERNEL not in _KERNELS:
         raise ValueError(f"SPECDEC_ATTENTION_KERNEL={KERNEL!r}: use 'auto', 'triton' or 'sdpa'.")
@@ -89,7 +89,7 @@ def grouped_for(
 
     "auto" groups every forward whose grouped case runs the Triton kernel (:func:`triton_kernel_for`), and only
     uncompiled ones where it would run SDPA: at the Qwen3-8B shape on an H200 the compiled AR step measured the
-    same with HF's attention and grouped SDPA (6.48 ms with HF's repeated K/V, 6.53 grouped; docs/performance.md):
+    same with HF's attention and grouped SDPA (6.48 ms with HF's repeated K/V, 6.53 grouped; docs/kernels.md):
     SDPA then runs 8 grouped heads of 4 stacked rows instead of 32 heads of one row, and its kernel for that shape
     took 0.88 ms against 0.30 ms, eating the 0.47 ms of K/V copies saved. Uncompiled, grouped saved 0.38 ms of 9.60.
     """
