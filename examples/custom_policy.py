@@ -30,6 +30,7 @@ class TopKTree:
     widths: tuple[int, ...] = (4, 2, 2, 1)
     reads = ("logq",)
     branching = True
+    stochastic = False
 
     @property
     def max_depth(self) -> int:
@@ -57,7 +58,7 @@ class TopKTree:
             level = nxt
         return (torch.tensor(x, dtype=torch.long, device=device) for x in (depth, rank, parent))
 
-    def build(self, proposal: Proposal, root: torch.Tensor, depth: int) -> DeviceTree:
+    def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
         logq = proposal.logq  # [B, D, V]
         batch, device = logq.shape[0], logq.device
         node_depth, node_rank, node_parent = self._shape(device)  # Python ints only: fixed shapes
@@ -88,7 +89,7 @@ class ScratchGreedy:
     def uses_noise(self, sampling) -> bool:
         return False
 
-    def accept(self, tree: DeviceTree, logits, sampling, noise, max_depth: int) -> Accept:
+    def accept(self, tree: DeviceTree, logits, sampling, noise, max_depth: int, proposal=None) -> Accept:
         choice = logits.argmax(-1)  # [B, S]
         batch, slots = choice.shape
         rows = torch.arange(batch, device=choice.device)

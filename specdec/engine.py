@@ -27,7 +27,7 @@ from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_rea
 from specdec.state.storage import StaticModel, commit_rows
 from specdec.target import TargetModel
 from specdec.trees.build import root_tree_device
-from specdec.types import DeviceTree, SamplingParams, TreeRow
+from specdec.types import DeviceTree, Proposal, SamplingParams, TreeRow
 
 __all__ = ["PREFILL_BUCKET", "SPAN_MIN", "Engine", "Round", "capture_reason", "round_reason", "tree_slots"]
 
@@ -119,6 +119,8 @@ class Round:
         vocab = engine.target.target.vocab_size
         uses_noise = rule.uses_noise(sampling)
         self.noise = torch.rand(1, self.slots, vocab, device=device) if uses_noise else None
+        stochastic = drafter is not None and getattr(tree, "stochastic", False)
+        self.tree_noise = torch.rand(1, self.depth, vocab, device=device) if stochastic else None
         # min_new_tokens: EOS ids get -inf at nodes whose token would end the output early (HF's processors).
         self.min_new, eos = suppress
         self.eos = torch.tensor(eos, dtype=torch.long, device=device) if self.min_new and eos else None
@@ -141,13 +143,13 @@ class Round:
         )
 
     # -- the round (tensor ops only) ----------------------------------------------------------------------
-    def _build(self) -> DeviceTree:
-        """Drafter proposal -> tree policy: the trees ``[B, slots]``."""
+    def _build(self) -> tuple[DeviceTree, Proposal | None]:
+        """Drafter proposal -> tree policy: the trees ``[B, slots]`` and the proposal."""
         engine = self.engine
         if self.drafter is None:
-            return DeviceTree.stack([root_tree_device(engine.root[0])])
+            return DeviceTree.stack([root_tree_device(engine.root[0])]), None
         proposal = self.state.propose(engine.root, engine.prefix.view(1), self.depth, self.span)
-        return self.tree.build(proposal, engine.root, self.depth)
+        return self.tree.build(proposal, engine.root, self.depth, self.tree_noise), proposal
 
     def _process(self, logits: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         """``min_new_tokens``: EOS gets -inf at nodes whose choice would be a new token before that count."""
@@ -167,7 +169,7 @@ class Round:
         mask = target.additive_mask((self.keys <= prefix)[None])
         logits, _ = target.forward(engine.root[None], prefix.view(1, 1), mask, prefix.view(1), span=self.span)
         tree = DeviceTree.stack([root_tree_device(engine.root[0])])
-        accept = self.rule.accept(tree, self._process(logits[None], tree.depth), self.sampling, self.noise, 0)
+        accept = self.rule.accept(tree, self._process(logits[None], tree.depth), self.sampling, self.noise, 0, None)
         choice = accept.tokens[0, :1]
         self.out[:1].copy_(choice)
         engine.root.copy_(choice)
@@ -196,10 +198,10 @@ class Round:
     def _round(self) -> None:
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix
-        tree = self._build()
+        tree, proposal = self._build()
         logits, hidden, rnd = self._verify(tree.row(0))
         logits = self._process(logits[None], tree.depth)
-        accept = self.rule.accept(tree, logits, self.sampling, self.noise, self.depth)
+        accept = self.rule.accept(tree, logits, self.sampling, self.noise, self.depth, proposal)
         row = accept.row(0)
         if self.depth:
             commit_rows(target.storage.kv, prefix, row.path)
@@ -251,6 +253,8 @@ class Round:
         """
         if self.noise is not None:
             self.noise.uniform_(generator=generator)
+        if self.tree_noise is not None:
+            self.tree_noise.uniform_(generator=generator)
         self.captured()
         slot = self.launched % 2
         self.launched += 1

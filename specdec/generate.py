@@ -254,7 +254,7 @@ def _first_token(rule, sampling, logits: torch.Tensor, generator) -> torch.Tenso
     noise = None
     if rule.uses_noise(sampling):
         noise = torch.rand(1, 1, logits.shape[-1], device=logits.device, generator=generator)
-    return rule.accept(tree, logits[None], sampling, noise, 0).tokens[0, 0]
+    return rule.accept(tree, logits[None], sampling, noise, 0, None).tokens[0, 0]
 
 
 class SpeculativeModel:

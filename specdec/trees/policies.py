@@ -30,15 +30,19 @@ class TreePolicy(Protocol):
         reads (tuple[str, ...]): the :class:`~specdec.types.Proposal` fields the policy can build from
             (``"logq"``, ``"paths"``); a drafter that provides none of them is refused by name.
         branching (bool): True when siblings occur (drafters may cap the depth they draft for such policies).
+        stochastic (bool): True when ``build`` samples from the proposal (it then receives ``noise``).
     """
 
     budget: int
     max_depth: int
     reads: tuple[str, ...]
     branching: bool
+    stochastic: bool
 
-    def build(self, proposal: Proposal, root: torch.Tensor, depth: int) -> DeviceTree:
-        """The trees ``[B, budget + 1]`` rooted at ``root [B]`` from ``proposal`` (``depth`` = its drafted depth)."""
+    def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
+        """The trees ``[B, budget + 1]`` rooted at ``root [B]`` from ``proposal`` (``depth`` = its drafted depth).
+        ``noise``: uniforms ``[B, depth, V]`` drawn fresh each round for a policy with ``stochastic = True`` (one
+        that samples its tree from the draft distribution), else None."""
 
 
 def _int(name: str, value: object, low: int) -> None:
@@ -60,6 +64,7 @@ class Chain:
     k: int = 4
     reads = ("logq", "paths")
     branching = False
+    stochastic = False
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
@@ -78,7 +83,7 @@ class Chain:
     def topk(self) -> int:
         return 1
 
-    def build(self, proposal: Proposal, root: torch.Tensor, depth: int) -> DeviceTree:
+    def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
         slots = self.k + 1
         if proposal.logq is not None:
             rows = [chain_device(q, r, k=self.k, num_slots=slots) for q, r in zip(proposal.logq, root, strict=True)]
@@ -107,6 +112,7 @@ class DDTree:
     topk: int | None = None
     reads = ("logq", "paths")
     branching = True
+    stochastic = False
 
     def __post_init__(self) -> None:
         if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
@@ -122,7 +128,7 @@ class DDTree:
     def max_depth(self) -> int:
         return self.budget
 
-    def build(self, proposal: Proposal, root: torch.Tensor, depth: int) -> DeviceTree:
+    def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
         slots = self.budget + 1
         if proposal.logq is not None:
             on_cuda = proposal.logq.device.type == "cuda"

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from specdec.kernels.tree_accept import accept_path
-from specdec.types import Accept, DeviceTree, SamplingParams
+from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
 from specdec.verify.processing import gumbel_from_uniform, process_logits
 
 __all__ = ["RULES", "Greedy", "SampleMatch", "VerificationRule", "default_rule", "register_rule", "target_choices"]
@@ -40,9 +40,11 @@ class VerificationRule(Protocol):
 
     def accept(
         self, tree: DeviceTree, logits: torch.Tensor, sampling: SamplingParams, noise: torch.Tensor | None,
-        max_depth: int,
+        max_depth: int, proposal: Proposal | None,
     ) -> Accept:  # fmt: skip
-        """The accepted paths ``[B, max_depth + 1]`` of ``tree`` under the target's ``logits [B, S, V]``."""
+        """The accepted paths ``[B, max_depth + 1]`` of ``tree`` under the target's ``logits [B, S, V]``;
+        ``proposal`` is the drafter's (e.g. ``logq``, the draft distribution a rule may weigh), None for plain
+        decoding."""
 
 
 def target_choices(logits: torch.Tensor, sampling: SamplingParams, noise: torch.Tensor | None = None) -> torch.Tensor:
@@ -95,7 +97,7 @@ class Greedy:
     def uses_noise(self, sampling: SamplingParams) -> bool:
         return False
 
-    def accept(self, tree, logits, sampling, noise, max_depth):
+    def accept(self, tree, logits, sampling, noise, max_depth, proposal=None):
         return _walk(tree, logits.argmax(dim=-1), max_depth)
 
 
@@ -113,7 +115,7 @@ class SampleMatch:
     def uses_noise(self, sampling: SamplingParams) -> bool:
         return sampling.do_sample
 
-    def accept(self, tree, logits, sampling, noise, max_depth):
+    def accept(self, tree, logits, sampling, noise, max_depth, proposal=None):
         return _walk(tree, target_choices(logits, sampling, noise), max_depth)
 
 
