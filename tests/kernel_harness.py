@@ -1,7 +1,9 @@
 """Shared by the kernel tests: Triton's interpreter in a subprocess, and a strict CUDA-graph capture.
 
 ``TRITON_INTERPRET=1`` has to be set before Triton is imported, so the kernel tests save their cases to a folder,
-run their own file as a script there with the interpreter on, and load the outputs it wrote.
+run their own file as a script there with the interpreter on, and load the outputs it wrote. Those tests form the
+``interpreter`` tier (``make test-interpreter``; not in the default ``make test``): they run a subset of the cases
+that the GPU tests compile, picked by :func:`cover`.
 """
 
 from __future__ import annotations
@@ -9,11 +11,30 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def cover(cases: Sequence, features: Callable[[object], Iterable[Hashable]], cost: Callable[[object], float],
+          *, times: int = 1) -> list:
+    """The cheap subset of ``cases`` for the interpreter: greedily the case that adds the most not yet covered
+    features per unit of ``cost`` (interpreter work), until every feature of any case is held by ``times`` picked
+    cases (or by all that have it). Returns the picked cases in their original order."""
+    feats = [set(features(c)) for c in cases]
+    need = {f: min(times, sum(f in fs for fs in feats)) for fs in feats for f in fs}
+    picked: list[int] = []
+    while any(need.values()):
+        gain = [(sum(need.get(f, 0) > 0 for f in fs) / max(cost(c), 1e-9), -i) if i not in picked else (-1.0, 0)
+                for i, (c, fs) in enumerate(zip(cases, feats, strict=True))]  # fmt: skip
+        best = -max(gain)[1]
+        picked.append(best)
+        for f in feats[best]:
+            need[f] = max(need[f] - 1, 0)
+    return [cases[i] for i in sorted(picked)]
 
 
 def run_interpreted(script: str | Path, folder: Path, *, timeout: int = 600) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from oracles.ddtree_heap import build_ddtree
 
-from specdec.trees.ddtree import build_ddtree
-from specdec.trees.device import ddtree_device, to_draft_tree
+from specdec.trees import ddtree_device, to_draft_tree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ def _topk_all(device: str) -> list:
 
 
 def _check_topk(results) -> None:
-    from specdec.trees.device import _topk_rows
+    from specdec.trees.build import _topk_rows
 
     assert len(results) > 20
     for (logq, k), (vals, ids) in zip(topk_cases(), results, strict=True):
@@ -106,7 +106,7 @@ def test_interpreted_selection_equals_heap_builder(tmp_path, part):
     env = {
         **os.environ,
         "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
     }
     proc = subprocess.run([sys.executable, __file__, part, str(out)], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=900)  # fmt: skip

@@ -1,10 +1,12 @@
 """``tree_accept``: the Triton tree mask and acceptance walk (interpreter on CPU, compiled on GPU) equal the torch
 references bit for bit, and both equal brute-force oracles (a parent walk per row; ``walk_tree``).
 
-The interpreted comparisons run in one subprocess with ``TRITON_INTERPRET=1`` (it must be set before Triton is
-imported and must not leak into the rest of the suite): this file, run as a script, reads the cases the tests
-wrote, runs the Triton versions with ``torch.empty`` poisoned (NaN, or a sentinel integer) so that an output
-element never written shows up, and saves the outputs for the tests here to compare.
+The interpreted comparisons (the ``interpreter`` tier) run in one subprocess with ``TRITON_INTERPRET=1`` (it must
+be set before Triton is imported and must not leak into the rest of the suite): this file, run as a script, reads
+the cases the tests wrote, runs the Triton versions with ``torch.empty`` poisoned (NaN, or a sentinel integer) so
+that an output element never written shows up, and saves the outputs for the tests here to compare. They run the
+cheap subset of the random cases that covers what the whole set does (``kernel_harness.cover``), plus walks that
+run the full ``max_depth`` steps (a kernel that stops the walk early fails those); the GPU tests run every case.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch
 from device_trees import padded_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_harness import capture_without_host_reads, interpreted_outputs, poison_empty
+from kernel_harness import capture_without_host_reads, cover, interpreted_outputs, poison_empty
+from oracles.walk import walk_tree
 
 from specdec.kernels.tree_accept import (
     MAX_ACCEPT_SLOTS,
@@ -27,9 +30,8 @@ from specdec.kernels.tree_accept import (
     tree_mask,
     tree_mask_reference,
 )
-from specdec.trees.device import ddtree_device
+from specdec.trees import ddtree_device
 from specdec.types import DraftTree
-from specdec.verify.greedy import walk_tree
 
 SLOTS = [1, 2, 16, 48, 80, 256]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -151,6 +153,65 @@ def accept_cases(num: int = 420, seed: int = 1) -> list[dict]:
     return out
 
 
+def long_accept_cases(seed: int = 3) -> list[dict]:
+    """Walks that run all ``max_depth`` steps (``num_path == max_depth + 1``), 7 to 255 of them: chains followed to
+    their end and the deepest path of deep trees, real nodes filling the slots or followed by padding."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for slots, nodes, shape in ((8, 8, "chain"), (48, 40, "deep"), (80, 80, "chain"), (256, 200, "deep"),
+                                (256, 256, "chain")):  # fmt: skip
+        parents = [-1] + [i - 1 if shape == "chain" or _randint(gen, 0, 9) >= 3 else _randint(gen, 0, i - 1)
+                          for i in range(1, nodes)]  # fmt: skip
+        depth = [0]
+        for p in parents[1:]:
+            depth.append(depth[p] + 1)
+        tokens = torch.randperm(4 * slots, generator=gen)[:slots]  # distinct tokens: one child carries each choice
+        choices = torch.randint(0, 4 * slots, (slots,), generator=gen)
+        node = max(range(nodes), key=lambda i: (depth[i], -i))  # the deepest node, then its path from the root
+        while node > 0:
+            choices[parents[node]] = tokens[node]
+            node = parents[node]
+        pad = [0] * (slots - nodes)
+        out.append(dict(tokens=tokens, parents=torch.tensor(parents + [-1] * len(pad)), depth=torch.tensor(depth + pad),
+                        valid=torch.arange(slots) < nodes, choices=choices, max_depth=max(depth)))  # fmt: skip
+    return out
+
+
+def _bucket(value: int, edges: tuple[int, ...]) -> int:
+    return sum(value >= edge for edge in edges)
+
+
+def accept_features(case: dict) -> set:
+    """What an accept case exercises: slot count, walk length, a walk that runs all its steps, depth slack, and
+    two real children carrying the same choice (the first must win)."""
+    slots, steps = case["parents"].numel(), case["max_depth"] + 1
+    length = int(accept_oracle(case)[1])
+    found = {("slots", slots if slots in SLOTS else "other"), ("length", _bucket(length, (2, 4, 8, 16))),
+             ("slack", steps - 1 - int(case["depth"][case["valid"]].max()))}  # fmt: skip
+    if length == steps:
+        found.add(("full", _bucket(steps, (2, 4, 8))))
+    if not torch.equal(accept_oracle(case)[0], accept_oracle(case, first=False)[0]):
+        found.add(("first duplicate wins", length > 2))
+    return found
+
+
+def mask_features(case: dict) -> set:
+    """What a mask case exercises: slot count, dtype, where the prefix puts the tree (at 0, overlapping the end),
+    a depth bound below the real depth, several column blocks, padding rows."""
+    slots, prefix, capacity = case["parents"].numel(), int(case["prefix"]), case["capacity"]
+    return {("slots", slots if slots in SLOTS else "other"), ("dtype", case["dtype"]),
+            ("prefix", "zero" if prefix == 0 else "past the end" if prefix + slots > capacity else "inside"),
+            ("reach limited", case["max_depth"] < int(_depths(case["parents"]).max())),
+            ("column blocks", capacity > 1024), ("padded", not bool(case["valid"].all()))}  # fmt: skip
+
+
+def interpreted_cases() -> dict[str, list[dict]]:
+    """The interpreter's cases: the cheapest random ones covering every feature twice, and the full-length walks."""
+    masks = cover(mask_cases(), mask_features, lambda c: c["parents"].numel() * c["capacity"], times=2)
+    accepts = cover(accept_cases(), accept_features, lambda c: c["parents"].numel() * (c["max_depth"] + 1), times=2)
+    return {"mask": masks, "accept": accepts + long_accept_cases(), "big": [_big_accept_case()]}
+
+
 MASK_KEYS = ("parents", "valid", "prefix", "capacity", "max_depth", "dtype")
 ACCEPT_KEYS = ("tokens", "parents", "depth", "valid", "choices", "max_depth")
 
@@ -248,6 +309,18 @@ def test_cases_cover_what_matters():
     assert sum(not torch.equal(accept_oracle(c)[0], accept_oracle(c, first=False)[0]) for c in accepts) > 20
 
 
+@pytest.mark.interpreter  # the interpreter's selection (seconds of oracle walks): checked where it is used
+def test_interpreted_cases_cover_what_all_cases_do():
+    picked = interpreted_cases()
+    full = {f for c in mask_cases() for f in mask_features(c)}
+    assert {f for c in picked["mask"] for f in mask_features(c)} == full and len(picked["mask"]) < 40
+    full = {f for c in accept_cases() for f in accept_features(c)}
+    assert {f for c in picked["accept"] for f in accept_features(c)} >= full and len(picked["accept"]) < 60
+    # walks that run all their steps, up to the longest the kernel takes: a walk stopped early shows in these
+    steps = [c["max_depth"] + 1 for c in long_accept_cases() if int(accept_oracle(c)[1]) == c["max_depth"] + 1]
+    assert len(steps) == 5 and max(steps) == MAX_ACCEPT_SLOTS and min(steps) <= 8
+
+
 def _depths(parents: torch.Tensor) -> torch.Tensor:
     depth = []
     for p in parents.tolist():
@@ -258,6 +331,7 @@ def _depths(parents: torch.Tensor) -> torch.Tensor:
 def test_references_equal_oracles():
     check_masks(mask_cases(num=60), [tree_mask(*_mask_args(c), impl="torch") for c in mask_cases(num=60)])
     check_accepts(accept_cases(num=100), [accept_path(*_accept_args(c), impl="torch") for c in accept_cases(num=100)])
+    check_accepts(long_accept_cases(), [accept_path(*_accept_args(c), impl="torch") for c in long_accept_cases()])
 
 
 @st.composite
@@ -324,18 +398,21 @@ def test_bad_arguments_are_refused():
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
     pytest.importorskip("triton")
-    data = {"cases": {"mask": mask_cases(), "accept": accept_cases(), "big": [_big_accept_case()]}}
+    data = {"cases": interpreted_cases()}
     return interpreted_outputs(__file__, tmp_path_factory.mktemp("tree_accept"), data)
 
 
+@pytest.mark.interpreter
 def test_interpreted_mask_equals_reference(interpreted):
     check_masks(interpreted["cases"]["mask"], interpreted["mask"])
 
 
+@pytest.mark.interpreter
 def test_interpreted_accept_equals_reference(interpreted):
     check_accepts(interpreted["cases"]["accept"], interpreted["accept"])
 
 
+@pytest.mark.interpreter
 def test_interpreted_auto_dispatch(interpreted):
     # under TRITON_INTERPRET=1 "auto" runs Triton up to MAX_ACCEPT_SLOTS slots and the reference above
     assert interpreted["auto_impl"] == ["triton", "torch"]
