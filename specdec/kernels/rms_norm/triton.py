@@ -17,19 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.kernels.triton_ops import to_bf16
+
 __all__ = ["block_rows", "rms_norm_triton"]
 
 _BLOCK_ELEMENTS = 2048
 """Elements per program that several short rows are batched up to."""
-
-
-@triton.jit
-def _to_bf16(x):
-    """fp32 -> bf16, round to nearest even (NaN stays a quiet NaN)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    high = tl.where(x != x, (bits >> 16) | 0x40, rounded)
-    return high.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -47,8 +40,8 @@ def _rms_norm_kernel(
     eps,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    X_BF16: tl.constexpr,  # x is bf16: round the normalised row with _to_bf16
-    OUT_BF16: tl.constexpr,  # the output is bf16: round the product with _to_bf16
+    X_BF16: tl.constexpr,  # x is bf16: round the normalised row with to_bf16
+    OUT_BF16: tl.constexpr,  # the output is bf16: round the product with to_bf16
     WIDE: tl.constexpr,  # the output is fp64: multiply in fp64
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # int32 (R < 2**31): the group is a 32-bit division
@@ -61,12 +54,12 @@ def _rms_norm_kernel(
     # eps arrives as fp32 from a plain launch and as fp64 from torch.compile: the sum is fp32 either way
     rstd = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.sqrt_rn(mean + tl.cast(eps, tl.float32)))
     normed = x * rstd[:, None]
-    normed = _to_bf16(normed) if X_BF16 else normed.to(x_ptr.dtype.element_ty)
+    normed = to_bf16(normed) if X_BF16 else normed.to(x_ptr.dtype.element_ty)
     group = (rows // period) % G
     w = tl.load(w_ptr + group[:, None] * stride_wg + cols[None, :] * stride_wd, mask=mask, other=0.0)
     acc = tl.float64 if WIDE else tl.float32
     y = normed.to(acc) * w.to(acc)
-    y = _to_bf16(y) if OUT_BF16 else y.to(out_ptr.dtype.element_ty)
+    y = to_bf16(y) if OUT_BF16 else y.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + offs * D + cols[None, :], y, mask=mask)
 
 

@@ -33,8 +33,7 @@ import triton
 import triton.language as tl
 
 from specdec.kernels._triton import device_property
-from specdec.kernels.rms_norm.triton import _to_bf16
-from specdec.kernels.tree_attention.triton import _dot  # fp32-accumulated dot, IEEE / interpreter-safe
+from specdec.kernels.triton_ops import dot_fp32, to_bf16
 
 __all__ = ["MAX_ROWS", "skinny_linear_triton", "split_plan"]
 
@@ -103,14 +102,14 @@ def _split_kernel(
             k_ok = ks < end
             x = tl.load(x_rows + ks64[None, :] * stride_xk, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_cols + ks64[:, None] * stride_wk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc += _dot(x, w, IEEE, UPCAST)  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]: the W^T tile
+        acc += dot_fp32(x, w, IEEE, UPCAST)  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]: the W^T tile
 
     ok = row_ok[:, None] & col_ok[None, :]
     offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
     if DIRECT:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        out = _to_bf16(acc) if OUT_BF16 else acc.to(dst_ptr.dtype.element_ty)
+        out = to_bf16(acc) if OUT_BF16 else acc.to(dst_ptr.dtype.element_ty)
         tl.store(dst_ptr + offs, out, mask=ok)
     else:
         tl.store(dst_ptr + split.to(tl.int64) * M * N + offs, acc, mask=ok)
@@ -137,7 +136,7 @@ def _reduce_kernel(
         parts += MN  # 64-bit pointer arithmetic: no int32 overflow of s * M * N
     if HAS_BIAS:
         acc += tl.load(b_ptr + idx % N, mask=ok, other=0.0).to(tl.float32)
-    out = _to_bf16(acc) if OUT_BF16 else acc.to(out_ptr.dtype.element_ty)
+    out = to_bf16(acc) if OUT_BF16 else acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + idx, out, mask=ok)
 
 

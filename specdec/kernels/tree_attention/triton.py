@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from specdec.kernels._triton import device_property
-from specdec.kernels.rms_norm.triton import _to_bf16
+from specdec.kernels.triton_ops import dot_fp32, to_bf16
 
 __all__ = ["shared_bytes", "shared_limit", "split_plan", "tree_attention_triton"]
 
@@ -52,19 +52,6 @@ SHARED_BYTES = 232448
 on CUDA the launcher reads the device's ``shared_memory_per_block_optin``."""
 
 _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """``a @ b`` accumulated in fp32: IEEE for fp32 inputs; ``UPCAST``: bf16 operands widened to fp32 first (exact
-    products, so the same sums), because Triton's interpreter multiplies bf16 tiles as raw integers."""
-    if UPCAST:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif IEEE:
-        out = tl.dot(a, b, input_precision="ieee")
-    else:
-        out = tl.dot(a, b)
-    return out
 
 
 @triton.jit
@@ -95,7 +82,7 @@ def _split_kernel(
     D: tl.constexpr,
     MASK_BOOL: tl.constexpr,  # the mask is bool (read as uint8): nonzero = visible
     IEEE: tl.constexpr,  # fp32 inputs: IEEE dots, p kept in fp32
-    UPCAST: tl.constexpr,  # bf16 under the interpreter: dots on operands widened to fp32 (see _dot)
+    UPCAST: tl.constexpr,  # bf16 under the interpreter: dots on operands widened to fp32 (see dot_fp32)
 ):
     chunk = tl.program_id(0)
     group = tl.program_id(1)
@@ -123,7 +110,7 @@ def _split_kernel(
         cols64 = cols.to(tl.int64)
         # K^T tile [D, BLOCK_N]; slots past the span are never read (the cache beyond S may hold anything)
         k = tl.load(k_base + cols64[None, :] * stride_ks + dims[:, None], mask=col_ok[None, :], other=0.0)
-        scores = _dot(q, k, IEEE, UPCAST) * SCALE
+        scores = dot_fp32(q, k, IEEE, UPCAST) * SCALE
         seen = tl.load(mask_rows + cols64[None, :] * stride_ms, mask=row_ok[:, None] & col_ok[None, :], other=0)
         scores = tl.where(seen != 0, scores, _FP32_MIN) if MASK_BOOL else scores + seen.to(tl.float32)
         scores = tl.where(col_ok[None, :], scores, float("-inf"))
@@ -135,11 +122,11 @@ def _split_kernel(
         v = tl.load(v_base + cols64[:, None] * stride_vs + dims[None, :], mask=col_ok[:, None], other=0.0)
         if IEEE:
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + _dot(p, v, IEEE, UPCAST)
+            acc = acc * alpha[:, None] + dot_fp32(p, v, IEEE, UPCAST)
         else:
             p_low = p.to(v.dtype)
             l_i = l_i * alpha + tl.sum(p_low.to(tl.float32), axis=1)
-            acc = acc * alpha[:, None] + _dot(p_low, v, IEEE, UPCAST)
+            acc = acc * alpha[:, None] + dot_fp32(p_low, v, IEEE, UPCAST)
         m_i = m_new
 
     part = (group.to(tl.int64) * R + rows) * num_chunks + chunk
@@ -189,7 +176,7 @@ def _combine_kernel(
         m_run = m_new
 
     out = acc / l_run
-    out = _to_bf16(out) if OUT_BF16 else out.to(out_ptr.dtype.element_ty)
+    out = to_bf16(out) if OUT_BF16 else out.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (qi.to(tl.int64) * H + head) * D + dims, out)
 
 
