@@ -7,6 +7,7 @@ over specdec's static storage (``specdec.state.storage``).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Sequence
@@ -14,6 +15,8 @@ from collections.abc import Sequence
 import torch
 
 from specdec.state import cache_kwarg, manager_for
+from specdec.state.storage import StaticKVCache
+from specdec.state.windows import WindowLayout, keep_every_key, window_layout
 
 __all__ = ["TargetModel"]
 
@@ -75,9 +78,11 @@ class TargetModel:
 
     @property
     def max_length(self) -> int | None:
-        """Longest sequence the target can position (``max_position_embeddings``; sliding window if smaller)."""
+        """Longest sequence the target can position (``max_position_embeddings``). Sliding-window layers keep every
+        key and mask the ones out of their window (``specdec.state.windows``); only a model whose masks specdec
+        cannot build that way is also capped by its sliding window."""
         limits = [getattr(self.text_config, "max_position_embeddings", None)]
-        if self._sliding_window_layers():
+        if self._sliding_window_layers() and self._window_layout.reason is not None:
             limits.append(self.text_config.sliding_window)
         limits = [x for x in limits if x]
         return min(limits) if limits else None
@@ -89,6 +94,11 @@ class TargetModel:
         types = getattr(self.text_config, "layer_types", None)
         return types is None or any("sliding" in t for t in types)
 
+    @functools.cached_property
+    def _window_layout(self) -> WindowLayout:
+        """How the attention layers see their keys (``specdec.state.windows.window_layout``)."""
+        return window_layout(self.model)
+
     # -- forwards ----------------------------------------------------------------------------------------
     def _forward(
         self, input_ids, *, position_ids=None, attention_mask=None, taps=None, last_only=False, cache=None, rows=None
@@ -98,7 +108,17 @@ class TargetModel:
         ``last_only`` keeps the last row's logits, ``rows`` (a ``[R]`` int64 device tensor) the logits of those
         rows (``[R, V]``; graph-safe: no host read).
         """
-        kwargs = {self._cache_kw: self.cache if cache is None else cache, "use_cache": True}
+        cache = self.cache if cache is None else cache
+        windows = self._window_layout
+        if windows.slides and not isinstance(cache, StaticKVCache):  # StaticModel passes its masks ready
+            # an HF cache: its sliding layers keep every key; past keys sit at positions 0 .. K - N - 1, in order,
+            # followed by this forward's N keys at their position ids
+            keep_every_key(cache)
+            if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4 and position_ids is not None:
+                query = position_ids.reshape(-1)
+                past = torch.arange(attention_mask.shape[-1] - query.numel(), device=query.device)
+                attention_mask = windows.masks(attention_mask, query, torch.cat([past, query]))
+        kwargs = {self._cache_kw: cache, "use_cache": True}
         if taps:
             kwargs["output_hidden_states"] = True
         if rows is not None and self._has_logits_to_keep:

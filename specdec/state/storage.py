@@ -4,8 +4,11 @@ All layers live in a single tensor ``kv [L, 2, 1, H_kv, capacity, D]`` so that a
 of every layer with one gather and one scatter. HF attention layers reach it through ``StaticKVCache`` (an HF
 ``Cache`` whose ``update`` writes the new keys/values at the slots held in ``write_index``, a device tensor
 filled before each forward, and returns the first ``span`` slots, set per forward). The attention mask decides
-which of those slots a query sees, so stale rows past the committed length are never read. Works the same on
-transformers 5.17 and newer: nothing here relies on HF's own static-cache bookkeeping.
+which of those slots a query sees, so stale rows past the committed length are never read. Sliding-window layers
+keep every key too: their mask also hides the keys out of the window (``windows.py``). Recurrent layers keep their
+conv window and state in static tensors read by specdec's adapters; a "hybrid" layer (attention and a recurrent
+mixer in one decoder layer, FalconH1, Zamba2) holds both. Works the same on transformers 5.17 and newer: nothing
+here relies on HF's own static-cache bookkeeping.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.state.hybrid import _state_tensor
+from specdec.state.windows import window_layout
 
 if TYPE_CHECKING:
     from specdec.target import TargetModel
 
-__all__ = ["StaticKV", "StaticKVCache", "StaticModel", "commit_rows", "commit_rows_reference"]
+__all__ = ["StaticKV", "StaticKVCache", "StaticModel", "commit_rows", "commit_rows_reference", "static_reason"]
 
 
 class StaticKV:
@@ -90,13 +94,24 @@ class _StaticRecurrentLayer:
         self.recurrent_states = recurrent_states
 
 
+class _StaticHybridLayer(_StaticLayer):
+    """A decoder layer with both attention rows in ``StaticKV`` and a recurrent mixer's static tensors (HF's
+    "hybrid" cache layers: FalconH1, Zamba2's shared-attention layers)."""
+
+    def __init__(self, storage: StaticKV, layer: int, conv_states: torch.Tensor, recurrent_states: torch.Tensor):
+        super().__init__(storage, layer)
+        self.conv_states = conv_states
+        self.recurrent_states = recurrent_states
+
+
 class StaticKVCache(Cache):
     """HF ``Cache`` over a ``StaticKV``: pass it as the model's cache kwarg with an explicit 4D mask and positions.
 
     Args:
         storage (StaticKV): the attention layers' rows.
-        layers (list | None): per model layer, an attention slot index (int) or a ``_StaticRecurrentLayer``;
-            None = every layer is attention, in order.
+        layers (list | None): per model layer, an attention slot index (int) or a layer object
+            (``_StaticRecurrentLayer``, ``_StaticHybridLayer``, a stateless layer); None = every layer is attention,
+            in order.
     """
 
     def __init__(self, storage: StaticKV, layers: list | None = None) -> None:
@@ -155,22 +170,27 @@ class StaticModel:
             device=target.device,
         )
         layout: list = []
-        self.recurrent: dict[int, _StaticRecurrentLayer] = {}
+        # model layer -> its static conv window and recurrent state (a _StaticRecurrentLayer or _StaticHybridLayer)
+        self.recurrent: dict[int, _StaticRecurrentLayer | _StaticHybridLayer] = {}
         for i, layer in enumerate(probe.layers):
-            if i in attention:
-                layout.append(attention.index(i))
-                continue
             conv, rec = _state_tensor(layer, "conv_states"), _state_tensor(layer, "recurrent_states")
-            if conv is None and rec is None:  # a layer that keeps no state (e.g. an MLP-only block)
-                layout.append(layer)
+            if conv is None and rec is None:  # attention, or a layer that keeps no state (e.g. an MLP-only block)
+                layout.append(attention.index(i) if i in attention else layer)
                 continue
             if conv is None or rec is None:
                 raise ValueError(f"cache layer {i} ({type(layer).__name__}) is neither attention nor conv + state")
-            self.recurrent[i] = _StaticRecurrentLayer(torch.zeros_like(conv), torch.zeros_like(rec))
+            conv, rec = torch.zeros_like(conv), torch.zeros_like(rec)
+            if i in attention:  # attention and a recurrent mixer in one layer
+                self.recurrent[i] = _StaticHybridLayer(self.storage, attention.index(i), conv, rec)
+            else:
+                self.recurrent[i] = _StaticRecurrentLayer(conv, rec)
             layout.append(self.recurrent[i])
         self.attention_layers = attention
         self.cache = StaticKVCache(self.storage, layout)
         self.keys = torch.arange(capacity, device=target.device)
+        self.windows = window_layout(target.model)
+        if self.windows.reason is not None:
+            raise ValueError(f"{type(target.model).__name__}: {self.windows.reason}")
 
     def load(self, cache, length: int) -> None:
         """Copy an HF cache that holds ``length`` prefilled tokens into the static storage (slots ``0 .. length-1``)."""
@@ -204,9 +224,15 @@ class StaticModel:
     def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, rows=None, span=None):
         """Logits ``[N, V]`` (``[R, V]`` for ``rows``, see ``TargetModel._forward``) and taps ``[1, N, K*H]``
         (or None) of one forward writing K/V at ``write_index`` and attending over slots ``[0, span)`` (None: the
-        whole capacity; ``mask`` is ``[1, 1, N, span]``)."""
+        whole capacity; ``mask`` is ``[1, 1, N, span]``, the full-attention mask: sliding-window layers also lose
+        the keys out of their window, the key of each slot being at the position last written there, ``positions``
+        for the slots of ``write_index``, the slot's own index elsewhere)."""
         self.storage.write_index = write_index
         self.storage.span = span or self.capacity
+        if self.windows.slides:
+            query = positions.reshape(-1)
+            key = self.keys[: self.storage.span].index_copy(0, write_index, query)
+            mask = self.windows.masks(mask, query, key)
         return self.target._forward(
             ids,
             position_ids=positions,
@@ -216,3 +242,12 @@ class StaticModel:
             cache=self.cache,
             rows=rows,
         )
+
+
+def static_reason(target: TargetModel) -> str | None:
+    """None when ``StaticModel`` runs the attention layers of ``target`` (a ``TargetModel``) exactly, else why not:
+    masks it does not build (chunked attention, sliding layers of different windows, bidirectional sliding
+    layers, sliding and full layers in a model that takes no per-type masks). Sliding-window layers and hybrid
+    (attention + recurrent) layers are run; whether the recurrent layers have a device path is
+    ``specdec.state.recurrent.hybrid_reason``'s to say."""
+    return window_layout(target.model).reason
