@@ -25,6 +25,7 @@ from specdec.loading import load_prompts, load_target, resolve_device, resolve_m
 __all__ = [
     "DEFAULT_METHODS",
     "BenchConfig",
+    "check_backends_setting",
     "check_compile_setting",
     "check_method_specs",
     "default_out_dir",
@@ -44,7 +45,7 @@ DEFAULT_METHODS: tuple[dict, ...] = (
 )
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-METHOD_KEYS = ("name", "hf", "drafter", "tree", "cuda_graphs", "compile", "env")
+METHOD_KEYS = ("name", "hf", "drafter", "tree", "cuda_graphs", "compile", "backends")
 TREE_FIELDS = {"chain": {"k"}, "ddtree": {"budget", "topk"}}
 DRAFTER_KEYS = {
     "none": set(),
@@ -80,6 +81,8 @@ class BenchConfig:
         cuda_graphs (bool | None): passed to ``generate`` when set. Default `null`.
         compile (bool | str | dict | None): passed to ``generate`` when set (``true``, a mode name or a dict of
             inductor options). Default `null`.
+        backends (dict | None): ``specdec.Backends`` fields for every ``generate`` call (kernel choices, e.g.
+            ``{tree_gdn_walk: chunk}``); null = the process setting (``SPECDEC_<FIELD>`` variables). Default `null`.
         graph_floor (bool): time one CUDA-graph-captured 1-token target forward and the weights' bandwidth floor
             (CUDA only). Default `true`.
         eager_compare (bool | list[str]): decode the greedy cases again with ``cuda_graphs=False`` (every specdec
@@ -126,6 +129,7 @@ class BenchConfig:
     hybrid_mode: str = "exact"
     cuda_graphs: bool | None = None
     compile: bool | str | dict | None = None
+    backends: dict[str, str] | None = None
     graph_floor: bool = True
     eager_compare: bool | list[str] = False
     tau_reference: bool = False
@@ -171,6 +175,7 @@ class BenchConfig:
 
             check_random_target(self.random_target)
         check_compile_setting(self.compile)
+        check_backends_setting(self.backends)
         check_method_specs(self.methods, custom_drafters=None)  # main_bench may add drafter kinds
 
 
@@ -198,6 +203,23 @@ def check_compile_setting(compile) -> None:
             raise ValueError(f"compile options {unknown!r} are not inductor options (torch._inductor.list_options()).")
         return
     raise ValueError(f"compile={compile!r}: use a bool, a mode name or a dict of inductor options.")
+
+
+def check_backends_setting(backends) -> None:
+    """Refuse a ``backends`` setting that is not a mapping of ``specdec.Backends`` fields to allowed values."""
+    if backends is None:
+        return
+    if not isinstance(backends, Mapping):
+        raise ValueError(
+            f"backends={backends!r}: give a mapping of specdec.Backends fields, e.g. {{linear_kernel: triton}}."
+        )
+    from dataclasses import fields as dataclass_fields
+
+    known = {f.name for f in dataclass_fields(specdec.Backends)}
+    unknown = sorted(set(backends) - known)
+    if unknown:
+        raise ValueError(f"backends: unknown fields {unknown}; fields: {', '.join(sorted(known))}.")
+    specdec.Backends(**{k: str(v) for k, v in backends.items()})
 
 
 DrafterFactory = Callable[..., object]
@@ -246,7 +268,7 @@ def _drafter_spec(spec) -> dict | None:
 
 def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[str] | None = ()) -> None:
     """Refuse malformed method specs without loading anything: unknown keys, HF kinds, drafter kinds or their
-    settings, tree kinds or fields, ``compile`` and ``env`` values.
+    settings, tree kinds or fields, ``compile`` and ``backends`` values.
 
     Args:
         specs (Sequence[Mapping]): the method specs.
@@ -279,9 +301,7 @@ def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[st
                 )
         _tree_specs(spec.get("tree"))
         check_compile_setting(spec.get("compile"))
-        env = spec.get("env")
-        if env is not None and not isinstance(env, Mapping):
-            raise ValueError(f"Method spec {dict(spec)}: env must map variable names to values.")
+        check_backends_setting(spec.get("backends"))
 
 
 def _attention_only(target) -> bool:
@@ -316,9 +336,9 @@ def methods_from_specs(
 
     A spec is ``{"name"?: str, "hf"?: "generate" | "static" | "assisted", "drafter"?: None | kind |
     {"kind": kind, **kwargs}, "tree"?: None | {"kind": "chain", "k": int | list} | {"kind": "ddtree",
-    "budget": int | list, "topk": int | None | list}, "cuda_graphs"?: bool, "compile"?: ..., "env"?: {VAR:
-    value}}``. Drafters are built once per distinct drafter spec, by ``drafter_factories[kind](target, tokenizer,
-    **kwargs)`` when given, else from the public drafter classes: ``ngram`` (``NGramDrafter``), ``model``
+    "budget": int | list, "topk": int | None | list}, "cuda_graphs"?: bool, "compile"?: ..., "backends"?:
+    {field: value}}``. Drafters are built once per distinct drafter spec, by ``drafter_factories[kind](target,
+    tokenizer, **kwargs)`` when given, else from the public drafter classes: ``ngram`` (``NGramDrafter``), ``model``
     (``ModelDrafter``: ``path``, or the target's first ``truncate_layers`` layers), ``dflash``
     (``DFlashDrafter.from_pretrained``; without ``path`` it loads ``dflash``; ``init: random`` builds a random one
     of the target's width, ``specdec.bench.synthetic.random_dflash``). ``hf: assisted`` takes the small model of a
@@ -340,10 +360,10 @@ def methods_from_specs(
             if key not in built:
                 built[key] = _build(dict(drafter_spec), target, tokenizer, factories, dflash)
             drafter = built[key]
-        overrides = {k: spec.get(k) for k in ("cuda_graphs", "compile", "env")}
+        overrides = {k: spec.get(k) for k in ("cuda_graphs", "compile", "backends")}
         if spec.get("hf"):
             name = spec.get("name") or f"hf-{spec['hf']}"
-            methods.append(Method(name=name, hf=spec["hf"], drafter=drafter, env=overrides["env"]))
+            methods.append(Method(name=name, hf=spec["hf"], drafter=drafter))
             continue
         base = spec.get("name") or (drafter_spec["kind"] if drafter_spec else "ar")
         trees = _tree_specs(spec.get("tree")) if drafter is not None else [("", None)]
@@ -467,6 +487,7 @@ def main_bench(
         hybrid_mode=cfg.hybrid_mode,
         cuda_graphs=cfg.cuda_graphs,
         compile=cfg.compile,
+        backends=cfg.backends,
         graph_floor=cfg.graph_floor,
         eager_compare=list(cfg.eager_compare) if not isinstance(cfg.eager_compare, bool) else cfg.eager_compare,
         tau_reference=cfg.tau_reference,

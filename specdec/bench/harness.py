@@ -16,8 +16,8 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,8 +47,8 @@ class Method:
             ``ModelDrafter`` given as ``drafter``). Default None (specdec).
         cuda_graphs (bool | None), compile (bool | str | dict | None): this method's ``generate`` settings, over
             the run's. Default None (the run's).
-        env (Mapping[str, str] | None): environment variables set around every call of this method (settings the
-            library reads at each call). Default None.
+        backends (Mapping[str, str] | None): this method's ``specdec.Backends`` fields (kernel choices, e.g.
+            ``{"hybrid_prefill": "scan"}``), over the run's. Default None (the run's).
         series (str | None): the plot line this method belongs to (DDTree methods of one spec share one over
             their budgets). Default None (from the drafter and topk).
     """
@@ -59,7 +59,7 @@ class Method:
     hf: str | None = None
     cuda_graphs: bool | None = None
     compile: bool | str | dict | None = None
-    env: Mapping[str, str] | None = field(default=None, compare=False)
+    backends: Mapping[str, str] | None = field(default=None, compare=False)
     series: str | None = None
 
     def __post_init__(self) -> None:
@@ -81,24 +81,6 @@ def _order(method: Method) -> int:
 def _sync(device: torch.device) -> None:
     if device.type != "cpu" and torch.accelerator.is_available():
         torch.accelerator.synchronize(device)
-
-
-@contextmanager
-def _environ(env: Mapping[str, str] | None) -> Iterator[None]:
-    """``env`` set in ``os.environ`` for the duration, the previous values restored after."""
-    if not env:
-        yield
-        return
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update({k: str(v) for k, v in env.items()})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _assistant_model(drafter):
@@ -136,6 +118,8 @@ class _Runner:
         for key in ("cuda_graphs", "compile"):
             if getattr(method, key) is not None:
                 self.fast_kwargs[key] = getattr(method, key)
+        if method.backends:
+            self.fast_kwargs["backends"] = {**self.fast_kwargs.get("backends", {}), **method.backends}
         # The public wrapper carries a hybrid mode other than the default; plain generate otherwise.
         self.spec = None if hybrid_mode == "exact" else specdec.SpeculativeModel(model, hybrid_mode=hybrid_mode)
         self.series = method.series
@@ -154,30 +138,25 @@ class _Runner:
         sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature}
         kwargs = {**self.gen_kwargs, **self.fast_kwargs, **sampling, **override}
         kwargs = {k: v for k, v in kwargs.items() if v is not None or k in ("top_k", "top_p")}
-        with _environ(self.method.env):
-            _sync(device)
-            start = time.perf_counter()
-            if self.spec is None:
-                out = specdec.generate(
-                    self.model, ids, drafter=self.drafter, tree=self.tree, generator=generator, **kwargs
-                )
-            else:
-                out = self.spec.generate(
-                    ids, drafter=self.drafter, tree=self.tree, generator=generator, return_dict_in_generate=True,
-                    **kwargs,
-                )  # fmt: skip
-            _sync(device)
-            seconds = time.perf_counter() - start
-        return out, seconds
+        _sync(device)
+        start = time.perf_counter()
+        if self.spec is None:
+            out = specdec.generate(self.model, ids, drafter=self.drafter, tree=self.tree, generator=generator, **kwargs)
+        else:
+            out = self.spec.generate(
+                ids, drafter=self.drafter, tree=self.tree, generator=generator, return_dict_in_generate=True, **kwargs
+            )
+        _sync(device)
+        return out, time.perf_counter() - start
 
     def __call__(self, temperature: float, seed: int, prompt_id, ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
         method = self.method
         if method.hf is not None:
             torch.manual_seed(seed)
             assistant = _assistant_model(self.drafter) if method.hf == "assisted" else None
-            with _environ(method.env):
-                seqs, total_s, prefill_s = run_hf(self.model, ids, method.hf, temperature, self.gen_kwargs,
-                                                  assistant=assistant)  # fmt: skip
+            seqs, total_s, prefill_s = run_hf(
+                self.model, ids, method.hf, temperature, self.gen_kwargs, assistant=assistant
+            )
             row = hf_row(method.name, method.hf, temperature, prompt_id, ids, seqs, total_s, prefill_s)
             row["series"] = method.series or method.name
             return seqs, row
@@ -294,6 +273,7 @@ def run_bench(
     hybrid_mode: str = "exact",
     cuda_graphs: bool | None = None,
     compile: bool | str | dict | None = None,
+    backends: Mapping[str, str] | None = None,
     graph_floor: bool = False,
     eager_compare: bool | Sequence[str] = False,
     tau_reference: bool = False,
@@ -331,6 +311,8 @@ def run_bench(
         hybrid_mode (str): ``exact`` or ``snapshot`` (hybrid targets, ``specdec.SpeculativeModel``). Default exact.
         cuda_graphs (bool | None), compile (bool | str | dict | None): passed to ``generate`` when not None (a
             method's own setting wins). Default None.
+        backends (Mapping[str, str] | None): ``specdec.Backends`` fields passed to ``generate`` (a method's own
+            fields win). Default None (the process setting).
         graph_floor (bool): time one CUDA-graph-captured 1-token target forward (``graph_floor_ms``) and the
             weights' bandwidth floor. Default False.
         eager_compare (bool | Sequence[str]): decode the greedy cases again with ``cuda_graphs=False`` (all
@@ -378,6 +360,8 @@ def run_bench(
     if ignore_eos:
         gen_kwargs["eos_token_id"] = []
     fast_kwargs = {k: v for k, v in (("cuda_graphs", cuda_graphs), ("compile", compile)) if v is not None}
+    if backends:
+        fast_kwargs["backends"] = dict(backends)
     encoded = _encode(tokenizer, prompts, max_prompt_tokens, device)
     cases = list(itertools.product(temperatures, enumerate(encoded)))
     runners = [_Runner(model, m, gen_kwargs, fast_kwargs, hybrid_mode) for m in methods]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,7 +32,13 @@ def _device_events(prof) -> list:
     """The device-side events (kernels, memcpys) of a finished profile."""
     from torch.autograd import DeviceType
 
-    return [e for e in prof.events() if e.device_type in (DeviceType.CUDA, DeviceType.PrivateUse1)]
+    return [
+        e
+        for e in prof.events()
+        if e.device_type in (DeviceType.CUDA, DeviceType.PrivateUse1)
+        and not getattr(e, "is_user_annotation", False)  # the bench's own range, mirrored on the device timeline
+        and not e.name.startswith("bench:")
+    ]
 
 
 def profile_methods(runners: Sequence, cases: Sequence, out_dir: Path, seed: int, *, row_limit: int = 15) -> list[dict]:
@@ -63,8 +70,15 @@ def profile_methods(runners: Sequence, cases: Sequence, out_dir: Path, seed: int
                 wall_ms = 1e3 * (time.perf_counter() - start)
             suffix = f"-T{temperature:g}" if len(firsts) > 1 else ""
             trace = folder / f"{_file_name(run.name)}{suffix}.trace.json"
-            prof.export_chrome_trace(str(trace))
-            kernels = _device_events(prof) if cuda else None
+            with warnings.catch_warnings():  # torch warns that a finished profile keeps one cycle's events
+                warnings.simplefilter("ignore", UserWarning)
+                prof.export_chrome_trace(str(trace))
+                kernels = _device_events(prof) if cuda else None
+                table = prof.key_averages().table(
+                    sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                    row_limit=row_limit,
+                    max_name_column_width=60,
+                )
             kernel_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 if kernels is not None else None
             rounds = int(row.get("rounds") or 0)
             summary = {
@@ -77,8 +91,6 @@ def profile_methods(runners: Sequence, cases: Sequence, out_dir: Path, seed: int
                 "trace": str(trace.relative_to(out_dir)),
             }
             summaries.append(summary)
-            sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-            table = prof.key_averages().table(sort_by=sort, row_limit=row_limit, max_name_column_width=60)
             sections.append(_section(summary, table))
             logger.info("profiled %s T=%g: %.1f ms, %d rounds", run.name, temperature, wall_ms, rounds)
     lines = [

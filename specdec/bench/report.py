@@ -285,21 +285,15 @@ def format_notes(summaries: Sequence[dict], meta: Mapping | None = None) -> str:
 
 
 def environment(device) -> dict:
-    """Date, commit (``git rev-parse``, else ``$SPECDEC_COMMIT``), library versions and the device name of a run."""
+    """Date, commit (``$SPECDEC_COMMIT`` when set, else ``_git_commit``), library versions and the device name of
+    a run."""
     import platform
-    import subprocess
     import time
 
     import torch
     import transformers
 
-    try:
-        repo = Path(__file__).resolve().parent
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True)
-        commit = sha.stdout.strip() or None
-    except OSError:
-        commit = None
-    commit = commit or os.environ.get("SPECDEC_COMMIT")  # a copy of the tree without its git folder
+    commit = os.environ.get("SPECDEC_COMMIT") or _git_commit()
     device = torch.device(device)
     if device.type == "cuda":
         name = f"cuda: {torch.cuda.get_device_name(device)}"
@@ -314,6 +308,22 @@ def environment(device) -> dict:
         "device": name,
         "threads": torch.get_num_threads(),
     }
+
+
+def _git_commit() -> str | None:
+    """The short commit of the checkout holding the library, ``+dirty`` when its ``specdec`` folder differs from it
+    (None outside a git checkout)."""
+    import subprocess
+
+    package = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=package, capture_output=True, text=True)
+        if sha.returncode != 0 or not sha.stdout.strip():
+            return None
+        diff = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=package, capture_output=True)
+    except OSError:
+        return None
+    return sha.stdout.strip() + ("+dirty" if diff.returncode == 1 else "")
 
 
 def describe_run(meta: Mapping) -> str:
@@ -331,7 +341,9 @@ def describe_run(meta: Mapping) -> str:
 
 
 def _floor_line(meta: Mapping) -> str:
-    floor = meta.get("graph_floor_ms")
+    if "graph_floor_ms" not in meta:
+        return "graph-floor: not measured (graph_floor=false)"
+    floor = meta["graph_floor_ms"]
     if floor is None:
         return "graph-floor: n/a (needs a CUDA device)"
     line = (
@@ -430,6 +442,9 @@ def _plot_panel(ax, group: Sequence[dict], metric: str, colors: Mapping[str, str
             ax.axhline(s[metric], linestyle="--", color=colors[label], label=label)
     if len(budgets) > 1 and budgets[0] > 0 and budgets[-1] >= 4 * budgets[0]:
         ax.set_xscale("log", base=2)
+    if budgets:
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.minorticks_off()
     ax.set_xlabel("DDTree budget (non-root nodes)")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:

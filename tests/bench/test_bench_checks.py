@@ -1,10 +1,9 @@
-"""The bench's passes and checks on tiny models: interleaved repeats, per-method environment, the eager-path
-comparison, whole-round τ, a comparison with an earlier run, profiling, and a random-weight target."""
+"""The bench's passes and checks on tiny models: interleaved repeats, backends per run and per method, the
+eager-path comparison, whole-round τ, a comparison with an earlier run, profiling, and a random-weight target."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -28,11 +27,11 @@ def _target():
 
 
 def _log_calls(monkeypatch) -> list:
-    """Log the variable X at every ``specdec.generate`` call (the only library call the bench makes)."""
+    """Log (drafter, backends) of every ``specdec.generate`` call (the only library call the bench makes)."""
     calls, real = [], specdec.generate
 
     def logged(*args, **kwargs):
-        calls.append(os.environ.get("X", ""))
+        calls.append((kwargs.get("drafter"), kwargs.get("backends")))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(specdec, "generate", logged)
@@ -41,24 +40,33 @@ def _log_calls(monkeypatch) -> list:
 
 @pytest.mark.parametrize("interleave", [False, True])
 def test_repeat_and_interleave_order_the_passes(interleave, monkeypatch):
-    target, calls = _target(), _log_calls(monkeypatch)
-    methods = [
-        Method(name="A", drafter=NGramDrafter(), tree=Chain(k=3), env={"X": "A"}),
-        Method(name="B", drafter=NGramDrafter(), env={"X": "B"}),
-    ]
+    calls = _log_calls(monkeypatch)
+    a, b = NGramDrafter(), NGramDrafter()
+    methods = [Method(name="A", drafter=a, tree=Chain(k=3)), Method(name="B", drafter=b)]
     rows = run_bench(
-        target, _Tok(), PROMPTS[:1], methods, max_new_tokens=6, warmup=1, repeat=2, interleave=interleave,
+        _target(), _Tok(), PROMPTS[:1], methods, max_new_tokens=6, warmup=1, repeat=2, interleave=interleave,
         ignore_eos=True, progress=False,
     )  # fmt: skip
-    assert "X" not in os.environ  # set around each method's calls only
-    assert calls[0] == ""  # the AR reference (the run has no AR method)
-    assert calls[1:] == (["A", "B", "A", "B", "A", "B"] if interleave else ["A", "A", "A", "B", "B", "B"])
+    drafters = [d for d, _ in calls]
+    assert drafters[0] is None  # the AR reference (the run has no AR method)
+    assert drafters[1:] == ([a, b, a, b, a, b] if interleave else [a, a, a, b, b, b])
     assert [(r["method"], r["pass"]) for r in rows] == (
         [("A", 0), ("B", 0), ("A", 1), ("B", 1)] if interleave else [("A", 0), ("A", 1), ("B", 0), ("B", 1)]
     )
     summary = {s["method"]: s for s in aggregate(rows)}
     assert summary["A"]["passes"] == 2 and summary["A"]["prompts"] == 1 and len(summary["A"]["tok_s_passes"]) == 2
     assert all(r["identical_to_ar"] for r in rows)
+
+
+def test_backends_of_the_run_and_of_a_method_reach_generate(monkeypatch):
+    calls = _log_calls(monkeypatch)
+    methods = [Method(name="ar"), Method(name="ng", drafter=NGramDrafter(), backends={"ddtree": "torch"})]
+    run_bench(_target(), _Tok(), PROMPTS[:1], methods, max_new_tokens=4, warmup=0, backends={"ddtree_topk": "torch"},
+              progress=False)  # fmt: skip
+    assert [backends for _, backends in calls] == [
+        {"ddtree_topk": "torch"},
+        {"ddtree_topk": "torch", "ddtree": "torch"},
+    ]
 
 
 def test_eager_compare_and_tau_reference(tmp_path):
@@ -139,6 +147,8 @@ def test_random_target_runs_a_random_dflash_drafter_on_cpu(tmp_path):
         ({"methods": [{"name": "x", "drafter": {"kind": "dflash", "budget": 3}}]}, "unknown settings"),
         ({"methods": [{"name": "x", "tree": {"kind": "chain", "budget": 3}}]}, "unknown fields"),
         ({"methods": [{"name": "x", "compile": "max-autotune"}]}, "max-autotune-no-cudagraphs"),
+        ({"methods": [{"name": "x", "backends": {"hybrid_prefill": "fast"}}]}, "hybrid_prefill"),
+        ({"backends": {"kernel": "triton"}}, "unknown fields"),
         ({"hybrid_mode": "fast"}, "hybrid_mode"),
     ],
 )
