@@ -24,7 +24,7 @@ from specdec.kernels.tree_accept import tree_mask
 from specdec.runtime import Captured, compile_fn, compile_key
 from specdec.state.hybrid import HybridState, VerifyRound, adapter_forwards, hybrid_prefill
 from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_reason
-from specdec.state.storage import StaticModel, commit_rows
+from specdec.state.storage import StaticModel, commit_rows, static_reason
 from specdec.target import TargetModel
 from specdec.trees.build import root_tree_device
 from specdec.types import DeviceTree, Proposal, SamplingParams, TreeRow
@@ -59,13 +59,6 @@ def round_reason(target: TargetModel, drafter, tree) -> str | None:
                 f"{type(tree).__name__} builds from {sorted(wanted)} but {type(drafter).__name__} proposes "
                 f"{sorted(drafter.provides)}; pick a tree policy that reads what the drafter proposes"
             )
-    return None
-
-
-def static_reason(target: TargetModel) -> str | None:
-    """None when the static storage runs ``target``'s attention layers exactly, else why not."""
-    if target._sliding_window_layers():
-        return "sliding-window attention layers are not run by the static storage yet"
     return None
 
 

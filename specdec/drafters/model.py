@@ -90,10 +90,9 @@ class ModelDrafter:
     def attach(self, target, capacity: int):
         """The draft model's static storage and round code for sequences of up to ``capacity`` tokens."""
         from specdec.drafters.model_static import ModelStatic
+        from specdec.state.storage import static_reason
 
-        if self.lm._sliding_window_layers():
-            raise ValueError(
-                f"The draft model {type(self.lm.model).__name__} has sliding-window attention layers, which the "
-                "draft round does not run; use a draft model with full attention."
-            )
+        reason = static_reason(self.lm)
+        if reason is not None:
+            raise ValueError(f"The draft model {type(self.lm.model).__name__} cannot run in the round: {reason}.")
         return ModelStatic(self, capacity)
