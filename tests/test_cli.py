@@ -130,9 +130,13 @@ def test_generate_passes_hybrid_mode_to_the_target_wrapper(zoo, tmp_path, monkey
 
     monkeypatch.setattr(TargetModel, "wrap", classmethod(spy))
     overrides = ["target=hybrid", "drafter=none", "prompts.limit=1", "max_new_tokens=3", "show_text=false"]
-    cfg, choices = _compose("generate", [*overrides, "hybrid_mode=snapshot", "threads=1"])
+    cfg, choices = _compose("generate", [*overrides, "hybrid_mode=exact", "threads=1"])
     cli.run_command("generate", cfg, choices, tmp_path)
-    assert seen[0] == "snapshot"
+    assert seen[0] == "exact"
+    cfg, choices = _compose("generate", [*overrides, "hybrid_mode=snapshot", "threads=1"])
+    with pytest.raises(ValueError, match="hybrid_mode='snapshot'"):  # reaches the target, which refuses it by name
+        cli.run_command("generate", cfg, choices, tmp_path)
+    assert seen[-1] == "snapshot"
     cfg, choices = _compose("generate", [*overrides, "hybrid_mode=approximate", "threads=1"])
     with pytest.raises(ValueError, match="hybrid_mode='approximate'"):
         cli.run_command("generate", cfg, choices, tmp_path)
