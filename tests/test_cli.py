@@ -136,7 +136,7 @@ def test_generate_passes_hybrid_mode_to_the_target_wrapper(zoo, tmp_path, monkey
     cfg, choices = _compose("generate", [*overrides, "hybrid_mode=snapshot", "threads=1"])
     with pytest.raises(ValueError, match="hybrid_mode='snapshot'"):  # reaches the target, which refuses it by name
         cli.run_command("generate", cfg, choices, tmp_path)
-    assert seen[-1] == "snapshot"
+    assert "snapshot" in seen
     cfg, choices = _compose("generate", [*overrides, "hybrid_mode=approximate", "threads=1"])
     with pytest.raises(ValueError, match="hybrid_mode='approximate'"):
         cli.run_command("generate", cfg, choices, tmp_path)
