@@ -509,6 +509,8 @@ def print_summary(rows: Sequence[dict], out_dir: str | os.PathLike, *, title: st
     from specdec.bench.report import aggregate, summary_table
 
     console = Console()
+    if not console.is_terminal:  # a log file or a pipe: as wide as the table needs, no cut cells
+        console = Console(width=240)
     console.print(summary_table(aggregate(rows), title=f"specdec bench: {title}" if title else "specdec bench"))
     files = [
         name for name in ("results.md", "plot.png", "results.jsonl", "profile.md") if (Path(out_dir) / name).exists()

@@ -23,6 +23,8 @@ __all__ = ["profile_methods"]
 
 logger = logging.getLogger(__name__)
 
+_CYCLE_WARNING = ".*Profiler clears events"  # torch: a finished profile keeps one cycle's events (all we record)
+
 
 def _file_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
@@ -61,7 +63,8 @@ def profile_methods(runners: Sequence, cases: Sequence, out_dir: Path, seed: int
         for temperature, (i, ids) in firsts.items():
             cuda = ids.device.type == "cuda"
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-            with profile(activities=activities) as prof:
+            with warnings.catch_warnings(), profile(activities=activities) as prof:
+                warnings.filterwarnings("ignore", message=_CYCLE_WARNING)
                 start = time.perf_counter()
                 with record_function(f"bench:{run.name}"):
                     _, row = run(temperature, seed + i, str(i), ids)
@@ -70,8 +73,8 @@ def profile_methods(runners: Sequence, cases: Sequence, out_dir: Path, seed: int
                 wall_ms = 1e3 * (time.perf_counter() - start)
             suffix = f"-T{temperature:g}" if len(firsts) > 1 else ""
             trace = folder / f"{_file_name(run.name)}{suffix}.trace.json"
-            with warnings.catch_warnings():  # torch warns that a finished profile keeps one cycle's events
-                warnings.simplefilter("ignore", UserWarning)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_CYCLE_WARNING)
                 prof.export_chrome_trace(str(trace))
                 kernels = _device_events(prof) if cuda else None
                 table = prof.key_averages().table(

@@ -452,28 +452,32 @@ def _plot_panel(ax, group: Sequence[dict], metric: str, colors: Mapping[str, str
 
 
 def summary_table(summaries: Sequence[dict], *, title: str | None = None):
-    """A ``rich.table.Table`` of the main figures (what the bench prints at the end)."""
+    """A ``rich.table.Table`` of the main figures (what the bench prints at the end); method names are never cut."""
     from rich.table import Table
 
+    optional = [
+        ("tau_reference", "τ whole", lambda v: _fmt(v, ".2f")),
+        ("identical_eager_share", "= eager", _pct),
+        ("identical_run_share", "= other run", _pct),
+    ]
+    optional = [c for c in optional if any(s.get(c[0]) is not None for s in summaries)]
     table = Table(title=title)
-    columns = ["method", "T", "τ", "tok/s", "speedup", "ms/round", "= AR", "= HF"]
-    eager = any(s.get("identical_eager_share") is not None for s in summaries)
-    other = any(s.get("identical_run_share") is not None for s in summaries)
-    columns += ["= eager"] * eager + ["= other run"] * other
-    for col in columns:
-        table.add_column(col, justify="left" if col == "method" else "right")
+    width = max((len(s["method"]) for s in summaries), default=6)
+    table.add_column("method", no_wrap=True, min_width=width)
+    for col in ["T", "τ", *[c[1] for c in optional[:1] if c[0] == "tau_reference"], "tok/s", "speedup", "ms/round",
+                "= AR", "= HF", *[c[1] for c in optional if c[0] != "tau_reference"]]:  # fmt: skip
+        table.add_column(col, justify="right")
     for s in summaries:
-        cells = [
-            s["method"],
-            f"{s['temperature']:g}",
-            _fmt(s["tau"], ".2f"),
+        cells = [s["method"], f"{s['temperature']:g}", _fmt(s["tau"], ".2f")]
+        cells += [fmt(s.get(key)) for key, _, fmt in optional[:1] if key == "tau_reference"]
+        cells += [
             _fmt(s["tok_s"], ".1f"),
             _fmt(s["speedup"], ".2f"),
             _fmt(s.get("ms_per_round"), ".3f"),
             _pct(s["identical_share"]),
             _pct(s.get("identical_hf_share")),
         ]
-        cells += [_pct(s.get("identical_eager_share"))] * eager + [_pct(s.get("identical_run_share"))] * other
+        cells += [fmt(s.get(key)) for key, _, fmt in optional if key != "tau_reference"]
         table.add_row(*cells)
     return table
 
