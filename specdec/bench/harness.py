@@ -120,6 +120,8 @@ class _Runner:
                 self.fast_kwargs[key] = getattr(method, key)
         if method.backends:
             self.fast_kwargs["backends"] = {**self.fast_kwargs.get("backends", {}), **method.backends}
+        if "backends" in self.fast_kwargs:  # values as Backends spells them (a config may give 0 for "0")
+            self.fast_kwargs["backends"] = {k: str(v) for k, v in self.fast_kwargs["backends"].items()}
         # The public wrapper carries a hybrid mode other than the default; plain generate otherwise.
         self.spec = None if hybrid_mode == "exact" else specdec.SpeculativeModel(model, hybrid_mode=hybrid_mode)
         self.series = method.series
