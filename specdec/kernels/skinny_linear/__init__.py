@@ -78,6 +78,10 @@ def skinny_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     Returns:
         torch.Tensor: ``[..., N]``, ``x``'s dtype.
     """
+    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
+        # PyTorch's CPU half-precision linear reads past the rows of a row-strided input (NaN out of a sliced
+        # buffer's padding): give it contiguous operands (no copy when they already are).
+        x, weight = x.contiguous(), weight.contiguous()
     return torch.nn.functional.linear(x, weight, bias)
 
 
