@@ -1,7 +1,8 @@
 """Decode the same prompts with the same methods under two checkouts of specdec, warm, and print tok/s side by side.
 
     python scripts/ab_rounds.py run --root PATH --label NAME --target DIR --drafter DIR --tokenizer DIR \
-        --prompts FILE [--num-prompts 20] [--max-new 128] [--methods ar,chain,b15,b32,b63] [--compile] --out FILE
+        --prompts FILE [--num-prompts 20] [--max-new 128] [--methods ar,chain,b15,b32,b63] [--compile] \
+        [--dtype auto] --out FILE
     python scripts/ab_rounds.py table A.json B.json
 
 ``run`` imports specdec from ``--root`` (a checkout), so the two runs use only the public API
@@ -26,7 +27,7 @@ def _run(a) -> None:
     import specdec
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, a.dtype) if a.dtype != "auto" else torch.bfloat16 if device.type == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(a.target, dtype=dtype).to(device).eval()
     tok = AutoTokenizer.from_pretrained(a.tokenizer)
     drafter = specdec.DFlashDrafter.from_pretrained(a.drafter, target=model)
@@ -95,6 +96,7 @@ def main() -> None:
     r.add_argument("--repeats", type=int, default=1)
     r.add_argument("--methods", default="ar,chain,b15,b32,b63")
     r.add_argument("--compile", action="store_true")
+    r.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
     t = sub.add_parser("table")
     t.add_argument("files", nargs=2)
     a = ap.parse_args()
