@@ -68,7 +68,10 @@ def _run(a) -> None:
 
 
 def _table(a) -> None:
-    runs = [json.load(open(p)) for p in a.files]
+    runs = []
+    for path in a.files:
+        with open(path) as f:
+            runs.append(json.load(f))
     base, new = runs
     by = {r["method"]: r for r in new["rows"]}
     print(f"| method | {base['label']} tok/s | {new['label']} tok/s | ratio | tau {base['label']} | tau "
