@@ -1,4 +1,6 @@
-"""DFlash drafter: inference forward vs the training forward, cache growth, z-lab checkpoint I/O, validation."""
+"""DFlash drafter: the round's forward (``DFlashDrafter.attach``: static context) and the eager oracle
+(``oracles.dflash_eager``) vs the training forward, incremental context, proposals, z-lab checkpoint I/O,
+validation."""
 
 from __future__ import annotations
 
@@ -8,13 +10,15 @@ import json
 import pytest
 import torch
 from models import tiny_model
+from oracles.ddtree_heap import build_ddtree
+from oracles.dflash_eager import DecodeContext, EagerDFlash
 from safetensors.torch import save_file
 
 import specdec
 from specdec.drafters.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
 from specdec.train.dflash import block_hidden, target_features
-from specdec.trees.ddtree import build_ddtree
-from specdec.types import Chain, DDTree, DecodeContext, VerifyResult
+from specdec.trees import Chain, DDTree
+from specdec.trees.build import to_draft_tree
 
 VOCAB, MASK = 128, 3
 
@@ -41,6 +45,22 @@ def tokens(n: int, seed: int = 0) -> torch.Tensor:
 def ctx_at(ids: torch.Tensor, feats: torch.Tensor, anchor: int, first_row: int = 0) -> DecodeContext:
     """Context whose root is ``ids[anchor]`` and whose new target rows are positions first_row..anchor-1."""
     return DecodeContext(input_ids=ids[:, : anchor + 1], target_hidden=feats[:, first_row:anchor])
+
+
+def round_state(drafter, target, ids: torch.Tensor, feats: torch.Tensor, anchor: int, capacity: int = 64):
+    """The drafter's round state (``attach``) after the prompt ``ids[:anchor]``: the root ``ids[anchor]`` sits at
+    position ``anchor``."""
+    state = drafter.attach(target, capacity)
+    state.prefill(ids[:, :anchor], feats[:, :anchor])
+    return state
+
+
+def propose(state, ids: torch.Tensor, anchor: int, tree):
+    """The round's proposal from ``state`` at root ``ids[anchor]`` and the policy's tree of it (row 0)."""
+    root = ids[0, anchor : anchor + 1]
+    depth = state.drafter.draft_depth(tree)
+    proposal = state.propose(root, torch.tensor([anchor]), depth, state.capacity)
+    return proposal, to_draft_tree(tree.build(proposal, root, depth).row(0))
 
 
 def test_default_target_layer_ids_match_zlab_examples():
@@ -71,39 +91,55 @@ def test_draft_logq_matches_training_block_forward(target, variant):
     with torch.no_grad():
         hidden = block_hidden(drafter.model, target.get_input_embeddings(), ids, feats, anchors)
         train_logq = torch.log_softmax(target.lm_head(hidden[0, :, 1:]), dim=-1)  # [n, B-1, V]
+    oracle = EagerDFlash(drafter)
+    depth = drafter.config.block_size - 1
     for i, a in enumerate(anchors[0].tolist()):
-        drafter.prefill(ctx_at(ids, feats, a))
-        torch.testing.assert_close(drafter.draft_logq(ctx_at(ids, feats, a)), train_logq[i], atol=2e-5, rtol=1e-5)
+        oracle.prefill(ctx_at(ids, feats, a))
+        torch.testing.assert_close(oracle.draft_logq(ctx_at(ids, feats, a)), train_logq[i], atol=2e-5, rtol=1e-5)
+        logq = round_state(drafter, target, ids, feats, a).logq(ids[0, a : a + 1], torch.tensor(a), depth)
+        torch.testing.assert_close(logq, train_logq[i], atol=2e-5, rtol=1e-5)
 
 
 def test_incremental_commits_match_one_prefill(target):
+    """Context rows arriving in several commits (with drafts in between, which write their block into the slots
+    later commits fill) give the drafts of one prefill: in the round's state and in the eager oracle."""
     drafter = make_drafter(target)
     ids = tokens(30, seed=3)
     feats = target_features(target, ids, drafter.target_layer_ids)
-    drafter.prefill(ctx_at(ids, feats, 21))
-    want = drafter.draft_logq(ctx_at(ids, feats, 21))
-    drafter.prefill(ctx_at(ids, feats, 7))
-    drafter.draft_logq(ctx_at(ids, feats, 7))  # a draft in between must leave only context rows cached
+    oracle = EagerDFlash(drafter)
+    oracle.prefill(ctx_at(ids, feats, 21))
+    want = oracle.draft_logq(ctx_at(ids, feats, 21))
+    oracle.prefill(ctx_at(ids, feats, 7))
+    oracle.draft_logq(ctx_at(ids, feats, 7))  # a draft in between must leave only context rows cached
+    state = round_state(drafter, target, ids, feats, 7)
+    depth = drafter.config.block_size - 1
+    state.logq(ids[0, 7:8], torch.tensor(7), depth)
     for stop, first in [(12, 7), (13, 12), (21, 13)]:
-        drafter.commit(ctx_at(ids, feats, stop, first), VerifyResult(path=tuple(range(stop - first)), tokens=(0,)))
-    assert drafter._len == 21
-    torch.testing.assert_close(drafter.draft_logq(ctx_at(ids, feats, 21, 13)), want, atol=1e-5, rtol=1e-5)
+        oracle.commit(ctx_at(ids, feats, stop, first))
+        state.ingest(feats[:, first:stop], torch.tensor(first))
+        state.logq(ids[0, stop : stop + 1], torch.tensor(stop), depth)
+    assert oracle._len == 21
+    torch.testing.assert_close(oracle.draft_logq(ctx_at(ids, feats, 21, 13)), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state.logq(ids[0, 21:22], torch.tensor(21), depth), want, atol=1e-5, rtol=1e-5)
     with pytest.raises(RuntimeError, match="continue the cache"):
-        drafter.commit(ctx_at(ids, feats, 25, 22), VerifyResult(path=(0, 1, 2), tokens=(0,)))
+        oracle.commit(ctx_at(ids, feats, 25, 22))
 
 
 def test_propose_trees(target):
     drafter = make_drafter(target)
     ids = tokens(16, seed=5)
     feats = target_features(target, ids, drafter.target_layer_ids)
-    ctx = ctx_at(ids, feats, 15)
-    drafter.prefill(ctx)
-    chain = drafter.propose(ctx, Chain(k=5))
+    state = round_state(drafter, target, ids, feats, 15)
+    proposal, chain = propose(state, ids, 15, Chain(k=5))
+    assert proposal.logq.shape == (1, 5, VOCAB) and proposal.paths is None
     assert chain.tokens[0].item() == ids[0, 15].item() and chain.parents.tolist() == [-1, 0, 1, 2, 3, 4]
-    assert torch.equal(drafter.propose(ctx, DDTree(budget=5, topk=1)).tokens, chain.tokens)
-    tree = drafter.propose(ctx, DDTree(budget=12, topk=3))
+    assert torch.equal(propose(state, ids, 15, DDTree(budget=5, topk=1))[1].tokens, chain.tokens)
+    _, tree = propose(state, ids, 15, DDTree(budget=12, topk=3))
     assert tree.num_nodes == 13 and tree.max_depth <= 5
-    assert drafter.num_forwards == 3
+    oracle = EagerDFlash(drafter)
+    oracle.prefill(ctx_at(ids, feats, 15))
+    assert oracle.propose(ctx_at(ids, feats, 15), Chain(k=5)).tokens.tolist() == chain.tokens.tolist()
+    assert drafter.forwards_per_round(Chain(k=5)) == drafter.forwards_per_round(DDTree(budget=12)) == 1
 
 
 def best_prefixes(logq: torch.Tensor, budget: int, width: int) -> list[tuple[int, ...]]:
@@ -130,24 +166,28 @@ def token_paths(tree) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize("anchor", [7, 12, 15])
 def test_propose_is_ddtree_of_own_draft_logq(target, anchor):
-    """The proposed tree is ``build_ddtree`` of the drafter's own per-depth log-probs, its node paths are the
-    brute-force best prefixes of those log-probs, and the chain is their per-depth argmax."""
+    """The round's proposal is the eager oracle's per-depth log-probs; the tree the DDTree policy builds from it is
+    the heap oracle's ``build_ddtree`` of them, its node paths are the brute-force best prefixes, and the chain is
+    their per-depth argmax."""
     drafter = make_drafter(target)
     ids = tokens(16, seed=anchor)
     feats = target_features(target, ids, drafter.target_layer_ids)
-    ctx = ctx_at(ids, feats, anchor)
-    drafter.prefill(ctx)
-    logq = drafter.draft_logq(ctx)  # [B-1, V]
+    oracle = EagerDFlash(drafter)
+    oracle.prefill(ctx_at(ids, feats, anchor))
+    want_logq = oracle.draft_logq(ctx_at(ids, feats, anchor))  # [B-1, V]
+    state = round_state(drafter, target, ids, feats, anchor)
     root = int(ids[0, anchor])
     for budget, topk in [(12, 3), (20, 2), (5, None)]:
-        tree = drafter.propose(ctx, DDTree(budget=budget, topk=topk))
+        proposal, tree = propose(state, ids, anchor, DDTree(budget=budget, topk=topk))
+        logq = proposal.logq[0]
+        torch.testing.assert_close(logq, want_logq[: logq.shape[0]], atol=1e-5, rtol=1e-5)
         want = build_ddtree(logq, root, budget=budget, topk=topk)
         assert torch.equal(tree.tokens, want.tokens) and torch.equal(tree.parents, want.parents)
         assert int(tree.tokens[0]) == root
         width = min(budget if topk is None else topk, budget)
         assert token_paths(tree) == best_prefixes(logq, budget, width)
-    chain = drafter.propose(ctx, Chain(k=4))
-    assert chain.tokens.tolist() == [root, *logq[:4].argmax(-1).tolist()]
+    proposal, chain = propose(state, ids, anchor, Chain(k=4))
+    assert chain.tokens.tolist() == [root, *proposal.logq[0].argmax(-1).tolist()]
 
 
 def test_save_pretrained_round_trip_is_bit_identical(target, tmp_path):
@@ -161,9 +201,8 @@ def test_save_pretrained_round_trip_is_bit_identical(target, tmp_path):
         assert torch.equal(loaded.model.state_dict()[name], value), name
     ids = tokens(12)
     feats = target_features(target, ids, drafter.target_layer_ids)
-    for d in (drafter, loaded):
-        d.prefill(ctx_at(ids, feats, 11))
-    assert torch.equal(loaded.draft_logq(ctx_at(ids, feats, 11)), drafter.draft_logq(ctx_at(ids, feats, 11)))
+    logq = [propose(round_state(d, target, ids, feats, 11), ids, 11, Chain(k=5))[0].logq for d in (drafter, loaded)]
+    assert torch.equal(logq[0], logq[1])
     drafter.save_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
     half = DFlashDrafter.from_pretrained(tmp_path / "bf16")
     assert half.model.fc.weight.dtype == torch.bfloat16 and half.model.fc.weight.device.type == "cpu"
@@ -239,9 +278,8 @@ def test_loads_zlab_2026_04_layout(target, tmp_path):
         assert torch.equal(drafter.model.state_dict()[name], value.float()), name
     drafter.validate(target, Chain(k=15))
     ids = tokens(10)
-    ctx = ctx_at(ids, target_features(target, ids, cfg.target_layer_ids), 9)
-    drafter.prefill(ctx)
-    assert drafter.propose(ctx, DDTree(budget=20)).num_nodes == 21
+    state = round_state(drafter, target, ids, target_features(target, ids, cfg.target_layer_ids), 9)
+    assert propose(state, ids, 9, DDTree(budget=20))[1].num_nodes == 21
 
 
 def test_loads_zlab_2026_06_layout_and_aliases(target, tmp_path):
@@ -320,10 +358,6 @@ def test_validate_names_problem_and_fix(target):
     )
     with pytest.raises(ValueError, match="fc takes 128 features"):
         drafter.validate(wide, Chain(k=2))
-    with pytest.raises(RuntimeError, match="prefill"):
-        drafter.reset()
-        ids = tokens(8)
-        drafter.propose(DecodeContext(input_ids=ids), Chain(k=2))
 
 
 def test_generate_greedy_is_lossless(target):
@@ -336,3 +370,4 @@ def test_generate_greedy_is_lossless(target):
         for tree in (Chain(k=5), DDTree(budget=8, topk=3)):
             out = specdec.generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=12, do_sample=False)
             assert torch.equal(out.sequences, want), tree
+            assert out.stats.draft_forwards == out.stats.rounds  # one block forward per round

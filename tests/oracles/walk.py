@@ -1,4 +1,6 @@
-"""Greedy verification: follow the target's argmax from the root while a child carries it."""
+"""Host walks of a draft tree (the oracles of ``specdec.verify``'s rules): follow the target's argmax (greedy) or
+one multinomial sample per node of HF's processed distribution (sample-and-match) from the root while a child
+carries it."""
 
 from __future__ import annotations
 
@@ -6,9 +8,10 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.types import DraftTree, VerifyResult
+from oracles import hf_probs
+from specdec.types import DraftTree, SamplingParams, VerifyResult
 
-__all__ = ["verify_greedy", "walk_tree"]
+__all__ = ["sample_tokens", "verify_greedy", "verify_sample", "walk_tree"]
 
 
 def walk_tree(tree: DraftTree, choices: Sequence[int]) -> VerifyResult:
@@ -37,3 +40,21 @@ def walk_tree(tree: DraftTree, choices: Sequence[int]) -> VerifyResult:
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
     """Greedy rule. ``target_logits`` ``[N, V]``: the target's logits at each node."""
     return walk_tree(tree, target_logits.argmax(dim=-1).tolist())
+
+
+def sample_tokens(
+    target_logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> torch.Tensor:
+    """One token per row (``[N]``): the argmax if ``not sampling.do_sample``, else a multinomial sample of HF's
+    processed distribution (``oracles.hf_probs``: HF's own warpers in ``generate``'s order)."""
+    if not sampling.do_sample:
+        return target_logits.argmax(dim=-1)
+    probs = hf_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    return torch.multinomial(probs.float(), 1, generator=generator).squeeze(-1)
+
+
+def verify_sample(
+    tree: DraftTree, target_logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> VerifyResult:
+    """Sample-and-match. ``target_logits`` ``[N, V]``: one sample per node, then the walk along the samples."""
+    return walk_tree(tree, sample_tokens(target_logits, sampling, generator).tolist())

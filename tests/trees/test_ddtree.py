@@ -1,4 +1,5 @@
-"""Property tests of the DDTree builder and the argmax chain against brute-force enumeration."""
+"""Property tests of the host DDTree oracle (the best-first heap) and the argmax chain against brute-force
+enumeration; the library's device builders are checked against this oracle in ``test_device_trees.py``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from specdec.trees.ddtree import build_ddtree, chain_from_logq, tree_path_scores
+from oracles.ddtree_heap import build_ddtree, chain_from_logq, tree_path_scores
 
 # Few distinct values (and -inf) so that ties, the interesting case for reproducibility, are common.
 _VALUES = [0.0, -0.5, -1.0, -1.5, -3.0, float("-inf")]

@@ -1,4 +1,5 @@
-"""The device tree builders must return the heap builder's trees exactly, padded into fixed slots."""
+"""The device tree builders must return the host oracles' trees exactly (the heap DDTree, the argmax chain, the
+trie of drafted paths), padded into fixed slots."""
 
 from __future__ import annotations
 
@@ -7,9 +8,20 @@ import torch
 from device_trees import padded_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.ddtree_heap import build_ddtree, chain_from_logq
+from oracles.host_trees import chain_tree, paths_to_tree
 
-from specdec.trees import ancestor_mask, build_ddtree, chain_from_logq
-from specdec.trees.device import DeviceTree, ancestor_matrix, chain_device, ddtree_device, to_draft_tree
+from specdec.trees import Chain, DDTree, ancestor_mask
+from specdec.trees.build import (
+    ancestor_matrix,
+    chain_device,
+    chain_from_path,
+    ddtree_device,
+    root_tree_device,
+    to_draft_tree,
+    trie_device,
+)
+from specdec.types import Proposal, TreeRow
 
 # Few distinct values (-0.0 and -inf included) so that equal scores, the hard case for the order, are common.
 _VALUES = [0.0, -0.0, -0.5, -1.0, -1.5, -3.0, float("-inf")]
@@ -40,7 +52,7 @@ def _cases(draw, max_depth: int = 16, vocabs=None, ties: bool = False, max_budge
     return logq, root, budget, topk, num_slots
 
 
-def _assert_padded(tree: DeviceTree, root: int, num_slots: int, n: int) -> None:
+def _assert_padded(tree: TreeRow, root: int, num_slots: int, n: int) -> None:
     """Shapes and padding: real nodes are the prefix ``0 .. n-1``, padding holds (root token, -1, depth 0)."""
     for field in (tree.tokens, tree.parents, tree.depth, tree.valid):
         assert field.shape == (num_slots,)
@@ -129,6 +141,82 @@ def test_chain_device_takes_first_maximum_of_logits():
 
 
 @st.composite
+def _path_sets(draw, max_paths: int = 6, max_len: int = 6):
+    """Drafted paths ``[M, L]`` over a few tokens (shared prefixes, repeats), real lengths (0 = empty path; the
+    entries past a path's length are junk), a budget and a slot count."""
+    num, steps = draw(st.integers(1, max_paths)), draw(st.integers(1, max_len))
+    tokens = draw(st.lists(st.integers(0, 3), min_size=num * steps, max_size=num * steps))
+    lengths = draw(st.lists(st.integers(0, steps), min_size=num, max_size=num))
+    budget = draw(st.integers(1, 24))
+    return torch.tensor(tokens).view(num, steps), torch.tensor(lengths), budget, budget + 1 + draw(st.integers(0, 4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_path_sets(), st.integers(0, 10**6))
+def test_trie_device_matches_paths_to_tree(case, root):
+    paths, lengths, budget, num_slots = case
+    expected = paths_to_tree(root, [p[:n] for p, n in zip(paths.tolist(), lengths.tolist(), strict=True)],
+                             budget=budget)  # fmt: skip
+    tree = trie_device(paths, lengths, torch.tensor(root), budget=budget, num_slots=num_slots)
+    got = to_draft_tree(tree)
+    assert got.tokens.tolist() == expected.tokens.tolist()
+    assert got.parents.tolist() == expected.parents.tolist()
+    assert tree.depth[: got.num_nodes].tolist() == expected.depth.tolist()
+    _assert_padded(tree, root, num_slots, expected.num_nodes)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=8), st.integers(0, 8), st.integers(0, 3))
+def test_chain_from_path_matches_chain_tree(path, length, extra):
+    length = min(length, len(path))
+    num_slots = len(path) + 1 + extra
+    tree = chain_from_path(torch.tensor(path), torch.tensor(length), torch.tensor(7), num_slots=num_slots)
+    expected = chain_tree(7, path[:length])
+    got = to_draft_tree(tree)
+    assert got.tokens.tolist() == expected.tokens.tolist() and got.parents.tolist() == expected.parents.tolist()
+    assert tree.depth[: length + 1].tolist() == list(range(length + 1))
+    _assert_padded(tree, 7, num_slots, length + 1)
+
+
+def test_root_tree_device_is_the_root_alone():
+    tree = root_tree_device(torch.tensor([11]))
+    _assert_padded(tree, 11, 1, 1)
+    assert tree.tokens.tolist() == [11] and tree.parents.tolist() == [-1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 3), st.integers(1, 12), st.none() | st.integers(1, 4),
+       st.integers(1, 6))  # fmt: skip
+def test_policies_build_the_oracle_trees_per_row(seed, rows, budget, topk, k):
+    """``Chain.build`` / ``DDTree.build`` over a batch: row b is the host oracle's tree of row b's proposal (the
+    argmax chain or heap DDTree of its log-probs; the chain of its first path or the trie of its paths)."""
+    gen = torch.Generator().manual_seed(seed)
+    depth, vocab = 5, 7
+    logq = torch.log_softmax(2.0 * torch.randn(rows, depth, vocab, generator=gen), dim=-1)
+    paths = torch.randint(0, 3, (rows, 4, budget), generator=gen)
+    lengths = torch.randint(0, budget + 1, (rows, 4), generator=gen)
+    roots = torch.randint(0, vocab, (rows,), generator=gen)
+
+    def check(tree, want):
+        assert tree.tokens.shape[0] == rows
+        for b in range(rows):
+            got = to_draft_tree(tree.row(b))
+            assert got.tokens.tolist() == want[b].tokens.tolist() and got.parents.tolist() == want[b].parents.tolist()
+
+    root = roots.tolist()
+    check(Chain(k).build(Proposal(logq=logq), roots, depth),
+          [chain_from_logq(q, r, k=k) for q, r in zip(logq, root, strict=True)])  # fmt: skip
+    check(DDTree(budget, topk).build(Proposal(logq=logq), roots, depth),
+          [build_ddtree(q, r, budget=budget, topk=topk) for q, r in zip(logq, root, strict=True)])  # fmt: skip
+    short = lengths.clamp(max=k)
+    check(Chain(k).build(Proposal(paths=paths[:, :, :k], path_lengths=short), roots, k),
+          [chain_tree(r, p[0, : n[0]].tolist()) for p, n, r in zip(paths, short, root, strict=True)])  # fmt: skip
+    want = [paths_to_tree(r, [x[:m] for x, m in zip(p.tolist(), n.tolist(), strict=True)], budget=budget)
+            for p, n, r in zip(paths, lengths, root, strict=True)]  # fmt: skip
+    check(DDTree(budget, topk).build(Proposal(paths=paths, path_lengths=lengths), roots, budget), want)
+
+
+@st.composite
 def _device_trees(draw, max_nodes: int = 24):
     """Random parent arrays (chains, bushes, anything) padded with up to 5 slots."""
     n = draw(st.integers(1, max_nodes))
@@ -195,8 +283,9 @@ def test_ddtree_device_on_cuda_matches_heap(case):
 
 @pytest.mark.gpu
 def test_device_round_captures_in_a_cuda_graph():
+    from specdec.kernels.tree_accept.reference import accept_walk
     from specdec.types import SamplingParams
-    from specdec.verify.device import accept_device, target_choices
+    from specdec.verify import target_choices
 
     device = torch.device("cuda")
     gen = torch.Generator().manual_seed(0)
@@ -212,7 +301,7 @@ def test_device_round_captures_in_a_cuda_graph():
         chain = chain_device(logq, root, k=depth, num_slots=slots)
         mask = ancestor_matrix(tree, depth)
         choices = target_choices(logits, sampling, noise)
-        return tree, chain, mask, choices, accept_device(tree, choices, mask, max_depth=depth)
+        return tree, chain, mask, choices, accept_walk(tree, choices, mask, max_depth=depth)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

