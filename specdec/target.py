@@ -46,7 +46,7 @@ class TargetModel:
             )
         self.state = manager_for(model, hybrid_mode=hybrid_mode)
         params = inspect.signature(type(model).forward).parameters
-        self._cache_kw = cache_kwarg(model)
+        self.cache_kw = cache_kwarg(model)
         self._has_logits_to_keep = "logits_to_keep" in params
         self.cache = None
         self.length = 0  # tokens held in the cache
@@ -100,7 +100,7 @@ class TargetModel:
         return window_layout(self.model)
 
     # -- forwards ----------------------------------------------------------------------------------------
-    def _forward(
+    def forward(
         self, input_ids, *, position_ids=None, attention_mask=None, taps=None, last_only=False, cache=None, rows=None
     ):
         """One forward on ``cache`` (default this wrapper's); returns (logits ``[N, V]``, taps or None).
@@ -118,7 +118,7 @@ class TargetModel:
                 query = position_ids.reshape(-1)
                 past = torch.arange(attention_mask.shape[-1] - query.numel(), device=query.device)
                 attention_mask = windows.masks(attention_mask, query, torch.cat([past, query]))
-        kwargs = {self._cache_kw: cache, "use_cache": True}
+        kwargs = {self.cache_kw: cache, "use_cache": True}
         if taps:
             kwargs["output_hidden_states"] = True
         if rows is not None and self._has_logits_to_keep:
@@ -138,5 +138,5 @@ class TargetModel:
     def prefill_into(self, cache, input_ids: torch.Tensor, taps: Sequence[int] | None = None):
         """Run the prompt into ``cache`` (an empty HF cache) with the model's own forward; this wrapper's cache is
         left alone. Returns (logits ``[V]`` at the last position, taps ``[1, T, L*H]`` or None)."""
-        logits, hidden = self._forward(input_ids, taps=taps, last_only=True, cache=cache)
+        logits, hidden = self.forward(input_ids, taps=taps, last_only=True, cache=cache)
         return logits[-1], hidden

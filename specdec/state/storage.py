@@ -155,7 +155,7 @@ class StaticModel:
         self.target, self.capacity = target, capacity
         probe = DynamicCache(config=target.config)
         ids = torch.zeros(1, 1, dtype=torch.long, device=target.device)
-        target.model(input_ids=ids, **{target._cache_kw: probe, "use_cache": True})
+        target.model(input_ids=ids, **{target.cache_kw: probe, "use_cache": True})
         attention = [i for i, layer in enumerate(probe.layers) if _state_tensor(layer, "keys") is not None]
         shapes = {tuple(probe.layers[i].keys.shape[1:]) for i in attention}
         if len(shapes) > 1:
@@ -233,7 +233,7 @@ class StaticModel:
             query = positions.reshape(-1)
             key = self.keys[: self.storage.span].index_copy(0, write_index, query)
             mask = self.windows.masks(mask, query, key)
-        return self.target._forward(
+        return self.target.forward(
             ids,
             position_ids=positions,
             attention_mask=mask,
