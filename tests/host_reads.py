@@ -1,4 +1,4 @@
-"""Spies on every way a tensor value reaches the host, inside the fast path's round functions only."""
+"""Spies on every way a tensor value reaches the host, inside the round functions only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "
 
 
 def spy_round_reads(monkeypatch, *, exempt: tuple[str, ...] = (), everywhere: bool = False) -> list[str]:
-    """Patch ``torch.Tensor``'s host reads and ``_Round._round`` / ``_ar_round``; returns the list that collects
+    """Patch ``torch.Tensor``'s host reads and ``Round._round`` / ``_ar_round``; returns the list that collects
     ``"name at file:line"`` of each read made while a round function runs (``everywhere``: of every read), except
     reads with a frame of a file whose path contains one of ``exempt`` on the stack."""
     import specdec.engine as engine
@@ -29,7 +29,7 @@ def spy_round_reads(monkeypatch, *, exempt: tuple[str, ...] = (), everywhere: bo
 
         monkeypatch.setattr(torch.Tensor, name, spy)
     for fn in ("_round", "_ar_round"):
-        original = getattr(engine._Round, fn)
+        original = getattr(engine.Round, fn)
 
         def traced(self, _original=original):
             inside[0] = True
@@ -38,5 +38,5 @@ def spy_round_reads(monkeypatch, *, exempt: tuple[str, ...] = (), everywhere: bo
             finally:
                 inside[0] = everywhere
 
-        monkeypatch.setattr(engine._Round, fn, traced)
+        monkeypatch.setattr(engine.Round, fn, traced)
     return reads

@@ -1,16 +1,16 @@
-"""Grouped-query attention of the fast path (``specdec.attention``) against HF's own ``sdpa`` attention."""
+"""Grouped-query attention of the round (``specdec.attention``) against HF's own ``sdpa`` attention."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from models import tiny_model
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import specdec
 from specdec import attention
 from specdec.attention import NAME, AttentionScope, grouped_sdpa
 from specdec.kernels._triton import _IMPORTABLE
-from tests.models import tiny_model
 
 KERNEL_MODULE = "specdec.kernels.tree_attention.triton"  # what the kernel choice asks ``importable`` about
 
@@ -87,7 +87,7 @@ def test_scope_switches_sdpa_configs_and_restores_them():
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_fast_path_runs_grouped_attention_and_leaves_the_model_as_it_was(monkeypatch):
+def test_round_runs_grouped_attention_and_leaves_the_model_as_it_was(monkeypatch):
     model = tiny_model("qwen3", scale=4.0)
     heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
     assert heads > kv_heads  # a grouped-query target, or this test proves nothing
@@ -103,8 +103,8 @@ def test_fast_path_runs_grouped_attention_and_leaves_the_model_as_it_was(monkeyp
     monkeypatch.setitem(AttentionInterface._global_mapping, NAME, spy)
     ids = torch.tensor([[3, 14, 15, 92, 65]])
     want = model.generate(ids, max_new_tokens=12, do_sample=False)
-    out = specdec.generate(model, ids, max_new_tokens=12, cuda_graphs=True)
-    assert out.stats.path == "fast"
+    out = specdec.generate(model, ids, max_new_tokens=12)
+    assert out.stats.path == "eager"
     assert torch.equal(out.sequences, want)
     assert seen and all(k == kv_heads for _, k in seen)
     assert model.config._attn_implementation == "sdpa"
@@ -131,7 +131,7 @@ def test_grouped_for_follows_the_mode(monkeypatch):
 @pytest.mark.parametrize("arch", ["qwen3", "gpt2"])
 def test_compiled_rounds_group_only_where_the_kernel_fits_the_model(monkeypatch, arch):
     import specdec.engine as engine_module
-    from specdec.engine import FastEngine
+    from specdec.engine import Engine
     from specdec.target import TargetModel
 
     monkeypatch.setitem(_IMPORTABLE, KERNEL_MODULE, True)
@@ -140,7 +140,7 @@ def test_compiled_rounds_group_only_where_the_kernel_fits_the_model(monkeypatch,
     asked = []
     monkeypatch.setattr(engine_module, "grouped_for", lambda *args: asked.append(args) or attention.grouped_for(*args))
     model = tiny_model(arch)
-    engine = FastEngine.for_target(TargetModel.wrap(model), capacity=64)
+    engine = Engine.for_target(TargetModel.wrap(model), capacity=64)
     engine.attention_scope(None, compiled=True)
     # the engine asks with the dtype and head dim the model's own attention modules use
     block = model.model.layers[0].self_attn if arch == "qwen3" else model.transformer.h[0].attn
@@ -177,14 +177,15 @@ def test_scope_that_does_not_group_leaves_the_model_alone():
 
 
 def test_engine_groups_uncompiled_rounds_only_by_default(monkeypatch):
-    from specdec.engine import FastEngine
+    from specdec.engine import Engine
     from specdec.target import TargetModel
 
     monkeypatch.setattr(attention, "MODE", "auto")
     model = tiny_model("qwen3")
-    engine = FastEngine.for_target(TargetModel.wrap(model), capacity=64)
-    eager = engine.round_for(None, None, specdec.SamplingParams(), graph=False)
-    compiled = engine.round_for(None, None, specdec.SamplingParams(), graph=False, compile=True)  # not run
+    engine = Engine.for_target(TargetModel.wrap(model), capacity=64)
+    greedy, sampling = specdec.Greedy(), specdec.SamplingParams()
+    eager = engine.round_for(None, None, greedy, sampling, graph=False)
+    compiled = engine.round_for(None, None, greedy, sampling, graph=False, compile=True)  # not run
     assert [id(c) for c in eager.captured.scope.configs] == [id(model.config)]
     assert compiled.captured.scope.configs == []
 
@@ -214,10 +215,10 @@ def test_triton_kernel_choice_calls_tree_attention_and_equals_hf(monkeypatch, q_
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_fast_path_with_the_triton_kernel_choice_equals_hf_greedy(monkeypatch):
+def test_round_with_the_triton_kernel_choice_equals_hf_greedy(monkeypatch):
     monkeypatch.setattr(attention, "KERNEL", "triton")
     model = tiny_model("llama", scale=4.0)
     ids = torch.tensor([[5, 9, 2, 77, 31, 8]])
     want = model.generate(ids, max_new_tokens=10, do_sample=False)
-    out = specdec.generate(model, ids, max_new_tokens=10, cuda_graphs=True)
-    assert out.stats.path == "fast" and torch.equal(out.sequences, want)
+    out = specdec.generate(model, ids, max_new_tokens=10)
+    assert out.stats.path == "eager" and torch.equal(out.sequences, want)

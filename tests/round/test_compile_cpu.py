@@ -7,10 +7,10 @@ import pytest
 import torch
 from compile_faults import failing_backend
 from models import tiny_model
-from test_fast_path import prompt, sharp_drafter
+from test_round import prompt, sharp_drafter
 
 import specdec
-from specdec.engine import FastEngine
+from specdec.engine import Engine
 
 
 @pytest.mark.slow
@@ -20,14 +20,14 @@ def test_compiled_rounds_equal_hf_greedy_and_report_their_compile_time():
     ids = prompt()
     ref = target.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False)
     tree = specdec.DDTree(budget=6, topk=3)
-    kwargs = dict(drafter=drafter, tree=tree, max_new_tokens=20, cuda_graphs=True, compile=True)
+    kwargs = dict(drafter=drafter, tree=tree, max_new_tokens=20, compile=True)
     first = specdec.generate(target, ids, **kwargs)
     again = specdec.generate(target, ids, **kwargs)
-    assert first.stats.path == again.stats.path == "fast"
+    assert first.stats.path == again.stats.path == "eager"
     assert torch.equal(first.sequences, ref) and torch.equal(again.sequences, ref)
     assert first.stats.compile_ms > 0 and first.stats.capture_ms == 0  # nothing is captured on CPU
     assert again.stats.compile_ms == 0 and again.stats.capture_ms == 0  # the compiled round is reused
-    plain = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=20, cuda_graphs=True)
+    plain = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=20)
     assert torch.equal(plain.sequences, ref) and plain.stats.compile_ms == plain.stats.capture_ms == 0
 
 
@@ -46,8 +46,8 @@ def test_compiled_rounds_trace_the_routed_linear_layers(monkeypatch):
     target = tiny_model("qwen3", scale=4.0)
     ids = prompt()
     ref = target.generate(ids, max_new_tokens=12, do_sample=False)
-    out = specdec.generate(target, ids, max_new_tokens=12, cuda_graphs=True, compile=True)
-    assert out.stats.path == "fast" and out.stats.compile_ms > 0 and torch.equal(out.sequences, ref)
+    out = specdec.generate(target, ids, max_new_tokens=12, compile=True)
+    assert out.stats.path == "eager" and out.stats.compile_ms > 0 and torch.equal(out.sequences, ref)
     assert calls  # traced through the routed forwards
     assert all("forward" not in m.__dict__ for m in target.modules() if type(m) is torch.nn.Linear)
 
@@ -134,9 +134,9 @@ def test_kernel_dispatch_ends_the_compiled_region_unless_whole(monkeypatch, grap
     """Every Triton-backed kernel asks ``importable`` which implementation to run. Compiled, "split" (the default)
     breaks the graph there, once per call; "whole" keeps one graph (the check is a constant after ``compile_fn``),
     and never traces an import, which would break it too."""
-    from specdec.runtime import compile_fn
     from specdec.kernels import _triton
     from specdec.kernels._triton import KERNEL_MODULES, importable
+    from specdec.runtime import compile_fn
 
     monkeypatch.setattr(_triton, "COMPILE_GRAPH", graph)
 
@@ -172,9 +172,9 @@ def test_bad_compile_arguments_are_refused_before_anything_runs(compile, error):
     target = tiny_model("qwen3")
     before = {k: v.clone() for k, v in target.state_dict().items()}
     with pytest.raises((ValueError, TypeError), match=error):
-        specdec.generate(target, prompt(), max_new_tokens=4, cuda_graphs=True, compile=compile)
+        specdec.generate(target, prompt(), max_new_tokens=4, compile=compile)
     assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
-    assert target not in FastEngine._engines and not any("forward" in m.__dict__ for m in target.modules())
+    assert target not in Engine._engines and not any("forward" in m.__dict__ for m in target.modules())
 
 
 @pytest.mark.slow
@@ -185,9 +185,9 @@ def test_compile_with_inductor_options_equals_hf_greedy():
     ids = prompt()
     ref = target.generate(ids, max_new_tokens=10, do_sample=False)
     options = {"epilogue_fusion": False, "max_autotune_gemm_backends": "ATEN"}
-    first = specdec.generate(target, ids, max_new_tokens=10, cuda_graphs=True, compile=options)
-    again = specdec.generate(target, ids, max_new_tokens=10, cuda_graphs=True, compile=dict(options))
-    assert first.stats.path == "fast" and first.stats.compile_ms > 0 and again.stats.compile_ms == 0
+    first = specdec.generate(target, ids, max_new_tokens=10, compile=options)
+    again = specdec.generate(target, ids, max_new_tokens=10, compile=dict(options))
+    assert first.stats.path == "eager" and first.stats.compile_ms > 0 and again.stats.compile_ms == 0
     assert torch.equal(first.sequences, ref) and torch.equal(again.sequences, ref)
 
 
@@ -227,10 +227,10 @@ def test_a_round_that_fails_to_compile_is_put_back_and_runs_uncompiled(caplog):
 def test_generate_when_compiling_fails_runs_the_rounds_uncompiled_and_equals_hf_greedy(monkeypatch, caplog):
     """``compile=True`` where the backend cannot compile the rounds (here: one that fails on its first graph): the
     call still equals HF greedy on the rounds' uncompiled code, and a warning names the error."""
-    from specdec import engine as fast_engine
+    from specdec import engine as round_engine
 
     monkeypatch.setattr(
-        fast_engine, "compile_fn", lambda fn, mode: torch.compile(fn, backend=failing_backend(1), dynamic=False)
+        round_engine, "compile_fn", lambda fn, mode: torch.compile(fn, backend=failing_backend(1), dynamic=False)
     )
     target = tiny_model("qwen3", scale=2.0)
     ids = prompt()
@@ -239,16 +239,16 @@ def test_generate_when_compiling_fails_runs_the_rounds_uncompiled_and_equals_hf_
     with caplog.at_level("WARNING", logger="specdec.runtime"):
         out = specdec.generate(
             target, ids, drafter=sharp_drafter(target), tree=specdec.DDTree(budget=4, topk=2), max_new_tokens=12,
-            cuda_graphs=True, compile=True,
+            compile=True,
         )  # fmt: skip
-    assert out.stats.path == "fast" and torch.equal(out.sequences, ref)
+    assert out.stats.path == "eager" and torch.equal(out.sequences, ref)
     assert any("runs uncompiled" in r.getMessage() for r in caplog.records)
-    rounds = [r for r in FastEngine._engines[target]._rounds.values() if r.compile]
+    rounds = [r for r in Engine._engines[target]._rounds.values() if r.compile]
     assert rounds and all(r.captured.compile_failed for r in rounds)
     assert out.stats.compile_fallbacks == len(rounds) and out.stats.as_dict()["compile_fallbacks"] == len(rounds)
     again = specdec.generate(
         target, ids, drafter=sharp_drafter(target), tree=specdec.DDTree(budget=4, topk=2), max_new_tokens=12,
-        cuda_graphs=True, compile=True,
+        compile=True,
     )  # fmt: skip
     assert torch.equal(again.sequences, ref) and again.stats.compile_fallbacks == len(rounds)  # still uncompiled
     torch._dynamo.reset()

@@ -1,6 +1,7 @@
-"""The fast path's DFlash forwards (static context, block K/V written into the storage, grouped heads stacked
-along the query axis, all layers' context projection in one product) against the eager drafter's own
-``project_context`` and ``draft_logq`` (the reference), over the config variants the drafter supports."""
+"""The round's DFlash forwards (static context, block K/V written into the storage, grouped heads stacked along
+the query axis, all layers' context projection in one product) against the drafter model's own
+``project_context`` and the eager oracle's ``draft_logq`` (``oracles.dflash_eager``: dynamic caches, the model's
+own forward), over the config variants the drafter supports."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 from models import tiny_model
+from oracles.dflash_eager import DecodeContext, EagerDFlash
 
 from specdec.drafters.dflash import DFlashDrafter
 from specdec.drafters.dflash_model import DFlashDraftModel
 from specdec.drafters.dflash_static import DFlashStatic
-from specdec.types import DecodeContext
 
 VARIANTS = {
     "plain": {},
@@ -52,7 +53,7 @@ def test_static_forwards_equal_the_eager_drafter(target, variant):
 
 def test_static_forwards_with_the_triton_norms_in_the_interpreter():
     """``norm_impl="triton"`` (``specdec.kernels.rms_norm``) run by Triton's interpreter, in a subprocess (the
-    interpreter must be chosen before Triton is imported), against the eager drafter on every variant."""
+    interpreter must be chosen before Triton is imported), against the eager oracle on every variant."""
     pytest.importorskip("triton")
     tests = Path(__file__).resolve().parents[1]
     code = (
@@ -65,13 +66,13 @@ def test_static_forwards_with_the_triton_norms_in_the_interpreter():
     )
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(tests), str(tests / "fast")], env=env, capture_output=True, text=True
+        [sys.executable, "-c", code, str(tests), str(tests / "round")], env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def check_static_forwards(target, variant: str, norm_impl: str) -> None:
-    """DFlashStatic's ingest and block forward against the eager drafter over a sequence of rounds."""
+    """DFlashStatic's ingest and block forward against the eager oracle over a sequence of rounds."""
     drafter = drafter_for(target, variant)
     cfg = drafter.config
     width = len(cfg.target_layer_ids) * cfg.context_size
@@ -80,9 +81,9 @@ def check_static_forwards(target, variant: str, norm_impl: str) -> None:
     static.kv.normal_(generator=gen)  # stale rows past the context must never be seen
     ids = torch.randint(4, 100, (1, 30), generator=gen)
     hidden = torch.randn(1, 29, width, generator=gen)
-    drafter.reset()
+    oracle = EagerDFlash(drafter)
     committed = 9  # tokens whose features are in the context; the root sits at position `committed`
-    drafter.prefill(DecodeContext(input_ids=ids[:, : committed + 1], target_hidden=hidden[:, :committed]))
+    oracle.prefill(DecodeContext(input_ids=ids[:, : committed + 1], target_hidden=hidden[:, :committed]))
     static.ingest(hidden[:, :committed], 0)
     while committed < 29:
         keys = drafter.model.project_context(hidden[:, :committed], torch.arange(committed)[None])
@@ -90,7 +91,7 @@ def check_static_forwards(target, variant: str, norm_impl: str) -> None:
             torch.testing.assert_close(static.kv[layer, 0, :, :, :committed], k, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(static.kv[layer, 1, :, :, :committed], v, rtol=1e-5, atol=1e-5)
         ctx = DecodeContext(input_ids=ids[:, : committed + 1])
-        want = drafter.draft_logq(ctx, depth=cfg.block_size - 1)
+        want = oracle.draft_logq(ctx, depth=cfg.block_size - 1)
         got = static.logq(ids[0, committed].view(1), torch.tensor(committed), cfg.block_size - 1)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         span = committed + cfg.block_size + committed % 3  # attending over fewer slots changes nothing
@@ -98,7 +99,7 @@ def check_static_forwards(target, variant: str, norm_impl: str) -> None:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         step = min(1 + committed % 5, 29 - committed)  # accepted path lengths 1..5
         rows = hidden[:, committed : committed + step]
-        drafter.commit(DecodeContext(input_ids=ids[:, : committed + step + 1], target_hidden=rows), None)
+        oracle.commit(DecodeContext(input_ids=ids[:, : committed + step + 1], target_hidden=rows))
         static.ingest(rows, torch.tensor(committed))
         committed += step
 

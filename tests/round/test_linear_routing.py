@@ -1,8 +1,8 @@
-"""The fast path's linear layers through ``specdec.kernels.skinny_linear`` (``SPECDEC_LINEAR_KERNEL=triton``).
+"""The round's linear layers through ``specdec.kernels.skinny_linear`` (``SPECDEC_LINEAR_KERNEL=triton``).
 
 On CPU ``skinny_linear`` runs its reference, so the in-process tests check the routing (which calls take the
 kernel, that the model is restored) and HF-greedy identity; the interpreted test runs the Triton kernel itself,
-through Triton's interpreter, inside a whole fast-path decode of a tiny fp32 model and compares it with HF greedy.
+through Triton's interpreter, inside a whole decode of a tiny fp32 model and compares it with HF greedy.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_harness import interpreted_outputs
+from models import tiny_model
 
 import specdec
 import specdec.kernels.skinny_linear as skinny
-from specdec.kernels.skinny_linear import routing as linear
 from specdec.attention import AttentionScope
-from tests.models import tiny_model
+from specdec.kernels.skinny_linear import routing as linear
 
 IDS = [[5, 9, 2, 77, 31, 8]]
 
@@ -98,14 +98,14 @@ def test_skinny_forward_is_skinny_linear_of_the_layer(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_fast_path_with_the_linear_kernel_equals_hf_greedy(monkeypatch, arch):
+def test_round_with_the_linear_kernel_equals_hf_greedy(monkeypatch, arch):
     calls = _spy(monkeypatch)
     monkeypatch.setattr(linear, "KERNEL", "triton")
     model = tiny_model(arch, scale=4.0)
     ids = torch.tensor(IDS)
     want = model.generate(ids, max_new_tokens=10, do_sample=False)
-    out = specdec.generate(model, ids, max_new_tokens=10, cuda_graphs=True)
-    assert out.stats.path == "fast" and torch.equal(out.sequences, want)
+    out = specdec.generate(model, ids, max_new_tokens=10)
+    assert out.stats.path == "eager" and torch.equal(out.sequences, want)
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     assert len(calls) >= 10 * len(linears)  # every layer, every round (the prefill too)
     assert all("forward" not in m.__dict__ for m in linears)  # the model is left as it was
@@ -122,22 +122,22 @@ def test_routed_forwards_keep_one_host_read_per_round(monkeypatch):
     monkeypatch.setattr(attention, "KERNEL", "triton")
     target = tiny_model("qwen3", scale=4.0)
     reads = spy_round_reads(monkeypatch, everywhere=True)
-    out = specdec.generate(target, torch.tensor(IDS), max_new_tokens=12, cuda_graphs=True)
-    assert out.stats.path == "fast" and out.stats.rounds > 0
+    out = specdec.generate(target, torch.tensor(IDS), max_new_tokens=12)
+    assert out.stats.path == "eager" and out.stats.rounds > 0
     assert len(reads) == out.stats.rounds + 1, reads
 
 
-def test_interpreted_kernel_in_a_fast_path_decode_equals_hf_greedy(tmp_path):
+def test_interpreted_kernel_in_a_decode_equals_hf_greedy(tmp_path):
     """The Triton kernel itself (interpreter, fp32, split-K forced by a small SM count) in every linear layer of a
-    fast-path decode."""
+    decode."""
     pytest.importorskip("triton")
     out = interpreted_outputs(__file__, tmp_path, {"ids": IDS})
     assert out["triton_calls"] > 0 and out["split_calls"] > 0
-    assert torch.equal(out["fast"], out["want"]), (out["fast"], out["want"])
+    assert torch.equal(out["got"], out["want"]), (out["got"], out["want"])
 
 
 def _run_interpreted(folder: Path) -> None:
-    """Subprocess entry (``TRITON_INTERPRET=1``): a fast-path decode with ``SPECDEC_LINEAR_KERNEL=triton``."""
+    """Subprocess entry (``TRITON_INTERPRET=1``): a decode with ``SPECDEC_LINEAR_KERNEL=triton``."""
     from specdec.kernels.skinny_linear import triton as kernel
 
     linear.KERNEL = "triton"
@@ -155,8 +155,8 @@ def _run_interpreted(folder: Path) -> None:
     model = tiny_model("qwen3", scale=4.0)
     ids = torch.tensor(data["ids"])
     want = model.generate(ids, max_new_tokens=6, do_sample=False)
-    fast = specdec.generate(model, ids, max_new_tokens=6, cuda_graphs=True).sequences
-    torch.save({"want": want, "fast": fast, **counts}, folder / "outputs.pt")
+    got = specdec.generate(model, ids, max_new_tokens=6).sequences
+    torch.save({"want": want, "got": got, **counts}, folder / "outputs.pt")
 
 
 if __name__ == "__main__":
