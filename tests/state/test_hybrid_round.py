@@ -1,6 +1,6 @@
-"""Hybrid targets on the fast path (device-side round, CPU without capture): token-identical to the target's own
-greedy ``generate`` and to the eager path's acceptance (Gated DeltaNet and Mamba2 families); the snapshot mode
-falls back with a reason."""
+"""Hybrid targets in the round (CPU: called, not replayed): token-identical to the target's own greedy
+``generate`` (Gated DeltaNet and Mamba2 families), exact recurrent commits, the padded chain-tree prefill against
+the model's own forward, no host reads inside a round; the snapshot mode is refused with a reason."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ REFERENCE_SCANS = ("specdec/kernels/tree_gdn/reference.py", "specdec/kernels/tre
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "mamba2"])
-def test_hybrid_fast_round_matches_target_generate(family):
+def test_hybrid_round_matches_target_generate(family):
     target = _target(family)
     drafter = _bigram_drafter(target)
     gen = torch.Generator().manual_seed(0)
@@ -29,20 +29,16 @@ def test_hybrid_fast_round_matches_target_generate(family):
     for _ in range(2):
         input_ids = torch.randint(0, VOCAB, (1, 8), generator=gen)
         want = target.generate(input_ids, max_new_tokens=40, do_sample=False)
-        plain = specdec.generate(target, input_ids, max_new_tokens=40, cuda_graphs=True)
-        assert plain.stats.path == "fast" and torch.equal(plain.sequences, want)
+        plain = specdec.generate(target, input_ids, max_new_tokens=40)
+        assert plain.stats.path == "eager" and torch.equal(plain.sequences, want)
         for tree in TREES:
-            fast = specdec.generate(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=40, cuda_graphs=True)
-            eager = specdec.generate(
-                target, input_ids, drafter=drafter, tree=tree, max_new_tokens=40, cuda_graphs=False
-            )
-            assert fast.stats.path == "fast" and torch.equal(fast.sequences, want), tree
-            assert fast.stats.accept_hist == eager.stats.accept_hist
-            accepted += fast.stats.new_tokens - fast.stats.rounds
+            out = specdec.generate(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=40)
+            assert out.stats.path == "eager" and torch.equal(out.sequences, want), tree
+            accepted += out.stats.new_tokens - out.stats.rounds
     assert accepted > 0  # multi-token commits of the recurrent state were exercised
 
 
-def test_zoo_hybrid_fast_round_matches_greedy(zoo):
+def test_zoo_hybrid_round_matches_greedy(zoo):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = AutoModelForCausalLM.from_pretrained(zoo / "target-hybrid", dtype=torch.float32).eval()
@@ -54,35 +50,38 @@ def test_zoo_hybrid_fast_round_matches_greedy(zoo):
         ids = tok(row["prompt"], return_tensors="pt").input_ids
         want = target.generate(ids, max_new_tokens=32, do_sample=False)
         for tree in (specdec.Chain(k=15), specdec.DDTree(budget=32, topk=8)):
-            fast = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=32, cuda_graphs=True)
-            assert fast.stats.path == "fast" and torch.equal(fast.sequences, want)
-            taus.append(fast.stats.tau)
+            out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=32)
+            assert out.stats.path == "eager" and torch.equal(out.sequences, want)
+            taus.append(out.stats.tau)
     assert max(taus) > 2.5  # long accepted paths: deep recurrent commits
 
 
-def test_snapshot_mode_falls_back_with_a_reason(caplog):
+def test_snapshot_mode_is_refused_with_a_reason():
+    """``hybrid_mode="snapshot"`` is no round of its own: ``generate`` refuses it, naming the mode and the fix, before
+    anything runs; the default exact mode decodes the target's greedy tokens."""
     target = _target("qwen3_5")
     input_ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
     want = target.generate(input_ids, max_new_tokens=12, do_sample=False)
     model = specdec.SpeculativeModel(target, hybrid_mode="snapshot")
-    with caplog.at_level(logging.WARNING, logger="specdec.generate"):
-        out = model.generate(input_ids, max_new_tokens=12, cuda_graphs=True, return_dict_in_generate=True)
-    assert out.stats.path == "eager" and torch.equal(out.sequences, want)
-    assert "snapshot" in caplog.text
+    for kwargs in ({}, {"drafter": _bigram_drafter(target), "tree": specdec.DDTree(budget=8)}):
+        with pytest.raises(ValueError, match="hybrid_mode='snapshot'.*use hybrid_mode='exact'"):
+            model.generate(input_ids, max_new_tokens=12, **kwargs)
+    exact = specdec.SpeculativeModel(target, hybrid_mode="exact")
+    assert torch.equal(exact.generate(input_ids, max_new_tokens=12), want)
 
 
 @torch.no_grad()
 def test_warmup_runs_are_undone_before_capture():
     """Capture runs the round twice before recording it and must undo each run, recurrent states included;
     otherwise the first captured round of a call would decode from a state the warm-up already advanced."""
-    from specdec.engine import FastEngine
+    from specdec.engine import Engine
     from specdec.target import TargetModel
 
     target = _target("qwen3_5")
     drafter = _bigram_drafter(target)
     ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(3))
-    specdec.generate(target, ids, drafter=drafter, tree=specdec.DDTree(budget=8), max_new_tokens=8, cuda_graphs=True)
-    engine = FastEngine.for_target(TargetModel.wrap(target), capacity=1)
+    specdec.generate(target, ids, drafter=drafter, tree=specdec.DDTree(budget=8), max_new_tokens=8)
+    engine = Engine.for_target(TargetModel.wrap(target), capacity=1)
     (rnd,) = [r for r in engine._rounds.values() if r.drafter is drafter]
 
     def start():
@@ -108,7 +107,7 @@ def test_warmup_runs_are_undone_before_capture():
 
 @pytest.mark.parametrize("groups", [1, 2])
 def test_mamba2_closed_form_replay_equals_node_by_node_steps(groups):
-    """The fast path's Mamba2 commit (all masked steps in closed form) against one ``mamba2_step`` per real node."""
+    """The round's Mamba2 commit (all masked steps in closed form) against one ``mamba2_step`` per real node."""
     import torch.nn.functional as F
 
     from specdec.state.hybrid import RecurrentAdapter
@@ -140,26 +139,29 @@ def test_mamba2_closed_form_replay_equals_node_by_node_steps(groups):
         torch.testing.assert_close(loop, want, atol=1e-5, rtol=1e-5)
 
 
-def test_cuda_rounds_refuse_a_reference_tree_scan(monkeypatch):
-    """On CUDA a reference tree scan would read the parent array on the host inside every round: the fast path
-    names it and the eager path runs instead (checked with a CUDA device object; nothing runs on it)."""
-    from specdec.state.recurrent import hybrid_reason
+def test_cuda_rounds_refuse_a_reference_tree_scan():
+    """On CUDA a reference tree scan would read the parent array on the host inside every round: capture names it
+    and the round is called instead of replayed (checked with a CUDA device object; nothing runs on it)."""
+    from specdec.backends import use
     from specdec.kernels.tree_gdn import auto_impl
+    from specdec.state.recurrent import hybrid_reason
     from specdec.target import TargetModel
 
     cuda = torch.device("cuda")
     mamba = TargetModel.wrap(_target("mamba2")).state
     qwen = TargetModel.wrap(_target("qwen3_5")).state
     assert hybrid_reason(mamba, torch.device("cpu")) is None
-    monkeypatch.setenv("SPECDEC_TREE_MAMBA2", "reference")
-    assert "tree_mamba2" in hybrid_reason(mamba, cuda)
+    with use({"tree_mamba2": "reference"}):
+        assert "tree_mamba2" in hybrid_reason(mamba, cuda)
     assert (hybrid_reason(qwen, cuda) is None) == (auto_impl(cuda) == "triton")
 
 
 @pytest.fixture
 def graph_prefill(monkeypatch):
-    """Hybrid prefill through the chain-tree verify (``SPECDEC_HYBRID_PREFILL=scan``)."""
-    monkeypatch.setenv("SPECDEC_HYBRID_PREFILL", "scan")
+    """Hybrid prefill through the chain-tree verify (``Backends(hybrid_prefill="scan")``)."""
+    import specdec.state.hybrid as hybrid
+
+    monkeypatch.setattr(hybrid, "PREFILL", "scan")
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "mamba2"])
@@ -167,19 +169,19 @@ def graph_prefill(monkeypatch):
 def test_padded_prefill_equals_the_models_own_forward(family, graph_prefill):
     """The padded chain-tree prefill leaves the static conv windows, recurrent states and K/V rows, and returns the
     last logits, that the model's own forward over the unpadded prompt gives (lengths around a bucket edge, and
-    one past the captured maximum, which prefills eagerly)."""
+    one past the captured maximum, which prefills uncaptured)."""
     from transformers import DynamicCache
 
-    from specdec.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX, FastEngine
-    from specdec.state.storage import StaticModel
+    from specdec.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX, Engine
     from specdec.state.hybrid import _state_tensor
+    from specdec.state.storage import StaticModel
     from specdec.target import TargetModel
 
     target = _target(family)
     tgt = TargetModel(target)
     gen = torch.Generator().manual_seed(3)
     lengths = [1, PREFILL_BUCKET - 1, PREFILL_BUCKET + 1, PREFILL_CAPTURE_MAX + 1]
-    engine = FastEngine(tgt, capacity=PREFILL_CAPTURE_MAX + 64)
+    engine = Engine(tgt, capacity=PREFILL_CAPTURE_MAX + 64)
     for n in lengths:
         ids = torch.randint(0, VOCAB, (1, n), generator=gen)
         for t in (*engine.target.storage.kv.unsqueeze(0), *engine.target.recurrent.values()):  # stale state
@@ -210,15 +212,15 @@ def test_graph_prefill_decodes_the_target_greedy(family, graph_prefill):
     want = target.generate(input_ids, max_new_tokens=20, do_sample=False)
     for tree in (None, specdec.DDTree(budget=8)):
         d = drafter if tree is not None else None
-        fast = specdec.generate(target, input_ids, drafter=d, tree=tree, max_new_tokens=20, cuda_graphs=True)
-        assert fast.stats.path == "fast" and torch.equal(fast.sequences, want), tree
+        out = specdec.generate(target, input_ids, drafter=d, tree=tree, max_new_tokens=20)
+        assert out.stats.path == "eager" and torch.equal(out.sequences, want), tree
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "mamba2"])
 def test_hybrid_round_reads_nothing_on_the_host(family, monkeypatch):
     """A hybrid round (adapters over the device topology, tree scans, path replay commit) reads no tensor value on
     the host, except inside the CPU references of the tree-scan kernels (their level schedule is built on the
-    host; on CUDA the fast path runs hybrids only with the Triton scans, ``hybrid_reason``)."""
+    host; on CUDA rounds are captured only with the Triton scans, ``hybrid_reason``)."""
     from host_reads import spy_round_reads
 
     reads = spy_round_reads(monkeypatch, exempt=REFERENCE_SCANS)
@@ -227,8 +229,8 @@ def test_hybrid_round_reads_nothing_on_the_host(family, monkeypatch):
     ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
     rounds = 0
     for d, tree in ((None, None), (drafter, specdec.Chain(k=4)), (drafter, specdec.DDTree(budget=8))):
-        out = specdec.generate(target, ids, drafter=d, tree=tree, max_new_tokens=16, cuda_graphs=True)
-        assert out.stats.path == "fast"
+        out = specdec.generate(target, ids, drafter=d, tree=tree, max_new_tokens=16)
+        assert out.stats.path == "eager"
         rounds += out.stats.rounds
     assert rounds > 6 and reads == []
 
@@ -243,11 +245,11 @@ def test_compiled_hybrid_rounds_equal_hf_greedy_and_compile_once():
     drafter = _bigram_drafter(target)
     input_ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
     want = target.generate(input_ids, max_new_tokens=30, do_sample=False)
-    kwargs = dict(drafter=drafter, tree=specdec.DDTree(budget=8), max_new_tokens=30, cuda_graphs=True, compile=True)
+    kwargs = dict(drafter=drafter, tree=specdec.DDTree(budget=8), max_new_tokens=30, compile=True)
     first = specdec.generate(target, input_ids, **kwargs)
     graphs = counters["stats"]["unique_graphs"]
     again = specdec.generate(target, input_ids, **kwargs)
-    assert first.stats.path == again.stats.path == "fast"
+    assert first.stats.path == again.stats.path == "eager"
     assert torch.equal(first.sequences, want) and torch.equal(again.sequences, want)
     assert first.stats.compile_ms > 0 and again.stats.compile_ms == 0
     assert first.stats.new_tokens > first.stats.rounds  # multi-token commits ran compiled
@@ -265,26 +267,26 @@ def test_hybrid_call_reads_the_host_once_per_round(monkeypatch):
     ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
     for d, tree in ((None, None), (drafter, specdec.DDTree(budget=8))):
         reads.clear()
-        out = specdec.generate(target, ids, drafter=d, tree=tree, max_new_tokens=16, cuda_graphs=True)
-        assert out.stats.path == "fast" and out.stats.rounds > 0
+        out = specdec.generate(target, ids, drafter=d, tree=tree, max_new_tokens=16)
+        assert out.stats.path == "eager" and out.stats.rounds > 0
         assert len(reads) == out.stats.rounds + 1, reads
 
 
 @torch.no_grad()
 def test_round_verify_alone_repeats_and_leaves_the_committed_state_alone():
-    """``_Round._verify`` (the round's mask + target forward, timed alone by ``shape_8b.py --hybrid``) commits
+    """``Round._verify`` (the round's mask + target forward, timed alone by ``shape_8b.py --hybrid``) commits
     nothing: a second call over the same tree gives the same logits, and the recurrent states, prefix and root are
     those the prefill left."""
-    from specdec.engine import FastEngine
+    from specdec.engine import Engine
     from specdec.target import TargetModel
-    from specdec.trees.device import ddtree_device
+    from specdec.trees.build import ddtree_device
 
     target = _target("qwen3_5")
     drafter = _bigram_drafter(target)
     ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(4))
     tree_spec = specdec.DDTree(budget=8)
-    specdec.generate(target, ids, drafter=drafter, tree=tree_spec, max_new_tokens=8, cuda_graphs=True)
-    engine = FastEngine.for_target(TargetModel.wrap(target), capacity=1)
+    specdec.generate(target, ids, drafter=drafter, tree=tree_spec, max_new_tokens=8)
+    engine = Engine.for_target(TargetModel.wrap(target), capacity=1)
     (rnd,) = [r for r in engine._rounds.values() if r.drafter is drafter]
     logits, _ = engine.prefill(ids, drafter)
     engine.set_root(logits.argmax().view(1))
@@ -308,10 +310,10 @@ def test_hybrid_rounds_that_fail_to_compile_run_uncompiled_and_equal_hf_greedy(m
     and a warning names the error."""
     from compile_faults import failing_backend
 
-    from specdec import engine as fast_engine
+    from specdec import engine as round_engine
 
     monkeypatch.setattr(
-        fast_engine, "compile_fn", lambda fn, mode: torch.compile(fn, backend=failing_backend(2), dynamic=False)
+        round_engine, "compile_fn", lambda fn, mode: torch.compile(fn, backend=failing_backend(2), dynamic=False)
     )
     target = _target("qwen3_5")
     input_ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
@@ -320,9 +322,9 @@ def test_hybrid_rounds_that_fail_to_compile_run_uncompiled_and_equal_hf_greedy(m
     with caplog.at_level(logging.WARNING, logger="specdec.runtime"):
         out = specdec.generate(
             target, input_ids, drafter=_bigram_drafter(target), tree=specdec.DDTree(budget=8), max_new_tokens=30,
-            cuda_graphs=True, compile=True,
+            compile=True,
         )  # fmt: skip
-    assert out.stats.path == "fast" and torch.equal(out.sequences, want)
+    assert out.stats.path == "eager" and torch.equal(out.sequences, want)
     assert out.stats.new_tokens > out.stats.rounds  # multi-token commits of the recurrent states
     assert any("runs uncompiled" in r.getMessage() for r in caplog.records) and out.stats.compile_fallbacks >= 1
     torch._dynamo.reset()
