@@ -10,7 +10,7 @@ products, ``chunk-tf32-graph``: 1-pass TF32 products; trees of up to 64 nodes; `
 ``chunk-squaring-graph``: its two ways of finding the ancestors, forced). Shapes: the zoo hybrid target's GDN layer,
 a Qwen3.5-8B-like and a Qwen3.5-27B-like layer. Trees: a chain, a random tree (uniform random parents), a
 DDTree-like tree (random parents at most 15 deep: a 16-token block), and the round's own DDTree (budget N - 1, topk
-8) over random draft log-probs: ``best-flat`` (logits ~ 3 N(0, 1), as ``shape_8b.py``'s verify rows: 2-3 deep) and
+8) over random draft log-probs: ``best-flat`` (logits ~ 3 N(0, 1), as the 8B shape's verify rows: 2-3 deep) and
 ``best-peaked`` (one confident token per position, as a trained drafter's: 14-15 deep); N = 16 .. 128.
 ``--chunk-sweep`` times the matrix form's tiles on the last two.
 
@@ -71,7 +71,7 @@ def shapes() -> dict[str, dict[str, int]]:
 
 def make_parents(tree: str, n: int, gen: torch.Generator) -> list[int]:
     if tree.startswith("best-"):  # the round's DDTree (budget n - 1, topk 8) over random draft log-probs
-        logits = torch.randn(MAX_DEPTH, DRAFT_VOCAB, generator=gen) * 3  # "flat": as shape_8b.py's verify rows
+        logits = torch.randn(MAX_DEPTH, DRAFT_VOCAB, generator=gen) * 3  # "flat": as the 8B shape's verify rows
         if tree == "best-peaked":  # one confident token per position (p ~ 0.8), as a trained drafter's first choice
             logits[:, 0] += 20
         return build_ddtree(torch.log_softmax(logits, -1), 0, budget=n - 1, topk=8).parents.tolist()

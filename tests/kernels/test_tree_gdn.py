@@ -147,23 +147,19 @@ def walks_for(case) -> tuple[str, ...]:
     return WALKS if case.n <= 64 else WALKS[:2]
 
 
-# the interpreter is slow (cost ~ programs x nodes): small heads for the long trees
+# The interpreter's cases (the ``interpreter`` tier; cost ~ programs x nodes, so small heads for the long trees):
+# one node; every tree kind; grouped keys; bf16 and fp16 values; 16 nodes (the matrix form's smallest), 24 (padded
+# to 64 rows), 40 (the parent relation squared, a forest) and 65 (past the matrix form); odd key / value sizes
+# with a value block of 64; every schedule that takes each (``walks_for``). The GPU tests run ``GPU_CASES``.
 TRITON_CASES = [
     Case(1, 4, 16, 16, "chain"),
-    Case(7, 4, 32, 32, "chain"),
     Case(7, 4, 32, 32, "bush"),
     Case(7, 4, 32, 32, "random", h=2),
-    Case(16, 4, 16, 64, "random", h=1),
     Case(16, 4, 64, 16, "deep", dtype=torch.bfloat16),
-    Case(63, 1, 64, 64, "random"),
-    Case(63, 1, 64, 32, "bush"),
-    Case(63, 4, 32, 32, "deep", h=2, block_v=32),
-    Case(65, 1, 32, 48, "random"),
+    Case(24, 2, 32, 32, "random", h=1),  # the matrix form pads 17-64 nodes to 64 rows
+    Case(40, 1, 32, 16, "forest"),
     Case(65, 1, 48, 40, "deep", block_v=64),
     Case(65, 1, 16, 16, "chain", dtype=torch.float16),
-    Case(9, 2, 16, 16, "forest", h=1),
-    Case(40, 1, 32, 16, "forest"),
-    Case(24, 2, 32, 32, "random", h=1),  # the matrix form pads 17-64 nodes to 64 rows
 ]
 
 GPU_CASES = [
@@ -210,6 +206,7 @@ def interpreted(tmp_path_factory) -> dict[str, torch.Tensor]:
     return torch.load(path)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize(
     "case, walk", [(c, w) for c in TRITON_CASES for w in walks_for(c)], ids=lambda x: getattr(x, "id", x)
 )
@@ -301,7 +298,7 @@ def test_the_matrix_form_squares_the_parent_relation_from_33_nodes():
     assert calls == ["walk", "walk", "walk", "squaring", "squaring"]
 
 
-# The faster schedule per tree size inside the 8B hybrid's verify (HV 32, V 128; shape_8b.py --hybrid --verify-only
+# The faster schedule per tree size inside the 8B hybrid's verify (HV 32, V 128; the 8B hybrid shape of `python -m specdec bench +experiment=shape-8b`
 # [--draft peaked] [--compile], H200, fe588d4 / f8cdd59): the matrix form is faster at 16 and 64 nodes on deep trees
 # and within noise on shallow ones, and at 32 nodes no faster on deep and slower on shallow trees. The zoo hybrid
 # (HV 8, V 64) and the 27B-like layer (HV 48) as measured by bench_tree_gdn.py on DDTree trees (db37916).
@@ -311,7 +308,7 @@ TREE_BENCH = {(8, 64, 16): "paths", (8, 64, 32): "paths", (8, 64, 64): "paths",
 
 
 # The same on 1-pass TF32 products (bench_tree_gdn.py --providers paths-graph chunk-tf32-graph --trees best-flat
-# best-peaked, H200, 029dc94; the 64-node verify: shape_8b.py --hybrid --verify-only --compile --nodes 64): the zoo
+# best-peaked, H200, 029dc94; the 64-node verify of the same shape, compiled): the zoo
 # hybrid's 16 programs keep the path schedule (faster on the flat trees at every size), the 8B and 27B layers take
 # the matrix form at every size (2.0-6.2 x faster on the 8B layer).
 TREE_BENCH_TF32 = {(8, 64, 16): "paths", (8, 64, 32): "paths", (8, 64, 64): "paths",
@@ -495,6 +492,7 @@ def test_path_replay_reference_matches_node_by_node(case):
             assert not torch.allclose(args[0], path_state_oracle(inputs, path.tolist()))
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("case", PATH_CASES, ids=lambda c: c.id)
 def test_path_replay_triton_interpreted_matches_node_by_node(case, interpreted):
     inputs = make_inputs(case)

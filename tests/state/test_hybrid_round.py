@@ -274,7 +274,7 @@ def test_hybrid_call_reads_the_host_once_per_round(monkeypatch):
 
 @torch.no_grad()
 def test_round_verify_alone_repeats_and_leaves_the_committed_state_alone():
-    """``Round._verify`` (the round's mask + target forward, timed alone by ``shape_8b.py --hybrid``) commits
+    """``Round._verify`` (the round's mask + target forward, the part a verify-only timing measures) commits
     nothing: a second call over the same tree gives the same logits, and the recurrent states, prefix and root are
     those the prefill left."""
     from specdec.engine import Engine
