@@ -60,7 +60,7 @@ class EagerTarget(TargetModel):
         positions = torch.arange(n, device=device)[None]
         with self.state.verify_scope(self.model, self.cache, tree, 0, prompt=True):
             logits, hidden = self.forward(input_ids, position_ids=positions, attention_mask=mask, taps=taps,
-                                           last_only=True)  # fmt: skip
+                                          last_only=True)  # fmt: skip
         rnd = self.state.take_round(self.cache, 0)  # the attention rows are already the prompt's, in order
         path = torch.arange(n, device=device)
         for adapter in self.state.adapters:
