@@ -132,6 +132,14 @@ def plan_of(case: dict) -> dict:
 # --- oracles and comparisons --------------------------------------------------------------------------------------
 
 
+def dense_args(args: tuple) -> tuple:
+    """The same values in contiguous tensors. torch's CPU ``F.linear`` (2.13, oneDNN on CPUs with AMX) reads past a
+    bf16 view of a NaN-padded buffer when both x and the weight are strided views, so it returns NaN rows there;
+    the reference's own rounding error is measured on these copies."""
+    x, weight, bias = args
+    return x.contiguous(), weight.contiguous(), bias
+
+
 def brute64(x, weight, bias) -> torch.Tensor:
     """``[..., N]`` float64: one dot product per output element, in float64."""
     out = x.cpu().double() @ weight.cpu().double().T
@@ -157,7 +165,7 @@ def check_kernel(case: dict, got: torch.Tensor) -> None:
     assert not got.isnan().any(), case["info"]
     torch.testing.assert_close(got, want, **_tolerance(x.dtype), msg=lambda m: f"{case['info']}: {m}")
     if x.dtype in HALF:
-        ref = float((skinny_linear_reference(*args).double() - want).abs().mean())
+        ref = float((skinny_linear_reference(*dense_args(args)).double() - want).abs().mean())
         assert float((got - want).abs().mean()) <= 2 * ref + 1e-4, case["info"]
 
 
@@ -214,8 +222,11 @@ def test_split_plan_fills_the_gpu_at_the_8b_shapes():
 def test_reference_is_f_linear_and_matches_float64_brute_force():
     for case in cases():
         args = case_args(case)
-        got = skinny_linear_reference(*args)
-        assert torch.equal(got, torch.nn.functional.linear(*args)), case["info"]
+        got, linear = skinny_linear_reference(*args), torch.nn.functional.linear(*args)
+        if args[0].dtype == BF16 and (got.isnan().any() or linear.isnan().any()):  # torch's bug: see dense_args
+            args = dense_args(args)
+            got, linear = skinny_linear_reference(*args), torch.nn.functional.linear(*args)
+        assert torch.equal(got, linear), case["info"]
         half = args[0].dtype in HALF
         torch.testing.assert_close(got.double(), brute64(*args), rtol=2**-8 if half else 1e-5,
                                    atol=1e-6 if half else 1e-4)  # fmt: skip
@@ -296,16 +307,19 @@ def interpreted(tmp_path_factory) -> dict:
     return interpreted_outputs(__file__, tmp_path_factory.mktemp("skinny_linear"), {"cases": cases()})
 
 
+@pytest.mark.interpreter
 def test_interpreted_matches_float64_brute_force(interpreted):
     for case, got in zip(interpreted["cases"], interpreted["outputs"], strict=True):
         check_kernel(case, got)
 
 
+@pytest.mark.interpreter
 def test_interpreted_is_deterministic(interpreted):
     for case, got, again in zip(interpreted["cases"], interpreted["outputs"], interpreted["again"], strict=True):
         assert torch.equal(got, again), case["info"]
 
 
+@pytest.mark.interpreter
 def test_interpreted_auto_dispatch_fallbacks_and_edges(interpreted):
     # under TRITON_INTERPRET=1 "auto" runs Triton, except for what the kernel does not take (fp64, M > 64)
     assert interpreted["auto_impl"] == "triton"

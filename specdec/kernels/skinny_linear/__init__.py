@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 
 from specdec.kernels._triton import importable, pick_impl
+from specdec.kernels.skinny_linear.reference import skinny_linear_reference
 
 __all__ = ["FLOAT_DTYPES", "MAX_ROWS", "TRITON_DTYPES", "skinny_linear", "skinny_linear_reference"]
 
@@ -63,26 +64,6 @@ def skinny_linear(
 
     out = skinny_linear_triton(x.reshape(_rows(x), x.shape[-1]), weight, bias)
     return out.view(*x.shape[:-1], weight.shape[0])
-
-
-def skinny_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``torch.nn.functional.linear``: the specification.
-
-    Args:
-        x (torch.Tensor): ``[..., K]`` float (fp32, bf16, fp16 or fp64), any leading shape (``M`` = the product of
-            the leading dims) and strides.
-        weight (torch.Tensor): ``[N, K]``, ``x``'s dtype, on ``x``'s device; any strides (a contiguous weight is
-            what the Triton version reads at full speed).
-        bias (torch.Tensor | None): ``[N]``, ``x``'s dtype, or None.
-
-    Returns:
-        torch.Tensor: ``[..., N]``, ``x``'s dtype.
-    """
-    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
-        # PyTorch's CPU half-precision linear reads past the rows of a row-strided input (NaN out of a sliced
-        # buffer's padding): give it contiguous operands (no copy when they already are).
-        x, weight = x.contiguous(), weight.contiguous()
-    return torch.nn.functional.linear(x, weight, bias)
 
 
 def _triton_available() -> bool:

@@ -1,0 +1,38 @@
+"""``rms_norm`` reference: the specification in plain tensor ops (what runs off CUDA, and what the Triton
+kernel in ``triton.py`` is tested against)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["rms_norm_reference"]
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *, period: int = 1) -> torch.Tensor:
+    """The drafter"s ``_RMSNorm`` as tensor ops; a ``[G, D]`` weight is gathered row by row.
+
+    Args:
+        x (torch.Tensor): ``[..., D]`` float (fp32, bf16, fp16 or fp64), any leading shape; read as ``x.reshape(-1,
+            D)``, rows ``r = 0, 1, ...``.
+        weight (torch.Tensor): ``[D]``, or ``[G, D]``: row ``r`` of ``x`` is scaled by ``weight[(r // period) % G]``
+            (``x [R, L, H, D]`` with per-layer weights ``[L, D]`` takes ``period=H``).
+        eps (float): added to the mean square.
+        period (int): consecutive rows of ``x`` sharing a weight row, >= 1 (only read when ``G > 1``).
+
+    Returns:
+        torch.Tensor: ``x``"s shape, dtype ``torch.promote_types(x.dtype, weight.dtype)``: ``weight * (x / rms)``
+        with ``x / rms`` computed in fp32 and rounded to ``x.dtype`` first.
+    """
+    if weight.dim() == 2 and weight.shape[0] > 1:
+        rows = x.reshape(-1, x.shape[-1])
+        index = (torch.arange(rows.shape[0], device=x.device) // period) % weight.shape[0]
+        return _rms_norm(rows, weight[index], eps).view(x.shape)
+    return _rms_norm(x, weight.reshape(-1), eps)  # [1, D] -> [D]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``_RMSNorm.forward`` verbatim, ``weight`` broadcast against ``x``."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)

@@ -1,0 +1,42 @@
+"""``tree_attention`` reference: the specification in plain tensor ops (what runs off CUDA, and what the Triton
+kernel in ``triton.py`` is tested against)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["tree_attention_reference"]
+
+
+def tree_attention_reference(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention as HF"s eager path computes it: K / V repeated per query head, fp32 scores plus the additive mask,
+    softmax, weighted sum of V, rounded to query"s dtype.
+
+    Args:
+        query (torch.Tensor): ``[1, H, Q, D]`` float (fp32, bf16, fp16 or fp64); any strides.
+        key (torch.Tensor): ``[1, H_kv, S, D]``, query"s dtype, ``H % H_kv == 0``: query head ``h`` reads key /
+            value head ``h // (H // H_kv)``. May be a view of a longer cache (``buf[:, :, :S]``).
+        value (torch.Tensor): ``[1, H_kv, S, D]`` like ``key``.
+        mask (torch.Tensor): ``[1, 1, Q, S]``, shared by all heads: bool (True = visible) or an additive float mask
+            (0 = visible, a very negative value such as ``torch.finfo(dtype).min`` = hidden). Every row must see at
+            least one slot; for a row that sees none the output is unspecified.
+        scale (float): the softmax scale (usually ``D ** -0.5``).
+
+    Returns:
+        torch.Tensor: ``[1, Q, H, D]`` contiguous, query"s dtype.
+    """
+    rep = query.shape[1] // key.shape[1]
+    acc = torch.promote_types(query.dtype, torch.float32)
+    k = key.repeat_interleave(rep, dim=1).to(acc)
+    v = value.repeat_interleave(rep, dim=1).to(acc)
+    if mask.dtype == torch.bool:
+        additive = torch.zeros(mask.shape, dtype=acc, device=mask.device)
+        additive.masked_fill_(~mask, torch.finfo(acc).min)
+    else:
+        additive = mask.to(acc)
+    scores = torch.matmul(query.to(acc), k.transpose(-1, -2)) * scale + additive
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, v).to(query.dtype)
+    return out.transpose(1, 2).contiguous()
