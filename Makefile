@@ -1,5 +1,13 @@
 # make demo / make test bootstrap a local virtualenv on first use.
 # CPU machines get torch==2.13.0 first: an unpinned torch would pull a multi-GB CUDA build.
+#
+# Test tiers (tests/conftest.py):
+#   make test              the CPU suite (pytest's default selection), a few minutes
+#   make test-slow         zoo targets over all dev prompts, the wheel check
+#   make test-interpreter  the Triton kernels through TRITON_INTERPRET=1 on the CPU
+#   make test-examples     every example script and the tour notebook
+#   make test-gpu          every gpu-marked test, on a CUDA machine, within a time budget
+#                          (GPU_PY=python3 runs it with an interpreter that already has CUDA PyTorch)
 VENV ?= .venv
 TRANSFORMERS ?=
 PY := $(VENV)/bin/python
@@ -9,10 +17,13 @@ EXTRA_PINS :=
 else
 EXTRA_PINS := transformers==$(TRANSFORMERS) triton==3.6.0 "numpy<2.4"
 endif
+GPU_PY ?= $(PY)
+GPU_TEST_BUDGET ?= 90
+GPU_SUITE_BUDGET ?= 480
 
-.PHONY: demo test test-slow test-examples lint
+.PHONY: demo test test-slow test-interpreter test-examples test-gpu lint
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q $(PIN_TORCH)
@@ -28,8 +39,16 @@ test: $(VENV)/.installed
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -m slow
 
+test-interpreter: $(VENV)/.installed
+	$(PY) -m pytest -m interpreter
+
 test-examples: $(VENV)/.installed
 	$(PY) -m pytest -m examples tests/test_examples.py
+
+# Each test's setup and call within GPU_TEST_BUDGET seconds, the whole run within GPU_SUITE_BUDGET (SIGINT: pytest
+# stops and reports). The zoo's hybrid tests need SPECDEC_ZOO (or ../shared/zoo); without it they are skipped.
+test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(VENV)/.installed)
+	timeout --signal=INT $(GPU_SUITE_BUDGET) $(GPU_PY) -m pytest -m gpu --test-budget=$(GPU_TEST_BUDGET) --durations=30
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check specdec tests examples benchmarks

@@ -1,4 +1,7 @@
-"""The zoo dense target (fp32, CPU): speculative greedy output equals the target's own greedy generate."""
+"""The zoo dense target (fp32, CPU): speculative greedy output equals the target's own greedy generate.
+
+``make test`` keeps one identity decode here (the 2-layer model drafter with a DDTree); the chain and n-gram
+variants repeat what the tiny-model tests of ``tests/unit`` check and run in the ``slow`` tier."""
 
 import json
 
@@ -37,13 +40,20 @@ def check_prompts(dense, rows, drafter, tree, max_new_tokens):
     return sum(taus) / len(taus)
 
 
-@pytest.mark.parametrize("tree", [specdec.Chain(k=4), specdec.DDTree(budget=12, topk=4)], ids=["chain", "ddtree"])
+@pytest.mark.parametrize(
+    "tree",
+    [
+        pytest.param(specdec.Chain(k=4), marks=pytest.mark.slow, id="chain"),
+        pytest.param(specdec.DDTree(budget=12, topk=4), id="ddtree"),
+    ],
+)
 def test_zoo_dense_model_drafter_matches_greedy_quick(dense, tree):
     drafter = specdec.ModelDrafter.from_target_layers(dense[0], 2)
     tau = check_prompts(dense, dense[2][:3], drafter, tree, 48)
     assert tau > 1.2  # a 2-layer truncation of the target agrees often
 
 
+@pytest.mark.slow
 def test_zoo_dense_ngram_matches_greedy_quick(dense):
     check_prompts(dense, dense[2][3:6], specdec.NGramDrafter(), specdec.DDTree(budget=8), 48)
 

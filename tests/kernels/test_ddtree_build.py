@@ -1,4 +1,8 @@
-"""``ddtree_build``: the one-launch Triton selection (interpreter on CPU, compiled on GPU) equals the heap builder."""
+"""``ddtree_build``: the one-launch Triton selection (interpreter on CPU, compiled on GPU) equals the heap builder.
+
+The interpreter (the ``interpreter`` tier) runs the first ``INTERPRETED_TREES`` tree cases, which hold every top-k
+(None, 1, 2, 3, 8, 15) four times, tie-heavy rows with -inf, depths 1-15 and budgets 1-76; the GPU test runs all.
+"""
 
 from __future__ import annotations
 
@@ -37,9 +41,12 @@ def cases(num: int = 150, seed: int = 0):
     return out
 
 
-def _build_all(device: str, topk_impl: str = "torch") -> list:
+INTERPRETED_TREES = 24
+
+
+def _build_all(device: str, topk_impl: str = "torch", num: int | None = None) -> list:
     trees = []
-    for logq, budget, topk in cases():
+    for logq, budget, topk in cases()[:num]:
         root = torch.tensor(5, device=device)
         tree = ddtree_device(logq.to(device), root, budget=budget, topk=topk, num_slots=budget + 2, impl="triton",
                              topk_impl=topk_impl)  # fmt: skip
@@ -74,7 +81,7 @@ def _topk_all(device: str) -> list:
 
 
 def _check_topk(results) -> None:
-    from specdec.trees.build import _topk_rows
+    from specdec.kernels.ddtree_build.reference import topk_rows_reference as _topk_rows
 
     assert len(results) > 20
     for (logq, k), (vals, ids) in zip(topk_cases(), results, strict=True):
@@ -83,22 +90,32 @@ def _check_topk(results) -> None:
         assert torch.equal(vals.cpu().view(torch.int32), want_vals.view(torch.int32))  # bitwise: -0.0 is kept
 
 
-def _check(trees) -> None:
-    assert len(trees) > 90
-    for (logq, budget, topk), (tokens, parents) in zip(cases(), trees, strict=True):
+def _check(trees, num: int | None = None) -> None:
+    assert len(trees) == len(cases()[:num]) and len(trees) >= min(num or 90, 90)
+    for (logq, budget, topk), (tokens, parents) in zip(cases()[:num], trees, strict=True):
         want = build_ddtree(logq, 5, budget=budget, topk=topk)
         assert torch.equal(tokens.cpu(), want.tokens.cpu()), (budget, topk)
         assert torch.equal(parents.cpu(), want.parents), (budget, topk)
 
 
-# each part in its own interpreter run (about 4-5 minutes each for the trees on one CPU core)
+def test_interpreted_tree_cases_cover_every_topk_ties_and_depths():
+    picked = cases()[:INTERPRETED_TREES]
+    assert len(picked) == INTERPRETED_TREES
+    assert {topk for _, _, topk in picked} == {None, 1, 2, 3, 8, 15}
+    assert any(logq.isinf().any() for logq, _, _ in picked) and {logq.shape[0] for logq, _, _ in picked} >= {1, 2, 15}
+    assert min(b for _, b, _ in picked) <= 2 and max(b for _, b, _ in picked) >= 70
+
+
+# each part in its own interpreter run
 INTERPRETED_PARTS = {
-    "trees": (lambda: _build_all("cpu"), _check),
-    "trees_triton_topk": (lambda: _build_all("cpu", "triton"), _check),
+    "trees": (lambda: _build_all("cpu", num=INTERPRETED_TREES), lambda out: _check(out, INTERPRETED_TREES)),
+    "trees_triton_topk": (lambda: _build_all("cpu", "triton", num=INTERPRETED_TREES),
+                          lambda out: _check(out, INTERPRETED_TREES)),  # fmt: skip
     "topk": (lambda: _topk_all("cpu"), _check_topk),
 }
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("part", list(INTERPRETED_PARTS))
 def test_interpreted_selection_equals_heap_builder(tmp_path, part):
     pytest.importorskip("triton")

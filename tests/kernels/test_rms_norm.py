@@ -376,15 +376,18 @@ def interpreted(tmp_path_factory) -> dict:
     return interpreted_outputs(__file__, tmp_path_factory.mktemp("rms_norm"), data)
 
 
+@pytest.mark.interpreter
 def test_interpreted_equals_reference(interpreted):
     counts = compare(interpreted["cases"], interpreted["outputs"])
     assert {x for x, _ in counts} == set(HALF) and all(total > 50_000 for _, total in counts.values())
 
 
+@pytest.mark.interpreter
 def test_interpreted_drafter_shapes(interpreted):
     compare(interpreted["drafter"], interpreted["drafter_outputs"])
 
 
+@pytest.mark.interpreter
 def test_interpreted_auto_dispatch_and_empty(interpreted):
     # under TRITON_INTERPRET=1 "auto" runs Triton; an empty x launches nothing
     assert interpreted["auto_impl"] == "triton"

@@ -5,7 +5,9 @@ brute force written here (one softmax per query head over its key / value head, 
 The interpreted comparisons run in one subprocess with ``TRITON_INTERPRET=1`` (it must be set before Triton is
 imported and must not leak into the rest of the suite): this file, run as a script, reads the cases the tests
 wrote, runs the Triton version with ``torch.empty`` NaN-poisoned (an output element or a workspace partial never
-written shows up) and saves the outputs for the tests here to compare. Keys and values are ``[:, :, :S]`` slices
+written shows up) and saves the outputs for the tests here to compare. These are the ``interpreter`` tier; they run
+the cheapest cases that hold every feature of the whole set (``interpreted_cases``), the GPU tests all of them.
+Keys and values are ``[:, :, :S]`` slices
 of NaN-filled longer buffers, and most masks are slices of longer masks with NaN (float) or True (bool) past
 ``S``, so a read past the span shows up as NaN.
 
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_harness import check_replays, interpreted_outputs, poison_empty
+from kernel_harness import check_replays, cover, interpreted_outputs, poison_empty
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specdec.kernels.tree_attention import _check_args, tree_attention, tree_attention_reference
@@ -155,6 +157,26 @@ def cases() -> list[dict]:
     return out
 
 
+def case_features(case: dict) -> set:
+    """What a case exercises: each of its settings, its dtype with its mask kind, and its launch plan's shape
+    (several chunks with a partial last one, several row blocks, a padded row block, one chunk)."""
+    from specdec.kernels.tree_attention.triton import split_plan
+
+    heads, kv_heads, rows, slots, dim, dtype, mask, pattern, q_layout, kv_layout = case["info"]
+    plan = split_plan(heads // kv_heads * rows, kv_heads, slots, dim, 4 if dtype == "torch.float32" else 2)
+    padded = case["mask_base"].shape[-1] > slots
+    return {("heads", heads, kv_heads), ("rows", rows), ("slots", slots), ("dim", dim), ("dtype, mask", dtype, mask),
+            ("pattern", pattern), ("q layout", q_layout), ("kv layout", kv_layout), ("mask padded", padded),
+            ("copied bool mask", mask == "bool" and padded), ("partial chunk", slots % plan["CHUNK"] != 0),
+            ("chunks", min(plan["chunks"], 9)), ("row blocks", plan["row_blocks"] > 1),
+            ("padded row block", (heads // kv_heads * rows) % plan["BLOCK_M"] != 0)}  # fmt: skip
+
+
+def interpreted_cases() -> list[dict]:
+    """The cheapest cases (interpreter work ~ H * Q * S * D) that hold every feature of ``cases()`` twice."""
+    return cover(cases(), case_features, lambda c: c["info"][0] * c["info"][2] * c["info"][3] * c["info"][4], times=2)
+
+
 def case_args(case: dict, device: str = "cpu") -> tuple:
     """``(query [1, H, Q, D], key, value [1, H_kv, S, D], mask [1, 1, Q, S], scale)`` as views of the buffers."""
     slots = case["slots"]
@@ -259,6 +281,17 @@ def test_cases_cover_what_matters():
     # every S with several head layouts, big Q only over short spans (interpreter time)
     assert all(len({i[:2] for i in info if i[3] == s}) >= 3 for s in SLOTS)
     assert all(i[3] <= 256 for i in info if i[2] >= 64)
+
+
+def test_interpreted_cases_hold_every_feature_at_a_fraction_of_the_cost():
+    picked, everything = interpreted_cases(), cases()
+    assert {f for c in picked for f in case_features(c)} == {f for c in everything for f in case_features(c)}
+
+    def cost(cs):
+        return sum(c["info"][0] * c["info"][2] * c["info"][3] * c["info"][4] for c in cs)
+
+    assert len(picked) < len(everything) and cost(picked) < cost(everything) / 2
+    assert len(copied_mask_cases(picked)) >= 1
 
 
 def test_split_plan_fills_the_gpu_at_the_8b_shape():
@@ -418,29 +451,32 @@ def hidden_row_case() -> dict:
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
     pytest.importorskip("triton")
-    data = {"cases": cases(), "hidden": hidden_row_case()}
+    data = {"cases": interpreted_cases(), "hidden": hidden_row_case()}
     return interpreted_outputs(__file__, tmp_path_factory.mktemp("tree_attention"), data)
 
 
+@pytest.mark.interpreter
 def test_interpreted_matches_float64_brute_force(interpreted):
     for case, got in zip(interpreted["cases"], interpreted["outputs"], strict=True):
         check_kernel(case, got)
 
 
 def copied_mask_cases(cs: list[dict]) -> list[dict]:
-    """The smallest bool-mask cases whose mask is a slice of a wider one (not contiguous)."""
+    """The smallest bool-mask cases (up to 4) whose mask is a slice of a wider one (not contiguous)."""
     sliced = [c for c in cs if c["mask"] == "bool" and c["mask_base"].shape[-1] > c["slots"]]
     return sorted(sliced, key=lambda c: c["q_base"].numel() * c["slots"])[:4]
 
 
+@pytest.mark.interpreter
 def test_interpreted_copied_bool_mask_matches_float64_brute_force(interpreted):
     # compiled callers copy a bool mask to bytes; the kernel must read the copy with the copy's strides
     picked = copied_mask_cases(interpreted["cases"])
-    assert len(picked) == 4 and all(not c["mask_base"][..., : c["slots"]].is_contiguous() for c in picked)
+    assert len(picked) >= 1 and all(not c["mask_base"][..., : c["slots"]].is_contiguous() for c in picked)
     for case, got in zip(picked, interpreted["copied_mask"], strict=True):
         check_kernel(case, got)
 
 
+@pytest.mark.interpreter
 def test_interpreted_auto_dispatch_fallbacks_and_empty(interpreted):
     # under TRITON_INTERPRET=1 "auto" runs Triton, except for what the kernel does not take (fp64, D = 96)
     assert interpreted["auto_impl"] == "triton"
@@ -449,6 +485,7 @@ def test_interpreted_auto_dispatch_fallbacks_and_empty(interpreted):
     assert interpreted["empty"].shape == (1, 0, 4, 64)
 
 
+@pytest.mark.interpreter
 def test_interpreted_fully_hidden_row_does_not_crash(interpreted):
     case = interpreted["hidden"]
     q, k, v, mask, scale = case_args(case)

@@ -298,8 +298,9 @@ def test_the_matrix_form_squares_the_parent_relation_from_33_nodes():
     assert calls == ["walk", "walk", "walk", "squaring", "squaring"]
 
 
-# The faster schedule per tree size inside the 8B hybrid's verify (HV 32, V 128; the 8B hybrid shape of `python -m specdec bench +experiment=shape-8b`
-# [--draft peaked] [--compile], H200, fe588d4 / f8cdd59): the matrix form is faster at 16 and 64 nodes on deep trees
+# The faster schedule per tree size inside the 8B hybrid's verify (HV 32, V 128; the 8B hybrid shape of
+# `python -m specdec bench +experiment=shape-8b` [--draft peaked] [--compile], H200, fe588d4 / f8cdd59): the matrix
+# form is faster at 16 and 64 nodes on deep trees
 # and within noise on shallow ones, and at 32 nodes no faster on deep and slower on shallow trees. The zoo hybrid
 # (HV 8, V 64) and the 27B-like layer (HV 48) as measured by bench_tree_gdn.py on DDTree trees (db37916).
 TREE_BENCH = {(8, 64, 16): "paths", (8, 64, 32): "paths", (8, 64, 64): "paths",
