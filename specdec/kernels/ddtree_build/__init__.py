@@ -30,7 +30,7 @@ def best_first(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
 
 def topk_rows(logq: torch.Tensor, k: int):
     """Per-row top-``k`` (fp32 values, int64 ids) in (value desc, id asc) order in one launch (see
-    ``triton.topk_rows_triton``); the tensor-op version is ``specdec.trees.build._topk_rows``."""
+    ``triton.topk_rows_triton``); the tensor-op version is ``reference.topk_rows_reference``."""
     if logq.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("the Triton top-k needs tensors on a GPU (or Triton's interpreter); use topk_impl='torch'.")
     from specdec.kernels.ddtree_build.triton import topk_rows_triton

@@ -181,7 +181,7 @@ _REGISTER_ROW_MAX = 16384
 
 def topk_rows_triton(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``k`` fp32 values and int64 ids per row of ``logq [D, V]``, ranked by (fp32 value desc, id asc), as
-    ``specdec.trees.build._topk_rows`` (ties included; -0.0 equals +0.0; no NaN or +inf). ``k <= V``."""
+    ``reference.topk_rows_reference`` (ties included; -0.0 equals +0.0; no NaN or +inf). ``k <= V``."""
     depth, vocab = logq.shape
     if not 1 <= k <= vocab:
         raise ValueError(f"k={k} must be in [1, V={vocab}].")
