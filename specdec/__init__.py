@@ -15,26 +15,52 @@ if _typing.TYPE_CHECKING:
     from specdec.backends import Backends
     from specdec.drafters import DFlashDrafter, ModelDrafter, NGramDrafter
     from specdec.generate import SpeculativeModel, generate
-    from specdec.trees import TREES, Chain, DDTree, TreePolicy, register_tree
+    from specdec.trees import (
+        TREES,
+        Chain,
+        DDTree,
+        GumbelTopKTree,
+        SampledChain,
+        SampledTrees,
+        TreePolicy,
+        register_tree,
+    )
     from specdec.types import DraftTree, GenerateOutput, SamplingParams, SpecStats, VerifyResult
-    from specdec.verify import RULES, Greedy, SampleMatch, VerificationRule, register_rule
+    from specdec.verify import (
+        RULES,
+        BlockVerification,
+        Greedy,
+        MultiDraftRejection,
+        SampleMatch,
+        SpeculativeSampling,
+        TraversalVerification,
+        VerificationRule,
+        register_rule,
+    )
 
 __all__ = [
     "RULES",
     "TREES",
     "Backends",
+    "BlockVerification",
     "Chain",
     "DDTree",
     "DFlashDrafter",
     "DraftTree",
     "GenerateOutput",
     "Greedy",
+    "GumbelTopKTree",
     "ModelDrafter",
+    "MultiDraftRejection",
     "NGramDrafter",
     "SampleMatch",
+    "SampledChain",
+    "SampledTrees",
     "SamplingParams",
     "SpecStats",
     "SpeculativeModel",
+    "SpeculativeSampling",
+    "TraversalVerification",
     "TreePolicy",
     "VerificationRule",
     "VerifyResult",
@@ -49,9 +75,16 @@ _HOME = {  # name -> the module it loads from (__all__ and the registries of tre
     "Backends": "specdec.backends",
     **dict.fromkeys(("DFlashDrafter", "ModelDrafter", "NGramDrafter"), "specdec.drafters"),
     **dict.fromkeys(("SpeculativeModel", "generate"), "specdec.generate"),
-    **dict.fromkeys(("TREES", "Chain", "DDTree", "TreePolicy", "register_tree"), "specdec.trees"),
+    **dict.fromkeys(
+        ("TREES", "Chain", "DDTree", "GumbelTopKTree", "SampledChain", "SampledTrees", "TreePolicy", "register_tree"),
+        "specdec.trees",
+    ),
     **dict.fromkeys(("DraftTree", "GenerateOutput", "SamplingParams", "SpecStats", "VerifyResult"), "specdec.types"),
-    **dict.fromkeys(("RULES", "Greedy", "SampleMatch", "VerificationRule", "register_rule"), "specdec.verify"),
+    **dict.fromkeys(
+        ("RULES", "BlockVerification", "Greedy", "MultiDraftRejection", "SampleMatch", "SpeculativeSampling",
+         "TraversalVerification", "VerificationRule", "register_rule"),
+        "specdec.verify",
+    ),  # fmt: skip
 }
 
 
