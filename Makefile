@@ -18,7 +18,7 @@ else
 EXTRA_PINS := transformers==$(TRANSFORMERS) triton==3.6.0 "numpy<2.4"
 endif
 GPU_PY ?= $(PY)
-GPU_TEST_BUDGET ?= 90
+GPU_TEST_BUDGET ?= 120
 GPU_SUITE_BUDGET ?= 480
 
 .PHONY: demo test test-slow test-interpreter test-examples test-gpu lint

@@ -465,6 +465,8 @@ def test_compiled_equals_reference_on_cuda():
     masks, accepts = mask_cases(), accept_cases()
     check_masks(masks, [tree_mask(*_mask_args(c, "cuda"), impl="triton") for c in masks])
     check_accepts(accepts, [accept_path(*_accept_args(c, "cuda"), impl="triton") for c in accepts])
+    longs = long_accept_cases()  # walks that run all max_depth steps
+    check_accepts(longs, [accept_path(*_accept_args(c, "cuda"), impl="triton") for c in longs])
     # the CUDA reference (the eager round's ops) agrees too
     check_masks(masks[:40], [tree_mask(*_mask_args(c, "cuda"), impl="torch") for c in masks[:40]])
     check_accepts(accepts[:60], [accept_path(*_accept_args(c, "cuda"), impl="torch") for c in accepts[:60]])
