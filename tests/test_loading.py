@@ -1,6 +1,7 @@
 """Paths resolve wherever the working directory is; a missing local path never reaches the hub; the shipped
 assets (dense target, tokenizer, dev prompts, drafters) serve a clone with no zoo beside it and an installed wheel."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -201,9 +202,11 @@ def test_a_fresh_clone_runs_the_demo_with_the_shipped_assets(fresh_clone):
 def test_a_wheel_ships_the_assets_and_finds_them_once_installed(fresh_clone, tmp_path):
     """A non-editable install: the wheel holds specdec/assets; installed elsewhere, with no checkout and no zoo,
     loading finds the dense target, tokenizer, prompts and drafters there."""
+    # the build needs setuptools: this environment's when it has one (no download), else pip's isolated one
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)],
-        cwd=fresh_clone, env=_clean_env(), capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "pip", "wheel", ".", "--no-deps", *isolation, "-q", "-w", str(tmp_path)],
+        cwd=fresh_clone, env=_clean_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     if build.returncode != 0 and "No module named pip" in build.stderr:
         pytest.skip("needs pip")
