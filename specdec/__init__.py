@@ -71,6 +71,17 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+_RULE_NAMES = (
+    "RULES",
+    "BlockVerification",
+    "Greedy",
+    "MultiDraftRejection",
+    "SampleMatch",
+    "SpeculativeSampling",
+    "TraversalVerification",
+    "VerificationRule",
+    "register_rule",
+)
 _HOME = {  # name -> the module it loads from (__all__ and the registries of trees and rules)
     "Backends": "specdec.backends",
     **dict.fromkeys(("DFlashDrafter", "ModelDrafter", "NGramDrafter"), "specdec.drafters"),
@@ -80,11 +91,7 @@ _HOME = {  # name -> the module it loads from (__all__ and the registries of tre
         "specdec.trees",
     ),
     **dict.fromkeys(("DraftTree", "GenerateOutput", "SamplingParams", "SpecStats", "VerifyResult"), "specdec.types"),
-    **dict.fromkeys(
-        ("RULES", "BlockVerification", "Greedy", "MultiDraftRejection", "SampleMatch", "SpeculativeSampling",
-         "TraversalVerification", "VerificationRule", "register_rule"),
-        "specdec.verify",
-    ),  # fmt: skip
+    **dict.fromkeys(_RULE_NAMES, "specdec.verify"),
 }
 
 

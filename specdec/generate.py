@@ -165,6 +165,8 @@ def generate(
         **kwargs,
     )
     max_new_tokens, sampling = args.max_new_tokens, args.sampling
+    if callable(getattr(tree, "with_sampling", None)):  # a policy that samples from q takes the call's settings
+        tree = tree.with_sampling(sampling)
     rule = _check_rule(default_rule(sampling) if verifier is None else verifier, sampling, tree)
     _check_length(tgt, input_ids, max_new_tokens)
     reason = round_reason(tgt, drafter, tree if drafter is not None else None)

@@ -1,5 +1,6 @@
-"""Draft trees: the tree policies (``Chain``, ``DDTree``, the ``TreePolicy`` protocol and its registry) and the
-device builders and masks they use. Trees are parent arrays; notation in ``docs/trees.md``.
+"""Draft trees: the tree policies (``Chain``, ``DDTree``, the ``TreePolicy`` protocol and its registry; the trees
+sampled from the draft distribution: ``SampledChain``, ``SampledTrees``, ``GumbelTopKTree``) and the device
+builders and masks they use. Trees are parent arrays; notation in ``docs/trees.md``.
 """
 
 from specdec.trees.build import (
@@ -12,11 +13,15 @@ from specdec.trees.build import (
 )
 from specdec.trees.mask import ancestor_mask, tree_attention_bias, tree_position_ids
 from specdec.trees.policies import TREES, Chain, DDTree, TreePolicy, register_tree
+from specdec.trees.sampled import GumbelTopKTree, SampledChain, SampledTrees
 
 __all__ = [
     "TREES",
     "Chain",
     "DDTree",
+    "GumbelTopKTree",
+    "SampledChain",
+    "SampledTrees",
     "TreePolicy",
     "ancestor_mask",
     "ancestor_matrix",

@@ -1,0 +1,303 @@
+"""Sampled tree policies: draft trees whose tokens are drawn from the drafter's distribution q, for the rules that
+weigh q (``specdec.verify``: speculative sampling, multi-draft rejection, block and traversal verification).
+
+q is the drafter's per-depth ``logq`` processed with the call's own sampling settings: temperature, then top-k,
+then top-p, exactly as the target's logits are (``specdec.verify.draws.draft_logprobs``), so that q tracks the
+target's tempered distribution. ``generate`` hands the call's settings to the policy (``with_sampling``) before
+the rule's ``check``; at ``do_sample=False`` q is the one-hot of ``logq``'s argmax and each policy builds its
+deterministic counterpart (the argmax chain, the argmax path, the top-k tree).
+
+Randomness comes only from the uniforms the round draws each round (``noise [B, depth, V]``, row d-1 for the
+depth-d draws): the policies are ``stochastic`` exactly when the call samples. Which rule is exact for which policy
+is each rule's docstring and ``docs/verification.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from specdec.trees.build import trie_device
+from specdec.trees.policies import register_tree
+from specdec.types import DeviceTree, Proposal, SamplingParams
+from specdec.verify.draws import categorical, draft_logprobs, uniform
+from specdec.verify.processing import gumbel_from_uniform
+
+__all__ = ["GumbelTopKTree", "SampledChain", "SampledTrees"]
+
+
+def _check_int(owner: str, name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{owner}({name}={value!r}): {name} must be an int >= {low}.")
+
+
+def _logq(proposal: Proposal, owner: str) -> torch.Tensor:
+    if proposal.logq is None:
+        raise ValueError(f"{owner} samples from the draft distribution: the drafter must provide logq.")
+    return proposal.logq
+
+
+def _samples(sampling: SamplingParams | None) -> bool:
+    return sampling is None or sampling.do_sample
+
+
+def _stack_rows(tokens, parents, depth, valid) -> DeviceTree:
+    """Batch tensors ``[B, S]`` -> a DeviceTree (``parents``/``depth`` may be ``[S]``, shared by every row)."""
+    batch = tokens.shape[0]
+    parents, depth = parents.expand(batch, -1), depth.expand(batch, -1)
+    valid = valid.expand(batch, -1)
+    return DeviceTree(tokens=tokens, parents=parents, depth=depth, valid=valid, num_nodes=valid.sum(-1))
+
+
+def _fixed_tree(root: torch.Tensor, tokens: torch.Tensor, parents: list[int], depth: list[int],
+                num_slots: int) -> DeviceTree:  # fmt: skip
+    """Root + ``n`` nodes of a shape fixed by Python ints (``parents``/``depth`` of slots 1..n) in ``num_slots``
+    slots; ``tokens [B, n]``. Padding holds the root token, parent -1, depth 0."""
+    device, n = root.device, len(parents)
+    pad = num_slots - 1 - n
+    root = root.reshape(-1, 1).long()
+    all_tokens = torch.cat([root, tokens.long(), root.expand(-1, pad)], 1)
+    par = torch.tensor([-1, *parents] + [-1] * pad, dtype=torch.long, device=device)
+    dep = torch.tensor([0, *depth] + [0] * pad, dtype=torch.long, device=device)
+    valid = torch.arange(num_slots, device=device) <= n
+    return _stack_rows(all_tokens, par, dep, valid)
+
+
+@dataclass(frozen=True)
+class SampledChain:
+    """A chain of ``k`` tokens sampled from q, one per depth (speculative sampling's draft): ``SampledChain(4)``.
+
+    Depth d's token is a Gumbel-max sample of the processed ``logq[:, d-1]`` (module docstring); at
+    ``do_sample=False`` it is that row's argmax (the chain of ``Chain(k)``). Reads ``logq`` only.
+
+    Args:
+        k (int): drafted tokens per round, >= 1.
+        sampling (SamplingParams | None): the call's settings q is processed with; ``generate`` sets them
+            (``with_sampling``). None: q as the drafter gives it, sampled.
+    """
+
+    k: int = 4
+    sampling: SamplingParams | None = None
+    reads = ("logq",)
+    branching = False
+
+    def __post_init__(self) -> None:
+        _check_int("SampledChain", "k", self.k, 1)
+
+    @property
+    def stochastic(self) -> bool:
+        return _samples(self.sampling)
+
+    @property
+    def budget(self) -> int:
+        return self.k
+
+    @property
+    def max_depth(self) -> int:
+        return self.k
+
+    def with_sampling(self, sampling: SamplingParams) -> SampledChain:
+        """This policy drawing from q processed with ``sampling`` (``generate`` calls it)."""
+        return replace(self, sampling=sampling)
+
+    def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
+        logq = _logq(proposal, "SampledChain")
+        n = min(self.k, logq.shape[1])
+        if self.stochastic:
+            scores = draft_logprobs(logq[:, :n], self.sampling) + gumbel_from_uniform(noise[:, :n].float())
+        else:
+            scores = logq[:, :n].float()
+        steps = list(range(n))
+        return _fixed_tree(root, scores.argmax(-1), steps, [s + 1 for s in steps], self.k + 1)
+
+
+@dataclass(frozen=True)
+class SampledTrees:
+    """``k`` paths of ``depth`` tokens, each token drawn independently from its depth's q (SpecInfer-style
+    multi-draft): ``SampledTrees(4, 3)``.
+
+    ``merge=True`` (default) merges the paths into a trie (``trie_device``; siblings appear in the order of the
+    first path that drew them): the siblings of a node are then the distinct tokens of i.i.d. draws in order of
+    first appearance, which is the law of sampling *without* replacement, so the without-replacement rules are
+    the exact ones for it. ``merge=False`` keeps the ``k`` paths as separate branches of the root (duplicate
+    siblings included): the root's children are i.i.d. draws *with* replacement, for SpecInfer's original rule.
+    At ``do_sample=False`` every path is the argmax path (one chain, or ``k`` copies of it unmerged).
+
+    Path m's depth-d token is an inverse-CDF draw at uniform pair m of ``noise[:, d-1]`` (needs ``2k <= V``).
+
+    Args:
+        k (int): paths, >= 1.
+        depth (int): tokens per path, >= 1 (drafters may draft fewer; the paths are cut there).
+        merge (bool): merge shared prefixes into a trie.
+        sampling (SamplingParams | None): as :class:`SampledChain`.
+    """
+
+    k: int = 4
+    depth: int = 4
+    merge: bool = True
+    sampling: SamplingParams | None = None
+    reads = ("logq",)
+
+    def __post_init__(self) -> None:
+        _check_int("SampledTrees", "k", self.k, 1)
+        _check_int("SampledTrees", "depth", self.depth, 1)
+        if not isinstance(self.merge, bool):
+            raise ValueError(f"SampledTrees(merge={self.merge!r}): merge must be True or False.")
+
+    @property
+    def stochastic(self) -> bool:
+        return _samples(self.sampling)
+
+    @property
+    def branching(self) -> bool:
+        return self.k > 1
+
+    @property
+    def budget(self) -> int:
+        return self.k * self.depth  # every path's every node: no path is ever cut
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+    def with_sampling(self, sampling: SamplingParams) -> SampledTrees:
+        """This policy drawing from q processed with ``sampling`` (``generate`` calls it)."""
+        return replace(self, sampling=sampling)
+
+    def paths(self, proposal: Proposal, noise=None) -> torch.Tensor:
+        """The drawn paths ``[B, k, L]`` (``L = min(depth, D)``)."""
+        logq = _logq(proposal, "SampledTrees")
+        length = min(self.depth, logq.shape[1])
+        if not self.stochastic:
+            return logq[:, None, :length].float().argmax(-1).expand(-1, self.k, -1)
+        vocab = logq.shape[-1]
+        if 2 * self.k > vocab:
+            raise ValueError(f"SampledTrees(k={self.k}) draws k paths from 2 uniforms each: needs 2k <= V = {vocab}.")
+        probs = torch.exp(draft_logprobs(logq[:, :length], self.sampling).double())  # [B, L, V]
+        draws = [categorical(probs, uniform(noise[:, :length], m)) for m in range(self.k)]  # k x [B, L]
+        return torch.stack(draws, 1)
+
+    def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
+        paths = self.paths(proposal, noise)
+        batch, k, length = paths.shape
+        slots = self.budget + 1
+        if self.merge:
+            if batch == 1:
+                lengths = torch.full((k,), length, dtype=torch.long, device=paths.device)
+                return DeviceTree.stack([trie_device(paths[0], lengths, root.reshape(-1)[0], budget=self.budget,
+                                                     num_slots=slots)])  # fmt: skip
+            return _tries(paths, root, slots)
+        parents = [0 if d == 0 else 1 + m * length + d - 1 for m in range(k) for d in range(length)]
+        depths = [d + 1 for _ in range(k) for d in range(length)]
+        return _fixed_tree(root, paths.reshape(batch, -1), parents, depths, slots)
+
+
+def _tries(paths: torch.Tensor, root: torch.Tensor, num_slots: int) -> DeviceTree:
+    """``trie_device`` for a batch of full-length paths ``[B, M, L]`` with every node kept: the same numbering (path
+    by path, depth by depth), one set of tensor ops for all rows."""
+    batch, num, length = paths.shape
+    device = paths.device
+    equal = (paths[:, :, None] == paths[:, None]).long().cumprod(-1).bool()  # [B, M, M', L]: prefixes agree
+    first = equal.long().argmax(2)  # [B, M, L]: the first path holding the same prefix
+    new = first == torch.arange(num, device=device)[:, None]
+    order = new.flatten(1).long().cumsum(1).view(batch, num, length)  # 1-based node number of each new node
+    node = order.gather(1, first)
+    parent = torch.cat([torch.zeros_like(node[..., :1]), node[..., :-1]], -1)
+    depth = torch.arange(1, length + 1, device=device).expand(batch, num, -1)
+    spot = torch.where(new, order, num_slots).flatten(1)  # the rest go to a spill slot
+    size = num_slots + 1
+    rows = root.reshape(-1, 1).long().expand(batch, size).clone()
+    tokens = rows.scatter(1, spot, paths.flatten(1))
+    parents = torch.full((batch, size), -1, dtype=torch.long, device=device).scatter(1, spot, parent.flatten(1))
+    depths = torch.zeros(batch, size, dtype=torch.long, device=device).scatter(1, spot, depth.flatten(1))
+    count = new.flatten(1).sum(1, keepdim=True) + 1
+    valid = torch.arange(num_slots, device=device) < count
+    tokens = torch.where(valid, tokens[:, :num_slots], rows[:, :num_slots])
+    return DeviceTree(tokens, torch.where(valid, parents[:, :num_slots], -1), depths[:, :num_slots] * valid, valid,
+                      count[:, 0])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GumbelTopKTree:
+    """A tree of fixed widths whose siblings are drawn from q *without* replacement by Gumbel-top-k (RSD / Sequoia
+    style): ``GumbelTopKTree((3, 2, 1))`` gives every node of depth d-1 ``widths[d-1]`` children.
+
+    Per depth one Gumbel perturbation of the processed ``log q`` (``noise[:, d-1]``) is drawn; its ``widths[d-1]``
+    largest tokens, in decreasing order, are the children of every node of that depth, so every node's children
+    are a sample without replacement from q in draw order. One draw per depth is enough for rules that walk down
+    one node per depth (multi-draft rejection) but not for rules that revisit siblings' subtrees (traversal
+    verification refuses this policy). Tokens past q's support (top-k / top-p) fill the remaining siblings and are
+    never accepted. At ``do_sample=False``: the ``widths`` largest ``logq`` per depth (ties: the smallest id).
+
+    Args:
+        widths (tuple[int, ...]): children per node at each depth, each >= 1; the tree holds
+            ``w1 + w1 w2 + ...`` nodes.
+        sampling (SamplingParams | None): as :class:`SampledChain`.
+    """
+
+    widths: tuple[int, ...] = (2, 2, 2)
+    sampling: SamplingParams | None = None
+    reads = ("logq",)
+
+    def __post_init__(self) -> None:
+        widths = tuple(self.widths) if isinstance(self.widths, list | tuple) else self.widths
+        if not isinstance(widths, tuple) or not widths:
+            raise ValueError(f"GumbelTopKTree(widths={self.widths!r}): give a non-empty tuple of ints >= 1.")
+        for w in widths:
+            _check_int("GumbelTopKTree", "widths[i]", w, 1)
+        object.__setattr__(self, "widths", widths)
+
+    @property
+    def stochastic(self) -> bool:
+        return _samples(self.sampling)
+
+    @property
+    def branching(self) -> bool:
+        return any(w > 1 for w in self.widths)
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.widths)
+
+    @property
+    def budget(self) -> int:
+        return sum(self._level_sizes(len(self.widths)))
+
+    def _level_sizes(self, length: int) -> list[int]:
+        sizes, n = [], 1
+        for w in self.widths[:length]:
+            n *= w
+            sizes.append(n)
+        return sizes
+
+    def with_sampling(self, sampling: SamplingParams) -> GumbelTopKTree:
+        """This policy drawing from q processed with ``sampling`` (``generate`` calls it)."""
+        return replace(self, sampling=sampling)
+
+    def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
+        logq = _logq(proposal, "GumbelTopKTree")
+        length = min(len(self.widths), logq.shape[1])
+        vocab = logq.shape[-1]
+        tokens, parents, depths, first = [], [], [], 1  # ``first``: slot of the level's first node
+        for d, size in enumerate(self._level_sizes(length)):
+            width = self.widths[d]
+            if width > vocab:
+                raise ValueError(f"GumbelTopKTree(widths={self.widths}): a width above the vocabulary ({vocab}).")
+            if self.stochastic:
+                scores = draft_logprobs(logq[:, d], self.sampling) + gumbel_from_uniform(noise[:, d].float())
+            else:
+                scores = logq[:, d].float()
+            ranked = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :width]  # [B, width]
+            reps = size // self.widths[d]
+            tokens.append(ranked.repeat(1, reps))
+            above = first - reps  # slot of the level above's first node
+            parents += [0 if d == 0 else above + t // width for t in range(size)]
+            depths += [d + 1] * size
+            first += size
+        return _fixed_tree(root, torch.cat(tokens, 1), parents, depths, self.budget + 1)
+
+
+register_tree("sampled-chain", SampledChain)
+register_tree("sampled-trees", SampledTrees)
+register_tree("gumbel-topk", GumbelTopKTree)

@@ -1,0 +1,85 @@
+"""Block verification (Sun et al., ICLR 2025): a sampled chain verified jointly, not token by token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
+from specdec.verify.draws import accept_at, categorical, node_proposals, target_probs, uniform
+from specdec.verify.multidraft import check_sampled_policy
+from specdec.verify.rules import Greedy, register_rule
+
+__all__ = ["BlockVerification", "block_verify"]
+
+
+def block_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torch.Tensor, max_depth: int) -> Accept:
+    """Block verification of chains (slot i = depth i, ``n`` real drafts per row).
+
+    Forward: ``w_0 = 1``, ``w_i = min(1, w_{i-1} p_{i-1}(x_i) / q_i(x_i))`` (the prefix's capped likelihood ratio).
+    For ``i < n`` the residual ``R_i = max(0, w_i p_i - q_{i+1})`` (after the prefix ``x_1..x_i``) and
+    ``h_i = |R_i| / (|R_i| + 1 - w_i)``; ``h_n = w_n``. Backward: the accepted length is the largest ``i`` with
+    ``eta_i <= h_i`` (0 if none); the next token is drawn from ``p_n`` if ``i = n``, else from ``norm(R_i)``.
+
+    Args:
+        tree (DeviceTree): chains ``[B, S]``.
+        p (torch.Tensor): ``[B, S, V]`` float64 target distribution at each node.
+        q (torch.Tensor): ``[B, S, V]`` float64 draft distribution of each node (zeros at the root).
+        noise (torch.Tensor): ``[B, S, V]`` uniforms (``draws.uniform`` 0: ``eta_i`` at slot i, 1: the final draw).
+        max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
+    """
+    batch, slots, _ = p.shape
+    drafts = tree.num_nodes - 1  # [B]
+    index = torch.arange(slots, device=p.device)
+    tokens = tree.tokens[:, 1:, None]
+    ratio = p[:, :-1].gather(2, tokens)[..., 0] / q[:, 1:].gather(2, tokens)[..., 0].clamp(min=1e-300)  # [B, S-1]
+    weights = [torch.ones(batch, dtype=p.dtype, device=p.device)]
+    for i in range(1, slots):
+        weights.append(torch.where(tree.valid[:, i], (weights[-1] * ratio[:, i - 1]).clamp(max=1.0), 0.0))
+    w = torch.stack(weights, 1)  # [B, S]
+    q_next = torch.cat([q[:, 1:], torch.zeros_like(q[:, :1])], 1)  # q of depth i+1 at slot i
+    residual = (w[..., None] * p - q_next).clamp(min=0.0)  # [B, S, V]
+    mass = residual.sum(-1)
+    h = torch.where(w >= 1.0, 1.0, mass / (mass + 1.0 - w).clamp(min=1e-300))
+    last = index == drafts[:, None]  # [B, S]
+    h = torch.where(last, w, h)
+    dist = torch.where(last[..., None], p, residual)
+    # backward pass: the longest prefix whose test passes (slot 0 always passes)
+    passed = ((uniform(noise, 0) <= h) | (index == 0)) & (index <= drafts[:, None])
+    tau = (passed * index).amax(1)
+    final = uniform(noise, 1).gather(1, tau[:, None])[:, 0]
+    bonus = categorical(dist.gather(1, tau[:, None, None].expand(-1, 1, dist.shape[-1]))[:, 0], final)
+    return accept_at(tree, tau, bonus, max_depth)
+
+
+@dataclass(frozen=True)
+class BlockVerification:
+    """Block verification: the drafted chain is accepted jointly, the longest prefix whose capped likelihood
+    ratio passes a backward sequence of tests (``block_verify``); never fewer tokens in expectation than speculative
+    sampling, optimal for one chain.
+
+    Exact for ``SampledChain`` only (other policies are refused by name). q as in
+    :class:`~specdec.verify.SpeculativeSampling`. At ``do_sample=False`` (one-hot q and p) ``w_i`` is 1 while the
+    drafts are p's argmax and 0 after, every residual is p's argmax: the rule is
+    :class:`~specdec.verify.Greedy`.
+    """
+
+    name = "block"
+
+    def check(self, sampling: SamplingParams, tree) -> None:
+        check_sampled_policy("BlockVerification()", sampling, tree, {"SampledChain": ""})
+
+    def uses_noise(self, sampling: SamplingParams) -> bool:
+        return sampling.do_sample
+
+    def accept(self, tree: DeviceTree, logits: torch.Tensor, sampling: SamplingParams, noise, max_depth: int,
+               proposal: Proposal | None = None) -> Accept:  # fmt: skip
+        if not sampling.do_sample:
+            return Greedy().accept(tree, logits, sampling, noise, max_depth)
+        p = target_probs(logits, sampling)
+        q = node_proposals(tree, proposal, sampling) if tree.num_slots > 1 else torch.zeros_like(p)
+        return block_verify(tree, p, q, noise, max_depth)
+
+
+register_rule("block", BlockVerification)

@@ -1,0 +1,138 @@
+"""Recursive rejection sampling over the children of each node (SpecInfer; RSD's without-replacement form), and
+the walk it shares with speculative sampling (``speculative.py``). Arguments: ``docs/verification.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
+from specdec.verify.draws import accept_at, categorical, node_proposals, target_probs, uniform
+from specdec.verify.rules import Greedy, register_rule
+
+__all__ = ["MultiDraftRejection", "check_sampled_policy", "recursive_rejection"]
+
+
+def check_sampled_policy(rule: str, sampling: SamplingParams, tree, exact_for: dict[str, str]) -> None:
+    """Refuse ``tree`` unless its class name is a key of ``exact_for`` (the value says what else it needs, or is
+    empty), and a policy already bound to other sampling settings than the call's (``with_sampling``)."""
+    name = type(tree).__name__
+    if name not in exact_for:
+        names = ", ".join(f"{n}{exact_for[n] and f' ({exact_for[n]})'}" for n in exact_for)
+        raise ValueError(
+            f"verifier={rule} weighs the draft distribution q and is exact only for trees sampled from q: {names}; "
+            f"got tree={name}. Pass one of those trees, or verifier=SampleMatch() for any tree."
+        )
+    bound = getattr(tree, "sampling", None)
+    if bound is not None and bound != sampling:
+        raise ValueError(
+            f"tree={name} was bound to {bound} but the call samples with {sampling}: the rule and the policy must "
+            "process q with the same settings (generate binds the tree with tree.with_sampling(sampling))."
+        )
+
+
+def recursive_rejection(
+    tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torch.Tensor, max_depth: int, replacement: bool
+) -> Accept:
+    """The accepted paths of recursive rejection sampling, one pass over the slots.
+
+    From the root, each child ``c`` of the current node (in slot order) is tested: accepted with probability
+    ``min(1, r(c) / q_c(c))`` where ``r`` is the current node's target distribution, reduced by the children
+    rejected so far, and ``q_c`` the distribution ``c`` was drawn from (its depth's q; without replacement, q with
+    the earlier siblings' tokens removed, renormalised). A rejection sets ``r <- norm(max(0, r - q_c))``; an
+    acceptance makes ``c`` the current node, ``r = p_c``. When no child is left, the token drawn from ``r`` is the
+    bonus. Children come after their parent in slot order, so one pass over the slots visits every test in order.
+
+    Args:
+        tree (DeviceTree): ``[B, S]``.
+        p (torch.Tensor): ``[B, S, V]`` float64 target distribution at each node.
+        q (torch.Tensor): ``[B, S, V]`` float64 draft distribution each node was drawn from (zeros at the root).
+        noise (torch.Tensor): ``[B, S, V]`` uniforms (``draws.uniform`` 0: the node's test, 1: the final draw).
+        max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
+        replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
+    """
+    batch, slots, vocab = p.shape
+    test, final = uniform(noise, 0), uniform(noise, 1)
+    current = torch.zeros(batch, dtype=torch.long, device=p.device)
+    r = p[:, 0]
+    tried = torch.zeros(batch, vocab, dtype=torch.bool, device=p.device)  # tokens of the rejected siblings
+    for j in range(1, slots):
+        token = tree.tokens[:, j : j + 1]
+        child = tree.valid[:, j] & (tree.parents[:, j] == current)
+        qj = q[:, j]
+        if not replacement:
+            qj = qj.masked_fill(tried, 0.0)
+            qj = qj / qj.sum(-1, keepdim=True).clamp(min=torch.finfo(qj.dtype).tiny)
+        q_tok, r_tok = qj.gather(1, token)[:, 0], r.gather(1, token)[:, 0]
+        live = child & (q_tok > 0)  # a sibling past q's support is no draw: neither tested nor subtracted
+        accept = live & (test[:, j] * q_tok < r_tok)
+        reject = live & ~accept
+        residual = (r - qj).clamp(min=0.0)
+        mass = residual.sum(-1, keepdim=True)
+        residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(mass.dtype).tiny), r)
+        r = torch.where(reject[:, None], residual, r)
+        tried = tried | (reject[:, None] & (torch.arange(vocab, device=p.device) == token))
+        r = torch.where(accept[:, None], p[:, j], r)
+        tried = tried & ~accept[:, None]
+        current = torch.where(accept, j, current)
+    bonus = categorical(r, final.gather(1, current[:, None])[:, 0])
+    return accept_at(tree, current, bonus, max_depth)
+
+
+@dataclass(frozen=True)
+class MultiDraftRejection:
+    """Multi-draft recursive rejection sampling over the children of each node.
+
+    ``replacement=True`` is SpecInfer's rule: the children of a node are i.i.d. draws from q, tested in order
+    against the target's distribution reduced by every rejection. Exact for ``SampledChain`` and
+    ``SampledTrees(merge=False)`` (duplicate siblings kept). Not for the merged trie: merging duplicates changes
+    the siblings' law to sampling without replacement, where this rule is biased.
+
+    ``replacement=False`` is the without-replacement form (RSD): the k-th sibling is weighed against q with the
+    earlier siblings' tokens removed. Exact for ``SampledChain``, ``SampledTrees`` (merged: distinct tokens of
+    i.i.d. draws in order of first appearance are a sample without replacement) and ``GumbelTopKTree``.
+
+    At ``do_sample=False`` q is the one-hot of the drafter's argmax and p the target's: a child is accepted iff
+    it carries the target's argmax, the residual after a rejection is p's argmax again, so the rule is
+    :class:`~specdec.verify.Greedy`'s walk (exact for any tree).
+
+    Args:
+        replacement (bool): SpecInfer's rule (True, default) or RSD's (False).
+    """
+
+    replacement: bool = True
+    name = "multi-draft"
+
+    def check(self, sampling: SamplingParams, tree) -> None:
+        if self.replacement:
+            exact_for = {"SampledChain": "", "SampledTrees": "merge=False"}
+            if type(tree).__name__ == "SampledTrees" and getattr(tree, "merge", False):
+                raise ValueError(
+                    "MultiDraftRejection(replacement=True) is not exact for SampledTrees(merge=True): merged "
+                    "duplicate siblings are a sample without replacement; use MultiDraftRejection(replacement="
+                    "False) or SampledTrees(..., merge=False)."
+                )
+        else:
+            exact_for = {"SampledChain": "", "SampledTrees": "merge=True", "GumbelTopKTree": ""}
+            if type(tree).__name__ == "SampledTrees" and not getattr(tree, "merge", True):
+                raise ValueError(
+                    "MultiDraftRejection(replacement=False) is not exact for SampledTrees(merge=False): its root "
+                    "children are draws with replacement (duplicates); use replacement=True or merge=True."
+                )
+        check_sampled_policy(f"MultiDraftRejection(replacement={self.replacement})", sampling, tree, exact_for)
+
+    def uses_noise(self, sampling: SamplingParams) -> bool:
+        return sampling.do_sample
+
+    def accept(self, tree: DeviceTree, logits: torch.Tensor, sampling: SamplingParams, noise, max_depth: int,
+               proposal: Proposal | None = None) -> Accept:  # fmt: skip
+        if not sampling.do_sample:
+            return Greedy().accept(tree, logits, sampling, noise, max_depth)
+        p = target_probs(logits, sampling)
+        q = node_proposals(tree, proposal, sampling) if tree.num_slots > 1 else torch.zeros_like(p)
+        return recursive_rejection(tree, p, q, noise, max_depth, self.replacement)
+
+
+register_rule("multi-draft", MultiDraftRejection)

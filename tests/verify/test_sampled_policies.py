@@ -1,0 +1,123 @@
+"""The sampled tree policies draw from q processed with the call's settings (HF's warpers on ``logq``), build the
+trees they document, and are deterministic at ``do_sample=False``.
+
+Power: each chi-square test first checks by Monte Carlo (1000 simulated runs at its own sample size) that it
+rejects a planted +0.02 (absolute) bias of the most likely cell with probability >= 0.99 and the true
+distribution with probability <= 0.01 (``sampled_rounds.assert_fits``); 30000 trees per test. The expected
+distributions are HF's warpers applied to the drafter's ``logq``.
+"""
+
+import pytest
+import torch
+from oracles import hf_probs
+from sampled_rounds import ROOT, Table, V, assert_fits, draft_logq
+
+import specdec
+from specdec.trees.build import chain_device, trie_device
+from specdec.types import DeviceTree, Proposal, SamplingParams
+
+SAMPLING = SamplingParams(do_sample=True, temperature=0.8, top_k=10, top_p=0.9)
+LOGQ = draft_logq(Table(), noise=0.3)
+TREES_PER_TEST = 30000
+
+
+def build(policy, n: int, seed: int, sampling: SamplingParams = SAMPLING, logq=LOGQ) -> DeviceTree:
+    policy = policy.with_sampling(sampling)
+    gen = torch.Generator().manual_seed(seed)
+    depth = min(policy.max_depth, logq.shape[0])
+    noise = torch.rand(n, depth, V, generator=gen) if policy.stochastic else None
+    return policy.build(Proposal(logq=logq[:depth].expand(n, -1, -1)), torch.full((n,), ROOT), depth, noise)
+
+
+def q_of(depth: int) -> torch.Tensor:
+    """HF's warpers on the drafter's logq row of ``depth`` (1-based)."""
+    return hf_probs(LOGQ[depth - 1], temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, top_p=SAMPLING.top_p)
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_sampled_chain_draws_each_depth_from_processed_q(depth):
+    tree = build(specdec.SampledChain(3), TREES_PER_TEST, seed=depth)
+    assert torch.equal(tree.parents[0], torch.tensor([-1, 0, 1, 2]))
+    assert_fits(tree.tokens[:, depth], q_of(depth))
+
+
+@pytest.mark.parametrize("path", [0, 2])
+def test_sampled_paths_draw_from_processed_q(path):
+    """Unmerged, path m's depth-2 token sits at slot 1 + 3m + 1."""
+    tree = build(specdec.SampledTrees(3, 3, merge=False), TREES_PER_TEST, seed=10 + path)
+    assert_fits(tree.tokens[:, 1 + 3 * path + 1], q_of(2))
+
+
+def test_sampled_paths_are_independent():
+    """The depth-1 tokens of paths 0 and 1: their joint is q x q."""
+    tree = build(specdec.SampledTrees(2, 1, merge=False), TREES_PER_TEST, seed=20)
+    q = q_of(1)
+    pairs = tree.tokens[:, 1] * V + tree.tokens[:, 2]
+    assert_fits(pairs, (q[:, None] * q[None]).flatten())
+
+
+def test_merged_paths_are_trie_device_of_the_unmerged_paths():
+    merged = build(specdec.SampledTrees(4, 3), 300, seed=30)
+    paths = build(specdec.SampledTrees(4, 3, merge=False), 300, seed=30).tokens[:, 1:].reshape(300, 4, 3)
+    lengths = torch.full((4,), 3)
+    for b in range(300):
+        expect = trie_device(paths[b], lengths, torch.tensor(ROOT), budget=12, num_slots=13)
+        assert all(torch.equal(x, y) for x, y in zip(expect, merged.row(b), strict=True))
+    one = build(specdec.SampledTrees(4, 3), 1, seed=30)  # a round's batch of one takes trie_device itself
+    assert torch.equal(one.tokens[0], merged.tokens[0])
+
+
+def test_gumbel_topk_siblings_are_a_sample_without_replacement():
+    """The first two children of the root: P(c1 = i, c2 = j) = q_i q_j / (1 - q_i) (the Plackett-Luce law of two
+    draws without replacement from q); every depth-1 node has the same children."""
+    tree = build(specdec.GumbelTopKTree((2, 2)), TREES_PER_TEST, seed=40)
+    assert torch.equal(tree.parents[0], torch.tensor([-1, 0, 0, 1, 1, 2, 2]))
+    assert torch.equal(tree.tokens[:, 3:5], tree.tokens[:, 5:7])
+    q = q_of(1)
+    law = q[:, None] * q[None] / (1 - q[:, None]).clamp(min=1e-300)
+    law.fill_diagonal_(0.0)
+    assert_fits(tree.tokens[:, 1] * V + tree.tokens[:, 2], law.flatten())
+
+
+def test_deterministic_at_do_sample_false():
+    greedy = SamplingParams()
+    chain = build(specdec.SampledChain(3), 2, seed=0, sampling=greedy)
+    expect = chain_device(LOGQ, torch.tensor(ROOT), k=3, num_slots=4)
+    assert all(torch.equal(x, y) for x, y in zip(expect, chain.row(1), strict=True))
+    trie = build(specdec.SampledTrees(3, 3), 2, seed=0, sampling=greedy)
+    assert torch.equal(trie.tokens[1, :4], expect.tokens) and int(trie.num_nodes[1]) == 4  # equal paths: a chain
+    top = build(specdec.GumbelTopKTree((2, 1)), 1, seed=0, sampling=greedy)
+    assert top.tokens[0, 1:3].tolist() == LOGQ[0].topk(2).indices.tolist()
+    for policy in (specdec.SampledChain(), specdec.SampledTrees(), specdec.GumbelTopKTree()):
+        assert not policy.with_sampling(greedy).stochastic and policy.with_sampling(SAMPLING).stochastic
+
+
+def test_drafted_depth_below_the_policys():
+    """A drafter that drafts fewer depths than the policy's: the trees stop there (padding after)."""
+    for policy in (specdec.SampledChain(3), specdec.SampledTrees(2, 3), specdec.GumbelTopKTree((2, 2, 2))):
+        tree = build(policy, 4, seed=1, logq=LOGQ[:2])
+        assert tree.num_slots == policy.budget + 1
+        assert int(tree.depth.max()) == 2
+        assert not tree.valid[:, int(tree.num_nodes.max()) :].any()
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: specdec.SampledChain(0), "k must be an int >= 1"),
+        (lambda: specdec.SampledTrees(2, 0), "depth must be an int >= 1"),
+        (lambda: specdec.SampledTrees(2, 2, merge=1), "merge must be True or False"),
+        (lambda: specdec.GumbelTopKTree(()), "non-empty tuple"),
+        (lambda: specdec.GumbelTopKTree((2, 0)), "widths"),
+    ],
+)
+def test_arguments_are_checked(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_registered_by_name():
+    assert specdec.TREES["sampled-chain"] is specdec.SampledChain
+    assert specdec.TREES["sampled-trees"] is specdec.SampledTrees
+    assert specdec.TREES["gumbel-topk"] is specdec.GumbelTopKTree
+    assert specdec.GumbelTopKTree([3, 2]).widths == (3, 2)  # a list (from a config file) becomes a tuple
