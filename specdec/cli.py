@@ -5,7 +5,7 @@ python -m specdec -m drafter=dflash tree=ddtree tree.budget=8,16,32      # multi
 python -m specdec bench target=hybrid num_prompts=5   |   python -m specdec train corpus=src/
 
 Every command composes the same config groups (``target``, ``prompts``; ``generate`` also ``drafter``, ``tree``,
-``sampling``); a key that the chosen group option does not define is an error, never silently ignored.
+``sampling``, ``verifier``); a key that the chosen group option does not define is an error, never silently ignored.
 
 A user error (a bad key or value, a missing file) prints one ``error: ...`` line and exits with status 2;
 ``SPECDEC_DEBUG=1`` (or hydra's ``HYDRA_FULL_ERROR=1``) shows the traceback instead. torch and transformers load
@@ -24,13 +24,15 @@ from pathlib import Path
 logger = logging.getLogger("specdec")
 
 _COMMANDS = {"generate": "config", "bench": "bench", "train": "train"}
-_GROUPS = ("target", "drafter", "tree", "sampling", "prompts")
+_GROUPS = ("target", "drafter", "tree", "sampling", "verifier", "prompts")
 _COMMAND_GROUPS = {"generate": _GROUPS, "bench": ("target", "prompts"), "train": ("target", "prompts")}
 _INSTEAD = {  # what to use instead of a group that a command does not take
     ("bench", "drafter"): "bench takes drafters and trees per method, e.g. "
     "'methods=[{drafter: dflash, tree: {kind: ddtree, budget: [32]}}]'",
     ("bench", "tree"): "bench takes trees per method, e.g. 'methods=[{drafter: dflash, tree: {kind: chain, k: 8}}]'",
     ("bench", "sampling"): "bench samples at its temperatures=[...] (with top_k= and top_p=)",
+    ("bench", "verifier"): "bench verifies with the library's default rule",
+    ("train", "verifier"): "train does not decode; verification rules are settings of `python -m specdec` (generate)",
     ("train", "drafter"): "train builds the DFlash drafter itself: set its shape with num_layers=, block_size=, "
     "target_layer_ids=, or start from a checkpoint with init_from=<folder>",
     ("train", "tree"): "train does not decode; trees are settings of `python -m specdec` (generate) and bench methods",
@@ -152,7 +154,8 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
     drafter_cfg, tree_cfg = dict(c["drafter"]), dict(c["tree"])
     drafter = build_drafter(drafter_cfg.pop("name"), model, **drafter_cfg)
     tree = build_tree(tree_cfg.pop("name"), **tree_cfg)
-    spec = specdec.SpeculativeModel(model, drafter=drafter, tree=tree, hybrid_mode=c["hybrid_mode"])
+    verifier = build_rule(**c["verifier"])
+    spec = specdec.SpeculativeModel(model, drafter=drafter, tree=tree, verifier=verifier, hybrid_mode=c["hybrid_mode"])
     prompts = load_prompts(c["prompts"]["path"], limit=c["prompts"]["limit"], text=c["prompts"]["text"])
     gen = torch.Generator(device=device).manual_seed(int(c["seed"]))
     console, records = Console(), []
@@ -185,6 +188,17 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
         _write_jsonl(Path(output_dir) / "generations.jsonl", [{k: r[k] for k in r if k != "stats"} for r in records])
         _write_jsonl(Path(output_dir) / "stats.jsonl", [{"id": r["id"], **r["stats"]} for r in records])
     return records
+
+
+def build_rule(name: str | None = None, **settings):
+    """The ``verifier`` group's rule: None (the library's default) or ``specdec.verify.RULES[name](**settings)``."""
+    if name is None:
+        return None
+    from specdec.verify import RULES
+
+    if name not in RULES:
+        raise ValueError(f"Unknown verifier {name!r}; choose one of {', '.join(sorted(RULES))}.")
+    return RULES[name](**settings)
 
 
 def _stats_record(stats) -> dict:

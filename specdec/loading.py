@@ -205,7 +205,11 @@ def build_tree(name: str, **kw) -> TreeSpec:
     if name == "ddtree":
         topk = kw.get("topk")
         return DDTree(budget=int(kw.get("budget", 15)), topk=None if topk is None else int(topk))
-    raise ValueError(f"Unknown tree {name!r}; choose 'chain' or 'ddtree'.")
+    from specdec.trees import TREES
+
+    if name in TREES:  # a registered policy takes its settings as keyword arguments
+        return TREES[name](**kw)
+    raise ValueError(f"Unknown tree {name!r}; choose one of {', '.join(sorted(TREES))}.")
 
 
 def build_drafter(name: str, target, **kw):
