@@ -9,6 +9,9 @@ Usage (from the repository root)::
 
     python scripts/mutants.py              # all mutants, 2 at a time
     python scripts/mutants.py --jobs 1 --only eos_truncation_removed tie_order_reversed
+    python scripts/mutants.py --only temperature_twice --tests tests/round/test_deep_rounds.py
+
+``--tests`` replaces the tests of the selected mutants (paths or node ids, as pytest takes them).
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-SAMPLING = "specdec/verify/sampling.py"
+PROCESSING = "specdec/verify/processing.py"
+RULES = "specdec/verify/rules.py"
+ENGINE = "specdec/engine.py"
+GENERATE = "specdec/generate.py"
+ACCEPT_REFERENCE = "specdec/kernels/tree_accept/reference.py"
+DDTREE_TOPK = "specdec/kernels/ddtree_build/reference.py"  # the per-depth top-k of the DDTree build
 TOP_K_THEN_TOP_P = """    if sampling.top_k:
         procs.append(TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
     if sampling.top_p is not None and sampling.top_p < 1.0:
@@ -52,9 +60,22 @@ TOP_P_NO_CROSSING = """class _TopPNoCrossing:
 
 def process_logits("""
 
-SAMPLING_TESTS = ["tests/unit/test_verify_sampling.py"]
-CHI2_TESTS = ("tests/unit/test_verify_sampling.py", "-k", "not equals_hf_warpers")  # the statistical tests alone
-GREEDY_TESTS = ["tests/unit/test_generate_greedy.py"]
+# The deep-round suite (tests/round): an oracle drafter makes rounds accept every length 0..D. Each mutant runs
+# its tests there first, then the older test files that catch it.
+ROUND = "tests/round/test_deep_rounds.py"
+IDENTITY = (f"{ROUND}::test_identity_deep_rounds",)
+CHI2 = (f"{ROUND}::test_sampling_multi_round_chi2",)  # 3rd and 4th new token against HF's exact marginals
+SUPPORT = (f"{ROUND}::test_sampling_support_hf_defaults",)
+EOS = (f"{ROUND}::test_eos_inside_accepted_run",)
+MAX_NEW = (f"{ROUND}::test_max_new_tokens_inside_accepted_run",)
+HYBRID = (f"{ROUND}::test_hybrid_recurrent_state_through_sibling_rounds",)
+PADDING = (f"{ROUND}::test_padding_slots",)
+TREE_REFERENCES = (f"{ROUND}::test_round_trees_match_host_references",)
+REGISTRY = (f"{ROUND}::test_custom_registered_policy_and_rule_are_used",)
+
+SAMPLING_TESTS = (*CHI2, "tests/unit/test_verify_sampling.py")
+CHI2_TESTS = ("tests/unit/test_verify_sampling.py", "-k", "not equals_hf_warpers")  # its statistical tests alone
+GREEDY_TESTS = (*IDENTITY, "tests/unit/test_generate_greedy.py")
 
 
 @dataclass(frozen=True)
@@ -70,109 +91,169 @@ MUTANTS = [
         "temperature_inverted",
         (
             (
-                SAMPLING,
+                PROCESSING,
                 "TemperatureLogitsWarper(sampling.temperature)",
                 "TemperatureLogitsWarper(1 / sampling.temperature)",
             ),
         ),
-        tuple(SAMPLING_TESTS),
+        SAMPLING_TESTS,
     ),
     Mutant(  # top-p drops the token that crosses the cutoff
         "top_p_crossing_dropped",
         (
             (
-                SAMPLING,
+                PROCESSING,
                 "procs.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))",
                 "procs.append(_TopPNoCrossing(sampling.top_p))",
             ),
-            (SAMPLING, "def process_logits(", TOP_P_NO_CROSSING),
+            (PROCESSING, "def process_logits(", TOP_P_NO_CROSSING),
         ),
-        tuple(SAMPLING_TESTS),
+        SAMPLING_TESTS,
     ),
     Mutant(  # top-p applied before top-k
-        "top_p_before_top_k", ((SAMPLING, TOP_K_THEN_TOP_P, TOP_P_THEN_TOP_K),), tuple(SAMPLING_TESTS)
+        "top_p_before_top_k", ((PROCESSING, TOP_K_THEN_TOP_P, TOP_P_THEN_TOP_K),), SAMPLING_TESTS
+    ),
+    Mutant(  # temperature applied twice: logits / T before the warpers, which divide by T again
+        "temperature_twice",
+        ((PROCESSING, "scores = target_logits.float()", "scores = target_logits.float() / sampling.temperature"),),
+        SAMPLING_TESTS,
     ),
     Mutant(  # HF's fallback top_k=50 forgotten when neither the call nor generation_config sets top_k
         "top_k_default_ignored",
         (("specdec/hf_args.py", '"top_k": 50,', '"top_k": None,'),),
-        tuple(SAMPLING_TESTS),
+        (*SUPPORT, "tests/unit/test_verify_sampling.py"),
     ),
-    Mutant(  # the sample-and-match walk reads each node's sample from the previous node's logits
+    Mutant(  # the sample-and-match walk reads each node's sample from the previous slot's logits
         "sample_wrong_node",
         (
             (
-                SAMPLING,
-                "sample_tokens(target_logits, sampling, generator).tolist()",
-                "sample_tokens(target_logits.roll(1, dims=0), sampling, generator).tolist()",
+                RULES,
+                "return _walk(tree, target_choices(logits, sampling, noise), max_depth)",
+                "return _walk(tree, target_choices(logits.roll(1, dims=1), sampling, noise), max_depth)",
             ),
         ),
-        tuple(SAMPLING_TESTS),
+        SAMPLING_TESTS,
     ),
-    # -- EOS ---------------------------------------------------------------------------------------------
+    Mutant(  # the Gumbel noise drawn once (when the round is built) and reused by every round
+        "noise_reused_across_rounds",
+        ((ENGINE, "self.noise.uniform_(generator=generator)", "pass  # the noise of the first draw, reused"),),
+        SAMPLING_TESTS,
+    ),
+    # -- EOS and max_new_tokens -----------------------------------------------------------------------------
     Mutant(  # stop at EOS but keep the rest of the round's tokens
         "eos_truncation_removed",
-        (("specdec/generate.py", "accepted, done = accepted[: i + 1], True", "done = True"),),
-        ("tests/unit/test_eos.py",),
+        ((GENERATE, "accepted, done = accepted[: i + 1], True", "done = True"),),
+        (*EOS, "tests/unit/test_eos.py"),
     ),
-    # -- structure: verification, commit, trees, recurrent state -----------------------------------------
+    Mutant(  # a round's tokens past max_new_tokens kept
+        "max_new_tokens_cut_removed",
+        ((GENERATE, "        accepted = accepted[:remaining]\n", ""),),
+        (*MAX_NEW, "tests/unit/test_generate_greedy.py"),
+    ),
+    # -- structure: verification, commit, trees, positions, masks, recurrent state ---------------------------
     Mutant(  # greedy acceptance on the wrong logits (node i judged by node i-1's logits)
         "accept_wrong_logits",
         (
             (
-                "specdec/verify/greedy.py",
-                "walk_tree(tree, target_logits.argmax(dim=-1).tolist())",
-                "walk_tree(tree, target_logits.roll(1, dims=0).argmax(dim=-1).tolist())",
+                RULES,
+                "return _walk(tree, logits.argmax(dim=-1), max_depth)",
+                "return _walk(tree, logits.roll(1, dims=1).argmax(dim=-1), max_depth)",
             ),
         ),
-        tuple(GREEDY_TESTS),
+        GREEDY_TESTS,
     ),
-    Mutant(  # KV commit crops to the path length without gathering the accepted nodes' entries
+    Mutant(  # KV commit keeps the first rows of the tree instead of gathering the accepted nodes' rows
         "commit_without_gather",
-        (("specdec/state/kv.py", "if list(path) != list(range(n)):", "if False:"),),
-        tuple(GREEDY_TESTS),
-    ),
-    Mutant(  # equal log-probs ranked by decreasing token id
-        "tie_order_reversed",
         (
             (
-                "specdec/trees/ddtree.py",
-                "ids, by_id = ids.sort(dim=-1)",
-                "ids, by_id = ids.sort(dim=-1, descending=True)",
+                "specdec/state/storage.py",
+                "src = kv.index_select(4, path + prefix)",
+                "src = kv.index_select(4, torch.arange(path.shape[0], device=path.device) + prefix)",
             ),
         ),
-        ("tests/trees/test_ddtree.py",),
+        GREEDY_TESTS,
+    ),
+    Mutant(  # equal log-probs ranked by decreasing token id in the DDTree's per-depth top-k
+        "tie_order_reversed",
+        (
+            (DDTREE_TOPK, "keys = ordered * 2**32 + (logq.shape[1] - 1 - ids)", "keys = ordered * 2**32 + ids"),
+            (DDTREE_TOPK, "top_ids = logq.shape[1] - 1 - (top & _LOW32)", "top_ids = top & _LOW32"),
+        ),
+        (*TREE_REFERENCES, "tests/trees/test_ddtree.py", "tests/trees/test_device_trees.py"),
     ),
     Mutant(  # tree positions one too far
         "position_off_by_one",
+        ((ENGINE, "(prefix + tree.depth)[None], mask", "(prefix + tree.depth + 1)[None], mask"),),
+        GREEDY_TESTS,
+    ),
+    Mutant(  # positions one too far at depth > 1 only (the root and depth-1 nodes stay right)
+        "positions_off_deeper_than_1",
+        ((ENGINE, "(prefix + tree.depth)[None], mask", "(prefix + tree.depth + (tree.depth > 1).long())[None], mask"),),
+        GREEDY_TESTS,
+    ),
+    Mutant(  # each node sees the previous node's ancestors instead of its parent's (mask and acceptance walk)
+        "ancestor_mask_wrong",
         (
             (
-                "specdec/trees/mask.py",
-                "return (depth + prefix_len).to(device)",
-                "return (depth + prefix_len + 1).to(device)",
+                ACCEPT_REFERENCE,
+                "jump = parents.long()  # the ancestor 2**t levels up, -1 above the root",
+                "jump = torch.where(parents >= 0, torch.arange(n, device=parents.device) - 1, -1)",
             ),
         ),
-        ("tests/trees/test_tree_basics.py", *GREEDY_TESTS),
+        (*GREEDY_TESTS, "tests/trees/test_tree_basics.py"),
     ),
-    Mutant(  # each node sees the previous node's ancestors instead of its parent's
-        "ancestor_mask_wrong",
-        (("specdec/trees/mask.py", "mask[i] = mask[par[i]]", "mask[i] = mask[i - 1]"),),
-        ("tests/trees/test_tree_basics.py", *GREEDY_TESTS),
+    Mutant(  # padding slots visible to every node of the tree (real ones included) in the round's mask
+        "padding_visible_to_real_node",
+        (
+            (
+                ACCEPT_REFERENCE,
+                "    ancestors = ancestor_mask(parents, max_depth)\n",
+                "    ancestors = ancestor_mask(parents, max_depth) | ~valid[None, :]\n",
+            ),
+        ),
+        PADDING,
     ),
     Mutant(  # Gated DeltaNet recurrence continues from the previous node's state instead of the parent's
         "recurrent_parent_state_wrong",
         (("specdec/state/gdn.py", "parents = index[:, -2] - conv.shape[-1]", "parents = torch.arange(n) - 1"),),
-        ("tests/state/test_hybrid_tree.py", "tests/state/test_hybrid_generate.py"),
+        (*HYBRID, "tests/state/test_hybrid_tree.py", "tests/state/test_hybrid_generate.py"),
     ),
-    Mutant(  # prune_depth keeps the old parent indices instead of re-indexing them among the kept nodes
-        "prune_parents_not_remapped",
-        (("specdec/trees/paths.py", "remap[parents.clamp(min=0)]", "parents.clamp(min=0)"),),
-        ("tests/trees/test_tree_basics.py",),
+    Mutant(  # the same in the Mamba2 mixers' tree scan
+        "recurrent_parent_state_wrong_mamba2",
+        (("specdec/state/mamba2.py", "parents = index[:, -2] - conv.shape[-1]", "parents = torch.arange(n) - 1"),),
+        (*HYBRID, "tests/state/test_hybrid_tree.py"),
+    ),
+    Mutant(  # the recurrent state committed after all accepted nodes but the last
+        "recurrent_commit_one_short",
+        (
+            (
+                "specdec/state/recurrent.py",
+                "state = adapter.replay(rec.float(), stash, path, num_path)",
+                "state = adapter.replay(rec.float(), stash, path, num_path - 1)",
+            ),
+        ),
+        (*HYBRID, "tests/state/test_hybrid_generate.py"),
+    ),
+    # -- the call's own tree policy and verification rule ---------------------------------------------------
+    Mutant(  # the tree passed to generate replaced by the drafter's default tree
+        "tree_policy_ignored",
+        ((GENERATE, "    if tree is None:\n        tree = getattr", "    if True:\n        tree = getattr"),),
+        REGISTRY,
+    ),
+    Mutant(  # the verifier passed to generate replaced by the default rule
+        "verifier_ignored",
+        ((GENERATE, "default_rule(sampling) if verifier is None else verifier", "default_rule(sampling)"),),
+        REGISTRY,
     ),
 ]
-
-
-# The sampling bugs again, against the chi-square tests only (without the exact comparison with HF's warpers).
-MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS[:5]]
+# The sampling bugs again, against the statistical tests of tests/unit/test_verify_sampling.py alone (without
+# its exact comparison with HF's warpers).
+CHI2_VARIANTS = ("temperature_inverted", "top_p_crossing_dropped", "top_p_before_top_k", "top_k_default_ignored",
+                 "sample_wrong_node")  # fmt: skip
+MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
+# Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
+#   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles
+#   (tests/oracles/host_trees.py); the round never prunes a tree.
 
 
 def copy_repo(dest: Path) -> None:
@@ -221,8 +302,14 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="mutant names")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--all-failures", action="store_true", help="run each subset to the end (no -x)")
+    parser.add_argument("--tests", nargs="+", help="run these tests (paths or node ids) instead of each mutant's own")
     args = parser.parse_args()
+    unknown = sorted(set(args.only or ()) - {m.name for m in MUTANTS})
+    if unknown:
+        raise SystemExit(f"unknown mutants {unknown}; choose from {[m.name for m in MUTANTS]}")
     mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.tests:
+        mutants = [Mutant(m.name, m.edits, tuple(args.tests)) for m in mutants]
     zoo = os.environ.get("SPECDEC_ZOO", str((REPO.parent / "shared" / "zoo").resolve()))
     if not args.no_baseline:
         tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests if t.startswith("tests/")))
