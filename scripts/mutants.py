@@ -245,6 +245,67 @@ MUTANTS = [
         ((GENERATE, "default_rule(sampling) if verifier is None else verifier", "default_rule(sampling)"),),
         REGISTRY,
     ),
+    # -- the rules that weigh the draft distribution q and their sampled trees (tests/verify) ------------------
+    Mutant(  # the residual after a rejection subtracts the current node's own q instead of the rejected child's
+        "residual_wrong_node_q",
+        (
+            (
+                "specdec/verify/multidraft.py",
+                "residual = (r - qj).clamp(min=0.0)",
+                "residual = (r - q.gather(1, current[:, None, None].expand(-1, 1, vocab))[:, 0]).clamp(min=0.0)",
+            ),
+        ),
+        ("tests/verify/test_speculative.py", "tests/verify/test_multidraft.py"),
+    ),
+    Mutant(  # the residual left unnormalised: the next sibling's acceptance ratio reads a shrunken distribution
+        "residual_not_renormalised",
+        (
+            (
+                "specdec/verify/multidraft.py",
+                "torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(mass.dtype).tiny), r)",
+                "torch.where(mass > 0, residual, r)",
+            ),
+        ),
+        ("tests/verify/test_multidraft.py",),
+    ),
+    Mutant(  # Gumbel-top-k siblings drawn i.i.d. from q (with replacement) where the policy and its rule say without
+        "siblings_with_replacement",
+        (
+            (
+                "specdec/trees/sampled.py",
+                "ranked = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :width]",
+                "ranked = torch.multinomial(draft_logprobs(logq[:, d], self.sampling).exp(), width, replacement=True)",
+            ),
+        ),
+        ("tests/verify/test_sampled_policies.py", "tests/verify/test_multidraft.py"),
+    ),
+    Mutant(  # the without-replacement rule weighs each sibling against q, not q without the earlier siblings
+        "without_replacement_weighed_as_with",
+        (("specdec/verify/multidraft.py", "            qj = qj.masked_fill(tried, 0.0)\n", ""),),
+        ("tests/verify/test_multidraft.py",),
+    ),
+    Mutant(  # traversal: a node's weight reads its parent's target from before the parent's correction
+        "traversal_without_ancestor_correction",
+        (
+            (
+                "specdec/verify/traversal.py",
+                "        p_tok = torch.where(tree.parents == above[:, None], fresh_tok, p_tok)\n",
+                "",
+            ),
+        ),
+        ("tests/verify/test_traversal.py",),
+    ),
+    Mutant(  # block verification's backward pass tests eta_i against h_{i+1}
+        "block_backward_off_by_one",
+        (
+            (
+                "specdec/verify/block.py",
+                "passed = ((uniform(noise, 0) <= h) | (index == 0))",
+                "passed = ((uniform(noise, 0) <= h.roll(-1, 1)) | (index == 0))",
+            ),
+        ),
+        ("tests/verify/test_block.py",),
+    ),
 ]
 # The sampling bugs again, against the statistical tests of tests/unit/test_verify_sampling.py alone (without
 # its exact comparison with HF's warpers).
