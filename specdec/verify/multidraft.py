@@ -88,11 +88,12 @@ class MultiDraftRejection:
     ``replacement=True`` is SpecInfer's rule: the children of a node are i.i.d. draws from q, tested in order
     against the target's distribution reduced by every rejection. Exact for ``SampledChain`` and
     ``SampledTrees(merge=False)`` (duplicate siblings kept). Not for the merged trie: merging duplicates changes
-    the siblings' law to sampling without replacement, where this rule is biased.
+    the siblings' law to sampling without replacement, where this rule is biased (refused).
 
     ``replacement=False`` is the without-replacement form (RSD): the k-th sibling is weighed against q with the
-    earlier siblings' tokens removed. Exact for ``SampledChain``, ``SampledTrees`` (merged: distinct tokens of
-    i.i.d. draws in order of first appearance are a sample without replacement) and ``GumbelTopKTree``.
+    earlier siblings' tokens removed (a sibling repeating one of them has probability 0 there and is skipped).
+    Exact for ``SampledChain``, ``SampledTrees`` (merged or not: the distinct tokens of i.i.d. draws in order of
+    first appearance are a sample without replacement) and ``GumbelTopKTree``.
 
     At ``do_sample=False`` q is the one-hot of the drafter's argmax and p the target's: a child is accepted iff
     it carries the target's argmax, the residual after a rejection is p's argmax again, so the rule is
@@ -115,12 +116,7 @@ class MultiDraftRejection:
                     "False) or SampledTrees(..., merge=False)."
                 )
         else:
-            exact_for = {"SampledChain": "", "SampledTrees": "merge=True", "GumbelTopKTree": ""}
-            if type(tree).__name__ == "SampledTrees" and not getattr(tree, "merge", True):
-                raise ValueError(
-                    "MultiDraftRejection(replacement=False) is not exact for SampledTrees(merge=False): its root "
-                    "children are draws with replacement (duplicates); use replacement=True or merge=True."
-                )
+            exact_for = {"SampledChain": "", "SampledTrees": "", "GumbelTopKTree": ""}
         check_sampled_policy(f"MultiDraftRejection(replacement={self.replacement})", sampling, tree, exact_for)
 
     def uses_noise(self, sampling: SamplingParams) -> bool:

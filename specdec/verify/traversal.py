@@ -140,11 +140,13 @@ class TraversalVerification:
     capped likelihood ratio of its whole path, and a rejected subtree corrects its parent instead of ending the
     round, so deep candidates under a doubtful parent still count. On a chain it is :class:`BlockVerification`.
 
-    ``replacement=False`` (default): siblings are a sample without replacement; exact for ``SampledChain`` and
-    ``SampledTrees`` (merged). ``replacement=True``: siblings are i.i.d. draws; exact for ``SampledChain`` and
-    ``SampledTrees(merge=False)``. The rule reads rejected siblings' subtrees, so every node's children must be
-    drawn independently of the other nodes' at its depth: ``GumbelTopKTree`` (one draw per depth) is refused.
-    At ``do_sample=False`` it is :class:`~specdec.verify.Greedy`.
+    ``replacement=False`` (default): siblings are a sample without replacement (a sibling repeating an earlier
+    one's token has probability 0 and is skipped with its subtree); exact for ``SampledChain`` and
+    ``SampledTrees`` (merged or not). ``replacement=True``: siblings are i.i.d. draws; exact for ``SampledChain``
+    and ``SampledTrees(merge=False)``, not for the merged trie (refused). The rule reads rejected siblings'
+    subtrees, so every node's children must be drawn independently of the other nodes' at its depth:
+    ``GumbelTopKTree`` (one draw per depth) is refused. At ``do_sample=False`` it is
+    :class:`~specdec.verify.Greedy`.
 
     Args:
         replacement (bool): the siblings' law, as above.
@@ -155,11 +157,10 @@ class TraversalVerification:
 
     def check(self, sampling: SamplingParams, tree) -> None:
         name = type(tree).__name__
-        if name == "SampledTrees" and getattr(tree, "merge", True) == self.replacement:
+        if name == "SampledTrees" and self.replacement and getattr(tree, "merge", True):
             raise ValueError(
-                f"TraversalVerification(replacement={self.replacement}) is not exact for SampledTrees(merge="
-                f"{tree.merge}): merged paths give siblings without replacement (replacement=False), separate "
-                "paths with replacement (replacement=True)."
+                "TraversalVerification(replacement=True) is not exact for SampledTrees(merge=True): merged "
+                "duplicate siblings are a sample without replacement; use replacement=False or merge=False."
             )
         if name == "GumbelTopKTree":
             raise ValueError(
@@ -167,7 +168,7 @@ class TraversalVerification:
                 "all nodes of that depth, and traversal reads the subtrees of rejected siblings; use "
                 "SampledTrees, or MultiDraftRejection(replacement=False) with GumbelTopKTree."
             )
-        merge = "merge=False" if self.replacement else "merge=True"
+        merge = "merge=False" if self.replacement else ""
         check_sampled_policy(f"TraversalVerification(replacement={self.replacement})", sampling, tree,
                              {"SampledChain": "", "SampledTrees": merge})  # fmt: skip
 

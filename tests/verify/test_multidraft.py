@@ -38,6 +38,7 @@ EXACT = {  # rule x policy pairs the rule is exact for
     "specinfer-paths": (specdec.SampledTrees(3, 3, merge=False), WITH),
     "rsd-chain": (specdec.SampledChain(3), WITHOUT),
     "rsd-trie": (specdec.SampledTrees(3, 3), WITHOUT),
+    "rsd-paths": (specdec.SampledTrees(3, 3, merge=False), WITHOUT),  # duplicate siblings are skipped
     "rsd-gumbel-topk": (specdec.GumbelTopKTree((3, 2, 1)), WITHOUT),
 }
 
@@ -80,12 +81,11 @@ def test_siblings_are_tested_in_turn():
     ("tree", "rule", "match"),
     [
         (specdec.SampledTrees(3, 3), WITH, "merge=True.*sample without replacement"),
-        (specdec.SampledTrees(3, 3, merge=False), WITHOUT, "draws with replacement"),
         (specdec.GumbelTopKTree((2, 2)), WITH, "got tree=GumbelTopKTree"),
         (specdec.Chain(3), WITHOUT, "got tree=Chain"),
         (specdec.DDTree(8), WITH, "got tree=DDTree"),
     ],
-    ids=["with-trie", "without-paths", "with-topk", "chain", "ddtree"],
+    ids=["with-trie", "with-topk", "chain", "ddtree"],
 )
 def test_refuses_what_it_is_not_exact_for(tree, rule, match):
     with pytest.raises(ValueError, match=match):
