@@ -50,16 +50,19 @@ def _stack_rows(tokens, parents, depth, valid) -> DeviceTree:
     return DeviceTree(tokens=tokens, parents=parents, depth=depth, valid=valid, num_nodes=valid.sum(-1))
 
 
-def _fixed_tree(root: torch.Tensor, tokens: torch.Tensor, parents: list[int], depth: list[int],
+def _fixed_tree(root: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
                 num_slots: int) -> DeviceTree:  # fmt: skip
-    """Root + ``n`` nodes of a shape fixed by Python ints (``parents``/``depth`` of slots 1..n) in ``num_slots``
-    slots; ``tokens [B, n]``. Padding holds the root token, parent -1, depth 0."""
-    device, n = root.device, len(parents)
+    """Root + ``n`` nodes of a shape fixed by Python ints in ``num_slots`` slots: ``tokens [B, n]``, ``parents``
+    and ``depth`` ``[n]`` (slots 1..n, made on the device: no host copy inside the round). Padding holds the root
+    token, parent -1, depth 0."""
+    device, n = root.device, tokens.shape[1]
     pad = num_slots - 1 - n
     root = root.reshape(-1, 1).long()
     all_tokens = torch.cat([root, tokens.long(), root.expand(-1, pad)], 1)
-    par = torch.tensor([-1, *parents] + [-1] * pad, dtype=torch.long, device=device)
-    dep = torch.tensor([0, *depth] + [0] * pad, dtype=torch.long, device=device)
+    minus = torch.full((pad + 1,), -1, dtype=torch.long, device=device)
+    zeros = torch.zeros(pad + 1, dtype=torch.long, device=device)
+    par = torch.cat([minus[:1], parents, minus[1:]])
+    dep = torch.cat([zeros[:1], depth, zeros[1:]])
     valid = torch.arange(num_slots, device=device) <= n
     return _stack_rows(all_tokens, par, dep, valid)
 
@@ -108,8 +111,8 @@ class SampledChain:
             scores = draft_logprobs(logq[:, :n], self.sampling) + gumbel_from_uniform(noise[:, :n].float())
         else:
             scores = logq[:, :n].float()
-        steps = list(range(n))
-        return _fixed_tree(root, scores.argmax(-1), steps, [s + 1 for s in steps], self.k + 1)
+        steps = torch.arange(n, device=root.device)
+        return _fixed_tree(root, scores.argmax(-1), steps, steps + 1, self.k + 1)
 
 
 @dataclass(frozen=True)
@@ -188,9 +191,9 @@ class SampledTrees:
                 return DeviceTree.stack([trie_device(paths[0], lengths, root.reshape(-1)[0], budget=self.budget,
                                                      num_slots=slots)])  # fmt: skip
             return _tries(paths, root, slots)
-        parents = [0 if d == 0 else 1 + m * length + d - 1 for m in range(k) for d in range(length)]
-        depths = [d + 1 for _ in range(k) for d in range(length)]
-        return _fixed_tree(root, paths.reshape(batch, -1), parents, depths, slots)
+        slot = torch.arange(1, k * length + 1, device=root.device)  # path m's depth-d node sits at 1 + m L + d
+        depths = (slot - 1) % length + 1
+        return _fixed_tree(root, paths.reshape(batch, -1), torch.where(depths > 1, slot - 1, 0), depths, slots)
 
 
 def _tries(paths: torch.Tensor, root: torch.Tensor, num_slots: int) -> DeviceTree:
@@ -292,10 +295,11 @@ class GumbelTopKTree:
             reps = size // self.widths[d]
             tokens.append(ranked.repeat(1, reps))
             above = first - reps  # slot of the level above's first node
-            parents += [0 if d == 0 else above + t // width for t in range(size)]
-            depths += [d + 1] * size
+            level = torch.arange(size, device=root.device)
+            parents.append(level // width + above if d else level * 0)
+            depths.append(torch.full_like(level, d + 1))
             first += size
-        return _fixed_tree(root, torch.cat(tokens, 1), parents, depths, self.budget + 1)
+        return _fixed_tree(root, torch.cat(tokens, 1), torch.cat(parents), torch.cat(depths), self.budget + 1)
 
 
 register_tree("sampled-chain", SampledChain)

@@ -58,7 +58,7 @@ def _sibling_proposals(tree: DeviceTree, q: torch.Tensor, replacement: bool) -> 
         & tree.valid[:, None, :]
         & (tree.depth[:, :, None] > 0)
     )  # [B, S, S]: j is an earlier sibling of i
-    onehot = torch.nn.functional.one_hot(tree.tokens, q.shape[-1]).to(q.dtype)  # [B, S, V]
+    onehot = (tree.tokens[..., None] == torch.arange(q.shape[-1], device=q.device)).to(q.dtype)  # [B, S, V]
     drawn = torch.bmm(earlier.to(q.dtype), onehot) > 0
     kept = q.masked_fill(drawn, 0.0)
     return kept / kept.sum(-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)
