@@ -167,7 +167,8 @@ def generate(
     max_new_tokens, sampling = args.max_new_tokens, args.sampling
     if callable(getattr(tree, "with_sampling", None)):  # a policy that samples from q takes the call's settings
         tree = tree.with_sampling(sampling)
-    rule = _check_rule(default_rule(sampling) if verifier is None else verifier, sampling, tree)
+    rule = _check_rule(default_rule(sampling) if verifier is None else verifier, sampling,
+                       tree if drafter is not None else None)  # fmt: skip
     _check_length(tgt, input_ids, max_new_tokens)
     reason = round_reason(tgt, drafter, tree if drafter is not None else None)
     if reason is not None:

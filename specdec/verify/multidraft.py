@@ -17,7 +17,10 @@ __all__ = ["MultiDraftRejection", "check_sampled_policy", "recursive_rejection"]
 
 def check_sampled_policy(rule: str, sampling: SamplingParams, tree, exact_for: dict[str, str]) -> None:
     """Refuse ``tree`` unless its class name is a key of ``exact_for`` (the value says what else it needs, or is
-    empty), and a policy already bound to other sampling settings than the call's (``with_sampling``)."""
+    empty), and a policy already bound to other sampling settings than the call's (``with_sampling``). ``tree`` None
+    is plain decoding (no drafts: the rule samples the target at the root alone, exact for every rule)."""
+    if tree is None:
+        return
     name = type(tree).__name__
     if name not in exact_for:
         names = ", ".join(f"{n}{exact_for[n] and f' ({exact_for[n]})'}" for n in exact_for)

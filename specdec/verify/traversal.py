@@ -156,6 +156,8 @@ class TraversalVerification:
     name = "traversal"
 
     def check(self, sampling: SamplingParams, tree) -> None:
+        if tree is None:  # plain decoding: the root alone
+            return
         name = type(tree).__name__
         if name == "SampledTrees" and self.replacement and getattr(tree, "merge", True):
             raise ValueError(
