@@ -30,6 +30,12 @@ INTERPRETER = "interpreter"
 _INTERPRETED_NAME = re.compile(r"(^|_)interpreted(_|$)|_in_the_interpreter$")
 
 
+if not os.environ.get("SPECDEC_ZOO") and not (REPO.parent / "shared" / "zoo").is_dir():
+    # A clone with nothing beside it: the shipped part is the zoo, for this process and the CLI runs it starts too
+    # (the configs' ${zoo:...} paths resolve through specdec.paths.zoo_dir, which has no shipped fallback).
+    os.environ["SPECDEC_ZOO"] = str(SHIPPED_ZOO)
+
+
 def zoo_path() -> Path:
     """As ``specdec.loading.zoo_dir``: ``$SPECDEC_ZOO``, else ``../shared/zoo`` beside the repository when it exists,
     else the shipped ``assets/zoo``."""
