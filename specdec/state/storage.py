@@ -222,7 +222,7 @@ class StaticModel:
         return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
 
     def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, rows=None, span=None):
-        """Logits ``[N, V]`` (``[R, V]`` for ``rows``, see ``TargetModel._forward``) and taps ``[1, N, K*H]``
+        """Logits ``[N, V]`` (``[R, V]`` for ``rows``, see ``TargetModel.forward``) and taps ``[1, N, K*H]``
         (or None) of one forward writing K/V at ``write_index`` and attending over slots ``[0, span)`` (None: the
         whole capacity; ``mask`` is ``[1, 1, N, span]``, the full-attention mask: sliding-window layers also lose
         the keys out of their window, the key of each slot being at the position last written there, ``positions``

@@ -5,7 +5,6 @@ Zamba2). Each run must equal HF greedy decoding token for token, past the slidin
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 import pytest
@@ -44,17 +43,11 @@ def _sliding(name: str):
 
 
 @pytest.fixture
-def static_round(monkeypatch):
-    """Sliding-window targets and draft models in the round: ``static_reason`` decides where the engine and the
-    model drafter still refuse every sliding-window model (no-ops once they ask ``static_reason`` themselves)."""
-    engine = importlib.import_module("specdec.engine")
-    monkeypatch.setattr(engine, "static_reason", static_reason, raising=False)
+def static_round():
+    """A model drafter over ``model`` (sliding-window draft models run in the round as the targets do)."""
 
     def drafter(model) -> specdec.ModelDrafter:
-        made = specdec.ModelDrafter(model)
-        if static_reason(made.lm) is None:
-            monkeypatch.setattr(made.lm, "_sliding_window_layers", lambda: False)
-        return made
+        return specdec.ModelDrafter(model)
 
     return drafter
 
@@ -86,13 +79,13 @@ _MASK_CACHE = "cache" if "cache" in inspect.signature(create_causal_mask).parame
 
 def _captured_masks(static: StaticModel, monkeypatch) -> list:
     seen = []
-    inner = static.target._forward
+    inner = static.target.forward
 
     def forward(*args, attention_mask=None, **kwargs):
         seen.append(attention_mask)
         return inner(*args, attention_mask=attention_mask, **kwargs)
 
-    monkeypatch.setattr(static.target, "_forward", forward)
+    monkeypatch.setattr(static.target, "forward", forward)
     return seen
 
 
@@ -233,7 +226,9 @@ def _skip_path_drafter(target):
 @pytest.mark.parametrize("prefill", ["model", "scan"])
 @pytest.mark.parametrize("name", list(HYBRIDS))
 def test_hybrid_layer_targets_match_hf_greedy(name, prefill, static_round, monkeypatch):
-    monkeypatch.setenv("SPECDEC_HYBRID_PREFILL", prefill)
+    from specdec.state import hybrid as hybrid_state
+
+    monkeypatch.setattr(hybrid_state, "PREFILL", prefill)  # the process setting (specdec.backends: hybrid_prefill)
     model = _hybrid(name)
     target = TargetModel(model)
     assert static_reason(target) is None
