@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
-from specdec.verify.draws import accept_at, categorical, node_proposals, target_probs, uniform
+from specdec.types import Accept, DeviceTree, SamplingParams
+from specdec.verify.draws import WeighsQ, accept_at, categorical, uniform
 from specdec.verify.multidraft import check_sampled_policy
-from specdec.verify.rules import Greedy, register_rule
+from specdec.verify.rules import register_rule
 
 __all__ = ["BlockVerification", "block_verify"]
 
@@ -54,7 +54,7 @@ def block_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torc
 
 
 @dataclass(frozen=True)
-class BlockVerification:
+class BlockVerification(WeighsQ):
     """Block verification: the drafted chain is accepted jointly, the longest prefix whose capped likelihood
     ratio passes a backward sequence of tests (``block_verify``); never fewer tokens in expectation than speculative
     sampling, optimal for one chain.
@@ -70,15 +70,7 @@ class BlockVerification:
     def check(self, sampling: SamplingParams, tree) -> None:
         check_sampled_policy("BlockVerification()", sampling, tree, {"SampledChain": ""})
 
-    def uses_noise(self, sampling: SamplingParams) -> bool:
-        return sampling.do_sample
-
-    def accept(self, tree: DeviceTree, logits: torch.Tensor, sampling: SamplingParams, noise, max_depth: int,
-               proposal: Proposal | None = None) -> Accept:  # fmt: skip
-        if not sampling.do_sample:
-            return Greedy().accept(tree, logits, sampling, noise, max_depth)
-        p = target_probs(logits, sampling)
-        q = node_proposals(tree, proposal, sampling) if tree.num_slots > 1 else torch.zeros_like(p)
+    def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:
         return block_verify(tree, p, q, noise, max_depth)
 
 

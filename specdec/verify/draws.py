@@ -16,6 +16,7 @@ from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
 from specdec.verify.processing import process_logits
 
 __all__ = [
+    "WeighsQ",
     "accept_at",
     "categorical",
     "draft_logprobs",
@@ -83,3 +84,25 @@ def accept_at(tree: DeviceTree, node: torch.Tensor, bonus: torch.Tensor, max_dep
     after = torch.cat([drafted[:, 1:], torch.zeros_like(drafted[:, :1])], 1)  # token of the next path node
     tokens = torch.where(d < depth, after, torch.where(d == depth, bonus[:, None], torch.zeros_like(after)))
     return Accept(path=path, num_path=depth[:, 0] + 1, tokens=tokens)
+
+
+class WeighsQ:
+    """The skeleton of a rule that weighs the draft distribution: at ``do_sample=False`` the greedy walk; else the
+    target's processed distribution ``p [B, S, V]`` and each node's ``q`` (from the proposal), handed to
+    :meth:`verify` with the round's uniforms. Subclasses set ``name`` and define ``check`` and ``verify``."""
+
+    def uses_noise(self, sampling: SamplingParams) -> bool:
+        return sampling.do_sample
+
+    def accept(self, tree: DeviceTree, logits: torch.Tensor, sampling: SamplingParams, noise, max_depth: int,
+               proposal: Proposal | None = None) -> Accept:  # fmt: skip
+        if not sampling.do_sample:
+            from specdec.verify.rules import Greedy
+
+            return Greedy().accept(tree, logits, sampling, noise, max_depth)
+        p = target_probs(logits, sampling)
+        q = node_proposals(tree, proposal, sampling) if tree.num_slots > 1 else torch.zeros_like(p)
+        return self.verify(tree, p, q, noise, max_depth)
+
+    def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torch.Tensor, max_depth: int) -> Accept:
+        raise NotImplementedError

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
-from specdec.verify.draws import accept_at, categorical, node_proposals, target_probs, uniform
-from specdec.verify.rules import Greedy, register_rule
+from specdec.types import Accept, DeviceTree, SamplingParams
+from specdec.verify.draws import WeighsQ, accept_at, categorical, uniform
+from specdec.verify.rules import register_rule
 
 __all__ = ["MultiDraftRejection", "check_sampled_policy", "recursive_rejection"]
 
@@ -85,7 +85,7 @@ def recursive_rejection(
 
 
 @dataclass(frozen=True)
-class MultiDraftRejection:
+class MultiDraftRejection(WeighsQ):
     """Multi-draft recursive rejection sampling over the children of each node.
 
     ``replacement=True`` is SpecInfer's rule: the children of a node are i.i.d. draws from q, tested in order
@@ -122,15 +122,7 @@ class MultiDraftRejection:
             exact_for = {"SampledChain": "", "SampledTrees": "", "GumbelTopKTree": ""}
         check_sampled_policy(f"MultiDraftRejection(replacement={self.replacement})", sampling, tree, exact_for)
 
-    def uses_noise(self, sampling: SamplingParams) -> bool:
-        return sampling.do_sample
-
-    def accept(self, tree: DeviceTree, logits: torch.Tensor, sampling: SamplingParams, noise, max_depth: int,
-               proposal: Proposal | None = None) -> Accept:  # fmt: skip
-        if not sampling.do_sample:
-            return Greedy().accept(tree, logits, sampling, noise, max_depth)
-        p = target_probs(logits, sampling)
-        q = node_proposals(tree, proposal, sampling) if tree.num_slots > 1 else torch.zeros_like(p)
+    def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:
         return recursive_rejection(tree, p, q, noise, max_depth, self.replacement)
 
 

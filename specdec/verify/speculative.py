@@ -6,16 +6,16 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
-from specdec.verify.draws import node_proposals, target_probs
+from specdec.types import Accept, DeviceTree, SamplingParams
+from specdec.verify.draws import WeighsQ
 from specdec.verify.multidraft import check_sampled_policy, recursive_rejection
-from specdec.verify.rules import Greedy, register_rule
+from specdec.verify.rules import register_rule
 
 __all__ = ["SpeculativeSampling"]
 
 
 @dataclass(frozen=True)
-class SpeculativeSampling:
+class SpeculativeSampling(WeighsQ):
     """Speculative sampling: accept the drafted ``x_d ~ q_d`` with probability ``min(1, p(x_d) / q_d(x_d))``, walk on
     while accepted; at the first rejection draw the next token from ``norm(max(0, p - q_d))``; after a full accept
     draw the bonus from p at the last node.
@@ -32,15 +32,7 @@ class SpeculativeSampling:
     def check(self, sampling: SamplingParams, tree) -> None:
         check_sampled_policy("SpeculativeSampling()", sampling, tree, {"SampledChain": ""})
 
-    def uses_noise(self, sampling: SamplingParams) -> bool:
-        return sampling.do_sample
-
-    def accept(self, tree: DeviceTree, logits: torch.Tensor, sampling: SamplingParams, noise, max_depth: int,
-               proposal: Proposal | None = None) -> Accept:  # fmt: skip
-        if not sampling.do_sample:
-            return Greedy().accept(tree, logits, sampling, noise, max_depth)
-        p = target_probs(logits, sampling)
-        q = node_proposals(tree, proposal, sampling) if tree.num_slots > 1 else torch.zeros_like(p)
+    def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:
         return recursive_rejection(tree, p, q, noise, max_depth, replacement=True)
 
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
-from specdec.verify.draws import accept_at, categorical, node_proposals, target_probs, uniform
+from specdec.types import Accept, DeviceTree, SamplingParams
+from specdec.verify.draws import WeighsQ, accept_at, categorical, uniform
 from specdec.verify.multidraft import check_sampled_policy
-from specdec.verify.rules import Greedy, register_rule
+from specdec.verify.rules import register_rule
 
 __all__ = ["TraversalVerification", "postorder", "traversal_verify"]
 
@@ -135,7 +135,7 @@ def traversal_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: 
 
 
 @dataclass(frozen=True)
-class TraversalVerification:
+class TraversalVerification(WeighsQ):
     """Traversal verification: leaf-to-root over the whole tree (``traversal_verify``); a node is accepted on the
     capped likelihood ratio of its whole path, and a rejected subtree corrects its parent instead of ending the
     round, so deep candidates under a doubtful parent still count. On a chain it is :class:`BlockVerification`.
@@ -174,15 +174,7 @@ class TraversalVerification:
         check_sampled_policy(f"TraversalVerification(replacement={self.replacement})", sampling, tree,
                              {"SampledChain": "", "SampledTrees": merge})  # fmt: skip
 
-    def uses_noise(self, sampling: SamplingParams) -> bool:
-        return sampling.do_sample
-
-    def accept(self, tree: DeviceTree, logits: torch.Tensor, sampling: SamplingParams, noise, max_depth: int,
-               proposal: Proposal | None = None) -> Accept:  # fmt: skip
-        if not sampling.do_sample:
-            return Greedy().accept(tree, logits, sampling, noise, max_depth)
-        p = target_probs(logits, sampling)
-        q = node_proposals(tree, proposal, sampling) if tree.num_slots > 1 else torch.zeros_like(p)
+    def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:
         return traversal_verify(tree, p, q, noise, max_depth, self.replacement)
 
 
