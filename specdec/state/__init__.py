@@ -1,7 +1,7 @@
 """State managers: committing accepted tree paths into target caches.
 
-``manager_for(model)`` picks one per target: ``KVState`` for attention-only models, ``HybridState`` (recurrent
-adapters + KV commit) for supported hybrids, and a clear ``ValueError`` for any other recurrent layer.
+``manager_for(model)`` picks one per target: ``KVState`` for attention-only models, ``HybridState`` (the recurrent
+adapters the round runs) for supported hybrids, and a clear ``ValueError`` for any other recurrent layer.
 ``snapshot`` / ``restore`` copy a whole HF cache. See ``docs/hybrid.md``.
 """
 
@@ -60,8 +60,8 @@ def manager_for(model: nn.Module, *, hybrid_mode: str = "exact"):
 
     Args:
         model (nn.Module): an HF causal LM.
-        hybrid_mode (str): for hybrid targets, ``"exact"`` (default; adapters + stash replay) or ``"snapshot"``
-            (snapshot / restore + replay of the accepted tokens through the model's own forward). Ignored for
+        hybrid_mode (str): for hybrid targets, ``"exact"`` (default; the adapters verify any tree, the commit
+            replays the accepted path) or ``"snapshot"`` (a name the round refuses with a reason). Ignored for
             attention-only models.
 
     Returns:
@@ -72,9 +72,8 @@ def manager_for(model: nn.Module, *, hybrid_mode: str = "exact"):
 
     Examples:
         >>> manager = manager_for(model)
-        >>> with manager.verify_scope(model, cache, tree, prefix_len):
-        ...     logits = model(input_ids=tree.tokens[None], **{cache_kwarg(model): cache}, ...).logits
-        >>> manager.commit(cache, prefix_len, path)
+        >>> [type(a).__name__ for a in manager.adapters]  # a hybrid target: one adapter per recurrent mixer
+        ['GatedDeltaNetAdapter', 'GatedDeltaNetAdapter', 'GatedDeltaNetAdapter']
     """
     if hybrid_mode not in HYBRID_MODES:
         raise ValueError(f"hybrid_mode={hybrid_mode!r}: choose one of {HYBRID_MODES}.")

@@ -1,30 +1,25 @@
-"""Exact tree verification and commit for hybrid (recurrent + attention) HF targets.
+"""Tree verification of hybrid (recurrent + attention) HF targets: the recurrent adapters and the verify round.
 
-During ``verify_scope`` every supported recurrent mixer runs through a per-family adapter (``gdn.py``,
-``mamba2.py``) instead of its HF forward: the short conv reads each node's ancestor path (falling back to the
-committed conv window above the root), the recurrence runs per path, ``state(node) = f(state(parent), x_node)``,
-in fp32 (``specdec.kernels.tree_gdn`` / ``tree_mamba2``: one tree depth at a time in their torch references, one
-fused Triton launch per layer on CUDA), and nothing is written to the cache. The adapter stashes the small per-node
-inputs of the recurrence; ``commit`` replays only the accepted path from the committed state and rebuilds the
-conv window from the path's pre-conv inputs. Attention layers use the KV commit of ``kv.py``. The maths and
-costs are in ``docs/hybrid.md``.
+During the round's tree forward every supported recurrent mixer runs through a per-family adapter (``gdn.py``,
+``mamba2.py``) instead of its HF forward (``adapter_forwards``): the short conv reads each node's ancestor path
+(falling back to the committed conv window above the root), the recurrence runs per path,
+``state(node) = f(state(parent), x_node)``, in fp32 (``specdec.kernels.tree_gdn`` / ``tree_mamba2``: one fused
+Triton launch per layer on CUDA), and nothing is written to the cache. The adapter stashes the small per-node
+inputs of the recurrence; the commit (``specdec.state.recurrent.commit_recurrent``) replays only the accepted path
+from the committed state and rebuilds the conv window from the path's pre-conv inputs. The maths and costs are in
+``docs/hybrid.md``.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
-import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from specdec.backends import env_default
 from specdec.state.forwards import swapped_forwards
-from specdec.state.kv import KVState
-from specdec.state.snapshot import Snapshot, restore, snapshot
 from specdec.types import DraftTree
 
 __all__ = [
@@ -33,18 +28,18 @@ __all__ = [
     "HYBRID_PREFILLS",
     "HybridState",
     "RecurrentAdapter",
-    "TreeTopology",
     "VerifyRound",
+    "adapter_forwards",
     "cache_kwarg",
     "hybrid_prefill",
     "is_recurrent_cache_layer",
     "tree_conv",
-    "tree_scan",
 ]
 
-logger = logging.getLogger(__name__)
-
 HYBRID_MODES = ("exact", "snapshot")
+"""Names ``hybrid_mode`` accepts. The round runs ``"exact"`` (the adapters, any tree) only; ``"snapshot"`` (restore a
+whole-cache snapshot and re-run the accepted tokens through the model) is refused by it with a reason
+(``specdec.engine.round_reason``)."""
 HYBRID_PREFILLS = ("auto", "model", "scan")
 """How hybrid targets run the prompt (``SPECDEC_HYBRID_PREFILL``): ``"model"``, the model's own forward (HF's
 chunked or fused kernels); ``"scan"``, the prompt as a chain tree through specdec's adapters and tree scans, then
@@ -77,96 +72,6 @@ def hybrid_prefill(device: torch.device | str | None = None, num_tokens: int | N
 _CACHE_KWARGS = ("cache", "past_key_values", "cache_params")  # newest name first (5.24: cache; 5.17: the others)
 
 
-@dataclass(frozen=True)
-class _Level:
-    nodes: torch.Tensor  # [n] node ids at this depth
-    parent_slots: torch.Tensor | None  # [n] scratch slot of each node's parent (None at depth 0)
-    store_rows: torch.Tensor | None  # [m] rows of this level that have children (their state is kept)
-    store_slots: torch.Tensor | None  # [m] scratch slots for those rows
-
-
-@dataclass(frozen=True)
-class TreeTopology:
-    """Per-depth node groups and conv gather tables of one tree (built once per verify, shared by all layers).
-
-    Args:
-        parents (list[int]): the parent array (``parents[0] = -1``).
-        levels (tuple[_Level, ...]): nodes per depth with the scratch slots of the level-synchronous scan.
-        num_internal (int): nodes with at least one child (only their states are kept during the scan).
-        device (torch.device): where the index tensors live.
-    """
-
-    parents: list[int]
-    levels: tuple[_Level, ...]
-    num_internal: int
-    device: torch.device
-    _conv_index: dict = field(default_factory=dict, repr=False, compare=False)
-
-    @classmethod
-    def from_tree(cls, tree: DraftTree, device: torch.device | str) -> TreeTopology:
-        parents = [int(p) for p in tree.parents.tolist()]
-        depth = [int(d) for d in tree.depth.tolist()]
-        n = len(parents)
-        has_child = [False] * n
-        for p in parents[1:]:
-            has_child[p] = True
-        slot, num_internal = [-1] * n, 0
-        for i in range(n):
-            if has_child[i]:
-                slot[i], num_internal = num_internal, num_internal + 1
-        by_depth: list[list[int]] = [[] for _ in range(max(depth) + 1)]
-        for i, d in enumerate(depth):
-            by_depth[d].append(i)
-
-        def t(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        levels = []
-        for d, nodes in enumerate(by_depth):
-            rows = [r for r, i in enumerate(nodes) if has_child[i]]
-            levels.append(
-                _Level(
-                    nodes=t(nodes),
-                    parent_slots=t([slot[parents[i]] for i in nodes]) if d else None,
-                    store_rows=t(rows) if rows else None,
-                    store_slots=t([slot[nodes[r]] for r in rows]) if rows else None,
-                )
-            )
-        return cls(parents=parents, levels=tuple(levels), num_internal=num_internal, device=torch.device(device))
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.parents)
-
-    @functools.cached_property
-    def is_chain(self) -> bool:
-        """Each node's parent is the node before (computed once per tree, read by every layer)."""
-        return all(p == i - 1 for i, p in enumerate(self.parents))
-
-    def conv_index(self, width: int, stored: int) -> torch.Tensor:
-        """Gather table ``[N, width]`` of each node's conv taps, oldest first, newest = the node itself.
-
-        Indices point into ``cat(committed window (stored columns), node inputs (N columns))``: node i is column
-        ``stored + i``; above the root the walk continues into the committed window, newest column first.
-        """
-        key = (width, stored)
-        if key not in self._conv_index:
-            rows = []
-            for i in range(self.num_nodes):
-                taps, node, above = [0] * width, i, 0
-                for t in range(width - 1, -1, -1):
-                    if node >= 0:
-                        taps[t], node = stored + node, self.parents[node]
-                    else:
-                        above += 1
-                        if above > stored:
-                            raise ValueError(f"conv window of {stored} columns is too short for kernel width {width}")
-                        taps[t] = stored - above
-                rows.append(taps)
-            self._conv_index[key] = torch.tensor(rows, dtype=torch.long, device=self.device)
-        return self._conv_index[key]
-
-
 def tree_conv(
     inputs: torch.Tensor,
     window: torch.Tensor,
@@ -181,7 +86,7 @@ def tree_conv(
         inputs (torch.Tensor): ``[N, C]`` pre-conv inputs of the nodes.
         window (torch.Tensor): ``[C, S]`` committed conv window (newest column last).
         weight (torch.Tensor): ``[C, W]`` depthwise kernel; bias ``[C]`` or None.
-        index (torch.Tensor): ``[N, W]`` from ``TreeTopology.conv_index(W, S)``.
+        index (torch.Tensor): ``[N, W]`` from the round's topology, ``conv_index(W, S)``.
         activation: applied to the conv output (fp32).
 
     Returns:
@@ -193,35 +98,6 @@ def tree_conv(
     if bias is not None:
         out = out + bias.float()[:, None]
     return activation(out).transpose(0, 1).to(inputs.dtype)
-
-
-def tree_scan(
-    init: torch.Tensor,
-    topo: TreeTopology,
-    step: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-) -> torch.Tensor:
-    """Level-synchronous recurrence over a tree: ``state(i) = f(state(parent(i)), x_i)``, batched per depth.
-
-    Args:
-        init (torch.Tensor): ``[1, *S]`` committed state (the root's parent state).
-        topo (TreeTopology): the tree.
-        step: ``step(parent_states [n, *S], nodes [n]) -> (states [n, *S], outputs [n, *O])``.
-
-    Returns:
-        outputs ``[N, *O]`` in node order. Only states of nodes with children are kept (scratch of
-        ``num_internal`` states); nothing is written back.
-    """
-    scratch = init.new_empty((topo.num_internal, *init.shape[1:])) if topo.num_internal else None
-    outputs = None
-    for depth, level in enumerate(topo.levels):
-        prev = init if depth == 0 else scratch.index_select(0, level.parent_slots)
-        states, out = step(prev, level.nodes)
-        if outputs is None:
-            outputs = out.new_empty((topo.num_nodes, *out.shape[1:]))
-        outputs.index_copy_(0, level.nodes, out)
-        if level.store_rows is not None:
-            scratch.index_copy_(0, level.store_slots, states.index_select(0, level.store_rows))
-    return outputs
 
 
 def _state_tensor(layer, name: str) -> torch.Tensor | None:
@@ -248,25 +124,37 @@ def cache_kwarg(model) -> str:
 
 @dataclass
 class VerifyRound:
-    """Everything one verify forward leaves for ``commit`` / ``rollback``."""
+    """Everything one verify forward leaves for the commit.
+
+    ``topo`` is the tree as the adapters read it: ``num_nodes``, ``is_chain``, ``device`` and
+    ``conv_index(width, stored)`` (``specdec.state.recurrent.DeviceTopology`` in the round). ``tree`` is the host
+    tree it came from, if any (the round has none).
+    """
 
     model: object
     cache: object
-    tree: DraftTree
+    tree: DraftTree | None
     prefix_len: int
-    topo: TreeTopology
+    topo: object
     stash: dict[int, object] = field(default_factory=dict)  # layer_idx -> adapter stash
-    snap: Snapshot | None = None
-    native: bool = False
     prompt: bool = False  # the prompt's chain tree (the scan prefill): tree scans walk the nodes in order
     _on_device: dict = field(default_factory=dict, repr=False)
 
-    def topology(self, device: torch.device) -> TreeTopology:
-        """The tree's topology with index tensors on ``device`` (layers may sit on different devices)."""
+    def topology(self, device: torch.device):
+        """The tree's topology with index tensors on ``device`` (layers may sit on different devices: a topology
+        with a ``to(device)`` method is copied there)."""
+        if self.topo is None:
+            raise ValueError("VerifyRound has no topology: build it with topo= (a DeviceTopology in the round).")
         if device not in self._on_device:
-            self._on_device[device] = (
-                self.topo if self.topo.device == device else TreeTopology.from_tree(self.tree, device)
-            )
+            if self.topo.device == device:
+                self._on_device[device] = self.topo
+            elif hasattr(self.topo, "to"):
+                self._on_device[device] = self.topo.to(device)
+            else:
+                raise ValueError(
+                    f"The round's {type(self.topo).__name__} is on {self.topo.device}, a recurrent layer on {device}: "
+                    "put the recurrent layers on the topology's device."
+                )
         return self._on_device[device]
 
 
@@ -318,18 +206,6 @@ class RecurrentAdapter:
             )
         return conv, rec
 
-    def commit(self, rnd: VerifyRound, path: Sequence[int]) -> None:
-        """Write the state after the accepted path (replayed from the committed state) and its conv window."""
-        conv, rec = self.states(rnd)
-        stash = rnd.stash[self.layer_idx]
-        path = torch.tensor(path, dtype=torch.long, device=conv.device)
-        state = rec.float()
-        for j in range(path.numel()):
-            state = self.advance(state, stash, path[j : j + 1])
-        window = torch.cat([conv, stash.preconv.index_select(0, path).transpose(0, 1)[None].to(conv.dtype)], dim=-1)
-        conv.copy_(window[..., -conv.shape[-1] :])
-        rec.copy_(state.to(rec.dtype))
-
     def bound_forward(self, rnd: VerifyRound) -> Callable:
         """The replacement for the mixer's ``forward`` during one verify forward."""
 
@@ -341,8 +217,8 @@ class RecurrentAdapter:
             cache = next((kwargs[k] for k in _CACHE_KWARGS if k in kwargs), rest[0] if rest else None)
             if cache is not rnd.cache:
                 raise ValueError(
-                    f"{type(self.module).__name__} (layer {self.layer_idx}) did not receive the cache given to "
-                    f"verify_scope: pass it to the model under the name its forward takes "
+                    f"{type(self.module).__name__} (layer {self.layer_idx}) did not receive the cache of the "
+                    f"verify round: pass it to the model under the name its forward takes "
                     f"({cache_kwarg(rnd.model)!r} for {type(rnd.model).__name__})."
                 )
             mask = kwargs.get("attention_mask", rest[1] if len(rest) > 1 else None)
@@ -362,22 +238,21 @@ class RecurrentAdapter:
 
 def adapter_forwards(adapters: Sequence[RecurrentAdapter], rnd: VerifyRound):
     """Route each adapted mixer's ``forward`` to its adapter; always restored on exit (hook-safe:
-    ``specdec.state.forwards.swapped_forwards``)."""
+    ``specdec.state.forwards.swapped_forwards``). ``rnd`` must carry its topology (``rnd.topo``)."""
+    if rnd.topo is None:
+        raise ValueError("VerifyRound has no topology: build it with topo= (a DeviceTopology in the round).")
     return swapped_forwards((adapter.module, adapter.bound_forward(rnd)) for adapter in adapters)
 
 
 class HybridState:
-    """State manager of hybrid targets: exact tree verification through recurrent adapters.
+    """State manager of hybrid targets: the recurrent adapters of a model's mixers, run by the round.
 
-    Same protocol as ``KVState`` (``verify_scope`` / ``commit`` / ``rollback``). One round at a time: a
-    ``verify_scope`` must be followed by ``commit`` or ``rollback`` before the next one.
+    The round (``specdec.engine``) routes the mixers through ``adapters`` during its tree forward
+    (``adapter_forwards``) and commits their state with ``specdec.state.recurrent.commit_recurrent``.
 
     Args:
         adapters (Sequence[RecurrentAdapter]): one per recurrent mixer of the model.
-        mode (str): ``"exact"`` (default): adapters verify and commit replays the stashed path inputs.
-            ``"snapshot"``: the cache is snapshotted before verify; chains verify through the model's own
-            forward, other trees through the adapters; commit restores the snapshot and re-runs the accepted
-            tokens through the model's own forward (one extra forward of ``len(path)`` tokens per round).
+        mode (str): one of ``HYBRID_MODES``; the round runs ``"exact"`` only.
     """
 
     name = "hybrid"
@@ -389,143 +264,7 @@ class HybridState:
             raise ValueError("HybridState needs at least one recurrent adapter (use KVState for attention-only).")
         self.adapters = tuple(adapters)
         self.mode = mode
-        self._kv = KVState()
-        self._round: VerifyRound | None = None
 
     def __repr__(self) -> str:
         families = sorted({type(a.module).__name__ for a in self.adapters})
         return f"HybridState(mode={self.mode!r}, {len(self.adapters)} recurrent layers: {', '.join(families)})"
-
-    def _check_cache(self, cache) -> None:
-        covered = {a.layer_idx for a in self.adapters}
-        for idx, layer in enumerate(cache.layers):
-            if (
-                is_recurrent_cache_layer(layer)
-                and idx not in covered
-                and _state_tensor(layer, "conv_states") is not None
-            ):
-                raise ValueError(
-                    f"Cache layer {idx} ({type(layer).__name__}) holds recurrent state but no adapter covers it; "
-                    "this model has a recurrent layer specdec cannot verify exactly."
-                )
-
-    @contextmanager
-    def verify_scope(self, model, cache, tree: DraftTree, prefix_len: int, *, prompt: bool = False) -> Iterator[None]:
-        """Wrap the target's one forward over ``tree`` (tokens in node order, positions ``prefix_len + depth``);
-        ``prompt``: the tree is the prompt's chain (``VerifyRound.prompt``)."""
-        if self._round is not None:
-            logger.debug("verify_scope: discarding a round that was neither committed nor rolled back")
-        self._check_cache(cache)
-        device = self.adapters[0].module.conv1d.weight.device
-        rnd = VerifyRound(
-            model=model,
-            cache=cache,
-            tree=tree,
-            prefix_len=prefix_len,
-            topo=TreeTopology.from_tree(tree, device),
-            prompt=prompt,
-        )
-        if self.mode == "snapshot":
-            rnd.snap = snapshot(cache, attention="length")
-            rnd.native = rnd.topo.is_chain
-        self._round = rnd
-        if rnd.native:
-            yield
-            self._check_native_ran(rnd)
-            return
-        with adapter_forwards(self.adapters, rnd):
-            yield
-        missing = [a.layer_idx for a in self.adapters if a.layer_idx not in rnd.stash]
-        if missing:
-            raise RuntimeError(f"The verify forward did not run recurrent layers {missing} through verify_scope.")
-
-    def _check_native_ran(self, rnd: VerifyRound) -> None:
-        adapter = self.adapters[0]
-        _, rec = adapter.states(rnd)
-        saved = rnd.snap.layers[adapter.layer_idx]
-        before = saved.linear.get("recurrent_states", saved.tensors.get("recurrent_states"))
-        before = before.get(0) if isinstance(before, dict) else before
-        if before is not None and torch.equal(before, rec):
-            raise ValueError(
-                "The verify forward left the recurrent state unchanged: the model did not receive the cache given "
-                f"to verify_scope (pass it as {cache_kwarg(rnd.model)!r})."
-            )
-
-    def take_round(self, cache, prefix_len: int) -> VerifyRound:
-        """The verified round of ``cache`` at ``prefix_len``, handed over (the state forgets it)."""
-        rnd, self._round = self._round, None
-        if rnd is None:
-            raise RuntimeError("commit without a verify_scope: there is no verified tree to commit.")
-        if rnd.cache is not cache or rnd.prefix_len != prefix_len:
-            raise ValueError(
-                f"commit(prefix_len={prefix_len}) does not match the verified round (prefix_len={rnd.prefix_len})."
-            )
-        return rnd
-
-    def commit(self, cache, prefix_len: int, path: Sequence[int]) -> None:
-        """Keep the accepted root-to-node ``path`` (node indices, root first) as if run causally."""
-        rnd = self.take_round(cache, prefix_len)
-        path = _check_path(rnd.tree, path)
-        if self.mode == "snapshot":
-            restore(cache, rnd.snap)
-            _replay(rnd, path)
-            return
-        self._kv.commit(cache, prefix_len, path)
-        for adapter in self.adapters:
-            adapter.commit(rnd, path)
-
-    def clear(self, cache) -> None:
-        """Empty ``cache`` in place: every recurrent layer's conv window and state zeroed (the state before any
-        token), every attention layer cropped to no tokens. The cache must have been run (its layers exist)."""
-        self._round = None
-        for adapter in self.adapters:
-            layer = cache.layers[adapter.layer_idx]
-            for name in ("conv_states", "recurrent_states"):
-                state = _state_tensor(layer, name)
-                if state is None:
-                    raise ValueError(f"Layer {adapter.layer_idx} has no {name} yet: run a token through the model.")
-                state.zero_()
-        self._kv.rollback(cache, 0)
-
-    def rollback(self, cache, prefix_len: int) -> None:
-        """Undo a verify forward (exact mode never wrote recurrent state; snapshot mode restores its snapshot)."""
-        rnd, self._round = self._round, None
-        if rnd is not None and rnd.snap is not None and rnd.cache is cache:
-            restore(cache, rnd.snap)
-            return
-        if rnd is None:
-            lengths = [
-                layer.keys.shape[-2]
-                for layer in cache.layers
-                if isinstance(getattr(layer, "keys", None), torch.Tensor) and layer.keys.dim() == 4
-            ]
-            if any(n > prefix_len for n in lengths):
-                raise ValueError(
-                    f"Cannot roll a hybrid cache back to {prefix_len} committed tokens: recurrent state of committed "
-                    "tokens cannot be rewound (take a specdec.state.snapshot before and restore it instead)."
-                )
-        self._kv.rollback(cache, prefix_len)
-
-
-def _check_path(tree: DraftTree, path: Sequence[int]) -> list[int]:
-    path = [int(i) for i in path]
-    parents = tree.parents.tolist()
-    ok = bool(path) and path[0] == 0 and all(parents[b] == a for a, b in zip(path, path[1:], strict=False))
-    if not ok:
-        raise ValueError(f"path {path} is not a root-to-node path of the tree (parents {parents}).")
-    return path
-
-
-@torch.no_grad()
-def _replay(rnd: VerifyRound, path: list[int]) -> None:
-    """Run the accepted tokens through the model's own forward on top of the restored cache."""
-    model = rnd.model
-    params = inspect.signature(type(model).forward).parameters
-    device = model.get_input_embeddings().weight.device
-    tokens = rnd.tree.tokens.to(device).index_select(0, torch.tensor(path, device=device))[None]
-    kwargs = {cache_kwarg(model): rnd.cache, "use_cache": True}
-    if "position_ids" in params:
-        kwargs["position_ids"] = torch.arange(len(path), device=device)[None] + rnd.prefix_len
-    if "logits_to_keep" in params:
-        kwargs["logits_to_keep"] = 1
-    model(input_ids=tokens, **kwargs)

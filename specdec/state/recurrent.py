@@ -1,6 +1,6 @@
 """Hybrid (Gated DeltaNet or Mamba2 + attention) targets on the fast path: device tree topology, recurrent commit.
 
-The recurrent mixers run through the same adapters as on the eager path (``specdec.state.gdn``), fed a
+The recurrent mixers run through their adapters (``specdec.state.gdn``, ``specdec.state.mamba2``), fed a
 ``DeviceTopology`` built from the device tree (conv gather table and parent array as tensors, no host reads);
 the recurrences go through ``specdec.kernels.tree_gdn`` / ``tree_mamba2`` (Triton on CUDA). The conv windows and
 recurrent states live in static tensors (``specdec.state.storage``); the commit replays the accepted path from the
@@ -48,7 +48,7 @@ def hybrid_reason(state, device: torch.device, *, needs_kernels: bool = True) ->
 
 
 class DeviceTopology:
-    """The tree as the recurrent adapters read it (``TreeTopology``'s interface), with tensors only.
+    """The tree as the recurrent adapters read it (``VerifyRound.topo``), with tensors only.
 
     Args:
         tree (DeviceTree): ``S`` slots; padding slots have parent -1 and depth 0 (they read the committed state
@@ -65,7 +65,8 @@ class DeviceTopology:
         self._conv_index: dict = {}
 
     def conv_index(self, width: int, stored: int) -> torch.Tensor:
-        """Gather table ``[S, width]`` into ``cat(window (stored columns), node inputs)``, as ``TreeTopology``."""
+        """Gather table ``[S, width]`` into ``cat(window (stored columns), node inputs)``: each slot's taps, oldest
+        first, newest = the slot itself; above the root the walk continues into the committed window."""
         if stored < width - 1:
             raise ValueError(f"conv window of {stored} columns is too short for kernel width {width}")
         key = (width, stored)
@@ -82,7 +83,7 @@ class DeviceTopology:
 
 
 def commit_recurrent(adapter: RecurrentAdapter, rnd: VerifyRound, path: torch.Tensor, num_path: torch.Tensor) -> None:
-    """Write the state after the accepted path and its conv window, as ``RecurrentAdapter.commit``, on the device.
+    """Write the state after the accepted path and its conv window into the layer's cache, on the device.
 
     Args:
         adapter (RecurrentAdapter): the layer's adapter (its stash is in ``rnd``).

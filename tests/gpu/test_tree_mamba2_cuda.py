@@ -7,10 +7,10 @@ import copy
 
 import pytest
 import torch
+from oracles.eager_state import eager_manager_for
 from state.hybrid_harness import VOCAB, prefill, random_tree, tiny_hybrid, tree_mask
 
 from specdec.kernels.tree_mamba2 import _triton_available
-from specdec.state import manager_for
 from specdec.state.hybrid import cache_kwarg
 from specdec.types import DraftTree
 
@@ -24,7 +24,7 @@ TREES = [("root", 1), ("chain", 16), ("deep", 40), ("bush", 20), ("random", 64),
 def verify_logits(model, prefix: torch.Tensor, tree: DraftTree, device: torch.device) -> torch.Tensor:
     """Logits ``[N, V]`` (on the CPU) of one tree forward inside ``verify_scope`` with the model on ``device``."""
     model = model.to(device)
-    manager = manager_for(model)
+    manager = eager_manager_for(model)
     cache = prefill(model, prefix.to(device))
     with manager.verify_scope(model, cache, tree, PREFIX):
         out = model(

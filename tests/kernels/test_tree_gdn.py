@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from specdec.kernels.tree_gdn import gdn_path_replay, tree_gdn
 from specdec.kernels.tree_gdn.reference import tree_gdn_reference
 from specdec.state.gdn import gdn_step
-from specdec.state.hybrid import TreeTopology, tree_scan
 from specdec.types import DraftTree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,6 +87,8 @@ def make_inputs(case: Case, device="cpu", seed: int = 0) -> dict:
 
 def level_scan_output(inputs: dict) -> torch.Tensor:
     """The adapter's path before ``tree_gdn``: ``tree_scan`` with ``gdn_step``."""
+    from oracles.eager_state import TreeTopology, tree_scan  # tests/ is on the path under pytest only
+
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     parents = inputs["parents"]

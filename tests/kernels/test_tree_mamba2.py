@@ -21,7 +21,6 @@ import torch.nn.functional as F
 
 from specdec.kernels.tree_mamba2 import tree_mamba2
 from specdec.kernels.tree_mamba2.reference import tree_mamba2_reference
-from specdec.state.hybrid import TreeTopology, tree_scan
 from specdec.state.mamba2 import mamba2_step
 from specdec.types import DraftTree
 
@@ -118,6 +117,8 @@ def path_output(inputs: dict) -> torch.Tensor:
 
 def level_scan_output(inputs: dict) -> torch.Tensor:
     """The adapter's path before ``tree_mamba2``: ``tree_scan`` with ``mamba2_step``, then the D skip."""
+    from oracles.eager_state import TreeTopology, tree_scan  # tests/ is on the path under pytest only
+
     x, B, C, D = _per_head(inputs)
     parents = inputs["parents"].cpu()
     topo = TreeTopology.from_tree(DraftTree(tokens=torch.zeros_like(parents), parents=parents), x.device)

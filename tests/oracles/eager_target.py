@@ -2,8 +2,8 @@
 
 ``EagerTarget`` is a :class:`specdec.target.TargetModel` that keeps its own ``DynamicCache`` holding exactly the
 committed tokens but the last (the root of the next tree) and verifies host trees (``DraftTree``) through the
-state managers of ``specdec.state`` (K/V gathers for attention, the recurrent adapters' verify scope and commit
-for hybrids). It is the independent reference of the round's static storage in the hybrid state tests.
+eager state managers of ``oracles.eager_state`` (K/V gathers for attention, the recurrent adapters' verify scope
+and commit for hybrids). It is the independent reference of the round's static storage in the hybrid state tests.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from specdec.state.hybrid import HybridState, hybrid_prefill
+from oracles.eager_state import EagerHybridState, eager_manager
+from specdec.state.hybrid import hybrid_prefill
 from specdec.target import TargetModel
 from specdec.trees import tree_attention_bias, tree_position_ids
 from specdec.types import DraftTree
@@ -24,6 +25,10 @@ __all__ = ["EagerTarget"]
 class EagerTarget(TargetModel):
     """A ``TargetModel`` with an eager, dynamic-cache decode (batch of one sequence)."""
 
+    def __init__(self, model, **kwargs) -> None:
+        super().__init__(model, **kwargs)
+        self.state = eager_manager(self.state)  # the library's adapters and mode, the eager commit
+
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, taps: Sequence[int] | None = None):
         """Run the prompt ``[1, T]`` into a fresh cache (hybrids in exact mode: as ``SPECDEC_HYBRID_PREFILL``
@@ -33,7 +38,7 @@ class EagerTarget(TargetModel):
             (logits ``[V]`` at the last prompt position, taps ``[1, T, L*H]`` or None).
         """
         state = self.state
-        exact_hybrid = isinstance(state, HybridState) and state.mode == "exact"
+        exact_hybrid = isinstance(state, EagerHybridState) and state.mode == "exact"
         scan = exact_hybrid and hybrid_prefill(self.device, input_ids.shape[-1]) == "scan"
         self.cache = DynamicCache(config=self.config)
         self.length = 0
@@ -48,7 +53,7 @@ class EagerTarget(TargetModel):
         adapters and tree scans, then each recurrent layer's path replay.
 
         The cache's layers are created by one token through the model's own forward, then emptied
-        (``HybridState.clear``), so no layer of the result comes from that forward."""
+        (``EagerHybridState.clear``), so no layer of the result comes from that forward."""
         from specdec.state.recurrent import commit_recurrent  # the round's commit: one replay per layer
 
         self.forward(input_ids[:, :1], last_only=True)

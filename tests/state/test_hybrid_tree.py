@@ -15,6 +15,7 @@ from hybrid_harness import (
     tree_forward,
     verify,
 )
+from oracles.eager_state import eager_manager_for
 
 from specdec.state import HybridState, manager_for
 from specdec.types import DraftTree
@@ -38,7 +39,7 @@ def test_manager_for_picks_hybrid_state(family_model):
 
 def test_tree_logits_match_path_causal(family_model):
     family, model = family_model
-    manager = manager_for(model)
+    manager = eager_manager_for(model)
     gen = torch.Generator().manual_seed(11)
     prefix = torch.randint(0, VOCAB, (1, PREFIX), generator=gen)
     cache = prefill(model, prefix)
@@ -62,7 +63,7 @@ def test_flattened_tree_leaks_without_verify_scope(family_model):
     assert (native[:2] - reference[:2]).abs().max() <= 1e-5
     leak = (native[2:] - reference[2:]).abs().max().item()
     assert leak > 5e-2, f"{family}: flattened forward unexpectedly close to the path logits ({leak:.2e})"
-    manager = manager_for(model)
+    manager = eager_manager_for(model)
     exact = verify(model, manager, prefill(model, prefix), tree, PREFIX)
     assert (exact - reference).abs().max() <= 1e-5
 
@@ -70,7 +71,7 @@ def test_flattened_tree_leaks_without_verify_scope(family_model):
 def test_non_ancestors_do_not_change_a_node(family_model):
     """Sibling invariance: perturbing every non-ancestor token leaves a node's logits bitwise unchanged."""
     family, model = family_model
-    manager = manager_for(model)
+    manager = eager_manager_for(model)
     gen = torch.Generator().manual_seed(3)
     prefix = torch.randint(0, VOCAB, (1, PREFIX), generator=gen)
     cache = prefill(model, prefix)
@@ -91,7 +92,7 @@ def test_non_ancestors_do_not_change_a_node(family_model):
 
 def test_verify_scope_restores_mixer_forwards(family_model):
     family, model = family_model
-    manager = manager_for(model)
+    manager = eager_manager_for(model)
     modules = [a.module for a in manager.adapters]
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, VOCAB, (1, PREFIX), generator=gen)
@@ -119,7 +120,7 @@ def test_zoo_hybrid_tree_logits_match_path_causal(zoo):
     model = AutoModelForCausalLM.from_pretrained(zoo / "target-hybrid", dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
     prefix = tok("def binary_search(items, x):\n    lo, hi = 0, len(items)\n", return_tensors="pt").input_ids
-    manager = manager_for(model)
+    manager = eager_manager_for(model)
     cache = prefill(model, prefix)
     gen = torch.Generator().manual_seed(5)
     for kind, n in [("root", 1), ("chain", 15), ("deep", 40), ("bush", 24), ("random", 64)]:
