@@ -1,7 +1,7 @@
-"""Grouped-query attention for the fast path without expanding K/V per query head.
+"""Grouped-query attention for the round without expanding K/V per query head.
 
 HF's ``sdpa`` attention repeats every grouped K/V head once per query head that shares it whenever a mask is
-passed (``repeat_kv``): SDPA's own GQA mode drops to the math kernel with a mask on CUDA. The fast path always
+passed (``repeat_kv``): SDPA's own GQA mode drops to the math kernel with a mask on CUDA. The round always
 passes a mask (tree masks, and the static storage's unused slots), so every layer of every round copied its K/V
 span ``num_attention_heads / num_key_value_heads`` times. ``grouped_sdpa`` instead stacks the query heads of a
 group along the query axis, ``[B, H, Q, D] -> [B, H_kv, (H / H_kv) * Q, D]`` (row ``r * Q + q`` holds query
@@ -9,7 +9,7 @@ group along the query axis, ``[B, H, Q, D] -> [B, H_kv, (H / H_kv) * Q, D]`` (ro
 scores, softmax and weighted sum are the ones HF computes; only the batching differs.
 
 The function is registered in transformers' ``AttentionInterface`` under ``NAME``; :class:`AttentionScope`
-switches the ``sdpa`` configs of the models it is given to it while the fast path runs their forwards (graph
+switches the ``sdpa`` configs of the models it is given to it while the round runs their forwards (graph
 capture, compilation, uncaptured calls) and restores them afterwards, so the user's model is left as it was.
 Anything it does not cover (no mask, a per-head mask, dropout, soft-capping, attention sinks, position biases)
 goes to HF's ``sdpa_attention_forward`` unchanged. ``SPECDEC_GROUPED_ATTENTION`` says where it is used
@@ -44,7 +44,7 @@ __all__ = [
 NAME = "specdec_grouped_sdpa"
 # Keyword arguments that change what attention computes; any of them set sends the call to HF's sdpa.
 _HF_ONLY = ("softcap", "s_aux", "sinks", "position_bias")
-# Where the fast path uses grouped_sdpa: "auto" (uncompiled forwards, and compiled ones where the grouped case runs
+# Where the round uses grouped_sdpa: "auto" (uncompiled forwards, and compiled ones where the grouped case runs
 # the Triton kernel), "1" (all) or "0" (never). Read when a scope is built (rounds and prefills build theirs once);
 # benchmarks set it to compare.
 MODE = env_default("grouped_attention")

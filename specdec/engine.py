@@ -383,7 +383,7 @@ class Engine:
             need = -(-capacity // _CAPACITY_STEP) * _CAPACITY_STEP
             if engine is not None:
                 need = max(need, engine.capacity)
-                logger.info("fast path: reallocating static storage for %d slots", need)
+                logger.info("specdec: reallocating static storage for %d slots", need)
             engine = cls(target, need)
             cls._engines[target.model] = engine
         engine.target.target = target

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 from _common import bench_args, time_call  # benchmarks/kernels, beside this script
+from oracles.ddtree_heap import build_ddtree
 
 from specdec.kernels.ddtree_build import triton_fits
-from specdec.trees.ddtree import build_ddtree
-from specdec.trees.device import ddtree_device
+from specdec.trees.build import ddtree_device
 
 PROVIDERS = ["heap", "device", "device-graph", "triton-graph", "triton-topk-graph"]
 DEPTH = 15

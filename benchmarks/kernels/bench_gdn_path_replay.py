@@ -2,10 +2,10 @@
 accepted path).
 
 Providers: ``reference`` (``P`` masked steps of tensor ops, the CPU path) and, on CUDA, ``reference-graph`` and
-``triton-graph`` (the same calls replayed in a CUDA graph, as inside a fast-path round: kernel time without the
+``triton-graph`` (the same calls replayed in a CUDA graph, as inside a captured round: kernel time without the
 host's launch overhead) and ``triton`` (one launch per call). Shapes: the zoo hybrid's layer, a Qwen3.5 layer of
-the 8 B shape of ``python -m specdec bench +experiment=shape-8b`` and a Qwen3.5-27B-like layer; ``P`` = 16 steps (a block-16 DFlash
-round), accepted paths of 1, 4 and 16 nodes.
+the 8 B shape of ``python -m specdec bench +experiment=shape-8b`` and a Qwen3.5-27B-like layer; ``P`` = 16 steps
+(a block-16 DFlash round), accepted paths of 1, 4 and 16 nodes.
 
     python benchmarks/kernels/bench_gdn_path_replay.py [--device cuda]
 
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec.bench import median_ms
-from specdec.runtime import Captured
 from specdec.kernels.tree_gdn import gdn_path_replay
+from specdec.runtime import Captured
 
 SHAPES = {  # value heads, key heads, K, V
     "zoo-hybrid": (8, 4, 64, 64),

@@ -1,4 +1,4 @@
-"""Speed of ``tree_accept``: the fast path round's tree mask and acceptance walk, torch reference vs Triton.
+"""Speed of ``tree_accept``: the round's tree mask and acceptance walk, torch reference vs Triton.
 
 Ops: ``mask`` (``tree_mask``: the reference is ``ancestor_matrix`` plus the mask's gather and fill, as the round
 builds it), ``accept`` (``accept_path``: the reference is ``accept_device`` given the ancestor matrix, which the
@@ -19,8 +19,9 @@ import torch
 from _common import bench_args, report, time_providers  # benchmarks/kernels, beside this script
 
 from specdec.kernels.tree_accept import accept_path, tree_mask
-from specdec.trees.device import DeviceTree, ancestor_matrix, ddtree_device
-from specdec.verify.device import accept_device
+from specdec.kernels.tree_accept.reference import accept_walk as accept_device
+from specdec.trees.build import ancestor_matrix, ddtree_device
+from specdec.types import TreeRow as DeviceTree
 
 PROVIDERS = ["torch", "torch-graph", "triton", "triton-graph"]
 OPS = ["mask", "accept", "round"]

@@ -34,11 +34,11 @@ import torch.nn.functional as F
 import triton
 import triton.testing
 from _common import print_table, time_call, write_csv  # benchmarks/kernels, beside this script
+from oracles.ddtree_heap import build_ddtree
+from oracles.eager_state import TreeTopology, tree_scan
 
 from specdec.kernels.tree_gdn.reference import gdn_update, level_scan, tree_gdn_reference
 from specdec.state.gdn import gdn_step
-from specdec.state.hybrid import TreeTopology, tree_scan
-from specdec.trees.ddtree import build_ddtree
 from specdec.types import DraftTree
 
 REPO = Path(__file__).resolve().parents[2]

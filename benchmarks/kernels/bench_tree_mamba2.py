@@ -27,9 +27,9 @@ import torch.nn.functional as F
 import triton
 import triton.testing
 from _common import print_table, time_call, write_csv  # benchmarks/kernels, beside this script
+from oracles.eager_state import TreeTopology, tree_scan
 
 from specdec.kernels.tree_mamba2.reference import level_scan, mamba2_update, tree_mamba2_reference
-from specdec.state.hybrid import TreeTopology, tree_scan
 from specdec.state.mamba2 import mamba2_step
 from specdec.types import DraftTree
 

@@ -1,4 +1,4 @@
-"""Fixed-shape storage and forwards of a ``DFlashDrafter`` for the fast path (static context K/V).
+"""Fixed-shape storage and forwards of a ``DFlashDrafter`` for the round (static context K/V).
 
 The context keys/values of the committed tokens live in one preallocated tensor ``[L, 2, 1, H_kv, capacity, D]``
 at slot = position. The block ``[root, MASK x (B-1)]`` at position ``prefix`` writes its own keys/values into
@@ -21,7 +21,7 @@ from specdec.types import Accept, Proposal
 
 __all__ = ["DFlashStatic"]
 
-# The drafter's RMSNorms on the fast path: "auto" (default: ``specdec.kernels.rms_norm``, one Triton launch per
+# The drafter's RMSNorms in the round: "auto" (default: ``specdec.kernels.rms_norm``, one Triton launch per
 # norm on CUDA, the module's own ops elsewhere), "triton" (always the kernel) or "torch" (the module's own ops,
 # about eight kernels per norm on CUDA).
 _NORM_IMPL = env_default("dflash_norm")

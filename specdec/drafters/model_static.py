@@ -1,4 +1,4 @@
-"""Fixed-shape drafting with a small HF LM for the fast path (``ModelDrafter`` over static K/V).
+"""Fixed-shape drafting with a small HF LM for the round (``ModelDrafter`` over static K/V).
 
 Each round the draft model re-runs the last ``D + 1`` committed tokens (all tokens committed since its last
 round are among them, and re-running the others writes the same keys/values again), reads the depth-1

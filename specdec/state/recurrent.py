@@ -1,4 +1,4 @@
-"""Hybrid (Gated DeltaNet or Mamba2 + attention) targets on the fast path: device tree topology, recurrent commit.
+"""Hybrid (Gated DeltaNet or Mamba2 + attention) targets in the round: device tree topology, recurrent commit.
 
 The recurrent mixers run through their adapters (``specdec.state.gdn``, ``specdec.state.mamba2``), fed a
 ``DeviceTopology`` built from the device tree (conv gather table and parent array as tensors, no host reads);

@@ -1,4 +1,4 @@
-"""Static K/V storage for the fast path: one preallocated tensor for every attention layer, owned by specdec.
+"""Static K/V storage for the round: one preallocated tensor for every attention layer, owned by specdec.
 
 All layers live in a single tensor ``kv [L, 2, 1, H_kv, capacity, D]`` so that a commit moves the accepted rows
 of every layer with one gather and one scatter. HF attention layers reach it through ``StaticKVCache`` (an HF

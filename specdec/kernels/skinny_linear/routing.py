@@ -1,12 +1,12 @@
 """The target's linear layers through the split-K kernel of ``specdec.kernels.skinny_linear`` (opt-in).
 
-A fast-path round multiplies 1-64 rows (a decode step, a padded draft tree) by every weight of the target; the
+A round multiplies 1-64 rows (a decode step, a padded draft tree) by every weight of the target; the
 skinny kernel splits the reduction axis across programs as well as the output columns. On an H200 at the Qwen3-8B
 shapes cuBLAS was faster at 16-64 rows (graph-replayed, 3.2-4.1 TB/s against the kernel's 0.38-0.93 x its speed;
 docs/kernels.md), so the routing is opt-in.
 
 ``SPECDEC_LINEAR_KERNEL`` says where it is used: ``torch`` (default: the layers' own ``F.linear``) or ``triton``
-(every ``nn.Linear`` of the target, and of a small-LM drafter, while the fast path runs their forwards;
+(every ``nn.Linear`` of the target, and of a small-LM drafter, while the round runs their forwards;
 ``skinny_linear`` takes its kernel on CUDA for at most ``MAX_ROWS`` rows and ``F.linear`` otherwise). The switch is
 made by :class:`specdec.attention.AttentionScope` (``linear=True``) through the hook-safe forward swap the
 recurrent adapters use (``specdec.state.forwards``), while the engine runs the forward (warm-up, capture,
@@ -31,7 +31,7 @@ _KERNELS = ("torch", "triton")
 
 
 def linear_kernel_for() -> bool:
-    """Whether the fast path's forwards route their ``nn.Linear`` layers through :func:`skinny_forward`."""
+    """Whether the round's forwards route their ``nn.Linear`` layers through :func:`skinny_forward`."""
     if KERNEL not in _KERNELS:
         raise ValueError(f"SPECDEC_LINEAR_KERNEL={KERNEL!r}: use 'torch' or 'triton'.")
     return KERNEL == "triton"

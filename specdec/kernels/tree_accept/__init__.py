@@ -1,4 +1,4 @@
-"""``tree_accept``: the fast path round's tree attention mask and acceptance walk, one Triton launch each.
+"""``tree_accept``: the round's tree attention mask and acceptance walk, one Triton launch each.
 
 References (the specification and the CPU path): ``tree_mask_reference`` is the mask the round builds from
 ``ancestor_mask`` (pointer jumping, then a gather over the key columns); ``accept_path_reference`` is

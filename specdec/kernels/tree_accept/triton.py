@@ -1,4 +1,4 @@
-"""The fast path round's tree mask and acceptance walk, one Triton launch each (capture-safe: no host reads).
+"""The round's tree mask and acceptance walk, one Triton launch each (capture-safe: no host reads).
 
 ``tree_mask_triton``: one program per (tree row, block of key columns). The program walks its row's parent chain
 (a fixed number of hops, masked past the root) and marks the columns ``prefix + ancestor``; columns before
