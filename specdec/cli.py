@@ -214,7 +214,7 @@ def _table(records: list[dict], title: str):
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("prompt", "new", "rounds", "tau", "draft ms", "verify ms", "tok/s"):
+    for col in ("prompt", "new", "rounds", "tau", "prefill ms", "rounds ms", "tok/s"):
         table.add_column(col, justify="right")
     for r in records:
         s = r["stats"]
@@ -224,8 +224,8 @@ def _table(records: list[dict], title: str):
             str(s["new_tokens"]),
             str(s["rounds"]),
             f"{s['tau']:.2f}",
-            f"{s['phase_ms'].get('draft', 0):.0f}",
-            f"{s['phase_ms'].get('verify', 0):.0f}",
+            f"{s['phase_ms'].get('prefill', 0):.0f}",
+            f"{s['phase_ms'].get('round', 0):.0f}",
             tok_s,
         )
     return table
