@@ -45,10 +45,18 @@ _PROJECT = Path(__file__).resolve().parents[1]
 def _register_resolvers() -> None:
     from omegaconf import OmegaConf
 
-    from specdec.paths import zoo_dir
+    from specdec.paths import asset_roots, shipped_zoo, zoo_dir
 
-    OmegaConf.register_new_resolver("zoo", lambda name: str(zoo_dir() / name), replace=True)
-    OmegaConf.register_new_resolver("asset", lambda name: str(_PROJECT / "assets" / name), replace=True)
+    def zoo(name: str) -> str:  # the zoo's item, else the shipped copy of it
+        found = [base / name for base in (zoo_dir(), shipped_zoo()) if base is not None and (base / name).exists()]
+        return str(found[0] if found else zoo_dir() / name)
+
+    def asset(name: str) -> str:  # the checkout's assets/ or an installed package's specdec/assets
+        found = [root / name for root in asset_roots() if (root / name).exists()]
+        return str(found[0] if found else _PROJECT / "assets" / name)
+
+    OmegaConf.register_new_resolver("zoo", zoo, replace=True)
+    OmegaConf.register_new_resolver("asset", asset, replace=True)
 
 
 def resolve_threads(threads: int | str) -> int:

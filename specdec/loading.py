@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.paths import is_local_path, repo_root, resolve_path
+from specdec.paths import asset_roots, is_local_path, repo_root, resolve_path, shipped_zoo, zoo_dir
 from specdec.trees import Chain, DDTree
 from specdec.trees import TreePolicy as TreeSpec
 
@@ -40,11 +40,6 @@ logger = logging.getLogger(__name__)
 ZOO_ENV = "SPECDEC_ZOO"
 
 
-def _asset_roots() -> list[Path]:
-    """Where the shipped assets can be: inside the installed package (a wheel), then the checkout's ``assets/``."""
-    return [Path(__file__).resolve().parent / "assets", repo_root() / "assets"]
-
-
 def asset_path(name: str | os.PathLike = "") -> Path:
     """A file or folder that ships with the project: ``assets/<name>`` of a source checkout, or
     ``specdec/assets/<name>`` of an installed wheel (``pip install .``), whatever the working directory.
@@ -55,7 +50,7 @@ def asset_path(name: str | os.PathLike = "") -> Path:
     Raises:
         FileNotFoundError: naming the places tried.
     """
-    tried = [root / name for root in _asset_roots()]
+    tried = [root / name for root in asset_roots()]
     for candidate in tried:
         if candidate.exists():
             return candidate
@@ -66,23 +61,7 @@ def asset_path(name: str | os.PathLike = "") -> Path:
 
 
 def _shipped_zoo() -> Path | None:
-    try:
-        return asset_path("zoo")
-    except FileNotFoundError:
-        return None
-
-
-def zoo_dir() -> Path:
-    """The zoo of trained fixtures: ``$SPECDEC_ZOO`` when set; else ``../shared/zoo`` beside the project when it
-    exists; else the part of the zoo the project ships (``assets/zoo``: the dense target, the tokenizer and the
-    dev prompts). An item missing from an external zoo is still taken from ``assets/zoo`` (:func:`zoo_path`)."""
-    env = os.environ.get(ZOO_ENV)
-    if env:
-        return Path(env).expanduser().resolve()
-    beside = repo_root().parent / "shared" / "zoo"
-    if beside.is_dir():
-        return beside
-    return _shipped_zoo() or beside
+    return shipped_zoo()
 
 
 def _missing_from_zoo(name: str, zoo: Path) -> str:
@@ -130,10 +109,10 @@ def _resolve_local(path: str | os.PathLike, *, what: str) -> Path:
             try:
                 return asset_path(rest)
             except FileNotFoundError:
-                raise err from None
+                pass  # maybe a zoo item the shipped part lacks: named below
         item = _zoo_item(given)
         if item is None:
-            raise
+            raise err from None
         try:
             return zoo_path(item)
         except FileNotFoundError as missing:

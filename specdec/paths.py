@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["is_local_path", "repo_root", "resolve_path", "zoo_dir"]
+__all__ = ["asset_roots", "is_local_path", "repo_root", "resolve_path", "shipped_zoo", "zoo_dir"]
 
 
 def repo_root() -> Path:
@@ -18,10 +18,28 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
 
 
+def asset_roots() -> list[Path]:
+    """Where the shipped assets can be: inside the installed package (a wheel), then the checkout's ``assets/``."""
+    return [Path(__file__).resolve().parent / "assets", repo_root() / "assets"]
+
+
+def shipped_zoo() -> Path | None:
+    """The part of the zoo the project ships (``assets/zoo``), or None."""
+    found = [root / "zoo" for root in asset_roots() if (root / "zoo").is_dir()]
+    return found[0] if found else None
+
+
 def zoo_dir() -> Path:
-    """The zoo of trained fixtures: ``$SPECDEC_ZOO``, else ``../shared/zoo`` relative to the repository root."""
+    """The zoo of trained fixtures: ``$SPECDEC_ZOO`` when set; else ``../shared/zoo`` beside the project when it
+    exists; else the part of the zoo the project ships (``assets/zoo``: the dense target, the tokenizer and the
+    dev prompts)."""
     env = os.environ.get("SPECDEC_ZOO")
-    return Path(env).expanduser().resolve() if env else repo_root().parent / "shared" / "zoo"
+    if env:
+        return Path(env).expanduser().resolve()
+    beside = repo_root().parent / "shared" / "zoo"
+    if beside.is_dir():
+        return beside
+    return shipped_zoo() or beside
 
 
 def is_local_path(path: str | os.PathLike) -> bool:
@@ -41,7 +59,8 @@ def resolve_path(path: str | os.PathLike, *, what: str = "file or folder") -> Pa
     """The existing local path ``path`` names, wherever the working directory is.
 
     Args:
-        path: absolute, or relative to the working directory, the repository root or the zoo (tried in order).
+        path: absolute, or relative to the working directory, the repository root, the zoo, the shipped zoo, or
+            (``assets/...``) the shipped assets of an installed package (tried in order).
         what (str): what is looked for, for the error message.
 
     Returns:
@@ -54,13 +73,17 @@ def resolve_path(path: str | os.PathLike, *, what: str = "file or folder") -> Pa
     if given.is_absolute():
         candidates = [given]
     else:
-        bases = (Path.cwd(), repo_root(), zoo_dir())
-        candidates = list(dict.fromkeys(Path(os.path.normpath(base / given)) for base in bases))
+        bases = [Path.cwd(), repo_root(), zoo_dir(), *filter(None, [shipped_zoo()])]
+        candidates = [Path(os.path.normpath(base / given)) for base in bases]
+        if given.parts and given.parts[0] == "assets":
+            candidates += [root.joinpath(*given.parts[1:]) for root in asset_roots()]
+        candidates = list(dict.fromkeys(candidates))
     for candidate in candidates:
         if candidate.exists():
             return candidate
     tried = ", ".join(str(c) for c in candidates)
     raise FileNotFoundError(
         f"No {what} at {os.fspath(path)!r} (tried {tried}). Give an existing path; the zoo is found through "
-        "SPECDEC_ZOO or ../shared/zoo beside the repository."
+        "SPECDEC_ZOO (export SPECDEC_ZOO=/path/to/zoo), else ../shared/zoo beside the repository, else the shipped "
+        "assets/zoo."
     )

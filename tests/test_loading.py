@@ -86,9 +86,11 @@ def test_without_a_zoo_the_shipped_part_serves_and_the_rest_is_a_clear_error(tmp
     """No SPECDEC_ZOO and nothing beside the project (a fresh clone): the zoo is assets/zoo."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SPECDEC_ZOO", raising=False)
-    monkeypatch.setattr(loading, "repo_root", lambda: tmp_path / "clone")  # no ../shared/zoo beside it
+    for module in (loading, specdec.paths):  # no ../shared/zoo beside it
+        monkeypatch.setattr(module, "repo_root", lambda: tmp_path / "clone")
     monkeypatch.setattr(specdec.paths, "zoo_dir", lambda: tmp_path / "clone" / "no-zoo")
-    monkeypatch.setattr(loading, "_asset_roots", lambda: [REPO / "assets"])
+    for module in (loading, specdec.paths):
+        monkeypatch.setattr(module, "asset_roots", lambda: [REPO / "assets"])
     assert zoo_dir() == REPO / "assets" / "zoo"
     assert Path(resolve_model_path("target-dense")) == REPO / "assets" / "zoo" / "target-dense"
     assert Path(resolve_model_path(str(zoo_dir() / "tokenizer"))) == REPO / "assets" / "zoo" / "tokenizer"
@@ -116,8 +118,9 @@ def test_the_checkouts_asset_paths_resolve_into_an_installed_package(tmp_path, m
     installed = tmp_path / "site" / "specdec" / "assets"
     shutil.copytree(REPO / "assets" / "drafters" / "zoo-dense", installed / "drafters" / "zoo-dense")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(loading, "repo_root", lambda: tmp_path / "site")
-    monkeypatch.setattr(loading, "_asset_roots", lambda: [installed, tmp_path / "site" / "assets"])
+    for module in (loading, specdec.paths):
+        monkeypatch.setattr(module, "repo_root", lambda: tmp_path / "site")
+        monkeypatch.setattr(module, "asset_roots", lambda: [installed, tmp_path / "site" / "assets"])
     want = installed / "drafters" / "zoo-dense"
     assert Path(resolve_model_path(str(tmp_path / "site" / "assets" / "drafters" / "zoo-dense"))) == want
     assert asset_path("drafters/zoo-dense") == want
