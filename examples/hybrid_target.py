@@ -3,8 +3,8 @@
     python examples/hybrid_target.py --max-new-tokens 32
 
 Recurrent layers cannot be rolled back by cropping a cache; specdec runs their tree step through per-layer
-adapters (``hybrid_mode="exact"``) or snapshots and replays the state (``"snapshot"``). Both give the target's
-own greedy output (docs/hybrid.md).
+adapters and commits the accepted path by replaying it from the stashed per-node inputs. A chain and a DDTree of
+any budget both give the target's own greedy output (docs/hybrid.md).
 """
 
 from __future__ import annotations
@@ -35,14 +35,13 @@ def main() -> None:
     reference = model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens)
 
     drafter = specdec.DFlashDrafter.from_pretrained(DRAFTER, target=model)
-    for mode in ("exact", "snapshot"):
-        spec = specdec.SpeculativeModel(model, drafter=drafter, tree=specdec.DDTree(budget=args.budget, topk=8),
-                                        hybrid_mode=mode)  # fmt: skip
+    for tree in (specdec.Chain(k=drafter.config.block_size - 1), specdec.DDTree(budget=args.budget, topk=8)):
+        spec = specdec.SpeculativeModel(model, drafter=drafter, tree=tree)
         out = spec.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False)
         same = torch.equal(out, reference)
-        print(f"hybrid_mode={mode:8s} tau {spec.last_stats.tau:.2f}  identical to model.generate: {same}")
+        print(f"{tree!r:36s} tau {spec.last_stats.tau:.2f}  identical to model.generate: {same}")
         if not same:
-            raise SystemExit(f"hybrid_mode={mode} differs from model.generate")
+            raise SystemExit(f"{tree!r} differs from model.generate")
     print(tok.decode(out[0]))
 
 
