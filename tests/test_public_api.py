@@ -49,7 +49,6 @@ PUBLIC = {
         "chain_from_path",
         "ddtree_device",
         "register_tree",
-        "to_draft_tree",
         "tree_attention_bias",
         "tree_position_ids",
         "trie_device",

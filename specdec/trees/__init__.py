@@ -8,7 +8,6 @@ from specdec.trees.build import (
     chain_device,
     chain_from_path,
     ddtree_device,
-    to_draft_tree,
     trie_device,
 )
 from specdec.trees.mask import ancestor_mask, tree_attention_bias, tree_position_ids
@@ -29,7 +28,6 @@ __all__ = [
     "chain_from_path",
     "ddtree_device",
     "register_tree",
-    "to_draft_tree",
     "tree_attention_bias",
     "tree_position_ids",
     "trie_device",

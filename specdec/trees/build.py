@@ -19,7 +19,7 @@ import torch
 from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
 from specdec.kernels.ddtree_build.reference import key_order, pack_ranks, select_levels, topk_rows_reference
 from specdec.kernels.tree_accept.reference import ancestor_mask
-from specdec.types import DraftTree, TreeRow
+from specdec.types import TreeRow
 
 __all__ = [
     "ancestor_matrix",
@@ -27,7 +27,6 @@ __all__ = [
     "chain_from_path",
     "ddtree_device",
     "root_tree_device",
-    "to_draft_tree",
     "trie_device",
 ]
 
@@ -145,19 +144,6 @@ def ancestor_matrix(tree: TreeRow, max_depth: int) -> torch.Tensor:
     """
     _check_int("max_depth", max_depth, 0)
     return ancestor_mask(tree.parents, max_depth)
-
-
-def to_draft_tree(tree: TreeRow) -> DraftTree:
-    """The real nodes as a :class:`~specdec.types.DraftTree` (reads ``num_nodes`` on the host: not for graphs).
-
-    Args:
-        tree (TreeRow): ``S`` slots.
-
-    Returns:
-        DraftTree: ``tokens [n]`` on the tree's device, ``parents [n]`` on CPU.
-    """
-    n = int(tree.num_nodes)
-    return DraftTree(tree.tokens[:n], tree.parents[:n].cpu())
 
 
 def _check_logq(logq: torch.Tensor) -> tuple[int, int]:

@@ -12,13 +12,13 @@ import torch
 from models import tiny_model
 from oracles.ddtree_heap import build_ddtree
 from oracles.dflash_eager import DecodeContext, EagerDFlash
+from oracles.host_trees import to_draft_tree
 from safetensors.torch import save_file
 
 import specdec
 from specdec.drafters.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
 from specdec.train.dflash import block_hidden, target_features
 from specdec.trees import Chain, DDTree
-from specdec.trees.build import to_draft_tree
 
 VOCAB, MASK = 128, 3
 

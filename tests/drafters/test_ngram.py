@@ -8,11 +8,10 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from oracles.host_trees import chain_tree, paths_to_tree, root_tree
+from oracles.host_trees import chain_tree, paths_to_tree, root_tree, to_draft_tree
 
 import specdec
 from specdec.drafters.ngram import NGramDrafterConfig, NGramState
-from specdec.trees.build import to_draft_tree
 from specdec.types import Accept
 
 

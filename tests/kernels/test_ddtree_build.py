@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 from oracles.ddtree_heap import build_ddtree
+from oracles.host_trees import to_draft_tree
 
-from specdec.trees import ddtree_device, to_draft_tree
+from specdec.trees import ddtree_device
 
 REPO = Path(__file__).resolve().parents[2]
 

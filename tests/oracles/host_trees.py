@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.types import DraftTree
+from specdec.types import DraftTree, TreeRow
 
 __all__ = ["chain_tree", "paths_to_tree", "prune_depth", "root_tree"]
 
@@ -55,3 +55,16 @@ def prune_depth(tree: DraftTree, max_depth: int) -> DraftTree:
     parents = tree.parents[keep]
     parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
     return DraftTree(tree.tokens[keep.to(tree.tokens.device)], parents)
+
+
+def to_draft_tree(tree: TreeRow) -> DraftTree:
+    """The real nodes as a :class:`~specdec.types.DraftTree` (reads ``num_nodes`` on the host: not for graphs).
+
+    Args:
+        tree (TreeRow): ``S`` slots.
+
+    Returns:
+        DraftTree: ``tokens [n]`` on the tree's device, ``parents [n]`` on CPU.
+    """
+    n = int(tree.num_nodes)
+    return DraftTree(tree.tokens[:n], tree.parents[:n].cpu())

@@ -9,7 +9,7 @@ from device_trees import padded_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles.ddtree_heap import build_ddtree, chain_from_logq
-from oracles.host_trees import chain_tree, paths_to_tree
+from oracles.host_trees import chain_tree, paths_to_tree, to_draft_tree
 
 from specdec.trees import Chain, DDTree, ancestor_mask
 from specdec.trees.build import (
@@ -18,7 +18,6 @@ from specdec.trees.build import (
     chain_from_path,
     ddtree_device,
     root_tree_device,
-    to_draft_tree,
     trie_device,
 )
 from specdec.types import Proposal, TreeRow

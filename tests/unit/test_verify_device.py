@@ -10,11 +10,12 @@ import torch
 from device_trees import padded_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.host_trees import to_draft_tree
 from oracles.walk import walk_tree
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from specdec.kernels.tree_accept.reference import accept_walk
-from specdec.trees.build import ancestor_matrix, ddtree_device, to_draft_tree
+from specdec.trees.build import ancestor_matrix, ddtree_device
 from specdec.types import DeviceTree, SamplingParams, TreeRow
 from specdec.verify import Greedy, SampleMatch, gumbel_from_uniform, target_choices
 
