@@ -1,0 +1,563 @@
+"""Goodput budget policy: pick each round's DDTree node budget among a few captured buckets.
+
+The parts (``docs/trees.md#budget-chosen-by-goodput``), each with its own clean interface so that a decoding loop
+can wire them in:
+
+* :func:`ddtree_scores` / :func:`expected_accepts`: on the device, tensor ops only (no host read, shapes fixed by
+  Python ints, so they can sit inside a captured round). The best-first DDTree node scores ``[B, budget]`` (the
+  summed per-depth ``log q`` of each node's path, best first, ``-inf`` padding) and, per candidate budget ``n``,
+  the drafter's expected number of accepted drafted tokens of the tree cut to its first ``n`` nodes,
+  ``E(n) = sum_{i < n} exp(score_i)``.
+* :class:`Calibration` (host): observed accepted tokens against that prediction, as exponentially decayed sums
+  per budget shrunk towards a shared ratio, so predictions are scaled to reality.
+* :class:`CostModel` (host): the round's cost in ms as a function of (batch rows ``B``, verified slots ``n``),
+  from warm-up measurements (:func:`measure`): the measurements themselves on the measured grid (piecewise-linear
+  in between), a least-squares ``a + b*B + c*B*n`` outside it.
+* :func:`choose` (host): the budget that maximises expected committed tokens per ms, never below plain decoding.
+
+Conventions: ``sizes`` are DDTree **budgets** (non-root nodes, ``DDTree(budget)``), strictly increasing, >= 1;
+plain decoding (AR) is budget 0 and is always a candidate of :func:`choose` without being listed. The cost model
+counts **slots** ``n = budget + 1`` (the root included), so AR costs ``cost(B, 1)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
+
+import torch
+
+__all__ = [
+    "Calibration",
+    "CostModel",
+    "budget_for",
+    "check_sizes",
+    "choose",
+    "ddtree_scores",
+    "expected_accepts",
+    "goodputs",
+    "measure",
+]
+
+logger = logging.getLogger(__name__)
+
+_MIN_COST_MS = 1e-6  # floor of a predicted cost (an extrapolated linear fit may cross zero)
+
+
+# -- sizes ------------------------------------------------------------------------------------------------------
+def check_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
+    """The candidate budgets as a tuple: a non-empty, strictly increasing sequence of Python ints >= 1.
+
+    Raises:
+        ValueError: empty, not ints (bools refused), below 1, or not strictly increasing.
+    """
+    if isinstance(sizes, int | str | bytes) or not isinstance(sizes, Sequence | torch.Size):
+        raise ValueError(f"sizes={sizes!r}: pass a sequence of budgets, e.g. (15, 31, 63).")
+    sizes = tuple(sizes)
+    if not sizes:
+        raise ValueError("sizes is empty: pass at least one DDTree budget, e.g. (15, 31, 63).")
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            raise ValueError(f"sizes={sizes!r}: every size must be a Python int >= 1 (non-root nodes), got {s!r}.")
+    for a, b in zip(sizes, sizes[1:], strict=False):
+        if b <= a:
+            raise ValueError(f"sizes={sizes!r} must be strictly increasing ({a} then {b}).")
+    return sizes
+
+
+def budget_for(choice: int | None, sizes: Sequence[int]) -> int:
+    """The budget of a :func:`choose` result: ``sizes[choice]``, or 0 (plain decoding) for ``None``."""
+    sizes = check_sizes(sizes)
+    return 0 if choice is None else sizes[choice]
+
+
+def _int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r}: pass a Python int >= {low}.")
+    return value
+
+
+# -- 1. expected accepted tokens (device) ------------------------------------------------------------------------
+def ddtree_scores(logq: torch.Tensor, *, budget: int, topk: int | None = None) -> torch.Tensor:
+    """Best-first DDTree node scores: the ``budget`` largest path log-probabilities, sorted descending.
+
+    The score of a node is ``sum_j log q_j(t_j)`` over its path (fp32 values summed in float64, as
+    :func:`specdec.trees.build.ddtree_device` sums them), and the DDTree of budget ``n`` holds exactly the ``n``
+    best of them, so column ``i`` is the score of the tree's ``i``-th node in pop order (equal scores may pick
+    different nodes, never different values). ``ddtree_device`` does not return its scores; this recomputes them
+    level by level (per depth, the ``budget`` best children of the kept nodes above: every child of equally
+    scored parents has the same value, so the kept values are exact). Tensor ops only, shapes from Python ints:
+    capture-safe. ``logq`` is not validated on the host (pass log-probabilities, no NaN or +inf).
+
+    The scores for the largest budget serve every smaller one: the policy's ``DDTree(n, topk)`` keeps
+    ``min(topk, n)`` candidates per depth (``topk=None``: ``n``), and a node among the ``n`` best never has a rank
+    ``>= n`` (its better-ranked siblings all come before it), so that cap removes none of them and the first
+    ``n`` columns are ``DDTree(n, topk)``'s nodes. Pass the policy's ``topk``.
+
+    Args:
+        logq (torch.Tensor): ``[B, D, V]`` (or ``[D, V]``) per-depth log-probabilities, row ``d - 1`` = depth d.
+        budget (int): number of scores (non-root nodes), >= 1: the largest candidate budget.
+        topk (int | None): candidates per depth as in ``DDTree(budget, topk)``; None = ``budget``.
+
+    Returns:
+        torch.Tensor: ``[B, budget]`` float64 (``[budget]`` for a ``[D, V]`` input), descending, ``-inf`` past the
+        reachable nodes (``k + k**2 + ... + k**D``).
+    """
+    if not isinstance(logq, torch.Tensor) or logq.dim() not in (2, 3):
+        shape = tuple(logq.shape) if isinstance(logq, torch.Tensor) else type(logq).__name__
+        raise ValueError(f"logq must be a [B, D, V] (or [D, V]) tensor, got {shape}.")
+    if not logq.is_floating_point():
+        raise ValueError(f"logq has dtype {logq.dtype}: pass float log-probabilities.")
+    if logq.shape[-2] < 1 or logq.shape[-1] < 1:
+        raise ValueError(f"logq has shape {tuple(logq.shape)}: it needs at least one depth and one token.")
+    _int("budget", budget, 1)
+    if topk is not None:
+        _int("topk", topk, 1)
+    single = logq.dim() == 2
+    q = logq[None] if single else logq
+    batch, depth_limit, vocab = q.shape
+    k = min(budget if topk is None else topk, budget, vocab)
+    vals = q.float().topk(k, dim=-1).values.double()  # [B, D, k], descending (fp32 values, as the policy ranks)
+    level = vals.new_zeros(batch, 1)  # the root's score
+    levels = []
+    for d in range(depth_limit):
+        level = (level.unsqueeze(-1) + vals[:, d, None, :]).flatten(1)  # [B, kept * k]
+        if level.shape[1] > budget:
+            level = level.topk(budget, dim=1).values
+        levels.append(level)
+    scores = torch.cat(levels, dim=1)
+    if scores.shape[1] >= budget:
+        scores = scores.topk(budget, dim=1).values
+    else:  # fewer reachable nodes than the budget: padding
+        scores = scores.sort(dim=1, descending=True).values
+        pad = scores.new_full((batch, budget - scores.shape[1]), float("-inf"))
+        scores = torch.cat([scores, pad], dim=1)
+    return scores[0] if single else scores
+
+
+def expected_accepts(scores: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """Expected accepted drafted tokens per candidate budget, ``E(n) = sum_{i < n} exp(score_i)``.
+
+    Node ``i``'s path is accepted exactly when the target's continuation starts with it; for a drafter whose
+    per-depth marginals are the target's (calibrated), that has probability ``exp(score_i)``, and the greedy walk
+    accepts as many drafted tokens as the tree holds nodes on that continuation, so the expectation is the sum
+    over nodes. Tensor ops only (one ``exp``, one ``cumsum``, slices at Python ints): capture-safe.
+
+    Args:
+        scores (torch.Tensor): ``[B, S]`` (or ``[S]``) node scores in best-first order, ``-inf`` padding, e.g.
+            :func:`ddtree_scores` with ``budget = max(sizes)``.
+        sizes (Sequence[int]): candidate budgets, strictly increasing, each <= ``S``.
+
+    Returns:
+        torch.Tensor: ``[B, len(sizes)]`` (or ``[len(sizes)]``) in the dtype of ``scores`` (not the bonus token:
+        add 1 for the committed tokens per round).
+    """
+    sizes = check_sizes(sizes)
+    if not isinstance(scores, torch.Tensor) or scores.dim() not in (1, 2) or not scores.is_floating_point():
+        shape = (tuple(scores.shape), scores.dtype) if isinstance(scores, torch.Tensor) else type(scores).__name__
+        raise ValueError(f"scores must be a float [B, S] (or [S]) tensor of best-first node scores, got {shape}.")
+    if sizes[-1] > scores.shape[-1]:
+        raise ValueError(
+            f"sizes go up to {sizes[-1]} nodes but scores has {scores.shape[-1]} columns: compute the scores for "
+            f"budget = max(sizes) (ddtree_scores(logq, budget={sizes[-1]}))."
+        )
+    cum = scores.exp().cumsum(dim=-1)
+    return torch.stack([cum[..., n - 1] for n in sizes], dim=-1)
+
+
+# -- 2. calibration (host) ---------------------------------------------------------------------------------------
+class Calibration:
+    """Scales the drafter's predicted accepted tokens to the accepted tokens observed, per candidate budget.
+
+    Model: observed ≈ ``scale[s] * predicted`` for budget ``sizes[s]``. Per budget it keeps exponentially decayed
+    sums of observed (``O_s``) and predicted (``P_s``) accepted drafted tokens, and one such pair over all budgets
+    (``O``, ``P``); every update multiplies all sums by ``decay`` first, then adds to the budget used and to the
+    shared pair. The scales are ratios of sums shrunk towards a prior:
+
+        shared    r   = (O   + strength * prior) / (P   + strength)
+        budget s  r_s = (O_s + strength * r)     / (P_s + strength)
+
+    Why: a ratio of sums weighs rounds by their predicted tokens, so a round predicting almost nothing cannot blow
+    the estimate up (an average of per-round ratios would); per budget, because a drafter's overconfidence grows
+    in the low-probability nodes that only larger trees hold; shrunk to the shared ratio because a budget the
+    chooser rarely picks has few observations of its own (with none, ``r_s = r``), and its stale sums decay back
+    towards ``r`` while other budgets run. ``strength`` is the prior's weight in predicted tokens; ``decay``
+    sets the memory (about ``1 / (1 - decay)`` updates).
+
+    Args:
+        sizes (Sequence[int]): the candidate budgets (as for :func:`choose`).
+        decay (float): in ``(0, 1]``; 1 = no forgetting.
+        prior (float): scale before any observation, > 0 (1 = trust the drafter).
+        strength (float): weight of the prior (and of the shared ratio in a budget's scale), >= 0.
+    """
+
+    def __init__(self, sizes: Sequence[int], *, decay: float = 0.95, prior: float = 1.0, strength: float = 4.0):
+        self.sizes = check_sizes(sizes)
+        if not _finite(decay) or not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay={decay!r}: pass a float in (0, 1].")
+        if not _finite(prior) or prior <= 0.0:
+            raise ValueError(f"prior={prior!r}: pass a finite float > 0.")
+        if not _finite(strength) or strength < 0.0:
+            raise ValueError(f"strength={strength!r}: pass a finite float >= 0.")
+        self.decay, self.prior, self.strength = float(decay), float(prior), float(strength)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every observation."""
+        self.observed = [0.0] * len(self.sizes)
+        self.predicted = [0.0] * len(self.sizes)
+        self.total_observed = self.total_predicted = 0.0
+        self.updates = 0
+
+    def update(self, index: int, predicted: float | Sequence[float], observed: float | Sequence[float]) -> None:
+        """Record one round run at budget ``sizes[index]``.
+
+        Args:
+            index (int): the budget used (index into ``sizes``); rounds of plain decoding are not recorded.
+            predicted: the uncalibrated :func:`expected_accepts` at that budget, one float or one per batch row.
+            observed: accepted drafted tokens (``num_path - 1``, the bonus excluded), matching ``predicted``.
+        """
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.sizes):
+            raise ValueError(f"index={index!r}: pass the index of the budget used, in [0, {len(self.sizes)}).")
+        pred, obs = _floats("predicted", predicted), _floats("observed", observed)
+        if len(pred) != len(obs):
+            raise ValueError(f"predicted has {len(pred)} rows, observed {len(obs)}: pass one value per row.")
+        d = self.decay
+        self.observed = [o * d for o in self.observed]
+        self.predicted = [p * d for p in self.predicted]
+        self.observed[index] += sum(obs)
+        self.predicted[index] += sum(pred)
+        self.total_observed = self.total_observed * d + sum(obs)
+        self.total_predicted = self.total_predicted * d + sum(pred)
+        self.updates += 1
+
+    def shared_scale(self) -> float:
+        """The ratio over all budgets, ``r`` (the prior when nothing has been observed)."""
+        den = self.total_predicted + self.strength
+        return self.prior if den <= 0.0 else (self.total_observed + self.strength * self.prior) / den
+
+    def scale(self, index: int) -> float:
+        """The scale of budget ``sizes[index]``, ``r_s`` (the shared ratio when that budget has no observations)."""
+        shared = self.shared_scale()
+        den = self.predicted[index] + self.strength
+        return shared if den <= 0.0 else (self.observed[index] + self.strength * shared) / den
+
+    def scales(self) -> list[float]:
+        """``[scale(0), ..., scale(K - 1)]``."""
+        return [self.scale(i) for i in range(len(self.sizes))]
+
+    def apply(self, expected) -> list[list[float]]:
+        """Calibrated expectations: ``expected [B, K]`` (host floats) times each budget's scale."""
+        rows = _matrix(expected, len(self.sizes))
+        scales = self.scales()
+        return [[e * s for e, s in zip(row, scales, strict=True)] for row in rows]
+
+    def __repr__(self) -> str:
+        scales = ", ".join(f"{n}: {s:.3f}" for n, s in zip(self.sizes, self.scales(), strict=True))
+        return f"Calibration({{{scales}}}, updates={self.updates}, decay={self.decay})"
+
+
+# -- 3. cost model (host) ----------------------------------------------------------------------------------------
+class CostModel:
+    """The round's cost in ms as a function of (batch rows ``B``, verified slots ``n = budget + 1``).
+
+    Fitted from warm-up measurements ``[(B, n, ms), ...]`` (repeats of a point are reduced to their median):
+
+    * On the measured grid, the measurements themselves, and piecewise-linear interpolation between them (in ``n``
+      along each measured ``B``, then in ``B`` between the two nearest measured ``B``). :func:`choose` asks for the
+      captured buckets, which are exactly what warm-up measures, so there the model adds no error of its own, and
+      a step in the real cost (a kernel's tiles or waves: 16 and 32 slots may cost the same, 64 more) is kept
+      where a straight line would smear it over the buckets.
+    * Outside it, a least-squares fit ``a + b*B + c*B*n`` (per-round overhead, per-row work, per-token work);
+      features the data cannot identify are dropped: a single measured ``B`` gives ``a + c*n`` (no dependence on
+      ``B``: measure every batch size you run), a single ``n`` gives ``a + b*B``, a single point a constant.
+      Predictions are floored at a tiny positive value.
+
+    Args:
+        samples: ``(B, n, ms)`` triples, ``B >= 1``, ``n >= 1`` ints, ``ms`` finite and > 0.
+    """
+
+    def __init__(self, samples: Iterable[tuple[int, int, float]]):
+        groups: dict[tuple[int, int], list[float]] = {}
+        for sample in samples:
+            if not isinstance(sample, Sequence) or len(sample) != 3:
+                raise ValueError(f"cost sample {sample!r}: pass (batch, nodes, ms) triples.")
+            b, n, ms = sample
+            _int("batch", b, 1)
+            _int("nodes", n, 1)
+            if not _finite(ms) or ms <= 0:
+                raise ValueError(f"cost sample {sample!r}: ms must be a finite float > 0.")
+            groups.setdefault((b, n), []).append(float(ms))
+        if not groups:
+            raise ValueError("CostModel needs at least one (batch, nodes, ms) measurement.")
+        self.table = {key: statistics.median(v) for key, v in sorted(groups.items())}
+        rows: dict[int, list[tuple[int, float]]] = {}
+        for (b, n), ms in self.table.items():
+            rows.setdefault(b, []).append((n, ms))
+        self._rows = rows  # B -> [(n, ms)] sorted by n
+        self._batches = sorted(rows)
+        self.features, self.coefficients = self._fit_linear()
+        self.rmse = math.sqrt(statistics.fmean((self.linear(b, n) - ms) ** 2 for (b, n), ms in self.table.items()))
+        logger.debug("CostModel: %d points, linear %s = %s, rmse %.4f ms", len(self.table), self.features,
+                     self.coefficients, self.rmse)  # fmt: skip
+
+    @classmethod
+    def fit(cls, samples: Iterable[tuple[int, int, float]]) -> CostModel:
+        """Same as ``CostModel(samples)``."""
+        return cls(samples)
+
+    def _fit_linear(self) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        batches = {b for b, _ in self.table}
+        nodes = {n for _, n in self.table}
+        names = ["1"]
+        if len(batches) > 1:
+            names.append("B")
+        if len(nodes) > 1:
+            names.append("B*n" if len(batches) > 1 else "n")  # one measured B: nothing to scale by B
+        x = torch.tensor([_features(names, b, n) for b, n in self.table], dtype=torch.float64)
+        y = torch.tensor(list(self.table.values()), dtype=torch.float64)[:, None]
+        coef = torch.linalg.lstsq(x, y, driver="gelsd").solution[:, 0].tolist()  # CPU tensors: no device involved
+        return tuple(names), tuple(coef)
+
+    def linear(self, batch: int, nodes: int) -> float:
+        """The least-squares model alone at (``batch``, ``nodes``) (floored at a tiny positive value)."""
+        terms = _features(self.features, batch, nodes)
+        return max(_MIN_COST_MS, sum(c * v for c, v in zip(self.coefficients, terms, strict=True)))
+
+    def _along(self, batch: int, nodes: int) -> float | None:
+        """Interpolation in n along the measured row of ``batch``; None outside its measured range."""
+        row = self._rows[batch]
+        ns = [n for n, _ in row]
+        i = bisect.bisect_left(ns, nodes)
+        if i < len(ns) and ns[i] == nodes:
+            return row[i][1]
+        if i == 0 or i == len(ns):
+            return None
+        (n0, c0), (n1, c1) = row[i - 1], row[i]
+        return c0 + (c1 - c0) * (nodes - n0) / (n1 - n0)
+
+    def predict(self, batch: int, nodes: int) -> float:
+        """The round's cost in ms at ``batch`` rows and ``nodes`` slots (root included: AR is ``nodes = 1``)."""
+        _int("batch", batch, 1)
+        _int("nodes", nodes, 1)
+        bs = self._batches
+        i = bisect.bisect_left(bs, batch)
+        if i < len(bs) and bs[i] == batch:
+            got = self._along(batch, nodes)
+            return got if got is not None else self.linear(batch, nodes)
+        if 0 < i < len(bs):
+            lo, hi = self._along(bs[i - 1], nodes), self._along(bs[i], nodes)
+            if lo is not None and hi is not None:
+                return lo + (hi - lo) * (batch - bs[i - 1]) / (bs[i] - bs[i - 1])
+        return self.linear(batch, nodes)
+
+    def __repr__(self) -> str:
+        pairs = zip(self.features, self.coefficients, strict=True)
+        terms = " + ".join(f"{c:.4g}*{f}" if f != "1" else f"{c:.4g}" for f, c in pairs)
+        return f"CostModel({len(self.table)} points, outside: {terms} ms, rmse {self.rmse:.3g} ms)"
+
+
+def measure(
+    fn_by_bucket: Mapping[tuple[int, int], Callable[[], object]],
+    repeats: int = 20,
+    *,
+    device: torch.device | str,
+    warmup: int = 2,
+) -> list[tuple[int, int, float]]:
+    """Time a callable per bucket (e.g. a captured round's replay) and return ``[(B, n, median ms)]``.
+
+    Each callable runs ``warmup`` times untimed, then ``repeats`` times, each call timed alone: on an accelerator
+    (any ``device`` whose torch module has ``Event``, e.g. ``torch.cuda`` for a CUDA device) by timing events
+    recorded around the call on the current stream, read after one synchronisation; on the CPU by
+    ``time.perf_counter`` around the call. The device is synchronised before each bucket's timed calls.
+
+    Args:
+        fn_by_bucket: ``{(B, n): fn}``, ``n`` the slots the round verifies (budget + 1; 1 for AR).
+        repeats (int): timed calls per bucket, >= 1.
+        device (torch.device | str): where the callables run (decides the timer).
+        warmup (int): untimed calls per bucket first, >= 0.
+
+    Returns:
+        list: ``(B, n, ms)`` per bucket, the median of its calls, in the mapping's order: ``CostModel(...)``'s input.
+    """
+    _int("repeats", repeats, 1)
+    _int("warmup", warmup, 0)
+    if not isinstance(fn_by_bucket, Mapping) or not fn_by_bucket:
+        raise ValueError("fn_by_bucket must be a non-empty mapping {(batch, nodes): callable}.")
+    dev = torch.device(device)
+    module = _device_module(dev)
+    events = module is not None and hasattr(module, "Event")
+    context = module.device(dev) if module is not None and hasattr(module, "device") else nullcontext()
+    out = []
+    with context:
+        for key, fn in fn_by_bucket.items():
+            if not isinstance(key, tuple) or len(key) != 2:
+                raise ValueError(f"bucket {key!r}: keys are (batch, nodes) pairs.")
+            _int("batch", key[0], 1)
+            _int("nodes", key[1], 1)
+            if not callable(fn):
+                raise ValueError(f"bucket {key!r}: {fn!r} is not callable.")
+            for _ in range(warmup):
+                fn()
+            if module is not None:
+                module.synchronize()
+            times = []
+            if events:
+                pairs = []
+                for _ in range(repeats):
+                    start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
+                    start.record()
+                    fn()
+                    end.record()
+                    pairs.append((start, end))
+                module.synchronize()
+                times = [start.elapsed_time(end) for start, end in pairs]
+            else:
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    fn()
+                    if module is not None:
+                        module.synchronize()
+                    times.append((time.perf_counter() - t0) * 1e3)
+            out.append((key[0], key[1], statistics.median(times)))
+            logger.debug("measure %s: median %.4f ms over %d calls", key, out[-1][2], repeats)
+    return out
+
+
+def _device_module(dev: torch.device):
+    """The torch module of an accelerator device (``torch.cuda`` for CUDA), None for the CPU."""
+    if dev.type == "cpu":
+        return None
+    try:
+        return torch.get_device_module(dev)
+    except (RuntimeError, AttributeError) as err:
+        raise ValueError(f"device {dev}: no torch device module to time it with ({err}).") from err
+
+
+# -- 4. the choice (host) ----------------------------------------------------------------------------------------
+def goodputs(expected, cost: CostModel, calib: Calibration | None, sizes: Sequence[int], batch: int | None = None):
+    """Expected committed tokens per ms of each option: ``[AR, sizes[0], ..., sizes[K-1]]``.
+
+    ``G(n) = sum_rows (1 + scale_n * E_row(n)) / cost(B, n + 1)`` and ``G(AR) = rows / cost(B, 1)``: every round
+    commits the bonus token plus its accepted drafts. ``expected`` is ``[rows, K]`` host floats (the
+    :func:`expected_accepts` of the round, read to the host); ``batch`` is the ``B`` the round runs with (default
+    the number of rows; it may exceed them when the batch is padded to a captured bucket). ``calib=None`` uses
+    the drafter's predictions as they are.
+    """
+    sizes = check_sizes(sizes)
+    rows = _matrix(expected, len(sizes))
+    if not rows:
+        raise ValueError("expected has no rows: pass [B, K] expectations, one row per sequence.")
+    batch = len(rows) if batch is None else _int("batch", batch, 1)
+    if batch < len(rows):
+        raise ValueError(f"batch={batch} < {len(rows)} rows of expected: batch is the round's B, at least the rows.")
+    if not isinstance(cost, CostModel):
+        raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}.")
+    if calib is not None:
+        if not isinstance(calib, Calibration):
+            raise ValueError(f"calib must be a Calibration or None, got {type(calib).__name__}.")
+        if calib.sizes != sizes:
+            raise ValueError(f"calib was made for sizes {calib.sizes}, not {sizes}.")
+        rows = calib.apply(rows)
+    out = [len(rows) / cost.predict(batch, 1)]
+    for k, n in enumerate(sizes):
+        out.append(sum(1.0 + row[k] for row in rows) / cost.predict(batch, n + 1))
+    return out
+
+
+def choose(
+    expected,
+    cost: CostModel,
+    calib: Calibration | None,
+    sizes: Sequence[int],
+    batch: int | None = None,
+    *,
+    margin: float = 0.0,
+) -> int | None:
+    """The budget for the next round: an index into ``sizes``, or None for plain decoding (AR, one slot).
+
+    One budget for the whole batch: the rows' trees are padded to a common slot count, so the cost depends on
+    that common size only, and a per-row preference matters only through its contribution to the sum of the
+    rows' committed tokens at that size. The goodput of each option is :func:`goodputs`; with ``g*`` the best,
+    the choice is the **smallest** option (AR first, then increasing budgets) whose goodput is at least
+    ``g* / (1 + margin)``. So ties go to the smaller tree (the cheaper round, fewer wasted slots), exact ties with
+    AR go to AR, and a positive ``margin`` asks a larger tree to win by that relative amount. Never worse than
+    AR: AR is a candidate, so the chosen option's estimated goodput is never below ``rows / cost(B, 1)``; when
+    every tree's goodput is below it, the result is None.
+
+    Args:
+        expected: ``[rows, K]`` host floats (nested sequences or a CPU tensor): uncalibrated expected accepted
+            drafted tokens per row and budget (:func:`expected_accepts`).
+        cost (CostModel): the round's cost in ms.
+        calib (Calibration | None): scales of the predictions (None: as they are).
+        sizes (Sequence[int]): the candidate budgets, strictly increasing.
+        batch (int | None): the round's ``B`` (default: the rows).
+        margin (float): >= 0, relative goodput a larger option must gain (0: plain argmax, ties to the smaller).
+
+    Returns:
+        int | None: ``i`` for budget ``sizes[i]``, None for AR (``budget_for`` maps both to a budget).
+    """
+    if not _finite(margin) or margin < 0:
+        raise ValueError(f"margin={margin!r}: pass a finite float >= 0.")
+    g = goodputs(expected, cost, calib, sizes, batch)
+    threshold = max(g) / (1.0 + margin)
+    pick = next(i for i, v in enumerate(g) if v >= threshold)
+    choice = None if pick == 0 else pick - 1
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("goodput (tokens/ms) AR %.4f, trees %s -> budget %d", g[0], [round(v, 4) for v in g[1:]],
+                     budget_for(choice, sizes))  # fmt: skip
+    return choice
+
+
+# -- helpers -----------------------------------------------------------------------------------------------------
+def _features(names: Sequence[str], batch: int, nodes: int) -> list[float]:
+    value = {"1": 1.0, "B": float(batch), "n": float(nodes), "B*n": float(batch * nodes)}
+    return [value[f] for f in names]
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _floats(name: str, values) -> list[float]:
+    """One float or a sequence of them (a CPU tensor too) -> a non-empty list of finite floats >= 0."""
+    if isinstance(values, torch.Tensor):
+        if values.device.type != "cpu":
+            raise ValueError(f"{name} is on {values.device}: read it to the host first.")
+        values = values.reshape(-1).tolist()
+    elif _finite(values):
+        values = [values]
+    if not isinstance(values, Sequence) or not values:
+        raise ValueError(f"{name}={values!r}: pass a float >= 0 or a non-empty sequence of them.")
+    out = []
+    for v in values:
+        if not _finite(v) or v < 0:
+            raise ValueError(f"{name}: {v!r} is not a finite float >= 0.")
+        out.append(float(v))
+    return out
+
+
+def _matrix(expected, width: int) -> list[list[float]]:
+    """``[rows, width]`` host floats (nested sequences or a CPU tensor) -> lists, checked."""
+    if isinstance(expected, torch.Tensor):
+        if expected.device.type != "cpu":
+            raise ValueError(f"expected is on {expected.device}: read it to the host first (one small copy per round).")
+        if expected.dim() == 1:
+            expected = expected[None]
+        expected = expected.tolist()
+    if not isinstance(expected, Sequence) or isinstance(expected, str | bytes):
+        raise ValueError(f"expected must be [rows, {width}] floats, got {type(expected).__name__}.")
+    rows = []
+    for row in expected:
+        if not isinstance(row, Sequence) or len(row) != width:
+            raise ValueError(f"expected must be [rows, {width}] floats (one column per size), got a row {row!r}.")
+        for v in row:
+            if not _finite(v) or v < 0:
+                raise ValueError(f"expected holds {v!r}: pass finite floats >= 0 (expected accepted tokens).")
+        rows.append([float(v) for v in row])
+    return rows
