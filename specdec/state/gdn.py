@@ -18,7 +18,7 @@ from transformers.activations import ACT2FN
 from specdec.kernels import gdn_path_replay, tree_gdn
 from specdec.kernels.tree_gdn import chain_walk
 from specdec.kernels.tree_gdn.reference import gdn_step
-from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv
+from specdec.state.hybrid import RecurrentAdapter, VerifyRound, _row_slices, _row_tables, path_rows, tree_conv
 
 __all__ = ["GDN_ADAPTERS", "GDNStash", "GatedDeltaNetAdapter", "Qwen3NextGatedDeltaNetAdapter", "gdn_step"]
 
@@ -26,6 +26,9 @@ __all__ = ["GDN_ADAPTERS", "GDNStash", "GatedDeltaNetAdapter", "Qwen3NextGatedDe
 @dataclass(frozen=True)
 class GDNStash:
     """Per-node inputs of the recurrence, kept from verify to commit (one verify forward, one layer).
+
+    ``N`` counts the nodes of every row of the round, flattened row-major (row b's node i at ``b * slots + i``;
+    one row: the tree's nodes).
 
     Args:
         preconv (torch.Tensor): ``[N, C]`` pre-conv q|k|v projections (model dtype), for the conv window.
@@ -55,7 +58,7 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
     family = "gated_deltanet"
 
     def _project(self, hidden_states: torch.Tensor):
-        """``(mixed_qkv [1, N, C], z [1, N, HV, V], b [1, N, HV], a [1, N, HV])``."""
+        """``(mixed_qkv [B, N, C], z [B, N, HV, V], b [B, N, HV], a [B, N, HV])``."""
         m = self.module
         z = m.in_proj_z(hidden_states)
         z = z.reshape(*z.shape[:2], -1, m.head_v_dim)
@@ -63,40 +66,53 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
 
     def tree_forward(self, hidden_states: torch.Tensor, rnd: VerifyRound) -> torch.Tensor:
         m = self.module
-        n = hidden_states.shape[1]
-        mixed, z, b, a = self._project(hidden_states)
+        rows, n = hidden_states.shape[:2]
+        total = rows * n  # the stash keeps every row's nodes, flattened row-major
+        mixed, z, b, a = self._project(hidden_states)  # batched over the rows
         conv, rec = self.states(rnd)
         topo = rnd.topology(conv.device)
         weight = m.conv1d.weight[:, 0, :]  # [C, W]
-        index = topo.conv_index(weight.shape[-1], conv.shape[-1])
-        x = tree_conv(mixed[0], conv[0], weight, m.conv1d.bias, index, ACT2FN[m.activation])  # [N, C]
+        index = _row_tables(topo.conv_index(weight.shape[-1], conv.shape[-1]))  # [B, N, W]
+        x = tree_conv(mixed, conv, weight, m.conv1d.bias, index, ACT2FN[m.activation]).reshape(total, -1)
         q, k, v = x.split([m.key_dim, m.key_dim, m.value_dim], dim=-1)
         rep = m.num_v_heads // m.num_k_heads  # grouped value heads: value head h reads key head h // rep
-        q = _l2norm(q.float().reshape(n, m.num_k_heads, m.head_k_dim)).repeat_interleave(rep, dim=1)
+        q = _l2norm(q.float().reshape(total, m.num_k_heads, m.head_k_dim)).repeat_interleave(rep, dim=1)
         q = q / (m.head_k_dim**0.5)
-        k = _l2norm(k.float().reshape(n, m.num_k_heads, m.head_k_dim))
-        v = v.reshape(n, m.num_v_heads, m.head_v_dim)
-        beta = b[0].sigmoid().float()
-        g = -m.A_log.float().exp() * F.softplus(a[0].float() + m.dt_bias)
+        k = _l2norm(k.float().reshape(total, m.num_k_heads, m.head_k_dim))
+        v = v.reshape(total, m.num_v_heads, m.head_v_dim)
+        beta = b.reshape(total, -1).sigmoid().float()
+        g = -m.A_log.float().exp() * F.softplus(a.reshape(total, -1).float() + m.dt_bias)
         # contiguous copies: the stash outlives this forward and must not pin the whole projections
         stash = GDNStash(
-            preconv=mixed[0].contiguous(), key=k, value=v.contiguous(), log_decay=g, beta=beta, heads_per_key=rep
+            preconv=mixed.reshape(total, -1).contiguous(),
+            key=k,
+            value=v.contiguous(),
+            log_decay=g,
+            beta=beta,
+            heads_per_key=rep,
         )
         rnd.stash[self.layer_idx] = stash
 
-        # conv tap W-2 is the parent's column (stored - 1 above the root): the parent array already on the device
-        parents = index[:, -2] - conv.shape[-1]
+        # conv tap W-2 is the parent's column (stored - 1 above the root): the parent arrays already on the device
+        parents = index[..., -2] - conv.shape[-1]  # [B, N]
         # the prompt's chain: one walk over the nodes (replaying every node's path would cost N (N + 1) / 2 steps);
         # a drafted chain: by its size and the layer's heads; other trees: by their size (tree_gdn's "auto")
         walk = "nodes" if rnd.prompt else chain_walk(n, m.num_v_heads) if topo.is_chain else "auto"
-        out = tree_gdn(rec[0].float(), q, k, v, g, beta, parents, impl="auto", walk=walk)
-        out = out.to(hidden_states.dtype)  # [N, HV, V]
-        out = m.norm(out.reshape(-1, m.head_v_dim), z[0].reshape(-1, m.head_v_dim)).reshape(1, n, -1)
+        out = torch.cat(
+            [  # one scan per row: row r's nodes from row r's committed state
+                tree_gdn(rec[r].float(), q[s], k[s], v[s], g[s], beta[s], parents[r], impl="auto", walk=walk)
+                for r, s in enumerate(_row_slices(rows, n))
+            ]
+        )
+        out = out.to(hidden_states.dtype)  # [B * N, HV, V]
+        out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim)).reshape(rows, n, -1)
         return m.out_proj(out)
 
     def replay(self, state: torch.Tensor, stash: GDNStash, path: torch.Tensor, num_path: torch.Tensor) -> torch.Tensor:
-        state = state.contiguous()  # [1, HV, K, V] fp32, advanced in place (one Triton launch on CUDA)
-        gdn_path_replay(state[0], stash.key, stash.value, stash.log_decay, stash.beta, path, num_path)
+        path, num_path = path_rows(path, num_path)
+        state = state.contiguous()  # [B, HV, K, V] fp32, each row advanced in place (one Triton launch on CUDA)
+        for r in range(state.shape[0]):
+            gdn_path_replay(state[r], stash.key, stash.value, stash.log_decay, stash.beta, path[r], num_path[r])
         return state
 
     def advance(self, state: torch.Tensor, stash: GDNStash, nodes: torch.Tensor) -> torch.Tensor:
@@ -112,8 +128,8 @@ class Qwen3NextGatedDeltaNetAdapter(GatedDeltaNetAdapter):
     def _project(self, hidden_states: torch.Tensor):
         m = self.module
         q, k, v, z, b, a = m.fix_query_key_value_ordering(m.in_proj_qkvz(hidden_states), m.in_proj_ba(hidden_states))
-        n = hidden_states.shape[1]
-        mixed = torch.cat([t.reshape(1, n, -1) for t in (q, k, v)], dim=-1)
+        rows, n = hidden_states.shape[:2]
+        mixed = torch.cat([t.reshape(rows, n, -1) for t in (q, k, v)], dim=-1)
         return mixed, z, b, a
 
 

@@ -33,6 +33,8 @@ __all__ = [
     "cache_kwarg",
     "hybrid_prefill",
     "is_recurrent_cache_layer",
+    "path_rows",
+    "topology_rows",
     "tree_conv",
 ]
 
@@ -80,24 +82,29 @@ def tree_conv(
     index: torch.Tensor,
     activation: Callable[[torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
-    """Depthwise causal conv of every tree node over its own ancestor path.
+    """Depthwise causal conv of every tree node over its own ancestor path, for one row or a batch of rows.
 
     Args:
-        inputs (torch.Tensor): ``[N, C]`` pre-conv inputs of the nodes.
-        window (torch.Tensor): ``[C, S]`` committed conv window (newest column last).
+        inputs (torch.Tensor): ``[B, N, C]`` pre-conv inputs of the nodes (or ``[N, C]``: one row).
+        window (torch.Tensor): ``[B, C, S]`` committed conv windows (newest column last; ``[C, S]`` for one row).
         weight (torch.Tensor): ``[C, W]`` depthwise kernel; bias ``[C]`` or None.
-        index (torch.Tensor): ``[N, W]`` from the round's topology, ``conv_index(W, S)``.
+        index (torch.Tensor): ``[B, N, W]`` from the round's topology, ``conv_index(W, S)`` (``[N, W]`` for one
+            row); row b's taps index row b's ``cat(window, inputs)``.
         activation: applied to the conv output (fp32).
 
     Returns:
-        ``[N, C]`` in the dtype of ``inputs``.
+        ``[B, N, C]`` (``[N, C]`` for one row) in the dtype of ``inputs``.
     """
-    src = torch.cat([window, inputs.transpose(0, 1)], dim=1).float()  # [C, S + N]
-    taps = src[:, index]  # [C, N, W]
-    out = (taps * weight.float()[:, None, :]).sum(-1)  # [C, N]
+    if inputs.dim() == 2:
+        return tree_conv(inputs[None], window[None], weight, bias, index[None], activation)[0]
+    rows, n, channels = inputs.shape
+    src = torch.cat([window, inputs.transpose(1, 2)], dim=2).float()  # [B, C, S + N]
+    taps = index.reshape(rows, 1, -1).expand(rows, channels, -1)  # [B, C, N * W]: row b gathers from row b only
+    taps = src.gather(2, taps).reshape(rows, channels, n, -1)  # [B, C, N, W]
+    out = (taps * weight.float()[None, :, None, :]).sum(-1)  # [B, C, N]
     if bias is not None:
-        out = out + bias.float()[:, None]
-    return activation(out).transpose(0, 1).to(inputs.dtype)
+        out = out + bias.float()[None, :, None]
+    return activation(out).transpose(1, 2).to(inputs.dtype)
 
 
 def _state_tensor(layer, name: str) -> torch.Tensor | None:
@@ -122,13 +129,45 @@ def cache_kwarg(model) -> str:
     raise ValueError(f"{type(model).__name__}.forward takes no cache argument (looked for {_CACHE_KWARGS}).")
 
 
+def _row_tables(index: torch.Tensor) -> torch.Tensor:
+    """A topology's per-node table as ``[B, N, W]``: one row's ``[N, W]`` gains ``B = 1``."""
+    return index[None] if index.dim() == 2 else index
+
+
+def _row_slices(rows: int, n: int) -> list[slice]:
+    """Each row's nodes in a stash flattened row-major."""
+    return [slice(r * n, (r + 1) * n) for r in range(rows)]
+
+
+def topology_rows(topo) -> int:
+    """Rows (sequences, one tree each) of a round's topology: its ``rows``, 1 for a topology without one."""
+    return int(getattr(topo, "rows", 1))
+
+
+def path_rows(path: torch.Tensor, num_path: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(path [B, P], num_path [B])`` from the batched form or one row's ``(path [P], num_path 0-d)`` (``B = 1``)."""
+    if path.dim() == 1:
+        return path[None], num_path.reshape(1)
+    if path.dim() != 2 or num_path.shape != path.shape[:1]:
+        raise ValueError(
+            f"path must be [B, P] with num_path [B] (or [P] with a 0-d num_path); got {list(path.shape)} and "
+            f"{list(num_path.shape)}."
+        )
+    return path, num_path
+
+
 @dataclass
 class VerifyRound:
     """Everything one verify forward leaves for the commit.
 
-    ``topo`` is the tree as the adapters read it: ``num_nodes``, ``is_chain``, ``device`` and
-    ``conv_index(width, stored)`` (``specdec.state.recurrent.DeviceTopology`` in the round). ``tree`` is the host
-    tree it came from, if any (the round has none).
+    ``topo`` is the tree as the adapters read it: ``num_nodes`` (slots per row), ``is_chain``, ``device``,
+    ``conv_index(width, stored)`` and optionally ``rows`` (the number of sequences, each with its own tree; 1 when
+    absent) (``specdec.state.recurrent.DeviceTopology`` in the round). ``tree`` is the host tree it came from, if
+    any (the round has none).
+
+    With ``rows = B`` the verify forward holds ``[B, num_nodes]`` tokens, the cache ``B`` rows of conv windows and
+    recurrent states, and each adapter's stash keeps the rows' nodes flattened row-major (row b's node i at
+    ``b * num_nodes + i``).
     """
 
     model: object
@@ -161,9 +200,10 @@ class VerifyRound:
 class RecurrentAdapter:
     """Owns one HF recurrent mixer's forward during tree verification (subclasses per layer family).
 
-    Subclasses implement ``tree_forward(hidden_states, rnd) -> output`` (reading the committed state through
-    ``self.states(rnd)`` and storing a stash in ``rnd.stash[self.layer_idx]``) and
-    ``advance(state, stash, nodes) -> state`` (one recurrence step for a batch of nodes, used for the replay).
+    Subclasses implement ``tree_forward(hidden_states [B, N, H], rnd) -> output [B, N, H]`` (row b's nodes read
+    row b's committed state through ``self.states(rnd)`` and row b's tree; the stash of all rows goes to
+    ``rnd.stash[self.layer_idx]``, nodes flattened row-major) and ``advance(state, stash, nodes) -> state`` (one
+    recurrence step: state row j advanced by stash node ``nodes[j]``, used for the replay).
     """
 
     family = "recurrent"
@@ -182,14 +222,24 @@ class RecurrentAdapter:
         raise NotImplementedError
 
     def replay(self, state: torch.Tensor, stash, path: torch.Tensor, num_path: torch.Tensor) -> torch.Tensor:
-        """The fp32 state after the nodes ``path[:num_path]`` (``P`` masked ``advance`` steps, no host read);
-        may update ``state`` in place. Subclasses with a fused kernel override it."""
-        for step in range(path.shape[0]):
-            state = torch.where(num_path > step, self.advance(state, stash, path[step : step + 1]), state)
+        """The fp32 states after each row's nodes ``path[b, :num_path[b]]`` (``P`` masked ``advance`` steps, no host
+        read); may update ``state`` in place. Subclasses with a fused kernel override it.
+
+        Args:
+            state (torch.Tensor): ``[B, ...]`` fp32 committed states, one per row.
+            stash: the layer's stash of the verify forward.
+            path (torch.Tensor): ``[B, P]`` int64 indices into the stash's (flattened) nodes, or ``[P]`` for one row.
+            num_path (torch.Tensor): ``[B]`` int64 real entries per row of ``path`` (0-d for one row).
+        """
+        path, num_path = path_rows(path, num_path)
+        for step in range(path.shape[1]):
+            real = (num_path > step).view(-1, *(1,) * (state.dim() - 1))
+            state = torch.where(real, self.advance(state, stash, path[:, step]), state)
         return state
 
     def states(self, rnd: VerifyRound) -> tuple[torch.Tensor, torch.Tensor]:
-        """Committed ``(conv window [1, C, S], recurrent state [1, ...])`` of this layer."""
+        """Committed ``(conv windows [B, C, S], recurrent states [B, ...])`` of this layer, one row per sequence of
+        the round (``B`` = the topology's ``rows``)."""
         layer = rnd.cache.layers[self.layer_idx]
         conv, rec = _state_tensor(layer, "conv_states"), _state_tensor(layer, "recurrent_states")
         if conv is None or rec is None:
@@ -197,8 +247,12 @@ class RecurrentAdapter:
                 f"Layer {self.layer_idx} ({type(self.module).__name__}) has no recurrent state in the cache: "
                 "prefill at least one token through the model before verifying a tree."
             )
-        if conv.shape[0] != 1:
-            raise ValueError(f"specdec verifies one sequence at a time; the cache has batch size {conv.shape[0]}.")
+        rows = topology_rows(rnd.topo)
+        if conv.shape[0] != rows or rec.shape[0] != rows:
+            raise ValueError(
+                f"Layer {self.layer_idx} ({type(self.module).__name__}): the cache holds {conv.shape[0]} rows of conv "
+                f"windows and {rec.shape[0]} of recurrent states, the round's topology {rows} trees: one per row."
+            )
         if getattr(layer, "record_past", False):
             raise ValueError(
                 f"Cache layer {self.layer_idx} records past conv states (activate_past_recording); "
@@ -224,10 +278,12 @@ class RecurrentAdapter:
             mask = kwargs.get("attention_mask", rest[1] if len(rest) > 1 else None)
             if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.bool().all()):
                 raise ValueError("Padded batches are not supported in tree verification (2D mask with zeros).")
-            if hidden_states.shape[0] != 1 or hidden_states.shape[1] != rnd.topo.num_nodes:
+            rows = topology_rows(rnd.topo)
+            if hidden_states.dim() != 3 or tuple(hidden_states.shape[:2]) != (rows, rnd.topo.num_nodes):
                 raise ValueError(
                     f"{type(self.module).__name__} got hidden states {tuple(hidden_states.shape)}; a tree verify "
-                    f"forward must hold exactly the {rnd.topo.num_nodes} tree nodes of one sequence."
+                    f"forward must hold exactly [rows, slots] = [{rows}, {rnd.topo.num_nodes}] tree nodes (one tree "
+                    "of the round's topology per sequence)."
                 )
             if self.layer_idx in rnd.stash:
                 raise RuntimeError(f"Layer {self.layer_idx} ran twice in one verify forward.")

@@ -18,7 +18,7 @@ from transformers.activations import ACT2FN
 
 from specdec.kernels import tree_mamba2
 from specdec.kernels.tree_mamba2.reference import mamba2_step
-from specdec.state.hybrid import RecurrentAdapter, VerifyRound, tree_conv
+from specdec.state.hybrid import RecurrentAdapter, VerifyRound, _row_slices, _row_tables, path_rows, tree_conv
 
 __all__ = ["MAMBA2_ADAPTERS", "FalconH1Adapter", "Mamba2Adapter", "Mamba2Stash", "mamba2_step"]
 
@@ -26,6 +26,9 @@ __all__ = ["MAMBA2_ADAPTERS", "FalconH1Adapter", "Mamba2Adapter", "Mamba2Stash",
 @dataclass(frozen=True)
 class Mamba2Stash:
     """Per-node inputs of the SSM recurrence, kept from verify to commit (one verify forward, one layer).
+
+    ``N`` counts the nodes of every row of the round, flattened row-major (row b's node i at ``b * slots + i``;
+    one row: the tree's nodes).
 
     Args:
         preconv (torch.Tensor): ``[N, C]`` pre-conv x|B|C projections (model dtype), for the conv window.
@@ -50,7 +53,7 @@ class Mamba2Adapter(RecurrentAdapter):
     family = "mamba2"
 
     def _project(self, hidden_states: torch.Tensor):
-        """``(gate [1, N, I], xBC [1, N, C], dt [1, N, H])``."""
+        """``(gate [B, N, I], xBC [B, N, C], dt [B, N, H])``."""
         m = self.module
         return m.in_proj(hidden_states).split([m.intermediate_size, m.conv_dim, m.num_heads], dim=-1)
 
@@ -59,21 +62,22 @@ class Mamba2Adapter(RecurrentAdapter):
 
     def tree_forward(self, hidden_states: torch.Tensor, rnd: VerifyRound) -> torch.Tensor:
         m = self.module
-        n = hidden_states.shape[1]
-        gate, xbc, dt = self._project(hidden_states)
+        rows, n = hidden_states.shape[:2]
+        total = rows * n  # the stash keeps every row's nodes, flattened row-major
+        gate, xbc, dt = self._project(hidden_states)  # batched over the rows
         conv, rec = self.states(rnd)
         topo = rnd.topology(conv.device)
         weight = m.conv1d.weight[:, 0, :]  # [C, W]
-        index = topo.conv_index(weight.shape[-1], conv.shape[-1])
-        post = tree_conv(xbc[0], conv[0], weight, m.conv1d.bias, index, ACT2FN[m.activation])  # [N, C]
+        index = _row_tables(topo.conv_index(weight.shape[-1], conv.shape[-1]))  # [B, N, W]
+        post = tree_conv(xbc, conv, weight, m.conv1d.bias, index, ACT2FN[m.activation]).reshape(total, -1)
         group = m.n_groups * m.ssm_state_size
         x, B, C = post.split([m.intermediate_size, group, group], dim=-1)
-        x = x.reshape(n, m.num_heads, m.head_dim)
-        B = B.reshape(n, m.n_groups, m.ssm_state_size)
+        x = x.reshape(total, m.num_heads, m.head_dim)
+        B = B.reshape(total, m.n_groups, m.ssm_state_size)
         low, high = m.time_step_limit
-        dt = F.softplus(dt[0].float() + m.dt_bias.float()).clamp(min=low, max=high)
+        dt = F.softplus(dt.reshape(total, -1).float() + m.dt_bias.float()).clamp(min=low, max=high)
         stash = Mamba2Stash(  # contiguous copies: the stash must not pin the whole projections until commit
-            preconv=xbc[0].contiguous(),
+            preconv=xbc.reshape(total, -1).contiguous(),
             x=x.contiguous(),
             dt=dt,
             B=B.contiguous(),
@@ -82,28 +86,35 @@ class Mamba2Adapter(RecurrentAdapter):
         )
         rnd.stash[self.layer_idx] = stash
 
-        # conv tap W-2 is the parent's column (stored - 1 above the root): the parent array already on the device
-        parents = index[:, -2] - conv.shape[-1]
-        C = C.reshape(n, m.n_groups, m.ssm_state_size)
-        y = tree_mamba2(rec[0].float(), stash.x, stash.B, C, dt, stash.A, m.D, parents, impl="auto")  # [N, H, P]
-        y = self._gated_norm(y.reshape(1, n, -1).to(hidden_states.dtype), gate)
+        # conv tap W-2 is the parent's column (stored - 1 above the root): the parent arrays already on the device
+        parents = index[..., -2] - conv.shape[-1]  # [B, N]
+        C = C.reshape(total, m.n_groups, m.ssm_state_size)
+        y = torch.cat(
+            [  # one scan per row: row r's nodes from row r's committed state
+                tree_mamba2(rec[r].float(), stash.x[s], stash.B[s], C[s], dt[s], stash.A, m.D, parents[r], impl="auto")
+                for r, s in enumerate(_row_slices(rows, n))
+            ]
+        )  # [B * N, H, P]
+        y = self._gated_norm(y.reshape(rows, n, -1).to(hidden_states.dtype), gate)
         return m.out_proj(y.to(hidden_states.dtype))
 
     def replay(
         self, state: torch.Tensor, stash: Mamba2Stash, path: torch.Tensor, num_path: torch.Tensor
     ) -> torch.Tensor:
-        """The ``P`` masked SSD steps in closed form (the update is linear in the state): the state decays by the
-        whole path, and step t adds ``dt_t B_t x_t`` decayed by the steps after it. Masked steps get ``dt = 0``
-        (no decay, no input). A few batched ops instead of ``P`` steps; equal to the steps up to fp32 rounding."""
-        real = torch.arange(path.shape[0], device=path.device) < num_path
-        dt = stash.dt.index_select(0, path) * real[:, None]  # [P, H]
-        x = stash.x.index_select(0, path).float()  # [P, H, Hd]
-        B = stash.B.index_select(0, path).float().repeat_interleave(stash.heads_per_group, dim=1)  # [P, H, S]
-        log_decay = dt * stash.A  # [P, H]
-        after = log_decay.flip(0).cumsum(0).flip(0)  # sum over steps >= t
-        after = torch.cat([after[1:], torch.zeros_like(after[:1])])  # sum over steps > t
-        inputs = torch.einsum("th,thp,ths->hps", torch.exp(after) * dt, x, B)
-        return state * torch.exp(log_decay.sum(0))[None, :, None, None] + inputs[None]
+        """The ``P`` masked SSD steps of each row in closed form (the update is linear in the state): the state
+        decays by the whole path, and step t adds ``dt_t B_t x_t`` decayed by the steps after it. Masked steps get
+        ``dt = 0`` (no decay, no input). A few batched ops over all rows instead of ``P`` steps; equal to the steps
+        up to fp32 rounding. Shapes as ``RecurrentAdapter.replay`` (``state [B, H, P, S]``)."""
+        path, num_path = path_rows(path, num_path)
+        real = torch.arange(path.shape[1], device=path.device) < num_path[:, None]  # [B, P]
+        dt = stash.dt[path] * real[..., None]  # [B, P, H]
+        x = stash.x[path].float()  # [B, P, H, Hd]
+        B = stash.B[path].float().repeat_interleave(stash.heads_per_group, dim=2)  # [B, P, H, S]
+        log_decay = dt * stash.A  # [B, P, H]
+        after = log_decay.flip(1).cumsum(1).flip(1)  # sum over steps >= t
+        after = torch.cat([after[:, 1:], torch.zeros_like(after[:, :1])], dim=1)  # sum over steps > t
+        inputs = torch.einsum("bth,bthp,bths->bhps", torch.exp(after) * dt, x, B)
+        return state * torch.exp(log_decay.sum(1))[:, :, None, None] + inputs
 
     def advance(self, state: torch.Tensor, stash: Mamba2Stash, nodes: torch.Tensor) -> torch.Tensor:
         x = stash.x.index_select(0, nodes).float()

@@ -2,9 +2,11 @@
 
 The recurrent mixers run through their adapters (``specdec.state.gdn``, ``specdec.state.mamba2``), fed a
 ``DeviceTopology`` built from the device tree (conv gather table and parent array as tensors, no host reads);
-the recurrences go through ``specdec.kernels.tree_gdn`` / ``tree_mamba2`` (Triton on CUDA). The conv windows and
-recurrent states live in static tensors (``specdec.state.storage``); the commit replays the accepted path from the
-committed state in a fixed number of masked steps (one fused Triton launch per Gated DeltaNet layer on CUDA,
+the recurrences go through ``specdec.kernels.tree_gdn`` / ``tree_mamba2`` (Triton on CUDA). A batch of ``B``
+sequences verifies ``B`` trees at once (a ``DeviceTree`` of ``[B, S]`` slots), each row over its own committed
+state. The conv windows and recurrent states live in static tensors with one row per sequence
+(``specdec.state.storage``); the commit replays each row's accepted path from its committed state in a fixed
+number of masked steps (one fused Triton launch per Gated DeltaNet layer on CUDA,
 ``specdec.kernels.gdn_path_replay``) and rebuilds each conv window by one gather.
 """
 
@@ -15,9 +17,9 @@ import torch
 from specdec.kernels.tree_gdn import auto_impl as gdn_impl
 from specdec.kernels.tree_mamba2 import auto_impl as mamba2_impl
 from specdec.state.gdn import GatedDeltaNetAdapter
-from specdec.state.hybrid import HybridState, RecurrentAdapter, VerifyRound
+from specdec.state.hybrid import HybridState, RecurrentAdapter, VerifyRound, path_rows
 from specdec.state.mamba2 import Mamba2Adapter
-from specdec.types import TreeRow as DeviceTree
+from specdec.types import DeviceTree, TreeRow
 
 __all__ = ["DeviceTopology", "commit_recurrent", "hybrid_reason"]
 
@@ -48,53 +50,85 @@ def hybrid_reason(state, device: torch.device, *, needs_kernels: bool = True) ->
 
 
 class DeviceTopology:
-    """The tree as the recurrent adapters read it (``VerifyRound.topo``), with tensors only.
+    """The round's trees as the recurrent adapters read them (``VerifyRound.topo``), with tensors only.
 
     Args:
-        tree (DeviceTree): ``S`` slots; padding slots have parent -1 and depth 0 (they read the committed state
-            and window, and their outputs are ignored).
-        chain (bool): the real nodes form a chain by construction (a ``Chain`` round); the tree is on the device,
-            so this is not read off it.
+        tree (TreeRow | DeviceTree): one row's tree (fields ``[S]``) or one tree per row of the batch (fields
+            ``[B, S]``). ``S`` slots per row; padding slots have parent -1 and depth 0 (they read their row's
+            committed state and window, and their outputs are ignored).
+        chain (bool): the real nodes of every row form a chain by construction (a ``Chain`` round); the trees are
+            on the device, so this is not read off them.
+
+    Attributes: ``rows`` (``B``; 1 for a ``TreeRow``), ``num_nodes`` (``S``, slots per row), ``batched`` (the
+    tree came with a row dimension), ``parents`` and ``depth`` ``[B, S]``, ``is_chain``, ``device``.
     """
 
-    def __init__(self, tree: DeviceTree, *, chain: bool = False) -> None:
+    def __init__(self, tree: TreeRow | DeviceTree, *, chain: bool = False) -> None:
+        if tree.parents.dim() not in (1, 2) or tree.depth.shape != tree.parents.shape:
+            raise ValueError(
+                f"DeviceTopology needs parents and depth of one shape, [S] (one row) or [B, S]; got "
+                f"{list(tree.parents.shape)} and {list(tree.depth.shape)}."
+            )
+        self.tree = tree
         self.is_chain = chain
-        self.parents, self.depth = tree.parents, tree.depth
+        self.batched = tree.parents.dim() == 2
+        self.parents = tree.parents if self.batched else tree.parents[None]  # [B, S]
+        self.depth = tree.depth if self.batched else tree.depth[None]
         self.device = tree.parents.device
-        self.num_nodes = tree.parents.numel()
+        self.rows, self.num_nodes = self.parents.shape
         self._conv_index: dict = {}
 
+    def to(self, device: torch.device | str) -> DeviceTopology:
+        """The same trees with their tensors on ``device`` (layers may sit on different devices)."""
+        if torch.device(device) == self.device:
+            return self
+        return DeviceTopology(type(self.tree)(*(t.to(device) for t in self.tree)), chain=self.is_chain)
+
     def conv_index(self, width: int, stored: int) -> torch.Tensor:
-        """Gather table ``[S, width]`` into ``cat(window (stored columns), node inputs)``: each slot's taps, oldest
-        first, newest = the slot itself; above the root the walk continues into the committed window."""
+        """Gather table ``[B, S, width]`` (``[S, width]`` for a ``TreeRow``), per row into that row's
+        ``cat(window (stored columns), node inputs)``: each slot's taps, oldest first, newest = the slot itself;
+        above the root the walk continues into the row's committed window."""
         if stored < width - 1:
             raise ValueError(f"conv window of {stored} columns is too short for kernel width {width}")
         key = (width, stored)
         if key not in self._conv_index:
             columns = []
-            node = torch.arange(self.num_nodes, device=self.device)
+            node = torch.arange(self.num_nodes, device=self.device).expand(self.rows, -1)  # [B, S]
             for distance in range(width):  # newest tap first
                 if distance:
-                    node = torch.where(node >= 0, self.parents[node.clamp(min=0)], -1)
+                    node = torch.where(node >= 0, self.parents.gather(1, node.clamp(min=0)), -1)
                 above = stored - (distance - self.depth)  # the committed window, newest column last
                 columns.append(torch.where(node >= 0, stored + node, above))
-            self._conv_index[key] = torch.stack(columns[::-1], dim=1)
+            index = torch.stack(columns[::-1], dim=-1)  # [B, S, width]
+            self._conv_index[key] = index if self.batched else index[0]
         return self._conv_index[key]
 
 
 def commit_recurrent(adapter: RecurrentAdapter, rnd: VerifyRound, path: torch.Tensor, num_path: torch.Tensor) -> None:
-    """Write the state after the accepted path and its conv window into the layer's cache, on the device.
+    """Write each row's state after its accepted path and its conv window into the layer's cache, on the device
+    (tensor ops only: no host read, capturable).
+
+    Row b replays ``path[b, :num_path[b]]`` from row b's committed state and rebuilds row b's conv window from
+    those nodes' pre-conv inputs.
 
     Args:
         adapter (RecurrentAdapter): the layer's adapter (its stash is in ``rnd``).
-        rnd (VerifyRound): the round verified with a ``DeviceTopology``.
-        path (torch.Tensor): ``[P]`` int64 accepted nodes, root first, padded by repeating the last one.
-        num_path (torch.Tensor): 0-d int64 number of real entries of ``path``.
+        rnd (VerifyRound): the round verified with a ``DeviceTopology`` of ``B`` rows.
+        path (torch.Tensor): ``[B, P]`` int64 accepted nodes per row (indices into the row's tree), root first,
+            padded by repeating the last one; ``[P]`` for one row.
+        num_path (torch.Tensor): ``[B]`` int64 number of real entries per row of ``path`` (0-d for one row).
     """
-    conv, rec = adapter.states(rnd)
+    conv, rec = adapter.states(rnd)  # [B, C, W], [B, ...]
+    path, num_path = path_rows(path, num_path)
+    rows, stored = conv.shape[0], conv.shape[-1]
+    if path.shape[0] != rows:
+        raise ValueError(f"commit_recurrent: path has {path.shape[0]} rows, the layer's cache {rows}.")
     stash = rnd.stash[adapter.layer_idx]
-    state = adapter.replay(rec.float(), stash, path, num_path)  # fixed step count: no host read
-    stored = conv.shape[-1]
-    window = torch.cat([conv[0], stash.preconv.index_select(0, path).transpose(0, 1).to(conv.dtype)], dim=1)
-    conv.copy_(window.index_select(1, num_path + torch.arange(stored, device=path.device))[None])
+    nodes = stash.preconv.shape[0] // rows  # the stash holds every row's nodes, flattened row-major
+    flat = path + torch.arange(rows, device=path.device)[:, None] * nodes  # [B, P] into the stash
+    state = adapter.replay(rec.float(), stash, flat, num_path)  # fixed step count: no host read
+    inputs = stash.preconv[flat].transpose(1, 2).to(conv.dtype)  # [B, C, P]
+    window = torch.cat([conv, inputs], dim=2)  # [B, C, W + P]: the last W columns up to the path's end
+    keep = num_path[:, None] + torch.arange(stored, device=path.device)  # [B, W]
+    conv.copy_(window.gather(2, keep[:, None, :].expand(-1, conv.shape[1], -1)))
     rec.copy_(state.to(rec.dtype))
