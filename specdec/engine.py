@@ -26,8 +26,8 @@ from specdec.state.hybrid import HybridState, VerifyRound, adapter_forwards, hyb
 from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.state.storage import StaticModel, commit_rows, static_reason
 from specdec.target import TargetModel
-from specdec.trees.build import root_tree_device
-from specdec.types import DeviceTree, Proposal, SamplingParams, TreeRow
+from specdec.trees.build import root_trees
+from specdec.types import DeviceTree, Proposal, SamplingParams
 
 __all__ = ["PREFILL_BUCKET", "SPAN_MIN", "Engine", "Round", "capture_reason", "round_reason", "tree_slots"]
 
@@ -107,20 +107,22 @@ class Round:
         self.path_len = self.depth + 1
         self.taps = getattr(drafter, "target_layer_ids", None)
         self.draft_forwards = 0 if drafter is None else drafter.forwards_per_round(tree)
-        self.out = torch.zeros(self.path_len + 2, dtype=torch.long, device=device)
+        batch = self.batch = engine.batch
+        # per sequence: the accepted tokens (drafts + bonus), the accepted count, the real tree nodes
+        self.out = torch.zeros(batch, self.path_len + 2, dtype=torch.long, device=device)
         self.arange = torch.arange(self.slots, device=device)
         vocab = engine.target.target.vocab_size
         uses_noise = rule.uses_noise(sampling)
-        self.noise = torch.rand(1, self.slots, vocab, device=device) if uses_noise else None
+        self.noise = torch.rand(batch, self.slots, vocab, device=device) if uses_noise else None
         stochastic = drafter is not None and getattr(tree, "stochastic", False)
-        self.tree_noise = torch.rand(1, self.depth, vocab, device=device) if stochastic else None
+        self.tree_noise = torch.rand(batch, self.depth, vocab, device=device) if stochastic else None
         # min_new_tokens: EOS ids get -inf at nodes whose token would end the output early (HF's processors).
         self.min_new, eos = suppress
         self.eos = torch.tensor(eos, dtype=torch.long, device=device) if self.min_new and eos else None
-        self.out[self.path_len : self.path_len + 2] = 1  # plain decoding: one path node, one tree node
+        self.out[:, self.path_len : self.path_len + 2] = 1  # plain decoding: one path node, one tree node
         # Two host copies of ``out`` so that the next round can be launched before this one is read.
         cuda = device.type == "cuda"
-        self.host = torch.zeros(2, self.out.numel(), dtype=torch.long, pin_memory=cuda)
+        self.host = torch.zeros(2, *self.out.shape, dtype=torch.long, pin_memory=cuda)
         self.ready = [torch.cuda.Event() for _ in range(2)] if cuda else None
         self.launched = 0
         self.hybrid = engine.target.target.state if isinstance(engine.target.target.state, HybridState) else None
@@ -140,8 +142,8 @@ class Round:
         """Drafter proposal -> tree policy: the trees ``[B, slots]`` and the proposal."""
         engine = self.engine
         if self.drafter is None:
-            return DeviceTree.stack([root_tree_device(engine.root[0])]), None
-        proposal = self.state.propose(engine.root, engine.prefix.view(1), self.depth, self.span)
+            return root_trees(engine.root), None
+        proposal = self.state.propose(engine.root, engine.prefix, self.depth, self.span)
         return self.tree.build(proposal, engine.root, self.depth, self.tree_noise), proposal
 
     def _process(self, logits: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
@@ -149,8 +151,8 @@ class Round:
         if self.eos is None:
             return logits
         engine = self.engine
-        generated = engine.prefix + 1 - engine.prompt_len  # tokens generated before the root's choice
-        rows = (depth + generated) < self.min_new  # [B, S]
+        generated = engine.prefix + 1 - engine.prompt_len  # [B] tokens generated before the root's choice
+        rows = (depth + generated[:, None]) < self.min_new  # [B, S]
         cols = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
         cols[self.eos[self.eos < logits.shape[-1]]] = True
         return logits.masked_fill(rows[..., None] & cols, float("-inf"))
@@ -158,56 +160,62 @@ class Round:
     def _ar_round(self) -> None:
         """Plain decoding: the root alone, no tree, no commit (its K/V already sits at slot ``prefix``)."""
         engine, target = self.engine, self.engine.target
-        prefix = engine.prefix
-        mask = target.additive_mask((self.keys <= prefix)[None])
-        logits, _ = target.forward(engine.root[None], prefix.view(1, 1), mask, prefix.view(1), span=self.span)
-        tree = DeviceTree.stack([root_tree_device(engine.root[0])])
-        accept = self.rule.accept(tree, self._process(logits[None], tree.depth), self.sampling, self.noise, 0, None)
-        choice = accept.tokens[0, :1]
-        self.out[:1].copy_(choice)
-        engine.root.copy_(choice)
-        prefix.add_(1)
+        prefix = engine.prefix  # [B]
+        mask = target.additive_mask((self.keys <= prefix[:, None])[:, None])  # [B, 1, 1, span]
+        logits, _ = target.forward(engine.root[:, None], prefix[:, None], mask, prefix[:, None], span=self.span)
+        tree = root_trees(engine.root)
+        accept = self.rule.accept(tree, self._process(logits, tree.depth), self.sampling, self.noise, 0, None)
+        choice = accept.tokens[:, 0]
+        self.out[:, 0].copy_(choice)
+        engine.root.copy_(torch.where(engine.active, choice, engine.root))
+        prefix.add_(engine.active.long())
 
-    def _verify(self, tree: TreeRow):
-        """The target forward over ``tree`` (``slots`` nodes) on top of the committed prefix; returns (logits
-        ``[slots, V]``, taps or None, the hybrid ``VerifyRound`` or None). Writes only the K/V rows of the tree's
-        slots (and the adapters' stash): until a commit, a repeat of it computes the same."""
+    def _verify(self, tree: DeviceTree):
+        """The target forward over the trees (``slots`` nodes per sequence) on top of each committed prefix; returns
+        (logits ``[B, slots, V]``, taps or None, the hybrid ``VerifyRound`` or None). Writes only the K/V rows of the
+        tree's slots (and the adapters' stash): until a commit, a repeat of it computes the same."""
         engine, target = self.engine, self.engine.target
-        prefix = engine.prefix
-        # Node i sits at slot prefix + i and position prefix + depth[i]; it sees the committed prefix and its
-        # ancestors; padding nodes see only themselves (one Triton launch on CUDA).
-        mask = tree_mask(tree.parents, tree.valid, prefix, self.span, self.depth, target.target.dtype)
-        write_index = prefix + self.arange
-        args = (tree.tokens[None], (prefix + tree.depth)[None], mask, write_index, self.taps)
+        prefix = engine.prefix  # [B]
+        # Node i of sequence b sits at slot prefix[b] + i and position prefix[b] + depth[b, i]; it sees the committed
+        # prefix and its ancestors; padding nodes see only themselves (one Triton launch per sequence on CUDA).
+        dtype = target.target.dtype
+        masks = [tree_mask(tree.parents[b], tree.valid[b], prefix[b], self.span, self.depth, dtype)
+                 for b in range(self.batch)]  # fmt: skip
+        mask = masks[0] if self.batch == 1 else torch.cat(masks)
+        write_index = prefix[:, None] + self.arange
+        args = (tree.tokens, prefix[:, None] + tree.depth, mask, write_index, self.taps)
         if self.hybrid is None:
             return (*target.forward(*args, span=self.span), None)
         # recurrent mixers run through their adapters over the device topology
+        topo = tree.row(0) if self.batch == 1 else tree
         rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
-                          topo=DeviceTopology(tree, chain=not self.tree.branching if self.tree else True))  # fmt: skip
+                          topo=DeviceTopology(topo, chain=not self.tree.branching if self.tree else True))  # fmt: skip
         with adapter_forwards(self.hybrid.adapters, rnd):
             logits, hidden = target.forward(*args, span=self.span)
         return logits, hidden, rnd
 
     def _round(self) -> None:
         engine, target = self.engine, self.engine.target
-        prefix = engine.prefix
+        prefix = engine.prefix  # [B]
         tree, proposal = self._build()
-        logits, hidden, rnd = self._verify(tree.row(0))
-        logits = self._process(logits[None], tree.depth)
+        logits, hidden, rnd = self._verify(tree)
+        logits = self._process(logits, tree.depth)
         accept = self.rule.accept(tree, logits, self.sampling, self.noise, self.depth, proposal)
-        row = accept.row(0)
         if self.depth:
-            commit_rows(target.storage.kv, prefix, row.path)
+            commit_rows(target.storage.kv, prefix, accept.path)
         if self.hybrid is not None:
+            path, num_path = (accept.path[0], accept.num_path[0]) if self.batch == 1 else (accept.path, accept.num_path)
             for adapter in self.hybrid.adapters:
-                commit_recurrent(adapter, rnd, row.path, row.num_path)
+                commit_recurrent(adapter, rnd, path, num_path)
         if self.state is not None:
-            self.state.commit(accept, hidden, prefix.view(1))
-        self.out[: self.path_len].copy_(row.tokens)
-        self.out[self.path_len] = row.num_path
-        self.out[self.path_len + 1] = tree.num_nodes[0]
-        engine.root.copy_(row.tokens.gather(0, (row.num_path - 1).view(1)))
-        prefix.add_(row.num_path)
+            self.state.commit(accept, hidden, prefix)
+        self.out[:, : self.path_len].copy_(accept.tokens)
+        self.out[:, self.path_len] = accept.num_path
+        self.out[:, self.path_len + 1] = tree.num_nodes
+        # a finished sequence (``active`` False) keeps its root and length: its rounds commit nothing it reads
+        choice = accept.tokens.gather(1, (accept.num_path - 1)[:, None])[:, 0]
+        engine.root.copy_(torch.where(engine.active, choice, engine.root))
+        prefix.add_(accept.num_path * engine.active)
 
     def _snapshot(self):
         """Save the decode state before the warm-up runs; returns the function that puts it back."""
@@ -256,17 +264,20 @@ class Round:
             self.ready[slot].record()
         return slot
 
-    def read(self, ticket: int) -> tuple[list[int], int]:
-        """Wait for a launched round; returns (new tokens: accepted drafts + bonus, number of real tree nodes)."""
+    def read(self, ticket: int) -> list[tuple[list[int], int]]:
+        """Wait for a launched round; returns per sequence (new tokens: accepted drafts + bonus, number of real tree
+        nodes)."""
         if self.ready is not None:
             self.ready[ticket].synchronize()
         if self.drafter is not None:
             self.drafter.num_forwards += self.draft_forwards
-        out = self.host[ticket].tolist()
-        num_path = out[self.path_len]
-        return out[:num_path], out[self.path_len + 1]
+        rows = []
+        for out in self.host[ticket].tolist():
+            num_path = out[self.path_len]
+            rows.append((out[:num_path], out[self.path_len + 1]))
+        return rows
 
-    def __call__(self, generator: torch.Generator | None) -> tuple[list[int], int]:
+    def __call__(self, generator: torch.Generator | None) -> list[tuple[list[int], int]]:
         """Run one round and read it."""
         return self.read(self.launch(generator))
 
@@ -274,29 +285,30 @@ class Round:
 class _Prefill:
     """The prompt forward padded to ``size`` tokens (one captured graph per size and drafter on an engine).
 
-    Padding tokens sit after the prompt, so causal attention keeps them out of every prompt row; their K/V and
-    drafter context rows land in slots past the prompt, which rounds mask out until they overwrite them.
+    Each sequence's prompt sits at slots ``0 .. n_b - 1`` (its own positions from 0, as left padding gives HF);
+    padding tokens sit after it, so causal attention keeps them out of every prompt row; their K/V and drafter
+    context rows land in slots past the prompt, which rounds mask out until they overwrite them.
 
-    Hybrid targets run the prompt as a verify round over a chain tree: the ``n`` prompt tokens form a chain from
+    Hybrid targets run the prompt as a verify round over a chain tree: the ``n_b`` prompt tokens form a chain from
     slot 0, padding slots are single-node roots (they read the empty state and see only themselves), the tree
     scans of ``specdec.kernels`` run the recurrent layers, and the commit replays the chain from the zero state
     into the static conv windows and recurrent states. The recurrent state never sees a padding token.
     """
 
     def __init__(self, engine: Engine, drafter, static, size: int, graph: bool) -> None:
-        device = engine.device
+        device, batch = engine.device, engine.batch
         self.engine, self.drafter, self.static = engine, drafter, static
         self.taps = getattr(drafter, "target_layer_ids", None)
         self.size = size
-        self.ids = torch.zeros(1, size, dtype=torch.long, device=device)
-        self.last = torch.zeros(1, dtype=torch.long, device=device)  # the last prompt row, whose logits we keep
+        self.ids = torch.zeros(batch, size, dtype=torch.long, device=device)
+        self.last = torch.zeros(batch, dtype=torch.long, device=device)  # each prompt's last row (its logits kept)
         self.positions = torch.arange(size, device=device)
         state = engine.target.target.state
         self.hybrid = state if isinstance(state, HybridState) else None
         if self.hybrid is None:
             self.mask = engine.target.causal_mask(self.positions, span=size)  # the prompt attends within itself
         else:
-            self.length = torch.zeros((), dtype=torch.long, device=device)
+            self.length = torch.zeros(batch, dtype=torch.long, device=device)
         self.logits: torch.Tensor | None = None
         self.captured = Captured(
             self._run, device=device, graph=graph, pool=engine.graph_pool, scope=engine.attention_scope(static)
@@ -305,67 +317,74 @@ class _Prefill:
     def _run(self) -> None:
         target = self.engine.target
         if self.hybrid is None:
+            positions = self.positions[None].expand(self.ids.shape[0], -1)
             logits, hidden = target.forward(
-                self.ids, self.positions[None], self.mask, self.positions, self.taps, rows=self.last, span=self.size
+                self.ids, positions, self.mask, self.positions, self.taps, rows=self.last, span=self.size
             )
         else:
             logits, hidden = self._run_chain()
-        self.logits = logits
+        self.logits = logits[:, 0]  # [B, V]
         if self.static is not None:
             self.static.prefill(self.ids, hidden)
 
     def _run_chain(self):
-        """Hybrid prompt forward: a verify round of the chain tree of the prompt, then its commit."""
+        """Hybrid prompt forward: a verify round of the chain tree of each prompt, then its commit."""
         target, slots, n = self.engine.target, self.positions, self.length
         for layer in target.recurrent.values():  # a new sequence starts from the empty state
             layer.conv_states.zero_()
             layer.recurrent_states.zero_()
-        real = slots < n
+        batch = self.ids.shape[0]
+        real = slots < n[:, None]  # [B, size]
         tree = DeviceTree(
-            tokens=self.ids[0],
+            tokens=self.ids,
             parents=torch.where(real, slots - 1, -1),
             depth=torch.where(real, slots, 0),
             valid=real,
             num_nodes=n,
         )
-        keys = target.keys[None, : self.size]
-        visible = (keys <= slots[:, None]) & real[:, None] | (keys == slots[:, None])
+        keys = target.keys[None, None, : self.size]
+        visible = (keys <= slots[:, None]) & real[:, :, None] | (keys == slots[:, None])  # [B, size, size]
+        topo = tree.row(0) if batch == 1 else tree
         rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
-                          topo=DeviceTopology(tree), prompt=True)  # fmt: skip
+                          topo=DeviceTopology(topo), prompt=True)  # fmt: skip
+        positions = slots[None].expand(batch, -1)
         with adapter_forwards(self.hybrid.adapters, rnd):
             logits, hidden = target.forward(
-                self.ids, slots[None], target.additive_mask(visible), slots, self.taps, rows=self.last, span=self.size
+                self.ids, positions, target.additive_mask(visible), slots, self.taps, rows=self.last, span=self.size
             )
+        path, count = (slots, n[0]) if batch == 1 else (positions, n)
         for adapter in self.hybrid.adapters:
-            commit_recurrent(adapter, rnd, slots, n)
+            commit_recurrent(adapter, rnd, path, count)
         return logits, hidden
 
-    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Prefill ``input_ids [1, n]`` (n <= size); returns the logits ``[V]`` at its last position."""
-        n = input_ids.shape[1]
-        self.ids[:, :n].copy_(input_ids)
+    def __call__(self, prompts: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """Prefill ``prompts [B, n]`` (n <= size; sequence b's tokens are its first ``lengths[b]``); returns the
+        logits ``[B, V]`` at each sequence's last prompt position."""
+        n = prompts.shape[1]
+        self.ids[:, :n].copy_(prompts)
         self.ids[:, n:].zero_()
-        self.last.fill_(n - 1)
+        self.last.copy_(torch.tensor(lengths, device=self.last.device) - 1)
         if self.hybrid is not None:
-            self.length.fill_(n)
+            self.length.copy_(self.last + 1)
         self.captured()
-        return self.logits[0]
+        return self.logits
 
 
 class Engine:
-    """Static storage, captured rounds and decode state of one target model (cached across calls).
+    """Static storage, captured rounds and decode state of one target model and batch size (cached across calls).
 
     Use :meth:`for_target` to get the engine of a target; ``generate`` does this.
     """
 
-    _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {batch: Engine}
 
-    def __init__(self, target: TargetModel, capacity: int) -> None:
-        self.device = target.device
-        self.target = StaticModel(target, capacity)
-        self.prefix = torch.zeros((), dtype=torch.long, device=self.device)
-        self.root = torch.zeros(1, dtype=torch.long, device=self.device)  # [B]
-        self.prompt_len = torch.zeros((), dtype=torch.long, device=self.device)
+    def __init__(self, target: TargetModel, capacity: int, batch: int = 1) -> None:
+        self.device, self.batch = target.device, batch
+        self.target = StaticModel(target, capacity, batch)
+        self.prefix = torch.zeros(batch, dtype=torch.long, device=self.device)  # each sequence's committed length
+        self.root = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.prompt_len = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.active = torch.ones(batch, dtype=torch.bool, device=self.device)  # False: finished, commits nothing
         self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._rounds: dict = {}
         self._prefills: dict = {}
@@ -376,22 +395,26 @@ class Engine:
         return self.target.capacity
 
     @classmethod
-    def for_target(cls, target: TargetModel, *, capacity: int) -> Engine:
-        """The cached engine of ``target.model`` if it holds ``capacity`` slots, else a new one."""
-        engine = cls._engines.get(target.model)
+    def for_target(cls, target: TargetModel, *, capacity: int, batch: int = 1) -> Engine:
+        """The cached engine of ``target.model`` for ``batch`` sequences if it holds ``capacity`` slots, else a new
+        one."""
+        engines = cls._engines.setdefault(target.model, {})
+        engine = engines.get(batch)
         if engine is None or engine.capacity < capacity:
             need = -(-capacity // _CAPACITY_STEP) * _CAPACITY_STEP
             if engine is not None:
                 need = max(need, engine.capacity)
                 logger.info("specdec: reallocating static storage for %d slots", need)
-            engine = cls(target, need)
-            cls._engines[target.model] = engine
+                engines.pop(batch)  # free the old storage first
+                del engine
+            engine = cls(target, need, batch)
+            engines[batch] = engine
         engine.target.target = target
         return engine
 
     @classmethod
     def forget(cls, target: TargetModel) -> None:
-        """Drop the engine of ``target.model`` (its storage is rebuilt on next use, e.g. after a move)."""
+        """Drop the engines of ``target.model`` (their storage is rebuilt on next use, e.g. after a move)."""
         cls._engines.pop(target.model, None)
 
     def _static(self, drafter):
@@ -400,55 +423,53 @@ class Engine:
             return None
         static = self._drafters.get(drafter)
         if static is None:
-            static = drafter.attach(self.target.target, self.capacity)
+            static = drafter.attach(self.target.target, self.capacity, self.batch)
             self._drafters[drafter] = static
         else:
             static.refresh()
         return static
 
-    def prefill(self, input_ids: torch.Tensor, drafter, *, graph: bool = False) -> tuple[torch.Tensor, None]:
-        """Run the prompt into the static caches; returns the logits ``[V]`` at its last position.
+    def prefill(self, prompts: torch.Tensor, lengths: list[int], drafter, *, graph: bool = False) -> torch.Tensor:
+        """Run the prompts into the static caches; returns the logits ``[B, V]`` at each one's last position.
 
-        Prompts of up to ``PREFILL_CAPTURE_MAX`` tokens are padded to a multiple of ``PREFILL_BUCKET`` and run
-        through a captured forward per padded length (``graph``); longer prompts run eagerly. Hybrid targets
-        prefill as ``specdec.state.hybrid_prefill`` says: the model's own forward, copied into static storage, or
-        (``scan``, the default on CUDA for prompts up to 4096 tokens) the chain-tree verify of ``_Prefill``
-        (prompts over ``PREFILL_CAPTURE_MAX`` run it uncaptured, at their padded size), as the eager path's prefill
-        then does too.
+        ``prompts [B, n]``: sequence b's tokens are its first ``lengths[b]`` (right-padded to the longest). Prompts
+        of up to ``PREFILL_CAPTURE_MAX`` tokens are padded to a multiple of ``PREFILL_BUCKET`` and run through a
+        captured forward per padded length (``graph``); longer prompts run uncaptured. Hybrid targets prefill as
+        ``specdec.state.hybrid_prefill`` says: the model's own forward, copied into static storage, or (``scan``,
+        the default on CUDA for prompts up to 4096 tokens) the chain-tree verify of ``_Prefill`` (prompts over
+        ``PREFILL_CAPTURE_MAX`` run it uncaptured, at their padded size).
         """
-        n, device = input_ids.shape[1], self.device
+        n = prompts.shape[1]
         size = -(-n // PREFILL_BUCKET) * PREFILL_BUCKET
-        scan = bool(self.target.recurrent) and hybrid_prefill(device, n) == "scan"
-        pre = None
-        if (not self.target.recurrent or scan) and size <= min(PREFILL_CAPTURE_MAX, self.capacity):
-            pre = self._prefill_for(drafter, size, graph)
-        elif scan:  # a long prompt: the same chain-tree verify, not captured and not kept
-            pre = _Prefill(self, drafter, self._static(drafter), min(size, self.capacity), graph=False)
-        if pre is not None:
-            logits = pre(input_ids)
-            self.prefix.fill_(n)
-            return logits, None
-        with self.attention_scope(self._static(drafter)):
-            return self._prefill_eager(input_ids, drafter)
+        scan = bool(self.target.recurrent) and hybrid_prefill(self.device, n) == "scan"
+        if self.target.recurrent and not scan:
+            with self.attention_scope(self._static(drafter)):
+                logits = self._prefill_model(prompts, lengths, drafter)
+        else:
+            if size <= min(PREFILL_CAPTURE_MAX, self.capacity):
+                pre = self._prefill_for(drafter, size, graph)
+            else:  # a long prompt: the same forward, not captured and not kept
+                pre = _Prefill(self, drafter, self._static(drafter), min(size, self.capacity), graph=False)
+            logits = pre(prompts, lengths)
+        self.prefix.copy_(torch.tensor(lengths, device=self.device))
+        return logits
 
-    def _prefill_eager(self, input_ids: torch.Tensor, drafter) -> tuple[torch.Tensor, None]:
-        n, device = input_ids.shape[1], self.device
+    def _prefill_model(self, prompts: torch.Tensor, lengths: list[int], drafter) -> torch.Tensor:
+        """Hybrids: each prompt through the model's own forward into an HF cache, copied into sequence b's storage."""
         taps = getattr(drafter, "target_layer_ids", None)
         target = self.target.target
-        if self.target.recurrent:  # hybrids: the model's own forward into an HF cache, then copied in
+        logits, hidden = [], []
+        for b, n in enumerate(lengths):
             cache = DynamicCache(config=target.config)
-            logits, hidden = target.prefill_into(cache, input_ids, taps)
-            self.target.load(cache, n)
-        else:
-            positions = torch.arange(n, device=device)
-            mask = self.target.causal_mask(positions)
-            logits, hidden = self.target.forward(input_ids, positions[None], mask, positions, taps, last_only=True)
-            logits = logits[-1]
-        self.prefix.fill_(n)
+            row_logits, row_hidden = target.prefill_into(cache, prompts[b : b + 1, :n], taps)
+            self.target.load(cache, n, row=b)
+            logits.append(row_logits)
+            if row_hidden is not None:
+                hidden.append(torch.nn.functional.pad(row_hidden, (0, 0, 0, prompts.shape[1] - n)))
         static = self._static(drafter)
         if static is not None:
-            static.prefill(input_ids, hidden)
-        return logits, None
+            static.prefill(prompts, torch.cat(hidden) if hidden else None)
+        return torch.stack(logits)
 
     def attention_scope(self, static, *, compiled: bool = False) -> AttentionScope:
         """The scope in which this engine runs the forwards of its target (and of ``static``'s draft model, for a
@@ -470,8 +491,15 @@ class Engine:
             self._prefills[key] = pre
         return pre
 
-    def set_root(self, token: torch.Tensor) -> None:
-        self.root.copy_(token.view(1))
+    def start(self, roots: torch.Tensor, prompt_lengths: list[int], active: list[bool]) -> None:
+        """Set each sequence's first root token ``[B]``, prompt length and whether it decodes at all."""
+        self.root.copy_(roots)
+        self.prompt_len.copy_(torch.tensor(prompt_lengths, device=self.device))
+        self.active.copy_(torch.tensor(active, device=self.device))
+
+    def finish(self, row: int) -> None:
+        """Sequence ``row`` is done: later rounds commit nothing for it (enqueued, no host wait)."""
+        self.active[row] = False
 
     def span_for(self, need: int) -> int:
         """The span bucket of a round that must see slots ``[0, need)``: the smallest ``SPAN_MIN * 2**k`` that holds

@@ -23,8 +23,8 @@ from specdec.runtime import check_compile
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
 from specdec.trees import Chain, TreePolicy
-from specdec.trees.build import root_tree_device
-from specdec.types import DeviceTree, GenerateOutput, SpecStats
+from specdec.trees.build import root_trees
+from specdec.types import GenerateOutput, SpecStats
 from specdec.verify import VerificationRule, default_rule
 
 __all__ = ["SpeculativeModel", "generate"]
@@ -32,14 +32,25 @@ __all__ = ["SpeculativeModel", "generate"]
 logger = logging.getLogger(__name__)
 
 
-def _check_length(target: TargetModel, input_ids: torch.Tensor, max_new_tokens: int) -> None:
+def _check_length(target: TargetModel, prompt_len: int, max_new_tokens: int) -> None:
     limit = target.max_length
-    need = input_ids.shape[1] + max_new_tokens
+    need = prompt_len + max_new_tokens
     if limit is not None and need > limit:
         raise ValueError(
-            f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) needs {need} positions but the "
+            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) needs {need} positions but the "
             f"target handles {limit}; shorten the prompt or lower max_new_tokens."
         )
+
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)  # captured rounds exist per bucket; a batch runs in the smallest that holds it
+
+
+def batch_bucket(batch: int, graph: bool) -> int:
+    """Rows the round runs for ``batch`` sequences: the smallest bucket holding them when the round is replayed
+    from CUDA graphs (one graph per bucket; the extra rows decode nothing), else ``batch`` itself."""
+    if not graph:
+        return batch
+    return next((b for b in BATCH_BUCKETS if b >= batch), batch)
 
 
 def _check_rule(rule, sampling, tree) -> VerificationRule:
@@ -104,7 +115,8 @@ def generate(
 
     Args:
         target: an HF causal LM (or a ``specdec.target.TargetModel``).
-        input_ids (torch.Tensor): ``[1, T]`` integer prompt on the target's device.
+        input_ids (torch.Tensor): ``[B, T]`` integer prompts on the target's device; shorter rows left-padded (with
+            ``attention_mask``). Every row decodes as it would alone.
         drafter (Drafter | None): a drafter instance (e.g. ``NGramDrafter()``); ``None`` runs plain autoregressive
             decoding in the same loop.
         tree (TreePolicy | None): tree policy (``Chain``, ``DDTree`` or your own); default the drafter's
@@ -116,12 +128,15 @@ def generate(
         do_sample, temperature, top_k, top_p: HF sampling arguments.
         eos_token_id (int | list[int] | None): stop tokens (numpy ints and nested lists accepted, as in HF).
         generator (torch.Generator | None): the only source of randomness (on the target's device).
-        streamer: an HF streamer (``put``/``end``); receives the prompt, then tokens as they are committed.
-        attention_mask (torch.Tensor | None): ``[1, T]``, accepted only without padding (a tokenizer's mask).
+        streamer: an HF streamer (``put``/``end``); receives the prompt, then tokens as they are committed (one
+            sequence only, as in HF).
+        attention_mask (torch.Tensor | None): ``[B, T]``: 1 on tokens, 0 on left padding (a tokenizer's mask with
+            ``padding_side="left"``); right padding is refused.
         generation_config (GenerationConfig | None): merged as HF merges it.
         max_length (int | None): total length, prompt included (HF semantics).
         min_new_tokens, min_length (int | None): EOS is suppressed until reached, exactly as HF's processors do.
-        pad_token_id (int | None): accepted for drop-in use (one unpadded sequence needs no padding).
+        pad_token_id (int | None): fills a row's output after its EOS while other rows go on (HF's rule: None = the
+            first EOS id).
         use_cache (bool | None): accepted for drop-in use; specdec always decodes with caches (same tokens).
         cuda_graphs (bool | None): replay the round from CUDA graphs: ``None`` (default) where the target's device
             allows it (CUDA, Triton tree scans for hybrids), ``False`` never (the round is called), ``True`` like
@@ -134,7 +149,8 @@ def generate(
         **kwargs: other HF ``generate`` options; unsupported or unknown ones raise ``ValueError``.
 
     Returns:
-        GenerateOutput: ``sequences`` ``[1, T + n_new]`` and ``stats`` (``SpecStats``).
+        GenerateOutput: ``sequences`` ``[B, T + n_new]`` (the prompts as given, then each row's new tokens,
+            ``pad_token_id`` after a row's EOS) and ``stats`` (``SpecStats``; ``stats.rows`` per row for a batch).
 
     Examples:
         >>> out = specdec.generate(model, ids, drafter=specdec.NGramDrafter(), tree=specdec.Chain(4),
@@ -144,7 +160,9 @@ def generate(
     tgt = TargetModel.wrap(target)
     check_drafter_and_tree(drafter, tree)
     check_compile(compile)
-    input_ids = check_input_ids(input_ids, attention_mask, tgt.device)
+    input_ids, lengths = check_input_ids(input_ids, attention_mask, tgt.device)
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError("A streamer takes one sequence (as in HF): pass a batch of one row, or no streamer.")
     if tree is None:
         tree = getattr(drafter, "default_tree", None) or Chain(k=4)
     args = resolve_generation_args(
@@ -169,7 +187,7 @@ def generate(
         tree = tree.with_sampling(sampling)
     rule = _check_rule(default_rule(sampling) if verifier is None else verifier, sampling,
                        tree if drafter is not None else None)  # fmt: skip
-    _check_length(tgt, input_ids, max_new_tokens)
+    _check_length(tgt, max(lengths), max_new_tokens)
     reason = round_reason(tgt, drafter, tree if drafter is not None else None)
     if reason is not None:
         raise ValueError(f"specdec cannot run this combination: {reason}.")
@@ -178,86 +196,119 @@ def generate(
         drafter.reset()
     graph = _graphs(tgt, cuda_graphs)
     with use_backends(backends) as setting:
-        return _decode(tgt, input_ids, drafter, tree, rule, args, graph, compile, setting, generator, streamer)
+        return _decode(tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer)
 
 
-def _decode(tgt, input_ids, drafter, tree, rule, args, graph, compile, setting, generator, streamer) -> GenerateOutput:
-    """The decoding loop: prefill, then rounds until EOS or ``max_new_tokens`` (one host read per round)."""
+def _decode(
+    tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer
+) -> GenerateOutput:
+    """The decoding loop: prefill, then rounds until every sequence has its EOS or ``max_new_tokens`` (one host read
+    per round for the whole batch). A finished sequence stays in the batch, masked: its rows still run (the round's
+    shapes are fixed, so it can be replayed from one graph) but commit nothing, and its output is done."""
     max_new_tokens, sampling, eos = args.max_new_tokens, args.sampling, set(args.eos_token_ids)
     draft_forwards_before = drafter.num_forwards if drafter is not None else 0
     stats, timer = SpecStats(path="graph" if graph else "eager"), PhaseTimer(tgt.device)
-    prompt_len = input_ids.shape[1]
-    engine = Engine.for_target(tgt, capacity=prompt_len + max_new_tokens + tree_slots(drafter, tree) + 1)
+    batch, width = input_ids.shape
+    rows = batch_bucket(batch, graph)
+    lengths = lengths + [lengths[0]] * (rows - batch)  # bucket rows: copies of the first prompt, never decoded
+    longest = max(lengths)
+    # each prompt from slot 0 (its positions from 0, as left padding gives HF), right-padded to the longest
+    prompts = torch.zeros(rows, longest, dtype=torch.long, device=input_ids.device)
+    for b, n in enumerate(lengths):
+        prompts[b, :n] = input_ids[min(b, batch - 1) if b < batch else 0, width - n :]
+    engine = Engine.for_target(
+        tgt, capacity=longest + max_new_tokens + tree_slots(drafter, tree) + 1, batch=rows
+    )
     suppress = (args.min_new_tokens, tuple(args.eos_token_ids)) if args.min_new_tokens and eos else (0, ())
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
     with timer("prefill"):
-        logits, _ = engine.prefill(input_ids, drafter, graph=graph)
-        first = _first_token(rule, sampling, args.suppress_eos(logits[None], None, 0), generator)
-    new_tokens = [int(first)]
-    done = new_tokens[0] in eos or max_new_tokens == 1
+        logits = engine.prefill(prompts, lengths, drafter, graph=graph)
+        first = _first_token(rule, sampling, args.suppress_eos(logits, None, 0), generator)
+    new_tokens = [[tok] for tok in first.tolist()[:batch]]
+    done = [row[0] in eos or max_new_tokens == 1 for row in new_tokens]
     if streamer is not None:
-        streamer.put(first.view(1).cpu())
-    engine.set_root(first)
-    engine.prompt_len.fill_(prompt_len)
+        streamer.put(first[:1].cpu())
+    engine.start(first, lengths, [not d for d in done] + [False] * (rows - batch))
     path_len = (0 if drafter is None else drafter.draft_depth(tree)) + 1
     extent = tree_slots(drafter, tree)  # slots a round writes and attends to past its root
     used: dict = {}  # the rounds (one per span bucket) this call launched
+    per_row = [SpecStats(path=stats.path) for _ in range(batch)] if batch > 1 else [stats]
 
     def launch(in_flight: int):
         """Launch a round whose span holds it: its prefix is at most the committed length plus ``path_len`` per
         round launched and not read yet."""
-        need = prompt_len + len(new_tokens) - 1 + in_flight * path_len + extent
+        committed = max(lengths[b] + len(new_tokens[b]) for b in range(batch)) - 1
+        need = committed + in_flight * path_len + extent
         rnd = engine.round_for(drafter, tree, rule, sampling, graph=graph, compile=compile,
                                span=engine.span_for(need), suppress=suppress, backends=setting)  # fmt: skip
         used[id(rnd)] = rnd
         return rnd, rnd.launch(generator)
 
     pending = None  # a launched round not read yet
-    while not done:
-        remaining = max_new_tokens - len(new_tokens)
+    while not all(done):
+        remaining = [max_new_tokens - len(new_tokens[b]) for b in range(batch)]
         with timer("round"):
             if pending is None:
                 pending = launch(0)
             # Launch the next round before reading this one (the host's work overlaps the device's) unless this
-            # one may finish the call; a next round that an EOS makes unneeded is dropped.
-            ahead = launch(1) if remaining > path_len else None
-            accepted, num_nodes = pending[0].read(pending[1])
+            # one may finish the call; a next round that EOS makes unneeded is dropped.
+            longest_left = max(r for r, d in zip(remaining, done, strict=True) if not d)
+            ahead = launch(1) if longest_left > path_len else None
+            results = pending[0].read(pending[1])
             pending = ahead
-        num_accepted = len(accepted) - 1
-        for i, tok in enumerate(accepted):
-            if tok in eos:
-                accepted, done = accepted[: i + 1], True
-                break
-        accepted = accepted[:remaining]
-        new_tokens += accepted
-        done = done or len(new_tokens) >= max_new_tokens
-        stats.record(min(num_accepted, remaining - 1))  # drafts past max_new_tokens are not counted
-        stats.tree_nodes += num_nodes
-        if streamer is not None:
-            streamer.put(torch.tensor(accepted, dtype=torch.long))
+        stats.target_forwards += 1
+        for b, (accepted, num_nodes) in enumerate(results[:batch]):
+            if done[b]:
+                continue
+            num_accepted = len(accepted) - 1
+            for i, tok in enumerate(accepted):
+                if tok in eos:
+                    accepted, done[b] = accepted[: i + 1], True
+                    break
+            accepted = accepted[: remaining[b]]
+            new_tokens[b] += accepted
+            done[b] = done[b] or len(new_tokens[b]) >= max_new_tokens
+            if done[b] and batch > 1:
+                engine.finish(b)
+            for row_stats in {id(s): s for s in (per_row[b], stats)}.values():
+                row_stats.record(min(num_accepted, remaining[b] - 1))  # drafts past max_new_tokens are not counted
+                row_stats.tree_nodes += num_nodes
+            if streamer is not None:
+                streamer.put(torch.tensor(accepted, dtype=torch.long))
 
     if streamer is not None:
         streamer.end()
-    stats.new_tokens = len(new_tokens)
-    stats.target_forwards = stats.rounds + 1
+    stats.new_tokens = sum(len(t) for t in new_tokens)
+    stats.target_forwards += 1  # the prefill
     stats.draft_forwards = drafter.num_forwards - draft_forwards_before if drafter is not None else 0
     stats.phase_ms = timer.totals_ms()
     setup = [rnd.take_setup_ms() for rnd in used.values()]
     stats.compile_ms, stats.capture_ms = sum(c for c, _ in setup), sum(c for _, c in setup)
     stats.compile_fallbacks = sum(rnd.captured.compile_failed is not None for rnd in used.values())
-    sequences = torch.cat([input_ids, torch.tensor([new_tokens], dtype=torch.long, device=input_ids.device)], 1)
+    if batch > 1:
+        for row_stats, tokens in zip(per_row, new_tokens, strict=True):
+            row_stats.new_tokens = len(tokens)
+            row_stats.target_forwards = row_stats.rounds + 1
+        stats.rows = per_row
+    out_len = max(len(t) for t in new_tokens)
+    pad = args.pad_token_id if args.pad_token_id is not None else next(iter(args.eos_token_ids), 0)
+    new = torch.full((batch, out_len), pad, dtype=torch.long)
+    for b, tokens in enumerate(new_tokens):
+        new[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    sequences = torch.cat([input_ids, new.to(input_ids.device)], 1)
     return GenerateOutput(sequences=sequences, stats=stats)
 
 
 def _first_token(rule, sampling, logits: torch.Tensor, generator) -> torch.Tensor:
-    """The prompt's next token: the rule over the root alone (a target sample, or its argmax)."""
-    tree = DeviceTree.stack([root_tree_device(torch.zeros(1, dtype=torch.long, device=logits.device))])
+    """Each prompt's next token ``[B]``: the rule over the root alone (a target sample, or its argmax), from the
+    logits ``[B, V]``."""
+    tree = root_trees(torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device))
     noise = None
     if rule.uses_noise(sampling):
-        noise = torch.rand(1, 1, logits.shape[-1], device=logits.device, generator=generator)
-    return rule.accept(tree, logits[None], sampling, noise, 0, None).tokens[0, 0]
+        noise = torch.rand(logits.shape[0], 1, logits.shape[-1], device=logits.device, generator=generator)
+    return rule.accept(tree, logits[:, None], sampling, noise, 0, None).tokens[:, 0]
 
 
 class SpeculativeModel:

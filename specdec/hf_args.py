@@ -145,7 +145,7 @@ class GenerationArgs:
         min_new_tokens (int): EOS is suppressed until this many tokens are generated (0 = never).
         sampling (SamplingParams): greedy or the HF sampling warpers.
         eos_token_ids (tuple[int, ...]): stop tokens (may be empty).
-        pad_token_id (int | None): accepted as HF does; a single unpadded sequence never needs it.
+        pad_token_id (int | None): fills a batch row after its EOS (HF's rule: None = the first EOS id).
         return_dict_in_generate (bool): for ``SpeculativeModel.generate``.
     """
 
@@ -206,13 +206,18 @@ def check_drafter_and_tree(drafter, tree) -> None:
         )
 
 
-def check_input_ids(input_ids, attention_mask, device: torch.device) -> torch.Tensor:
-    """Check the prompt as a drop-in ``generate`` receives it; return it as int64.
+def check_input_ids(input_ids, attention_mask, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """Check the prompts as a drop-in ``generate`` receives them; return them as int64 with each row's length.
 
     Args:
-        input_ids: ``[1, T]`` integer token ids.
-        attention_mask: None, or ``[1, T]`` without padding (a tokenizer's all-ones mask).
+        input_ids: ``[B, T]`` integer token ids; rows shorter than ``T`` are left-padded (as a tokenizer called
+            with ``padding=True, padding_side="left"`` returns them).
+        attention_mask: None (no padding), or ``[B, T]`` with 1 on tokens and 0 on the left padding.
         device (torch.device): the target's device.
+
+    Returns:
+        tuple[torch.Tensor, list[int]]: ``input_ids`` as int64, and the number of real tokens of each row (its last
+        ones).
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError(
@@ -223,11 +228,8 @@ def check_input_ids(input_ids, attention_mask, device: torch.device) -> torch.Te
             f"input_ids has dtype {input_ids.dtype}: token ids must be integers (torch.long), e.g. "
             "tokenizer(text, return_tensors='pt').input_ids; embeddings are not accepted."
         )
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"Batch size {input_ids.shape[0]} is not supported yet: specdec decodes one sequence per call. "
-            "Loop over the rows of input_ids."
-        )
+    if input_ids.shape[0] == 0:
+        raise ValueError("input_ids holds no rows: pass at least one prompt ([batch >= 1, seq_len]).")
     if input_ids.shape[1] == 0:
         raise ValueError("The prompt is empty: give at least one token (e.g. a BOS token).")
     if input_ids.device != device:
@@ -235,18 +237,26 @@ def check_input_ids(input_ids, attention_mask, device: torch.device) -> torch.Te
             f"input_ids are on {input_ids.device} but the target is on {device}: move them with "
             "input_ids.to(model.device)."
         )
-    if attention_mask is not None:
-        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
-            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+    batch, width = input_ids.shape
+    if attention_mask is None:
+        return input_ids.long(), [width] * batch
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+        raise ValueError(
+            f"attention_mask {shape} must be a tensor of the shape of input_ids {tuple(input_ids.shape)}: pass "
+            "the mask of the same tokenizer call, or none."
+        )
+    mask = attention_mask.detach().to("cpu").bool()
+    lengths = mask.sum(-1).tolist()
+    for b, n in enumerate(lengths):
+        if n == 0:
+            raise ValueError(f"Row {b} of attention_mask is all padding: every prompt needs at least one token.")
+        if not bool(mask[b, width - n :].all()):
             raise ValueError(
-                f"attention_mask {shape} must be a tensor of the shape of input_ids {tuple(input_ids.shape)}: pass "
-                "the mask of the same tokenizer call, or none."
+                f"Row {b} of attention_mask is not left-padded (padding after a token): tokenize with "
+                "padding_side='left' (tokenizer.padding_side = 'left'), as decoder-only generation needs."
             )
-        if not bool(attention_mask.bool().all()):
-            raise ValueError(
-                "attention_mask contains padding: specdec decodes one unpadded sequence; strip the padding tokens."
-            )
-    return input_ids.long()
+    return input_ids.long(), lengths
 
 
 def normalize_eos_token_id(value) -> tuple[int, ...]:

@@ -101,12 +101,21 @@ class TargetModel:
 
     # -- forwards ----------------------------------------------------------------------------------------
     def forward(
-        self, input_ids, *, position_ids=None, attention_mask=None, taps=None, last_only=False, cache=None, rows=None
+        self,
+        input_ids,
+        *,
+        position_ids=None,
+        attention_mask=None,
+        taps=None,
+        last_only=False,
+        cache=None,
+        rows=None,
+        batched=False,
     ):
         """One forward on ``cache`` (default this wrapper's); returns (logits ``[N, V]``, taps or None).
 
         ``last_only`` keeps the last row's logits, ``rows`` (a ``[R]`` int64 device tensor) the logits of those
-        rows (``[R, V]``; graph-safe: no host read).
+        rows (``[R, V]``; graph-safe: no host read). ``batched``: logits of every sequence, ``[B, N, V]``.
         """
         cache = self.cache if cache is None else cache
         windows = self._window_layout
@@ -129,10 +138,10 @@ class TargetModel:
         hidden = None
         if taps:
             hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1)  # [1, N, L*H]
-        logits = out.logits[0]
+        logits = out.logits
         if rows is not None and not self._has_logits_to_keep:
-            logits = logits.index_select(0, rows)
-        return logits, hidden
+            logits = logits.index_select(1, rows)
+        return (logits if batched else logits[0]), hidden
 
     @torch.no_grad()
     def prefill_into(self, cache, input_ids: torch.Tensor, taps: Sequence[int] | None = None):

@@ -221,6 +221,11 @@ class SpecStats:
     ``compile_ms`` the first warm-up runs, where ``torch.compile`` compiles (with ``compile=True``).
     ``compile_fallbacks`` counts the compiled rounds this call used (one per drafter, tree, sampling and span
     bucket) that run uncompiled because compiling them failed (docs/api.md); 0 when every one compiled.
+
+    For a batch, ``rows`` holds each sequence's own stats (its ``tau``, ``accept_lengths``, ``new_tokens``); the
+    batch's ``accept_hist``, ``accept_lengths``, ``rounds`` and ``tau`` count every (sequence, round) pair in which
+    the sequence was still decoding, ``new_tokens`` and ``tree_nodes`` are sums, and ``target_forwards`` counts the
+    batch's forwards (prefill included). For one sequence ``rows`` is empty.
     """
 
     rounds: int = 0
@@ -235,6 +240,7 @@ class SpecStats:
     capture_ms: float = 0.0
     compile_ms: float = 0.0
     compile_fallbacks: int = 0
+    rows: list[SpecStats] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -274,12 +280,13 @@ class SpecStats:
             "capture_ms": self.capture_ms,
             "compile_ms": self.compile_ms,
             "compile_fallbacks": self.compile_fallbacks,
+            "rows": [row.as_dict() for row in self.rows],
         }
 
 
 @dataclass
 class GenerateOutput:
-    """``sequences`` ``[1, T_prompt + n_new]`` (prompt included, as HF returns) and ``stats``."""
+    """``sequences`` ``[B, T_prompt + n_new]`` (prompts included, as HF returns) and ``stats``."""
 
     sequences: torch.Tensor
     stats: SpecStats

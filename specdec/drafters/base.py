@@ -64,8 +64,9 @@ class Drafter(Protocol):
     def forwards_per_round(self, tree) -> int:
         """Drafter forwards per round (for stats)."""
 
-    def attach(self, target, capacity: int) -> DraftState:
-        """This drafter's state for ``target`` (a ``TargetModel``) and sequences of up to ``capacity`` tokens."""
+    def attach(self, target, capacity: int, batch: int = 1) -> DraftState:
+        """This drafter's state for ``target`` (a ``TargetModel``) and ``batch`` sequences of up to ``capacity``
+        tokens each."""
 
     def reset(self) -> None:
         """Forget any per-sequence state kept outside :meth:`attach`'s state (most drafters keep none)."""

@@ -359,16 +359,17 @@ class DFlashDrafter:
     def forwards_per_round(self, tree) -> int:
         return 1
 
-    def attach(self, target, capacity: int):
+    def attach(self, target, capacity: int, batch: int = 1):
         """The drafter's static storage and round code for sequences of up to ``capacity`` tokens."""
         from specdec.drafters.dflash_static import DFlashStatic
 
-        return DFlashStatic(self, capacity)
+        return DFlashStatic(self, capacity, batch)
 
     def block_logq(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:
-        """fp32 log-softmax ``[depth, V]`` of the target's LM head on block slots ``1 .. depth`` of ``hidden``."""
+        """fp32 log-softmax ``[B, depth, V]`` of the target's LM head on block slots ``1 .. depth`` of ``hidden``
+        ``[B, block, H]``."""
         head = self._lm_head
-        return torch.log_softmax(head(hidden[0, 1 : 1 + depth].to(head.weight.dtype)).float(), dim=-1)
+        return torch.log_softmax(head(hidden[:, 1 : 1 + depth].to(head.weight.dtype)).float(), dim=-1)
 
 def _resolve_checkpoint(path: str | os.PathLike) -> Path:
     """A local checkpoint folder (found wherever the working directory is), or a hub id ``owner/name``."""

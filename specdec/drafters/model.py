@@ -87,7 +87,7 @@ class ModelDrafter:
     def forwards_per_round(self, tree) -> int:
         return self.draft_depth(tree)
 
-    def attach(self, target, capacity: int):
+    def attach(self, target, capacity: int, batch: int = 1):
         """The draft model's static storage and round code for sequences of up to ``capacity`` tokens."""
         from specdec.drafters.model_static import ModelStatic
         from specdec.state.storage import static_reason
@@ -95,4 +95,4 @@ class ModelDrafter:
         reason = static_reason(self.lm)
         if reason is not None:
             raise ValueError(f"The draft model {type(self.lm.model).__name__} cannot run in the round: {reason}.")
-        return ModelStatic(self, capacity)
+        return ModelStatic(self, capacity, batch)

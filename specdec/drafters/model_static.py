@@ -24,12 +24,14 @@ class ModelStatic:
         capacity (int): slots; one more is kept as a scratch slot for window rows before position 0.
     """
 
-    def __init__(self, drafter, capacity: int) -> None:
+    def __init__(self, drafter, capacity: int, batch: int = 1) -> None:
         self.drafter = drafter
-        self.model = StaticModel(drafter.lm, capacity + 1)
+        self.model = StaticModel(drafter.lm, capacity + 1, batch)
         self.scratch = capacity
         device = drafter.lm.device
-        self.history = torch.zeros(capacity + 1, dtype=torch.long, device=device)  # committed token per position
+        # committed token per sequence and position
+        self.history = torch.zeros(batch, capacity + 1, dtype=torch.long, device=device)
+        self.rows = torch.arange(batch, device=device)[:, None]
 
     @property
     def draft_model(self):
@@ -40,44 +42,46 @@ class ModelStatic:
         return None
 
     def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
-        """Run the prompt (positions ``0 .. T-1``) into the draft model's slots and record it."""
+        """Run the prompts ``[B, T]`` (positions ``0 .. T-1``) into the draft model's slots and record them."""
         n = input_ids.shape[1]
         positions = torch.arange(n, device=input_ids.device)
-        self.model.forward(input_ids, positions[None], self.model.causal_mask(positions), positions, last_only=True)
-        self.history[:n] = input_ids[0]
+        self.model.forward(
+            input_ids, positions[None].expand(input_ids.shape[0], -1), self.model.causal_mask(positions), positions,
+            last_only=True,
+        )  # fmt: skip
+        self.history[:, :n] = input_ids
 
     def record(self, tokens: torch.Tensor, first: torch.Tensor) -> None:
-        """Committed ``tokens [P]`` at positions ``first .. first + P - 1`` (rows past the real ones land in
+        """Committed ``tokens [B, P]`` at positions ``first[b] .. first[b] + P - 1`` (rows past the real ones land in
         positions no window reads before they are overwritten)."""
-        self.history.index_copy_(0, first + torch.arange(tokens.shape[0], device=tokens.device), tokens)
+        positions = (first[:, None] + torch.arange(tokens.shape[1], device=tokens.device)).clamp(max=self.scratch)
+        self.history[self.rows, positions] = tokens
 
     def logq(self, prefix: torch.Tensor, depth: int) -> torch.Tensor:
-        """Per-depth log-probabilities ``[depth, V]`` (fp32) of the greedy draft after the root at ``prefix``."""
+        """Per-depth log-probabilities ``[B, depth, V]`` (fp32) of the greedy draft after each root at ``prefix
+        [B]``."""
         model, device = self.model, self.history.device
-        window = prefix - depth + torch.arange(depth + 1, device=device)  # positions, the root last
+        window = prefix[:, None] - depth + torch.arange(depth + 1, device=device)  # [B, depth + 1], the root last
         real = window >= 0
         positions = window.clamp(min=0)
         slots = torch.where(real, window, self.scratch)
-        keys = model.keys[None]
-        seen = torch.where(real[:, None], (keys <= positions[:, None]) & (keys != self.scratch), keys == self.scratch)
-        mask = model.additive_mask(seen)
-        logits, _ = model.forward(self.history[positions][None], positions[None], mask, slots)
-        rows = [torch.log_softmax(logits[-1:].float(), dim=-1)]
+        keys = model.keys[None, None]
+        near = (keys <= positions[..., None]) & (keys != self.scratch)
+        seen = torch.where(real[..., None], near, keys == self.scratch)  # [B, depth + 1, capacity + 1]
+        logits, _ = model.forward(self.history.gather(1, positions), positions, model.additive_mask(seen), slots)
+        rows = [torch.log_softmax(logits[:, -1:].float(), dim=-1)]
         for step in range(1, depth):
-            position = (prefix + step).view(1)
-            token = rows[-1].argmax(dim=-1)  # first maximum, as the eager drafter
-            logits, _ = model.forward(token[None], position[None], model.causal_mask(position), position)
-            rows.append(torch.log_softmax(logits[-1:].float(), dim=-1))
-        return torch.cat(rows)
+            position = (prefix + step)[:, None]  # [B, 1]
+            token = rows[-1].argmax(dim=-1)  # [B, 1], first maximum, as the eager drafter
+            logits, _ = model.forward(token, position, model.causal_mask(position), position)
+            rows.append(torch.log_softmax(logits[:, -1:].float(), dim=-1))
+        return torch.cat(rows, dim=1)
 
     def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
         """Greedy drafts of ``depth`` tokens after each row's root: ``logq [B, depth, V]``."""
-        rows = []
-        for r, p in zip(root, prefix, strict=True):
-            self.record(r.view(1), p)
-            rows.append(self.logq(p, depth))
-        return Proposal(logq=torch.stack(rows))
+        self.record(root[:, None], prefix)
+        return Proposal(logq=self.logq(prefix, depth))
 
     def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
         """Record the committed tokens (the accepted drafts and the bonus) after each row's old root."""
-        self.record(accept.tokens[0], prefix[0] + 1)
+        self.record(accept.tokens, prefix + 1)

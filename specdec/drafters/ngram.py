@@ -68,8 +68,8 @@ class NGramDrafter:
     def forwards_per_round(self, tree) -> int:
         return 0
 
-    def attach(self, target, capacity: int) -> NGramState:
-        return NGramState(self.config, capacity, target.device)
+    def attach(self, target, capacity: int, batch: int = 1) -> NGramState:
+        return NGramState(self.config, capacity, target.device, batch)
 
 
 class NGramState:
@@ -81,34 +81,36 @@ class NGramState:
         device: of the buffer.
     """
 
-    def __init__(self, config: NGramDrafterConfig, capacity: int, device) -> None:
+    def __init__(self, config: NGramDrafterConfig, capacity: int, device, batch: int = 1) -> None:
         self.config = config
-        self.history = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.history = torch.zeros(batch, capacity, dtype=torch.long, device=device)  # committed tokens per sequence
+        self.rows = torch.arange(batch, device=device)[:, None]
 
     def refresh(self) -> None:
         return None
 
     def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        self.history[: input_ids.shape[1]] = input_ids[0]
+        self.history[:, : input_ids.shape[1]] = input_ids
 
     def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
         """Record the committed tokens after each row's old root (rows past the path land where the next round's
         root and commit overwrite them before any lookup reads them)."""
-        tokens = accept.tokens[0]
-        self.history.index_copy_(0, (prefix[0] + 1 + torch.arange(tokens.numel(), device=tokens.device)).clamp(
-            max=self.history.numel() - 1), tokens)  # fmt: skip
+        tokens = accept.tokens  # [B, P]
+        positions = prefix[:, None] + 1 + torch.arange(tokens.shape[1], device=tokens.device)
+        self.history[self.rows, positions.clamp(max=self.history.shape[1] - 1)] = tokens
 
     def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
         """Continuations ``[B, M, depth]`` of the longest suffix (``max_ngram`` .. ``min_ngram`` tokens) that occurred
         before, most recent match first, distinct; ``M = max_matches``."""
-        rows = [self._lookup(r, p, depth, span) for r, p in zip(root, prefix, strict=True)]
+        self.history[self.rows[:, 0], prefix] = root
+        rows = [self._lookup(self.history[b], p, depth, span) for b, p in enumerate(prefix)]
         return Proposal(paths=torch.stack([r[0] for r in rows]), path_lengths=torch.stack([r[1] for r in rows]))
 
-    def _lookup(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int):
-        cfg, device = self.config, self.history.device
-        span = min(span, self.history.numel())
-        self.history.index_copy_(0, prefix.view(1), root.view(1))
-        ids = self.history[:span]
+    def _lookup(self, history: torch.Tensor, prefix: torch.Tensor, depth: int, span: int):
+        """One sequence's lookup over its ``history [capacity]`` (the root already at ``prefix``)."""
+        cfg, device = self.config, history.device
+        span = min(span, history.numel())
+        ids = history[:span]
         total = prefix + 1  # committed tokens, the root included
         starts = torch.arange(span, device=device)
         best_hits = torch.zeros(span, dtype=torch.bool, device=device)

@@ -1,9 +1,10 @@
 """Static K/V storage for the round: one preallocated tensor for every attention layer, owned by specdec.
 
-All layers live in a single tensor ``kv [L, 2, 1, H_kv, capacity, D]`` so that a commit moves the accepted rows
-of every layer with one gather and one scatter. HF attention layers reach it through ``StaticKVCache`` (an HF
-``Cache`` whose ``update`` writes the new keys/values at the slots held in ``write_index``, a device tensor
-filled before each forward, and returns the first ``span`` slots, set per forward). The attention mask decides
+All layers live in a single tensor ``kv [L, 2, B, H_kv, capacity, D]`` (``B`` sequences, each with its own slots
+from 0) so that a commit moves the accepted rows of every layer with one gather and one scatter. HF attention layers
+reach it through ``StaticKVCache`` (an HF ``Cache`` whose ``update`` writes the new keys/values at the slots held in
+``write_index``, a device tensor ``[B, N]`` filled before each forward, and returns the first ``span`` slots, set
+per forward). The attention mask decides
 which of those slots a query sees, so stale rows past the committed length are never read. Sliding-window layers
 keep every key too: their mask also hides the keys out of the window (``windows.py``). Recurrent layers keep their
 conv window and state in static tensors read by specdec's adapters; a "hybrid" layer (attention and a recurrent
@@ -33,15 +34,19 @@ class StaticKV:
 
     Args:
         num_layers (int), num_kv_heads (int), head_dim (int): attention shape.
-        capacity (int): slots per layer (prompt + new tokens + the largest tree).
+        capacity (int): slots per layer and sequence (prompt + new tokens + the largest tree).
         dtype, device: of the rows.
+        batch (int): sequences held (each has its own ``capacity`` slots). Default 1.
     """
 
-    def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, dtype, device) -> None:
-        self.capacity = capacity
-        self.kv = torch.zeros(num_layers, 2, 1, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        # Slots written by the next forward; replaced by a tensor of the forward's length before each call.
-        self.write_index = torch.zeros(1, dtype=torch.long, device=device)
+    def __init__(
+        self, *, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, dtype, device, batch: int = 1
+    ) -> None:
+        self.capacity, self.batch = capacity, batch
+        self.kv = torch.zeros(num_layers, 2, batch, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        # Slots written by the next forward, ``[B, N]`` (row b's queries write row b's slots); replaced by a tensor of
+        # the forward's length before each call.
+        self.write_index = torch.zeros(batch, 1, dtype=torch.long, device=device)
         # Slots the next forward attends over (``[0, span)``); set before each call, fixed inside a captured graph.
         self.span = capacity
 
@@ -64,8 +69,8 @@ class _StaticLayer(CacheLayerMixin):
 
     def update(self, key_states, value_states, *args, **kwargs):
         index, span = self.storage.write_index, self.storage.span
-        self.keys.index_copy_(2, index, key_states.to(self.keys.dtype))
-        self.values.index_copy_(2, index, value_states.to(self.values.dtype))
+        write_slots(self.keys, index, key_states)
+        write_slots(self.values, index, value_states)
         return self.keys[:, :, :span], self.values[:, :, :span]
 
     def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
@@ -120,27 +125,49 @@ class StaticKVCache(Cache):
         self.storage = storage
 
 
+def write_slots(store: torch.Tensor, index: torch.Tensor, states: torch.Tensor) -> None:
+    """Write ``states [B, H, N, D]`` into ``store [B, H, capacity, D]`` at the slots ``index [B, N]`` of each row
+    (one ``index_copy_`` for one row, one ``index_put_`` for several)."""
+    states = states.to(store.dtype)
+    if store.shape[0] == 1:
+        store.index_copy_(2, index.reshape(-1), states)
+        return
+    rows = torch.arange(store.shape[0], device=index.device)[:, None]
+    store[rows, :, index] = states.transpose(1, 2)  # [B, N, H, D] at (row, :, slot)
+
+
 def commit_rows(kv: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor) -> None:
     """Move the rows of the accepted nodes in place for every layer at once (one gather, one scatter).
 
-    The verify forward wrote node i at slot ``prefix + i``; afterwards the path's nodes must sit at
-    ``prefix, prefix + 1, ...`` as if run causally. Rows past the path's real length are copied too (the path is
-    padded by repeating its last node) and land in free slots, which the next forward overwrites.
+    The verify forward wrote node i of sequence b at slot ``prefix[b] + i``; afterwards the path's nodes must sit
+    at ``prefix[b], prefix[b] + 1, ...`` as if run causally. Rows past the path's real length are copied too (the
+    path is padded by repeating its last node) and land in free slots, which the next forward overwrites.
 
     Args:
-        kv (torch.Tensor): ``[L, 2, 1, H, capacity, D]`` storage.
-        prefix (torch.Tensor): 0-d int64, slot of the tree's root.
-        path (torch.Tensor): ``[P]`` int64 node indices, root first, increasing.
+        kv (torch.Tensor): ``[L, 2, B, H, capacity, D]`` storage.
+        prefix (torch.Tensor): ``[B]`` (or 0-d for one sequence) int64, slot of each tree's root.
+        path (torch.Tensor): ``[B, P]`` (or ``[P]``) int64 node indices, root first, increasing.
     """
-    src = kv.index_select(4, path + prefix)
-    kv.index_copy_(4, torch.arange(path.shape[0], device=path.device) + prefix, src)
+    path = path.reshape(kv.shape[2], -1)
+    prefix = prefix.reshape(-1, 1)
+    dst = torch.arange(path.shape[1], device=path.device) + prefix  # [B, P]
+    if kv.shape[2] == 1:
+        src = kv.index_select(4, (path + prefix)[0])
+        kv.index_copy_(4, dst[0], src)
+        return
+    rows = torch.arange(kv.shape[2], device=path.device)[:, None]
+    kv[:, :, rows, :, dst] = kv[:, :, rows, :, path + prefix]  # [B, P, L, 2, H, D]
 
 
-def commit_rows_reference(kv: torch.Tensor, prefix: int, path: list[int]) -> None:
-    """Plain per-layer, per-row loop with the same effect as :func:`commit_rows` (the test oracle)."""
-    rows = [kv[:, :, :, :, prefix + p].clone() for p in path]
-    for j, row in enumerate(rows):
-        kv[:, :, :, :, prefix + j] = row
+def commit_rows_reference(kv: torch.Tensor, prefix, path) -> None:
+    """Plain per-sequence, per-row loop with the same effect as :func:`commit_rows` (the test oracle): ``prefix``
+    an int or a list of ints (one per sequence), ``path`` a list of ints or a list of lists."""
+    prefixes = [prefix] if isinstance(prefix, int) else list(prefix)
+    paths = [path] if path and isinstance(path[0], int) else list(path)
+    for b, (start, nodes) in enumerate(zip(prefixes, paths, strict=True)):
+        rows = [kv[:, :, b, :, start + p].clone() for p in nodes]
+        for j, row in enumerate(rows):
+            kv[:, :, b, :, start + j] = row
 
 
 class StaticModel:
@@ -148,11 +175,12 @@ class StaticModel:
 
     Args:
         target (TargetModel): the wrapped model (attention layers of one shape).
-        capacity (int): slots.
+        capacity (int): slots per sequence.
+        batch (int): sequences held (rows of every forward). Default 1.
     """
 
-    def __init__(self, target: TargetModel, capacity: int) -> None:
-        self.target, self.capacity = target, capacity
+    def __init__(self, target: TargetModel, capacity: int, batch: int = 1) -> None:
+        self.target, self.capacity, self.batch = target, capacity, batch
         probe = DynamicCache(config=target.config)
         ids = torch.zeros(1, 1, dtype=torch.long, device=target.device)
         target.model(input_ids=ids, **{target.cache_kw: probe, "use_cache": True})
@@ -168,6 +196,7 @@ class StaticModel:
             capacity=capacity,
             dtype=target.dtype,
             device=target.device,
+            batch=batch,
         )
         layout: list = []
         # model layer -> its static conv window and recurrent state (a _StaticRecurrentLayer or _StaticHybridLayer)
@@ -179,7 +208,7 @@ class StaticModel:
                 continue
             if conv is None or rec is None:
                 raise ValueError(f"cache layer {i} ({type(layer).__name__}) is neither attention nor conv + state")
-            conv, rec = torch.zeros_like(conv), torch.zeros_like(rec)
+            conv, rec = conv.new_zeros((batch, *conv.shape[1:])), rec.new_zeros((batch, *rec.shape[1:]))
             if i in attention:  # attention and a recurrent mixer in one layer
                 self.recurrent[i] = _StaticHybridLayer(self.storage, attention.index(i), conv, rec)
             else:
@@ -192,48 +221,56 @@ class StaticModel:
         if self.windows.reason is not None:
             raise ValueError(f"{type(target.model).__name__}: {self.windows.reason}")
 
-    def load(self, cache, length: int) -> None:
-        """Copy an HF cache that holds ``length`` prefilled tokens into the static storage (slots ``0 .. length-1``)."""
+    def load(self, cache, length: int, row: int = 0) -> None:
+        """Copy an HF cache of one sequence that holds ``length`` prefilled tokens into sequence ``row`` of the static
+        storage (slots ``0 .. length-1``)."""
         for slot, i in enumerate(self.attention_layers):
             layer = cache.layers[i]
-            self.storage.kv[slot, 0, :, :, :length].copy_(layer.keys[:, :, :length])
-            self.storage.kv[slot, 1, :, :, :length].copy_(layer.values[:, :, :length])
+            self.storage.kv[slot, 0, row, :, :length].copy_(layer.keys[0, :, :length])
+            self.storage.kv[slot, 1, row, :, :length].copy_(layer.values[0, :, :length])
         for i, static in self.recurrent.items():
-            static.conv_states.copy_(_state_tensor(cache.layers[i], "conv_states"))
-            static.recurrent_states.copy_(_state_tensor(cache.layers[i], "recurrent_states"))
+            static.conv_states[row].copy_(_state_tensor(cache.layers[i], "conv_states")[0])
+            static.recurrent_states[row].copy_(_state_tensor(cache.layers[i], "recurrent_states")[0])
 
     def causal_mask(
         self, positions: torch.Tensor, visible: torch.Tensor | None = None, span: int | None = None
     ) -> torch.Tensor:
-        """Additive mask ``[1, 1, Q, span]``: query q sees the slots ``<= positions[q]`` (where ``visible``).
+        """Additive mask ``[1, 1, Q, span]`` (``[B, 1, Q, span]`` for ``[B, Q]`` positions): query q sees the slots
+        ``<= positions[q]`` (where ``visible``).
 
         Args:
-            positions (torch.Tensor): ``[Q]`` int64 slot (= position) of each query.
-            visible (torch.Tensor | None): ``[Q, span]`` bool restricting it further (None: no restriction).
+            positions (torch.Tensor): ``[Q]`` or ``[B, Q]`` int64 slot (= position) of each query.
+            visible (torch.Tensor | None): ``[Q, span]`` (or ``[B, Q, span]``) bool restricting it further (None: no
+                restriction).
             span (int | None): slots attended over, ``[0, span)``; None = the whole capacity.
         """
-        seen = self.keys[: span or self.capacity][None] <= positions[:, None]
+        seen = self.keys[: span or self.capacity] <= positions[..., None]
         return self.additive_mask(seen if visible is None else seen & visible)
 
     def additive_mask(self, seen: torch.Tensor) -> torch.Tensor:
-        """``[Q, capacity]`` bool (True = visible) -> the float mask ``[1, 1, Q, capacity]`` HF attention adds."""
+        """``[Q, K]`` (or ``[B, Q, K]``) bool (True = visible) -> the float mask ``[1, 1, Q, K]`` (``[B, 1, Q, K]``)
+        HF attention adds."""
         dtype = self.target.dtype
         mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
-        return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
+        mask = mask.masked_fill_(~seen, torch.finfo(dtype).min)
+        return mask[None, None] if seen.dim() == 2 else mask[:, None]
 
     def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, rows=None, span=None):
-        """Logits ``[N, V]`` (``[R, V]`` for ``rows``, see ``TargetModel.forward``) and taps ``[1, N, K*H]``
-        (or None) of one forward writing K/V at ``write_index`` and attending over slots ``[0, span)`` (None: the
-        whole capacity; ``mask`` is ``[1, 1, N, span]``, the full-attention mask: sliding-window layers also lose
-        the keys out of their window, the key of each slot being at the position last written there, ``positions``
-        for the slots of ``write_index``, the slot's own index elsewhere)."""
+        """Logits ``[B, N, V]`` (``[B, 1, V]`` for ``last_only``; for ``rows`` ``[B]``, one query per sequence:
+        ``[B, 1, V]``) and taps ``[B, N, K*H]`` (or None) of one forward of ``ids [B, N]`` writing K/V at
+        ``write_index`` (``[B, N]``, or ``[N]`` shared by every sequence) and attending over slots ``[0, span)`` (None:
+        the whole capacity; ``mask`` is ``[B or 1, 1, N, span]``, the full-attention mask: sliding-window layers also
+        lose the keys out of their window, the key of each slot being at the position last written there,
+        ``positions`` for the slots of ``write_index``, the slot's own index elsewhere)."""
+        batch = self.storage.batch
+        write_index = write_index.reshape(-1, write_index.shape[-1]).expand(batch, -1)
         self.storage.write_index = write_index
         self.storage.span = span or self.capacity
         if self.windows.slides:
-            query = positions.reshape(-1)
-            key = self.keys[: self.storage.span].index_copy(0, write_index, query)
+            query = positions.reshape(batch, -1)
+            key = self.keys[: self.storage.span].expand(batch, -1).scatter(1, write_index, query)
             mask = self.windows.masks(mask, query, key)
-        return self.target.forward(
+        logits, hidden = self.target.forward(
             ids,
             position_ids=positions,
             attention_mask=mask,
@@ -241,7 +278,12 @@ class StaticModel:
             last_only=last_only,
             cache=self.cache,
             rows=rows,
+            batched=True,
         )
+        if rows is not None and batch > 1:  # each sequence's own row: the diagonal of [B, R = B, V]
+            pick = torch.arange(batch, device=logits.device)
+            logits = logits[pick, pick][:, None]
+        return logits, hidden
 
 
 def static_reason(target: TargetModel) -> str | None:

@@ -57,11 +57,12 @@ class WindowLayout:
         """The attention mask(s) to pass to the model for a full-attention additive mask.
 
         Args:
-            mask (torch.Tensor): ``[1, 1, Q, K]`` mask of the full-attention layers: additive float (0 = visible) or
-                bool (True = visible).
-            query_positions (torch.Tensor): ``[Q]`` int64 position of each query.
-            key_positions (torch.Tensor): ``[K]`` int64 position of the key each column holds (columns the mask
-                hides may hold anything).
+            mask (torch.Tensor): ``[B or 1, 1, Q, K]`` mask of the full-attention layers: additive float
+                (0 = visible) or bool (True = visible).
+            query_positions (torch.Tensor): ``[Q]`` (or ``[B, Q]``, one row per sequence) int64 position of each
+                query.
+            key_positions (torch.Tensor): ``[K]`` (or ``[B, K]``) int64 position of the key each column holds
+                (columns the mask hides may hold anything).
 
         Returns:
             ``mask`` itself (no sliding layer), the sliding mask ``[1, 1, Q, K]`` (every attention layer slides), or
@@ -78,8 +79,10 @@ class WindowLayout:
 
 
 def sliding_visible(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
-    """``[Q, K]`` bool: the key is inside the query's window (``k > q - window``, as HF's sliding overlay); causality
-    is the full mask's business."""
+    """``[Q, K]`` bool (``[B, 1, Q, K]`` for ``[B, Q]`` / ``[B, K]`` positions): the key is inside the query's window
+    (``k > q - window``, as HF's sliding overlay); causality is the full mask's business."""
+    if query_positions.dim() == 2:
+        return (key_positions[:, None, :] > query_positions[:, :, None] - window)[:, None]
     return key_positions[None, :] > query_positions[:, None] - window
 
 

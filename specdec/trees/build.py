@@ -19,7 +19,7 @@ import torch
 from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
 from specdec.kernels.ddtree_build.reference import key_order, pack_ranks, select_levels, topk_rows_reference
 from specdec.kernels.tree_accept.reference import ancestor_mask
-from specdec.types import TreeRow
+from specdec.types import DeviceTree, TreeRow
 
 __all__ = [
     "ancestor_matrix",
@@ -27,6 +27,7 @@ __all__ = [
     "chain_from_path",
     "ddtree_device",
     "root_tree_device",
+    "root_trees",
     "trie_device",
 ]
 
@@ -127,6 +128,14 @@ def root_tree_device(root_token: torch.Tensor) -> TreeRow:
     """The one-slot tree of plain decoding: the root alone."""
     none = root_token.reshape(1)[:0].long()
     return _pad_tree(root_token, none, none, none, 1)
+
+
+def root_trees(roots: torch.Tensor) -> DeviceTree:
+    """The one-slot trees of plain decoding for a batch: ``roots [B]`` -> each root alone (``[B, 1]`` fields)."""
+    tokens = roots.reshape(-1, 1).long()
+    zeros = torch.zeros_like(tokens)
+    return DeviceTree(tokens=tokens, parents=zeros - 1, depth=zeros, valid=torch.ones_like(tokens, dtype=torch.bool),
+                      num_nodes=torch.ones_like(tokens[:, 0]))  # fmt: skip
 
 
 def ancestor_matrix(tree: TreeRow, max_depth: int) -> torch.Tensor:

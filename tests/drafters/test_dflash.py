@@ -96,7 +96,7 @@ def test_draft_logq_matches_training_block_forward(target, variant):
     for i, a in enumerate(anchors[0].tolist()):
         oracle.prefill(ctx_at(ids, feats, a))
         torch.testing.assert_close(oracle.draft_logq(ctx_at(ids, feats, a)), train_logq[i], atol=2e-5, rtol=1e-5)
-        logq = round_state(drafter, target, ids, feats, a).logq(ids[0, a : a + 1], torch.tensor(a), depth)
+        logq = round_state(drafter, target, ids, feats, a).logq(ids[0, a : a + 1], torch.tensor([a]), depth)[0]
         torch.testing.assert_close(logq, train_logq[i], atol=2e-5, rtol=1e-5)
 
 
@@ -113,14 +113,14 @@ def test_incremental_commits_match_one_prefill(target):
     oracle.draft_logq(ctx_at(ids, feats, 7))  # a draft in between must leave only context rows cached
     state = round_state(drafter, target, ids, feats, 7)
     depth = drafter.config.block_size - 1
-    state.logq(ids[0, 7:8], torch.tensor(7), depth)
+    state.logq(ids[0, 7:8], torch.tensor([7]), depth)[0]
     for stop, first in [(12, 7), (13, 12), (21, 13)]:
         oracle.commit(ctx_at(ids, feats, stop, first))
         state.ingest(feats[:, first:stop], torch.tensor(first))
-        state.logq(ids[0, stop : stop + 1], torch.tensor(stop), depth)
+        state.logq(ids[0, stop : stop + 1], torch.tensor([stop]), depth)[0]
     assert oracle._len == 21
     torch.testing.assert_close(oracle.draft_logq(ctx_at(ids, feats, 21, 13)), want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(state.logq(ids[0, 21:22], torch.tensor(21), depth), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state.logq(ids[0, 21:22], torch.tensor([21]), depth)[0], want, atol=1e-5, rtol=1e-5)
     with pytest.raises(RuntimeError, match="continue the cache"):
         oracle.commit(ctx_at(ids, feats, 25, 22))
 

@@ -71,7 +71,7 @@ def test_fast_path_fp32_across_span_buckets(zoo):
             out = specdec.generate(model, ids, drafter=drafter, tree=specdec.DDTree(budget=32, topk=8),
                                    max_new_tokens=new)  # fmt: skip
             assert out.stats.path == "graph" and torch.equal(out.sequences, ref)
-        spans = {rnd.span for rnd in Engine._engines[model]._rounds.values()}
+        spans = {rnd.span for rnd in Engine._engines[model][1]._rounds.values()}
         assert len(spans) > 1, spans
     finally:
         dflash_static._NORM_IMPL = saved

@@ -100,7 +100,7 @@ class EagerDFlash:
             context = [(None, None)] * cfg.num_hidden_layers
         hidden = drafter.model(drafter._embed(block), positions, context, torch.arange(start, device=device)[None])
         self.num_forwards += 1
-        return drafter.block_logq(hidden, depth)
+        return drafter.block_logq(hidden, depth)[0]
 
     def _ingest(self, ctx: DecodeContext) -> None:
         """Project the rows of ``ctx.target_hidden`` not yet cached (positions ``T-1-R .. T-2``)."""

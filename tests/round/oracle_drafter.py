@@ -104,7 +104,8 @@ class OracleDrafter:
     def forwards_per_round(self, tree) -> int:
         return 0
 
-    def attach(self, target, capacity: int) -> OracleState:
+    def attach(self, target, capacity: int, batch: int = 1) -> OracleState:
+        assert batch == 1, "the oracle drafter plans the rounds of one sequence"
         self.state = OracleState(self, target.device)
         return self.state
 

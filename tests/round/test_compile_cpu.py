@@ -243,7 +243,7 @@ def test_generate_when_compiling_fails_runs_the_rounds_uncompiled_and_equals_hf_
         )  # fmt: skip
     assert out.stats.path == "eager" and torch.equal(out.sequences, ref)
     assert any("runs uncompiled" in r.getMessage() for r in caplog.records)
-    rounds = [r for r in Engine._engines[target]._rounds.values() if r.compile]
+    rounds = [r for r in Engine._engines[target][1]._rounds.values() if r.compile]
     assert rounds and all(r.captured.compile_failed for r in rounds)
     assert out.stats.compile_fallbacks == len(rounds) and out.stats.as_dict()["compile_fallbacks"] == len(rounds)
     again = specdec.generate(

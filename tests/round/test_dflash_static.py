@@ -92,10 +92,10 @@ def check_static_forwards(target, variant: str, norm_impl: str) -> None:
             torch.testing.assert_close(static.kv[layer, 1, :, :, :committed], v, rtol=1e-5, atol=1e-5)
         ctx = DecodeContext(input_ids=ids[:, : committed + 1])
         want = oracle.draft_logq(ctx, depth=cfg.block_size - 1)
-        got = static.logq(ids[0, committed].view(1), torch.tensor(committed), cfg.block_size - 1)
+        got = static.logq(ids[0, committed].view(1), torch.tensor([committed]), cfg.block_size - 1)[0]
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         span = committed + cfg.block_size + committed % 3  # attending over fewer slots changes nothing
-        got = static.logq(ids[0, committed].view(1), torch.tensor(committed), cfg.block_size - 1, span)
+        got = static.logq(ids[0, committed].view(1), torch.tensor([committed]), cfg.block_size - 1, span)[0]
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         step = min(1 + committed % 5, 29 - committed)  # accepted path lengths 1..5
         rows = hidden[:, committed : committed + step]

@@ -298,7 +298,7 @@ def test_rounds_switch_span_buckets_as_the_sequence_grows():
     for d, tree in ((None, None), (drafter, specdec.DDTree(budget=12, topk=3))):
         out = specdec.generate(target, ids, drafter=d, tree=tree, max_new_tokens=new)
         assert out.stats.path == "eager" and torch.equal(out.sequences, ref), tree
-        engine = Engine._engines[target]
+        engine = Engine._engines[target][1]
         spans = {rnd.span for rnd in engine._rounds.values() if rnd.drafter is d}
         assert SPAN_MIN in spans and max(spans) > SPAN_MIN, spans
 

@@ -52,14 +52,19 @@ def test_error_too_long(target):
         gen(target, max_new_tokens=512)
 
 
-def test_error_batch(target):
-    with pytest.raises(ValueError, match="Batch size 2 is not supported yet"):
-        gen(target, ids=IDS.repeat(2, 1))
+def test_error_right_padding(target):
+    with pytest.raises(ValueError, match="not left-padded .*padding_side='left'"):
+        gen(target, ids=IDS.repeat(2, 1), attention_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]))
 
 
-def test_error_padding(target):
-    with pytest.raises(ValueError, match="attention_mask contains padding"):
-        gen(target, attention_mask=torch.tensor([[0, 1, 1, 1]]))
+def test_error_all_padding_row(target):
+    with pytest.raises(ValueError, match="Row 1 of attention_mask is all padding"):
+        gen(target, ids=IDS.repeat(2, 1), attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]))
+
+
+def test_error_batch_streamer(target):
+    with pytest.raises(ValueError, match="A streamer takes one sequence"):
+        gen(target, ids=IDS.repeat(2, 1), streamer=object())
 
 
 def test_error_bad_max_new_tokens(target):
@@ -103,7 +108,10 @@ def test_errors_leave_the_cache_untouched(target):
     out = gen(target, drafter=specdec.NGramDrafter(), max_new_tokens=8)
     engine, before = _committed_state(target)
     storage = engine.target.storage.kv
-    for bad in (dict(ids=IDS.repeat(2, 1)), dict(max_new_tokens=10_000), dict(attention_mask=torch.zeros(1, 4))):
+    right_padded = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    bad_calls = (dict(ids=IDS.repeat(2, 1), attention_mask=right_padded), dict(max_new_tokens=10_000),
+                 dict(attention_mask=torch.zeros(1, 4)))  # fmt: skip
+    for bad in bad_calls:
         with pytest.raises(ValueError):
             gen(target, **bad)
     again, after = _committed_state(target)
@@ -115,8 +123,8 @@ def test_errors_leave_the_cache_untouched(target):
 class _OutOfVocabDrafter(specdec.NGramDrafter):
     """Proposes a path whose token is outside the vocabulary: the round's verify forward raises."""
 
-    def attach(self, target, capacity: int):
-        state = super().attach(target, capacity)
+    def attach(self, target, capacity: int, batch: int = 1):
+        state = super().attach(target, capacity, batch)
         propose = state.propose
 
         def bad(root, prefix, depth, span):
