@@ -76,6 +76,9 @@ REGISTRY = (f"{ROUND}::test_custom_registered_policy_and_rule_are_used",)
 SAMPLING_TESTS = (*CHI2, "tests/unit/test_verify_sampling.py")
 CHI2_TESTS = ("tests/unit/test_verify_sampling.py", "-k", "not equals_hf_warpers")  # its statistical tests alone
 GREEDY_TESTS = (*IDENTITY, "tests/unit/test_generate_greedy.py")
+# The stochastic DDTree's tests, its slow chi-square tests included (policy draws, RSD rounds, generate's joint).
+STOCHASTIC_DDTREE_TESTS = ("tests/verify/test_sampled_policies.py", "tests/verify/test_multidraft.py", "-k",
+                           "stochastic", "-m", "slow or not slow")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -278,6 +281,30 @@ MUTANTS = [
             ),
         ),
         ("tests/verify/test_sampled_policies.py", "tests/verify/test_multidraft.py"),
+    ),
+    Mutant(  # the stochastic DDTree's shape (sibling counts) taken from the perturbed scores: counts depend on the draws
+        "stochastic_ddtree_shape_from_draws",
+        (
+            (
+                "specdec/trees/sampled.py",
+                "shape = DDTree(self.budget, self.topk).build(Proposal(logq=logq), root, depth)",
+                "shape = DDTree(self.budget, self.topk).build(Proposal(logq=(draft_logprobs(logq, self.sampling) + "
+                "gumbel_from_uniform(noise[:, : logq.shape[1]].float())) if self.stochastic else logq), root, depth)",
+            ),
+        ),
+        STOCHASTIC_DDTREE_TESTS,
+    ),
+    Mutant(  # the stochastic DDTree's siblings drawn i.i.d. from q (with replacement)
+        "stochastic_ddtree_with_replacement",
+        (
+            (
+                "specdec/trees/sampled.py",
+                "drawn = scores.topk(k, dim=-1).indices",
+                "drawn = torch.multinomial(draft_logprobs(logq, self.sampling).exp().flatten(0, 1), k, "
+                "replacement=True).view(*logq.shape[:2], k)",
+            ),
+        ),
+        STOCHASTIC_DDTREE_TESTS,
     ),
     Mutant(  # the without-replacement rule weighs each sibling against q, not q without the earlier siblings
         "without_replacement_weighed_as_with",

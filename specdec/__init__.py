@@ -22,6 +22,7 @@ if _typing.TYPE_CHECKING:
         GumbelTopKTree,
         SampledChain,
         SampledTrees,
+        StochasticDDTree,
         TreePolicy,
         register_tree,
     )
@@ -60,6 +61,7 @@ __all__ = [
     "SpecStats",
     "SpeculativeModel",
     "SpeculativeSampling",
+    "StochasticDDTree",
     "TraversalVerification",
     "TreePolicy",
     "VerificationRule",
@@ -87,7 +89,8 @@ _HOME = {  # name -> the module it loads from (__all__ and the registries of tre
     **dict.fromkeys(("DFlashDrafter", "ModelDrafter", "NGramDrafter"), "specdec.drafters"),
     **dict.fromkeys(("SpeculativeModel", "generate"), "specdec.generate"),
     **dict.fromkeys(
-        ("TREES", "Chain", "DDTree", "GumbelTopKTree", "SampledChain", "SampledTrees", "TreePolicy", "register_tree"),
+        ("TREES", "Chain", "DDTree", "GumbelTopKTree", "SampledChain", "SampledTrees", "StochasticDDTree", "TreePolicy",
+         "register_tree"),
         "specdec.trees",
     ),
     **dict.fromkeys(("DraftTree", "GenerateOutput", "SamplingParams", "SpecStats", "VerifyResult"), "specdec.types"),

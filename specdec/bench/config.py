@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,8 @@ DEFAULT_METHODS: tuple[dict, ...] = (
 )
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-METHOD_KEYS = ("name", "hf", "drafter", "tree", "cuda_graphs", "compile", "backends")
-TREE_FIELDS = {"chain": {"k"}, "ddtree": {"budget", "topk"}}
+METHOD_KEYS = ("name", "hf", "drafter", "tree", "verifier", "cuda_graphs", "compile", "backends")
+TREE_FIELDS = {"chain": {"k"}, "ddtree": {"budget", "topk"}}  # and every other policy of specdec.TREES (its fields)
 DRAFTER_KEYS = {
     "none": set(),
     "ngram": {"max_ngram", "min_ngram", "max_matches"},
@@ -232,28 +232,115 @@ def _resolve_path(path: str | os.PathLike) -> str:
     return str(zoo_dir() / path)
 
 
+def _tree_fields(kind: str) -> set[str]:
+    """The settings a ``{kind: ...}`` tree spec takes: ``TREE_FIELDS``, else the registered policy's dataclass
+    fields (``sampling`` excluded: ``generate`` binds it)."""
+    if kind in TREE_FIELDS:
+        return TREE_FIELDS[kind]
+    policy = specdec.TREES.get(kind)
+    if policy is None:
+        raise ValueError(f"Unknown tree kind {kind!r}: choose one of {', '.join(sorted(specdec.TREES))}.")
+    if not is_dataclass(policy):
+        return set()
+    return {f.name for f in fields(policy) if f.name != "sampling"}
+
+
+def _tuple_fields(kind: str) -> set[str]:
+    """Fields of a registered policy whose one value is a tuple (``widths``): a list of ints is one value there,
+    a list of lists one row per inner list."""
+    policy = specdec.TREES.get(kind)
+    if policy is None or not is_dataclass(policy):
+        return set()
+    return {f.name for f in fields(policy) if isinstance(f.default, tuple)}
+
+
+def _tree_label(kind: str, tree, values: Mapping) -> str:
+    """The row-name suffix of a tree: ``chain15``, ``ddtree-b15-k8``, ``sampled-chain15``, ``sampled-trees-k4-d4``
+    (``-unmerged``), ``gumbel-topk-w4x2x2``, ``stochastic-ddtree-b15-k8``; other policies ``kind-field<value>``."""
+    if kind == "chain":
+        return f"chain{tree.k}"
+    if kind in ("ddtree", "stochastic-ddtree"):
+        return f"{kind}-b{tree.budget}-k{'b' if tree.topk is None else tree.topk}"
+    if kind == "sampled-chain":
+        return f"sampled-chain{tree.k}"
+    if kind == "sampled-trees":
+        return f"sampled-trees-k{tree.k}-d{tree.depth}" + ("" if tree.merge else "-unmerged")
+    if kind == "gumbel-topk":
+        return "gumbel-topk-w" + "x".join(str(w) for w in tree.widths)
+    parts = [f"{k}{'x'.join(map(str, v)) if isinstance(v, list | tuple) else v}" for k, v in values.items()]
+    return "-".join([kind, *parts])
+
+
 def _tree_specs(spec: Mapping | None) -> list[tuple[str, object | None]]:
     """Expand a tree spec whose fields may be lists into (suffix, tree) pairs, in product order."""
     if spec is None:
         return [("", None)]
     spec = dict(spec)
     kind = spec.pop("kind", "ddtree" if "budget" in spec else "chain")
-    if kind not in TREE_FIELDS:
-        raise ValueError(f"Unknown tree kind {kind!r}: use 'chain' (k) or 'ddtree' (budget, topk).")
-    unknown = set(spec) - TREE_FIELDS[kind]
+    allowed = _tree_fields(kind)
+    unknown = set(spec) - allowed
     if unknown:
-        raise ValueError(
-            f"tree {{kind: {kind}}} has unknown fields {sorted(unknown)}; it takes {sorted(TREE_FIELDS[kind])}."
-        )
-    values = {k: v if isinstance(v, list | tuple) else [v] for k, v in spec.items()}
+        raise ValueError(f"tree {{kind: {kind}}} has unknown fields {sorted(unknown)}; it takes {sorted(allowed)}.")
+    tuples = _tuple_fields(kind)
+    values = {}
+    for k, v in spec.items():
+        if k in tuples:
+            many = isinstance(v, list | tuple) and bool(v) and all(isinstance(x, list | tuple) for x in v)
+            values[k] = [tuple(x) for x in v] if many else [tuple(v) if isinstance(v, list | tuple) else v]
+        else:
+            values[k] = list(v) if isinstance(v, list | tuple) else [v]
     combos = [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]
-    if kind == "chain":
-        return [(f"chain{c.get('k', 4)}", specdec.Chain(**c)) for c in combos]
     out = []
     for c in combos:
-        tree = specdec.DDTree(**c)
-        out.append((f"ddtree-b{tree.budget}-k{'b' if tree.topk is None else tree.topk}", tree))
+        tree = specdec.TREES[kind](**c)
+        out.append((_tree_label(kind, tree, c), tree))
     return out
+
+
+def _rule_spec(spec) -> tuple[str, object] | None:
+    """A method's ``verifier`` (a ``specdec.verify.RULES`` name or ``{name, ...settings}``) -> (label, rule); None
+    when unset (the library's default rule). The label is the name with its settings: ``multi-draft`` with
+    ``replacement: false`` is ``multi-draft-no-replacement``, other values ``-key=value``."""
+    if spec is None:
+        return None
+    from specdec.verify import RULES
+
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+        raise ValueError(
+            f"verifier {spec!r}: give a rule name or {{name: ..., ...settings}}; names: {', '.join(sorted(RULES))}."
+        )
+    settings = dict(spec)
+    name = settings.pop("name")
+    if name not in RULES:
+        raise ValueError(f"Unknown verifier {name!r}; choose one of {', '.join(sorted(RULES))}.")
+    cls = RULES[name]
+    try:
+        rule = cls(**settings)
+    except TypeError as err:
+        takes = sorted(f.name for f in fields(cls)) if is_dataclass(cls) else []
+        raise ValueError(
+            f"verifier {{name: {name}}} does not take {sorted(settings)} ({err}); it takes {takes or 'no settings'}."
+        ) from err
+    parts = [name]
+    for key, value in settings.items():
+        if isinstance(value, bool):
+            parts.append(key if value else f"no-{key}")
+        else:
+            parts.append(f"{key}={value}")
+    return "-".join(parts), rule
+
+
+def _check_pair(spec: Mapping, label: str, rule, trees) -> None:
+    """Refuse a rule that is not exact for one of the method's trees, by the rule's own message."""
+    from specdec.types import SamplingParams
+
+    for _, tree in trees:
+        try:
+            rule.check(SamplingParams(), tree)
+        except ValueError as err:
+            raise ValueError(f"Method spec {dict(spec)} (verifier {label}): {err}") from err
 
 
 def _drafter_spec(spec) -> dict | None:
@@ -299,7 +386,12 @@ def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[st
                     f"drafter {{kind: {kind}}} has unknown settings {sorted(extra)}; it takes "
                     f"{sorted(DRAFTER_KEYS[kind]) or 'none'}."
                 )
-        _tree_specs(spec.get("tree"))
+        trees = _tree_specs(spec.get("tree"))
+        rule = _rule_spec(spec.get("verifier"))
+        if rule is not None:
+            if spec.get("hf"):
+                raise ValueError(f"Method spec {dict(spec)}: an hf row runs HF's own generate; drop verifier there.")
+            _check_pair(spec, *rule, trees)
         check_compile_setting(spec.get("compile"))
         check_backends_setting(spec.get("backends"))
 
@@ -319,9 +411,14 @@ def _attention_only(target) -> bool:
 
 
 def _series(base: str, tree) -> str | None:
+    """The plot line of a tree's rows: one per spec and kind, over the budgets (chains stand alone)."""
     if isinstance(tree, specdec.DDTree):
         return f"{base} topk={'budget' if tree.topk is None else tree.topk}"
-    return None
+    if tree is None or isinstance(tree, specdec.Chain | specdec.SampledChain):
+        return None
+    kind = next((k for k, cls in specdec.TREES.items() if type(tree) is cls), type(tree).__name__)
+    topk = getattr(tree, "topk", False)
+    return f"{base} {kind}" + ("" if topk is False else f" topk={'budget' if topk is None else topk}")
 
 
 def methods_from_specs(
@@ -336,8 +433,11 @@ def methods_from_specs(
 
     A spec is ``{"name"?: str, "hf"?: "generate" | "static" | "assisted", "drafter"?: None | kind |
     {"kind": kind, **kwargs}, "tree"?: None | {"kind": "chain", "k": int | list} | {"kind": "ddtree",
-    "budget": int | list, "topk": int | None | list}, "cuda_graphs"?: bool, "compile"?: ..., "backends"?:
-    {field: value}}``. Drafters are built once per distinct drafter spec, by ``drafter_factories[kind](target,
+    "budget": int | list, "topk": int | None | list} | {"kind": <a name of specdec.TREES>, **its fields},
+    "verifier"?: <a name of specdec.verify.RULES> | {"name": ..., **settings}, "cuda_graphs"?: bool,
+    "compile"?: ..., "backends"?: {field: value}}``. A verifier is passed to ``generate``; the row's name then
+    carries the rule (``<rule>/<tree>`` without a ``name``, ``<name>+<rule>`` with one), and a rule that is not
+    exact for the tree is refused before anything loads. Drafters are built once per distinct drafter spec, by ``drafter_factories[kind](target,
     tokenizer, **kwargs)`` when given, else from the public drafter classes: ``ngram`` (``NGramDrafter``), ``model``
     (``ModelDrafter``: ``path``, or the target's first ``truncate_layers`` layers), ``dflash``
     (``DFlashDrafter.from_pretrained``; without ``path`` it loads ``dflash``; ``init: random`` builds a random one
@@ -365,7 +465,11 @@ def methods_from_specs(
             name = spec.get("name") or f"hf-{spec['hf']}"
             methods.append(Method(name=name, hf=spec["hf"], drafter=drafter))
             continue
-        base = spec.get("name") or (drafter_spec["kind"] if drafter_spec else "ar")
+        rule = _rule_spec(spec.get("verifier"))
+        label, verifier = rule if rule is not None else ("", None)
+        base = spec.get("name") or label or (drafter_spec["kind"] if drafter_spec else "ar")
+        if label and spec.get("name") and label not in base:
+            base = f"{base}+{label}"
         trees = _tree_specs(spec.get("tree")) if drafter is not None else [("", None)]
         for suffix, tree in trees:
             if not suffix or (spec.get("name") and len(trees) == 1):
@@ -374,7 +478,8 @@ def methods_from_specs(
                 name = suffix
             else:
                 name = f"{base}/{suffix}"
-            methods.append(Method(name=name, drafter=drafter, tree=tree, series=_series(base, tree), **overrides))
+            methods.append(Method(name=name, drafter=drafter, tree=tree, verifier=verifier, series=_series(base, tree),
+                                  **overrides))  # fmt: skip
     return methods
 
 

@@ -41,7 +41,10 @@ class Method:
         name (str): label used in rows, tables and plots; unique within a run.
         drafter: a drafter object, a zero-argument callable returning one (called once per run), or ``None``
             for plain autoregressive decoding through the same loop (the AR baseline). Default None.
-        tree (Chain | DDTree | None): tree spec; ignored when ``drafter`` is None. Default None (drafter's own).
+        tree (Chain | DDTree | None): tree spec (any tree policy); ignored when ``drafter`` is None. Default None
+            (drafter's own).
+        verifier (VerificationRule | None): the rule passed to ``generate`` (``specdec.verify.RULES``). Default None
+            (the library's default: greedy, or sample-and-match when sampling).
         hf (str | None): run HF's own ``generate`` instead of specdec: ``"generate"`` (eager), ``"static"``
             (``cache_implementation="static"``) or ``"assisted"`` (``assistant_model=`` the small model of the
             ``ModelDrafter`` given as ``drafter``). Default None (specdec).
@@ -56,6 +59,7 @@ class Method:
     name: str
     drafter: object | Callable[[], object] | None = None
     tree: object | None = None
+    verifier: object | None = None
     hf: str | None = None
     cuda_graphs: bool | None = None
     compile: bool | str | dict | None = None
@@ -100,7 +104,12 @@ def _depth_accept(accept_hist: Sequence[int], rounds: int) -> list[float]:
 
 
 def _tree_kind(tree) -> str:
-    return "ddtree" if isinstance(tree, specdec.DDTree) else "chain"
+    """``ddtree``, ``chain`` or the name a policy is registered under (``specdec.TREES``)."""
+    if isinstance(tree, specdec.DDTree):
+        return "ddtree"
+    if isinstance(tree, specdec.Chain):
+        return "chain"
+    return next((name for name, cls in specdec.TREES.items() if type(tree) is cls), type(tree).__name__)
 
 
 class _Runner:
@@ -143,11 +152,11 @@ class _Runner:
         _sync(device)
         start = time.perf_counter()
         if self.spec is None:
-            out = specdec.generate(self.model, ids, drafter=self.drafter, tree=self.tree, generator=generator, **kwargs)
+            out = specdec.generate(self.model, ids, drafter=self.drafter, tree=self.tree,
+                                   verifier=self.method.verifier, generator=generator, **kwargs)  # fmt: skip
         else:
-            out = self.spec.generate(
-                ids, drafter=self.drafter, tree=self.tree, generator=generator, return_dict_in_generate=True, **kwargs
-            )
+            out = self.spec.generate(ids, drafter=self.drafter, tree=self.tree, verifier=self.method.verifier,
+                                     generator=generator, return_dict_in_generate=True, **kwargs)  # fmt: skip
         _sync(device)
         return out, time.perf_counter() - start
 
@@ -179,7 +188,8 @@ class _Runner:
             "drafter": "none" if self.drafter is None else type(self.drafter).__name__,
             "tree": "ar" if self.drafter is None else _tree_kind(tree),
             "budget": 0 if tree is None else tree.budget,
-            "topk": None if tree is None else getattr(tree, "topk", 1),
+            "topk": None if tree is None else getattr(tree, "topk", 1 if not getattr(tree, "branching", False) else None),
+            "verifier": getattr(self.method.verifier, "name", None),
             "temperature": float(temperature),
             "prompt_id": prompt_id,
             "prompt_tokens": int(ids.shape[1]),

@@ -74,8 +74,9 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
         the eager path / to the compared run, None when not checked), ``warmup_s`` (the method's untimed warm-up),
         ``capture_ms`` and ``compile_ms`` (CUDA-graph capture and compilation, warm-up and timed calls together),
         ``cold_ms`` (capture and compilation inside timed calls only: 0 when the warm-up covered every shape),
-        ``compile_fallbacks`` (the most compiled rounds one call ran uncompiled because compiling them failed)
-        and ``path``.
+        ``compile_fallbacks`` (the most compiled rounds one call ran uncompiled because compiling them failed),
+        ``depth_accept`` (per depth d = 1, 2, ...: the share of rounds that accepted at least d drafts, from the
+        rows' ``accept_hist``; empty when no round accepted one) and ``path``.
     """
     groups: dict[tuple[str, float], list[dict]] = {}
     for r in sorted(rows, key=lambda r: r["temperature"]):
@@ -96,6 +97,13 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
             seconds = sum(r["decode_s"] for r in passes[p])
             per_pass.append(sum(r["decode_tokens"] for r in passes[p]) / seconds if seconds > 0 else None)
         all_rounds = sum(r["rounds"] for r in group)
+        hist: list[int] = []
+        for r in group:
+            for i, count in enumerate(r.get("accept_hist") or ()):
+                hist.extend([0] * (i + 1 - len(hist)))
+                hist[i] += int(count)
+        counted = sum(hist)
+        depth_accept = [sum(hist[d:]) / counted for d in range(1, len(hist))] if counted else []
         summaries.append(
             {
                 "method": method,
@@ -131,6 +139,7 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
                 "compile_ms": first.get("warmup_compile_ms", 0.0) + sum(r.get("compile_ms", 0.0) for r in group),
                 "cold_ms": sum(r.get("capture_ms", 0.0) + r.get("compile_ms", 0.0) for r in group),
                 "compile_fallbacks": max((r.get("compile_fallbacks", 0) for r in group), default=0),
+                "depth_accept": depth_accept,
                 "path": first.get("path"),
             }
         )
@@ -162,13 +171,26 @@ _OPTIONAL = (
 )
 
 
+DEPTH_COLUMNS = 8  # depths shown in the ``accepted ≥ d`` column
+
+
+def _depth_cell(shares: Sequence[float] | None) -> str:
+    """``accepted ≥ d`` for d = 1 .. ``DEPTH_COLUMNS`` (``…`` when deeper rounds accepted too)."""
+    if not shares:
+        return "–"
+    cell = " ".join(f"{x:.2f}" for x in shares[:DEPTH_COLUMNS])
+    return cell + (" …" if len(shares) > DEPTH_COLUMNS else "")
+
+
 def format_table(summaries: Sequence[dict]) -> str:
     """Markdown table of ``aggregate`` output: one line per (method, temperature), phase ms per round.
 
     tok/s is measured warm (after the untimed warm-up passes); warm-up, capture and compile are reported apart.
-    ``τ (whole rounds)``, ``= eager`` and ``= other run`` appear when a row has them."""
+    ``τ (whole rounds)``, ``= eager`` and ``= other run`` appear when a row has them; ``accepted ≥ d`` (the share
+    of rounds that accepted at least d drafts, d = 1, 2, ...) when some round accepted a draft."""
     phases = sorted({p for s in summaries for p in s["phase_ms_per_round"]}, key=_phase_key)
     optional = [c for c in _OPTIONAL if any(s.get(c[0]) is not None for s in summaries)]
+    depths = any(s.get("depth_accept") for s in summaries)
     head = [
         "method",
         "T",
@@ -176,6 +198,7 @@ def format_table(summaries: Sequence[dict]) -> str:
         "topk",
         "τ",
         *[c[1] for c in optional[:1] if c[0] == "tau_reference"],
+        *(["accepted ≥ d (d = 1, 2, …)"] if depths else []),
         "tok/s (warm)",
         "speedup",
         "ms/round",
@@ -190,8 +213,8 @@ def format_table(summaries: Sequence[dict]) -> str:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
-        topk = {"ar": "–", "hf": "–", "chain": "1"}.get(s["tree"]) or (
-            "budget" if s["topk"] is None else str(s["topk"])
+        topk = {"ar": "–", "hf": "–", "chain": "1", "sampled-chain": "1"}.get(s["tree"]) or (
+            str(s["topk"]) if s["topk"] is not None else "budget" if "ddtree" in s["tree"] else "–"
         )
         cells = [
             s["method"],
@@ -200,6 +223,7 @@ def format_table(summaries: Sequence[dict]) -> str:
             topk,
             _fmt(s["tau"], ".2f"),
             *[fmt(s.get(key)) for key, _, fmt in optional[:1] if key == "tau_reference"],
+            *([_depth_cell(s.get("depth_accept"))] if depths else []),
             _fmt(s["tok_s"], ".1f"),
             _fmt(s["speedup"], ".2f") + ("×" if s["speedup"] is not None else ""),
             _fmt(s.get("ms_per_round"), ".3f"),
@@ -375,11 +399,18 @@ def format_header(meta: Mapping) -> str:
     return f"# {title} ({'warm' if warm else 'cold'})\n\n{describe_run(meta)}\n\n{how}; {_floor_line(meta)}.\n\n"
 
 
+def _on_budget_axis(summary: Mapping) -> bool:
+    """Rows plotted as lines over the tree budget: DDTrees and the other branching trees (not AR, HF or chains)."""
+    return summary["tree"] not in ("ar", "hf", "chain", "sampled-chain")
+
+
 def series_label(summary: Mapping) -> str:
     """The plotted series a summary belongs to: DDTree methods of one spec share a line over their budgets (their
-    ``series``), every other method is its own series."""
+    ``series``; so do the other branching trees of one spec and kind), every other method is its own series."""
     if summary["tree"] == "ddtree":
         return summary.get("series") or f"{summary['drafter']} topk={summary['topk'] or 'budget'}"
+    if _on_budget_axis(summary):
+        return summary.get("series") or summary["method"]
     return summary["method"]
 
 
@@ -428,16 +459,16 @@ def plot_summary(summaries: Sequence[dict], path: str | os.PathLike | None = Non
 def _plot_panel(ax, group: Sequence[dict], metric: str, colors: Mapping[str, str]) -> None:
     lines: dict[str, list[dict]] = {}
     for s in group:
-        if s["tree"] == "ddtree":
+        if _on_budget_axis(s):
             lines.setdefault(series_label(s), []).append(s)
-    budgets = sorted({s["budget"] for s in group if s["tree"] == "ddtree"})
+    budgets = sorted({s["budget"] for s in group if _on_budget_axis(s)})
     for label, points in lines.items():
         points = sorted((p for p in points if p.get(metric) is not None), key=lambda p: p["budget"])
         if points:
             xs, ys = [p["budget"] for p in points], [p[metric] for p in points]
             ax.plot(xs, ys, marker="o", label=label, color=colors[label])
     for s in group:
-        if s["tree"] != "ddtree" and s.get(metric) is not None:
+        if not _on_budget_axis(s) and s.get(metric) is not None:
             label = series_label(s)
             ax.axhline(s[metric], linestyle="--", color=colors[label], label=label)
     if len(budgets) > 1 and budgets[0] > 0 and budgets[-1] >= 4 * budgets[0]:
@@ -445,7 +476,7 @@ def _plot_panel(ax, group: Sequence[dict], metric: str, colors: Mapping[str, str
     if budgets:
         ax.set_xticks(budgets, [str(b) for b in budgets])
         ax.minorticks_off()
-    ax.set_xlabel("DDTree budget (non-root nodes)")
+    ax.set_xlabel("tree budget (non-root nodes)")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)

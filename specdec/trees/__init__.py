@@ -1,5 +1,6 @@
 """Draft trees: the tree policies (``Chain``, ``DDTree``, the ``TreePolicy`` protocol and its registry; the trees
-sampled from the draft distribution: ``SampledChain``, ``SampledTrees``, ``GumbelTopKTree``) and the device
+sampled from the draft distribution: ``SampledChain``, ``SampledTrees``, ``GumbelTopKTree``,
+``StochasticDDTree``) and the device
 builders and masks they use. Trees are parent arrays; notation in ``docs/trees.md``.
 """
 
@@ -12,7 +13,7 @@ from specdec.trees.build import (
 )
 from specdec.trees.mask import ancestor_mask, tree_attention_bias, tree_position_ids
 from specdec.trees.policies import TREES, Chain, DDTree, TreePolicy, register_tree
-from specdec.trees.sampled import GumbelTopKTree, SampledChain, SampledTrees
+from specdec.trees.sampled import GumbelTopKTree, SampledChain, SampledTrees, StochasticDDTree
 
 __all__ = [
     "TREES",
@@ -21,6 +22,7 @@ __all__ = [
     "GumbelTopKTree",
     "SampledChain",
     "SampledTrees",
+    "StochasticDDTree",
     "TreePolicy",
     "ancestor_mask",
     "ancestor_matrix",

@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 import torch
 
 from specdec.trees.build import trie_device
-from specdec.trees.policies import register_tree
+from specdec.trees.policies import DDTree, register_tree
 from specdec.types import DeviceTree, Proposal, SamplingParams
 from specdec.verify.draws import categorical, draft_logprobs, uniform
 from specdec.verify.processing import gumbel_from_uniform
 
-__all__ = ["GumbelTopKTree", "SampledChain", "SampledTrees"]
+__all__ = ["GumbelTopKTree", "SampledChain", "SampledTrees", "StochasticDDTree"]
 
 
 def _check_int(owner: str, name: str, value: object, low: int) -> None:
@@ -302,6 +302,86 @@ class GumbelTopKTree:
         return _fixed_tree(root, torch.cat(tokens, 1), torch.cat(parents), torch.cat(depths), self.budget + 1)
 
 
+@dataclass(frozen=True)
+class StochasticDDTree:
+    """The DDTree's shape with its tokens drawn from q without replacement: ``StochasticDDTree(15, 8)``.
+
+    The shape (how many children each node gets, and where every node sits) is the deterministic best-first
+    ``DDTree(budget, topk)`` over the drafter's unperturbed ``logq``; only the tokens are drawn. Per depth d one
+    Gumbel perturbation of the processed ``log q`` (``noise[:, d-1]``) is ranked (Gumbel-top-k: a sample without
+    replacement in draw order, Plackett-Luce), and the j-th child (slot order) of every depth-(d-1) node carries
+    the j-th token of that ranking. In the deterministic DDTree a node's children are its depth's ranks
+    ``0 .. c-1`` in slot order, so at ``do_sample=False`` (no perturbation: the ranking is ``logq``'s) this is
+    exactly ``DDTree(budget, topk)``, which is built then.
+
+    Why the shape comes from the unperturbed q: multi-draft rejection without replacement (RSD) tests a node's
+    children in turn and is exact when the k-th child, given everything before it, is a draw of q without the
+    earlier siblings' tokens. That holds for a sibling count fixed before the node's draws (or a stopping time of
+    them). A best-first tree over the *perturbed* scores would give a node more children when its own draws come
+    out large (their summed scores win the budget), so the count would depend on the values drawn and RSD would
+    be biased. Here the count is a function of q alone, i.e. of the committed tokens, fixed before any draw.
+
+    Exact for ``MultiDraftRejection(replacement=False)``: the walk reads the children of one node per depth, and
+    depth d+1's perturbation is independent of everything that led the walk to its depth-d node (as for
+    :class:`GumbelTopKTree`; q is per depth, as DFlash's). All nodes of a depth share one perturbation, so the rules
+    that revisit rejected siblings' subtrees (traversal verification) and the rules for i.i.d. siblings refuse
+    it. Tokens past q's support (top-k / top-p) fill remaining siblings and are never accepted.
+
+    Args:
+        budget (int): non-root nodes, >= 1 (as ``DDTree``).
+        topk (int | None): candidates per depth, >= 1; None means ``budget`` (as ``DDTree``).
+        sampling (SamplingParams | None): as :class:`SampledChain`.
+    """
+
+    budget: int = 15
+    topk: int | None = None
+    sampling: SamplingParams | None = None
+    reads = ("logq",)
+    branching = True
+
+    def __post_init__(self) -> None:
+        _check_int("StochasticDDTree", "budget", self.budget, 1)
+        if self.topk is not None:
+            _check_int("StochasticDDTree", "topk", self.topk, 1)
+
+    @property
+    def stochastic(self) -> bool:
+        return _samples(self.sampling)
+
+    @property
+    def max_depth(self) -> int:
+        return self.budget
+
+    @property
+    def effective_topk(self) -> int:
+        return self.budget if self.topk is None else min(self.topk, self.budget)
+
+    def with_sampling(self, sampling: SamplingParams) -> StochasticDDTree:
+        """This policy drawing from q processed with ``sampling`` (``generate`` calls it)."""
+        return replace(self, sampling=sampling)
+
+    def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
+        logq = _logq(proposal, "StochasticDDTree")
+        if self.stochastic:
+            logq = logq[:, : noise.shape[1]]
+        shape = DDTree(self.budget, self.topk).build(Proposal(logq=logq), root, depth)  # the unperturbed q's tree
+        if not self.stochastic:
+            return shape
+        length, vocab = logq.shape[1], logq.shape[-1]
+        k = min(self.effective_topk, vocab)
+        scores = draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())
+        drawn = scores.topk(k, dim=-1).indices  # [B, L, k]: each depth's draws without replacement, in draw order
+        slots = shape.tokens.shape[1]
+        index = torch.arange(slots, device=root.device)
+        real = shape.valid & (shape.depth > 0)
+        earlier = (shape.parents[:, :, None] == shape.parents[:, None, :]) & (index[None, None] < index[None, :, None])
+        sibling = (earlier & real[:, None, :]).sum(-1)  # [B, S]: the node's place among its parent's children
+        where = (shape.depth - 1).clamp(min=0) * k + sibling.clamp(max=k - 1)
+        tokens = torch.where(real, drawn.flatten(1).gather(1, where), shape.tokens)
+        return DeviceTree(tokens, shape.parents, shape.depth, shape.valid, shape.num_nodes)
+
+
 register_tree("sampled-chain", SampledChain)
 register_tree("sampled-trees", SampledTrees)
 register_tree("gumbel-topk", GumbelTopKTree)
+register_tree("stochastic-ddtree", StochasticDDTree)

@@ -96,7 +96,8 @@ class MultiDraftRejection(WeighsQ):
     ``replacement=False`` is the without-replacement form (RSD): the k-th sibling is weighed against q with the
     earlier siblings' tokens removed (a sibling repeating one of them has probability 0 there and is skipped).
     Exact for ``SampledChain``, ``SampledTrees`` (merged or not: the distinct tokens of i.i.d. draws in order of
-    first appearance are a sample without replacement) and ``GumbelTopKTree``.
+    first appearance are a sample without replacement), ``GumbelTopKTree`` and ``StochasticDDTree`` (Gumbel-top-k
+    siblings in draw order; the stochastic DDTree's sibling counts come from the unperturbed q, never from the draws).
 
     At ``do_sample=False`` q is the one-hot of the drafter's argmax and p the target's: a child is accepted iff
     it carries the target's argmax, the residual after a rejection is p's argmax again, so the rule is
@@ -119,7 +120,7 @@ class MultiDraftRejection(WeighsQ):
                     "False) or SampledTrees(..., merge=False)."
                 )
         else:
-            exact_for = {"SampledChain": "", "SampledTrees": "", "GumbelTopKTree": ""}
+            exact_for = {"SampledChain": "", "SampledTrees": "", "GumbelTopKTree": "", "StochasticDDTree": ""}
         check_sampled_policy(f"MultiDraftRejection(replacement={self.replacement})", sampling, tree, exact_for)
 
     def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:

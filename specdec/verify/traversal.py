@@ -145,7 +145,7 @@ class TraversalVerification(WeighsQ):
     ``SampledTrees`` (merged or not). ``replacement=True``: siblings are i.i.d. draws; exact for ``SampledChain``
     and ``SampledTrees(merge=False)``, not for the merged trie (refused). The rule reads rejected siblings'
     subtrees, so every node's children must be drawn independently of the other nodes' at its depth:
-    ``GumbelTopKTree`` (one draw per depth) is refused. At ``do_sample=False`` it is
+    ``GumbelTopKTree`` and ``StochasticDDTree`` (one draw per depth) are refused. At ``do_sample=False`` it is
     :class:`~specdec.verify.Greedy`.
 
     Args:
@@ -164,11 +164,11 @@ class TraversalVerification(WeighsQ):
                 "TraversalVerification(replacement=True) is not exact for SampledTrees(merge=True): merged "
                 "duplicate siblings are a sample without replacement; use replacement=False or merge=False."
             )
-        if name == "GumbelTopKTree":
+        if name in ("GumbelTopKTree", "StochasticDDTree"):
             raise ValueError(
-                "TraversalVerification is not exact for GumbelTopKTree: the tree shares one draw per depth between "
+                f"TraversalVerification is not exact for {name}: the tree shares one draw per depth between "
                 "all nodes of that depth, and traversal reads the subtrees of rejected siblings; use "
-                "SampledTrees, or MultiDraftRejection(replacement=False) with GumbelTopKTree."
+                f"SampledTrees, or MultiDraftRejection(replacement=False) with {name}."
             )
         merge = "merge=False" if self.replacement else ""
         check_sampled_policy(f"TraversalVerification(replacement={self.replacement})", sampling, tree,

@@ -16,6 +16,7 @@ import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf, open_dict
 
+import specdec
 from specdec import cli
 from specdec.bench import (
     BenchConfig,
@@ -100,6 +101,27 @@ def test_experiments_set_what_they_promise(zoo):
     assert settings["sweep"].temperatures == [0.0, 1.0] and len(_method_names(settings["sweep"].methods)) > 10
     smoke = settings["smoke"]
     assert (smoke.num_prompts, smoke.max_new_tokens) == (2, 16) and Path(smoke.target).name == "target-dense"
+
+
+def test_the_verifiers_experiment_resolves_on_both_targets(zoo):
+    """``+experiment=verifiers``: sampling at T = 1.0 and 0.7, every rule of ``specdec.verify.RULES`` but greedy
+    over trees it is exact for (refused pairs would raise here), one row name per (rule, tree), about 20 rows;
+    ``target=hybrid`` swaps the target and keeps the rows."""
+    stubs = dict.fromkeys(("ngram", "model", "dflash"), _stub)
+    for extra in ([], ["target=hybrid"]):
+        cfg = BenchConfig(**cli.bench_settings(_compose(["+experiment=verifiers", *extra])[0]))
+        assert cfg.temperatures == [1.0, 0.7] and (cfg.num_prompts, cfg.max_new_tokens) == (20, 128) and cfg.warmup
+        assert Path(cfg.target).name == ("target-hybrid" if extra else "target-dense")
+        methods = methods_from_specs(cfg.methods, target=None, tokenizer=None, drafter_factories=stubs)
+        names = [m.name for m in methods]
+        assert len(names) == len(set(names)) and len(names) <= 22, names
+        rules = {type(m.verifier).__name__ for m in methods if m.verifier is not None}
+        assert rules == {"SampleMatch", "SpeculativeSampling", "BlockVerification", "MultiDraftRejection",
+                         "TraversalVerification"}  # fmt: skip
+        rsd = [m.tree for m in methods if m.verifier == specdec.MultiDraftRejection(replacement=False)]
+        assert {type(t).__name__ for t in rsd} == {"SampledTrees", "GumbelTopKTree", "StochasticDDTree"}
+        assert all(12 <= t.budget <= 63 for m in methods if m.tree is not None for t in [m.tree])
+        assert "sample-match/ddtree-b63-k8" in names and "multi-draft-no-replacement/stochastic-ddtree-b32-k8" in names
 
 
 def _cli(*args, cwd, timeout=240) -> subprocess.CompletedProcess:

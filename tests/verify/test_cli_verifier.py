@@ -40,7 +40,7 @@ def test_every_verifier_option_builds_its_rule():
         cli.build_rule("nope")
 
 
-@pytest.mark.parametrize("option", ["sampled-chain", "sampled-trees", "gumbel-topk"])
+@pytest.mark.parametrize("option", ["sampled-chain", "sampled-trees", "gumbel-topk", "stochastic-ddtree"])
 def test_sampled_tree_options_build_their_policies(option):
     cfg = OmegaConf.to_container(OmegaConf.load(CONF / "tree" / f"{option}.yaml"))
     tree = build_tree(cfg.pop("name"), **cfg)

@@ -40,20 +40,27 @@ EXACT = {  # rule x policy pairs the rule is exact for
     "rsd-trie": (specdec.SampledTrees(3, 3), WITHOUT),
     "rsd-paths": (specdec.SampledTrees(3, 3, merge=False), WITHOUT),  # duplicate siblings are skipped
     "rsd-gumbel-topk": (specdec.GumbelTopKTree((3, 2, 1)), WITHOUT),
+    "rsd-stochastic-ddtree": (specdec.StochasticDDTree(8, 3), WITHOUT),  # DDTree shape, Gumbel-top-k tokens
 }
 
 
-@pytest.mark.parametrize("pair", list(EXACT))
+SLOW = {"rsd-stochastic-ddtree"}  # one DDTree shape per round (row): ~5 s per 16000 rounds on a CPU
+ROUND_PAIRS = [pytest.param(p, marks=pytest.mark.slow) if p in SLOW else p for p in EXACT]
+
+
+@pytest.mark.parametrize("pair", ROUND_PAIRS)
 def test_first_token_after_root_follows_hf(pair):
     check_first_token(*EXACT[pair], seed=0)
 
 
-@pytest.mark.parametrize("pair", list(EXACT))
+@pytest.mark.parametrize("pair", ROUND_PAIRS)
 def test_token_after_accepted_path_follows_hf(pair):
     check_after_path(*EXACT[pair], seed=1)
 
 
-@pytest.mark.parametrize("pair", ["rsd-trie", "specinfer-paths", "rsd-gumbel-topk"])
+@pytest.mark.parametrize(
+    "pair", ["rsd-trie", "specinfer-paths", "rsd-gumbel-topk", pytest.param("rsd-stochastic-ddtree", marks=pytest.mark.slow)]
+)
 def test_token_after_two_accepted_drafts_follows_hf(pair):
     check_after_two(*EXACT[pair], seed=2)
 
@@ -62,6 +69,13 @@ def test_generate_joint_of_three_tokens_matches_hf_generate():
     """The first three tokens of ``specdec.generate`` (the prompt's next token, then a round over a 3-path trie
     of depth 2): their joint fits HF ``generate``'s."""
     assert_generate_fits(specdec.SampledTrees(3, 2), WITHOUT, E2E_CALLS, 3, seed=0)
+
+
+@pytest.mark.slow
+def test_generate_joint_of_three_tokens_over_the_stochastic_ddtree_matches_hf_generate():
+    """The same joint over ``StochasticDDTree(5, 2)`` (the DDTree's shape from the unperturbed q, its tokens drawn
+    without replacement): the first three tokens of ``specdec.generate`` fit HF ``generate``'s."""
+    assert_generate_fits(specdec.StochasticDDTree(5, 2), WITHOUT, E2E_CALLS, 3, seed=5)
 
 
 @pytest.mark.parametrize("pair", list(EXACT))
@@ -84,8 +98,9 @@ def test_siblings_are_tested_in_turn():
         (specdec.GumbelTopKTree((2, 2)), WITH, "got tree=GumbelTopKTree"),
         (specdec.Chain(3), WITHOUT, "got tree=Chain"),
         (specdec.DDTree(8), WITH, "got tree=DDTree"),
+        (specdec.StochasticDDTree(8, 2), WITH, "got tree=StochasticDDTree"),
     ],
-    ids=["with-trie", "with-topk", "chain", "ddtree"],
+    ids=["with-trie", "with-topk", "chain", "ddtree", "with-stochastic-ddtree"],
 )
 def test_refuses_what_it_is_not_exact_for(tree, rule, match):
     with pytest.raises(ValueError, match=match):

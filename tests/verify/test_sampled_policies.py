@@ -13,7 +13,7 @@ from oracles import hf_probs
 from sampled_rounds import ROOT, Table, V, assert_fits, draft_logq
 
 import specdec
-from specdec.trees.build import chain_device, trie_device
+from specdec.trees.build import chain_device, ddtree_device, trie_device
 from specdec.types import DeviceTree, Proposal, SamplingParams
 
 SAMPLING = SamplingParams(do_sample=True, temperature=0.8, top_k=10, top_p=0.9)
@@ -79,6 +79,44 @@ def test_gumbel_topk_siblings_are_a_sample_without_replacement():
     assert_fits(tree.tokens[:, 1] * V + tree.tokens[:, 2], law.flatten())
 
 
+def _ddtree(budget: int, topk: int, logq=LOGQ):
+    """The deterministic DDTree of ``logq`` (the host-side builder's reference: ``ddtree_device``, one row)."""
+    return ddtree_device(logq, torch.tensor(ROOT), budget=budget, topk=topk, num_slots=budget + 1)
+
+
+def test_stochastic_ddtree_has_the_ddtree_shape_whatever_the_draws():
+    """Parents, depths and sibling counts are the deterministic DDTree's over the unperturbed q in every tree
+    (they never depend on the draws), siblings are distinct tokens, and at ``do_sample=False`` the tree is the
+    DDTree itself."""
+    tree = build(specdec.StochasticDDTree(10, 3), 500, seed=50)
+    ref = _ddtree(10, 3)
+    assert (tree.parents == ref.parents).all() and (tree.depth == ref.depth).all() and (tree.valid == ref.valid).all()
+    real = tree.valid & (tree.depth > 0)
+    same_parent = (tree.parents[:, :, None] == tree.parents[:, None, :]) & real[:, :, None] & real[:, None, :]
+    same_token = tree.tokens[:, :, None] == tree.tokens[:, None, :]
+    assert not (same_parent & same_token & ~torch.eye(tree.num_slots, dtype=torch.bool)).any()
+    assert len({tuple(t) for t in tree.tokens[:, 1:4].tolist()}) > 20  # the tokens are drawn
+    greedy = build(specdec.StochasticDDTree(10, 3), 2, seed=0, sampling=SamplingParams())
+    assert all(torch.equal(x, y) for x, y in zip(ref, greedy.row(1), strict=True))
+
+
+@pytest.mark.slow  # one DDTree shape per tree: ~9 s for 30000 trees on a CPU
+def test_stochastic_ddtree_siblings_are_a_sample_without_replacement():
+    """The root's first two children: P(c1 = i, c2 = j) = q_i q_j / (1 - q_i) (Plackett-Luce), the law of two draws
+    without replacement from the processed q of depth 1; a depth-2 child follows q of depth 2."""
+    tree = build(specdec.StochasticDDTree(8, 3), TREES_PER_TEST, seed=51)
+    ref = _ddtree(8, 3)
+    root_children = (ref.parents == 0).nonzero()[:, 0].tolist()
+    assert len(root_children) >= 2
+    q = q_of(1)
+    law = q[:, None] * q[None] / (1 - q[:, None]).clamp(min=1e-300)
+    law.fill_diagonal_(0.0)
+    first, second = root_children[:2]
+    assert_fits(tree.tokens[:, first] * V + tree.tokens[:, second], law.flatten())
+    deeper = (ref.depth == 2).nonzero()[0, 0]
+    assert_fits(tree.tokens[:, deeper], q_of(2), power=False)
+
+
 def test_deterministic_at_do_sample_false():
     greedy = SamplingParams()
     chain = build(specdec.SampledChain(3), 2, seed=0, sampling=greedy)
@@ -88,13 +126,15 @@ def test_deterministic_at_do_sample_false():
     assert torch.equal(trie.tokens[1, :4], expect.tokens) and int(trie.num_nodes[1]) == 4  # equal paths: a chain
     top = build(specdec.GumbelTopKTree((2, 1)), 1, seed=0, sampling=greedy)
     assert top.tokens[0, 1:3].tolist() == LOGQ[0].topk(2).indices.tolist()
-    for policy in (specdec.SampledChain(), specdec.SampledTrees(), specdec.GumbelTopKTree()):
+    for policy in (specdec.SampledChain(), specdec.SampledTrees(), specdec.GumbelTopKTree(), specdec.StochasticDDTree()):
         assert not policy.with_sampling(greedy).stochastic and policy.with_sampling(SAMPLING).stochastic
 
 
 def test_drafted_depth_below_the_policys():
     """A drafter that drafts fewer depths than the policy's: the trees stop there (padding after)."""
-    for policy in (specdec.SampledChain(3), specdec.SampledTrees(2, 3), specdec.GumbelTopKTree((2, 2, 2))):
+    policies = (specdec.SampledChain(3), specdec.SampledTrees(2, 3), specdec.GumbelTopKTree((2, 2, 2)),
+                specdec.StochasticDDTree(8, 2))  # fmt: skip
+    for policy in policies:
         tree = build(policy, 4, seed=1, logq=LOGQ[:2])
         assert tree.num_slots == policy.budget + 1
         assert int(tree.depth.max()) == 2
@@ -109,6 +149,8 @@ def test_drafted_depth_below_the_policys():
         (lambda: specdec.SampledTrees(2, 2, merge=1), "merge must be True or False"),
         (lambda: specdec.GumbelTopKTree(()), "non-empty tuple"),
         (lambda: specdec.GumbelTopKTree((2, 0)), "widths"),
+        (lambda: specdec.StochasticDDTree(0), "budget must be an int >= 1"),
+        (lambda: specdec.StochasticDDTree(8, 0), "topk must be an int >= 1"),
     ],
 )
 def test_arguments_are_checked(make, match):
@@ -120,4 +162,5 @@ def test_registered_by_name():
     assert specdec.TREES["sampled-chain"] is specdec.SampledChain
     assert specdec.TREES["sampled-trees"] is specdec.SampledTrees
     assert specdec.TREES["gumbel-topk"] is specdec.GumbelTopKTree
+    assert specdec.TREES["stochastic-ddtree"] is specdec.StochasticDDTree
     assert specdec.GumbelTopKTree([3, 2]).widths == (3, 2)  # a list (from a config file) becomes a tuple

@@ -123,8 +123,9 @@ def test_postorder_matches_a_host_depth_first_walk():
         (specdec.GumbelTopKTree((2, 2)), specdec.TraversalVerification(), "one draw per depth"),
         (specdec.SampledTrees(3, 3), specdec.TraversalVerification(replacement=True), "merge=True"),
         (specdec.DDTree(8), specdec.TraversalVerification(), "got tree=DDTree"),
+        (specdec.StochasticDDTree(8, 2), specdec.TraversalVerification(), "StochasticDDTree: .*one draw per depth"),
     ],
-    ids=["gumbel-topk", "trie-with", "ddtree"],
+    ids=["gumbel-topk", "trie-with", "ddtree", "stochastic-ddtree"],
 )
 def test_refuses_what_it_is_not_exact_for(tree, rule, match):
     with pytest.raises(ValueError, match=match):

@@ -14,6 +14,7 @@ PAIRS = {
     "specinfer-paths": (specdec.SampledTrees(3, 2, merge=False), specdec.MultiDraftRejection()),
     "rsd-trie": (specdec.SampledTrees(3, 2), specdec.MultiDraftRejection(replacement=False)),
     "rsd-gumbel-topk": (specdec.GumbelTopKTree((2, 2)), specdec.MultiDraftRejection(replacement=False)),
+    "rsd-stochastic-ddtree": (specdec.StochasticDDTree(5, 2), specdec.MultiDraftRejection(replacement=False)),
     "traversal-trie": (specdec.SampledTrees(3, 2), specdec.TraversalVerification()),
     "traversal-paths": (specdec.SampledTrees(3, 2, merge=False), specdec.TraversalVerification(replacement=True)),
 }
