@@ -282,7 +282,7 @@ MUTANTS = [
         ),
         ("tests/verify/test_sampled_policies.py", "tests/verify/test_multidraft.py"),
     ),
-    Mutant(  # the stochastic DDTree's shape (sibling counts) taken from the perturbed scores: counts depend on the draws
+    Mutant(  # the stochastic DDTree's shape (sibling counts) from the perturbed scores: the counts depend on the draws
         "stochastic_ddtree_shape_from_draws",
         (
             (

@@ -72,6 +72,8 @@ class BenchConfig:
         max_prompt_tokens (int | None): keep the last N tokens of longer prompts; null = all. Default `null`.
         max_new_tokens (int): tokens generated per prompt. Default `128`.
         temperatures (list[float]): 0 = greedy. Default `[0.0]`.
+        batch_sizes (list[int]): each method is timed at each batch size B: the prompts decoded B per call
+            (left-padded). Default `[1]`.
         warmup (int): untimed passes over all prompts per method before timing (0 = cold). Default `1`.
         repeat (int): timed passes per method (the report lists each pass's tok/s). Default `1`.
         interleave (bool): pass p of every method before pass p + 1 of any (warm-up passes too). Default `false`.
@@ -121,6 +123,7 @@ class BenchConfig:
     max_prompt_tokens: int | None = None
     max_new_tokens: int = 128
     temperatures: list[float] = field(default_factory=lambda: [0.0])
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
     warmup: int = 1
     repeat: int = 1
     interleave: bool = False
@@ -162,6 +165,7 @@ class BenchConfig:
                 raise ValueError(f"{name}={value!r} must be an int >= {low}.")
         if not self.temperatures:
             raise ValueError("temperatures is empty: give at least one, e.g. [0.0].")
+        check_batch_sizes(self.batch_sizes)
         if self.hybrid_mode not in ("exact", "snapshot"):
             raise ValueError(f"hybrid_mode={self.hybrid_mode!r}: use exact or snapshot.")
         if not isinstance(self.eager_compare, bool) and not (
@@ -177,6 +181,17 @@ class BenchConfig:
         check_compile_setting(self.compile)
         check_backends_setting(self.backends)
         check_method_specs(self.methods, custom_drafters=None)  # main_bench may add drafter kinds
+
+
+def check_batch_sizes(batch_sizes) -> None:
+    """Refuse ``batch_sizes`` other than a non-empty list of distinct ints >= 1."""
+    if not isinstance(batch_sizes, list | tuple) or not batch_sizes:
+        raise ValueError(f"batch_sizes={batch_sizes!r}: give a non-empty list of ints >= 1, e.g. [1, 8].")
+    for b in batch_sizes:
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"batch_sizes={list(batch_sizes)!r}: {b!r} is not an int >= 1.")
+    if len(set(batch_sizes)) != len(batch_sizes):
+        raise ValueError(f"batch_sizes={list(batch_sizes)!r} repeats a batch size.")
 
 
 def check_compile_setting(compile) -> None:
@@ -437,13 +452,13 @@ def methods_from_specs(
     "verifier"?: <a name of specdec.verify.RULES> | {"name": ..., **settings}, "cuda_graphs"?: bool,
     "compile"?: ..., "backends"?: {field: value}}``. A verifier is passed to ``generate``; the row's name then
     carries the rule (``<rule>/<tree>`` without a ``name``, ``<name>+<rule>`` with one), and a rule that is not
-    exact for the tree is refused before anything loads. Drafters are built once per distinct drafter spec, by ``drafter_factories[kind](target,
-    tokenizer, **kwargs)`` when given, else from the public drafter classes: ``ngram`` (``NGramDrafter``), ``model``
-    (``ModelDrafter``: ``path``, or the target's first ``truncate_layers`` layers), ``dflash``
-    (``DFlashDrafter.from_pretrained``; without ``path`` it loads ``dflash``; ``init: random`` builds a random one
-    of the target's width, ``specdec.bench.synthetic.random_dflash``). ``hf: assisted`` takes the small model of a
-    ``model`` drafter; it is skipped, with a warning, on targets with recurrent layers (HF's assisted generation
-    needs an attention-only target).
+    exact for the tree is refused before anything loads. Drafters are built once per distinct drafter spec, by
+    ``drafter_factories[kind](target, tokenizer, **kwargs)`` when given, else from the public drafter classes:
+    ``ngram`` (``NGramDrafter``), ``model`` (``ModelDrafter``: ``path``, or the target's first ``truncate_layers``
+    layers), ``dflash`` (``DFlashDrafter.from_pretrained``; without ``path`` it loads ``dflash``; ``init: random``
+    builds a random one of the target's width, ``specdec.bench.synthetic.random_dflash``). ``hf: assisted`` takes
+    the small model of a ``model`` drafter; it is skipped, with a warning, on targets with recurrent layers (HF's
+    assisted generation needs an attention-only target).
     """
     factories = dict(drafter_factories or {})
     check_method_specs(specs, custom_drafters=list(factories))
@@ -579,6 +594,7 @@ def main_bench(
         methods,
         max_new_tokens=cfg.max_new_tokens,
         temperatures=[float(t) for t in cfg.temperatures],
+        batch_sizes=list(cfg.batch_sizes),
         warmup=cfg.warmup,
         repeat=cfg.repeat,
         interleave=cfg.interleave,

@@ -188,7 +188,7 @@ class _Runner:
             "drafter": "none" if self.drafter is None else type(self.drafter).__name__,
             "tree": "ar" if self.drafter is None else _tree_kind(tree),
             "budget": 0 if tree is None else tree.budget,
-            "topk": None if tree is None else getattr(tree, "topk", 1 if not getattr(tree, "branching", False) else None),
+            "topk": None if tree is None else getattr(tree, "topk", None if getattr(tree, "branching", False) else 1),
             "verifier": getattr(self.method.verifier, "name", None),
             "temperature": float(temperature),
             "prompt_id": prompt_id,

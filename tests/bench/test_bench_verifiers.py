@@ -52,12 +52,20 @@ def test_a_method_takes_a_rule_and_every_registered_tree():
     ("spec", "match"),
     [
         ({"verifier": "nope"}, r"Unknown verifier 'nope'; choose one of block, greedy, multi-draft"),
-        ({"verifier": {"name": "block", "replacement": True}}, r"verifier \{name: block\} does not take \['replacement'\]"),
+        (
+            {"verifier": {"name": "block", "replacement": True}},
+            r"verifier \{name: block\} does not take \['replacement'\]",
+        ),
         ({"verifier": {"replacement": True}}, r"give a rule name or \{name: \.\.\., \.\.\.settings\}"),
         ({"tree": {"kind": "star"}}, r"Unknown tree kind 'star': choose one of .*stochastic-ddtree"),
-        ({"tree": {"kind": "stochastic-ddtree", "width": 2}}, r"unknown fields \['width'\]; it takes \['budget', 'topk'\]"),
-        ({"verifier": {"name": "traversal"}, "tree": {"kind": "stochastic-ddtree", "budget": 15}},
-         r"\(verifier traversal\): TraversalVerification is not exact for StochasticDDTree"),
+        (
+            {"tree": {"kind": "stochastic-ddtree", "width": 2}},
+            r"unknown fields \['width'\]; it takes \['budget', 'topk'\]",
+        ),
+        (
+            {"verifier": {"name": "traversal"}, "tree": {"kind": "stochastic-ddtree", "budget": 15}},
+            r"\(verifier traversal\): TraversalVerification is not exact for StochasticDDTree",
+        ),
         ({"verifier": {"name": "multi-draft"}, "tree": {"kind": "stochastic-ddtree"}}, r"got tree=StochasticDDTree"),
         ({"verifier": "speculative-sampling", "tree": {"kind": "ddtree", "budget": 8}}, r"got tree=DDTree"),
     ],
@@ -80,8 +88,12 @@ def test_the_rule_reaches_generate_and_the_report_shows_depth_acceptance(tmp_pat
     drafter = specdec.ModelDrafter(perturbed_copy(target, noise=0.05), tree_depth=3)
     methods = [
         Method(name="ar"),
-        Method(name="rsd", drafter=drafter, tree=specdec.StochasticDDTree(6, 2),
-               verifier=specdec.MultiDraftRejection(replacement=False)),  # fmt: skip
+        Method(
+            name="rsd",
+            drafter=drafter,
+            tree=specdec.StochasticDDTree(6, 2),
+            verifier=specdec.MultiDraftRejection(replacement=False),
+        ),  # fmt: skip
     ]
     prompts = [{"id": "p0", "prompt": "x"}]
 

@@ -59,7 +59,8 @@ def test_token_after_accepted_path_follows_hf(pair):
 
 
 @pytest.mark.parametrize(
-    "pair", ["rsd-trie", "specinfer-paths", "rsd-gumbel-topk", pytest.param("rsd-stochastic-ddtree", marks=pytest.mark.slow)]
+    "pair",
+    ["rsd-trie", "specinfer-paths", "rsd-gumbel-topk", pytest.param("rsd-stochastic-ddtree", marks=pytest.mark.slow)],
 )
 def test_token_after_two_accepted_drafts_follows_hf(pair):
     check_after_two(*EXACT[pair], seed=2)

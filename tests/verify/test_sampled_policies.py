@@ -126,7 +126,8 @@ def test_deterministic_at_do_sample_false():
     assert torch.equal(trie.tokens[1, :4], expect.tokens) and int(trie.num_nodes[1]) == 4  # equal paths: a chain
     top = build(specdec.GumbelTopKTree((2, 1)), 1, seed=0, sampling=greedy)
     assert top.tokens[0, 1:3].tolist() == LOGQ[0].topk(2).indices.tolist()
-    for policy in (specdec.SampledChain(), specdec.SampledTrees(), specdec.GumbelTopKTree(), specdec.StochasticDDTree()):
+    policies = (specdec.SampledChain(), specdec.SampledTrees(), specdec.GumbelTopKTree(), specdec.StochasticDDTree())
+    for policy in policies:
         assert not policy.with_sampling(greedy).stochastic and policy.with_sampling(SAMPLING).stochastic
 
 
