@@ -85,8 +85,8 @@ def test_warmup_runs_are_undone_before_capture():
     (rnd,) = [r for r in engine._rounds.values() if r.drafter is drafter]
 
     def start():
-        logits, _ = engine.prefill(ids, drafter)
-        engine.set_root(logits.argmax().view(1))
+        logits = engine.prefill(ids, [ids.shape[1]], drafter)
+        engine.start(logits.argmax(-1), [ids.shape[1]], [True])
 
     def state():
         rec = [
@@ -187,7 +187,7 @@ def test_padded_prefill_equals_the_models_own_forward(family, graph_prefill):
         for t in (*engine.target.storage.kv.unsqueeze(0), *engine.target.recurrent.values()):  # stale state
             for x in (t,) if isinstance(t, torch.Tensor) else (t.conv_states, t.recurrent_states):
                 x.normal_(generator=gen)
-        logits, _ = engine.prefill(ids, None)
+        logits = engine.prefill(ids, [n], None)[0]
         cache = DynamicCache(config=target.config)
         want_logits, _ = tgt.prefill_into(cache, ids)
         ref = StaticModel(tgt, engine.capacity)
@@ -280,6 +280,7 @@ def test_round_verify_alone_repeats_and_leaves_the_committed_state_alone():
     from specdec.engine import Engine
     from specdec.target import TargetModel
     from specdec.trees.build import ddtree_device
+    from specdec.types import DeviceTree
 
     target = _target("qwen3_5")
     drafter = _bigram_drafter(target)
@@ -288,17 +289,17 @@ def test_round_verify_alone_repeats_and_leaves_the_committed_state_alone():
     specdec.generate(target, ids, drafter=drafter, tree=tree_spec, max_new_tokens=8)
     engine = Engine.for_target(TargetModel.wrap(target), capacity=1)
     (rnd,) = [r for r in engine._rounds.values() if r.drafter is drafter]
-    logits, _ = engine.prefill(ids, drafter)
-    engine.set_root(logits.argmax().view(1))
+    logits = engine.prefill(ids, [ids.shape[1]], drafter)
+    engine.start(logits.argmax(-1), [ids.shape[1]], [True])
     layers = engine.target.recurrent.values()
     before = [t.clone() for layer in layers for t in (layer.conv_states, layer.recurrent_states)]
     before += [engine.prefix.clone(), engine.root.clone()]
     logq = torch.log_softmax(torch.randn(rnd.depth, VOCAB, generator=torch.Generator().manual_seed(5)) * 3, -1)
-    tree = ddtree_device(logq, engine.root, budget=8, topk=4, num_slots=rnd.slots)
+    tree = DeviceTree.stack([ddtree_device(logq, engine.root[0], budget=8, topk=4, num_slots=rnd.slots)])
     with rnd.captured.scope:
         first = rnd._verify(tree)[0].clone()
         second = rnd._verify(tree)[0]
-    assert first.shape[0] == rnd.slots and torch.equal(first, second)
+    assert first.shape[:2] == (1, rnd.slots) and torch.equal(first, second)
     after = [t for layer in layers for t in (layer.conv_states, layer.recurrent_states)]
     after += [engine.prefix, engine.root]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
