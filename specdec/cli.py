@@ -131,6 +131,21 @@ def _check_limit(limit) -> None:
         raise ValueError(f"prompts.limit / num_prompts = {limit!r}: give an int >= 1, or null for all prompts.")
 
 
+def _check_batch_size(batch_size) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"prompts.batch_size = {batch_size!r}: give an int >= 1 (prompts per generate call).")
+
+
+def left_pad(tokenizer) -> None:
+    """Make ``tokenizer`` pad batches on the left (as ``generate`` takes them); a tokenizer without a pad token pads
+    with its EOS token, as HF does."""
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("prompts.batch_size > 1 pads prompts: the tokenizer has neither a pad nor an EOS token.")
+        tokenizer.pad_token = tokenizer.eos_token
+
+
 def _fast_path_kwargs(c: Mapping) -> dict:
     """``cuda_graphs`` / ``compile`` for ``generate``, only where the config sets them."""
     return {k: c[k] for k in ("cuda_graphs", "compile") if c.get(k) is not None}
@@ -154,6 +169,7 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
     from specdec.loading import build_drafter, build_tree, load_prompts, load_target, resolve_device
 
     _check_limit(c["prompts"]["limit"])
+    _check_batch_size(c["prompts"].get("batch_size", 1))
     torch.set_num_threads(resolve_threads(c["threads"]))
     device, dtype = resolve_device(c["device"], c["dtype"])
     target = c["target"]
@@ -165,33 +181,42 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
     verifier = build_rule(**c["verifier"])
     spec = specdec.SpeculativeModel(model, drafter=drafter, tree=tree, verifier=verifier, hybrid_mode=c["hybrid_mode"])
     prompts = load_prompts(c["prompts"]["path"], limit=c["prompts"]["limit"], text=c["prompts"]["text"])
+    batch_size = c["prompts"].get("batch_size", 1)
+    if batch_size > 1:
+        left_pad(tok)
     gen = torch.Generator(device=device).manual_seed(int(c["seed"]))
     console, records = Console(), []
-    for row in prompts:
-        ids = tok(row["prompt"], return_tensors="pt").input_ids.to(device)
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start : start + batch_size]
+        enc = tok([row["prompt"] for row in batch], return_tensors="pt", padding=len(batch) > 1)
+        ids = enc.input_ids.to(device)
+        mask = enc.attention_mask.to(device) if len(batch) > 1 else None
         out = spec.generate(
             ids,
+            attention_mask=mask,
             max_new_tokens=c["max_new_tokens"],
             generator=gen,
             return_dict_in_generate=True,
             **c["sampling"],
             **_fast_path_kwargs(c),
         )
-        new = out.sequences[0, ids.shape[1] :].tolist()
-        records.append(
-            {
-                "id": row["id"],
-                "prompt": row["prompt"],
-                "completion": tok.decode(new),
-                "tokens": new,
-                "stats": _stats_record(out.stats),
-            }
-        )
-        if c["show_text"]:
-            console.rule(str(row["id"]))
-            console.print(row["prompt"], style="dim", end="", markup=False, highlight=False)
-            console.print(records[-1]["completion"], style="bold", markup=False, highlight=False)
-    console.print(_table(records, f"specdec: {type(drafter).__name__ if drafter else 'AR'} / {tree}"))
+        row_stats = out.stats.rows or [out.stats]
+        for b, row in enumerate(batch):
+            new = out.sequences[b, ids.shape[1] :][: row_stats[b].new_tokens].tolist()
+            stats = _stats_record(out.stats) if len(batch) == 1 else _row_record(out.stats, b)
+            if batch_size > 1:
+                stats.update(batch=start // batch_size, batch_size=len(batch))
+            records.append(
+                {"id": row["id"], "prompt": row["prompt"], "completion": tok.decode(new), "tokens": new, "stats": stats}
+            )
+            if c["show_text"]:
+                console.rule(str(row["id"]))
+                console.print(row["prompt"], style="dim", end="", markup=False, highlight=False)
+                console.print(records[-1]["completion"], style="bold", markup=False, highlight=False)
+    title = f"specdec: {type(drafter).__name__ if drafter else 'AR'} / {tree}"
+    if batch_size > 1:
+        title += f", {batch_size} prompts per call (prefill ms, rounds ms and tok/s are the call's)"
+    console.print(_table(records, title, batched=batch_size > 1))
     if output_dir is not None:
         _write_jsonl(Path(output_dir) / "generations.jsonl", [{k: r[k] for k in r if k != "stats"} for r in records])
         _write_jsonl(Path(output_dir) / "stats.jsonl", [{"id": r["id"], **r["stats"]} for r in records])
@@ -218,17 +243,37 @@ def _stats_record(stats) -> dict:
     return record
 
 
-def _table(records: list[dict], title: str):
+def _row_record(stats, b: int) -> dict:
+    """Row ``b`` of a batch call: its own counts (``rounds``, ``tau``, ``accept_*``, ``new_tokens``,
+    ``target_forwards``, ``tree_nodes``); the timings, the path and ``decode_tok_s`` (all rows' tokens) are the
+    call's, shared by its rows; ``batch_tau`` is the call's τ over every (row, round) pair."""
+    record = {k: v for k, v in stats.rows[b].as_dict().items() if k != "rows"}
+    call = _stats_record(stats)
+    decode_s = sum(v for k, v in stats.phase_ms.items() if k not in ("prefill", "build")) / 1e3
+    decode_tokens = sum(max(row.new_tokens - 1, 0) for row in stats.rows)
+    record.update({k: call[k] for k in ("phase_ms", "path", "capture_ms", "compile_ms", "compile_fallbacks")})
+    record.update(
+        decode_tok_s=decode_tokens / decode_s if decode_s > 0 else None,
+        batch_tau=stats.tau,
+        batch_target_forwards=stats.target_forwards,
+        draft_forwards=stats.draft_forwards,
+    )
+    return record
+
+
+def _table(records: list[dict], title: str, batched: bool = False):
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("prompt", "new", "rounds", "tau", "prefill ms", "rounds ms", "tok/s"):
+    columns = ("prompt", "new", "rounds", "tau", "prefill ms", "rounds ms", "tok/s")
+    for col in columns[:1] + (("batch",) if batched else ()) + columns[1:]:
         table.add_column(col, justify="right")
     for r in records:
         s = r["stats"]
         tok_s = "–" if s["decode_tok_s"] is None else f"{s['decode_tok_s']:.1f}"
         table.add_row(
             str(r["id"]),
+            *([str(s["batch"])] if batched else []),
             str(s["new_tokens"]),
             str(s["rounds"]),
             f"{s['tau']:.2f}",
@@ -249,6 +294,8 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 def bench_settings(c: Mapping) -> dict:
     """The ``BenchConfig`` fields of a resolved ``bench.yaml`` config (groups mapped to plain paths)."""
     _check_limit(c["prompts"]["limit"])
+    if c["prompts"].get("batch_size", 1) != 1:
+        raise ValueError("bench decodes at its batch_sizes=[...] (e.g. 'batch_sizes=[1,8]'), not prompts.batch_size.")
     skip = {"target", "prompts", "num_prompts", "threads"}
     settings = {k: v for k, v in c.items() if k not in skip}
     settings.update(
@@ -268,6 +315,8 @@ def train_settings(c: Mapping) -> dict:
     if c["prompts"]["text"] is not None:
         raise ValueError("train evaluates on a prompts file: use prompts=dev or prompts.path=<file.jsonl>.")
     _check_limit(c["prompts"]["limit"])
+    if c["prompts"].get("batch_size", 1) != 1:
+        raise ValueError("train evaluates prompt by prompt: drop prompts.batch_size.")
     corpus = c["corpus"]
     if corpus is None and c["corpus_cache"] is None:
         raise ValueError(

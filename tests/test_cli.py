@@ -160,6 +160,38 @@ def test_generate_writes_generations_and_stats_jsonl(zoo, tmp_path):
         assert s["rounds"] == r["stats"]["rounds"] and sum(s["accept_hist"]) == s["rounds"] and "tau" in s
 
 
+def test_generate_in_batches_gives_the_texts_of_one_prompt_at_a_time(tmp_path):
+    """``prompts.batch_size=2`` over 3 prompts (a batch of 2, then 1, left-padded): the greedy texts of batch size 1;
+    each record carries its own rounds and tau, and the call it ran in."""
+    base = ["drafter=dflash", "tree=ddtree", "tree.budget=8", "prompts.limit=3", "max_new_tokens=16",
+            "show_text=false", "threads=1", "device=cpu"]  # fmt: skip
+    runs = {}
+    for size in (1, 2):
+        cfg, choices = _compose("generate", [*base, f"prompts.batch_size={size}"])
+        runs[size] = cli.run_command("generate", cfg, choices, tmp_path / str(size))
+    one, two = runs[1], runs[2]
+    assert [r["completion"] for r in two] == [r["completion"] for r in one]
+    assert [r["tokens"] for r in two] == [r["tokens"] for r in one]
+    assert [(r["stats"]["batch"], r["stats"]["batch_size"]) for r in two] == [(0, 2), (0, 2), (1, 1)]
+    for a, b in zip(one, two, strict=True):
+        assert (b["stats"]["rounds"], b["stats"]["tau"], b["stats"]["new_tokens"]) == (
+            a["stats"]["rounds"], a["stats"]["tau"], a["stats"]["new_tokens"],
+        )  # fmt: skip
+    stats = [json.loads(line) for line in (tmp_path / "2" / "stats.jsonl").read_text().splitlines()]
+    assert [s["id"] for s in stats] == ["dev-000", "dev-001", "dev-002"] and "batch_tau" in stats[0]
+    assert "batch" not in one[0]["stats"]  # batch size 1: the records of today
+
+
+@pytest.mark.parametrize("value", [0, -2, True, "two"])
+def test_a_bad_batch_size_is_an_error(value, tmp_path):
+    cfg, choices = _compose("generate", [f"prompts.batch_size={value}"])
+    with pytest.raises(ValueError, match=r"prompts\.batch_size .*int >= 1"):
+        cli.run_command("generate", cfg, choices, tmp_path)
+    cfg, _ = _compose("bench", ["prompts.batch_size=4"])
+    with pytest.raises(ValueError, match=r"batch_sizes=\["):
+        cli.bench_settings(_plain(cfg))
+
+
 def _cli(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "1"}
     return subprocess.run([sys.executable, "-m", "specdec", *args], cwd=cwd, env=env, capture_output=True,

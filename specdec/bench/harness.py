@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -174,6 +175,47 @@ class _Runner:
         out, total_s = self.generate(ids, temperature, seed)
         return out.sequences, self._row(temperature, prompt_id, ids, out, total_s)
 
+    def batch(self, temperature: float, seed: int, prompt_ids: Sequence, encoded: Sequence[torch.Tensor],
+              padded: tuple[torch.Tensor, torch.Tensor], pad_id: int, eos: Sequence[int], batch_size: int,
+              index: int) -> list[tuple[torch.Tensor, dict]]:  # fmt: skip
+        """One call over a left-padded batch ``padded`` = (ids, mask) ``[n, T]`` of the prompts ``encoded``: per
+        prompt its sequence ``[1, T_i + n_i]`` (its own prompt and new tokens, as a call of its own returns them) and
+        its row (its own counts; the call's wall time shared evenly by its rows, see ``_share_call``)."""
+        ids, mask = padded
+        width, method = ids.shape[1], self.method
+        if method.hf is not None:
+            torch.manual_seed(seed)
+            seqs, total_s, prefill_s = run_hf(
+                self.model, ids, method.hf, temperature, self.gen_kwargs, attention_mask=mask, pad_token_id=pad_id
+            )
+            news = [_until_eos(seqs[b, width:].tolist(), eos) for b in range(len(encoded))]
+            out = []
+            for prompt_id, prompt, tokens in zip(prompt_ids, encoded, news, strict=True):
+                seq = torch.cat([prompt, torch.tensor([tokens], dtype=torch.long, device=prompt.device)], 1)
+                row = hf_row(method.name, method.hf, temperature, prompt_id, prompt, seq, total_s, prefill_s)
+                row["series"] = method.series or method.name
+                out.append((seq, row))
+            call = {"phase_ms": {}, "rounds": max(len(t) for t in news) - 1, "tau": 1.0, "path": "hf",
+                    "target_forwards": max(len(t) for t in news), "draft_forwards": 0}  # fmt: skip
+        else:
+            result, total_s = self.generate(ids, temperature, seed, attention_mask=mask)
+            stats = result.stats
+            per_row = stats.rows or [stats]
+            out = []
+            for b, (prompt_id, prompt) in enumerate(zip(prompt_ids, encoded, strict=True)):
+                tokens = result.sequences[b : b + 1, width : width + per_row[b].new_tokens]
+                seq = torch.cat([prompt, tokens], 1)
+                row = self._row(temperature, prompt_id, prompt, SimpleNamespace(sequences=seq, stats=per_row[b]), 0.0)
+                out.append((seq, row))
+            prefill_s = stats.phase_ms.get("prefill", 0.0) / 1e3
+            call = {"phase_ms": dict(stats.phase_ms), "rounds": stats.target_forwards - 1, "tau": float(stats.tau),
+                    "path": stats.path, "target_forwards": stats.target_forwards,
+                    "draft_forwards": stats.draft_forwards, "capture_ms": float(stats.capture_ms or 0.0),
+                    "compile_ms": float(stats.compile_ms or 0.0),
+                    "compile_fallbacks": int(stats.compile_fallbacks or 0)}  # fmt: skip
+        _share_call([row for _, row in out], total_s, prefill_s, call, batch_size, index)
+        return out
+
     def _row(self, temperature: float, prompt_id, ids: torch.Tensor, out, total_s: float) -> dict:
         stats = out.stats
         phase_ms = dict(stats.phase_ms)
@@ -215,6 +257,83 @@ class _Runner:
             "identical_to_ar": None,
             "identical_to_hf": None,
         }
+
+
+def _until_eos(tokens: list[int], eos: Sequence[int]) -> list[int]:
+    """A row's new tokens of a batched HF call: up to its first EOS (included); the rest is padding."""
+    stop = next((i for i, t in enumerate(tokens) if t in eos), None)
+    return tokens if stop is None else tokens[: stop + 1]
+
+
+def _share_call(rows: list[dict], total_s: float, prefill_s: float, call: dict, batch_size: int, index: int) -> None:
+    """Fill the rows of one batched call: its wall time, prefill, phases, capture and compile split evenly over its
+    rows (so sums over rows are the pass's), ``decode_tok_s`` the call's (all its rows' decode tokens over its
+    decode time), and the call's facts: ``batch_size`` (B), ``batch_index``, ``batch_rows``, ``batch_tau`` (its τ
+    over every (row, round) pair), ``call_s``, ``call_decode_s``, ``call_rounds``, ``call_target_forwards``,
+    ``call_draft_forwards``."""
+    n = len(rows)
+    decode_s = max(total_s - prefill_s, 0.0)
+    decode_tokens = sum(r["decode_tokens"] for r in rows)
+    for r in rows:
+        r.update(
+            total_s=total_s / n,
+            prefill_s=prefill_s / n,
+            decode_s=decode_s / n,
+            decode_tok_s=decode_tokens / decode_s if decode_s > 0 else None,
+            phase_ms={k: v / n for k, v in call["phase_ms"].items()},
+            capture_ms=call.get("capture_ms", 0.0) / n,
+            compile_ms=call.get("compile_ms", 0.0) / n,
+            compile_fallbacks=call.get("compile_fallbacks", 0),
+            path=call["path"],
+            batch_size=batch_size,
+            batch_index=index,
+            batch_rows=n,
+            batch_tau=call["tau"],
+            call_s=total_s,
+            call_decode_s=decode_s,
+            call_rounds=call["rounds"],
+            call_target_forwards=call["target_forwards"],
+            call_draft_forwards=call["draft_forwards"],
+        )
+
+
+def _pad_id(tokenizer, model) -> int:
+    """The id that left-pads a batch: the tokenizer's pad token, else its EOS (as HF does), else the model's."""
+    for source in (tokenizer, getattr(model, "generation_config", None), getattr(model, "config", None)):
+        for name in ("pad_token_id", "eos_token_id"):
+            value = getattr(source, name, None)
+            value = (value[0] if value else None) if isinstance(value, list | tuple) else value
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return 0
+
+
+def _eos_ids(model, gen_kwargs: Mapping) -> list[int]:
+    """The stop tokens of the HF rows (the target's generation config, or ``eos_token_id`` of the run)."""
+    eos = gen_kwargs.get("eos_token_id", getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    return [] if eos is None else [int(e) for e in (eos if isinstance(eos, list | tuple) else [eos])]
+
+
+def _left_pad(encoded: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts ``[1, T_i]`` as one left-padded batch: (ids, attention mask) ``[n, max T_i]``."""
+    width = max(ids.shape[1] for ids in encoded)
+    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long, device=encoded[0].device)
+    mask = torch.zeros_like(ids)
+    for b, prompt in enumerate(encoded):
+        ids[b, width - prompt.shape[1] :] = prompt[0]
+        mask[b, width - prompt.shape[1] :] = 1
+    return ids, mask
+
+
+def _mark_batch_one(rows: list[dict]) -> None:
+    """``identical_to_b1`` of the greedy rows of batch sizes > 1: their tokens equal the same method's batch-1
+    tokens for that prompt (first timed pass); left unset without batch-1 rows."""
+    one = {(r["method"], str(r["prompt_id"])): r["tokens"] for r in rows
+           if r.get("batch_size", 1) == 1 and r["temperature"] == 0 and r.get("pass", 0) == 0}  # fmt: skip
+    for r in rows:
+        if r.get("batch_size", 1) != 1 and r["temperature"] == 0:
+            ref = one.get((r["method"], str(r["prompt_id"])))
+            r["identical_to_b1"] = None if ref is None else r["tokens"] == ref
 
 
 def _progress(enabled: bool | object, total: int):
@@ -272,6 +391,7 @@ def run_bench(
     *,
     max_new_tokens: int,
     temperatures: Sequence[float] = (0.0,),
+    batch_sizes: Sequence[int] = (1,),
     warmup: int = 1,
     repeat: int = 1,
     interleave: bool = False,
@@ -309,6 +429,10 @@ def run_bench(
         methods (Sequence[Method]): configurations; names must be unique.
         max_new_tokens (int): tokens to generate per prompt.
         temperatures (Sequence[float]): 0 means greedy. Default (0.0,).
+        batch_sizes (Sequence[int]): each method is timed (and warmed) at each batch size B: the prompts in order,
+            B per call, left-padded (the last call may hold fewer). Batch-1 calls are single-prompt calls without a
+            mask, as before. ``hf: assisted`` runs at B = 1 only (HF refuses batches there; skipped with a log
+            line). The greedy rows of B > 1 record ``identical_to_b1``. Default (1,).
         warmup (int): untimed passes over all (temperature, prompt) pairs per method before timing it; their
             wall time is reported as ``warmup_s``. Default 1.
         repeat (int): timed passes per method; tok/s pools them, the report lists each. Default 1.
@@ -362,6 +486,11 @@ def run_bench(
             raise ValueError(f"{name}={value!r} must be an int >= {low}.")
     if profile and out_dir is None:
         raise ValueError("profile=True writes its traces into out_dir: give out_dir.")
+    from specdec.bench.config import check_batch_sizes
+
+    check_batch_sizes(batch_sizes)
+    if 1 not in batch_sizes and (eager_compare or tau_reference):
+        raise ValueError("eager_compare and tau_reference check batch-1 decoding: add 1 to batch_sizes.")
     other_run = _load_other_run(compare_to, compare_against) if compare_to is not None else None
     model = getattr(target, "model", target) if not hasattr(target, "generate") else target
     device, dtype = _device_dtype(model)
@@ -378,6 +507,20 @@ def run_bench(
     cases = list(itertools.product(temperatures, enumerate(encoded)))
     runners = [_Runner(model, m, gen_kwargs, fast_kwargs, hybrid_mode) for m in methods]
     eager_names = _eager_names(eager_compare, runners)
+    pad_id, eos = _pad_id(tokenizer, model), _eos_ids(model, gen_kwargs)
+    batched = {  # batch size -> its calls (temperature, (call index, prompt indices, left-padded batch))
+        b: list(itertools.product(temperatures, [
+            (k, list(range(s, min(s + b, len(encoded)))), _left_pad(encoded[s : s + b], pad_id))
+            for k, s in enumerate(range(0, len(encoded), b))]))
+        for b in batch_sizes if b > 1
+    }  # fmt: skip
+    units = []  # (runner, batch size), method by method
+    for run in runners:
+        for b in batch_sizes:
+            if run.method.hf == "assisted" and b > 1:
+                logger.warning("skipping %s at batch size %d: HF assisted generation takes one sequence", run.name, b)
+            else:
+                units.append((run, b))
 
     reference: dict[int, torch.Tensor] = {}
     drafted = any(r.method.hf is None and r.drafter is not None for r in runners)
@@ -389,48 +532,67 @@ def run_bench(
     rows: list[dict] = []
     greedy = [(t, c) for t, c in cases if t == 0]
     extra = len(greedy) * len(eager_names) + (len(cases) * sum(r.drafter is not None for r in runners) * tau_reference)
-    bar, task = _progress(progress, len(runners) * len(cases) * (warmup + repeat) + extra)
-    warm: dict[str, dict] = {r.name: {"warmup_s": 0.0, "warmup_capture_ms": 0.0, "warmup_compile_ms": 0.0}
-                             for r in runners}  # fmt: skip
+    calls = sum(len(cases) if b == 1 else len(batched[b]) for _, b in units)
+    bar, task = _progress(progress, calls * (warmup + repeat) + extra)
+    warm: dict[tuple[str, int], dict] = {(r.name, b): {"warmup_s": 0.0, "warmup_capture_ms": 0.0,
+                                                       "warmup_compile_ms": 0.0} for r, b in units}  # fmt: skip
 
-    def warm_pass(run: _Runner) -> None:
-        _describe(bar, task, f"{run.name}: warm-up")
-        start, facts = time.perf_counter(), warm[run.name]
-        for temperature, (i, ids) in cases:
-            _, row = run(temperature, seed + i, prompts[i]["id"], ids)
-            facts["warmup_capture_ms"] += row["capture_ms"]
-            facts["warmup_compile_ms"] += row["compile_ms"]
+    def batch_calls(run: _Runner, b: int):
+        """(temperature, [(prompt index, sequence, row)]) of every call of one pass at batch size b."""
+        if b == 1:
+            for temperature, (i, ids) in cases:
+                seqs, row = run(temperature, seed + i, prompts[i]["id"], ids)
+                row["batch_size"] = 1
+                yield temperature, [(i, seqs, row)]
+            return
+        for temperature, (k, indices, padded) in batched[b]:
+            results = run.batch(temperature, seed + indices[0], [prompts[i]["id"] for i in indices],
+                                [encoded[i] for i in indices], padded, pad_id, eos, b, k)  # fmt: skip
+            yield temperature, [(i, seqs, row) for i, (seqs, row) in zip(indices, results, strict=True)]
+
+    def label(run: _Runner, b: int) -> str:
+        return run.name if len(batch_sizes) == 1 and b == 1 else f"{run.name} B={b}"
+
+    def warm_pass(run: _Runner, b: int) -> None:
+        _describe(bar, task, f"{label(run, b)}: warm-up")
+        start, facts = time.perf_counter(), warm[(run.name, b)]
+        for _, done in batch_calls(run, b):
+            for _, _, row in done:
+                facts["warmup_capture_ms"] += row["capture_ms"]
+                facts["warmup_compile_ms"] += row["compile_ms"]
             _advance(bar, task)
         facts["warmup_s"] += time.perf_counter() - start
 
-    def timed_pass(run: _Runner, number: int) -> None:
-        _describe(bar, task, f"{run.name}: timed" + (f" pass {number + 1}/{repeat}" if repeat > 1 else ""))
-        for temperature, (i, ids) in cases:
-            seqs, row = run(temperature, seed + i, prompts[i]["id"], ids)
-            row["pass"] = number
-            if number == 0:
-                run.sequences[(temperature, i)] = seqs
-            _mark_identical(row, run.method, temperature, i, seqs, reference, hf_reference)
-            rows.append(row)
+    def timed_pass(run: _Runner, b: int, number: int) -> None:
+        _describe(bar, task, f"{label(run, b)}: timed" + (f" pass {number + 1}/{repeat}" if repeat > 1 else ""))
+        for temperature, done in batch_calls(run, b):
+            for i, seqs, row in done:
+                row["pass"] = number
+                if number == 0 and b == 1:
+                    run.sequences[(temperature, i)] = seqs
+                _mark_identical(row, run.method, temperature, i, seqs, reference, hf_reference)
+                rows.append(row)
+                logger.info("%s T=%g %s: tau %s", label(run, b), temperature, row["prompt_id"], row["tau"])
             _advance(bar, task)
-            logger.info("%s T=%g %s: tau %s", run.name, temperature, row["prompt_id"], row["tau"])
 
     with bar or nullcontext():
         if interleave:
             for _ in range(warmup):
-                for run in runners:
-                    warm_pass(run)
+                for run, b in units:
+                    warm_pass(run, b)
             for number in range(repeat):
-                for run in runners:
-                    timed_pass(run, number)
+                for run, b in units:
+                    timed_pass(run, b, number)
         else:
-            for run in runners:
+            for run, b in units:
                 for _ in range(warmup):
-                    warm_pass(run)
+                    warm_pass(run, b)
                 for number in range(repeat):
-                    timed_pass(run, number)
+                    timed_pass(run, b, number)
         for row in rows:
-            row.update(warm[row["method"]])
+            row.update(warm[(row["method"], row.get("batch_size", 1))])
+        if len(batch_sizes) > 1:
+            _mark_batch_one(rows)
         for run in runners:
             if run.name in eager_names:
                 _describe(bar, task, f"{run.name}: eager path")
@@ -440,6 +602,8 @@ def run_bench(
                 _tau_reference(run, rows, cases, prompts, seed, max_new_tokens, bar, task)
     header = _header(model, device, dtype, encoded, max_new_tokens, warmup, graph_floor, meta)
     header.update(repeat=repeat, interleave=interleave, eager_compare=sorted(eager_names) or None)
+    if list(batch_sizes) != [1]:
+        header["batch_sizes"] = list(batch_sizes)
     if memory_rounds:
         header["memory"] = _memory_check(runners, encoded[0], seed, memory_rounds)
     if profile:
@@ -496,7 +660,9 @@ def _compare_eager(run: _Runner, rows: list[dict], greedy, prompts, seed: int, b
         out, _ = run.generate(ids, temperature, seed + i, cuda_graphs=False, compile=False)
         same = bool(torch.equal(out.sequences, run.sequences[(temperature, i)]))
         for row in rows:
-            if row["method"] == run.name and row["temperature"] == temperature and row["prompt_id"] == prompts[i]["id"]:
+            if (row["method"], row["temperature"], row["prompt_id"], row.get("batch_size", 1)) == (
+                run.name, temperature, prompts[i]["id"], 1
+            ):  # fmt: skip
                 row["identical_to_eager"] = same
         _advance(bar, task)
 
@@ -517,7 +683,9 @@ def _tau_reference(run: _Runner, rows: list[dict], cases, prompts, seed: int, ma
                 done += int(length)
             value = sum(counted) / len(counted) if counted else None
         for row in rows:
-            if row["method"] == run.name and row["temperature"] == temperature and row["prompt_id"] == prompts[i]["id"]:
+            if (row["method"], row["temperature"], row["prompt_id"], row.get("batch_size", 1)) == (
+                run.name, temperature, prompts[i]["id"], 1
+            ):  # fmt: skip
                 row["tau_reference"] = value
         _advance(bar, task)
 
@@ -553,8 +721,8 @@ def _load_other_run(compare_to, compare_against: str | None) -> dict:
     tokens = {}
     for r in load_rows(path):
         if r.get("tokens") is not None and r.get("pass", 0) == 0:
-            tokens[(r["method"], r["temperature"], str(r["prompt_id"]))] = r["tokens"]
-    methods = sorted({m for m, _, _ in tokens})
+            tokens[(r["method"], r["temperature"], str(r["prompt_id"]), r.get("batch_size", 1))] = r["tokens"]
+    methods = sorted({key[0] for key in tokens})
     if not tokens:
         raise ValueError(f"compare_to={compare_to}: its rows hold no tokens; run that bench again.")
     if compare_against is not None and compare_against not in methods:
@@ -564,7 +732,8 @@ def _load_other_run(compare_to, compare_against: str | None) -> dict:
 
 def _compare_other_run(rows: list[dict], other: dict, against: str | None) -> None:
     for row in rows:
-        theirs = other.get((against or row["method"], row["temperature"], str(row["prompt_id"])))
+        key = (against or row["method"], row["temperature"], str(row["prompt_id"]))
+        theirs = other.get((*key, row.get("batch_size", 1)), other.get((*key, 1)))
         if theirs is None:
             continue
         mine = row["tokens"]

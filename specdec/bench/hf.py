@@ -33,34 +33,52 @@ def _hf_kwargs(kind: str, assistant, temperature: float, gen_kwargs: dict) -> di
     return kwargs
 
 
-def run_hf(model, input_ids: torch.Tensor, kind: str, temperature: float, gen_kwargs: dict, *, assistant=None):
+def run_hf(
+    model,
+    input_ids: torch.Tensor,
+    kind: str,
+    temperature: float,
+    gen_kwargs: dict,
+    *,
+    assistant=None,
+    attention_mask: torch.Tensor | None = None,
+    pad_token_id: int | None = None,
+):
     """One timed HF ``generate`` call; the prompt forward is timed apart so decode time excludes the prefill.
 
     Args:
         model: the HF causal LM.
-        input_ids (torch.Tensor): ``[1, T]`` prompt on the model's device.
+        input_ids (torch.Tensor): ``[1, T]`` prompt on the model's device, or ``[B, T]`` left-padded prompts with
+            ``attention_mask`` (not with ``kind="assisted"``: HF assisted generation takes one sequence).
         kind (str): ``"generate"``, ``"static"`` or ``"assisted"``.
         temperature (float): 0 = greedy.
         gen_kwargs (dict): ``max_new_tokens``, ``top_k``, ``top_p`` and optionally ``eos_token_id``.
         assistant: the HF draft model (``kind="assisted"`` only).
+        attention_mask (torch.Tensor | None): ``[B, T]``, 0 on the left padding; None = no padding.
+        pad_token_id (int | None): HF's ``pad_token_id`` (fills a finished row while others go on); None = HF's.
 
     Returns:
-        tuple: (sequences ``[1, T + n]``, total seconds, prefill seconds).
+        tuple: (sequences ``[B, T + n]``, total seconds, prefill seconds).
     """
     if kind not in HF_KINDS:
         raise ValueError(f"Unknown HF baseline {kind!r}; choose one of {HF_KINDS}.")
     if kind == "assisted" and assistant is None:
         raise ValueError("hf-assisted needs a drafter: {hf: assisted, drafter: {kind: model, ...}}.")
+    if kind == "assisted" and input_ids.shape[0] > 1:
+        raise ValueError("hf-assisted takes one sequence (HF assisted generation refuses batches).")
     device = input_ids.device
     kwargs = _hf_kwargs(kind, assistant, temperature, gen_kwargs)
+    if pad_token_id is not None:
+        kwargs["pad_token_id"] = pad_token_id
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     with torch.no_grad():
         _sync(device)
         start = time.perf_counter()
-        model(input_ids)
+        model(input_ids) if attention_mask is None else model(input_ids, attention_mask=mask)
         _sync(device)
         prefill_s = time.perf_counter() - start
         start = time.perf_counter()
-        seqs = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+        seqs = model.generate(input_ids, attention_mask=mask, **kwargs)
         _sync(device)
     return seqs, time.perf_counter() - start, prefill_s
 

@@ -57,7 +57,7 @@ def _share(values: Iterable) -> float | None:
 
 
 def aggregate(rows: Sequence[dict]) -> list[dict]:
-    """One summary per (method, temperature), by temperature, then in order of first appearance.
+    """One summary per (method, temperature, batch size), by temperature, then in order of first appearance.
 
     Args:
         rows (Sequence[dict]): benchmark rows (every timed pass of every prompt).
@@ -76,18 +76,24 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
         ``cold_ms`` (capture and compilation inside timed calls only: 0 when the warm-up covered every shape),
         ``compile_fallbacks`` (the most compiled rounds one call ran uncompiled because compiling them failed),
         ``depth_accept`` (per depth d = 1, 2, ...: the share of rounds that accepted at least d drafts, from the
-        rows' ``accept_hist``; empty when no round accepted one) and ``path``.
+        rows' ``accept_hist``; empty when no round accepted one) and ``path``. Batches (rows of one call share its
+        wall time evenly): ``batch_size`` (B; 1 for rows without one), ``tau`` pooled over every (row, round) pair
+        (the batch τ), ``tau_rows`` (the mean of the rows' own τ), ``tok_s`` all the pass's decode tokens over its
+        decode wall time, ``ms_per_round`` and the phases per batch round (a call's rounds), ``prefill_ms`` per
+        prompt, ``speedup`` over AR at the same B, ``identical_b1_share`` (share of greedy rows equal to the same
+        method's batch-1 tokens, None when not checked).
     """
-    groups: dict[tuple[str, float], list[dict]] = {}
+    groups: dict[tuple[str, float, int], list[dict]] = {}
     for r in sorted(rows, key=lambda r: r["temperature"]):
-        groups.setdefault((r["method"], r["temperature"]), []).append(r)
+        groups.setdefault((r["method"], r["temperature"], r.get("batch_size", 1)), []).append(r)
     phases = _phases(rows)
     summaries = []
-    for (method, temperature), group in groups.items():
+    for (method, temperature, batch_size), group in groups.items():
         first = group[0]
         decode_tokens = sum(r["decode_tokens"] for r in group)
         decode_s = sum(r["decode_s"] for r in group)
         rounds = sum(r["rounds"] for r in group if r["tau"] is not None)
+        timed_rounds = sum(_round_share(r) for r in group if r["tau"] is not None)  # batch rounds: a call's
         timed = any(name != "prefill" for r in group for name in r["phase_ms"])  # HF rows have no phases
         passes: dict[int, list[dict]] = {}
         for r in group:
@@ -96,7 +102,7 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
         for p in sorted(passes):
             seconds = sum(r["decode_s"] for r in passes[p])
             per_pass.append(sum(r["decode_tokens"] for r in passes[p]) / seconds if seconds > 0 else None)
-        all_rounds = sum(r["rounds"] for r in group)
+        all_rounds = sum(_round_share(r) for r in group)
         hist: list[int] = []
         for r in group:
             for i, count in enumerate(r.get("accept_hist") or ()):
@@ -113,19 +119,21 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
                 "budget": first["budget"],
                 "topk": first["topk"],
                 "temperature": temperature,
+                "batch_size": batch_size,
                 "prompts": len(passes[min(passes)]),
                 "passes": len(passes),
                 "new_tokens": sum(r["new_tokens"] for r in group),
                 "decode_tokens": decode_tokens,
                 "decode_s": decode_s,
                 "tau": sum(r["tau"] * r["rounds"] for r in group if r["tau"] is not None) / rounds if rounds else None,
+                "tau_rows": _mean(r["tau"] for r in group if r["rounds"] and r["tau"] is not None),
                 "tau_reference": _mean(r.get("tau_reference") for r in group),
                 "tok_s": decode_tokens / decode_s if decode_s > 0 else None,
                 "tok_s_passes": per_pass,
                 "ms_per_round": 1e3 * decode_s / all_rounds if all_rounds and decode_s > 0 else None,
                 "speedup": None,
                 "phase_ms_per_round": {
-                    p: sum(r["phase_ms"].get(p, 0.0) for r in group) / rounds if rounds and timed else None
+                    p: sum(r["phase_ms"].get(p, 0.0) for r in group) / timed_rounds if timed_rounds and timed else None
                     for p in phases
                 },
                 "prefill_ms": sum(r["phase_ms"].get("prefill", 1e3 * r.get("prefill_s", 0.0)) for r in group)
@@ -134,6 +142,7 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
                 "identical_hf_share": _share(r.get("identical_to_hf") for r in group),
                 "identical_eager_share": _share(r.get("identical_to_eager") for r in group),
                 "identical_run_share": _share(r.get("identical_to_run") for r in group),
+                "identical_b1_share": _share(r.get("identical_to_b1") for r in group),
                 "warmup_s": first.get("warmup_s", 0.0),
                 "capture_ms": first.get("warmup_capture_ms", 0.0) + sum(r.get("capture_ms", 0.0) for r in group),
                 "compile_ms": first.get("warmup_compile_ms", 0.0) + sum(r.get("compile_ms", 0.0) for r in group),
@@ -146,12 +155,24 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
     baseline = {}
     for s in summaries:
         if s["tree"] == "ar":
-            baseline.setdefault(s["temperature"], s["tok_s"])
+            baseline.setdefault((s["temperature"], s["batch_size"]), s["tok_s"])
     for s in summaries:
-        base = baseline.get(s["temperature"])
+        base = baseline.get((s["temperature"], s["batch_size"]))
         if base and s["tok_s"] is not None:
             s["speedup"] = s["tok_s"] / base
     return summaries
+
+
+def _round_share(row: Mapping) -> float:
+    """The row's share of its call's rounds (a batched call's rounds split over its rows; else its rounds)."""
+    if row.get("call_rounds") is None:
+        return row["rounds"]
+    return row["call_rounds"] / row.get("batch_rows", 1)
+
+
+def _batched(summaries: Sequence[Mapping]) -> bool:
+    """Whether the run decoded in batches (some batch size other than 1): the tables show B and τ rows then."""
+    return any(s.get("batch_size", 1) != 1 for s in summaries)
 
 
 def _mean(values: Iterable) -> float | None:
@@ -168,6 +189,7 @@ _OPTIONAL = (
     ("tau_reference", "τ (whole rounds)", lambda v: _fmt(v, ".2f")),
     ("identical_eager_share", "= eager", lambda v: _pct(v)),
     ("identical_run_share", "= other run", lambda v: _pct(v)),
+    ("identical_b1_share", "= B1", lambda v: _pct(v)),
 )
 
 
@@ -187,16 +209,21 @@ def format_table(summaries: Sequence[dict]) -> str:
 
     tok/s is measured warm (after the untimed warm-up passes); warm-up, capture and compile are reported apart.
     ``τ (whole rounds)``, ``= eager`` and ``= other run`` appear when a row has them; ``accepted ≥ d`` (the share
-    of rounds that accepted at least d drafts, d = 1, 2, ...) when some round accepted a draft."""
+    of rounds that accepted at least d drafts, d = 1, 2, ...) when some round accepted a draft. A run in batches
+    adds ``B`` (the batch size) and ``τ rows`` (the mean of the rows' own τ; ``τ`` pools every (row, round) pair:
+    the batch τ), and ``= B1`` (greedy rows equal to the same method's batch-1 tokens) when checked."""
     phases = sorted({p for s in summaries for p in s["phase_ms_per_round"]}, key=_phase_key)
     optional = [c for c in _OPTIONAL if any(s.get(c[0]) is not None for s in summaries)]
     depths = any(s.get("depth_accept") for s in summaries)
+    batched = _batched(summaries)
     head = [
         "method",
         "T",
+        *(["B"] if batched else []),
         "budget",
         "topk",
         "τ",
+        *(["τ rows"] if batched else []),
         *[c[1] for c in optional[:1] if c[0] == "tau_reference"],
         *(["accepted ≥ d (d = 1, 2, …)"] if depths else []),
         "tok/s (warm)",
@@ -219,9 +246,11 @@ def format_table(summaries: Sequence[dict]) -> str:
         cells = [
             s["method"],
             f"{s['temperature']:g}",
+            *([str(s.get("batch_size", 1))] if batched else []),
             str(s["budget"]) if s["tree"] not in ("ar", "hf") else "–",
             topk,
             _fmt(s["tau"], ".2f"),
+            *([_fmt(s.get("tau_rows"), ".2f")] if batched else []),
             *[fmt(s.get(key)) for key, _, fmt in optional[:1] if key == "tau_reference"],
             *([_depth_cell(s.get("depth_accept"))] if depths else []),
             _fmt(s["tok_s"], ".1f"),
@@ -263,10 +292,12 @@ def format_notes(summaries: Sequence[dict], meta: Mapping | None = None) -> str:
         passes = [p for p in s.get("tok_s_passes", []) if p]
         if len(passes) > 1:
             spread = 100 * (max(passes) - min(passes)) / min(passes)
-            lines.append(f"- {s['method']} T={s['temperature']:g}: passes "
+            batch = f" B={s['batch_size']}" if _batched(summaries) else ""
+            lines.append(f"- {s['method']} T={s['temperature']:g}{batch}: passes "
                          + " / ".join(f"{p:.1f}" for p in passes) + f" tok/s (spread {spread:.1f} %)")  # fmt: skip
-    for temperature in sorted({s["temperature"] for s in summaries}):
-        group = [s for s in summaries if s["temperature"] == temperature and s["tok_s"] is not None]
+    for temperature, batch in sorted({(s["temperature"], s.get("batch_size", 1)) for s in summaries}):
+        group = [s for s in summaries if (s["temperature"], s.get("batch_size", 1)) == (temperature, batch)
+                 and s["tok_s"] is not None]  # fmt: skip
         trees = [s for s in group if s["tree"] == "ddtree"]
         if not trees:
             continue
@@ -282,9 +313,11 @@ def format_notes(summaries: Sequence[dict], meta: Mapping | None = None) -> str:
                     ratio += "; per pass " + " / ".join(f"{x:.2f}" for x in per_pass)
                 versus.append(ratio)
         if versus:
-            lines.append(f"- best DDTree at T={temperature:g}: {best['method']}, " + ", ".join(versus))
+            at = f"T={temperature:g}" + (f", B={batch}" if _batched(summaries) else "")
+            lines.append(f"- best DDTree at {at}: {best['method']}, " + ", ".join(versus))
     floor = meta.get("graph_floor_ms")
-    ar = next((s for s in summaries if s["tree"] == "ar" and s.get("ms_per_round")), None)
+    ar = next((s for s in summaries if s["tree"] == "ar" and s.get("ms_per_round") and s.get("batch_size", 1) == 1),
+              None)  # fmt: skip
     if floor and ar:
         lines.append(f"- AR ms per token / graph floor: {ar['ms_per_round'] / floor:.2f}")
     for s in summaries:
@@ -297,6 +330,10 @@ def format_notes(summaries: Sequence[dict], meta: Mapping | None = None) -> str:
             f"- memory: {memory['before_mib']:.1f} MiB allocated before, {memory['after_mib']:.1f} MiB after "
             f"{memory['rounds']} more rounds of {memory['method']}"
         )
+    if meta.get("batch_sizes"):
+        lines.append("- B: prompts per call (left-padded); tok/s = all decode tokens of a pass over its decode wall "
+                     "time; τ pools every (row, round) pair, τ rows is the mean of the rows' own τ; ms/round is per "
+                     "batch round; = B1: greedy tokens equal to the same method's at B = 1")  # fmt: skip
     if meta.get("eager_compare"):
         lines.append("- = eager: greedy tokens equal to the same method decoded again with cuda_graphs=False")
     if meta.get("compare_to"):
@@ -356,6 +393,7 @@ def describe_run(meta: Mapping) -> str:
         f"target {meta.get('target_name') or meta.get('target') or '?'}",
         f"prompts {meta.get('prompts', '?')}",
         f"max_new_tokens {meta.get('max_new_tokens', '?')}",
+        *([f"batch sizes {', '.join(map(str, meta['batch_sizes']))}"] if meta.get("batch_sizes") else []),
         f"{meta.get('device', '?')}",
         f"{meta.get('dtype', '?')}",
         f"commit {meta.get('commit') or '?'}",
@@ -407,11 +445,12 @@ def _on_budget_axis(summary: Mapping) -> bool:
 def series_label(summary: Mapping) -> str:
     """The plotted series a summary belongs to: DDTree methods of one spec share a line over their budgets (their
     ``series``; so do the other branching trees of one spec and kind), every other method is its own series."""
+    batch = f" B={summary['batch_size']}" if summary.get("batch_size", 1) != 1 else ""
     if summary["tree"] == "ddtree":
-        return summary.get("series") or f"{summary['drafter']} topk={summary['topk'] or 'budget'}"
+        return (summary.get("series") or f"{summary['drafter']} topk={summary['topk'] or 'budget'}") + batch
     if _on_budget_axis(summary):
-        return summary.get("series") or summary["method"]
-    return summary["method"]
+        return (summary.get("series") or summary["method"]) + batch
+    return summary["method"] + batch
 
 
 def method_colors(labels: Iterable[str]) -> dict[str, str]:
@@ -490,16 +529,20 @@ def summary_table(summaries: Sequence[dict], *, title: str | None = None):
         ("tau_reference", "τ whole", lambda v: _fmt(v, ".2f")),
         ("identical_eager_share", "= eager", _pct),
         ("identical_run_share", "= other run", _pct),
+        ("identical_b1_share", "= B1", _pct),
     ]
     optional = [c for c in optional if any(s.get(c[0]) is not None for s in summaries)]
+    batched = _batched(summaries)
     table = Table(title=title)
     width = max((len(s["method"]) for s in summaries), default=6)
     table.add_column("method", no_wrap=True, min_width=width)
-    for col in ["T", "τ", *[c[1] for c in optional[:1] if c[0] == "tau_reference"], "tok/s", "speedup", "ms/round",
+    for col in ["T", *(["B"] if batched else []), "τ", *(["τ rows"] if batched else []),
+                *[c[1] for c in optional[:1] if c[0] == "tau_reference"], "tok/s", "speedup", "ms/round",
                 "= AR", "= HF", *[c[1] for c in optional if c[0] != "tau_reference"]]:  # fmt: skip
         table.add_column(col, justify="right")
     for s in summaries:
-        cells = [s["method"], f"{s['temperature']:g}", _fmt(s["tau"], ".2f")]
+        cells = [s["method"], f"{s['temperature']:g}", *([str(s.get("batch_size", 1))] if batched else []),
+                 _fmt(s["tau"], ".2f"), *([_fmt(s.get("tau_rows"), ".2f")] if batched else [])]  # fmt: skip
         cells += [fmt(s.get(key)) for key, _, fmt in optional[:1] if key == "tau_reference"]
         cells += [
             _fmt(s["tok_s"], ".1f"),
@@ -550,7 +593,8 @@ def _tokens_by_method(rows: Sequence[dict]) -> dict[str, dict[tuple[float, str],
     for r in rows:
         if r.get("tokens") is None or r.get("pass", 0) != 0:
             continue
-        out.setdefault(r["method"], {})[(r["temperature"], str(r["prompt_id"]))] = r["tokens"]
+        method = r["method"] + (f" B={r['batch_size']}" if r.get("batch_size", 1) != 1 else "")
+        out.setdefault(method, {})[(r["temperature"], str(r["prompt_id"]))] = r["tokens"]
     return out
 
 
