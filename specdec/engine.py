@@ -187,9 +187,8 @@ class Round:
         if self.hybrid is None:
             return (*target.forward(*args, span=self.span), None)
         # recurrent mixers run through their adapters over the device topology
-        topo = tree.row(0) if self.batch == 1 else tree
         rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
-                          topo=DeviceTopology(topo, chain=not self.tree.branching if self.tree else True))  # fmt: skip
+                          topo=DeviceTopology(tree, chain=not self.tree.branching if self.tree else True))  # fmt: skip
         with adapter_forwards(self.hybrid.adapters, rnd):
             logits, hidden = target.forward(*args, span=self.span)
         return logits, hidden, rnd
@@ -204,9 +203,8 @@ class Round:
         if self.depth:
             commit_rows(target.storage.kv, prefix, accept.path)
         if self.hybrid is not None:
-            path, num_path = (accept.path[0], accept.num_path[0]) if self.batch == 1 else (accept.path, accept.num_path)
             for adapter in self.hybrid.adapters:
-                commit_recurrent(adapter, rnd, path, num_path)
+                commit_recurrent(adapter, rnd, accept.path, accept.num_path)
         if self.state is not None:
             self.state.commit(accept, hidden, prefix)
         self.out[:, : self.path_len].copy_(accept.tokens)
@@ -344,17 +342,15 @@ class _Prefill:
         )
         keys = target.keys[None, None, : self.size]
         visible = (keys <= slots[:, None]) & real[:, :, None] | (keys == slots[:, None])  # [B, size, size]
-        topo = tree.row(0) if batch == 1 else tree
         rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
-                          topo=DeviceTopology(topo), prompt=True)  # fmt: skip
+                          topo=DeviceTopology(tree), prompt=True)  # fmt: skip
         positions = slots[None].expand(batch, -1)
         with adapter_forwards(self.hybrid.adapters, rnd):
             logits, hidden = target.forward(
                 self.ids, positions, target.additive_mask(visible), slots, self.taps, rows=self.last, span=self.size
             )
-        path, count = (slots, n[0]) if batch == 1 else (positions, n)
         for adapter in self.hybrid.adapters:
-            commit_recurrent(adapter, rnd, path, count)
+            commit_recurrent(adapter, rnd, positions, n)
         return logits, hidden
 
     def __call__(self, prompts: torch.Tensor, lengths: list[int]) -> torch.Tensor:

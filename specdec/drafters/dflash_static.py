@@ -107,7 +107,8 @@ class DFlashStatic:
         """
         model, cfg = self.drafter.model, self.drafter.config
         batch, rows = hidden.shape[:2]
-        first = torch.as_tensor(first, device=self.slots.device).reshape(-1, 1)
+        if isinstance(first, torch.Tensor):  # (an int stays a Python int: no host-to-device copy in a graph)
+            first = first.reshape(-1, 1)
         positions = (torch.arange(rows, device=self.slots.device) + first).expand(batch, -1)  # [B, R]
         ctx = self._norm(model.hidden_norm, model.fc(hidden.to(device=self.slots.device, dtype=model.fc.weight.dtype)))
         kv = F.linear(ctx, self._weight, self._bias).view(
