@@ -33,6 +33,7 @@ from contextlib import nullcontext
 import torch
 
 __all__ = [
+    "AutoBudget",
     "Calibration",
     "CostModel",
     "budget_for",
@@ -512,6 +513,69 @@ def choose(
         logger.debug("goodput (tokens/ms) AR %.4f, trees %s -> budget %d", g[0], [round(v, 4) for v in g[1:]],
                      budget_for(choice, sizes))  # fmt: skip
     return choice
+
+
+# -- 5. the controller of a decoding loop (host) -----------------------------------------------------------------
+class AutoBudget:
+    """Chooses the budget of each round of one ``generate`` call (``DDTree(budget="auto")``).
+
+    The loop asks :meth:`next_size` before each launch and reports each round it reads with :meth:`observe`: the
+    round's budget, its own :func:`expected_accepts` at every size (computed inside the round from its proposal and
+    read with its tokens: no extra host read), the accepted drafts of each decoding row and the round's device time.
+    The cost model is fitted from those times (the rounds of this target, batch size and budget are their own
+    measurements; the first rounds try every size once, then each size's cost is the median of its last
+    ``window`` rounds), the calibration from the accepted counts; :func:`choose` picks the next size. Plain decoding
+    is not a separate round here (the drafter must see every token): when no tree pays, the smallest size runs.
+    Choices lag the expectations by the rounds in flight (the loop launches one round ahead).
+
+    Args:
+        sizes (Sequence[int]): candidate budgets, strictly increasing.
+        batch (int): the round's rows ``B`` (the bucket).
+        window (int): recent rounds per size whose median is its cost.
+    """
+
+    def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16) -> None:
+        self.sizes = check_sizes(sizes)
+        self.batch = _int("batch", batch, 1)
+        self.window = _int("window", window, 1)
+        # a light prior (one predicted token): a drafter whose drafts are never accepted is believed within a few
+        # rounds, so the larger trees are retried rarely
+        self.calib = Calibration(self.sizes, strength=1.0)
+        self.times: dict[int, list[float]] = {s: [] for s in self.sizes}
+        self.expected: list[list[float]] | None = None
+        self.chosen: list[int] = []
+        self.in_flight: list[int] = []  # sizes launched and not observed yet
+
+    def next_size(self) -> int:
+        """The budget of the next round launched."""
+        untried = [s for s in self.sizes if not self.times[s] and s not in self.in_flight]
+        if untried:  # measure every size once first
+            size = untried[0]
+        elif self.expected is None or any(not t for t in self.times.values()):  # measurements still in flight
+            size = self.sizes[0]
+        else:
+            cost = CostModel(
+                [(self.batch, s + 1, statistics.median(t[-self.window :])) for s, t in self.times.items()]
+                + [(self.batch, 1, min(statistics.median(t[-self.window :]) for t in self.times.values()))]
+            )  # AR is no option of its own: it costs as the cheapest tree, so it never wins over it
+            pick = choose(self.expected, cost, self.calib, self.sizes, self.batch)
+            size = self.sizes[0] if pick is None else self.sizes[pick]
+        self.chosen.append(size)
+        self.in_flight.append(size)
+        return size
+
+    def observe(self, size: int, expected, accepted: Sequence[int], ms: float | None) -> None:
+        """A round read: its budget, ``expected [rows, K]`` (host floats, the decoding rows), the accepted drafted
+        tokens of each of those rows, and its device time in ms (None: not timed)."""
+        index = self.sizes.index(size)
+        if size in self.in_flight:
+            self.in_flight.remove(size)
+        rows = _matrix(expected, len(self.sizes))
+        if rows:
+            self.calib.update(index, [row[index] for row in rows], [float(a) for a in accepted])
+            self.expected = rows
+        if ms is not None and _finite(ms) and ms > 0:
+            self.times[size].append(float(ms))
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ streamer. Engines (storage + rounds) are cached per target model and reused acro
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections.abc import Mapping
 
@@ -19,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec.attention import AttentionScope, grouped_for
+from specdec.budget import ddtree_scores, expected_accepts
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
 from specdec.kernels.tree_accept import tree_mask
 from specdec.runtime import Captured, compile_fn, compile_key
@@ -96,6 +98,7 @@ class Round:
         compile: bool | str | Mapping,
         span: int | None = None,
         suppress: tuple = (0, ()),
+        expect: tuple[int, ...] = (),
     ) -> None:
         self.engine, self.drafter, self.state, self.tree, self.rule = engine, drafter, state, tree, rule
         self.sampling = sampling
@@ -124,6 +127,14 @@ class Round:
         cuda = device.type == "cuda"
         self.host = torch.zeros(2, *self.out.shape, dtype=torch.long, pin_memory=cuda)
         self.ready = [torch.cuda.Event() for _ in range(2)] if cuda else None
+        # ``DDTree(budget="auto")``: each round's expected accepted drafts at every candidate size (read with its
+        # tokens) and its device time, for the loop's choice of the next size (``specdec.budget.AutoBudget``)
+        self.expect_sizes = expect
+        self.expect = torch.zeros(batch, len(expect), dtype=torch.float64, device=device)
+        self.host_expect = torch.zeros(2, batch, len(expect), dtype=torch.float64, pin_memory=cuda)
+        self.timing = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                       for _ in range(2)] if cuda and expect else None  # fmt: skip
+        self.elapsed_ms = [0.0, 0.0]
         self.launched = 0
         self.hybrid = engine.target.target.state if isinstance(engine.target.target.state, HybridState) else None
         fn = self._ar_round if drafter is None and self.hybrid is None else self._round
@@ -197,6 +208,9 @@ class Round:
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix  # [B]
         tree, proposal = self._build()
+        if self.expect_sizes:
+            scores = ddtree_scores(proposal.logq, budget=self.expect_sizes[-1], topk=self.tree.topk)
+            self.expect.copy_(expected_accepts(scores, self.expect_sizes))
         logits, hidden, rnd = self._verify(tree)
         logits = self._process(logits, tree.depth)
         accept = self.rule.accept(tree, logits, self.sampling, self.noise, self.depth, proposal)
@@ -254,10 +268,19 @@ class Round:
             self.noise.uniform_(generator=generator)
         if self.tree_noise is not None:
             self.tree_noise.uniform_(generator=generator)
-        self.captured()
         slot = self.launched % 2
+        if self.timing is not None:
+            self.timing[slot][0].record()
+        start = time.perf_counter()
+        self.captured()
+        if self.timing is not None:
+            self.timing[slot][1].record()
+        else:  # the CPU runs the round before returning
+            self.elapsed_ms[slot] = (time.perf_counter() - start) * 1e3
         self.launched += 1
         self.host[slot].copy_(self.out, non_blocking=True)
+        if self.expect_sizes:
+            self.host_expect[slot].copy_(self.expect, non_blocking=True)
         if self.ready is not None:
             self.ready[slot].record()
         return slot
@@ -267,6 +290,8 @@ class Round:
         nodes)."""
         if self.ready is not None:
             self.ready[ticket].synchronize()
+        if self.timing is not None:
+            self.elapsed_ms[ticket] = self.timing[ticket][0].elapsed_time(self.timing[ticket][1])
         if self.drafter is not None:
             self.drafter.num_forwards += self.draft_forwards
         rows = []
@@ -517,6 +542,7 @@ class Engine:
         span: int | None = None,
         suppress: tuple = (0, ()),
         backends=None,
+        expect: tuple[int, ...] = (),
     ) -> Round:
         """The (cached) round of this drafter, tree policy, rule, sampling and span (None: the capacity); built and
         captured on first use."""
@@ -531,9 +557,11 @@ class Engine:
             span,
             suppress,
             backends,
+            expect,
         )
         rnd = self._rounds.get(key)
         if rnd is None or rnd.drafter is not drafter:
-            rnd = Round(self, drafter, self._static(drafter), tree, rule, sampling, graph, compile, span, suppress)
+            rnd = Round(self, drafter, self._static(drafter), tree, rule, sampling, graph, compile, span, suppress,
+                        expect)  # fmt: skip
             self._rounds[key] = rnd
         return rnd

@@ -16,6 +16,7 @@ from transformers import GenerationConfig
 
 from specdec.backends import Backends
 from specdec.backends import use as use_backends
+from specdec.budget import AutoBudget
 from specdec.drafters.base import Drafter
 from specdec.engine import Engine, capture_reason, round_reason, tree_slots
 from specdec.hf_args import check_drafter_and_tree, check_input_ids, generation_value, resolve_generation_args
@@ -185,14 +186,21 @@ def generate(
     max_new_tokens, sampling = args.max_new_tokens, args.sampling
     if callable(getattr(tree, "with_sampling", None)):  # a policy that samples from q takes the call's settings
         tree = tree.with_sampling(sampling)
+    auto = bool(getattr(tree, "auto", False)) and drafter is not None
+    if auto and "logq" not in drafter.provides:
+        raise ValueError(
+            f"DDTree(budget='auto') weighs each size by the drafter's probabilities, but {type(drafter).__name__} "
+            "proposes paths; use a fixed budget (e.g. DDTree(budget=15)) with this drafter."
+        )
+    fixed = tree.largest if auto else tree  # the checks, storage and span of the most slots the call may use
     rule = _check_rule(default_rule(sampling) if verifier is None else verifier, sampling,
-                       tree if drafter is not None else None)  # fmt: skip
+                       fixed if drafter is not None else None)  # fmt: skip
     _check_length(tgt, max(lengths), max_new_tokens)
-    reason = round_reason(tgt, drafter, tree if drafter is not None else None)
+    reason = round_reason(tgt, drafter, fixed if drafter is not None else None)
     if reason is not None:
         raise ValueError(f"specdec cannot run this combination: {reason}.")
     if drafter is not None:
-        drafter.validate(tgt, tree)
+        drafter.validate(tgt, fixed)
         drafter.reset()
     graph = _graphs(tgt, cuda_graphs)
     with use_backends(backends) as setting:
@@ -216,8 +224,10 @@ def _decode(
     prompts = torch.zeros(rows, longest, dtype=torch.long, device=input_ids.device)
     for b, n in enumerate(lengths):
         prompts[b, :n] = input_ids[min(b, batch - 1) if b < batch else 0, width - n :]
+    auto = AutoBudget(tree.sizes, rows) if drafter is not None and getattr(tree, "auto", False) else None
+    fixed = tree.largest if auto is not None else tree
     engine = Engine.for_target(
-        tgt, capacity=longest + max_new_tokens + tree_slots(drafter, tree) + 1, batch=rows
+        tgt, capacity=longest + max_new_tokens + tree_slots(drafter, fixed) + 1, batch=rows
     )
     suppress = (args.min_new_tokens, tuple(args.eos_token_ids)) if args.min_new_tokens and eos else (0, ())
     if streamer is not None:
@@ -231,8 +241,8 @@ def _decode(
     if streamer is not None:
         streamer.put(first[:1].cpu())
     engine.start(first, lengths, [not d for d in done] + [False] * (rows - batch))
-    path_len = (0 if drafter is None else drafter.draft_depth(tree)) + 1
-    extent = tree_slots(drafter, tree)  # slots a round writes and attends to past its root
+    path_len = (0 if drafter is None else drafter.draft_depth(fixed)) + 1
+    extent = tree_slots(drafter, fixed)  # slots a round writes and attends to past its root
     used: dict = {}  # the rounds (one per span bucket) this call launched
     per_row = [SpecStats(path=stats.path) for _ in range(batch)] if batch > 1 else [stats]
 
@@ -241,10 +251,12 @@ def _decode(
         round launched and not read yet."""
         committed = max(lengths[b] + len(new_tokens[b]) for b in range(batch)) - 1
         need = committed + in_flight * path_len + extent
-        rnd = engine.round_for(drafter, tree, rule, sampling, graph=graph, compile=compile,
-                               span=engine.span_for(need), suppress=suppress, backends=setting)  # fmt: skip
+        size = auto.next_size() if auto is not None else None
+        rnd = engine.round_for(drafter, tree if size is None else tree.at(size), rule, sampling, graph=graph,
+                               compile=compile, span=engine.span_for(need), suppress=suppress, backends=setting,
+                               expect=() if auto is None else auto.sizes)  # fmt: skip
         used[id(rnd)] = rnd
-        return rnd, rnd.launch(generator)
+        return rnd, rnd.launch(generator), size
 
     pending = None  # a launched round not read yet
     while not all(done):
@@ -256,9 +268,16 @@ def _decode(
             # one may finish the call; a next round that EOS makes unneeded is dropped.
             longest_left = max(r for r, d in zip(remaining, done, strict=True) if not d)
             ahead = launch(1) if longest_left > path_len else None
-            results = pending[0].read(pending[1])
+            rnd, ticket, size = pending
+            results = rnd.read(ticket)
             pending = ahead
         stats.target_forwards += 1
+        if auto is not None:
+            live = [b for b in range(batch) if not done[b]]
+            expected = rnd.host_expect[ticket].tolist()
+            auto.observe(size, [expected[b] for b in live], [len(results[b][0]) - 1 for b in live],
+                         rnd.elapsed_ms[ticket])  # fmt: skip
+            stats.budgets.append(size)
         for b, (accepted, num_nodes) in enumerate(results[:batch]):
             if done[b]:
                 continue

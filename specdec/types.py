@@ -225,7 +225,8 @@ class SpecStats:
     For a batch, ``rows`` holds each sequence's own stats (its ``tau``, ``accept_lengths``, ``new_tokens``); the
     batch's ``accept_hist``, ``accept_lengths``, ``rounds`` and ``tau`` count every (sequence, round) pair in which
     the sequence was still decoding, ``new_tokens`` and ``tree_nodes`` are sums, and ``target_forwards`` counts the
-    batch's forwards (prefill included). For one sequence ``rows`` is empty.
+    batch's forwards (prefill included). For one sequence ``rows`` is empty. ``budgets`` lists the budget each round
+    ran with under ``DDTree(budget="auto")`` (empty otherwise).
     """
 
     rounds: int = 0
@@ -241,6 +242,7 @@ class SpecStats:
     compile_ms: float = 0.0
     compile_fallbacks: int = 0
     rows: list[SpecStats] = field(default_factory=list)
+    budgets: list[int] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -281,6 +283,7 @@ class SpecStats:
             "compile_ms": self.compile_ms,
             "compile_fallbacks": self.compile_fallbacks,
             "rows": [row.as_dict() for row in self.rows],
+            "budgets": list(self.budgets),
         }
 
 

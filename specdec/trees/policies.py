@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from specdec.backends import env_default
+from specdec.budget import check_sizes
 from specdec.trees.build import chain_device, chain_from_path, ddtree_device, trie_device
 from specdec.types import DeviceTree, Proposal
 
@@ -103,32 +104,67 @@ class DDTree:
     the rank tuple, ``docs/trees.md``); from drafted paths, the trie of the paths in priority order, cut at
     ``budget`` nodes.
 
+    ``DDTree(budget="auto")`` picks each round's budget among ``sizes`` by goodput (expected committed tokens per
+    ms, ``specdec.budget``, ``docs/trees.md``): the decoding loop runs ``at(size)`` rounds, one captured round per
+    size; tokens are the same whatever the choice (every DDTree round is exact).
+
     Args:
-        budget (int): number of non-root nodes (verify length = budget + 1), >= 1.
+        budget (int | str): number of non-root nodes (verify length = budget + 1), >= 1; or ``"auto"``.
         topk (int | None): candidates per depth; ``None`` means ``budget`` (the reference behaviour).
+        sizes (tuple[int, ...]): the budgets ``"auto"`` chooses among (strictly increasing; the smallest is the
+            floor the choice falls back to when no tree pays). Default ``(1, 15, 31, 63)``.
     """
 
-    budget: int = 15
+    budget: int | str = 15
     topk: int | None = None
+    sizes: tuple[int, ...] = (1, 15, 31, 63)
     reads = ("logq", "paths")
     branching = True
     stochastic = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
-            raise ValueError(f"DDTree(budget={self.budget!r}): budget must be an int >= 1 (non-root nodes).")
+        object.__setattr__(self, "sizes", check_sizes(self.sizes))  # a tuple (hashable), also from a config list
+        bad = isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1
+        if self.budget != "auto" and bad:
+            raise ValueError(
+                f"DDTree(budget={self.budget!r}): budget must be an int >= 1 (non-root nodes), or 'auto'."
+            )
         if self.topk is not None and (isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1):
             raise ValueError(f"DDTree(topk={self.topk!r}): topk must be an int >= 1, or None for topk = budget.")
 
+    def __repr__(self) -> str:
+        sizes = f", sizes={self.sizes}" if self.auto else ""
+        return f"DDTree(budget={self.budget!r}, topk={self.topk!r}{sizes})"
+
+    @property
+    def auto(self) -> bool:
+        """The budget is chosen each round (``budget="auto"``)."""
+        return self.budget == "auto"
+
+    def at(self, budget: int) -> DDTree:
+        """The fixed-budget policy of one round (``budget`` one of ``sizes`` for an ``"auto"`` policy)."""
+        return DDTree(budget=budget, topk=self.topk)
+
+    @property
+    def largest(self) -> DDTree:
+        """The fixed policy of the most slots this policy can use (itself unless ``"auto"``)."""
+        return self.at(self.sizes[-1]) if self.auto else self
+
     @property
     def effective_topk(self) -> int:
-        return self.budget if self.topk is None else min(self.topk, self.budget)
+        budget = self.largest.budget
+        return budget if self.topk is None else min(self.topk, budget)
 
     @property
     def max_depth(self) -> int:
-        return self.budget
+        return self.largest.budget
 
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
+        if self.auto:
+            raise ValueError(
+                "DDTree(budget='auto') builds no tree itself: the decoding loop builds at(size) for the size it "
+                "chooses each round; build with a fixed budget."
+            )
         slots = self.budget + 1
         if proposal.logq is not None:
             on_cuda = proposal.logq.device.type == "cuda"

@@ -1,0 +1,83 @@
+"""``DDTree(budget="auto")``: the loop's choice of each round's budget (``specdec.budget.AutoBudget``) changes
+no token (HF ``generate`` of each row alone is the expectation), and the controller picks what its goodput model
+says on hand-made streams of rounds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import tiny_model
+from test_batch import check_rows, left_pad, prompts, sharp_drafter
+
+import specdec
+from specdec.budget import AutoBudget
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_auto_budget_decodes_as_hf(batch):
+    target = tiny_model("llama", scale=2.0)
+    drafter = sharp_drafter(target)
+    rows = prompts(batch, seed=1)
+    ids, mask = left_pad(rows)
+    tree = specdec.DDTree(budget="auto", topk=3, sizes=(2, 6, 12))
+    out = specdec.generate(target, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=24)
+    check_rows(target, rows, out, 24)
+    # every size is tried once, then chosen by goodput; one budget per batch round
+    assert set(out.stats.budgets[:3]) == {2, 6, 12} and set(out.stats.budgets) <= {2, 6, 12}
+    assert len(out.stats.budgets) == out.stats.target_forwards - 1
+
+
+def test_auto_budget_refusals():
+    target = tiny_model("llama")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with pytest.raises(ValueError, match="proposes paths; use a fixed budget"):
+        specdec.generate(target, ids, drafter=specdec.NGramDrafter(), tree=specdec.DDTree(budget="auto"))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        specdec.DDTree(budget="auto", sizes=(15, 7))
+    with pytest.raises(ValueError, match="or 'auto'"):
+        specdec.DDTree(budget="big")
+    with pytest.raises(ValueError, match="builds no tree itself"):
+        specdec.DDTree(budget="auto").build(None, None, 1)
+
+
+def _run(controller: AutoBudget, rounds: int, accepted_at: dict, cost_ms: dict, expected: list[float]) -> list[int]:
+    """Drive the controller as the loop does (one round in flight): each round of budget s accepts
+    ``accepted_at[s]`` drafts and costs ``cost_ms[s]``; the drafter predicts ``expected`` at every size."""
+    chosen, pending = [], [controller.next_size()]
+    for _ in range(rounds):
+        pending.append(controller.next_size())
+        size = pending.pop(0)
+        controller.observe(size, [expected], [accepted_at[size]], cost_ms[size])
+        chosen.append(size)
+    return chosen
+
+
+def test_controller_picks_the_best_goodput():
+    sizes = (1, 15, 63)
+    expected = [0.9, 3.0, 3.4]  # calibrated drafter: what it predicts is what it accepts
+    accepted = {1: 0.9, 15: 3.0, 63: 3.4}
+    # goodput (1 + E) / ms: size 1 -> 1.9 / 1.0, size 15 -> 4.0 / 1.2 = 3.33, size 63 -> 4.4 / 2.0 = 2.2
+    chosen = _run(AutoBudget(sizes, batch=1), 30, accepted, {1: 1.0, 15: 1.2, 63: 2.0}, expected)
+    assert chosen[:3] == [1, 15, 63] and chosen[-20:] == [15] * 20
+    # the same drafter on a target whose verify is flat in the node count: the largest tree wins
+    chosen = _run(AutoBudget(sizes, batch=1), 30, accepted, {1: 1.0, 15: 1.0, 63: 1.0}, expected)
+    assert chosen[-20:] == [63] * 20
+
+
+def test_controller_calibrates_an_overconfident_drafter():
+    """The drafter predicts 3.4 accepted drafts at 63 nodes but the target accepts 0.5 there (1 at 15 nodes):
+    with the observed counts, 15 nodes is the better round (2 / 1.2 against 1.5 / 1.4), though the prediction says
+    63 (4.4 / 1.4)."""
+    sizes = (1, 15, 63)
+    chosen = _run(AutoBudget(sizes, batch=1), 80, {1: 0.5, 15: 1.0, 63: 0.5}, {1: 1.0, 15: 1.2, 63: 1.4},
+                  [0.9, 3.0, 3.4])  # fmt: skip
+    assert chosen[-20:] == [15] * 20
+
+
+def test_controller_falls_back_to_the_smallest_size():
+    """No draft is ever accepted: mostly the smallest tree (the floor: plain decoding is no round of its own when
+    the drafter must see every token). The calibration's memory decays, so a larger size is retried now and then
+    (two rounds each time: one is in flight when the first is read)."""
+    sizes = (1, 15, 63)
+    chosen = _run(AutoBudget(sizes, batch=4), 60, {1: 0, 15: 0, 63: 0}, {1: 1.0, 15: 1.1, 63: 1.3}, [0.5, 2.0, 3.0])
+    assert chosen[-40:].count(1) >= 30, chosen
