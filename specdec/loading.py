@@ -182,8 +182,10 @@ def build_tree(name: str, **kw) -> TreeSpec:
     if name == "chain":
         return Chain(k=int(kw.get("k", 4)))
     if name == "ddtree":
-        topk = kw.get("topk")
-        return DDTree(budget=int(kw.get("budget", 15)), topk=None if topk is None else int(topk))
+        topk, budget = kw.get("topk"), kw.get("budget", 15)
+        sizes = tuple(int(s) for s in kw.get("sizes", DDTree.sizes))
+        return DDTree(budget=budget if budget == "auto" else int(budget), topk=None if topk is None else int(topk),
+                      sizes=sizes)  # fmt: skip
     from specdec.trees import TREES
 
     if name in TREES:  # a registered policy takes its settings as keyword arguments
