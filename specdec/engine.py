@@ -164,8 +164,8 @@ class Round:
         engine = self.engine
         generated = engine.prefix + 1 - engine.prompt_len  # [B] tokens generated before the root's choice
         rows = (depth + generated[:, None]) < self.min_new  # [B, S]
-        cols = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        cols[self.eos[self.eos < logits.shape[-1]]] = True
+        vocab = torch.arange(logits.shape[-1], device=logits.device)
+        cols = (vocab[:, None] == self.eos[None]).any(-1)  # [V] (tensor ops: nothing from the host in a graph)
         return logits.masked_fill(rows[..., None] & cols, float("-inf"))
 
     def _ar_round(self) -> None:

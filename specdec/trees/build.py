@@ -253,10 +253,11 @@ def trie_device(paths: torch.Tensor, lengths: torch.Tensor, root_token: torch.Te
     depths = torch.zeros(size, dtype=torch.long, device=device).scatter_(0, spot, (depth + 1).expand(num, -1).flatten())
     valid = torch.zeros(size, dtype=torch.bool, device=device).scatter_(0, spot, keep.flatten())
     root = root_token.reshape(1).to(device=device, dtype=torch.long)
-    valid[0] = True
-    parents[0] = -1
-    tokens = torch.where(valid, tokens, root)
-    tokens[0] = root[0]
+    # slot 0 is the root (tensor ops, not item assignment: no host value enters a captured round)
+    first = torch.arange(size, device=device) == 0
+    valid = valid | first
+    parents = torch.where(first, -1, parents)
+    tokens = torch.where(valid & ~first, tokens, root)
     return TreeRow(tokens[:num_slots], parents[:num_slots], depths[:num_slots] * valid[:num_slots],
                    valid[:num_slots], valid[:num_slots].sum())  # fmt: skip
 
