@@ -1,4 +1,4 @@
-"""Swapping module forwards for the duration of a block (the recurrent adapters' tree forwards, the fast path's
+"""Swapping module forwards for the duration of a block (the recurrent adapters' tree forwards, the round's
 linear-layer routing), hook-safe and always restored."""
 
 from __future__ import annotations

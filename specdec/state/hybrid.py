@@ -45,7 +45,7 @@ whole-cache snapshot and re-run the accepted tokens through the model) is refuse
 HYBRID_PREFILLS = ("auto", "model", "scan")
 """How hybrid targets run the prompt (``SPECDEC_HYBRID_PREFILL``): ``"model"``, the model's own forward (HF's
 chunked or fused kernels); ``"scan"``, the prompt as a chain tree through specdec's adapters and tree scans, then
-the commit's replay (captured on the fast path); ``"auto"`` (default), ``scan`` for prompts of up to
+the commit's replay (captured with the round); ``"auto"`` (default), ``scan`` for prompts of up to
 ``AUTO_SCAN_MAX_TOKENS`` tokens on CUDA (faster there, docs/hybrid.md) and ``model`` otherwise. Both are exact; in
 bf16 they round differently."""
 
