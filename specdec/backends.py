@@ -16,7 +16,7 @@ specdec reads them. What each choice measured: ``docs/kernels.md``.
 | ``linear_kernel`` | torch, triton | skinny linear layers (``specdec.kernels.skinny_linear``) |
 | ``tree_gdn_precision`` | auto, ieee, tf32x3, tf32 | the Gated DeltaNet tree scan's matrix products |
 | ``tree_gdn_walk`` | auto, paths, chunk | the Gated DeltaNet tree scan's schedule |
-| ``tree_mamba2`` | auto, reference | the Mamba2 tree scan (``reference`` = tensor ops, not capturable) |
+| ``tree_mamba2`` | auto, torch | the Mamba2 tree scan (``torch`` = tensor ops, not capturable) |
 | ``compile_graph`` | split, whole | under ``torch.compile``: kernels outside (split) or inside the compiled graph |
 | ``hybrid_prefill`` | auto, scan, model | hybrid prompts: the tree scan over a chain, or the model's own forward |
 """
@@ -46,7 +46,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
         "TREE_PRECISION",
     ),
     "tree_gdn_walk": (("auto", "paths", "chunk"), "auto", "specdec.kernels.tree_gdn.triton", "TREE_WALK"),
-    "tree_mamba2": (("auto", "reference"), "auto", "specdec.kernels.tree_mamba2", "IMPL"),
+    "tree_mamba2": (("auto", "torch"), "auto", "specdec.kernels.tree_mamba2", "IMPL"),
     "compile_graph": (("split", "whole"), "split", "specdec.kernels._triton", "COMPILE_GRAPH"),
     "hybrid_prefill": (("auto", "scan", "model"), "auto", "specdec.state.hybrid", "PREFILL"),
 }

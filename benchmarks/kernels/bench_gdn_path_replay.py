@@ -64,7 +64,7 @@ def main() -> None:
             tensors, num = inputs(shape, accepted, device)
             cells = []
             for provider in providers:
-                impl = "triton" if provider.startswith("triton") else "reference"
+                impl = "triton" if provider.startswith("triton") else "torch"
 
                 def call(impl=impl, tensors=tensors, num=num):
                     gdn_path_replay(**tensors, num_path=num, impl=impl)

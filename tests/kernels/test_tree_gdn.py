@@ -371,7 +371,7 @@ def test_chain_walk_picks_the_measured_faster_schedule():
 def test_auto_on_cpu_is_the_reference():
     inputs = make_inputs(Case(9, 2, 16, 16, "random"))
     assert torch.equal(tree_gdn(**inputs), tree_gdn_reference(**inputs))
-    assert torch.equal(tree_gdn(**inputs, impl="reference"), tree_gdn_reference(**inputs))
+    assert torch.equal(tree_gdn(**inputs, impl="torch"), tree_gdn_reference(**inputs))
 
 
 @pytest.mark.parametrize(
@@ -420,7 +420,7 @@ def test_triton_gpu_matches_reference(case):
         assert_within_bf16_rounding(default.cpu(), tree_gdn_reference(**make_inputs(case)))
     else:
         assert torch.equal(out, default)
-    assert_close(out, tree_gdn(**inputs, impl="reference"), case.dtype)
+    assert_close(out, tree_gdn(**inputs, impl="torch"), case.dtype)
     assert_close(out.cpu(), tree_gdn_reference(**make_inputs(case)), case.dtype)
     for walk in walks_for(case):
         assert_close(tree_gdn_triton(**inputs, walk=walk, precision="tf32x3"), out, case.dtype)

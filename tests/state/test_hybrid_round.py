@@ -151,7 +151,7 @@ def test_cuda_rounds_refuse_a_reference_tree_scan():
     mamba = TargetModel.wrap(_target("mamba2")).state
     qwen = TargetModel.wrap(_target("qwen3_5")).state
     assert hybrid_reason(mamba, torch.device("cpu")) is None
-    with use({"tree_mamba2": "reference"}):
+    with use({"tree_mamba2": "torch"}):
         assert "tree_mamba2" in hybrid_reason(mamba, cuda)
     assert (hybrid_reason(qwen, cuda) is None) == (auto_impl(cuda) == "triton")
 

@@ -23,7 +23,7 @@ __all__ = [
     "tree_gdn_reference",
 ]
 
-Impl = Literal["auto", "triton", "reference"]
+Impl = Literal["auto", "triton", "torch"]
 
 CHAIN_PATHS_MAX_WORK = 256
 """A chain takes the path schedule only while value heads x nodes stays within this (``chain_walk``)."""
@@ -59,7 +59,7 @@ def tree_gdn(
     ``HV % H == 0``, ``v [N, HV, V]``, ``log_decay`` and ``beta [N, HV]``, ``parents [N]`` with ``parents[i] < i``).
 
     Args:
-        impl: ``"triton"`` (one fused launch), ``"reference"`` (level-synchronous PyTorch) or ``"auto"``: Triton
+        impl: ``"triton"`` (one fused launch), ``"torch"`` (level-synchronous PyTorch) or ``"auto"``: Triton
             when the tensors are on a CUDA device and Triton imports, else the reference.
         walk: the Triton kernel's schedule (``tree_gdn_triton``): ``"paths"`` (one program per node replays its
             path: steps in sequence = the tree's depth), ``"nodes"`` (one walk over the nodes in order: best for
@@ -71,12 +71,12 @@ def tree_gdn(
     _check_shapes(init_state, q, k, v, log_decay, beta, parents)
     if impl == "auto":
         impl = auto_impl(q.device)
-    if impl == "reference":
+    if impl == "torch":
         return tree_gdn_reference(init_state, q, k, v, log_decay, beta, parents)
     if impl != "triton":
-        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'reference'.")
+        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'torch'.")
     if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='reference'.")
+        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
     from specdec.kernels.tree_gdn.triton import tree_gdn_triton
 
     return tree_gdn_triton(init_state, q, k, v, log_decay, beta, parents, walk=walk)
@@ -97,20 +97,20 @@ def gdn_path_replay(
     round), without a host read. Arguments as ``gdn_path_replay_reference``.
 
     Args:
-        impl: ``"triton"`` (one launch per layer: the state is read and written once), ``"reference"`` (``P``
+        impl: ``"triton"`` (one launch per layer: the state is read and written once), ``"torch"`` (``P``
             masked steps of tensor ops) or ``"auto"``: Triton on CUDA when it imports, else the reference.
     """
     if state.dim() != 3 or state.dtype != torch.float32:
         raise ValueError(f"state must be an fp32 [HV, K, V] tensor; got {state.dtype} {list(state.shape)}.")
     if impl == "auto":
         impl = auto_impl(state.device)
-    if impl == "reference":
+    if impl == "torch":
         gdn_path_replay_reference(state, k, v, log_decay, beta, path, num_path)
         return
     if impl != "triton":
-        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'reference'.")
+        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'torch'.")
     if state.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='reference'.")
+        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
     from specdec.kernels.tree_gdn.triton import gdn_path_replay_triton
 
     gdn_path_replay_triton(state, k, v, log_decay, beta, path, num_path)
@@ -125,7 +125,7 @@ def auto_impl(device: torch.device) -> str:
 
         tensor_cores(device)
         return "triton"
-    return "reference"
+    return "torch"
 
 
 def _triton_available() -> bool:

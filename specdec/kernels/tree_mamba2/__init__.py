@@ -16,7 +16,7 @@ from specdec.kernels.tree_mamba2.reference import tree_mamba2_reference
 
 __all__ = ["auto_impl", "tree_mamba2", "tree_mamba2_reference"]
 
-Impl = Literal["auto", "triton", "reference"]
+Impl = Literal["auto", "triton", "torch"]
 
 
 def tree_mamba2(
@@ -37,32 +37,32 @@ def tree_mamba2(
     with ``H % G == 0``, ``dt [N, H]``, ``A`` and ``D [H]``, ``parents [N]`` with ``parents[i] < i``).
 
     Args:
-        impl: ``"triton"`` (one fused launch), ``"reference"`` (level-synchronous PyTorch) or ``"auto"``: Triton
-            when the tensors are on a CUDA device and Triton imports (``SPECDEC_TREE_MAMBA2=reference`` forces the
+        impl: ``"triton"`` (one fused launch), ``"torch"`` (level-synchronous PyTorch) or ``"auto"``: Triton
+            when the tensors are on a CUDA device and Triton imports (``SPECDEC_TREE_MAMBA2=torch`` forces the
             reference there), else the reference.
     """
     _check_inputs(init_state, x, B, C, dt, A, D, parents)
     if impl == "auto":
         impl = auto_impl(x.device)
-    if impl == "reference":
+    if impl == "torch":
         return tree_mamba2_reference(init_state, x, B, C, dt, A, D, parents)
     if impl != "triton":
-        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'reference'.")
+        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'torch'.")
     if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='reference'.")
+        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
     from specdec.kernels.tree_mamba2.triton import tree_mamba2_triton
 
     return tree_mamba2_triton(init_state, x, B, C, dt, A, D, parents)
 
 
-IMPL = env_default("tree_mamba2")  # "reference" keeps the tensor-op scan on CUDA too (specdec.backends)
+IMPL = env_default("tree_mamba2")  # "torch" keeps the tensor-op scan on CUDA too (specdec.backends)
 
 
 def auto_impl(device: torch.device) -> str:
     """What ``impl="auto"`` runs on ``device``: Triton on CUDA when it imports and ``SPECDEC_TREE_MAMBA2`` is not
     ``reference``, else the reference (which reads the parent array on the host: not inside a captured round)."""
-    forced = IMPL == "reference"
-    return "triton" if not forced and device.type == "cuda" and _triton_available() else "reference"
+    forced = IMPL == "torch"
+    return "triton" if not forced and device.type == "cuda" and _triton_available() else "torch"
 
 
 def _triton_available() -> bool:
