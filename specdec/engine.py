@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from specdec.attention import AttentionScope, grouped_for
 from specdec.budget import ddtree_scores, expected_accepts
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
-from specdec.kernels.tree_accept import tree_mask
+from specdec.kernels.tree_accept import tree_masks
 from specdec.runtime import Captured, compile_fn, compile_key
 from specdec.state.hybrid import HybridState, VerifyRound, adapter_forwards, hybrid_prefill
 from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_reason
@@ -188,11 +188,8 @@ class Round:
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix  # [B]
         # Node i of sequence b sits at slot prefix[b] + i and position prefix[b] + depth[b, i]; it sees the committed
-        # prefix and its ancestors; padding nodes see only themselves (one Triton launch per sequence on CUDA).
-        dtype = target.target.dtype
-        masks = [tree_mask(tree.parents[b], tree.valid[b], prefix[b], self.span, self.depth, dtype)
-                 for b in range(self.batch)]  # fmt: skip
-        mask = masks[0] if self.batch == 1 else torch.cat(masks)
+        # prefix and its ancestors; padding nodes see only themselves (one Triton launch for the batch on CUDA).
+        mask = tree_masks(tree.parents, tree.valid, prefix, self.span, self.depth, target.target.dtype)
         write_index = prefix[:, None] + self.arange
         args = (tree.tokens, prefix[:, None] + tree.depth, mask, write_index, self.taps)
         if self.hybrid is None:

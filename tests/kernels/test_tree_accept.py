@@ -29,6 +29,7 @@ from specdec.kernels.tree_accept import (
     accept_path_reference,
     tree_mask,
     tree_mask_reference,
+    tree_masks,
 )
 from specdec.trees import ddtree_device
 from specdec.types import DraftTree
@@ -210,6 +211,44 @@ def interpreted_cases() -> dict[str, list[dict]]:
     masks = cover(mask_cases(), mask_features, lambda c: c["parents"].numel() * c["capacity"], times=2)
     accepts = cover(accept_cases(), accept_features, lambda c: c["parents"].numel() * (c["max_depth"] + 1), times=2)
     return {"mask": masks, "accept": accepts + long_accept_cases(), "big": [_big_accept_case()]}
+
+
+def batched_mask_cases(num: int = 60, seed: int = 5) -> list[list[dict]]:
+    """Batches of 2-3 random trees of one slot count (each with its own prefix), sharing the largest capacity and
+    max_depth of the group (a larger max_depth reaches the same ancestors)."""
+    groups: dict[int, list[dict]] = {}
+    for case in mask_cases(num=num, seed=seed):
+        groups.setdefault(case["parents"].numel(), []).append(case)
+    out = []
+    for cases in groups.values():
+        if len(cases) >= 2:
+            cases = cases[:3]
+            capacity, depth = max(c["capacity"] for c in cases), max(c["max_depth"] for c in cases)
+            out.append([dict(c, capacity=capacity, max_depth=depth, dtype=cases[0]["dtype"]) for c in cases])
+    return out
+
+
+def _batched_args(rows: list[dict], device: str = "cpu") -> list:
+    first = rows[0]
+    stacked = [torch.stack([r[k] for r in rows]).to(device) for k in ("parents", "valid", "prefix")]
+    return [*stacked, first["capacity"], first["max_depth"], first["dtype"]]
+
+
+def check_batched_masks(batches: list[list[dict]], outputs: list[torch.Tensor]) -> None:
+    """Row b of each batched mask equals the reference and the oracle of tree b alone."""
+    assert len(outputs) == len(batches) and batches
+    for rows, got in zip(batches, outputs, strict=True):
+        assert got.shape[0] == len(rows)
+        for b, case in enumerate(rows):
+            assert torch.equal(_bits(got[b : b + 1].cpu()), _bits(tree_mask_reference(*_mask_args(case))))
+            assert torch.equal(_bits(got[b : b + 1].cpu()), _bits(mask_oracle(case)))
+
+
+def test_batched_masks_equal_each_tree_alone():
+    batches = batched_mask_cases()
+    check_batched_masks(batches, [tree_masks(*_batched_args(rows), impl="torch") for rows in batches])
+    with pytest.raises(ValueError, match=r"parents and valid \[B, S\] and prefix \[B\]"):
+        tree_masks(*_mask_args(mask_cases(num=1)[0]))
 
 
 MASK_KEYS = ("parents", "valid", "prefix", "capacity", "max_depth", "dtype")
@@ -408,6 +447,11 @@ def test_interpreted_mask_equals_reference(interpreted):
 
 
 @pytest.mark.interpreter
+def test_interpreted_batched_masks_equal_each_tree_alone(interpreted):
+    check_batched_masks(batched_mask_cases(num=30), interpreted["batched"])
+
+
+@pytest.mark.interpreter
 def test_interpreted_accept_equals_reference(interpreted):
     check_accepts(interpreted["cases"]["accept"], interpreted["accept"])
 
@@ -438,6 +482,7 @@ def _run_interpreted(folder: Path) -> None:
     poison_empty(POISON)
     out = {
         "mask": [kernels.tree_mask_triton(*_mask_args(c)) for c in cases["mask"]],
+        "batched": [kernels.tree_masks_triton(*_batched_args(rows)) for rows in batched_mask_cases(num=30)],
         "accept": [tuple(kernels.accept_path_triton(*_accept_args(c)[:2], *_accept_args(c)[3:]))
                    for c in cases["accept"]],
     }  # fmt: skip

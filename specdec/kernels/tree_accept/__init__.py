@@ -25,6 +25,7 @@ __all__ = [
     "ancestor_mask",
     "tree_mask",
     "tree_mask_reference",
+    "tree_masks",
 ]
 
 _MODULE = "specdec.kernels.tree_accept.triton"
@@ -62,6 +63,32 @@ def tree_mask(
     from specdec.kernels.tree_accept.triton import tree_mask_triton
 
     return tree_mask_triton(parents, valid, prefix, capacity, max_depth, dtype)
+
+
+def tree_masks(
+    parents: torch.Tensor,
+    valid: torch.Tensor,
+    prefix: torch.Tensor,
+    capacity: int,
+    max_depth: int,
+    dtype: torch.dtype,
+    *,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """:func:`tree_mask` for a batch of trees: ``parents``, ``valid`` ``[B, S]``, ``prefix [B]`` (each tree's node 0
+    at its own key slot); returns ``[B, 1, S, capacity]`` (one launch on CUDA for the whole batch)."""
+    if parents.dim() != 2 or valid.shape != parents.shape or prefix.shape != parents.shape[:1]:
+        raise ValueError(
+            f"tree_masks takes parents and valid [B, S] and prefix [B]; got {list(parents.shape)}, "
+            f"{list(valid.shape)}, {list(prefix.shape)}."
+        )
+    _check_mask_args(parents[0], valid[0], prefix[0], capacity, max_depth, dtype)  # dtypes, devices (no values)
+    if pick_impl(impl, parents.device, _MODULE) == "torch":
+        return torch.cat([tree_mask_reference(p, v, x, capacity, max_depth, dtype)
+                          for p, v, x in zip(parents, valid, prefix, strict=True)])  # fmt: skip
+    from specdec.kernels.tree_accept.triton import tree_masks_triton
+
+    return tree_masks_triton(parents, valid, prefix, capacity, max_depth, dtype)
 
 
 def accept_path(

@@ -15,32 +15,36 @@ import triton.language as tl
 
 from specdec.types import AcceptRow
 
-__all__ = ["accept_path_triton", "mask_hops", "tree_mask_triton"]
+__all__ = ["accept_path_triton", "mask_hops", "tree_mask_triton", "tree_masks_triton"]
 
 
 @triton.jit
 def _tree_mask_kernel(
-    parents_ptr,  # [S] int64, parents[i] < i, -1 for the root and padding
-    valid_ptr,  # [S] bool
-    prefix_ptr,  # 0-d int64: the key slot of tree node 0
-    out_ptr,  # [S, C] out, the additive mask
+    parents_ptr,  # [B, S] int64, parents[b, i] < i, -1 for the root and padding
+    valid_ptr,  # [B, S] bool
+    prefix_ptr,  # [B] int64: the key slot of each tree's node 0
+    out_ptr,  # [B, S, C] out, the additive mask
+    S,
     C,
     HOPS: tl.constexpr,
     FILL: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # b * S + slot
+    seq = row // S
+    slot = row - seq * S
+    base = seq * S
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    rel = cols.to(tl.int64) - tl.load(prefix_ptr)
+    rel = cols.to(tl.int64) - tl.load(prefix_ptr + seq)
     row_valid = tl.load(valid_ptr + row).to(tl.int1)
-    cur = row.to(tl.int64)
+    cur = slot
     seen = ((rel < 0) & row_valid) | (rel == cur)
     for _ in tl.static_range(HOPS):  # one ancestor per hop; past the root cur stays -1 and loads nothing
         up = cur >= 0
-        cur = tl.load(parents_ptr + cur, mask=up, other=-1)
+        cur = tl.load(parents_ptr + base + cur, mask=up, other=-1)
         seen = seen | ((rel == cur) & (cur >= 0))
     value = tl.where(seen, 0.0, FILL).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row.to(tl.int64) * C + cols, value, mask=cols < C)
+    tl.store(out_ptr + row * C + cols, value, mask=cols < C)
 
 
 def mask_hops(max_depth: int) -> int:
@@ -63,12 +67,25 @@ def tree_mask_triton(
     Returns:
         torch.Tensor: ``[1, 1, S, capacity]`` of ``dtype``: 0 where visible, ``torch.finfo(dtype).min`` elsewhere.
     """
-    slots = parents.numel()
-    out = torch.empty(1, 1, slots, capacity, dtype=dtype, device=parents.device)
+    return tree_masks_triton(parents[None], valid[None], prefix.reshape(1), capacity, max_depth, dtype)
+
+
+def tree_masks_triton(
+    parents: torch.Tensor,
+    valid: torch.Tensor,
+    prefix: torch.Tensor,
+    capacity: int,
+    max_depth: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The masks of a batch of trees (``parents``, ``valid`` ``[B, S]``, ``prefix [B]``) in one launch:
+    ``[B, 1, S, capacity]``."""
+    batch, slots = parents.shape
+    out = torch.empty(batch, 1, slots, capacity, dtype=dtype, device=parents.device)
     block = min(triton.next_power_of_2(capacity), 1024)
-    grid = (slots, triton.cdiv(capacity, block))
+    grid = (batch * slots, triton.cdiv(capacity, block))
     _tree_mask_kernel[grid](
-        parents.contiguous(), valid.contiguous(), prefix, out, capacity,
+        parents.contiguous(), valid.contiguous(), prefix.contiguous(), out, slots, capacity,
         HOPS=mask_hops(max_depth), FILL=torch.finfo(dtype).min, BLOCK_C=block, num_warps=4 if block >= 512 else 1,
     )  # fmt: skip
     return out
