@@ -74,7 +74,8 @@ def test_train_yaml_has_every_train_config_field():
 @pytest.mark.parametrize(
     ("command", "overrides", "message"),
     [
-        ("generate", ["+tree.budget=8"], r"tree\.budget is not a setting of tree=chain .*\(tree=ddtree or tree=stochastic-ddtree\)"),
+        ("generate", ["+tree.budget=8"],
+         r"tree\.budget is not a setting of tree=chain .*\(tree=ddtree or tree=stochastic-ddtree\)"),  # fmt: skip
         ("generate", ["tree=ddtree", "+tree.k=3"], r"tree\.k is not a setting of tree=ddtree"),
         ("generate", ["drafter=ngram", "+drafter.path=x"], r"drafter\.path .*drafter=dflash or drafter=model"),
         ("generate", ["+foo=1"], "Unknown key 'foo'"),

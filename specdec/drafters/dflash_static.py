@@ -1,11 +1,11 @@
 """Fixed-shape storage and forwards of a ``DFlashDrafter`` for the round (static context K/V).
 
 The context keys/values of the committed tokens live in one preallocated tensor ``[L, 2, B, H_kv, capacity, D]``
-(``B`` sequences) at slot = position. The block ``[root, MASK x (B-1)]`` at position ``prefix`` writes its own keys/values into
-slots ``prefix .. prefix + B - 1`` of the same tensor (rows no committed token holds yet; the next ``ingest``
-rewrites them with the accepted tokens' context), so each layer attends over one tensor with a mask that shows
-the slots below ``prefix + B``: no concatenation, and grouped-query heads share their key/value head without a
-copy. Shapes never change, so the forwards can be captured in a CUDA graph. Same maths as
+(``B`` sequences) at slot = position. The block ``[root, MASK x (S-1)]`` at position ``prefix`` writes its own
+keys/values into slots ``prefix .. prefix + S - 1`` of the same tensor (rows no committed token holds yet; the
+next ``ingest`` rewrites them with the accepted tokens' context), so each layer attends over one tensor with a mask
+that shows the slots below ``prefix + S``: no concatenation, and grouped-query heads share their key/value head
+without a copy. Shapes never change, so the forwards can be captured in a CUDA graph. Same maths as
 the drafter's training forward (``docs/dflash.md``), checked against an independent dynamic-cache forward in
 ``tests/drafters/test_dflash_static.py``.
 """
