@@ -25,6 +25,7 @@ __all__ = [
     "ancestor_matrix",
     "chain_device",
     "chain_from_path",
+    "ddtree_batch",
     "ddtree_device",
     "root_tree_device",
     "root_trees",
@@ -99,6 +100,60 @@ def ddtree_device(
     own_rank = ranks.gather(1, (depth - 1).unsqueeze(-1)).squeeze(-1)
     new_parents = torch.where(parents < 0, 0, position[parents.clamp(min=0)])  # the root's children keep 0
     return _pad_tree(root_token, ids[depth - 1, own_rank], new_parents, depth, num_slots)
+
+
+def ddtree_batch(
+    logq: torch.Tensor,
+    roots: torch.Tensor,
+    *,
+    budget: int,
+    topk: int | None,
+    num_slots: int,
+    impl: str = "torch",
+    topk_impl: str = "torch",
+) -> DeviceTree:
+    """:func:`ddtree_device` for a batch: ``logq [B, D, V]``, ``roots [B]`` -> the trees ``[B, S]``, node for node
+    those of each row alone. Where the Triton selection applies, the whole batch takes one top-k launch and one
+    selection launch (one program per row); otherwise the rows are built one by one."""
+    batch = logq.shape[0]
+    if logq.dim() != 3 or roots.shape != (batch,):
+        raise ValueError(f"ddtree_batch takes logq [B, D, V] and roots [B]; got {list(logq.shape)}, "
+                         f"{list(roots.shape)}.")  # fmt: skip
+    depth_limit, vocab = _check_logq(logq[0])
+    _check_int("budget", budget, 1)
+    k = min(budget if topk is None else topk, budget, vocab)
+    if impl == "auto":
+        impl = "triton" if triton_fits(logq[0], k) else "torch"
+    if impl != "triton" or batch == 1:
+        rows = [ddtree_device(q, r, budget=budget, topk=topk, num_slots=num_slots, impl=impl, topk_impl=topk_impl)
+                for q, r in zip(logq, roots, strict=True)]  # fmt: skip
+        return DeviceTree.stack(rows)
+    _check_int("num_slots", num_slots, budget + 1)
+    if topk_impl == "auto":
+        topk_impl = "triton" if vocab <= TOPK_TRITON_MAX_VOCAB and triton_fits(logq[0], 1) else "torch"
+    flat = logq.reshape(batch * depth_limit, vocab)
+    vals, ids = topk_rows(flat, k) if topk_impl == "triton" else topk_rows_reference(flat, k)
+    num_real = 1 + min(budget, _reachable(k, depth_limit, budget))
+    tokens, parents, depth = best_first(vals.view(batch, depth_limit, k), ids.view(batch, depth_limit, k),
+                                        num_real - 1)  # fmt: skip
+    return _pad_trees(roots, tokens, parents, depth, num_slots)
+
+
+def _pad_trees(roots, tokens, parents, depth, num_slots: int) -> DeviceTree:
+    """:func:`_pad_tree` for a batch: ``roots [B]``, non-root nodes ``[B, n]`` -> ``[B, num_slots]`` trees."""
+    batch, n = tokens.shape
+    root = roots.reshape(batch, 1).long()
+    pad = num_slots - 1 - n
+    minus = torch.full((batch, pad + 1), -1, dtype=torch.long, device=tokens.device)
+    zeros = torch.zeros(batch, pad + 1, dtype=torch.long, device=tokens.device)
+    valid = (torch.arange(num_slots, device=tokens.device) <= n).expand(batch, -1)
+    return DeviceTree(
+        tokens=torch.cat([root, tokens, root.expand(batch, pad)], 1),
+        parents=torch.cat([minus[:, :1], parents, minus[:, 1:]], 1),
+        depth=torch.cat([zeros[:, :1], depth, zeros[:, 1:]], 1),
+        valid=valid,
+        num_nodes=torch.full((batch,), n + 1, dtype=torch.long, device=tokens.device),
+    )
 
 
 def chain_device(logq: torch.Tensor, root_token: torch.Tensor, *, k: int, num_slots: int) -> TreeRow:

@@ -15,7 +15,7 @@ import torch
 
 from specdec.backends import env_default
 from specdec.budget import check_sizes
-from specdec.trees.build import chain_device, chain_from_path, ddtree_device, trie_device
+from specdec.trees.build import chain_device, chain_from_path, ddtree_batch, trie_device
 from specdec.types import DeviceTree, Proposal
 
 __all__ = ["TREES", "Chain", "DDTree", "TreePolicy", "register_tree"]
@@ -168,16 +168,12 @@ class DDTree:
         slots = self.budget + 1
         if proposal.logq is not None:
             on_cuda = proposal.logq.device.type == "cuda"
-            rows = [
-                ddtree_device(q, r, budget=self.budget, topk=self.topk, num_slots=slots,
-                              impl=_DDTREE_IMPL, topk_impl=_DDTREE_TOPK if on_cuda else "torch")  # fmt: skip
-                for q, r in zip(proposal.logq, root, strict=True)
-            ]
-        else:
-            rows = [
-                trie_device(p, n, r, budget=self.budget, num_slots=slots)
-                for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
-            ]
+            return ddtree_batch(proposal.logq, root.reshape(-1), budget=self.budget, topk=self.topk, num_slots=slots,
+                                impl=_DDTREE_IMPL, topk_impl=_DDTREE_TOPK if on_cuda else "torch")  # fmt: skip
+        rows = [
+            trie_device(p, n, r, budget=self.budget, num_slots=slots)
+            for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
+        ]
         return DeviceTree.stack(rows)
 
 

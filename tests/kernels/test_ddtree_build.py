@@ -18,6 +18,8 @@ from oracles.ddtree_heap import build_ddtree
 from oracles.host_trees import to_draft_tree
 
 from specdec.trees import ddtree_device
+from specdec.trees.build import ddtree_batch
+from specdec.types import DeviceTree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,12 +111,56 @@ def test_interpreted_tree_cases_cover_every_topk_ties_and_depths():
     assert min(b for _, b, _ in picked) <= 2 and max(b for _, b, _ in picked) >= 70
 
 
+def batch_cases(seed: int = 3) -> list[tuple[torch.Tensor, torch.Tensor, int, int | None]]:
+    """(logq [B, D, V], roots [B], budget, topk): batches of rows with ties and -inf, as the round builds them."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for batch, depth, vocab, budget, topk in [(3, 5, 12, 10, 3), (4, 15, 40, 31, 8), (2, 3, 6, 7, None), (5, 4, 9, 15, 2)]:
+        logq = torch.log_softmax(torch.randn(batch, depth, vocab, generator=gen), -1)
+        logq = (logq * 2).round() / 2  # ties
+        logq[..., -1] = float("-inf")
+        out.append((logq, torch.arange(batch) + 5, budget, topk))
+    return out
+
+
+def _build_batches(device: str, topk_impl: str = "torch") -> list:
+    return [  # plain tuples of tensors (saved by the interpreted run)
+        tuple(ddtree_batch(logq.to(device), roots.to(device), budget=budget, topk=topk, num_slots=budget + 3, impl="triton",
+                     topk_impl=topk_impl))  # fmt: skip
+        for logq, roots, budget, topk in batch_cases()
+    ]
+
+
+def _check_batches(trees) -> None:
+    """Row b of each batched build is the heap builder's tree of row b alone (padded past its nodes)."""
+    assert len(trees) == len(batch_cases())
+    for (logq, roots, budget, topk), tree in zip(batch_cases(), trees, strict=True):
+        tree = DeviceTree(*tree)
+        for b in range(logq.shape[0]):
+            want = build_ddtree(logq[b], int(roots[b]), budget=budget, topk=topk)
+            n = want.tokens.numel()
+            assert torch.equal(tree.tokens[b, :n].cpu(), want.tokens.cpu()), (budget, topk, b)
+            assert torch.equal(tree.parents[b, :n].cpu(), want.parents), (budget, topk, b)
+            assert int(tree.num_nodes[b]) == n and bool(tree.valid[b, :n].all()) and not tree.valid[b, n:].any()
+
+
+def test_batched_build_on_cpu_equals_each_row_alone():
+    trees = [
+        ddtree_batch(logq, roots, budget=budget, topk=topk, num_slots=budget + 3)
+        for logq, roots, budget, topk in batch_cases()
+    ]
+    _check_batches(trees)
+    with pytest.raises(ValueError, match=r"logq \[B, D, V\] and roots \[B\]"):
+        ddtree_batch(batch_cases()[0][0][0], torch.tensor([1]), budget=3, topk=None, num_slots=4)
+
+
 # each part in its own interpreter run
 INTERPRETED_PARTS = {
     "trees": (lambda: _build_all("cpu", num=INTERPRETED_TREES), lambda out: _check(out, INTERPRETED_TREES)),
     "trees_triton_topk": (lambda: _build_all("cpu", "triton", num=INTERPRETED_TREES),
                           lambda out: _check(out, INTERPRETED_TREES)),  # fmt: skip
     "topk": (lambda: _topk_all("cpu"), _check_topk),
+    "batched": (lambda: _build_batches("cpu", "triton"), _check_batches),
 }
 
 

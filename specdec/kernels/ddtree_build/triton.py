@@ -54,7 +54,13 @@ def _best_first_kernel(
 ):
     # A pop is on the critical path of the next one, so it is one reduction: the open prefix with the largest
     # score (ties: smallest rank key) together with its slot, parent score and packed
-    # (depth, rank, parent) = depth | rank << 8 | parent << 32.
+    # (depth, rank, parent) = depth | rank << 8 | parent << 32. One program per sequence of a batch.
+    seq = tl.program_id(0).to(tl.int64)
+    vals_ptr += seq * D * K
+    ids_ptr += seq * D * K
+    tokens_ptr += seq * N
+    parents_ptr += seq * N
+    depth_ptr += seq * N
     slot = tl.arange(0, F)
     one = tl.full([], 1, tl.int64)
     first = tl.load(vals_ptr).to(tl.float64)
@@ -98,25 +104,30 @@ def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
     """The first ``num_nodes`` pops of the DDTree heap over per-depth candidates.
 
     Args:
-        vals (torch.Tensor): ``[D, K]`` fp32 candidate log-probs per depth, each row ranked (value desc, id asc).
-        ids (torch.Tensor): ``[D, K]`` int64 their token ids.
+        vals (torch.Tensor): ``[D, K]`` (or ``[B, D, K]``, one program per sequence) fp32 candidate log-probs per
+            depth, each row ranked (value desc, id asc).
+        ids (torch.Tensor): ``[D, K]`` (``[B, D, K]``) int64 their token ids.
         num_nodes (int): pops (non-root nodes), at most the number of reachable prefixes.
 
     Returns:
-        tuple: ``tokens``, ``parents`` (0 = the root), ``depth``, each ``[num_nodes]`` int64, in pop order.
+        tuple: ``tokens``, ``parents`` (0 = the root), ``depth``, each ``[num_nodes]`` (``[B, num_nodes]``) int64,
+        in pop order.
     """
-    depth_limit, k = vals.shape
+    batch = vals.shape[0] if vals.dim() == 3 else None
+    depth_limit, k = vals.shape[-2:]
     bits = k.bit_length()
     if k >= 2**24 or num_nodes >= 2**31:
         raise ValueError(f"k={k}, num_nodes={num_nodes}: the selection packs ranks in 24 bits and parents in 31.")
     if depth_limit * bits > 63:
         raise ValueError(f"rank tuples of {depth_limit} digits of {bits} bits do not fit one int64 key.")
-    out = torch.empty(3, num_nodes, dtype=torch.long, device=vals.device)
+    out = torch.empty(3, batch or 1, num_nodes, dtype=torch.long, device=vals.device)
     slots = triton.next_power_of_2(num_nodes + 1)
-    _best_first_kernel[(1,)](
+    _best_first_kernel[(batch or 1,)](
         vals.contiguous(), ids.contiguous(), out[0], out[1], out[2],
         K=k, D=depth_limit, BITS=bits, N=num_nodes, F=slots, num_warps=1,
     )  # fmt: skip
+    if batch is None:
+        return out[0, 0], out[1, 0], out[2, 0]
     return out[0], out[1], out[2]
 
 
