@@ -115,7 +115,8 @@ def batch_cases(seed: int = 3) -> list[tuple[torch.Tensor, torch.Tensor, int, in
     """(logq [B, D, V], roots [B], budget, topk): batches of rows with ties and -inf, as the round builds them."""
     gen = torch.Generator().manual_seed(seed)
     out = []
-    for batch, depth, vocab, budget, topk in [(3, 5, 12, 10, 3), (4, 15, 40, 31, 8), (2, 3, 6, 7, None), (5, 4, 9, 15, 2)]:
+    shapes = [(3, 5, 12, 10, 3), (4, 15, 40, 31, 8), (2, 3, 6, 7, None), (5, 4, 9, 15, 2)]  # B, D, V, budget, topk
+    for batch, depth, vocab, budget, topk in shapes:
         logq = torch.log_softmax(torch.randn(batch, depth, vocab, generator=gen), -1)
         logq = (logq * 2).round() / 2  # ties
         logq[..., -1] = float("-inf")
