@@ -126,8 +126,8 @@ def batch_cases(seed: int = 3) -> list[tuple[torch.Tensor, torch.Tensor, int, in
 
 def _build_batches(device: str, topk_impl: str = "torch") -> list:
     return [  # plain tuples of tensors (saved by the interpreted run)
-        tuple(ddtree_batch(logq.to(device), roots.to(device), budget=budget, topk=topk, num_slots=budget + 3, impl="triton",
-                     topk_impl=topk_impl))  # fmt: skip
+        tuple(ddtree_batch(logq.to(device), roots.to(device), budget=budget, topk=topk, num_slots=budget + 3,
+                           impl="triton", topk_impl=topk_impl))  # fmt: skip
         for logq, roots, budget, topk in batch_cases()
     ]
 
