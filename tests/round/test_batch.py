@@ -16,6 +16,7 @@ import torch
 from models import tiny_model
 from oracles import gof_pvalue
 from state.hybrid_harness import tiny_hybrid
+from test_round import sharp_drafter
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
 import specdec
@@ -69,17 +70,6 @@ def check_rows(target, rows, out, max_new, eos=None, alone=None):
         assert out.stats.new_tokens == sum(len(w) for w in wants)
         assert out.stats.rounds == sum(r.rounds for r in out.stats.rows)
     return wants
-
-
-def sharp_drafter(target, *, seed: int = 1, scale: float = 6.0) -> DFlashDrafter:
-    drafter = DFlashDrafter.for_target(
-        target, mask_token_id=3, num_layers=1, block_size=6, target_layer_ids=(0, 1), intermediate_size=128, seed=seed
-    )
-    with torch.no_grad():
-        for p in drafter.model.parameters():
-            if p.dim() == 2:
-                p.mul_(scale)
-    return drafter
 
 
 def model_drafter(target, seed: int = 1) -> specdec.ModelDrafter:
