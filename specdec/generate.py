@@ -429,20 +429,20 @@ class SpeculativeModel:
         """``model.generate`` with speculative decoding; arguments as :func:`specdec.generate`.
 
         Args:
-            input_ids (torch.Tensor): ``[1, T]`` prompt (``inputs=`` is HF's other name for it).
+            input_ids (torch.Tensor): ``[B, T]`` prompts, left-padded (``inputs=`` is HF's other name for it).
             generation_config (GenerationConfig | None): merged as HF merges it.
-            attention_mask (torch.Tensor | None): a tokenizer's mask (no padding).
+            attention_mask (torch.Tensor | None): a tokenizer's mask (0 on left padding).
             return_dict_in_generate (bool | None): return the ``GenerateOutput`` instead of ``sequences``.
             **kwargs: HF generation arguments, plus ``drafter``/``tree`` to override the wrapper's for one call.
 
         Returns:
-            torch.Tensor | GenerateOutput: ``[1, T + n_new]`` sequences, or the output with ``.stats``.
+            torch.Tensor | GenerateOutput: ``[B, T + n_new]`` sequences, or the output with ``.stats``.
         """
         if input_ids is not None and inputs is not None:
             raise ValueError("Pass the prompt once: input_ids or inputs, not both.")
         input_ids = inputs if input_ids is None else input_ids
         if input_ids is None:
-            raise ValueError("SpeculativeModel.generate needs input_ids (a [1, T] LongTensor).")
+            raise ValueError("SpeculativeModel.generate needs input_ids (a [B, T] LongTensor).")
         kwargs.setdefault("drafter", self.drafter)
         kwargs.setdefault("tree", self.tree)
         kwargs.setdefault("verifier", self.verifier)
@@ -451,8 +451,8 @@ class SpeculativeModel:
         )
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(
-                "SpeculativeModel.generate is already running in another thread: one SpeculativeModel decodes one "
-                "sequence at a time (its storage is shared). Use one SpeculativeModel per thread."
+                "SpeculativeModel.generate is already running in another thread: one SpeculativeModel runs one call "
+                "at a time (its storage is shared). Use one SpeculativeModel per thread."
             )
         try:
             out = generate(
