@@ -260,3 +260,15 @@ def test_batch_sampling_per_row_matches_hf(policy, rule):
         observed = torch.tensor([counts[which].get(k, 0) for k in keys])
         assert gof_pvalue(observed, torch.tensor([joint[k] for k in keys])) > 1e-3
         assert gof_pvalue(observed, torch.tensor([wrong[k] for k in keys])) < 1e-3
+
+
+def test_speculative_model_decodes_a_batch():
+    """The drop-in wrapper takes a tokenizer's left-padded batch as HF's generate does."""
+    target = tiny_model("llama", scale=2.0)
+    model = specdec.SpeculativeModel(target, drafter=sharp_drafter(target), tree=specdec.DDTree(budget=10, topk=3))
+    rows = prompts(3, seed=7)
+    ids, mask = left_pad(rows)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
+                         return_dict_in_generate=True)  # fmt: skip
+    check_rows(target, rows, out, 16)
+    assert len(model.last_stats.rows) == 3
