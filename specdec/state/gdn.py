@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
-from specdec.kernels import gdn_path_replay, tree_gdn
-from specdec.kernels.tree_gdn import chain_walk
+from specdec.kernels import gdn_path_replay
+from specdec.kernels.tree_gdn import chain_walk, tree_gdn_rows
 from specdec.kernels.tree_gdn.reference import gdn_step
-from specdec.state.hybrid import RecurrentAdapter, VerifyRound, _row_slices, _row_tables, path_rows, tree_conv
+from specdec.state.hybrid import RecurrentAdapter, VerifyRound, _row_tables, path_rows, tree_conv
 
 __all__ = ["GDN_ADAPTERS", "GDNStash", "GatedDeltaNetAdapter", "Qwen3NextGatedDeltaNetAdapter", "gdn_step"]
 
@@ -98,13 +98,13 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
         # the prompt's chain: one walk over the nodes (replaying every node's path would cost N (N + 1) / 2 steps);
         # a drafted chain: by its size and the layer's heads; other trees: by their size (tree_gdn's "auto")
         walk = "nodes" if rnd.prompt else chain_walk(n, m.num_v_heads) if topo.is_chain else "auto"
-        out = torch.cat(
-            [  # one scan per row: row r's nodes from row r's committed state
-                tree_gdn(rec[r].float(), q[s], k[s], v[s], g[s], beta[s], parents[r], impl="auto", walk=walk)
-                for r, s in enumerate(_row_slices(rows, n))
-            ]
-        )
-        out = out.to(hidden_states.dtype)  # [B * N, HV, V]
+        def per_row(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(rows, n, *x.shape[1:])
+
+        # one scan for the batch (one launch on CUDA): row r's nodes from row r's committed state and tree
+        out = tree_gdn_rows(rec.float(), per_row(q), per_row(k), per_row(v), per_row(g), per_row(beta), parents,
+                            impl="auto", walk=walk)  # fmt: skip
+        out = out.reshape(total, *out.shape[2:]).to(hidden_states.dtype)  # [B * N, HV, V]
         out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim)).reshape(rows, n, -1)
         return m.out_proj(out)
 

@@ -207,6 +207,33 @@ def interpreted(tmp_path_factory) -> dict[str, torch.Tensor]:
     return torch.load(path)
 
 
+# a batch of sequences, each with its own tree and state (the round's rows): one launch of tree_gdn_rows
+ROW_KINDS = ("deep", "bush", "forest")
+
+
+def row_inputs(n: int = 16) -> dict:
+    """Three sequences' inputs stacked (``tree_gdn_rows``'s layout), each from its own tree kind and seed."""
+    rows = [make_inputs(Case(n, 4, 32, 16, kind, h=2), seed=seed) for seed, kind in enumerate(ROW_KINDS)]
+    return {key: torch.stack([r[key] for r in rows]) for key in rows[0]}
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("walk", ["paths", "nodes", "chunk"])
+def test_triton_interpreted_rows_match_each_sequence_alone(walk, interpreted):
+    inputs = row_inputs()
+    out = interpreted[f"rows/{walk}"]
+    assert out.shape[0] == len(ROW_KINDS)
+    for b in range(len(ROW_KINDS)):
+        assert_close(out[b], tree_gdn_reference(**{key: x[b] for key, x in inputs.items()}), torch.float32)
+
+
+def test_rows_refuse_unbatched_shapes():
+    from specdec.kernels.tree_gdn import tree_gdn_rows
+
+    with pytest.raises(ValueError, match=r"q \[B, N, HV, K\] and parents \[B, N\]"):
+        tree_gdn_rows(**make_inputs(Case(3, 2, 16, 16, "chain")))
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize(
     "case, walk", [(c, w) for c in TRITON_CASES for w in walks_for(c)], ids=lambda x: getattr(x, "id", x)
@@ -542,6 +569,10 @@ def _run_interpreted(path: str) -> None:
             else:
                 results[f"{case.id}/{walk}"] = tree_gdn_triton(**inputs, walk=walk)
         results[case.id + "/init_state"] = inputs["init_state"]
+    from specdec.kernels.tree_gdn import tree_gdn_rows
+
+    for walk in ("paths", "nodes", "chunk"):
+        results[f"rows/{walk}"] = tree_gdn_rows(**row_inputs(), impl="triton", walk=walk)
     for case in PATH_CASES:
         inputs = make_inputs(case)
         for seed in range(4):

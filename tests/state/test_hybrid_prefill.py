@@ -179,8 +179,8 @@ def test_the_prompt_chain_walks_the_nodes_and_rounds_pick_by_size(scan):
         walks.append((args[1].shape[0], walk, chain))
         return gdn_tree(*args, walk=walk, **kwargs)
 
-    gdn_tree = gdn.tree_gdn
-    with mock.patch.object(gdn, "tree_gdn", side_effect=spy):
+    gdn_tree = gdn.tree_gdn_rows
+    with mock.patch.object(gdn, "tree_gdn_rows", side_effect=spy):
         specdec.generate(target, ids, drafter=drafter, tree=specdec.DDTree(budget=8), max_new_tokens=6)
     prompt = [w for n, w, _ in walks if n >= 20]
     trees = [w for n, w, _ in walks if n < 20]
@@ -204,7 +204,7 @@ def test_drafted_chains_pick_their_schedule_by_size_and_heads(monkeypatch):
     ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(5))
     ref = target.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
     walks: list[str] = []
-    gdn_tree = gdn.tree_gdn
+    gdn_tree = gdn.tree_gdn_rows
 
     def spy(*args, walk="auto", **kwargs):
         walks.append(walk)
@@ -216,7 +216,7 @@ def test_drafted_chains_pick_their_schedule_by_size_and_heads(monkeypatch):
         assert torch.equal(out.sequences, ref)
         return set(walks)
 
-    monkeypatch.setattr(gdn, "tree_gdn", spy)
+    monkeypatch.setattr(gdn, "tree_gdn_rows", spy)
     assert rounds(specdec.Chain(k=4)) == {"paths"}  # 5 nodes x a few value heads
     assert rounds(specdec.DDTree(budget=4, topk=2)) == {"auto"}
     monkeypatch.setattr(tree_gdn_module, "CHAIN_PATHS_MAX_WORK", 0)

@@ -21,6 +21,7 @@ __all__ = [
     "gdn_path_replay_reference",
     "tree_gdn",
     "tree_gdn_reference",
+    "tree_gdn_rows",
 ]
 
 Impl = Literal["auto", "triton", "torch"]
@@ -80,6 +81,49 @@ def tree_gdn(
     from specdec.kernels.tree_gdn.triton import tree_gdn_triton
 
     return tree_gdn_triton(init_state, q, k, v, log_decay, beta, parents, walk=walk)
+
+
+def tree_gdn_rows(
+    init_state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    parents: torch.Tensor,
+    *,
+    impl: Impl = "auto",
+    walk: str = "auto",
+) -> torch.Tensor:
+    """:func:`tree_gdn` for a batch of sequences, each with its own tree and state: ``init_state [B, HV, K, V]``,
+    ``q [B, N, HV, K]``, ``k [B, N, H, K]``, ``v [B, N, HV, V]``, ``log_decay`` and ``beta [B, N, HV]``, ``parents
+    [B, N]``; returns ``[B, N, HV, V]`` (fp32). Triton runs the batch in one launch: the sequences' heads side by
+    side (``B * HV`` programs per value block), each program reading its own sequence's parent array; the reference
+    runs the sequences one by one."""
+    if q.dim() != 4 or parents.dim() != 2 or init_state.dim() != 4:
+        raise ValueError(
+            f"tree_gdn_rows takes init_state [B, HV, K, V], q [B, N, HV, K] and parents [B, N]; got "
+            f"{list(init_state.shape)}, {list(q.shape)}, {list(parents.shape)}."
+        )
+    rows, n, hv = q.shape[:3]
+    _check_shapes(init_state[0], q[0], k[0], v[0], log_decay[0], beta[0], parents[0])  # every row has these shapes
+    if impl == "auto":
+        impl = auto_impl(q.device)
+    if impl == "torch":
+        return torch.stack([tree_gdn_reference(*row) for row in zip(init_state, q, k, v, log_decay, beta, parents,
+                                                                      strict=True)])  # fmt: skip
+    if impl != "triton":
+        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'torch'.")
+    if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
+    from specdec.kernels.tree_gdn.triton import tree_gdn_triton
+
+    def side_by_side(x: torch.Tensor) -> torch.Tensor:  # [B, N, heads, ...] -> [N, B * heads, ...]
+        return x.transpose(0, 1).reshape(n, -1, *x.shape[3:])
+
+    out = tree_gdn_triton(init_state.reshape(rows * hv, *init_state.shape[2:]), side_by_side(q), side_by_side(k),
+                          side_by_side(v), side_by_side(log_decay), side_by_side(beta), parents, walk=walk)  # fmt: skip
+    return out.view(n, rows, hv, -1).transpose(0, 1)
 
 
 def gdn_path_replay(

@@ -164,6 +164,7 @@ def _tree_gdn_kernel(
     N,
     HV,
     HEADS_PER_KEY,
+    HEADS_PER_ROW,  # value heads of one sequence: program head h reads sequence h // HEADS_PER_ROW's tree
     NODE_STRIDE,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -173,6 +174,7 @@ def _tree_gdn_kernel(
 ):
     head, key_head, num_key_heads, offs_k, offs_v, mask_k, mask_v = _head_slice(HV, HEADS_PER_KEY, K, V, BLOCK_K,
                                                                                 BLOCK_V)  # fmt: skip
+    parents_ptr += (head // HEADS_PER_ROW) * N  # this sequence's parent array
     mask_kv = mask_k[:, None] & mask_v[None, :]
     state_offs = head * K * V + offs_k[:, None] * V + offs_v[None, :]  # int64: head is int64
 
@@ -233,6 +235,7 @@ def _tree_gdn_paths_kernel(
     N,
     HV,
     HEADS_PER_KEY,
+    HEADS_PER_ROW,  # value heads of one sequence: program head h reads sequence h // HEADS_PER_ROW's tree
     K: tl.constexpr,
     V: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -247,6 +250,7 @@ def _tree_gdn_paths_kernel(
     node = tl.program_id(2).to(tl.int64)
     head, key_head, num_key_heads, offs_k, offs_v, mask_k, mask_v = _head_slice(HV, HEADS_PER_KEY, K, V, BLOCK_K,
                                                                                 BLOCK_V)  # fmt: skip
+    parents_ptr += (head // HEADS_PER_ROW) * N  # this sequence's parent array
     mask_kv = mask_k[:, None] & mask_v[None, :]
 
     node_ids = tl.arange(0, BLOCK_N)
@@ -295,6 +299,7 @@ def _tree_gdn_chunk_kernel(
     N,
     HV,
     HEADS_PER_KEY,
+    HEADS_PER_ROW,  # value heads of one sequence: program head h reads sequence h // HEADS_PER_ROW's tree
     K: tl.constexpr,
     V: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -315,6 +320,7 @@ def _tree_gdn_chunk_kernel(
     """
     head, key_head, num_key_heads, offs_k, offs_v, mask_k, mask_v = _head_slice(HV, HEADS_PER_KEY, K, V, BLOCK_K,
                                                                                 BLOCK_V)  # fmt: skip
+    parents_ptr += (head // HEADS_PER_ROW) * N  # this sequence's parent array
     rows = tl.arange(0, BLOCK_N)
     valid = rows < N
     parents = tl.load(parents_ptr + rows, mask=valid, other=-1).to(tl.int32)
@@ -460,17 +466,19 @@ def _tree_gdn(
     sizes = dict(K=k_dim, V=v_dim, BLOCK_K=triton.next_power_of_2(k_dim), BLOCK_V=block_v,
                  BLOCK_N=triton.next_power_of_2(n), num_warps=num_warps)  # fmt: skip
     heads_per_key = hv // k.shape[1]
+    heads_per_row = hv // (parents.numel() // n)  # parents [rows * N]: one tree per sequence
     if walk == "paths":
-        _tree_gdn_paths_kernel[(hv, triton.cdiv(v_dim, block_v), n)](*inputs, n, hv, heads_per_key, **sizes)
+        _tree_gdn_paths_kernel[(hv, triton.cdiv(v_dim, block_v), n)](*inputs, n, hv, heads_per_key, heads_per_row,
+                                                                    **sizes)  # fmt: skip
     elif walk == "chunk":  # tl.dot needs 16 rows / columns at least
         sizes.update(BLOCK_N=block_n or max(16, sizes["BLOCK_N"]))
         _tree_gdn_chunk_kernel[(hv, triton.cdiv(v_dim, block_v))](
-            *inputs, n, hv, heads_per_key, PRECISION=precision, ANCESTRY=ancestry, **sizes
+            *inputs, n, hv, heads_per_key, heads_per_row, PRECISION=precision, ANCESTRY=ancestry, **sizes
         )
     else:
         scratch = torch.empty((n, hv, k_dim, v_dim), dtype=torch.float32, device=q.device)
         _tree_gdn_kernel[(hv, triton.cdiv(v_dim, block_v))](
-            *inputs, scratch, n, hv, heads_per_key, hv * k_dim * v_dim, **sizes
+            *inputs, scratch, n, hv, heads_per_key, heads_per_row, hv * k_dim * v_dim, **sizes
         )
     return out
 
