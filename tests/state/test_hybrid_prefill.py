@@ -174,9 +174,9 @@ def test_the_prompt_chain_walks_the_nodes_and_rounds_pick_by_size(scan):
     walks: list[tuple[int, str, bool]] = []
 
     def spy(*args, walk="auto", **kwargs):
-        parents = args[6]
+        parents = args[6][0]  # tree_gdn_rows: [B, N] (one row here)
         chain = torch.equal(parents.cpu(), torch.arange(-1, parents.numel() - 1))
-        walks.append((args[1].shape[0], walk, chain))
+        walks.append((args[1].shape[1], walk, chain))
         return gdn_tree(*args, walk=walk, **kwargs)
 
     gdn_tree = gdn.tree_gdn_rows
@@ -186,8 +186,10 @@ def test_the_prompt_chain_walks_the_nodes_and_rounds_pick_by_size(scan):
     trees = [w for n, w, _ in walks if n < 20]
     assert prompt and set(prompt) == {"nodes"}  # one per GDN layer (the prefill pads the prompt to 64 slots)
     assert trees and set(trees) == {"auto"}  # DDTree rounds, even one whose tree came out as a chain
+    from specdec.kernels.tree_gdn import tree_gdn
+
     with pytest.raises(ValueError, match="walk="):
-        gdn_tree(*(torch.zeros(1),) * 7, walk="levels")
+        tree_gdn(*(torch.zeros(1),) * 7, walk="levels")
 
 
 def test_drafted_chains_pick_their_schedule_by_size_and_heads(monkeypatch):
