@@ -145,12 +145,22 @@ MUTANTS = [
     # -- EOS and max_new_tokens -----------------------------------------------------------------------------
     Mutant(  # stop at EOS but keep the rest of the round's tokens
         "eos_truncation_removed",
-        ((GENERATE, "accepted, done = accepted[: i + 1], True", "done = True"),),
+        ((GENERATE, "accepted, done[b] = accepted[: i + 1], True", "done[b] = True"),),
         (*EOS, "tests/unit/test_eos.py"),
+    ),
+    Mutant(  # batches: every row writes its tree's K/V at row 0's slots
+        "batch_write_slots_of_row_0",
+        ((ENGINE, "write_index = prefix[:, None] + self.arange", "write_index = prefix[:1, None] + self.arange"),),
+        ("tests/round/test_batch.py",),
+    ),
+    Mutant(  # batches: the left padding kept in the prompt (a row reads pad tokens as its first tokens)
+        "left_padding_not_stripped",
+        ((GENERATE, "input_ids[b if b < batch else 0, width - n :]", "input_ids[b if b < batch else 0, :n]"),),
+        ("tests/round/test_batch.py",),
     ),
     Mutant(  # a round's tokens past max_new_tokens kept
         "max_new_tokens_cut_removed",
-        ((GENERATE, "        accepted = accepted[:remaining]\n", ""),),
+        ((GENERATE, "            accepted = accepted[: remaining[b]]\n", ""),),
         (*MAX_NEW, "tests/unit/test_generate_greedy.py"),
     ),
     # -- structure: verification, commit, trees, positions, masks, recurrent state ---------------------------
@@ -168,13 +178,21 @@ MUTANTS = [
     Mutant(  # KV commit keeps the first rows of the tree instead of gathering the accepted nodes' rows
         "commit_without_gather",
         (
-            (
-                "specdec/state/storage.py",
-                "src = kv.index_select(4, path + prefix)",
-                "src = kv.index_select(4, torch.arange(path.shape[0], device=path.device) + prefix)",
-            ),
+            ("specdec/state/storage.py", "src = kv.index_select(4, (path + prefix)[0])",
+             "src = kv.index_select(4, dst[0])"),  # fmt: skip
         ),
         GREEDY_TESTS,
+    ),
+    Mutant(  # the same in the batched commit (several sequences)
+        "batch_commit_without_gather",
+        (
+            (
+                "specdec/state/storage.py",
+                "kv[:, :, rows, :, dst] = kv[:, :, rows, :, path + prefix]",
+                "kv[:, :, rows, :, dst] = kv[:, :, rows, :, dst]",
+            ),
+        ),
+        ("tests/round/test_batch.py",),
     ),
     Mutant(  # equal log-probs ranked by decreasing token id in the DDTree's per-depth top-k
         "tie_order_reversed",
@@ -186,12 +204,13 @@ MUTANTS = [
     ),
     Mutant(  # tree positions one too far
         "position_off_by_one",
-        ((ENGINE, "(prefix + tree.depth)[None], mask", "(prefix + tree.depth + 1)[None], mask"),),
+        ((ENGINE, "prefix[:, None] + tree.depth, mask", "prefix[:, None] + tree.depth + 1, mask"),),
         GREEDY_TESTS,
     ),
     Mutant(  # positions one too far at depth > 1 only (the root and depth-1 nodes stay right)
         "positions_off_deeper_than_1",
-        ((ENGINE, "(prefix + tree.depth)[None], mask", "(prefix + tree.depth + (tree.depth > 1).long())[None], mask"),),
+        ((ENGINE, "prefix[:, None] + tree.depth, mask",
+          "prefix[:, None] + tree.depth + (tree.depth > 1).long(), mask"),),  # fmt: skip
         GREEDY_TESTS,
     ),
     Mutant(  # each node sees the previous node's ancestors instead of its parent's (mask and acceptance walk)
@@ -218,12 +237,14 @@ MUTANTS = [
     ),
     Mutant(  # Gated DeltaNet recurrence continues from the previous node's state instead of the parent's
         "recurrent_parent_state_wrong",
-        (("specdec/state/gdn.py", "parents = index[:, -2] - conv.shape[-1]", "parents = torch.arange(n) - 1"),),
+        (("specdec/state/gdn.py", "parents = index[..., -2] - conv.shape[-1]",
+          "parents = (torch.arange(n) - 1).expand(rows, -1)"),),
         (*HYBRID, "tests/state/test_hybrid_tree.py", "tests/state/test_hybrid_generate.py"),
     ),
     Mutant(  # the same in the Mamba2 mixers' tree scan
         "recurrent_parent_state_wrong_mamba2",
-        (("specdec/state/mamba2.py", "parents = index[:, -2] - conv.shape[-1]", "parents = torch.arange(n) - 1"),),
+        (("specdec/state/mamba2.py", "parents = index[..., -2] - conv.shape[-1]",
+          "parents = (torch.arange(n) - 1).expand(rows, -1)"),),
         (*HYBRID, "tests/state/test_hybrid_tree.py"),
     ),
     Mutant(  # the recurrent state committed after all accepted nodes but the last
@@ -231,8 +252,8 @@ MUTANTS = [
         (
             (
                 "specdec/state/recurrent.py",
-                "state = adapter.replay(rec.float(), stash, path, num_path)",
-                "state = adapter.replay(rec.float(), stash, path, num_path - 1)",
+                "state = adapter.replay(rec.float(), stash, flat, num_path)",
+                "state = adapter.replay(rec.float(), stash, flat, num_path - 1)",
             ),
         ),
         (*HYBRID, "tests/state/test_hybrid_generate.py"),

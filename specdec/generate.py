@@ -223,7 +223,7 @@ def _decode(
     # each prompt from slot 0 (its positions from 0, as left padding gives HF), right-padded to the longest
     prompts = torch.zeros(rows, longest, dtype=torch.long, device=input_ids.device)
     for b, n in enumerate(lengths):
-        prompts[b, :n] = input_ids[min(b, batch - 1) if b < batch else 0, width - n :]
+        prompts[b, :n] = input_ids[b if b < batch else 0, width - n :]
     auto = AutoBudget(tree.sizes, rows) if drafter is not None and getattr(tree, "auto", False) else None
     fixed = tree.largest if auto is not None else tree
     engine = Engine.for_target(
