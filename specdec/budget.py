@@ -12,7 +12,7 @@ can wire them in:
   per budget shrunk towards a shared ratio, so predictions are scaled to reality.
 * :class:`CostModel` (host): the round's cost in ms as a function of (batch rows ``B``, verified slots ``n``),
   from warm-up measurements (:func:`measure`): the measurements themselves on the measured grid (piecewise-linear
-  in between), a least-squares ``a + b*B + c*B*n`` outside it.
+  in between), a least-squares ``a + b*B + c*B*n (+ d*T)`` outside it (``T`` = 1 for a tree round: the drafter).
 * :func:`choose` (host): the budget that maximises expected committed tokens per ms, never below plain decoding.
 
 Conventions: ``sizes`` are DDTree **budgets** (non-root nodes, ``DDTree(budget)``), strictly increasing, >= 1;
@@ -274,7 +274,9 @@ class CostModel:
       captured buckets, which are exactly what warm-up measures, so there the model adds no error of its own, and
       a step in the real cost (a kernel's tiles or waves: 16 and 32 slots may cost the same, 64 more) is kept
       where a straight line would smear it over the buckets.
-    * Outside it, a least-squares fit ``a + b*B + c*B*n`` (per-round overhead, per-row work, per-token work);
+    * Outside it, a least-squares fit ``a + b*B + c*B*n`` (per-round overhead, per-row work, per-token work),
+      plus ``d*T`` (``T = 1`` for a tree of more than one slot: the drafter's forward) when plain decoding and
+      several tree sizes are measured;
       features the data cannot identify are dropped: a single measured ``B`` gives ``a + c*n`` (no dependence on
       ``B``: measure every batch size you run), a single ``n`` gives ``a + b*B``, a single point a constant.
       Predictions are floored at a tiny positive value.
@@ -320,6 +322,8 @@ class CostModel:
             names.append("B")
         if len(nodes) > 1:
             names.append("B*n" if len(batches) > 1 else "n")  # one measured B: nothing to scale by B
+        if 1 in nodes and len(nodes - {1}) > 1:  # plain decoding (one slot) and several trees: a drafter term
+            names.append("T")
         x = torch.tensor([_features(names, b, n) for b, n in self.table], dtype=torch.float64)
         y = torch.tensor(list(self.table.values()), dtype=torch.float64)[:, None]
         coef = torch.linalg.lstsq(x, y, driver="gelsd").solution[:, 0].tolist()  # CPU tensors: no device involved
@@ -522,65 +526,73 @@ class AutoBudget:
     The loop asks :meth:`next_size` before each launch and reports each round it reads with :meth:`observe`: the
     round's budget, its own :func:`expected_accepts` at every size (computed inside the round from its proposal and
     read with its tokens: no extra host read), the accepted drafts of each decoding row and the round's device time.
-    The cost model is fitted from those times (the rounds of this target, batch size and budget are their own
-    measurements; the first rounds try every size once, then each size's cost is the median of its last
-    ``window`` rounds), the calibration from the accepted counts; :func:`choose` picks the next size. Plain decoding
-    is not a separate round here (the drafter must see every token): when no tree pays, the smallest size runs.
-    Choices lag the expectations by the rounds in flight (the loop launches one round ahead).
+    Budget 0 is plain decoding (a round without a proposal that still feeds the drafter, ``RootOnly``). The cost
+    model is fitted from those times (the rounds of this target, batch size and budget are their own measurements;
+    the first rounds try plain decoding and every size once, then each option's cost is the median of its last
+    ``window`` rounds), the calibration from the accepted counts; :func:`choose` picks the next option. Plain
+    decoding proposes nothing, so after ``probe`` plain rounds in a row the smallest tree runs once to refresh the
+    expectations. Choices lag the expectations by the rounds in flight (the loop launches one round ahead).
 
     Args:
-        sizes (Sequence[int]): candidate budgets, strictly increasing.
+        sizes (Sequence[int]): candidate budgets, strictly increasing (plain decoding is always a candidate too).
         batch (int): the round's rows ``B`` (the bucket).
-        window (int): recent rounds per size whose median is its cost.
+        window (int): recent rounds per option whose median is its cost.
+        probe (int): plain rounds in a row before a tree round refreshes the expectations.
     """
 
-    def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16) -> None:
+    def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 8) -> None:
         self.sizes = check_sizes(sizes)
         self.batch = _int("batch", batch, 1)
         self.window = _int("window", window, 1)
+        self.probe = _int("probe", probe, 1)
         # a light prior (one predicted token): a drafter whose drafts are never accepted is believed within a few
         # rounds, so the larger trees are retried rarely
         self.calib = Calibration(self.sizes, strength=1.0)
-        self.times: dict[int, list[float]] = {s: [] for s in self.sizes}
+        self.times: dict[int, list[float]] = {s: [] for s in (0, *self.sizes)}  # 0: plain decoding
         self.expected: list[list[float]] | None = None
         self.chosen: list[int] = []
         self.in_flight: list[int] = []  # sizes launched and not observed yet
 
+    def _cost(self, size: int) -> float:
+        return statistics.median(self.times[size][-self.window :])
+
     def next_size(self) -> int:
-        """The budget of the next round launched."""
-        untried = [s for s in self.sizes if not self.times[s] and s not in self.in_flight]
-        if untried:  # measure every size once first
+        """The budget of the next round launched (0: plain decoding)."""
+        untried = [s for s in self.times if not self.times[s] and s not in self.in_flight]
+        plain_run = len(self.chosen) - next((i + 1 for i in range(len(self.chosen) - 1, -1, -1) if self.chosen[i]), 0)
+        if untried:  # measure every option once first
             size = untried[0]
-        elif self.expected is None or any(not t for t in self.times.values()):  # measurements still in flight
+        elif self.expected is None or any(not t for t in self.times.values()) or plain_run >= self.probe:
+            # measurements still in flight, or plain rounds (which propose nothing) to refresh the expectations
             size = self.sizes[0]
         else:
-            cost = CostModel(
-                [(self.batch, s + 1, statistics.median(t[-self.window :])) for s, t in self.times.items()]
-                + [(self.batch, 1, min(statistics.median(t[-self.window :]) for t in self.times.values()))]
-            )  # AR is no option of its own: it costs as the cheapest tree, so it never wins over it
+            cost = CostModel([(self.batch, s + 1, self._cost(s)) for s in self.sizes]
+                             + [(self.batch, 1, self._cost(0))])  # fmt: skip
             pick = choose(self.expected, cost, self.calib, self.sizes, self.batch)
-            size = self.sizes[0] if pick is None else self.sizes[pick]
+            size = 0 if pick is None else self.sizes[pick]
         self.chosen.append(size)
         self.in_flight.append(size)
         return size
 
     def observe(self, size: int, expected, accepted: Sequence[int], ms: float | None) -> None:
-        """A round read: its budget, ``expected [rows, K]`` (host floats, the decoding rows), the accepted drafted
-        tokens of each of those rows, and its device time in ms (None: not timed)."""
-        index = self.sizes.index(size)
+        """A round read: its budget (0: plain decoding), ``expected [rows, K]`` (host floats, the decoding rows; None
+        for plain decoding), the accepted drafted tokens of each of those rows, and its device time in ms (None:
+        not timed)."""
         if size in self.in_flight:
             self.in_flight.remove(size)
-        rows = _matrix(expected, len(self.sizes))
-        if rows:
-            self.calib.update(index, [row[index] for row in rows], [float(a) for a in accepted])
-            self.expected = rows
+        if size and expected is not None:
+            index = self.sizes.index(size)
+            rows = _matrix(expected, len(self.sizes))
+            if rows:
+                self.calib.update(index, [row[index] for row in rows], [float(a) for a in accepted])
+                self.expected = rows
         if ms is not None and _finite(ms) and ms > 0:
             self.times[size].append(float(ms))
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
 def _features(names: Sequence[str], batch: int, nodes: int) -> list[float]:
-    value = {"1": 1.0, "B": float(batch), "n": float(nodes), "B*n": float(batch * nodes)}
+    value = {"1": 1.0, "B": float(batch), "n": float(nodes), "B*n": float(batch * nodes), "T": float(nodes > 1)}
     return [value[f] for f in names]
 
 

@@ -109,7 +109,9 @@ class Round:
         self.slots = 1 if drafter is None else tree.budget + 1
         self.path_len = self.depth + 1
         self.taps = getattr(drafter, "target_layer_ids", None)
-        self.draft_forwards = 0 if drafter is None else drafter.forwards_per_round(tree)
+        # a policy of budget 0 (``RootOnly``): plain decoding that still commits to the drafter, no proposal
+        self.proposes = drafter is not None and tree.budget > 0
+        self.draft_forwards = drafter.forwards_per_round(tree) if self.proposes else 0
         batch = self.batch = engine.batch
         # per sequence: the accepted tokens (drafts + bonus), the accepted count, the real tree nodes
         self.out = torch.zeros(batch, self.path_len + 2, dtype=torch.long, device=device)
@@ -152,7 +154,7 @@ class Round:
     def _build(self) -> tuple[DeviceTree, Proposal | None]:
         """Drafter proposal -> tree policy: the trees ``[B, slots]`` and the proposal."""
         engine = self.engine
-        if self.drafter is None:
+        if not self.proposes:
             return root_trees(engine.root), None
         proposal = self.state.propose(engine.root, engine.prefix, self.depth, self.span)
         return self.tree.build(proposal, engine.root, self.depth, self.tree_noise), proposal
@@ -205,7 +207,7 @@ class Round:
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix  # [B]
         tree, proposal = self._build()
-        if self.expect_sizes:
+        if self.expect_sizes and proposal is not None:
             scores = ddtree_scores(proposal.logq, budget=self.expect_sizes[-1], topk=self.tree.topk)
             self.expect.copy_(expected_accepts(scores, self.expect_sizes))
         logits, hidden, rnd = self._verify(tree)
@@ -276,7 +278,7 @@ class Round:
             self.elapsed_ms[slot] = (time.perf_counter() - start) * 1e3
         self.launched += 1
         self.host[slot].copy_(self.out, non_blocking=True)
-        if self.expect_sizes:
+        if self.expect_sizes and self.proposes:
             self.host_expect[slot].copy_(self.expect, non_blocking=True)
         if self.ready is not None:
             self.ready[slot].record()

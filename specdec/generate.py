@@ -274,8 +274,8 @@ def _decode(
         stats.target_forwards += 1
         if auto is not None:
             live = [b for b in range(batch) if not done[b]]
-            expected = rnd.host_expect[ticket].tolist()
-            auto.observe(size, [expected[b] for b in live], [len(results[b][0]) - 1 for b in live],
+            expected = rnd.host_expect[ticket].tolist() if size else None  # plain rounds propose nothing
+            auto.observe(size, expected and [expected[b] for b in live], [len(results[b][0]) - 1 for b in live],
                          rnd.elapsed_ms[ticket])  # fmt: skip
             stats.budgets.append(size)
         for b, (accepted, num_nodes) in enumerate(results[:batch]):

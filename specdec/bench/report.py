@@ -56,6 +56,39 @@ def _share(values: Iterable) -> float | None:
     return sum(checked) / len(checked) if checked else None
 
 
+def cost_points(summaries: Sequence[Mapping]) -> list[tuple[int, int, float]]:
+    """``(B, slots, round ms)`` of the greedy AR (1 slot) and DDTree (budget + 1 slots) summaries, per batch round:
+    the points ``specdec.budget.CostModel`` fits."""
+    points = []
+    for s in summaries:
+        ms = s.get("phase_ms_per_round", {}).get("round") or s.get("ms_per_round")
+        if s["temperature"] != 0 or not ms or s["tree"] not in ("ar", "ddtree") or not isinstance(s["budget"], int):
+            continue
+        points.append((s.get("batch_size", 1), 1 if s["tree"] == "ar" else s["budget"] + 1, ms))
+    return points
+
+
+def _cost_model_lines(summaries: Sequence[Mapping]) -> list[str]:
+    """The round-cost model (``specdec.budget.CostModel``'s least-squares ``a + b·B + c·B·n``) checked by leaving
+    each measured point out: its prediction from the other points beside the measurement. Needs several batch
+    sizes and tree sizes; empty otherwise."""
+    from specdec.budget import CostModel
+
+    points = cost_points(summaries)
+    if len({b for b, _, _ in points}) < 2 or len({n for _, n, _ in points}) < 2 or len(points) < 5:
+        return []
+    cells, worst = [], 0.0
+    for i, (b, n, ms) in enumerate(points):
+        predicted = CostModel(points[:i] + points[i + 1 :]).linear(b, n)
+        error = 100 * (predicted - ms) / ms
+        worst = max(worst, abs(error))
+        cells.append(f"B={b} n={n}: {ms:.3f} ms, predicted {predicted:.3f} ({error:+.1f} %)")
+    full = CostModel(points)
+    fit = " + ".join(f"{c:.4g}·{f}" for c, f in zip(full.coefficients, full.features, strict=True))
+    return [f"- round cost model (least squares {fit}, ms), each point predicted from the others (largest error "
+            f"{worst:.1f} %): " + "; ".join(cells)]  # fmt: skip
+
+
 def aggregate(rows: Sequence[dict]) -> list[dict]:
     """One summary per (method, temperature, batch size), by temperature, then in order of first appearance.
 
@@ -330,6 +363,7 @@ def format_notes(summaries: Sequence[dict], meta: Mapping | None = None) -> str:
             f"- memory: {memory['before_mib']:.1f} MiB allocated before, {memory['after_mib']:.1f} MiB after "
             f"{memory['rounds']} more rounds of {memory['method']}"
         )
+    lines += _cost_model_lines(summaries)
     if meta.get("batch_sizes"):
         lines.append("- B: prompts per call (left-padded); tok/s = all decode tokens of a pass over its decode wall "
                      "time; τ pools every (row, round) pair, τ rows is the mean of the rows' own τ; ms/round is per "
@@ -438,8 +472,9 @@ def format_header(meta: Mapping) -> str:
 
 
 def _on_budget_axis(summary: Mapping) -> bool:
-    """Rows plotted as lines over the tree budget: DDTrees and the other branching trees (not AR, HF or chains)."""
-    return summary["tree"] not in ("ar", "hf", "chain", "sampled-chain")
+    """Rows plotted as lines over the tree budget: DDTrees and the other branching trees of a fixed budget (not AR,
+    HF, chains or ``budget="auto"``, which are drawn as flat lines)."""
+    return summary["tree"] not in ("ar", "hf", "chain", "sampled-chain") and isinstance(summary["budget"], int)
 
 
 def series_label(summary: Mapping) -> str:

@@ -15,7 +15,7 @@ import torch
 
 from specdec.backends import env_default
 from specdec.budget import check_sizes
-from specdec.trees.build import chain_device, chain_from_path, ddtree_batch, trie_device
+from specdec.trees.build import chain_device, chain_from_path, ddtree_batch, root_trees, trie_device
 from specdec.types import DeviceTree, Proposal
 
 __all__ = ["TREES", "Chain", "DDTree", "TreePolicy", "register_tree"]
@@ -111,13 +111,13 @@ class DDTree:
     Args:
         budget (int | str): number of non-root nodes (verify length = budget + 1), >= 1; or ``"auto"``.
         topk (int | None): candidates per depth; ``None`` means ``budget`` (the reference behaviour).
-        sizes (tuple[int, ...]): the budgets ``"auto"`` chooses among (strictly increasing; the smallest is the
-            floor the choice falls back to when no tree pays). Default ``(1, 15, 31, 63)``.
+        sizes (tuple[int, ...]): the budgets ``"auto"`` chooses among (strictly increasing), besides plain
+            decoding (a round without a draft, :class:`RootOnly`). Default ``(3, 15, 31, 63)``.
     """
 
     budget: int | str = 15
     topk: int | None = None
-    sizes: tuple[int, ...] = (1, 15, 31, 63)
+    sizes: tuple[int, ...] = (3, 15, 31, 63)
     reads = ("logq", "paths")
     branching = True
     stochastic = False
@@ -141,9 +141,10 @@ class DDTree:
         """The budget is chosen each round (``budget="auto"``)."""
         return self.budget == "auto"
 
-    def at(self, budget: int) -> DDTree:
-        """The fixed-budget policy of one round (``budget`` one of ``sizes`` for an ``"auto"`` policy)."""
-        return DDTree(budget=budget, topk=self.topk)
+    def at(self, budget: int) -> DDTree | RootOnly:
+        """The fixed-budget policy of one round (``budget`` one of ``sizes`` for an ``"auto"`` policy; 0: a round of
+        plain decoding that still feeds the drafter, :class:`RootOnly`)."""
+        return RootOnly() if budget == 0 else DDTree(budget=budget, topk=self.topk)
 
     @property
     def largest(self) -> DDTree:
@@ -175,6 +176,22 @@ class DDTree:
             for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
         ]
         return DeviceTree.stack(rows)
+
+
+@dataclass(frozen=True)
+class RootOnly:
+    """The tree of a round without a draft: the root alone (plain decoding inside a drafter's loop). The round skips
+    the drafter's proposal, verifies the root and commits it to the target and to the drafter's state, so that a
+    later round with a tree finds the drafter up to date. ``DDTree(budget="auto")`` runs it when no tree pays."""
+
+    budget = 0
+    max_depth = 0
+    reads = ("logq", "paths")
+    branching = False
+    stochastic = False
+
+    def build(self, proposal: Proposal | None, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
+        return root_trees(root)
 
 
 # The DDTree selection's kernels (``docs/kernels.md``): "auto" = the one-launch Triton kernels on CUDA where they

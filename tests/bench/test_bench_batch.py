@@ -132,3 +132,24 @@ def test_the_batch_experiment_resolves_on_both_targets(zoo):
         stub = dict.fromkeys(("dflash",), lambda target, tokenizer, **kw: object())
         names = [m.name for m in methods_from_specs(bench.methods, target=None, tokenizer=None, drafter_factories=stub)]
         assert names == ["hf-static", "ar", "dflash-chain", "ddtree-b15-k8", "ddtree-b32-k8", "ddtree-b63-k8"]
+
+
+def test_report_checks_the_round_cost_model_point_by_point():
+    """The notes predict each measured (B, slots) round cost from the other points (a + b·B + c·B·n + d·T): exact
+    on costs built from that form, and the largest error named; nothing without several B and tree sizes."""
+    from specdec.bench.report import _cost_model_lines
+
+    def summary(tree, batch, budget, ms):
+        return {"temperature": 0.0, "tree": tree, "batch_size": batch, "budget": budget,
+                "phase_ms_per_round": {"round": ms}, "ms_per_round": ms}  # fmt: skip
+
+    def cost(b, n):
+        return 0.9 + 0.02 * b + 0.001 * b * n + (0.6 if n > 1 else 0.0)
+
+    rows = [summary("ar", b, 0, cost(b, 1)) for b in (1, 4, 16)]
+    rows += [summary("ddtree", b, budget, cost(b, budget + 1)) for b in (1, 4, 16) for budget in (15, 31, 63)]
+    (line,) = _cost_model_lines(rows)
+    assert "(largest error 0.0 %)" in line and "B=4 n=32:" in line and "0.6·T" in line
+    skewed = rows[:-1] + [summary("ddtree", 16, 63, 2 * cost(16, 64))]  # one point far off the model
+    assert "(largest error 0.0 %)" not in _cost_model_lines(skewed)[0]
+    assert _cost_model_lines([r for r in rows if r["batch_size"] == 1]) == []

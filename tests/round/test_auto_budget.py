@@ -22,8 +22,8 @@ def test_auto_budget_decodes_as_hf(batch):
     tree = specdec.DDTree(budget="auto", topk=3, sizes=(2, 6, 12))
     out = specdec.generate(target, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=24)
     check_rows(target, rows, out, 24)
-    # every size is tried once, then chosen by goodput; one budget per batch round
-    assert set(out.stats.budgets[:3]) == {2, 6, 12} and set(out.stats.budgets) <= {2, 6, 12}
+    # plain decoding (0) and every size are tried once, then chosen by goodput; one budget per batch round
+    assert set(out.stats.budgets[:4]) == {0, 2, 6, 12} and set(out.stats.budgets) <= {0, 2, 6, 12}
     assert len(out.stats.budgets) == out.stats.target_forwards - 1
 
 
@@ -42,12 +42,13 @@ def test_auto_budget_refusals():
 
 def _run(controller: AutoBudget, rounds: int, accepted_at: dict, cost_ms: dict, expected: list[float]) -> list[int]:
     """Drive the controller as the loop does (one round in flight): each round of budget s accepts
-    ``accepted_at[s]`` drafts and costs ``cost_ms[s]``; the drafter predicts ``expected`` at every size."""
+    ``accepted_at[s]`` drafts and costs ``cost_ms[s]`` (s = 0: plain decoding, no drafts, no expectations); the
+    drafter predicts ``expected`` at every size."""
     chosen, pending = [], [controller.next_size()]
     for _ in range(rounds):
         pending.append(controller.next_size())
         size = pending.pop(0)
-        controller.observe(size, [expected], [accepted_at[size]], cost_ms[size])
+        controller.observe(size, [expected] if size else None, [accepted_at[size]], cost_ms[size])
         chosen.append(size)
     return chosen
 
@@ -55,12 +56,13 @@ def _run(controller: AutoBudget, rounds: int, accepted_at: dict, cost_ms: dict, 
 def test_controller_picks_the_best_goodput():
     sizes = (1, 15, 63)
     expected = [0.9, 3.0, 3.4]  # calibrated drafter: what it predicts is what it accepts
-    accepted = {1: 0.9, 15: 3.0, 63: 3.4}
-    # goodput (1 + E) / ms: size 1 -> 1.9 / 1.0, size 15 -> 4.0 / 1.2 = 3.33, size 63 -> 4.4 / 2.0 = 2.2
-    chosen = _run(AutoBudget(sizes, batch=1), 30, accepted, {1: 1.0, 15: 1.2, 63: 2.0}, expected)
-    assert chosen[:3] == [1, 15, 63] and chosen[-20:] == [15] * 20
+    accepted = {0: 0, 1: 0.9, 15: 3.0, 63: 3.4}
+    # goodput (1 + E) / ms: plain 1 / 0.9 = 1.11, size 1 -> 1.9 / 1.0, size 15 -> 4.0 / 1.2 = 3.33,
+    # size 63 -> 4.4 / 2.0 = 2.2
+    chosen = _run(AutoBudget(sizes, batch=1), 30, accepted, {0: 0.9, 1: 1.0, 15: 1.2, 63: 2.0}, expected)
+    assert chosen[:4] == [0, 1, 15, 63] and chosen[-20:] == [15] * 20
     # the same drafter on a target whose verify is flat in the node count: the largest tree wins
-    chosen = _run(AutoBudget(sizes, batch=1), 30, accepted, {1: 1.0, 15: 1.0, 63: 1.0}, expected)
+    chosen = _run(AutoBudget(sizes, batch=1), 30, accepted, {0: 1.0, 1: 1.0, 15: 1.0, 63: 1.0}, expected)
     assert chosen[-20:] == [63] * 20
 
 
@@ -69,15 +71,18 @@ def test_controller_calibrates_an_overconfident_drafter():
     with the observed counts, 15 nodes is the better round (2 / 1.2 against 1.5 / 1.4), though the prediction says
     63 (4.4 / 1.4)."""
     sizes = (1, 15, 63)
-    chosen = _run(AutoBudget(sizes, batch=1), 80, {1: 0.5, 15: 1.0, 63: 0.5}, {1: 1.0, 15: 1.2, 63: 1.4},
-                  [0.9, 3.0, 3.4])  # fmt: skip
+    chosen = _run(AutoBudget(sizes, batch=1), 80, {0: 0, 1: 0.5, 15: 1.0, 63: 0.5},
+                  {0: 1.0, 1: 1.0, 15: 1.2, 63: 1.4}, [0.9, 3.0, 3.4])  # fmt: skip
     assert chosen[-20:] == [15] * 20
 
 
-def test_controller_falls_back_to_the_smallest_size():
-    """No draft is ever accepted: mostly the smallest tree (the floor: plain decoding is no round of its own when
-    the drafter must see every token). The calibration's memory decays, so a larger size is retried now and then
-    (two rounds each time: one is in flight when the first is read)."""
+def test_controller_falls_back_to_plain_decoding_and_probes():
+    """No draft is ever accepted and trees cost more than plain decoding: plain rounds, with a round of the
+    smallest tree after every ``probe`` plain rounds in a row (plain rounds propose nothing to choose from)."""
     sizes = (1, 15, 63)
-    chosen = _run(AutoBudget(sizes, batch=4), 60, {1: 0, 15: 0, 63: 0}, {1: 1.0, 15: 1.1, 63: 1.3}, [0.5, 2.0, 3.0])
-    assert chosen[-40:].count(1) >= 30, chosen
+    chosen = _run(AutoBudget(sizes, batch=4, probe=8), 60, {0: 0, 1: 0, 15: 0, 63: 0},
+                  {0: 0.8, 1: 1.0, 15: 1.1, 63: 1.3}, [0.5, 2.0, 3.0])  # fmt: skip
+    tail = chosen[-36:]
+    assert tail.count(0) >= 30 and set(tail) <= {0, 1}, chosen
+    runs = "".join("p" if c == 0 else "t" for c in tail).split("t")
+    assert max(len(r) for r in runs) <= 8  # never more than probe plain rounds in a row

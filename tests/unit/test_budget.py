@@ -263,15 +263,29 @@ def test_cost_model_linear_costs_with_noise():
     samples = [(b, n, _linear_cost(b, n) * (1 + rng.uniform(-0.02, 0.02)))
                for b in (1, 2, 4, 8) for n in (1, 16, 32, 64) for _ in range(5)]  # fmt: skip
     model = CostModel(samples)
-    assert model.features == ("1", "B", "B*n")
-    a, b, c = model.coefficients
-    assert (a, b, c) == pytest.approx((0.8, 0.05, 0.004), rel=0.2)
+    assert model.features == ("1", "B", "B*n", "T")  # plain decoding and trees measured: a drafter term too
+    a, b, c, d = model.coefficients
+    assert (a, b, c) == pytest.approx((0.8, 0.05, 0.004), rel=0.2) and abs(d) < 0.05  # no drafter cost here
     for bb, n in [(1, 1), (4, 32), (8, 64)]:  # measured points
         assert model.predict(bb, n) == pytest.approx(_linear_cost(bb, n), rel=0.02)
     for bb, n in [(3, 24), (6, 50), (2, 2)]:  # inside the grid: interpolation
         assert model.predict(bb, n) == pytest.approx(_linear_cost(bb, n), rel=0.02)
     for bb, n in [(16, 128), (12, 100), (8, 128)]:  # outside: the fit
         assert model.predict(bb, n) == pytest.approx(_linear_cost(bb, n), rel=0.03)
+
+
+def test_cost_model_fits_the_drafter_term():
+    """Trees cost a drafter forward (0.7 ms) that plain decoding does not: the fit finds it, and a point left out
+    is predicted from the others."""
+
+    def cost(b, n):
+        return _linear_cost(b, n) + (0.7 if n > 1 else 0.0)
+
+    points = [(b, n, cost(b, n)) for b in (1, 4, 16) for n in (1, 16, 32, 64)]
+    model = CostModel(points)
+    assert model.coefficients[-1] == pytest.approx(0.7, rel=1e-6)
+    for i, (b, n, ms) in enumerate(points):
+        assert CostModel(points[:i] + points[i + 1 :]).linear(b, n) == pytest.approx(ms, rel=1e-6)
 
 
 def test_cost_model_keeps_steps_at_the_measured_buckets():
