@@ -111,8 +111,7 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
     def replay(self, state: torch.Tensor, stash: GDNStash, path: torch.Tensor, num_path: torch.Tensor) -> torch.Tensor:
         path, num_path = path_rows(path, num_path)
         state = state.contiguous()  # [B, HV, K, V] fp32, each row advanced in place (one Triton launch on CUDA)
-        for r in range(state.shape[0]):
-            gdn_path_replay(state[r], stash.key, stash.value, stash.log_decay, stash.beta, path[r], num_path[r])
+        gdn_path_replay(state, stash.key, stash.value, stash.log_decay, stash.beta, path, num_path)
         return state
 
     def advance(self, state: torch.Tensor, stash: GDNStash, nodes: torch.Tensor) -> torch.Tensor:

@@ -530,6 +530,37 @@ def test_path_replay_triton_interpreted_matches_node_by_node(case, interpreted):
         assert_close(interpreted[f"{case.id}/path{seed}"], path_state_oracle(inputs, real), case.dtype)
 
 
+def batched_replay(case: Case) -> tuple:
+    """Three sequences' commits through one stash: each row its own state (scaled copies) and its own path."""
+    inputs = make_inputs(case)
+    made = [make_path(case, inputs, seed) for seed in range(3)]
+    states = torch.stack([inputs["init_state"].float() * (1 + 0.5 * r) for r in range(3)])
+    paths, nums = torch.stack([m[0] for m in made]), torch.stack([m[1] for m in made])
+    return inputs, states, paths, nums, [m[2] for m in made]
+
+
+def check_batched_replay(case: Case, out: torch.Tensor) -> None:
+    inputs, states, _, _, reals = batched_replay(case)
+    for r, real in enumerate(reals):
+        alone = dict(inputs, init_state=states[r])
+        assert_close(out[r], path_state_oracle(alone, real), case.dtype)
+
+
+@pytest.mark.parametrize("case", PATH_CASES[1:3], ids=lambda c: c.id)
+def test_path_replay_of_a_batch_equals_each_row_alone(case):
+    inputs, states, paths, nums, _ = batched_replay(case)
+    gdn_path_replay(states, inputs["k"], inputs["v"], inputs["log_decay"], inputs["beta"], paths, nums)
+    check_batched_replay(case, states)
+    with pytest.raises(ValueError, match=r"path \[B, P\] and num_path \[B\]"):
+        gdn_path_replay(states, inputs["k"], inputs["v"], inputs["log_decay"], inputs["beta"], paths[0], nums)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", PATH_CASES[1:3], ids=lambda c: c.id)
+def test_path_replay_of_a_batch_interpreted_equals_each_row_alone(case, interpreted):
+    check_batched_replay(case, interpreted[f"{case.id}/batched"])
+
+
 def test_path_replay_errors():
     inputs = make_inputs(Case(5, 2, 16, 16, "chain"))
     path, num, _ = make_path(Case(5, 2, 16, 16, "chain"), inputs, 0)
@@ -579,6 +610,10 @@ def _run_interpreted(path: str) -> None:
             args = replay_args(inputs, *make_path(case, inputs, seed)[:2])
             gdn_path_replay_triton(*args)
             results[f"{case.id}/path{seed}"] = args[0]
+    for case in PATH_CASES[1:3]:
+        inputs, states, paths, nums, _ = batched_replay(case)
+        gdn_path_replay_triton(states, inputs["k"], inputs["v"], inputs["log_decay"], inputs["beta"], paths, nums)
+        results[f"{case.id}/batched"] = states
     torch.save(results, path)
 
 

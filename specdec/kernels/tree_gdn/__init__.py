@@ -138,18 +138,28 @@ def gdn_path_replay(
     impl: Impl = "auto",
 ) -> None:
     """Advance ``state [HV, K, V]`` (fp32) in place by the accepted nodes ``path[:num_path]`` (the commit of a tree
-    round), without a host read. Arguments as ``gdn_path_replay_reference``.
+    round), without a host read; a batch of sequences: ``state [B, HV, K, V]``, ``path [B, P]`` and ``num_path
+    [B]`` (one launch on CUDA), each row advanced by its own path through the same stash. Arguments as ``gdn_path_replay_reference``.
 
     Args:
         impl: ``"triton"`` (one launch per layer: the state is read and written once), ``"torch"`` (``P``
             masked steps of tensor ops) or ``"auto"``: Triton on CUDA when it imports, else the reference.
     """
-    if state.dim() != 3 or state.dtype != torch.float32:
-        raise ValueError(f"state must be an fp32 [HV, K, V] tensor; got {state.dtype} {list(state.shape)}.")
+    if state.dim() not in (3, 4) or state.dtype != torch.float32:
+        raise ValueError(f"state must be an fp32 [HV, K, V] (or [B, HV, K, V]) tensor; got {state.dtype} "
+                         f"{list(state.shape)}.")  # fmt: skip
+    rows = state.shape[:1]
+    if state.dim() == 4 and (path.dim() != 2 or path.shape[:1] != rows or num_path.shape != rows):
+        raise ValueError(f"a batch of states {list(state.shape)} takes path [B, P] and num_path [B]; got "
+                         f"{list(path.shape)} and {list(num_path.shape)}.")  # fmt: skip
     if impl == "auto":
         impl = auto_impl(state.device)
     if impl == "torch":
-        gdn_path_replay_reference(state, k, v, log_decay, beta, path, num_path)
+        if state.dim() == 3:
+            gdn_path_replay_reference(state, k, v, log_decay, beta, path, num_path)
+        else:  # one sequence after another
+            for row, nodes, count in zip(state, path, num_path, strict=True):
+                gdn_path_replay_reference(row, k, v, log_decay, beta, nodes, count)
         return
     if impl != "triton":
         raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'torch'.")

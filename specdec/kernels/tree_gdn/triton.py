@@ -500,13 +500,18 @@ def _gdn_path_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """One program per (value head, value block): load the state slice once, apply the path's updates, store."""
-    head, key_head, num_key_heads, offs_k, offs_v, mask_k, mask_v = _head_slice(HV, HEADS_PER_KEY, K, V, BLOCK_K,
-                                                                                BLOCK_V)  # fmt: skip
+    """One program per (sequence and value head, value block): load the state slice once, apply the path's updates,
+    store. Program axis 0 runs over ``B * HV`` heads: sequence ``b = axis0 // HV`` follows its own path (``path
+    [B, P]``, ``num [B]``) through the stash, whose nodes hold ``HV`` value heads each."""
+    seq_head, _, _, offs_k, offs_v, mask_k, mask_v = _head_slice(HV, HEADS_PER_KEY, K, V, BLOCK_K, BLOCK_V)
+    seq = seq_head // HV
+    head = seq_head - seq * HV  # this sequence's value head
+    key_head, num_key_heads = head // HEADS_PER_KEY, HV // HEADS_PER_KEY
+    path_ptr += seq * P
     mask_kv = mask_k[:, None] & mask_v[None, :]
-    state_offs = head * K * V + offs_k[:, None] * V + offs_v[None, :]
+    state_offs = seq_head * K * V + offs_k[:, None] * V + offs_v[None, :]
     state = tl.load(state_ptr + state_offs, mask=mask_kv, other=0.0)
-    num = tl.load(num_ptr)
+    num = tl.load(num_ptr + seq)
     for step in range(0, P):
         if step < num:
             node = tl.load(path_ptr + step)
@@ -519,20 +524,23 @@ def _gdn_path_kernel(
 
 
 def gdn_path_replay_triton(state, k, v, log_decay, beta, path, num_path) -> None:
-    """Triton ``gdn_path_replay``: arguments as ``gdn_path_replay_reference``; ``state`` must be contiguous fp32."""
+    """Triton ``gdn_path_replay``: arguments as ``gdn_path_replay_reference``; ``state`` must be contiguous fp32.
+    A batch: ``state [B, HV, K, V]``, ``path [B, P]`` (node indices into the stash ``k``, ``v``, ...), ``num_path
+    [B]``, in one launch."""
     if state.dtype != torch.float32 or not state.is_contiguous():
         raise ValueError("gdn_path_replay_triton updates state in place: pass a contiguous fp32 tensor.")
-    hv, k_dim, v_dim = state.shape
+    hv, k_dim, v_dim = state.shape[-3:]
+    rows = state.numel() // (hv * k_dim * v_dim)
     block_v, num_warps = _launch_config(k_dim, v_dim)
-    _gdn_path_kernel[(hv, triton.cdiv(v_dim, block_v))](
+    _gdn_path_kernel[(rows * hv, triton.cdiv(v_dim, block_v))](
         state,
         k.float().contiguous(),
         v.contiguous(),
         log_decay.float().contiguous(),
         beta.float().contiguous(),
         path.to(torch.int64).contiguous(),
-        num_path.to(torch.int64).reshape(1),
-        path.shape[0],
+        num_path.to(torch.int64).reshape(rows),
+        path.shape[-1],
         hv,
         hv // k.shape[1],
         K=k_dim,
