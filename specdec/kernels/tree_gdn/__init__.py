@@ -139,7 +139,8 @@ def gdn_path_replay(
 ) -> None:
     """Advance ``state [HV, K, V]`` (fp32) in place by the accepted nodes ``path[:num_path]`` (the commit of a tree
     round), without a host read; a batch of sequences: ``state [B, HV, K, V]``, ``path [B, P]`` and ``num_path
-    [B]`` (one launch on CUDA), each row advanced by its own path through the same stash. Arguments as ``gdn_path_replay_reference``.
+    [B]`` (one launch on CUDA), each row advanced by its own path through the same stash. Arguments as
+    ``gdn_path_replay_reference``.
 
     Args:
         impl: ``"triton"`` (one launch per layer: the state is read and written once), ``"torch"`` (``P``
