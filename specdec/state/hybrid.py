@@ -134,11 +134,6 @@ def _row_tables(index: torch.Tensor) -> torch.Tensor:
     return index[None] if index.dim() == 2 else index
 
 
-def _row_slices(rows: int, n: int) -> list[slice]:
-    """Each row's nodes in a stash flattened row-major."""
-    return [slice(r * n, (r + 1) * n) for r in range(rows)]
-
-
 def topology_rows(topo) -> int:
     """Rows (sequences, one tree each) of a round's topology: its ``rows``, 1 for a topology without one."""
     return int(getattr(topo, "rows", 1))

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
-from specdec.kernels import tree_mamba2
+from specdec.kernels.tree_mamba2 import tree_mamba2_rows
 from specdec.kernels.tree_mamba2.reference import mamba2_step
-from specdec.state.hybrid import RecurrentAdapter, VerifyRound, _row_slices, _row_tables, path_rows, tree_conv
+from specdec.state.hybrid import RecurrentAdapter, VerifyRound, _row_tables, path_rows, tree_conv
 
 __all__ = ["MAMBA2_ADAPTERS", "FalconH1Adapter", "Mamba2Adapter", "Mamba2Stash", "mamba2_step"]
 
@@ -89,12 +89,13 @@ class Mamba2Adapter(RecurrentAdapter):
         # conv tap W-2 is the parent's column (stored - 1 above the root): the parent arrays already on the device
         parents = index[..., -2] - conv.shape[-1]  # [B, N]
         C = C.reshape(total, m.n_groups, m.ssm_state_size)
-        y = torch.cat(
-            [  # one scan per row: row r's nodes from row r's committed state
-                tree_mamba2(rec[r].float(), stash.x[s], stash.B[s], C[s], dt[s], stash.A, m.D, parents[r], impl="auto")
-                for r, s in enumerate(_row_slices(rows, n))
-            ]
-        )  # [B * N, H, P]
+        def per_row(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(rows, n, *t.shape[1:])
+
+        # one scan for the batch (one launch on CUDA): row r's nodes from row r's committed state and tree
+        y = tree_mamba2_rows(rec.float(), per_row(stash.x), per_row(stash.B), per_row(C), per_row(dt), stash.A, m.D,
+                             parents, impl="auto")  # fmt: skip
+        y = y.reshape(total, *y.shape[2:])  # [B * N, H, P]
         y = self._gated_norm(y.reshape(rows, n, -1).to(hidden_states.dtype), gate)
         return m.out_proj(y.to(hidden_states.dtype))
 

@@ -228,6 +228,33 @@ def test_triton_interpreted_matches_reference(case, interpreted):
     assert torch.equal(interpreted[case.id + "/init_state"], inputs["init_state"])
 
 
+ROW_KINDS = ("deep", "bush", "forest")
+
+
+def row_inputs(n: int = 12) -> dict:
+    """Three sequences' inputs stacked (``tree_mamba2_rows``'s layout), each from its own tree kind and seed; ``A``
+    and ``D`` are the layer's, shared."""
+    rows = [make_inputs(Case(n, 4, 16, 16, 2, kind), seed=seed) for seed, kind in enumerate(ROW_KINDS)]
+    out = {key: torch.stack([r[key] for r in rows]) for key in rows[0] if key not in ("A", "D")}
+    return {**out, "A": rows[0]["A"], "D": rows[0]["D"]}
+
+
+@pytest.mark.interpreter
+def test_triton_interpreted_rows_match_each_sequence_alone(interpreted):
+    inputs = row_inputs()
+    out = interpreted["rows"]
+    for b in range(len(ROW_KINDS)):
+        alone = {key: (x if key in ("A", "D") else x[b]) for key, x in inputs.items()}
+        assert_close(out[b], tree_mamba2_reference(**alone), torch.float32)
+
+
+def test_rows_refuse_unbatched_shapes():
+    from specdec.kernels.tree_mamba2 import tree_mamba2_rows
+
+    with pytest.raises(ValueError, match=r"x \[R, N, H, P\] and parents \[R, N\]"):
+        tree_mamba2_rows(**make_inputs(Case(3, 2, 8, 8, 1, "chain")))
+
+
 def test_auto_on_cpu_is_the_reference():
     inputs = make_inputs(Case(9, 4, 8, 8, 2, "random"))
     assert torch.equal(tree_mamba2(**inputs), tree_mamba2_reference(**inputs))
@@ -298,6 +325,9 @@ def _run_interpreted(path: str) -> None:
         else:
             results[case.id] = tree_mamba2_triton(**inputs)
         results[case.id + "/init_state"] = inputs["init_state"]
+    from specdec.kernels.tree_mamba2 import tree_mamba2_rows
+
+    results["rows"] = tree_mamba2_rows(**row_inputs(), impl="triton")
     torch.save(results, path)
 
 

@@ -14,7 +14,7 @@ from specdec.backends import env_default
 from specdec.kernels._triton import importable
 from specdec.kernels.tree_mamba2.reference import tree_mamba2_reference
 
-__all__ = ["auto_impl", "tree_mamba2", "tree_mamba2_reference"]
+__all__ = ["auto_impl", "tree_mamba2", "tree_mamba2_reference", "tree_mamba2_rows"]
 
 Impl = Literal["auto", "triton", "torch"]
 
@@ -53,6 +53,49 @@ def tree_mamba2(
     from specdec.kernels.tree_mamba2.triton import tree_mamba2_triton
 
     return tree_mamba2_triton(init_state, x, B, C, dt, A, D, parents)
+
+
+def tree_mamba2_rows(
+    init_state: torch.Tensor,
+    x: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    parents: torch.Tensor,
+    *,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """:func:`tree_mamba2` for a batch of sequences, each with its own tree and state: ``init_state [R, H, P, S]``,
+    ``x [R, N, H, P]``, ``B`` and ``C [R, N, G, S]``, ``dt [R, N, H]``, ``A`` and ``D [H]`` (shared), ``parents
+    [R, N]``; returns ``[R, N, H, P]`` (fp32). Triton runs the batch in one launch (the sequences' heads side by
+    side, each program reading its own sequence's parent array); the reference runs them one by one."""
+    if x.dim() != 4 or parents.dim() != 2 or init_state.dim() != 4:
+        raise ValueError(
+            f"tree_mamba2_rows takes init_state [R, H, P, S], x [R, N, H, P] and parents [R, N]; got "
+            f"{list(init_state.shape)}, {list(x.shape)}, {list(parents.shape)}."
+        )
+    rows, n, heads = x.shape[:3]
+    _check_inputs(init_state[0], x[0], B[0], C[0], dt[0], A, D, parents[0])  # every row has these shapes
+    if impl == "auto":
+        impl = auto_impl(x.device)
+    if impl == "torch":
+        return torch.stack([tree_mamba2_reference(s, xx, b, c, d, A, D, p)
+                            for s, xx, b, c, d, p in zip(init_state, x, B, C, dt, parents, strict=True)])  # fmt: skip
+    if impl != "triton":
+        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'torch'.")
+    if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
+    from specdec.kernels.tree_mamba2.triton import tree_mamba2_triton
+
+    def side_by_side(t: torch.Tensor) -> torch.Tensor:  # [R, N, heads, ...] -> [N, R * heads, ...]
+        return t.transpose(0, 1).reshape(n, -1, *t.shape[3:])
+
+    out = tree_mamba2_triton(init_state.reshape(rows * heads, *init_state.shape[2:]), side_by_side(x),
+                             side_by_side(B), side_by_side(C), side_by_side(dt), A.repeat(rows), D.repeat(rows),
+                             parents)  # fmt: skip
+    return out.view(n, rows, heads, -1).transpose(0, 1)
 
 
 IMPL = env_default("tree_mamba2")  # "torch" keeps the tensor-op scan on CUDA too (specdec.backends)

@@ -37,6 +37,7 @@ def _tree_mamba2_kernel(
     N,
     H,
     HEADS_PER_GROUP,
+    HEADS_PER_ROW,  # heads of one sequence: program head h reads sequence h // HEADS_PER_ROW's tree
     NODE_STRIDE,
     P: tl.constexpr,
     S: tl.constexpr,
@@ -45,6 +46,7 @@ def _tree_mamba2_kernel(
     BLOCK_N: tl.constexpr,
 ):
     head = tl.program_id(0).to(tl.int64)
+    parents_ptr += (head // HEADS_PER_ROW) * N  # this sequence's parent array
     group = head // HEADS_PER_GROUP
     num_groups = H // HEADS_PER_GROUP
     offs_p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -138,6 +140,7 @@ def _tree_mamba2(init_state, x, B, C, dt, A, D, parents, *, block_p: int, num_wa
         n,
         h,
         h // B.shape[1],
+        h // (parents.numel() // n),  # parents [rows * N]: one tree per sequence
         h * p_dim * s_dim,
         P=p_dim,
         S=s_dim,
