@@ -38,6 +38,8 @@ def test_every_example_is_listed_and_short():
 
 @pytest.mark.parametrize("script", sorted(SMALL))
 def test_example_runs(script, tmp_path, zoo):
+    if script == "hybrid_target.py":
+        zoo / "target-hybrid"  # skips, as every test of the zoo's hybrid target, where only the shipped zoo is here
     args = [a.format(tmp=tmp_path) for a in SMALL[script]]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=tmp_path, env=env,
