@@ -137,6 +137,7 @@ class Round:
         self.timing = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                        for _ in range(2)] if cuda and expect else None  # fmt: skip
         self.elapsed_ms = [0.0, 0.0]
+        self.expected: list[list[float]] | None = None  # of the round read last
         self.launched = 0
         self.hybrid = engine.target.target.state if isinstance(engine.target.target.state, HybridState) else None
         fn = self._ar_round if drafter is None and self.hybrid is None else self._round
@@ -297,6 +298,8 @@ class Round:
         for out in self.host[ticket].tolist():
             num_path = out[self.path_len]
             rows.append((out[:num_path], out[self.path_len + 1]))
+        # ``DDTree(budget="auto")``: the round's expectations, copied with its tokens (no second wait)
+        self.expected = self.host_expect[ticket].tolist() if self.expect_sizes and self.proposes else None
         return rows
 
     def __call__(self, generator: torch.Generator | None) -> list[tuple[list[int], int]]:

@@ -274,7 +274,7 @@ def _decode(
         stats.target_forwards += 1
         if auto is not None:
             live = [b for b in range(batch) if not done[b]]
-            expected = rnd.host_expect[ticket].tolist() if size else None  # plain rounds propose nothing
+            expected = rnd.expected  # None for plain rounds: they propose nothing
             auto.observe(size, expected and [expected[b] for b in live], [len(results[b][0]) - 1 for b in live],
                          rnd.elapsed_ms[ticket])  # fmt: skip
             stats.budgets.append(size)

@@ -58,11 +58,7 @@ def tree_mask(
         torch.Tensor: ``[1, 1, S, capacity]`` of ``dtype``, 0 where visible, ``torch.finfo(dtype).min`` elsewhere.
     """
     _check_mask_args(parents, valid, prefix, capacity, max_depth, dtype)
-    if pick_impl(impl, parents.device, _MODULE) == "torch":
-        return tree_mask_reference(parents, valid, prefix, capacity, max_depth, dtype)
-    from specdec.kernels.tree_accept.triton import tree_mask_triton
-
-    return tree_mask_triton(parents, valid, prefix, capacity, max_depth, dtype)
+    return tree_masks(parents[None], valid[None], prefix.reshape(1), capacity, max_depth, dtype, impl=impl)
 
 
 def tree_masks(

@@ -67,20 +67,10 @@ def tree_gdn(
             long chains), ``"chunk"`` (every node at once in matrix form, trees of up to ``CHUNK_MAX_NODES``
             nodes) or ``"auto"`` (see ``tree_gdn_triton``). The reference ignores it.
     """
-    if walk not in ("auto", "paths", "nodes", "chunk"):
-        raise ValueError(f"walk={walk!r}: choose 'auto', 'paths', 'nodes' or 'chunk'.")
+    _check_walk(walk)
     _check_shapes(init_state, q, k, v, log_decay, beta, parents)
-    if impl == "auto":
-        impl = auto_impl(q.device)
-    if impl == "torch":
-        return tree_gdn_reference(init_state, q, k, v, log_decay, beta, parents)
-    if impl != "triton":
-        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'torch'.")
-    if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
-    from specdec.kernels.tree_gdn.triton import tree_gdn_triton
-
-    return tree_gdn_triton(init_state, q, k, v, log_decay, beta, parents, walk=walk)
+    one = (init_state, q, k, v, log_decay, beta, parents)
+    return tree_gdn_rows(*(t[None] for t in one), impl=impl, walk=walk)[0]  # a batch of one sequence
 
 
 def tree_gdn_rows(
@@ -105,6 +95,7 @@ def tree_gdn_rows(
             f"tree_gdn_rows takes init_state [B, HV, K, V], q [B, N, HV, K] and parents [B, N]; got "
             f"{list(init_state.shape)}, {list(q.shape)}, {list(parents.shape)}."
         )
+    _check_walk(walk)
     rows, n, hv = q.shape[:3]
     _check_shapes(init_state[0], q[0], k[0], v[0], log_decay[0], beta[0], parents[0])  # every row has these shapes
     if impl == "auto":
@@ -185,6 +176,11 @@ def auto_impl(device: torch.device) -> str:
 
 def _triton_available() -> bool:
     return importable("specdec.kernels.tree_gdn.triton")
+
+
+def _check_walk(walk: str) -> None:
+    if walk not in ("auto", "paths", "nodes", "chunk"):
+        raise ValueError(f"walk={walk!r}: choose 'auto', 'paths', 'nodes' or 'chunk'.")
 
 
 def _check_shapes(init_state, q, k, v, log_decay, beta, parents) -> None:

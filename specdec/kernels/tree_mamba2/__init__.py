@@ -42,17 +42,8 @@ def tree_mamba2(
             reference there), else the reference.
     """
     _check_inputs(init_state, x, B, C, dt, A, D, parents)
-    if impl == "auto":
-        impl = auto_impl(x.device)
-    if impl == "torch":
-        return tree_mamba2_reference(init_state, x, B, C, dt, A, D, parents)
-    if impl != "triton":
-        raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'torch'.")
-    if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
-    from specdec.kernels.tree_mamba2.triton import tree_mamba2_triton
-
-    return tree_mamba2_triton(init_state, x, B, C, dt, A, D, parents)
+    rows = (init_state[None], x[None], B[None], C[None], dt[None])
+    return tree_mamba2_rows(*rows, A, D, parents[None], impl=impl)[0]  # a batch of one sequence
 
 
 def tree_mamba2_rows(
