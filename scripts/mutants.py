@@ -275,8 +275,8 @@ MUTANTS = [
         (
             (
                 "specdec/verify/multidraft.py",
-                "residual = (r - qj).clamp(min=0.0)",
-                "residual = (r - q.gather(1, current[:, None, None].expand(-1, 1, vocab))[:, 0]).clamp(min=0.0)",
+                "residual = (r - qk).clamp(min=0.0)",
+                "residual = (r - q).clamp(min=0.0)",
             ),
         ),
         ("tests/verify/test_speculative.py", "tests/verify/test_multidraft.py"),
@@ -286,7 +286,7 @@ MUTANTS = [
         (
             (
                 "specdec/verify/multidraft.py",
-                "torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(mass.dtype).tiny), r)",
+                "torch.where(mass > 0, residual / mass.clamp(min=tiny), r)",
                 "torch.where(mass > 0, residual, r)",
             ),
         ),
@@ -329,7 +329,7 @@ MUTANTS = [
     ),
     Mutant(  # the without-replacement rule weighs each sibling against q, not q without the earlier siblings
         "without_replacement_weighed_as_with",
-        (("specdec/verify/multidraft.py", "            qj = qj.masked_fill(tried, 0.0)\n", ""),),
+        (("specdec/verify/multidraft.py", "qk = qk.scatter(2, tokens[..., :k], 0.0) if k else qk", "qk = qk"),),
         ("tests/verify/test_multidraft.py",),
     ),
     Mutant(  # traversal: a node's weight reads its parent's target from before the parent's correction

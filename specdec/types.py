@@ -65,13 +65,16 @@ class TreeRow(NamedTuple):
 class DeviceTree(NamedTuple):
     """The round's draft trees, one per row, in ``S`` fixed slots: the fields of :class:`TreeRow` with a batch
     dimension (``tokens``, ``parents``, ``depth``, ``valid`` ``[B, S]``; ``num_nodes`` ``[B]``). Padding slots
-    carry the root token, parent -1 and depth 0; they see only themselves and are never accepted."""
+    carry the root token, parent -1 and depth 0; they see only themselves and are never accepted.
+    ``max_children`` is a bound on any node's number of children that the policy states (a Python int, None when
+    unknown); rules that visit siblings rank by rank take that many steps (``S - 1`` without it)."""
 
     tokens: torch.Tensor
     parents: torch.Tensor
     depth: torch.Tensor
     valid: torch.Tensor
     num_nodes: torch.Tensor
+    max_children: int | None = None
 
     @classmethod
     def stack(cls, rows) -> DeviceTree:
@@ -80,7 +83,7 @@ class DeviceTree(NamedTuple):
 
     def row(self, b: int) -> TreeRow:
         """Row ``b`` as a :class:`TreeRow`."""
-        return TreeRow(*(t[b] for t in self))
+        return TreeRow(self.tokens[b], self.parents[b], self.depth[b], self.valid[b], self.num_nodes[b])
 
     @property
     def num_slots(self) -> int:

@@ -112,7 +112,7 @@ class SampledChain:
         else:
             scores = logq[:, :n].float()
         steps = torch.arange(n, device=root.device)
-        return _fixed_tree(root, scores.argmax(-1), steps, steps + 1, self.k + 1)
+        return _fixed_tree(root, scores.argmax(-1), steps, steps + 1, self.k + 1)._replace(max_children=1)
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,9 @@ class SampledTrees:
         return torch.stack(draws, 1)
 
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
+        return self._build(proposal, root, noise)._replace(max_children=self.k)  # k paths: at most k children
+
+    def _build(self, proposal: Proposal, root: torch.Tensor, noise) -> DeviceTree:
         paths = self.paths(proposal, noise)
         batch, k, length = paths.shape
         slots = self.budget + 1
@@ -299,7 +302,8 @@ class GumbelTopKTree:
             parents.append(level // width + above if d else level * 0)
             depths.append(torch.full_like(level, d + 1))
             first += size
-        return _fixed_tree(root, torch.cat(tokens, 1), torch.cat(parents), torch.cat(depths), self.budget + 1)
+        tree = _fixed_tree(root, torch.cat(tokens, 1), torch.cat(parents), torch.cat(depths), self.budget + 1)
+        return tree._replace(max_children=max(self.widths))
 
 
 @dataclass(frozen=True)
@@ -365,6 +369,7 @@ class StochasticDDTree:
         if self.stochastic:
             logq = logq[:, : noise.shape[1]]
         shape = DDTree(self.budget, self.topk).build(Proposal(logq=logq), root, depth)  # the unperturbed q's tree
+        shape = shape._replace(max_children=self.effective_topk)  # the DDTree's children are top-k ranks
         if not self.stochastic:
             return shape
         length, vocab = logq.shape[1], logq.shape[-1]
@@ -378,7 +383,7 @@ class StochasticDDTree:
         sibling = (earlier & real[:, None, :]).sum(-1)  # [B, S]: the node's place among its parent's children
         where = (shape.depth - 1).clamp(min=0) * k + sibling.clamp(max=k - 1)
         tokens = torch.where(real, drawn.flatten(1).gather(1, where), shape.tokens)
-        return DeviceTree(tokens, shape.parents, shape.depth, shape.valid, shape.num_nodes)
+        return shape._replace(tokens=tokens)
 
 
 register_tree("sampled-chain", SampledChain)

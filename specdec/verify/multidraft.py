@@ -12,7 +12,7 @@ from specdec.types import Accept, DeviceTree, SamplingParams
 from specdec.verify.draws import WeighsQ, accept_at, categorical, uniform
 from specdec.verify.rules import register_rule
 
-__all__ = ["MultiDraftRejection", "check_sampled_policy", "recursive_rejection"]
+__all__ = ["MultiDraftRejection", "check_sampled_policy", "children_by_rank", "recursive_rejection"]
 
 
 def check_sampled_policy(rule: str, sampling: SamplingParams, tree, exact_for: dict[str, str]) -> None:
@@ -36,17 +36,39 @@ def check_sampled_policy(rule: str, sampling: SamplingParams, tree, exact_for: d
         )
 
 
+def children_by_rank(tree: DeviceTree, max_children: int | None = None) -> torch.Tensor:
+    """``[B, S, K]``: the slot of each node's ``k``-th child in slot order, ``S`` where it has fewer children.
+
+    ``K`` is ``tree.max_children`` (a bound its policy states), else ``S - 1`` (any tree)."""
+    batch, slots = tree.tokens.shape
+    bound = tree.max_children if max_children is None else max_children
+    width = max(1, slots - 1 if bound is None else min(bound, slots - 1))
+    index = torch.arange(slots, device=tree.tokens.device)
+    child = tree.valid & (tree.depth > 0)
+    earlier = (tree.parents[:, :, None] == tree.parents[:, None, :]) & (index[None, None] < index[None, :, None])
+    rank = (earlier & child[:, None, :]).sum(-1)  # [B, S]: the node's place among its parent's children
+    spot = torch.where(child & (rank < width), tree.parents.clamp(min=0) * width + rank, slots * width)
+    table = torch.full((batch, slots * width + 1), slots, dtype=torch.long, device=index.device)
+    return table.scatter(1, spot, index.expand(batch, -1))[:, :-1].view(batch, slots, width)
+
+
 def recursive_rejection(
     tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torch.Tensor, max_depth: int, replacement: bool
 ) -> Accept:
-    """The accepted paths of recursive rejection sampling, one pass over the slots.
+    """The accepted paths of recursive rejection sampling.
 
     From the root, each child ``c`` of the current node (in slot order) is tested: accepted with probability
     ``min(1, r(c) / q_c(c))`` where ``r`` is the current node's target distribution, reduced by the children
     rejected so far, and ``q_c`` the distribution ``c`` was drawn from (its depth's q; without replacement, q with
     the earlier siblings' tokens removed, renormalised). A rejection sets ``r <- norm(max(0, r - q_c))``; an
     acceptance makes ``c`` the current node, ``r = p_c``. When no child is left, the token drawn from ``r`` is the
-    bonus. Children come after their parent in slot order, so one pass over the slots visits every test in order.
+    bonus.
+
+    What happens at a node depends only on that node (its ``p``, its children and their uniforms), not on the
+    path that reached it, so every node's children are tested at once, one sibling rank per step (``K`` steps,
+    ``tree.max_children``, whatever the tree's size); the walk then follows each node's accepted child from the
+    root (``max_depth`` gathers). The uniforms are the slots': a child's test reads its own slot's, the final
+    draw the slot where the walk ends.
 
     Args:
         tree (DeviceTree): ``[B, S]``.
@@ -57,31 +79,42 @@ def recursive_rejection(
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
     """
     batch, slots, vocab = p.shape
-    test, final = uniform(noise, 0), uniform(noise, 1)
-    current = torch.zeros(batch, dtype=torch.long, device=p.device)
-    r = p[:, 0]
-    tried = torch.zeros(batch, vocab, dtype=torch.bool, device=p.device)  # tokens of the rejected siblings
-    for j in range(1, slots):
-        token = tree.tokens[:, j : j + 1]
-        child = tree.valid[:, j] & (tree.parents[:, j] == current)
-        qj = q[:, j]
+    tiny = torch.finfo(p.dtype).tiny
+    table = children_by_rank(tree)  # [B, S, K]
+    width = table.shape[-1]
+    exists = table < slots
+    index = table.clamp(max=slots - 1)
+    tokens = tree.tokens.gather(1, index.flatten(1)).view_as(table)  # each node's children's tokens, by rank
+    tests = uniform(noise, 0).gather(1, index.flatten(1)).view_as(table)  # their uniforms (a slot's own)
+    q_tok = q.flatten(1).gather(1, (index * vocab + tokens).flatten(1)).view_as(table)  # q_c(c), before removal
+    if not replacement:  # the k-th sibling is weighed against q without the earlier siblings' tokens
+        earlier = torch.ones(width, width, dtype=torch.bool, device=p.device).tril(-1)  # [k, k']: k' < k
+        repeat = ((tokens[..., :, None] == tokens[..., None, :]) & earlier).any(-1)  # drawn before: no draw now
+        removed = (q_tok * ~repeat).cumsum(-1) - q_tok * ~repeat  # q's mass on the earlier siblings' tokens
+        kept = (1.0 - removed).clamp(min=tiny)
+        q_tok = torch.where(repeat, 0.0, q_tok / kept)
+    weighed = tests * q_tok  # accepted iff u q_c(c) < r(c)
+    drawable = exists & (q_tok > 0)  # a sibling past q's support is no draw: neither tested nor subtracted
+    node = torch.arange(slots, device=p.device).expand(batch, -1)
+    nxt = node  # each node's accepted child, itself while none is
+    r = p  # each node's target distribution, reduced by its rejected children
+    for k in range(width):
+        qk = q.gather(1, index[..., k, None].expand(-1, -1, vocab))  # [B, S, V]: the distribution c was drawn from
         if not replacement:
-            qj = qj.masked_fill(tried, 0.0)
-            qj = qj / qj.sum(-1, keepdim=True).clamp(min=torch.finfo(qj.dtype).tiny)
-        q_tok, r_tok = qj.gather(1, token)[:, 0], r.gather(1, token)[:, 0]
-        live = child & (q_tok > 0)  # a sibling past q's support is no draw: neither tested nor subtracted
-        accept = live & (test[:, j] * q_tok < r_tok)
-        reject = live & ~accept
-        residual = (r - qj).clamp(min=0.0)
+            qk = (qk.scatter(2, tokens[..., :k], 0.0) if k else qk) / kept[..., k, None]
+        live = drawable[..., k] & (nxt == node)
+        accept = live & (weighed[..., k] < r.gather(2, tokens[..., k, None])[..., 0])
+        residual = (r - qk).clamp(min=0.0)
         mass = residual.sum(-1, keepdim=True)
-        residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(mass.dtype).tiny), r)
-        r = torch.where(reject[:, None], residual, r)
-        tried = tried | (reject[:, None] & (torch.arange(vocab, device=p.device) == token))
-        r = torch.where(accept[:, None], p[:, j], r)
-        tried = tried & ~accept[:, None]
-        current = torch.where(accept, j, current)
-    bonus = categorical(r, final.gather(1, current[:, None])[:, 0])
-    return accept_at(tree, current, bonus, max_depth)
+        correct = (live & ~accept)[..., None] & (mass > 0)
+        r = torch.where(correct, residual / mass.clamp(min=tiny), r)
+        nxt = torch.where(accept, table[..., k], nxt)
+    for _ in range(max(max_depth, 1).bit_length()):  # nxt <- nxt(nxt(.)): after these, the end of every walk
+        nxt = nxt.gather(1, nxt)
+    current = nxt[:, :1]
+    end = r.gather(1, current[..., None].expand(-1, -1, vocab))[:, 0]
+    bonus = categorical(end, uniform(noise, 1).gather(1, current)[:, 0])
+    return accept_at(tree, current[:, 0], bonus, max_depth)
 
 
 @dataclass(frozen=True)

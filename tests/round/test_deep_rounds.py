@@ -282,7 +282,7 @@ class Recording:
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
         tree = self.policy.build(proposal, root, depth, noise)
         self.built.append((Proposal(*(None if t is None else t.clone() for t in proposal)), root.clone(),
-                           DeviceTree(*(t.clone() for t in tree))))  # fmt: skip
+                           DeviceTree(*(t.clone() if torch.is_tensor(t) else t for t in tree))))  # fmt: skip
         return tree
 
 

@@ -128,3 +128,70 @@ def test_with_replacement_on_the_merged_trie_is_biased():
         out = recursive_rejection(tree, p.double(), q, noise, 1, replacement)
         pvalues[replacement] = gof_pvalue(torch.bincount(out.tokens[:, 0], minlength=V).double(), truth)
     assert pvalues[True] < ALPHA < pvalues[False], pvalues
+
+
+def _random_round(gen: torch.Generator, batch: int, slots: int, vocab: int, depth: int):
+    """A batch of random trees of at most ``depth`` levels (duplicate siblings, padding, ragged sizes), a target
+    close to the draft (so that deep paths get accepted), a draft with a cut support, and the round's uniforms."""
+    tokens = torch.randint(vocab, (batch, slots), generator=gen)
+    parents = torch.full((batch, slots), -1)
+    depths = torch.zeros(batch, slots, dtype=torch.long)
+    sizes = torch.randint(1, slots + 1, (batch,), generator=gen)
+    for b in range(batch):
+        for j in range(1, int(sizes[b])):
+            choices = [i for i in range(j) if depths[b, i] < depth]
+            parents[b, j] = choices[int(torch.randint(len(choices), (1,), generator=gen))]
+            depths[b, j] = depths[b, parents[b, j]] + 1
+    valid = torch.arange(slots) < sizes[:, None]
+    tokens = torch.where(valid, tokens, tokens[:, :1])
+    tree = specdec.types.DeviceTree(tokens, parents, depths, valid, sizes)
+    logits = torch.randn(batch, slots, vocab, generator=gen, dtype=torch.float64)
+    p = torch.softmax(logits, -1)
+    q_logits = logits.roll(1, dims=1) + 0.5 * torch.randn(batch, slots, vocab, generator=gen, dtype=torch.float64)
+    q_logits[..., : vocab // 4] = -torch.inf  # tokens past q's support: drafted there, they are no draws
+    q = torch.softmax(q_logits, -1).gather(1, parents.clamp(min=0)[..., None].expand(-1, -1, vocab))  # per parent
+    q = q * (valid & (depths > 0))[..., None]
+    noise = torch.rand(batch, slots, vocab, generator=gen)
+    return tree, p, q, noise
+
+
+@pytest.mark.parametrize("replacement", [True, False], ids=["with", "without"])
+def test_rank_by_rank_equals_the_one_slot_at_a_time_definition(replacement):
+    """The rule tests every node's children at once, rank by rank; the definition walks the slots one test at a
+    time. With the same uniforms both give the same path, tokens and bonus, on random trees of any shape (and with
+    the policy's bound on children where it states one)."""
+    from oracles.rejection import rejection_one_slot_at_a_time
+
+    gen = torch.Generator().manual_seed(11)
+    reached = []
+    for trial in range(60):
+        slots, depth = int(torch.randint(2, 12, (1,), generator=gen)), int(torch.randint(1, 6, (1,), generator=gen))
+        tree, p, q, noise = _random_round(gen, 3, slots, 8, depth)
+        want = rejection_one_slot_at_a_time(tree, p, q, noise, depth, replacement)
+        real = tree.valid & (tree.depth > 0)
+        widest = max([int(tree.parents[b][real[b]].bincount().max()) for b in range(3) if real[b].any()] or [1])
+        for bound in (None, widest):
+            got = recursive_rejection(tree._replace(max_children=bound), p, q, noise, depth, replacement)
+            for field in ("path", "num_path", "tokens"):
+                assert torch.equal(getattr(got, field), getattr(want, field)), (trial, bound, field)
+        reached.append(want.num_path)
+    reached = torch.cat(reached)
+    assert (reached >= 3).any() and (reached == 1).any()  # deep accepts and first-child rejections both occur
+
+
+def test_children_by_rank_lists_each_nodes_children_in_slot_order():
+    from specdec.verify.multidraft import children_by_rank
+
+    tree = specdec.types.DeviceTree(
+        tokens=torch.tensor([[5, 1, 2, 3, 4, 6, 5]]),
+        parents=torch.tensor([[-1, 0, 0, 1, 0, 1, -1]]),
+        depth=torch.tensor([[0, 1, 1, 2, 1, 2, 0]]),
+        valid=torch.tensor([[True] * 6 + [False]]),
+        num_nodes=torch.tensor([6]),
+    )
+    table = children_by_rank(tree)
+    assert table.shape == (1, 7, 6)
+    assert table[0, 0, :3].tolist() == [1, 2, 4] and (table[0, 0, 3:] == 7).all()
+    assert table[0, 1, :2].tolist() == [3, 5] and (table[0, 1, 2:] == 7).all()
+    assert (table[0, 2:] == 7).all()
+    assert children_by_rank(tree._replace(max_children=3)).shape == (1, 7, 3)
