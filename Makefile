@@ -20,6 +20,7 @@ endif
 GPU_PY ?= $(PY)
 GPU_TEST_BUDGET ?= 120
 GPU_SUITE_BUDGET ?= 480
+GPU_WORKERS ?= 4
 
 .PHONY: demo test test-slow test-interpreter test-examples test-gpu lint
 
@@ -46,9 +47,12 @@ test-examples: $(VENV)/.installed
 	$(PY) -m pytest -m examples tests/test_examples.py
 
 # Each test's setup and call within GPU_TEST_BUDGET seconds, the whole run within GPU_SUITE_BUDGET (SIGINT: pytest
-# stops and reports). The zoo's hybrid tests need SPECDEC_ZOO (or ../shared/zoo); without it they are skipped.
+# stops and reports). GPU_WORKERS processes share the GPU (pytest-xdist; most of the suite is Triton and
+# torch.compile compiling on the host's cores, so tests overlap well); GPU_WORKERS=0 runs them in one process.
+# The zoo's hybrid tests need SPECDEC_ZOO (or ../shared/zoo); without it they are skipped.
 test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(VENV)/.installed)
-	timeout --signal=INT $(GPU_SUITE_BUDGET) $(GPU_PY) -m pytest -m gpu --test-budget=$(GPU_TEST_BUDGET) --durations=30
+	timeout --signal=INT $(GPU_SUITE_BUDGET) $(GPU_PY) -m pytest -m gpu -n $(GPU_WORKERS) --dist load \
+		--test-budget=$(GPU_TEST_BUDGET) --durations=40
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check specdec tests examples benchmarks
