@@ -89,7 +89,8 @@ def tree_gdn_rows(
     ``q [B, N, HV, K]``, ``k [B, N, H, K]``, ``v [B, N, HV, V]``, ``log_decay`` and ``beta [B, N, HV]``, ``parents
     [B, N]``; returns ``[B, N, HV, V]`` (fp32). Triton runs the batch in one launch: the sequences' heads side by
     side (``B * HV`` programs per value block), each program reading its own sequence's parent array; the reference
-    runs the sequences one by one."""
+    runs the sequences one by one. ``walk="auto"`` picks the schedule for one sequence (its ``HV`` heads), so a row
+    is computed, and rounded, as it would be alone, whatever the batch size."""
     if q.dim() != 4 or parents.dim() != 2 or init_state.dim() != 4:
         raise ValueError(
             f"tree_gdn_rows takes init_state [B, HV, K, V], q [B, N, HV, K] and parents [B, N]; got "
@@ -107,7 +108,10 @@ def tree_gdn_rows(
         raise ValueError(f"impl={impl!r}: choose 'auto', 'triton' or 'torch'.")
     if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("impl='triton' needs tensors on a GPU (or Triton's interpreter); use impl='torch'.")
-    from specdec.kernels.tree_gdn.triton import tree_gdn_triton
+    from specdec.kernels.tree_gdn.triton import auto_walk, default_precision, tensor_cores, tree_gdn_triton
+
+    if walk == "auto":  # chosen for one sequence's heads: a row's schedule (and rounding) never depends on the batch
+        walk = auto_walk(n, hv, v.shape[-1], precision=default_precision(v.dtype, tensor_cores(q.device)))
 
     def side_by_side(x: torch.Tensor) -> torch.Tensor:  # [B, N, heads, ...] -> [N, B * heads, ...]
         return x.transpose(0, 1).reshape(n, -1, *x.shape[3:])
