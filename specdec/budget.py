@@ -531,25 +531,38 @@ class AutoBudget:
     the first rounds try plain decoding and every size once, then each option's cost is the median of its last
     ``window`` rounds), the calibration from the accepted counts; :func:`choose` picks the next option. Plain
     decoding proposes nothing, so after ``probe`` plain rounds in a row the smallest tree runs once to refresh the
-    expectations. Choices lag the expectations by the rounds in flight (the loop launches one round ahead).
+    expectations.
+
+    Choices lag the expectations by the rounds in flight (the loop launches one round ahead, and a round's
+    expectations come with its tokens), so the choice weighs the rows' mean expectation smoothed over recent tree
+    rounds (an exponential average, ``smoothing`` the weight of the past) rather than one round's: a single
+    uncertain draft two rounds back says little about the next round, and acting on it alone made the choice flap
+    between plain decoding and large trees.
 
     Args:
         sizes (Sequence[int]): candidate budgets, strictly increasing (plain decoding is always a candidate too).
         batch (int): the round's rows ``B`` (the bucket).
         window (int): recent rounds per option whose median is its cost.
         probe (int): plain rounds in a row before a tree round refreshes the expectations.
+        smoothing (float): in [0, 1), the weight of the earlier rounds in the smoothed expectation (0: the last
+            round's alone).
     """
 
-    def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 8) -> None:
+    def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 4,
+                 smoothing: float = 0.8) -> None:  # fmt: skip
         self.sizes = check_sizes(sizes)
         self.batch = _int("batch", batch, 1)
         self.window = _int("window", window, 1)
         self.probe = _int("probe", probe, 1)
+        if not _finite(smoothing) or not 0 <= smoothing < 1:
+            raise ValueError(f"smoothing={smoothing!r}: pass a float in [0, 1).")
+        self.smoothing = float(smoothing)
+        self.rows = 0  # decoding rows at the last tree round
         # a light prior (one predicted token): a drafter whose drafts are never accepted is believed within a few
         # rounds, so the larger trees are retried rarely
         self.calib = Calibration(self.sizes, strength=1.0)
         self.times: dict[int, list[float]] = {s: [] for s in (0, *self.sizes)}  # 0: plain decoding
-        self.expected: list[list[float]] | None = None
+        self.expected: list[float] | None = None  # the rows' mean expectation per size, smoothed
         self.chosen: list[int] = []
         self.in_flight: list[int] = []  # sizes launched and not observed yet
 
@@ -568,7 +581,7 @@ class AutoBudget:
         else:
             cost = CostModel([(self.batch, s + 1, self._cost(s)) for s in self.sizes]
                              + [(self.batch, 1, self._cost(0))])  # fmt: skip
-            pick = choose(self.expected, cost, self.calib, self.sizes, self.batch)
+            pick = choose([self.expected] * self.rows, cost, self.calib, self.sizes, self.batch)
             size = 0 if pick is None else self.sizes[pick]
         self.chosen.append(size)
         self.in_flight.append(size)
@@ -585,7 +598,11 @@ class AutoBudget:
             rows = _matrix(expected, len(self.sizes))
             if rows:
                 self.calib.update(index, [row[index] for row in rows], [float(a) for a in accepted])
-                self.expected = rows
+                mean = [sum(col) / len(rows) for col in zip(*rows, strict=True)]
+                if self.expected is not None:
+                    mean = [self.smoothing * old + (1.0 - self.smoothing) * new
+                            for old, new in zip(self.expected, mean, strict=True)]  # fmt: skip
+                self.expected, self.rows = mean, len(rows)
         if ms is not None and _finite(ms) and ms > 0:
             self.times[size].append(float(ms))
 
