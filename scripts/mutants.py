@@ -36,6 +36,8 @@ ENGINE = "specdec/engine.py"
 GENERATE = "specdec/generate.py"
 ACCEPT_REFERENCE = "specdec/kernels/tree_accept/reference.py"
 DDTREE_TOPK = "specdec/kernels/ddtree_build/reference.py"  # the per-depth top-k of the DDTree build
+REJECTION_REFERENCE = "specdec/kernels/tree_rejection/reference.py"  # recursive rejection's sibling-rank loop
+REJECTION_TRITON = "specdec/kernels/tree_rejection/triton.py"
 TOP_K_THEN_TOP_P = """    if sampling.top_k:
         procs.append(TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
     if sampling.top_p is not None and sampling.top_p < 1.0:
@@ -274,7 +276,7 @@ MUTANTS = [
         "residual_wrong_node_q",
         (
             (
-                "specdec/verify/multidraft.py",
+                REJECTION_REFERENCE,
                 "residual = (r - qk).clamp(min=0.0)",
                 "residual = (r - q).clamp(min=0.0)",
             ),
@@ -285,9 +287,9 @@ MUTANTS = [
         "residual_not_renormalised",
         (
             (
-                "specdec/verify/multidraft.py",
-                "torch.where(mass > 0, residual / mass.clamp(min=tiny), r)",
-                "torch.where(mass > 0, residual, r)",
+                REJECTION_REFERENCE,
+                "r = torch.where(correct, residual / mass.clamp(min=tiny), r)",
+                "r = torch.where(correct, residual, r)",
             ),
         ),
         ("tests/verify/test_multidraft.py",),
@@ -328,9 +330,29 @@ MUTANTS = [
         STOCHASTIC_DDTREE_TESTS,
     ),
     Mutant(  # the without-replacement rule weighs each sibling against q, not q without the earlier siblings
+        # (renormalised); zeroing the earlier tokens alone changes nothing: a rejected token's residual is already 0
         "without_replacement_weighed_as_with",
-        (("specdec/verify/multidraft.py", "qk = qk.scatter(2, tokens[..., :k], 0.0) if k else qk", "qk = qk"),),
+        (
+            ("specdec/verify/multidraft.py", "q_tok = torch.where(repeat, 0.0, q_tok / kept)",
+             "q_tok = torch.where(repeat, 0.0, q_tok)"),
+            (
+                REJECTION_REFERENCE,
+                "qk = (qk.scatter(2, tokens[..., :k], 0.0) if k else qk) / kept[..., k, None]",
+                "qk = qk",
+            ),
+        ),  # fmt: skip
         ("tests/verify/test_multidraft.py",),
+    ),
+    Mutant(  # the Triton sibling-rank loop keeps testing a node's later children after one was accepted
+        "rejection_kernel_tests_after_accept",
+        (
+            (
+                REJECTION_TRITON,
+                "live = tl.load(drawable_ptr + ranks + k).to(tl.int1) & (nxt == node)",
+                "live = tl.load(drawable_ptr + ranks + k).to(tl.int1)",
+            ),
+        ),
+        ("tests/kernels/test_tree_rejection.py", "-m", "interpreter"),  # the interpreted kernel tier
     ),
     Mutant(  # traversal: a node's weight reads its parent's target from before the parent's correction
         "traversal_without_ancestor_correction",

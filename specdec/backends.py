@@ -17,6 +17,7 @@ specdec reads them. What each choice measured: ``docs/kernels.md``.
 | ``tree_gdn_precision`` | auto, ieee, tf32x3, tf32 | the Gated DeltaNet tree scan's matrix products |
 | ``tree_gdn_walk`` | auto, paths, chunk | the Gated DeltaNet tree scan's schedule |
 | ``tree_mamba2`` | auto, torch | the Mamba2 tree scan (``torch`` = tensor ops, not capturable) |
+| ``tree_rejection`` | auto, torch, triton | recursive rejection's sibling ranks (``specdec.kernels.tree_rejection``) |
 | ``compile_graph`` | split, whole | under ``torch.compile``: kernels outside (split) or inside the compiled graph |
 | ``hybrid_prefill`` | auto, scan, model | hybrid prompts: the tree scan over a chain, or the model's own forward |
 """
@@ -47,6 +48,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
     ),
     "tree_gdn_walk": (("auto", "paths", "chunk"), "auto", "specdec.kernels.tree_gdn.triton", "TREE_WALK"),
     "tree_mamba2": (("auto", "torch"), "auto", "specdec.kernels.tree_mamba2", "IMPL"),
+    "tree_rejection": (("auto", "torch", "triton"), "auto", "specdec.verify.multidraft", "_REJECTION_IMPL"),
     "compile_graph": (("split", "whole"), "split", "specdec.kernels._triton", "COMPILE_GRAPH"),
     "hybrid_prefill": (("auto", "scan", "model"), "auto", "specdec.state.hybrid", "PREFILL"),
 }
@@ -77,6 +79,7 @@ class Backends:
     tree_gdn_precision: str = "auto"
     tree_gdn_walk: str = "auto"
     tree_mamba2: str = "auto"
+    tree_rejection: str = "auto"
     compile_graph: str = "split"
     hybrid_prefill: str = "auto"
 

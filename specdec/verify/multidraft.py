@@ -8,11 +8,18 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.backends import env_default
+from specdec.kernels.tree_rejection import tree_rejection
 from specdec.types import Accept, DeviceTree, SamplingParams
 from specdec.verify.draws import WeighsQ, accept_at, categorical, uniform
 from specdec.verify.rules import register_rule
 
 __all__ = ["MultiDraftRejection", "check_sampled_policy", "children_by_rank", "recursive_rejection"]
+
+
+# The sibling-rank loop's kernel (``docs/kernels.md``): "auto" = the one-launch Triton kernel on CUDA, tensor ops
+# elsewhere. Set through ``specdec.backends`` (``tree_rejection``).
+_REJECTION_IMPL = env_default("tree_rejection")
 
 
 def check_sampled_policy(rule: str, sampling: SamplingParams, tree, exact_for: dict[str, str]) -> None:
@@ -95,20 +102,8 @@ def recursive_rejection(
         q_tok = torch.where(repeat, 0.0, q_tok / kept)
     weighed = tests * q_tok  # accepted iff u q_c(c) < r(c)
     drawable = exists & (q_tok > 0)  # a sibling past q's support is no draw: neither tested nor subtracted
-    node = torch.arange(slots, device=p.device).expand(batch, -1)
-    nxt = node  # each node's accepted child, itself while none is
-    r = p  # each node's target distribution, reduced by its rejected children
-    for k in range(width):
-        qk = q.gather(1, index[..., k, None].expand(-1, -1, vocab))  # [B, S, V]: the distribution c was drawn from
-        if not replacement:
-            qk = (qk.scatter(2, tokens[..., :k], 0.0) if k else qk) / kept[..., k, None]
-        live = drawable[..., k] & (nxt == node)
-        accept = live & (weighed[..., k] < r.gather(2, tokens[..., k, None])[..., 0])
-        residual = (r - qk).clamp(min=0.0)
-        mass = residual.sum(-1, keepdim=True)
-        correct = (live & ~accept)[..., None] & (mass > 0)
-        r = torch.where(correct, residual / mass.clamp(min=tiny), r)
-        nxt = torch.where(accept, table[..., k], nxt)
+    r, nxt = tree_rejection(p, q, table, tokens, weighed, drawable, None if replacement else kept, replacement,
+                            impl=_REJECTION_IMPL)  # fmt: skip
     for _ in range(max(max_depth, 1).bit_length()):  # nxt <- nxt(nxt(.)): after these, the end of every walk
         nxt = nxt.gather(1, nxt)
     current = nxt[:, :1]
