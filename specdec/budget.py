@@ -32,6 +32,8 @@ from contextlib import nullcontext
 
 import torch
 
+from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
+
 __all__ = [
     "AutoBudget",
     "Calibration",
@@ -93,7 +95,9 @@ def ddtree_scores(logq: torch.Tensor, *, budget: int, topk: int | None = None) -
     different nodes, never different values). ``ddtree_device`` does not return its scores; this recomputes them
     level by level (per depth, the ``budget`` best children of the kept nodes above: every child of equally
     scored parents has the same value, so the kept values are exact). Tensor ops only, shapes from Python ints:
-    capture-safe. ``logq`` is not validated on the host (pass log-probabilities, no NaN or +inf).
+    capture-safe. ``logq`` is not validated on the host (pass log-probabilities, no NaN or +inf). On CUDA (and
+    under Triton's interpreter) it is two launches instead: the DDTree kernels' per-depth top-k and the heap's
+    ``budget`` pops, which also write each popped prefix's score (the same float64 sums).
 
     The scores for the largest budget serve every smaller one: the policy's ``DDTree(n, topk)`` keeps
     ``min(topk, n)`` candidates per depth (``topk=None``: ``n``), and a node among the ``n`` best never has a rank
@@ -123,6 +127,11 @@ def ddtree_scores(logq: torch.Tensor, *, budget: int, topk: int | None = None) -
     q = logq[None] if single else logq
     batch, depth_limit, vocab = q.shape
     k = min(budget if topk is None else topk, budget, vocab)
+    reachable = sum(k**d for d in range(1, depth_limit + 1))
+    if reachable >= budget and triton_fits(q[0], k):  # two launches: the per-depth top-k, the heap's pops
+        vals, ids = topk_rows(q.flatten(0, 1).float(), k)
+        scores = best_first(vals.view(batch, depth_limit, k), ids.view(batch, depth_limit, k), budget, scores=True)[3]
+        return scores[0] if single else scores
     vals = q.float().topk(k, dim=-1).values.double()  # [B, D, k], descending (fp32 values, as the policy ranks)
     level = vals.new_zeros(batch, 1)  # the root's score
     levels = []

@@ -456,3 +456,41 @@ def test_choose_errors():
         choose([[1.0, 2.0, 2.5]], "cost", None, SIZES)
     with pytest.raises(ValueError):
         choose([[1.0, 2.0, 2.5]], COST, None, (31, 15, 63))
+
+
+_SCORES_SCRIPT = """
+import sys, torch
+import specdec.budget as budget
+gen = torch.Generator().manual_seed(0)
+cases = []
+for batch, depth, vocab, topk, n in [(1, 15, 64, 8, 63), (3, 4, 50, 3, 20), (2, 6, 300, 8, 31), (2, 3, 40, None, 15)]:
+    logq = torch.randn(batch, depth, vocab, generator=gen).log_softmax(-1)
+    logq[:, :, 5:9] = logq[:, :, 4:5]  # ties between tokens
+    logq[1:, 1] = logq[1:, 0]  # equal depths: equally scored parents
+    cases.append((logq, n, topk))
+triton = [budget.ddtree_scores(q, budget=n, topk=k) for q, n, k in cases]
+budget.triton_fits = lambda *a: False
+torch_ = [budget.ddtree_scores(q, budget=n, topk=k) for q, n, k in cases]
+sys.stdout.write("ok" if all(torch.equal(a, b) for a, b in zip(triton, torch_)) else f"differ {triton} {torch_}")
+"""
+
+
+@pytest.mark.interpreter
+def test_scores_from_the_heap_kernel_equal_the_level_by_level_scores():
+    """On CUDA the scores are the DDTree kernels' (the per-depth top-k, then the heap's pops writing each popped
+    prefix's score); under Triton's interpreter they equal the tensor-op levels exactly (ties included)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", _SCORES_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout == "ok", out.stdout[-2000:]
+
+
+@pytest.mark.gpu
+def test_scores_on_cuda_equal_the_cpu_levels():
+    gen = torch.Generator().manual_seed(1)
+    logq = torch.randn(8, 15, 8192, generator=gen).log_softmax(-1)
+    assert torch.equal(ddtree_scores(logq.cuda(), budget=63, topk=8).cpu(), ddtree_scores(logq, budget=63, topk=8))

@@ -46,11 +46,13 @@ def _best_first_kernel(
     tokens_ptr,  # [N] int64 out
     parents_ptr,  # [N] int64 out
     depth_ptr,  # [N] int64 out
+    scores_ptr,  # [N] fp64 out (the popped prefixes' scores), written when SCORES
     K: tl.constexpr,
     D: tl.constexpr,
     BITS: tl.constexpr,
     N: tl.constexpr,
     F: tl.constexpr,
+    SCORES: tl.constexpr,
 ):
     # A pop is on the critical path of the next one, so it is one reduction: the open prefix with the largest
     # score (ties: smallest rank key) together with its slot, parent score and packed
@@ -61,6 +63,7 @@ def _best_first_kernel(
     tokens_ptr += seq * N
     parents_ptr += seq * N
     depth_ptr += seq * N
+    scores_ptr += seq * N
     slot = tl.arange(0, F)
     one = tl.full([], 1, tl.int64)
     first = tl.load(vals_ptr).to(tl.float64)
@@ -80,6 +83,8 @@ def _best_first_kernel(
         tl.store(tokens_ptr + t, tl.load(ids_ptr + row + p_rank))
         tl.store(parents_ptr + t, p_info >> 32)
         tl.store(depth_ptr + t, p_depth.to(tl.int64))
+        if SCORES:
+            tl.store(scores_ptr + t, best)
         # the popped prefix's slot now holds its next sibling (same parent, next rank at that depth)
         has_sibling = p_rank + 1 < K
         sibling = tl.load(vals_ptr + row + p_rank + 1, mask=has_sibling, other=0.0).to(tl.float64)
@@ -100,7 +105,7 @@ def _best_first_kernel(
         active = tl.where(opened, 1, active)
 
 
-def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
+def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int, *, scores: bool = False):
     """The first ``num_nodes`` pops of the DDTree heap over per-depth candidates.
 
     Args:
@@ -108,10 +113,11 @@ def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
             depth, each row ranked (value desc, id asc).
         ids (torch.Tensor): ``[D, K]`` (``[B, D, K]``) int64 their token ids.
         num_nodes (int): pops (non-root nodes), at most the number of reachable prefixes.
+        scores (bool): also return the popped prefixes' scores (float64 path log-probabilities, descending).
 
     Returns:
         tuple: ``tokens``, ``parents`` (0 = the root), ``depth``, each ``[num_nodes]`` (``[B, num_nodes]``) int64,
-        in pop order.
+        in pop order; with ``scores=True`` a fourth, their scores (float64).
     """
     batch = vals.shape[0] if vals.dim() == 3 else None
     depth_limit, k = vals.shape[-2:]
@@ -121,14 +127,14 @@ def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int):
     if depth_limit * bits > 63:
         raise ValueError(f"rank tuples of {depth_limit} digits of {bits} bits do not fit one int64 key.")
     out = torch.empty(3, batch or 1, num_nodes, dtype=torch.long, device=vals.device)
+    popped = torch.empty(batch or 1, num_nodes, dtype=torch.float64, device=vals.device) if scores else out[0]
     slots = triton.next_power_of_2(num_nodes + 1)
     _best_first_kernel[(batch or 1,)](
-        vals.contiguous(), ids.contiguous(), out[0], out[1], out[2],
-        K=k, D=depth_limit, BITS=bits, N=num_nodes, F=slots, num_warps=1,
+        vals.contiguous(), ids.contiguous(), out[0], out[1], out[2], popped,
+        K=k, D=depth_limit, BITS=bits, N=num_nodes, F=slots, SCORES=scores, num_warps=1,
     )  # fmt: skip
-    if batch is None:
-        return out[0, 0], out[1, 0], out[2, 0]
-    return out[0], out[1], out[2]
+    result = (out[0], out[1], out[2], popped) if scores else (out[0], out[1], out[2])
+    return tuple(x[0] for x in result) if batch is None else result
 
 
 @triton.jit
