@@ -15,23 +15,11 @@ __all__ = ["rejection_one_slot_at_a_time"]
 def rejection_one_slot_at_a_time(
     tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torch.Tensor, max_depth: int, replacement: bool
 ) -> Accept:
-    """Recursive rejection sampling as its definition reads: one pass over the slots in order, one test at a time.
-
-    From the root, each child ``c`` of the current node (in slot order) is tested: accepted with probability
-    ``min(1, r(c) / q_c(c))`` where ``r`` is the current node's target distribution, reduced by the children
-    rejected so far, and ``q_c`` the distribution ``c`` was drawn from (its depth's q; without replacement, q with
-    the earlier siblings' tokens removed, renormalised). A rejection sets ``r <- norm(max(0, r - q_c))``; an
-    acceptance makes ``c`` the current node, ``r = p_c``. When no child is left, the token drawn from ``r`` is the
-    bonus. Children come after their parent in slot order, so one pass over the slots visits every test in order.
-
-    Args:
-        tree (DeviceTree): ``[B, S]``.
-        p (torch.Tensor): ``[B, S, V]`` float64 target distribution at each node.
-        q (torch.Tensor): ``[B, S, V]`` float64 draft distribution each node was drawn from (zeros at the root).
-        noise (torch.Tensor): ``[B, S, V]`` uniforms (``draws.uniform`` 0: the node's test, 1: the final draw).
-        max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
-        replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
-    """
+    """Recursive rejection sampling as its definition reads: from the root, test the current node's children one
+    at a time in slot order (accept ``c`` when ``u q_c(c) < r(c)``; a rejection sets ``r <- norm(max(0, r - q_c))``
+    and, without replacement, removes ``c``'s token from the next siblings' q; an acceptance moves to ``c`` with
+    ``r = p_c``); when no child is left the bonus is drawn from ``r``. Children come after their parent, so one pass
+    over the slots visits every test in order. Arguments and result as ``recursive_rejection``'s."""
     batch, slots, vocab = p.shape
     test, final = uniform(noise, 0), uniform(noise, 1)
     current = torch.zeros(batch, dtype=torch.long, device=p.device)
