@@ -333,8 +333,11 @@ MUTANTS = [
         # (renormalised); zeroing the earlier tokens alone changes nothing: a rejected token's residual is already 0
         "without_replacement_weighed_as_with",
         (
-            ("specdec/verify/multidraft.py", "q_tok = torch.where(repeat, 0.0, q_tok / kept)",
-             "q_tok = torch.where(repeat, 0.0, q_tok)"),
+            (
+                REJECTION_REFERENCE,
+                "q_tok = torch.where(repeat, 0.0, q_tok / kept)",
+                "q_tok = torch.where(repeat, 0.0, q_tok)",
+            ),
             (
                 REJECTION_REFERENCE,
                 "qk = (qk.scatter(2, tokens[..., :k], 0.0) if k else qk) / kept[..., k, None]",
@@ -351,8 +354,31 @@ MUTANTS = [
                 "live = tl.load(drawable_ptr + ranks + k).to(tl.int1) & (nxt == node)",
                 "live = tl.load(drawable_ptr + ranks + k).to(tl.int1)",
             ),
+            (REJECTION_TRITON, "live = (child < S) & (q_tok > 0) & (nxt == node)", "live = (child < S) & (q_tok > 0)"),
         ),
         ("tests/kernels/test_tree_rejection.py", "-m", "interpreter"),  # the interpreted kernel tier
+    ),
+    Mutant(  # the fused round's setup ranks a node's children in reverse slot order (within a block of slots)
+        "rejection_round_kernel_siblings_reversed",
+        (
+            (
+                REJECTION_TRITON,
+                "rank = count + tl.cumsum(flag, 0) - flag",
+                "rank = count + tl.sum(flag, 0) - tl.cumsum(flag, 0)",
+            ),
+        ),
+        ("tests/kernels/test_tree_rejection.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the fused round's setup, without replacement, weighs a sibling repeating an earlier one's token
+        "rejection_round_kernel_repeats_drawn",
+        (
+            (
+                REJECTION_TRITON,
+                "repeat = repeat | (tl.load(ranked_ptr + ranks + j) == token)",
+                "repeat = repeat",
+            ),
+        ),
+        ("tests/kernels/test_tree_rejection.py", "-m", "interpreter"),
     ),
     Mutant(  # traversal: a node's weight reads its parent's target from before the parent's correction
         "traversal_without_ancestor_correction",

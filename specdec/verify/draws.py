@@ -86,6 +86,41 @@ def accept_at(tree: DeviceTree, node: torch.Tensor, bonus: torch.Tensor, max_dep
     return Accept(path=path, num_path=depth[:, 0] + 1, tokens=tokens)
 
 
+def forward_path(nxt: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """``[B, max_depth + 1]``: the walk from the root along ``nxt [B, S]`` (each node's accepted child, the node
+    itself where none), slot ``d`` holding ``nxt^d(0)``; past the walk's end the end node repeats.
+
+    By pointer doubling: the powers ``nxt^(2^j)`` (``max_depth.bit_length()`` of them, one gather each past the
+    first) composed by the bits of ``d`` (a device arange), no host reads."""
+    steps = max_depth + 1
+    d = torch.arange(steps, device=nxt.device)
+    path = torch.zeros(nxt.shape[0], steps, dtype=nxt.dtype, device=nxt.device)  # nxt^0(0) = the root
+    power = nxt  # nxt^(2^j)
+    for j in range(max_depth.bit_length()):
+        if j:
+            power = power.gather(1, power)
+        path = torch.where((d & (1 << j)) != 0, power.gather(1, path), path)
+    return path
+
+
+def accept_path(tree: DeviceTree, path: torch.Tensor, bonus: torch.Tensor) -> Accept:
+    """The :class:`~specdec.types.Accept` of the walk ``path [B, P]`` from the root (past its end the end node
+    repeated, as :func:`forward_path` gives it) whose last token is ``bonus [B]``: :func:`accept_at` at the path's
+    end."""
+    depth = tree.depth.gather(1, path[:, -1:])  # [B, 1]
+    d = torch.arange(path.shape[1], device=path.device)[None]
+    after = tree.tokens.gather(1, path).roll(-1, 1)  # token of the next path node (read where d < depth only)
+    tokens = torch.where(d < depth, after, torch.where(d == depth, bonus[:, None], 0))
+    return Accept(path=path, num_path=depth[:, 0] + 1, tokens=tokens)
+
+
+def accept_walk_forward(tree: DeviceTree, nxt: torch.Tensor, bonus: torch.Tensor, max_depth: int) -> Accept:
+    """:func:`accept_at` at the end of the walk from the root along ``nxt [B, S]`` (each node's accepted child,
+    itself where none), built forward: ``max_depth.bit_length()`` pointer-doubling levels instead of ``max_depth``
+    steps up the parents."""
+    return accept_path(tree, forward_path(nxt, max_depth), bonus)
+
+
 class WeighsQ:
     """The skeleton of a rule that weighs the draft distribution: at ``do_sample=False`` the greedy walk; else the
     target's processed distribution ``p [B, S, V]`` and each node's ``q`` (from the proposal), handed to

@@ -9,16 +9,17 @@ from dataclasses import dataclass
 import torch
 
 from specdec.backends import env_default
-from specdec.kernels.tree_rejection import tree_rejection
+from specdec.kernels.tree_rejection import children_by_rank as _children_by_rank
+from specdec.kernels.tree_rejection import rank_width, tree_rejection_round
 from specdec.types import Accept, DeviceTree, SamplingParams
-from specdec.verify.draws import WeighsQ, accept_at, categorical, uniform
+from specdec.verify.draws import WeighsQ, accept_path, categorical, forward_path, uniform
 from specdec.verify.rules import register_rule
 
 __all__ = ["MultiDraftRejection", "check_sampled_policy", "children_by_rank", "recursive_rejection"]
 
 
-# The sibling-rank loop's kernel (``docs/kernels.md``): "auto" = the one-launch Triton kernel on CUDA, tensor ops
-# elsewhere. Set through ``specdec.backends`` (``tree_rejection``).
+# The round's kernel (setup and sibling-rank loop, ``docs/kernels.md``): "auto" = the one-launch Triton kernel on
+# CUDA, tensor ops elsewhere. Set through ``specdec.backends`` (``tree_rejection``).
 _REJECTION_IMPL = env_default("tree_rejection")
 
 
@@ -47,16 +48,9 @@ def children_by_rank(tree: DeviceTree, max_children: int | None = None) -> torch
     """``[B, S, K]``: the slot of each node's ``k``-th child in slot order, ``S`` where it has fewer children.
 
     ``K`` is ``tree.max_children`` (a bound its policy states), else ``S - 1`` (any tree)."""
-    batch, slots = tree.tokens.shape
     bound = tree.max_children if max_children is None else max_children
-    width = max(1, slots - 1 if bound is None else min(bound, slots - 1))
-    index = torch.arange(slots, device=tree.tokens.device)
-    child = tree.valid & (tree.depth > 0)
-    earlier = (tree.parents[:, :, None] == tree.parents[:, None, :]) & (index[None, None] < index[None, :, None])
-    rank = (earlier & child[:, None, :]).sum(-1)  # [B, S]: the node's place among its parent's children
-    spot = torch.where(child & (rank < width), tree.parents.clamp(min=0) * width + rank, slots * width)
-    table = torch.full((batch, slots * width + 1), slots, dtype=torch.long, device=index.device)
-    return table.scatter(1, spot, index.expand(batch, -1))[:, :-1].view(batch, slots, width)
+    width = rank_width(tree.tokens.shape[1], bound)
+    return _children_by_rank(tree.parents, tree.depth, tree.valid, width)
 
 
 def recursive_rejection(
@@ -73,9 +67,9 @@ def recursive_rejection(
 
     What happens at a node depends only on that node (its ``p``, its children and their uniforms), not on the
     path that reached it, so every node's children are tested at once, one sibling rank per step (``K`` steps,
-    ``tree.max_children``, whatever the tree's size); the walk then follows each node's accepted child from the
-    root (``max_depth`` gathers). The uniforms are the slots': a child's test reads its own slot's, the final
-    draw the slot where the walk ends.
+    ``tree.max_children``, whatever the tree's size; ``tree_rejection_round``, one launch on CUDA); the walk then
+    follows each node's accepted child from the root (pointer doubling: ``max_depth.bit_length()`` levels). The
+    uniforms are the slots': a child's test reads its own slot's, the final draw the slot where the walk ends.
 
     Args:
         tree (DeviceTree): ``[B, S]``.
@@ -85,31 +79,15 @@ def recursive_rejection(
         max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
     """
-    batch, slots, vocab = p.shape
-    tiny = torch.finfo(p.dtype).tiny
-    table = children_by_rank(tree)  # [B, S, K]
-    width = table.shape[-1]
-    exists = table < slots
-    index = table.clamp(max=slots - 1)
-    tokens = tree.tokens.gather(1, index.flatten(1)).view_as(table)  # each node's children's tokens, by rank
-    tests = uniform(noise, 0).gather(1, index.flatten(1)).view_as(table)  # their uniforms (a slot's own)
-    q_tok = q.flatten(1).gather(1, (index * vocab + tokens).flatten(1)).view_as(table)  # q_c(c), before removal
-    if not replacement:  # the k-th sibling is weighed against q without the earlier siblings' tokens
-        earlier = torch.ones(width, width, dtype=torch.bool, device=p.device).tril(-1)  # [k, k']: k' < k
-        repeat = ((tokens[..., :, None] == tokens[..., None, :]) & earlier).any(-1)  # drawn before: no draw now
-        removed = (q_tok * ~repeat).cumsum(-1) - q_tok * ~repeat  # q's mass on the earlier siblings' tokens
-        kept = (1.0 - removed).clamp(min=tiny)
-        q_tok = torch.where(repeat, 0.0, q_tok / kept)
-    weighed = tests * q_tok  # accepted iff u q_c(c) < r(c)
-    drawable = exists & (q_tok > 0)  # a sibling past q's support is no draw: neither tested nor subtracted
-    r, nxt = tree_rejection(p, q, table, tokens, weighed, drawable, None if replacement else kept, replacement,
-                            impl=_REJECTION_IMPL)  # fmt: skip
-    for _ in range(max(max_depth, 1).bit_length()):  # nxt <- nxt(nxt(.)): after these, the end of every walk
-        nxt = nxt.gather(1, nxt)
-    current = nxt[:, :1]
+    vocab = p.shape[-1]
+    test = uniform(noise, 0)  # a child's test reads its own slot's uniform
+    r, nxt = tree_rejection_round(tree.tokens, tree.parents, tree.depth, tree.valid, p, q, test, tree.max_children,
+                                  replacement, impl=_REJECTION_IMPL)  # fmt: skip
+    path = forward_path(nxt, max_depth)  # the walk from the root along each node's accepted child
+    current = path[:, -1:]
     end = r.gather(1, current[..., None].expand(-1, -1, vocab))[:, 0]
     bonus = categorical(end, uniform(noise, 1).gather(1, current)[:, 0])
-    return accept_at(tree, current[:, 0], bonus, max_depth)
+    return accept_path(tree, path, bonus)
 
 
 @dataclass(frozen=True)

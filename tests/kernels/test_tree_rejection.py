@@ -1,18 +1,21 @@
-"""``tree_rejection``: the Triton sibling-rank loop of recursive rejection sampling (interpreter on CPU, compiled on
-GPU) equals the torch reference, directly and through ``recursive_rejection``.
+"""``tree_rejection``: the Triton round of recursive rejection sampling (``tree_rejection_round``: the setup and the
+sibling-rank loop in one launch) and the loop alone (``tree_rejection``), interpreter on CPU and compiled on GPU,
+equal their torch references, directly and through ``recursive_rejection``.
 
 The reference itself is held to the one-slot-at-a-time definition by
 ``tests/verify/test_multidraft.py::test_rank_by_rank_equals_the_one_slot_at_a_time_definition`` (through
-``recursive_rejection``, which calls the dispatch); the default tier here checks the dispatcher's refusals.
+``recursive_rejection``, which calls the round's dispatch); the default tier here checks the dispatchers' refusals.
 
 The interpreted comparisons (the ``interpreter`` tier) run in one subprocess with ``TRITON_INTERPRET=1``, as in
 ``test_tree_accept.py``: this file, run as a script, reads the rounds the tests wrote (and the kernel's arguments,
-captured from ``recursive_rejection``'s call), runs the Triton version with ``torch.empty`` poisoned, and saves the
-outputs for the tests here to compare: ``nxt`` exactly, ``r`` to 1e-12 (the residual mass is summed in another
-order), and the accepted path, its length and tokens exactly. Rounds: random trees of at most ``K`` children per
-node (duplicate siblings, padding, ragged sizes), a draft with a cut support, a target close to it (deep accepts),
-both replacement modes, ``B`` in {1, 3}, ``K`` in {1, 3, 8}, ``V`` in {8, 1500} (1500: several vocabulary blocks,
-with the default block and with 256).
+captured from ``recursive_rejection``'s call, and the loop's, made from them by ``round_setup``), runs the Triton
+versions with ``torch.empty`` poisoned, and saves the outputs for the tests here to compare: ``nxt`` exactly, ``r``
+to 1e-12 (the residual mass is summed in another order), and the accepted path, its length and tokens exactly. The
+round runs with the tree's stated ``max_children`` and with None (``K = S - 1``). Rounds: random trees of at most
+``K`` children per node (duplicate siblings, padding, ragged sizes), a draft with a cut support, a target close to
+it (deep accepts), both replacement modes, ``B`` in {1, 3}, ``K`` in {1, 3, 8}, ``V`` in {8, 1500} (1500: several
+vocabulary blocks, with the default block and with 256), every other round with ``max_children`` None (a third
+of them also with the setup scanning the slots in blocks of 4).
 """
 
 from __future__ import annotations
@@ -27,12 +30,21 @@ import torch
 from kernel_harness import capture_without_host_reads, interpreted_outputs, poison_empty
 
 import specdec.verify.multidraft as multidraft
-from specdec.kernels.tree_rejection import tree_rejection, tree_rejection_reference
+from specdec.kernels.tree_rejection import (
+    round_setup,
+    tree_rejection,
+    tree_rejection_reference,
+    tree_rejection_round,
+    tree_rejection_round_reference,
+)
 from specdec.types import DeviceTree
 
 POISON = -987654321  # what torch.empty's integer outputs hold in the interpreter process until written
 ARG_NAMES = ("p", "q", "table", "tokens", "weighed", "drawable", "kept", "replacement")
+ROUND_ARG_NAMES = ("tree_tokens", "tree_parents", "tree_depth", "tree_valid", "p", "q", "test", "max_children",
+                   "replacement")  # fmt: skip
 SMALL_BLOCK = 256  # the interpreted direct calls at V = 1500 also run with this block (six blocks)
+SMALL_SLOT_BLOCK = 4  # a third of the interpreted rounds also scan the slots in blocks of 4
 
 
 # --- rounds -------------------------------------------------------------------------------------------------------
@@ -76,7 +88,7 @@ def random_round(gen: torch.Generator, batch: int, width: int, vocab: int, repla
     q = q * (valid & (depths > 0))[..., None]
     noise = torch.rand(batch, slots, 8, generator=gen)
     return dict(tokens=tokens, parents=parents, depth=depths, valid=valid, num_nodes=sizes, max_children=width,
-                p=p, q=q, noise=noise, max_depth=depth, replacement=replacement)  # fmt: skip
+                width=width, p=p, q=q, noise=noise, max_depth=depth, replacement=replacement)  # fmt: skip
 
 
 def _tree(case: dict, device: str = "cpu") -> DeviceTree:
@@ -85,27 +97,62 @@ def _tree(case: dict, device: str = "cpu") -> DeviceTree:
 
 
 def run_round(case: dict, impl: str, device: str = "cpu"):
-    """``recursive_rejection`` on the round with ``tree_rejection`` forced to ``impl``; returns the
-    ``(path, num_path, tokens)`` and the kernel's arguments (``ARG_NAMES``) as the call passed them."""
+    """``recursive_rejection`` on the round with ``tree_rejection_round`` forced to ``impl``; returns the
+    ``(path, num_path, tokens)`` and the loop kernel's arguments (``ARG_NAMES``, made by ``round_setup`` from the
+    round's, which are under ``"round"``)."""
     calls = []
 
     def spy(*args, **kwargs):
-        calls.append(dict(zip(ARG_NAMES, args, strict=True)))
-        return tree_rejection(*args, **kwargs)
+        calls.append(dict(zip(ROUND_ARG_NAMES, args, strict=True)))
+        return tree_rejection_round(*args, **kwargs)
 
     p, q, noise = (case[k].to(device) for k in ("p", "q", "noise"))
-    with mock.patch.object(multidraft, "tree_rejection", spy), mock.patch.object(multidraft, "_REJECTION_IMPL", impl):
+    with (mock.patch.object(multidraft, "tree_rejection_round", spy),
+          mock.patch.object(multidraft, "_REJECTION_IMPL", impl)):  # fmt: skip
         out = multidraft.recursive_rejection(_tree(case, device), p, q, noise, case["max_depth"], case["replacement"])
     assert len(calls) == 1
-    return tuple(t.cpu() for t in (out.path, out.num_path, out.tokens)), calls[0]
+    call = {**loop_call(calls[0]), "width": case["width"], "device": calls[0]["p"].device.type}
+    return tuple(t.cpu() for t in (out.path, out.num_path, out.tokens)), call
+
+
+def loop_call(round_call: dict) -> dict:
+    """The loop kernel's arguments (``ARG_NAMES``) from the round's (``ROUND_ARG_NAMES``, kept under ``"round"``)."""
+    c = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in round_call.items()}
+    ranked = round_setup(*(c[k] for k in ROUND_ARG_NAMES if k != "p"))
+    return dict(p=c["p"], q=c["q"], **ranked, replacement=c["replacement"], round=c)
+
+
+def round_args(call: dict, device: str = "cpu", max_children="stated") -> list:
+    """The round's arguments of a loop call (``max_children`` as stated, or the value given)."""
+    c = {**call["round"], **({} if max_children == "stated" else {"max_children": max_children})}
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in (c[k] for k in ROUND_ARG_NAMES)]
+
+
+def check_round(call: dict, got: tuple[torch.Tensor, torch.Tensor], max_children="stated") -> None:
+    """``got = (r, nxt)`` equals the round's reference: ``nxt`` exactly, ``r`` to 1e-12."""
+    want_r, want_nxt = tree_rejection_round_reference(*round_args(call, max_children=max_children))
+    r, nxt = (t.cpu() for t in got)
+    assert nxt.dtype == torch.long and r.dtype == torch.float64 and r.shape == want_r.shape
+    assert torch.equal(nxt, want_nxt)
+    assert not r.isnan().any()
+    assert torch.allclose(r, want_r, rtol=1e-12, atol=1e-15), (r - want_r).abs().max()
+
+
+def other_bound(call: dict):
+    """The round's other ``max_children``: None where the tree states one, else the tree's width."""
+    return None if call["round"]["max_children"] is not None else call["width"]
 
 
 def rounds(seed: int = 0, per_setting: int = 2) -> list[dict]:
-    """``per_setting`` random rounds for each replacement mode, B in {1, 3}, K in {1, 3, 8}, V in {8, 1500}."""
+    """``per_setting`` random rounds for each replacement mode, B in {1, 3}, K in {1, 3, 8}, V in {8, 1500}; every
+    other round's tree states no ``max_children`` (``K = S - 1``)."""
     gen = torch.Generator().manual_seed(seed)
-    return [random_round(gen, batch, width, vocab, replacement)
-            for replacement in (True, False) for batch in (1, 3) for width in (1, 3, 8) for vocab in (8, 1500)
-            for _ in range(per_setting)]  # fmt: skip
+    cases = [random_round(gen, batch, width, vocab, replacement)
+             for replacement in (True, False) for batch in (1, 3) for width in (1, 3, 8) for vocab in (8, 1500)
+             for _ in range(per_setting)]  # fmt: skip
+    for case in cases[1::2]:
+        case["max_children"] = None
+    return cases
 
 
 def mass_zero_case() -> dict:
@@ -187,6 +234,45 @@ def test_bad_arguments_are_refused(change, match):
         tree_rejection(*(args[k] for k in ARG_NAMES))
 
 
+def _valid_round_args() -> dict:
+    case = random_round(torch.Generator().manual_seed(4), 2, 3, 40, False, slots=7)
+    return dict(tree_tokens=case["tokens"], tree_parents=case["parents"], tree_depth=case["depth"],
+                tree_valid=case["valid"], p=case["p"], q=case["q"], test=torch.rand(2, 7, dtype=torch.float64),
+                max_children=3, replacement=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(p=torch.zeros(2, 7, 40)), "p must be"),
+        (dict(q=torch.zeros(2, 7, 41, dtype=torch.float64)), "q must be"),
+        (dict(tree_tokens=torch.zeros(2, 7, dtype=torch.int32)), "tree_tokens must be"),
+        (dict(tree_parents=torch.zeros(2, 6, dtype=torch.long)), "tree_parents must be"),
+        (dict(tree_depth=torch.zeros(2, 7)), "tree_depth must be"),
+        (dict(tree_valid=torch.zeros(2, 7, dtype=torch.long)), "tree_valid must be"),
+        (dict(test=torch.zeros(2, 7)), "test must be"),
+        (dict(max_children=0), "max_children"),
+        (dict(replacement=0), "replacement"),
+        (dict(test=torch.zeros(2, 7, dtype=torch.float64, device="meta")), "test is on meta"),
+    ],
+)
+def test_bad_round_arguments_are_refused(change, match):
+    args = {**_valid_round_args(), **change}
+    with pytest.raises(ValueError, match=match):
+        tree_rejection_round(*(args[k] for k in ROUND_ARG_NAMES))
+
+
+def test_round_auto_is_the_reference_on_cpu_and_triton_is_refused():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("checks the CPU dispatch without the interpreter")
+    args = [_valid_round_args()[k] for k in ROUND_ARG_NAMES]
+    r, nxt = tree_rejection_round(*args)
+    want = tree_rejection_round_reference(*args)
+    assert torch.equal(r, want[0]) and torch.equal(nxt, want[1])
+    with pytest.raises(ValueError, match="GPU"):
+        tree_rejection_round(*args, impl="triton")
+
+
 def test_kept_may_be_none_with_replacement():
     args = {**_valid_args(), "kept": None, "replacement": True}
     r, nxt = tree_rejection(*(args[k] for k in ARG_NAMES))
@@ -224,7 +310,8 @@ def interpreted(tmp_path_factory) -> dict:
     pytest.importorskip("triton")
     cases = rounds()
     expected = reference_rounds(cases)
-    data = {"cases": cases, "calls": [call for _, call in expected], "mass_zero": mass_zero_case()}
+    calls = [{k: v for k, v in call.items() if k != "device"} for _, call in expected]
+    data = {"cases": cases, "calls": calls, "mass_zero": mass_zero_case()}
     out = interpreted_outputs(__file__, tmp_path_factory.mktemp("tree_rejection"), data)
     return {**out, "expected": expected}
 
@@ -239,6 +326,16 @@ def test_interpreted_kernel_equals_reference(interpreted):
             check_direct(call, small)
     check_direct(interpreted["mass_zero"], interpreted["mass_zero_out"])
     assert torch.equal(interpreted["mass_zero_out"][0], interpreted["mass_zero"]["p"])
+
+
+@pytest.mark.interpreter
+def test_interpreted_fused_round_equals_reference(interpreted):
+    # the setup inside the launch: the stated max_children (or None) and the other one
+    for call, got, other in zip(interpreted["calls"], interpreted["round"], interpreted["round_other"], strict=True):
+        check_round(call, got)
+        check_round(call, other, other_bound(call))
+    for call, got in zip(interpreted["calls"][::3], interpreted["round_small_slot_block"], strict=True):
+        check_round(call, got)  # the setup's scan over several blocks of slots
 
 
 @pytest.mark.interpreter
@@ -267,6 +364,15 @@ def _run_interpreted(folder: Path) -> None:
             if call["p"].shape[-1] > SMALL_BLOCK
             else None
             for call in data["calls"]
+        ],  # fmt: skip
+        "round": [kernels.tree_rejection_round_triton(*round_args(call)) for call in data["calls"]],
+        "round_other": [
+            kernels.tree_rejection_round_triton(*round_args(call, max_children=other_bound(call)))
+            for call in data["calls"]
+        ],  # fmt: skip
+        "round_small_slot_block": [
+            kernels.tree_rejection_round_triton(*round_args(call), slot_block=SMALL_SLOT_BLOCK)
+            for call in data["calls"][::3]
         ],  # fmt: skip
         "rounds": [run_round(case, "triton")[0] for case in data["cases"]],
         "mass_zero_out": kernels.tree_rejection_triton(*_args(data["mass_zero"])),
@@ -299,7 +405,10 @@ def test_compiled_equals_reference_on_cuda():
         check_direct(call, tree_rejection(*_args(call, "cuda"), impl="triton"))
         check_direct(call, tree_rejection(*_args(call, "cuda")))  # auto picks Triton on CUDA
         check_direct(call, tree_rejection(*_args(call, "cuda"), impl="torch"))  # the CUDA reference agrees too
-        assert cuda_call["p"].is_cuda
+        assert cuda_call["device"] == "cuda"
+        for bound in ("stated", other_bound(call)):
+            check_round(call, tree_rejection_round(*round_args(call, "cuda", bound), impl="triton"), bound)
+            check_round(call, tree_rejection_round(*round_args(call, "cuda", bound), impl="torch"), bound)
     check_direct(mass_zero_case(), tree_rejection(*_args(mass_zero_case(), "cuda"), impl="triton"))
 
 
@@ -318,6 +427,24 @@ def test_compiled_kernel_replays_in_a_cuda_graph(replacement):
                 buffer.copy_(value)
         graph.replay()
         check_direct(call, (r.clone(), nxt.clone()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("replacement", [True, False], ids=["with", "without"])
+@pytest.mark.parametrize("bound", ["stated", None], ids=["stated", "none"])
+def test_compiled_round_replays_in_a_cuda_graph(replacement, bound):
+    # The fused round (setup and loop in one launch): one capture, new rounds' arguments copied in, replays.
+    _needs_cuda()
+    gen = torch.Generator().manual_seed(5)
+    calls = [run_round(random_round(gen, 3, 8, 1500, replacement, slots=20), "torch")[1] for _ in range(8)]
+    static = round_args(calls[0], "cuda", bound)
+    graph, (r, nxt) = capture_without_host_reads(lambda: tree_rejection_round(*static, impl="triton"))
+    for call in calls:
+        for buffer, value in zip(static, round_args(call, max_children=bound), strict=True):
+            if isinstance(buffer, torch.Tensor):
+                buffer.copy_(value)
+        graph.replay()
+        check_round(call, (r.clone(), nxt.clone()), bound)
 
 
 if __name__ == "__main__":

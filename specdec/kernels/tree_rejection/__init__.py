@@ -1,10 +1,14 @@
-"""``tree_rejection``: the sibling-rank loop of recursive rejection sampling in one Triton launch.
+"""``tree_rejection``: a round of recursive rejection sampling in one Triton launch.
 
-The reference (the specification and the CPU path, ``reference.py``) is the loop of
-``specdec.verify.multidraft.recursive_rejection``: ``K`` steps (one per sibling rank) of ~18 tensor ops on
-``[B, S, V]`` float64 tensors, ~150 kernels on CUDA. The Triton version (``triton.py``) is one launch with a program
-per (row, node); like the reference it reads nothing on the host, so it can be captured in a CUDA graph. Its ``nxt``
-equals the reference's and its ``r`` up to the order of the residual mass's float64 sum. See ``docs/kernels.md``.
+Two entry points. ``tree_rejection_round`` is what ``specdec.verify.multidraft.recursive_rejection`` calls: from the
+tree, ``p``, ``q`` and each slot's uniform, the setup (each node's children by rank, their tokens, uniforms and
+draft probabilities, without replacement the earlier siblings' removed mass) then the sibling-rank loop.
+``tree_rejection`` is the loop alone, on the ranked arguments the setup makes. The references (the specification
+and the CPU path, ``reference.py``) are tensor ops: the loop is ``K`` steps (one per sibling rank) of ~18 ops on
+``[B, S, V]`` float64 tensors. The Triton versions (``triton.py``) are one launch each with a program per (row,
+node); like the references they read nothing on the host, so they can be captured in a CUDA graph. Their ``nxt``
+equals the reference's and their ``r`` up to the order of the residual mass's float64 sum. See
+``docs/kernels.md``.
 """
 
 from __future__ import annotations
@@ -14,9 +18,23 @@ from typing import Literal
 import torch
 
 from specdec.kernels._triton import importable, pick_impl
-from specdec.kernels.tree_rejection.reference import tree_rejection_reference
+from specdec.kernels.tree_rejection.reference import (
+    children_by_rank,
+    rank_width,
+    round_setup,
+    tree_rejection_reference,
+    tree_rejection_round_reference,
+)
 
-__all__ = ["tree_rejection", "tree_rejection_reference"]
+__all__ = [
+    "children_by_rank",
+    "rank_width",
+    "round_setup",
+    "tree_rejection",
+    "tree_rejection_reference",
+    "tree_rejection_round",
+    "tree_rejection_round_reference",
+]
 
 _MODULE = "specdec.kernels.tree_rejection.triton"
 
@@ -51,6 +69,55 @@ def tree_rejection(
     from specdec.kernels.tree_rejection.triton import tree_rejection_triton
 
     return tree_rejection_triton(p, q, table, tokens, weighed, drawable, kept, replacement)
+
+
+def tree_rejection_round(
+    tree_tokens: torch.Tensor,
+    tree_parents: torch.Tensor,
+    tree_depth: torch.Tensor,
+    tree_valid: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    test: torch.Tensor,
+    max_children: int | None,
+    replacement: bool,
+    *,
+    impl: Impl = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A round of recursive rejection sampling: the setup and the sibling-rank loop. Arguments as
+    :func:`tree_rejection_round_reference`; ``impl`` as :func:`tree_rejection` (Triton: the setup inside the
+    loop's launch, one launch in all).
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` float64 and ``nxt [B, S]`` int64.
+    """
+    _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement)
+    args = (tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement)
+    if pick_impl(impl, p.device, _MODULE) == "torch":
+        return tree_rejection_round_reference(*args)
+    from specdec.kernels.tree_rejection.triton import tree_rejection_round_triton
+
+    return tree_rejection_round_triton(*args)
+
+
+def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement):
+    if not isinstance(p, torch.Tensor) or p.dim() != 3 or p.dtype != torch.float64 or 0 in p.shape:
+        raise ValueError(f"p must be a non-empty [B, S, V] float64 tensor; got {_describe(p)}.")
+    if not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != torch.float64:
+        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} float64, as p; got {_describe(q)}.")
+    if not isinstance(replacement, bool):
+        raise ValueError(f"replacement={replacement!r}: pass a Python bool.")
+    if max_children is not None and (not isinstance(max_children, int) or max_children < 1):
+        raise ValueError(f"max_children={max_children!r}: pass a positive int or None.")
+    fields = {"tree_tokens": (tree_tokens, torch.long), "tree_parents": (tree_parents, torch.long),
+              "tree_depth": (tree_depth, torch.long), "tree_valid": (tree_valid, torch.bool),
+              "test": (test, torch.float64)}  # fmt: skip
+    for name, (tensor, dtype) in fields.items():
+        if not isinstance(tensor, torch.Tensor) or tensor.shape != p.shape[:2] or tensor.dtype != dtype:
+            raise ValueError(f"{name} must be {list(p.shape[:2])} {dtype}; got {_describe(tensor)}.")
+    for name, tensor in {"q": q, **{n: t for n, (t, _) in fields.items()}}.items():
+        if tensor.device != p.device:
+            raise ValueError(f"{name} is on {tensor.device}, p on {p.device}: pass one device.")
 
 
 def _triton_available() -> bool:

@@ -1,14 +1,106 @@
-"""``tree_rejection`` reference: the sibling-rank loop of recursive rejection sampling as plain tensor ops.
+"""``tree_rejection`` reference: a round of recursive rejection sampling as plain tensor ops.
 
-It is the specification of the Triton kernel in ``triton.py`` and what runs off CUDA; like the kernel it reads
-nothing on the host, so it can be captured in a CUDA graph.
+``tree_rejection_round_reference`` is the setup (each node's children by rank, their tokens, uniforms and draft
+probabilities) then the sibling-rank loop, ``tree_rejection_reference``. They are the specification of the Triton
+kernels in ``triton.py`` and what runs off CUDA; like the kernels they read nothing on the host, so they can be
+captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["tree_rejection_reference"]
+__all__ = [
+    "children_by_rank",
+    "rank_width",
+    "round_setup",
+    "tree_rejection_reference",
+    "tree_rejection_round_reference",
+]
+
+
+def rank_width(slots: int, max_children: int | None) -> int:
+    """``K``, the sibling ranks a round tests: ``max_children`` (a bound the tree's policy states), else ``S - 1``
+    (any tree); at least 1, at most ``S - 1``."""
+    return max(1, slots - 1 if max_children is None else min(max_children, slots - 1))
+
+
+def children_by_rank(parents: torch.Tensor, depth: torch.Tensor, valid: torch.Tensor, width: int) -> torch.Tensor:
+    """``[B, S, K]`` (``K = width``): the slot of each node's ``k``-th child in slot order, ``S`` where it has
+    fewer children. A child is a valid slot of positive depth; its parent is ``parents``."""
+    batch, slots = parents.shape
+    index = torch.arange(slots, device=parents.device)
+    child = valid & (depth > 0)
+    earlier = (parents[:, :, None] == parents[:, None, :]) & (index[None, None] < index[None, :, None])
+    rank = (earlier & child[:, None, :]).sum(-1)  # [B, S]: the node's place among its parent's children
+    spot = torch.where(child & (rank < width), parents.clamp(min=0) * width + rank, slots * width)
+    table = torch.full((batch, slots * width + 1), slots, dtype=torch.long, device=index.device)
+    return table.scatter(1, spot, index.expand(batch, -1))[:, :-1].view(batch, slots, width)
+
+
+def round_setup(
+    tree_tokens: torch.Tensor,
+    tree_parents: torch.Tensor,
+    tree_depth: torch.Tensor,
+    tree_valid: torch.Tensor,
+    q: torch.Tensor,
+    test: torch.Tensor,
+    max_children: int | None,
+    replacement: bool,
+) -> dict:
+    """The sibling-rank loop's ranked arguments (``table``, ``tokens``, ``weighed``, ``drawable``, ``kept``; see
+    :func:`tree_rejection_reference`) from the tree, ``q`` and each slot's uniform ``test [B, S]`` float64.
+
+    Without replacement the ``k``-th sibling is weighed against q with the earlier siblings' tokens removed
+    (renormalised by ``kept``); a sibling repeating an earlier one's token has probability 0 there: not drawable."""
+    slots, vocab = q.shape[1:]
+    tiny = torch.finfo(q.dtype).tiny
+    table = children_by_rank(tree_parents, tree_depth, tree_valid, rank_width(slots, max_children))  # [B, S, K]
+    width = table.shape[-1]
+    exists = table < slots
+    index = table.clamp(max=slots - 1)
+    tokens = tree_tokens.gather(1, index.flatten(1)).view_as(table)  # each node's children's tokens, by rank
+    tests = test.gather(1, index.flatten(1)).view_as(table)  # their uniforms (a slot's own)
+    q_tok = q.flatten(1).gather(1, (index * vocab + tokens).flatten(1)).view_as(table)  # q_c(c), before removal
+    kept = None
+    if not replacement:  # the k-th sibling is weighed against q without the earlier siblings' tokens
+        earlier = torch.ones(width, width, dtype=torch.bool, device=q.device).tril(-1)  # [k, k']: k' < k
+        repeat = ((tokens[..., :, None] == tokens[..., None, :]) & earlier).any(-1)  # drawn before: no draw now
+        removed = (q_tok * ~repeat).cumsum(-1) - q_tok * ~repeat  # q's mass on the earlier siblings' tokens
+        kept = (1.0 - removed).clamp(min=tiny)
+        q_tok = torch.where(repeat, 0.0, q_tok / kept)
+    weighed = tests * q_tok  # accepted iff u q_c(c) < r(c)
+    drawable = exists & (q_tok > 0)  # a sibling past q's support is no draw: neither tested nor subtracted
+    return dict(table=table, tokens=tokens, weighed=weighed, drawable=drawable, kept=kept)
+
+
+def tree_rejection_round_reference(
+    tree_tokens: torch.Tensor,
+    tree_parents: torch.Tensor,
+    tree_depth: torch.Tensor,
+    tree_valid: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    test: torch.Tensor,
+    max_children: int | None,
+    replacement: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A round of recursive rejection sampling: :func:`round_setup` then :func:`tree_rejection_reference`.
+
+    Args:
+        tree_tokens, tree_parents, tree_depth, tree_valid (torch.Tensor): ``[B, S]``, the tree's fields.
+        p (torch.Tensor): ``[B, S, V]`` float64 target distribution at each node.
+        q (torch.Tensor): ``[B, S, V]`` float64 distribution each slot's token was drawn from.
+        test (torch.Tensor): ``[B, S]`` float64, each slot's uniform (its test as a child).
+        max_children (int | None): the tree's stated bound on children (``K``; ``S - 1`` when None).
+        replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` float64 and ``nxt [B, S]`` int64, as
+        :func:`tree_rejection_reference`.
+    """
+    ranked = round_setup(tree_tokens, tree_parents, tree_depth, tree_valid, q, test, max_children, replacement)
+    return tree_rejection_reference(p, q, **ranked, replacement=replacement)
 
 
 def tree_rejection_reference(

@@ -16,10 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_BLOCK", "tree_rejection_triton"]
+__all__ = ["MAX_BLOCK", "tree_rejection_round_triton", "tree_rejection_triton"]
 
 MAX_BLOCK = 1024
 """Vocabulary entries a program handles per block (fewer when ``V`` is smaller)."""
+
+MAX_SLOT_BLOCK = 1024
+"""Slots the fused round's setup scans per block (fewer when ``S`` is smaller)."""
 
 
 @triton.jit
@@ -96,6 +99,180 @@ def _tree_rejection_kernel(
                         tl.store(r_row + cols, tl.maximum(r - qk, 0.0) / scale, mask=inside)
                     tl.debug_barrier()
     tl.store(nxt_ptr + row, nxt)
+
+
+@triton.jit
+def _tree_rejection_round_kernel(
+    tree_tokens_ptr,  # [B, S] int64, contiguous
+    parents_ptr,  # [B, S] int64, contiguous
+    depth_ptr,  # [B, S] int64, contiguous
+    valid_ptr,  # [B, S] bool, contiguous
+    p_ptr,  # [B, S, V] float64, strided
+    q_ptr,  # [B, S, V] float64, strided
+    test_ptr,  # [B, S] float64, contiguous: each slot's uniform
+    table_ptr,  # [B, S, K] int64 scratch: each node's child slot by rank (S where none)
+    ranked_ptr,  # [B, S, K] int64 scratch: the children's tokens by rank
+    r_ptr,  # [B, S, V] float64 out
+    nxt_ptr,  # [B, S] int64 out
+    S,
+    V,
+    p_sb,
+    p_ss,
+    p_sv,
+    q_sb,
+    q_ss,
+    q_sv,
+    TINY: tl.constexpr,
+    K: tl.constexpr,
+    REPLACEMENT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)  # b * S + node
+    seq = row // S
+    node = row - seq * S
+    slots_row = seq * S
+    ranks = row * K
+    # the setup: the node's children in slot order (valid slots of positive depth whose parent is the node)
+    spots = tl.arange(0, BLOCK_S)
+    last = tl.load(tree_tokens_ptr + slots_row + S - 1)  # the token a missing rank reads (the reference's clamp)
+    for start in range(0, K, BLOCK_S):
+        k = start + spots
+        tl.store(table_ptr + ranks + k, tl.zeros([BLOCK_S], dtype=tl.int64) + S, mask=k < K)
+        tl.store(ranked_ptr + ranks + k, tl.zeros([BLOCK_S], dtype=tl.int64) + last, mask=k < K)
+    tl.debug_barrier()
+    count = node * 0  # children found in the earlier blocks
+    for start in range(0, S, BLOCK_S):
+        slot = start + spots
+        inside = slot < S
+        parent = tl.load(parents_ptr + slots_row + slot, mask=inside, other=-1)
+        depth = tl.load(depth_ptr + slots_row + slot, mask=inside, other=0)
+        valid = tl.load(valid_ptr + slots_row + slot, mask=inside, other=0).to(tl.int1)
+        child = inside & valid & (depth > 0) & (parent == node)
+        flag = child.to(tl.int64)
+        rank = count + tl.cumsum(flag, 0) - flag
+        keep = child & (rank < K)
+        tl.store(table_ptr + ranks + rank, slot.to(tl.int64), mask=keep)
+        tl.store(ranked_ptr + ranks + rank, tl.load(tree_tokens_ptr + slots_row + slot, mask=keep, other=0),
+                 mask=keep)  # fmt: skip
+        count += tl.sum(flag, 0)
+    lanes = tl.arange(0, BLOCK)
+    p_row = p_ptr + seq * p_sb + node * p_ss
+    r_row = r_ptr + row * V
+    for start in range(0, V, BLOCK):
+        cols = start + lanes
+        inside = cols < V
+        tl.store(r_row + cols, tl.load(p_row + cols * p_sv, mask=inside), mask=inside)
+    tl.debug_barrier()  # the ranked children and r[token] below are read by every thread
+    nxt = node  # the accepted child, the node itself while none is
+    total = tl.load(test_ptr + slots_row) * 0.0  # without replacement: the cumulative sum of q_c(c) over ranks
+    kept = total + 1.0
+    for k in tl.static_range(K):
+        child = tl.load(table_ptr + ranks + k)
+        slot = tl.minimum(child, S - 1)
+        token = tl.load(ranked_ptr + ranks + k)
+        q_tok = tl.load(q_ptr + seq * q_sb + slot * q_ss + token * q_sv)  # q_c(c), before removal
+        if not REPLACEMENT:  # weighed against q without the earlier siblings' tokens; a repeat is no draw
+            repeat = child < 0
+            for j in tl.static_range(k):
+                repeat = repeat | (tl.load(ranked_ptr + ranks + j) == token)
+            drawn = tl.where(repeat, 0.0, q_tok)
+            total += drawn
+            kept = tl.maximum(1.0 - (total - drawn), TINY)
+            q_tok = tl.where(repeat, 0.0, q_tok / kept)
+        weight = tl.load(test_ptr + slots_row + slot) * q_tok  # accepted iff u q_c(c) < r(c)
+        live = (child < S) & (q_tok > 0) & (nxt == node)
+        if live:
+            if weight < tl.load(r_row + token):
+                nxt = child
+            else:  # rejected: r <- norm(max(r - q_c, 0)), unless that mass is 0
+                _reject(q_ptr + seq * q_sb + child * q_ss, q_sv, r_row, ranked_ptr + ranks, kept, V, TINY, k,
+                        REPLACEMENT, BLOCK)  # fmt: skip
+    tl.store(nxt_ptr + row, nxt)
+
+
+@triton.jit
+def _reject(q_row, q_sv, r_row, ranked_row, kept, V, TINY: tl.constexpr, k: tl.constexpr,
+            REPLACEMENT: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """A rejected child: ``r <- max(r - q_c, 0) / mass`` over the vocabulary in blocks, unless the mass is 0."""
+    lanes = tl.arange(0, BLOCK)
+    total = tl.zeros([BLOCK], dtype=tl.float64)
+    for start in range(0, V, BLOCK):
+        cols = start + lanes
+        inside = cols < V
+        qk = tl.load(q_row + cols * q_sv, mask=inside, other=0.0)
+        if not REPLACEMENT:
+            qk = qk / kept
+            for j in tl.static_range(k):  # the earlier siblings' tokens: no draw now
+                qk = tl.where(cols == tl.load(ranked_row + j), 0.0, qk)
+        r = tl.load(r_row + cols, mask=inside, other=0.0)
+        total += tl.maximum(r - qk, 0.0)
+    mass = tl.sum(total, axis=0)
+    if mass > 0:
+        scale = tl.maximum(mass, TINY)
+        for start in range(0, V, BLOCK):
+            cols = start + lanes
+            inside = cols < V
+            qk = tl.load(q_row + cols * q_sv, mask=inside, other=0.0)
+            if not REPLACEMENT:
+                qk = qk / kept
+                for j in tl.static_range(k):
+                    qk = tl.where(cols == tl.load(ranked_row + j), 0.0, qk)
+            r = tl.load(r_row + cols, mask=inside, other=0.0)
+            tl.store(r_row + cols, tl.maximum(r - qk, 0.0) / scale, mask=inside)
+        tl.debug_barrier()
+
+
+def tree_rejection_round_triton(
+    tree_tokens: torch.Tensor,
+    tree_parents: torch.Tensor,
+    tree_depth: torch.Tensor,
+    tree_valid: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    test: torch.Tensor,
+    max_children: int | None,
+    replacement: bool,
+    *,
+    block: int | None = None,
+    slot_block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A round (setup and sibling-rank loop) in one launch; arguments as ``tree_rejection_round_reference``,
+    ``block`` as :func:`tree_rejection_triton`; ``slot_block``: slots the setup scans per block, a power of two
+    (default ``min(MAX_SLOT_BLOCK, next_power_of_2(S))``).
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` float64 and ``nxt [B, S]`` int64.
+    """
+    from specdec.kernels.tree_rejection.reference import rank_width
+
+    batch, slots, vocab = p.shape
+    width = rank_width(slots, max_children)
+    block = _vocab_block(vocab, block)
+    if slot_block is None:
+        slot_block = min(triton.next_power_of_2(slots), MAX_SLOT_BLOCK)
+    elif slot_block < 1 or slot_block & (slot_block - 1):
+        raise ValueError(f"slot_block={slot_block!r}: pass a power of two.")
+    r = torch.empty(batch, slots, vocab, dtype=torch.float64, device=p.device)
+    nxt = torch.empty(batch, slots, dtype=torch.long, device=p.device)
+    table = torch.empty(batch, slots, width, dtype=torch.long, device=p.device)
+    ranked = torch.empty(batch, slots, width, dtype=torch.long, device=p.device)
+    _tree_rejection_round_kernel[(batch * slots,)](
+        tree_tokens.contiguous(), tree_parents.contiguous(), tree_depth.contiguous(), tree_valid.contiguous(),
+        p, q, test.contiguous(), table, ranked, r, nxt,
+        slots, vocab, *p.stride(), *q.stride(),
+        TINY=torch.finfo(torch.float64).tiny, K=width, REPLACEMENT=bool(replacement), BLOCK=block,
+        BLOCK_S=slot_block, num_warps=4 if block >= 512 else 1,
+    )  # fmt: skip
+    return r, nxt
+
+
+def _vocab_block(vocab: int, block: int | None) -> int:
+    if block is None:
+        return min(triton.next_power_of_2(vocab), MAX_BLOCK)
+    if block < 1 or block & (block - 1):
+        raise ValueError(f"block={block!r}: pass a power of two.")
+    return block
 
 
 def tree_rejection_triton(
