@@ -1,11 +1,13 @@
-"""Speed of ``tree_rejection``: recursive rejection's sibling-rank loop, torch reference vs one Triton launch.
+"""Speed of ``tree_rejection_round``: a round of recursive rejection (the setup and the sibling-rank loop), torch
+reference vs one Triton launch.
 
-The arguments are those ``recursive_rejection`` passes for a random round: trees of ``S`` slots whose nodes have at
-most ``K = 8`` children (wide near the root), a float64 target ``p`` and, per node, the draft ``q`` it was drawn
-from (its parent's ``p`` perturbed: some children accepted, many rejected). Shapes: B in {1, 8}, S in {16, 32, 64},
-V in {8192, 151936}. Providers: ``torch`` (eager launches, ~18 per rank), ``torch-graph`` (the same ops replayed
-from a CUDA graph: GPU time without launch overhead), ``triton`` and ``triton-graph``; the graph and Triton
-providers need CUDA. Without CUDA only the eager reference runs, and only at V = 8192.
+The arguments are those ``recursive_rejection`` passes to ``tree_rejection_round`` for a random round: trees of
+``S`` slots whose nodes have at most ``K = 8`` children (wide near the root), a float64 target ``p`` and, per node,
+the draft ``q`` it was drawn from (its parent's ``p`` perturbed: some children accepted, many rejected). Shapes: B in
+{1, 8}, S in {16, 32, 64}, V in {8192, 151936}. Providers: ``torch`` (eager launches: the setup, then ~18 per rank),
+``torch-graph`` (the same ops replayed from a CUDA graph: GPU time without launch overhead), ``triton`` and
+``triton-graph``; the graph and Triton providers need CUDA. Without CUDA only the eager reference runs, and only at
+V = 8192.
 
     python benchmarks/kernels/bench_tree_rejection.py [--device cuda] [--out bench_out/kernels]
 
@@ -20,7 +22,7 @@ import torch
 from _common import bench_args, report, time_providers  # benchmarks/kernels, beside this script
 
 import specdec.verify.multidraft as multidraft
-from specdec.kernels.tree_rejection import tree_rejection
+from specdec.kernels.tree_rejection import tree_rejection_round
 from specdec.types import DeviceTree
 
 PROVIDERS = ["torch", "torch-graph", "triton", "triton-graph"]
@@ -29,7 +31,6 @@ SLOTS = [16, 32, 64]
 VOCABS = [8192, 151936]
 WIDTH = 8  # K: the most children a node has
 DEPTH = 6
-ARG_NAMES = ("p", "q", "table", "tokens", "weighed", "drawable", "kept", "replacement")
 
 
 def make_tree(gen: torch.Generator, batch: int, slots: int, vocab: int) -> DeviceTree:
@@ -51,7 +52,7 @@ def make_tree(gen: torch.Generator, batch: int, slots: int, vocab: int) -> Devic
 
 
 def make_args(batch: int, slots: int, vocab: int, device: torch.device, replacement: bool = False) -> list:
-    """The arguments ``recursive_rejection`` passes to ``tree_rejection`` for a random round on ``device``."""
+    """The arguments ``recursive_rejection`` passes to ``tree_rejection_round`` for a random round on ``device``."""
     gen = torch.Generator().manual_seed(batch * 1000 + slots)
     tree = make_tree(gen, batch, slots, vocab)
     tree = DeviceTree(*(t.to(device) for t in tree[:5]), max_children=WIDTH)
@@ -70,10 +71,10 @@ def make_args(batch: int, slots: int, vocab: int, device: torch.device, replacem
 
     def spy(*args, **kwargs):
         calls.append(args)
-        return tree_rejection(*args, **kwargs)
+        return tree_rejection_round(*args, **kwargs)
 
     with (
-        mock.patch.object(multidraft, "tree_rejection", spy),
+        mock.patch.object(multidraft, "tree_rejection_round", spy),
         mock.patch.object(multidraft, "_REJECTION_IMPL", "torch"),
     ):
         multidraft.recursive_rejection(tree, p, q, noise, DEPTH, replacement)
@@ -81,11 +82,11 @@ def make_args(batch: int, slots: int, vocab: int, device: torch.device, replacem
 
 
 def make_call(provider: str, args: list):
-    """A no-argument callable running the loop once, or None when the provider does not apply to the device."""
-    if provider != "torch" and args[0].device.type != "cuda":
+    """A no-argument callable running the round once, or None when the provider does not apply to the device."""
+    if provider != "torch" and args[4].device.type != "cuda":  # args[4]: p
         return None
     impl = "triton" if provider.startswith("triton") else "torch"
-    return lambda: tree_rejection(*args, impl=impl)
+    return lambda: tree_rejection_round(*args, impl=impl)
 
 
 def run(device: torch.device) -> list[dict]:
@@ -95,7 +96,7 @@ def run(device: torch.device) -> list[dict]:
         for batch in BATCHES:
             for slots in SLOTS:
                 args = make_args(batch, slots, vocab, device)
-                _, nxt = tree_rejection(*args, impl="torch")
+                _, nxt = tree_rejection_round(*args, impl="torch")
                 accepted = int((nxt != torch.arange(slots, device=device)).sum())
                 row = {"B": batch, "S": slots, "K": WIDTH, "V": vocab, "accepts": accepted}
                 time_providers(row, PROVIDERS, lambda p, a=args: make_call(p, a), device)
@@ -107,7 +108,7 @@ def run(device: torch.device) -> list[dict]:
 
 def main() -> None:
     args, device, name = bench_args(__doc__.splitlines()[0])
-    print(f"tree_rejection, K {WIDTH}, float64, without replacement, median ms per call on {name} "
+    print(f"tree_rejection_round, K {WIDTH}, float64, without replacement, median ms per call on {name} "
           f"(torch {torch.__version__}); warm")  # fmt: skip
     if device.type != "cuda":
         print(f"no CUDA device: the Triton kernel needs one; V = {VOCABS[0]} only")

@@ -1,13 +1,12 @@
 """``tree_rejection``: a round of recursive rejection sampling in one Triton launch.
 
-Two entry points. ``tree_rejection_round`` is what ``specdec.verify.multidraft.recursive_rejection`` calls: from the
+One entry point, ``tree_rejection_round``, what ``specdec.verify.multidraft.recursive_rejection`` calls: from the
 tree, ``p``, ``q`` and each slot's uniform, the setup (each node's children by rank, their tokens, uniforms and
-draft probabilities, without replacement the earlier siblings' removed mass) then the sibling-rank loop.
-``tree_rejection`` is the loop alone, on the ranked arguments the setup makes. The references (the specification
-and the CPU path, ``reference.py``) are tensor ops: the loop is ``K`` steps (one per sibling rank) of ~18 ops on
-``[B, S, V]`` float64 tensors. The Triton versions (``triton.py``) are one launch each with a program per (row,
-node); like the references they read nothing on the host, so they can be captured in a CUDA graph. Their ``nxt``
-equals the reference's and their ``r`` up to the order of the residual mass's float64 sum. See
+draft probabilities, without replacement the earlier siblings' removed mass) then the sibling-rank loop. The
+reference (the specification and the CPU path, ``reference.py``) is tensor ops: the setup, then ``K`` steps (one per
+sibling rank) of ~18 ops on ``[B, S, V]`` float64 tensors. The Triton version (``triton.py``) is one launch with a
+program per (row, node); like the reference it reads nothing on the host, so it can be captured in a CUDA graph.
+Its ``nxt`` equals the reference's and its ``r`` up to the order of the residual mass's float64 sum. See
 ``docs/kernels.md``.
 """
 
@@ -22,7 +21,6 @@ from specdec.kernels.tree_rejection.reference import (
     children_by_rank,
     rank_width,
     round_setup,
-    tree_rejection_reference,
     tree_rejection_round_reference,
 )
 
@@ -30,8 +28,6 @@ __all__ = [
     "children_by_rank",
     "rank_width",
     "round_setup",
-    "tree_rejection",
-    "tree_rejection_reference",
     "tree_rejection_round",
     "tree_rejection_round_reference",
 ]
@@ -39,36 +35,6 @@ __all__ = [
 _MODULE = "specdec.kernels.tree_rejection.triton"
 
 Impl = Literal["auto", "torch", "triton"]
-
-
-def tree_rejection(
-    p: torch.Tensor,
-    q: torch.Tensor,
-    table: torch.Tensor,
-    tokens: torch.Tensor,
-    weighed: torch.Tensor,
-    drawable: torch.Tensor,
-    kept: torch.Tensor | None,
-    replacement: bool,
-    *,
-    impl: Impl = "auto",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every node's children tested in rank order: each node's reduced target distribution and accepted child.
-    Arguments as :func:`tree_rejection_reference`.
-
-    Args:
-        impl (str): ``"triton"`` (one launch: CUDA or Triton's interpreter), ``"torch"`` (the reference) or
-            ``"auto"``: Triton on CUDA (or under ``TRITON_INTERPRET=1``) when it imports, else the reference.
-
-    Returns:
-        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` float64 and ``nxt [B, S]`` int64.
-    """
-    _check_args(p, q, table, tokens, weighed, drawable, kept, replacement)
-    if pick_impl(impl, p.device, _MODULE) == "torch":
-        return tree_rejection_reference(p, q, table, tokens, weighed, drawable, kept, replacement)
-    from specdec.kernels.tree_rejection.triton import tree_rejection_triton
-
-    return tree_rejection_triton(p, q, table, tokens, weighed, drawable, kept, replacement)
 
 
 def tree_rejection_round(
@@ -85,8 +51,12 @@ def tree_rejection_round(
     impl: Impl = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A round of recursive rejection sampling: the setup and the sibling-rank loop. Arguments as
-    :func:`tree_rejection_round_reference`; ``impl`` as :func:`tree_rejection` (Triton: the setup inside the
-    loop's launch, one launch in all).
+    :func:`tree_rejection_round_reference`.
+
+    Args:
+        impl (str): ``"triton"`` (one launch, the setup inside the loop's: CUDA or Triton's interpreter),
+            ``"torch"`` (the reference) or ``"auto"``: Triton on CUDA (or under ``TRITON_INTERPRET=1``) when it
+            imports, else the reference.
 
     Returns:
         tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` float64 and ``nxt [B, S]`` int64.
@@ -126,27 +96,3 @@ def _triton_available() -> bool:
 
 def _describe(tensor) -> str:
     return f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
-
-
-def _check_args(p, q, table, tokens, weighed, drawable, kept, replacement) -> None:
-    if not isinstance(p, torch.Tensor) or p.dim() != 3 or p.dtype != torch.float64 or 0 in p.shape:
-        raise ValueError(f"p must be a non-empty [B, S, V] float64 tensor; got {_describe(p)}.")
-    if not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != torch.float64:
-        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} float64, as p; got {_describe(q)}.")
-    if (not isinstance(table, torch.Tensor) or table.dim() != 3 or table.shape[:2] != p.shape[:2]
-            or table.shape[2] == 0 or table.dtype != torch.long):  # fmt: skip
-        raise ValueError(f"table must be a [B, S, K] int64 tensor with [B, S] = {list(p.shape[:2])} and K >= 1; "
-                         f"got {_describe(table)}.")  # fmt: skip
-    if not isinstance(replacement, bool):
-        raise ValueError(f"replacement={replacement!r}: pass a Python bool.")
-    if kept is None and not replacement:
-        raise ValueError("kept is None: without replacement pass kept [B, S, K] float64 (None only with it).")
-    ranked = {"tokens": (tokens, torch.long), "weighed": (weighed, torch.float64), "drawable": (drawable, torch.bool)}
-    if kept is not None:
-        ranked["kept"] = (kept, torch.float64)
-    for name, (tensor, dtype) in ranked.items():
-        if not isinstance(tensor, torch.Tensor) or tensor.shape != table.shape or tensor.dtype != dtype:
-            raise ValueError(f"{name} must be {list(table.shape)} {dtype}, as table; got {_describe(tensor)}.")
-    for name, tensor in {"q": q, "table": table, **{n: t for n, (t, _) in ranked.items()}}.items():
-        if tensor.device != p.device:
-            raise ValueError(f"{name} is on {tensor.device}, p on {p.device}: pass one device.")

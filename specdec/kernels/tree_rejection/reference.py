@@ -1,8 +1,8 @@
 """``tree_rejection`` reference: a round of recursive rejection sampling as plain tensor ops.
 
-``tree_rejection_round_reference`` is the setup (each node's children by rank, their tokens, uniforms and draft
-probabilities) then the sibling-rank loop, ``tree_rejection_reference``. They are the specification of the Triton
-kernels in ``triton.py`` and what runs off CUDA; like the kernels they read nothing on the host, so they can be
+``tree_rejection_round_reference`` is the setup (``round_setup``: each node's children by rank, their tokens,
+uniforms and draft probabilities) then the sibling-rank loop (``_rank_loop``). It is the specification of the
+Triton kernel in ``triton.py`` and what runs off CUDA; like the kernel it reads nothing on the host, so it can be
 captured in a CUDA graph.
 """
 
@@ -14,7 +14,6 @@ __all__ = [
     "children_by_rank",
     "rank_width",
     "round_setup",
-    "tree_rejection_reference",
     "tree_rejection_round_reference",
 ]
 
@@ -49,7 +48,7 @@ def round_setup(
     replacement: bool,
 ) -> dict:
     """The sibling-rank loop's ranked arguments (``table``, ``tokens``, ``weighed``, ``drawable``, ``kept``; see
-    :func:`tree_rejection_reference`) from the tree, ``q`` and each slot's uniform ``test [B, S]`` float64.
+    :func:`_rank_loop`) from the tree, ``q`` and each slot's uniform ``test [B, S]`` float64.
 
     Without replacement the ``k``-th sibling is weighed against q with the earlier siblings' tokens removed
     (renormalised by ``kept``); a sibling repeating an earlier one's token has probability 0 there: not drawable."""
@@ -85,7 +84,7 @@ def tree_rejection_round_reference(
     max_children: int | None,
     replacement: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A round of recursive rejection sampling: :func:`round_setup` then :func:`tree_rejection_reference`.
+    """A round of recursive rejection sampling: :func:`round_setup` then :func:`_rank_loop`.
 
     Args:
         tree_tokens, tree_parents, tree_depth, tree_valid (torch.Tensor): ``[B, S]``, the tree's fields.
@@ -97,13 +96,13 @@ def tree_rejection_round_reference(
 
     Returns:
         tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` float64 and ``nxt [B, S]`` int64, as
-        :func:`tree_rejection_reference`.
+        :func:`_rank_loop`.
     """
     ranked = round_setup(tree_tokens, tree_parents, tree_depth, tree_valid, q, test, max_children, replacement)
-    return tree_rejection_reference(p, q, **ranked, replacement=replacement)
+    return _rank_loop(p, q, **ranked, replacement=replacement)
 
 
-def tree_rejection_reference(
+def _rank_loop(
     p: torch.Tensor,
     q: torch.Tensor,
     table: torch.Tensor,
