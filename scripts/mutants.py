@@ -375,6 +375,11 @@ MUTANTS = [
         ),
         ("tests/kernels/test_tree_rejection.py", "-m", "interpreter"),
     ),
+    Mutant(  # the walk's Accept reads the token of the path node itself instead of the next one
+        "accept_path_tokens_off_by_one",
+        (("specdec/verify/draws.py", "tree.tokens.gather(1, path).roll(-1, 1)", "tree.tokens.gather(1, path)"),),
+        ("tests/verify/test_forward_walk.py", "tests/verify/test_multidraft.py"),
+    ),
     Mutant(  # traversal: a node's weight reads its parent's target from before the parent's correction
         "traversal_without_ancestor_correction",
         (

@@ -79,11 +79,7 @@ def accept_at(tree: DeviceTree, node: torch.Tensor, bonus: torch.Tensor, max_dep
     up = torch.stack(up, 1)  # [B, P]: the ancestor s levels above ``node`` (the root repeated past it)
     depth = tree.depth.gather(1, node[:, None])  # [B, 1]
     d = torch.arange(steps, device=node.device)[None]
-    path = torch.where(d <= depth, up.gather(1, (depth - d).clamp(min=0)), node[:, None])
-    drafted = tree.tokens.gather(1, path)
-    after = torch.cat([drafted[:, 1:], torch.zeros_like(drafted[:, :1])], 1)  # token of the next path node
-    tokens = torch.where(d < depth, after, torch.where(d == depth, bonus[:, None], torch.zeros_like(after)))
-    return Accept(path=path, num_path=depth[:, 0] + 1, tokens=tokens)
+    return accept_path(tree, torch.where(d <= depth, up.gather(1, (depth - d).clamp(min=0)), node[:, None]), bonus)
 
 
 def forward_path(nxt: torch.Tensor, max_depth: int) -> torch.Tensor:
@@ -112,13 +108,6 @@ def accept_path(tree: DeviceTree, path: torch.Tensor, bonus: torch.Tensor) -> Ac
     after = tree.tokens.gather(1, path).roll(-1, 1)  # token of the next path node (read where d < depth only)
     tokens = torch.where(d < depth, after, torch.where(d == depth, bonus[:, None], 0))
     return Accept(path=path, num_path=depth[:, 0] + 1, tokens=tokens)
-
-
-def accept_walk_forward(tree: DeviceTree, nxt: torch.Tensor, bonus: torch.Tensor, max_depth: int) -> Accept:
-    """:func:`accept_at` at the end of the walk from the root along ``nxt [B, S]`` (each node's accepted child,
-    itself where none), built forward: ``max_depth.bit_length()`` pointer-doubling levels instead of ``max_depth``
-    steps up the parents."""
-    return accept_path(tree, forward_path(nxt, max_depth), bonus)
 
 
 class WeighsQ:

@@ -9,13 +9,12 @@ from dataclasses import dataclass
 import torch
 
 from specdec.backends import env_default
-from specdec.kernels.tree_rejection import children_by_rank as _children_by_rank
-from specdec.kernels.tree_rejection import rank_width, tree_rejection_round
+from specdec.kernels.tree_rejection import tree_rejection_round
 from specdec.types import Accept, DeviceTree, SamplingParams
 from specdec.verify.draws import WeighsQ, accept_path, categorical, forward_path, uniform
 from specdec.verify.rules import register_rule
 
-__all__ = ["MultiDraftRejection", "check_sampled_policy", "children_by_rank", "recursive_rejection"]
+__all__ = ["MultiDraftRejection", "check_sampled_policy", "recursive_rejection"]
 
 
 # The round's kernel (setup and sibling-rank loop, ``docs/kernels.md``): "auto" = the one-launch Triton kernel on
@@ -42,15 +41,6 @@ def check_sampled_policy(rule: str, sampling: SamplingParams, tree, exact_for: d
             f"tree={name} was bound to {bound} but the call samples with {sampling}: the rule and the policy must "
             "process q with the same settings (generate binds the tree with tree.with_sampling(sampling))."
         )
-
-
-def children_by_rank(tree: DeviceTree, max_children: int | None = None) -> torch.Tensor:
-    """``[B, S, K]``: the slot of each node's ``k``-th child in slot order, ``S`` where it has fewer children.
-
-    ``K`` is ``tree.max_children`` (a bound its policy states), else ``S - 1`` (any tree)."""
-    bound = tree.max_children if max_children is None else max_children
-    width = rank_width(tree.tokens.shape[1], bound)
-    return _children_by_rank(tree.parents, tree.depth, tree.valid, width)
 
 
 def recursive_rejection(

@@ -1,4 +1,4 @@
-"""``draws.accept_walk_forward`` (the walk along each node's accepted child by pointer doubling, as
+"""``draws.forward_path`` + ``draws.accept_path`` (the walk along each node's accepted child by pointer doubling, as
 ``recursive_rejection`` builds its ``Accept``) equals ``draws.accept_at`` at the walk's end, every field exactly."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec.types import DeviceTree
-from specdec.verify.draws import accept_at, accept_walk_forward
+from specdec.verify.draws import accept_at, accept_path, forward_path
 
 
 def random_walk(gen: torch.Generator, batch: int, slots: int, max_depth: int):
@@ -49,7 +49,7 @@ def test_forward_walk_equals_accept_at(max_depth):
             for _ in range(6):
                 tree, nxt, end, bonus = random_walk(gen, batch, slots, max_depth)
                 want = accept_at(tree, end, bonus, max_depth)
-                got = accept_walk_forward(tree, nxt, bonus, max_depth)
+                got = accept_path(tree, forward_path(nxt, max_depth), bonus)
                 for name in ("path", "num_path", "tokens"):
                     a, b = getattr(want, name), getattr(got, name)
                     assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (name, a, b)

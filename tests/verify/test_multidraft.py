@@ -180,7 +180,7 @@ def test_rank_by_rank_equals_the_one_slot_at_a_time_definition(replacement):
 
 
 def test_children_by_rank_lists_each_nodes_children_in_slot_order():
-    from specdec.verify.multidraft import children_by_rank
+    from specdec.kernels.tree_rejection import children_by_rank, rank_width
 
     tree = specdec.types.DeviceTree(
         tokens=torch.tensor([[5, 1, 2, 3, 4, 6, 5]]),
@@ -189,9 +189,9 @@ def test_children_by_rank_lists_each_nodes_children_in_slot_order():
         valid=torch.tensor([[True] * 6 + [False]]),
         num_nodes=torch.tensor([6]),
     )
-    table = children_by_rank(tree)
+    table = children_by_rank(tree.parents, tree.depth, tree.valid, rank_width(7, None))
     assert table.shape == (1, 7, 6)
     assert table[0, 0, :3].tolist() == [1, 2, 4] and (table[0, 0, 3:] == 7).all()
     assert table[0, 1, :2].tolist() == [3, 5] and (table[0, 1, 2:] == 7).all()
     assert (table[0, 2:] == 7).all()
-    assert children_by_rank(tree._replace(max_children=3)).shape == (1, 7, 3)
+    assert children_by_rank(tree.parents, tree.depth, tree.valid, rank_width(7, 3)).shape == (1, 7, 3)
