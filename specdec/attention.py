@@ -16,8 +16,10 @@ goes to HF's ``sdpa_attention_forward`` unchanged. ``SPECDEC_GROUPED_ATTENTION``
 (:func:`grouped_for`): ``auto`` (default: every forward where the grouped case runs the Triton kernel, uncompiled
 forwards where it runs SDPA), ``1`` (all) or ``0`` (none). ``SPECDEC_ATTENTION_KERNEL`` picks the grouped case's
 kernel (:func:`triton_kernel_for`): ``auto`` (default: ``specdec.kernels.tree_attention``'s split-K/V Triton kernel
-in compiled forwards on CUDA where Triton is importable and the dtype and head dim fit, SDPA on the stacked rows
-otherwise), ``triton`` (``tree_attention`` always: its torch reference off CUDA) or ``sdpa``.
+on CUDA, compiled or not, where Triton is importable and the dtype and head dim fit, SDPA on the stacked rows
+otherwise), ``triton`` (``tree_attention`` always: its torch reference off CUDA) or ``sdpa``. The kernel also takes
+each sequence's readable length (``KV_LENGTHS``, handed down by the round's forwards), so a decode step at a 32 k
+context reads the committed K / V once and nothing of the storage past it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from specdec.backends import env_default
 
 __all__ = [
     "KERNEL",
+    "KV_LENGTHS",
     "MODE",
     "NAME",
     "AttentionScope",
@@ -42,6 +45,10 @@ __all__ = [
 ]
 
 NAME = "specdec_grouped_sdpa"
+# The forward keyword argument through which the round hands the attention layers each sequence's readable slots
+# (``[B]`` int32: committed prefix + this forward's rows, ``StaticModel.forward``); HF's models pass unknown
+# keyword arguments of their forward down to the attention function.
+KV_LENGTHS = "specdec_kv_lengths"
 # Keyword arguments that change what attention computes; any of them set sends the call to HF's sdpa.
 _HF_ONLY = ("softcap", "s_aux", "sinks", "position_bias")
 # Where the round uses grouped_sdpa: "auto" (uncompiled forwards, and compiled ones where the grouped case runs
@@ -64,13 +71,11 @@ def triton_kernel_for(
     """Whether the grouped case of forwards on ``device`` (``compiled`` or not; with query ``dtype`` / ``head_dim``
     where known) runs ``specdec.kernels.tree_attention`` under the current ``KERNEL``.
 
-    "auto" takes the Triton kernel for compiled forwards on CUDA, where it is importable and fits. At the Qwen3-8B
-    shape on an H200 (one layer, captured, 1024 slots) it took 0.0065 / 0.0111 / 0.0192 ms for 1 / 16 / 64 query
-    rows against SDPA's 0.0255 / 0.0299 / 0.0328 on the stacked rows and HF's 0.0296 / 0.0501 / 0.0512
-    (``benchmarks/kernels/bench_tree_attention.py``), and the compiled AR step went from 5.36 ms (HF's attention)
-    to 4.55 ms. Uncompiled forwards keep SDPA: with the kernel the zoo dense rows were 6-11 % faster, but its sums
-    are associated differently from the SDPA kernels of HF's own forward, and in bf16 that flipped near-tied
-    tokens on 6 of 20 prompts against the eager path (docs/kernels.md); ``triton`` takes that trade.
+    "auto" takes the Triton kernel on CUDA, compiled or not, where it is importable and fits: it reads each K / V
+    row of a sequence once per call and only the sequence's slots in use (``KV_LENGTHS``), where SDPA with a mask
+    reads the whole span of every query head. Measured (H200, bf16): ``docs/kernels.md`` and ``docs/results.md``.
+    Its sums are associated differently from the SDPA kernels of HF's own forward, so in bf16 a near-tied token
+    can differ from ``model.generate``'s (the share is reported with the results); ``sdpa`` keeps SDPA.
     """
     if KERNEL not in _KERNELS:
         raise ValueError(f"SPECDEC_ATTENTION_KERNEL={KERNEL!r}: use 'auto', 'triton' or 'sdpa'.")
@@ -78,7 +83,7 @@ def triton_kernel_for(
         return KERNEL == "triton"
     from specdec.kernels.tree_attention import triton_picked
 
-    return compiled and triton_picked(torch.device(device), dtype, head_dim)
+    return triton_picked(torch.device(device), dtype, head_dim)
 
 
 def grouped_for(
@@ -121,29 +126,36 @@ def grouped_sdpa(
         (``[B, Q, H, D]`` contiguous, None), as HF's attention functions return.
     """
     heads, kv_heads = query.shape[1], key.shape[1]
+    lengths = kwargs.pop(KV_LENGTHS, None)
     plain = (
-        heads == kv_heads
-        or heads % kv_heads
+        heads % kv_heads
         or attention_mask is None
         or attention_mask.dim() != 4
         or attention_mask.shape[1] != 1
         or dropout
         or any(kwargs.get(k) is not None for k in _HF_ONLY)
     )
-    if plain:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
-        )
     batch, _, q_len, head_dim = query.shape
-    full_mask = batch == 1 and attention_mask.shape[:3] == (1, 1, q_len)
-    if full_mask and triton_kernel_for(query.device, torch.compiler.is_compiling(), query.dtype, head_dim):
+    kernel = (
+        not plain
+        and attention_mask.shape[0] in (1, batch)
+        and attention_mask.shape[2] == q_len
+        and triton_kernel_for(query.device, torch.compiler.is_compiling(), query.dtype, head_dim)
+    )
+    if kernel:
         from specdec.kernels.tree_attention import tree_attention
 
         # "auto" has already picked the Triton version (no second dispatch); "triton" lets the call pick (its
         # reference off CUDA)
         impl = "triton" if KERNEL == "auto" else "auto"
         scale = head_dim**-0.5 if scaling is None else scaling
-        return tree_attention(query, key, value, attention_mask, scale, impl=impl), None
+        if lengths is not None and (lengths.shape != (batch,) or lengths.device != query.device):
+            lengths = None  # not this forward's sequences (e.g. a model inside another's forward): read the span
+        return tree_attention(query, key, value, attention_mask, scale, lengths, impl=impl), None
+    if plain or heads == kv_heads:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     rep = heads // kv_heads
     stacked = query.reshape(batch, kv_heads, rep * q_len, head_dim)
     rows, span = attention_mask.shape[0], attention_mask.shape[-1]

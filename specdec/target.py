@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.attention import KV_LENGTHS
 from specdec.state import cache_kwarg, manager_for
 from specdec.state.storage import StaticKVCache
 from specdec.state.windows import WindowLayout, keep_every_key, window_layout
@@ -48,6 +49,7 @@ class TargetModel:
         params = inspect.signature(type(model).forward).parameters
         self.cache_kw = cache_kwarg(model)
         self._has_logits_to_keep = "logits_to_keep" in params
+        self._passes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         self.cache = None
         self.length = 0  # tokens held in the cache
 
@@ -111,9 +113,12 @@ class TargetModel:
         cache=None,
         rows=None,
         batched=False,
+        kv_lengths=None,
     ):
         """One forward on ``cache`` (default this wrapper's); returns (logits ``[N, V]``, taps or None).
 
+        ``kv_lengths`` (``[B]`` int32, the slots each sequence may read) reaches the attention layers as the keyword
+        argument ``specdec.attention.KV_LENGTHS`` where the model's forward passes keyword arguments down.
         ``last_only`` keeps the last row's logits, ``rows`` (a ``[R]`` int64 device tensor) the logits of those
         rows (``[R, V]``; graph-safe: no host read). ``batched``: logits of every sequence, ``[B, N, V]``.
         """
@@ -130,6 +135,8 @@ class TargetModel:
         kwargs = {self.cache_kw: cache, "use_cache": True}
         if taps:
             kwargs["output_hidden_states"] = True
+        if kv_lengths is not None and self._passes_kwargs:
+            kwargs[KV_LENGTHS] = kv_lengths
         if rows is not None and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = rows
         elif last_only and self._has_logits_to_keep:

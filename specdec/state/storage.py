@@ -266,6 +266,9 @@ class StaticModel:
         write_index = write_index.reshape(-1, write_index.shape[-1]).expand(batch, -1)
         self.storage.write_index = write_index
         self.storage.span = span or self.capacity
+        # the slots each sequence may read: every visible key is committed (below this forward's first slot) or
+        # written now, so nothing past the last written slot is read (the attention kernel's lengths)
+        lengths = (write_index.amax(1) + 1).to(torch.int32)
         if self.windows.slides:
             query = positions.reshape(batch, -1)
             key = self.keys[: self.storage.span].expand(batch, -1).scatter(1, write_index, query)
@@ -279,6 +282,7 @@ class StaticModel:
             cache=self.cache,
             rows=rows,
             batched=True,
+            kv_lengths=lengths,
         )
         if rows is not None and batch > 1:  # each sequence's own row: the diagonal of [B, R = B, V]
             pick = torch.arange(batch, device=logits.device)

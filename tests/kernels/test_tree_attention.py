@@ -407,12 +407,16 @@ def test_fp64_and_odd_head_dims_use_the_reference():
 def test_bad_arguments_are_refused():
     q, k, v = torch.randn(1, 4, 3, 64), torch.randn(1, 2, 9, 64), torch.randn(1, 2, 9, 64)
     mask = torch.ones(1, 1, 3, 9, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r"query must be a 4-d \[1, H, Q, D\] tensor .*got torch.float32 \[4, 3, 64\]"):
+    with pytest.raises(ValueError, match=r"query must be a 4-d \[B, H, Q, D\] tensor .*got torch.float32 \[4, 3, 64\]"):
         tree_attention(q[0], k, v, mask, 0.1)
-    with pytest.raises(ValueError, match=r"key must be a 4-d \[1, H_kv, S, D\] .*got torch.int64"):
+    with pytest.raises(ValueError, match=r"key must be a 4-d \[B, H_kv, S, D\] .*got torch.int64"):
         tree_attention(q, k.long(), v, mask, 0.1)
-    with pytest.raises(ValueError, match=r"query has batch 2; only batch 1"):
+    with pytest.raises(ValueError, match=r"key has batch 1, query 2: pass one K / V row per sequence"):
         tree_attention(q.expand(2, -1, -1, -1), k, v, mask, 0.1)
+    with pytest.raises(ValueError, match=r"lengths must be None or a \[B\] = \[1\] int32 / int64 tensor"):
+        tree_attention(q, k, v, mask, 0.1, torch.tensor([3.0]))
+    with pytest.raises(ValueError, match=r"lengths must be None or a \[B\] = \[1\]"):
+        tree_attention(q, k, v, mask, 0.1, torch.tensor([3, 4]))
     with pytest.raises(ValueError, match=r"share a dtype; got torch.float32, torch.bfloat16, torch.float32"):
         tree_attention(q, k.bfloat16(), v, mask, 0.1)
     with pytest.raises(ValueError, match=r"value must have key's shape \[1, 2, 9, 64\]; got \[1, 2, 8, 64\]"):
@@ -425,7 +429,7 @@ def test_bad_arguments_are_refused():
         tree_attention(q, k[:, :, :0], v[:, :, :0], mask[..., :0], 0.1)
     with pytest.raises(ValueError, match=r"mask must be a bool .*got torch.int64 \[1, 1, 3, 9\].*mask.bool\(\)"):
         tree_attention(q, k, v, mask.long(), 0.1)
-    with pytest.raises(ValueError, match=r"mask must be \[1, 1, Q, S\] = \[1, 1, 3, 9\].*got \[1, 1, 3, 12\]"):
+    with pytest.raises(ValueError, match=r"mask must be \[B, 1, Q, S\] = \[1, 1, 3, 9\].*got \[1, 1, 3, 12\]"):
         tree_attention(q, k, v, torch.ones(1, 1, 3, 12, dtype=torch.bool), 0.1)
     with pytest.raises(ValueError, match=r"got \[1, 4, 3, 9\]: .*mask\[:, :1\]"):
         tree_attention(q, k, v, mask.expand(1, 4, 3, 9), 0.1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import tiny_model
+from models import perturbed_copy, tiny_model
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import specdec
@@ -155,7 +155,7 @@ def test_triton_kernel_for_follows_the_kernel_choice(monkeypatch):
     monkeypatch.setitem(_IMPORTABLE, KERNEL_MODULE, True)
     assert attention.triton_kernel_for("cuda", True, torch.bfloat16, 128)
     assert attention.triton_kernel_for(torch.device("cuda", 0), True)  # dtype / head dim unknown yet
-    assert not attention.triton_kernel_for("cuda", False, torch.bfloat16, 128)  # uncompiled: SDPA
+    assert attention.triton_kernel_for("cuda", False, torch.bfloat16, 128)  # uncompiled too
     assert not attention.triton_kernel_for("cpu", True, torch.bfloat16, 128)  # off CUDA: SDPA, not the reference
     assert not attention.triton_kernel_for("cuda", True, torch.float64, 128)  # dtypes and head dims it refuses
     assert not attention.triton_kernel_for("cuda", True, torch.bfloat16, 80)
@@ -222,3 +222,86 @@ def test_round_with_the_triton_kernel_choice_equals_hf_greedy(monkeypatch):
     want = model.generate(ids, max_new_tokens=10, do_sample=False)
     out = specdec.generate(model, ids, max_new_tokens=10)
     assert out.stats.path == "eager" and torch.equal(out.sequences, want)
+
+
+# --- each sequence's readable length (KV_LENGTHS) ------------------------------------------------------------------
+
+LENGTH_TARGETS = ["qwen3", "llama", "gemma3", "phi3", "qwen3_5", "falcon_h1"]
+
+
+def _length_target(name: str):
+    if name in ("qwen3_5", "falcon_h1"):
+        from state.hybrid_harness import tiny_hybrid
+
+        return tiny_hybrid(name)
+    return tiny_model(name, scale=4.0)
+
+
+@pytest.mark.parametrize("name", LENGTH_TARGETS)
+def test_round_hands_each_sequences_length_to_every_attention_call(monkeypatch, name):
+    """With the kernel forced (its reference on CPU, which hides every slot at or past a sequence's length and
+    never uses its K / V), every attention call of the prefill, the AR step and the DDTree round gets the lengths,
+    they bound what the round wrote, and the tokens equal HF's greedy ones for a ragged batch."""
+    import specdec.kernels.tree_attention as ta
+
+    monkeypatch.setattr(attention, "KERNEL", "triton")
+    monkeypatch.setattr(attention, "MODE", "1")
+    model = _length_target(name)
+    calls = []
+    real = ta.tree_attention
+
+    def spy(query, key, value, mask, scale, lengths=None, **kw):
+        calls.append((query.shape[0], query.shape[2], key.shape[2], None if lengths is None else lengths.tolist()))
+        return real(query, key, value, mask, scale, lengths, **kw)
+
+    monkeypatch.setattr(ta, "tree_attention", spy)
+    prompts = [[5, 9, 2, 77, 31, 8, 40, 41, 42, 17, 3], [12, 13, 99]]
+    for tree in (None, specdec.DDTree(budget=6, topk=2)):
+        calls.clear()
+        hybrid = name in ("qwen3_5", "falcon_h1")
+        drafter = None if tree is None else specdec.NGramDrafter() if hybrid else specdec.ModelDrafter(
+            perturbed_copy(model, noise=0.05))  # fmt: skip
+        wants = []
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            wants.append(model.generate(ids, max_new_tokens=14, do_sample=False)[0])
+            out = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=14)
+            assert torch.equal(out.sequences[0], wants[-1]), (name, tree, prompt)
+        width = max(map(len, prompts))  # the same prompts as one left-padded batch: each row as alone
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        seen = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        out = specdec.generate(model, ids, attention_mask=seen, drafter=drafter, tree=tree, max_new_tokens=14)
+        for b, prompt in enumerate(prompts):
+            assert torch.equal(out.sequences[b, width - len(prompt) :], wants[b]), (name, tree, b)
+        assert calls and all(c[3] is not None for c in calls), (name, calls[:3])
+        # a forward of Q rows over a span of S: each length counts at least the Q rows it wrote, at most S
+        assert all(all(c[1] <= n <= c[2] for n in c[3]) for c in calls)
+        assert max(n for c in calls for n in c[3]) >= len(prompts[0]) + 14 - 1  # the last step read the whole text
+
+
+def test_a_length_one_short_changes_the_tokens(monkeypatch):
+    """The planted bug: lengths one short hide each forward's last row (the newest token) from every query."""
+    import specdec.state.storage as storage
+
+    monkeypatch.setattr(attention, "KERNEL", "triton")
+    monkeypatch.setattr(attention, "MODE", "1")
+    model = tiny_model("qwen3", scale=4.0)
+    ids = torch.tensor([[5, 9, 2, 77, 31, 8]])
+    want = model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert torch.equal(specdec.generate(model, ids, max_new_tokens=12).sequences, want)
+    real = storage.StaticModel.forward
+
+    def short(self, *args, **kwargs):
+        orig = self.target.forward
+
+        def forward(*a, kv_lengths=None, **kw):
+            return orig(*a, kv_lengths=None if kv_lengths is None else kv_lengths - 1, **kw)
+
+        self.target.forward = forward
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            del self.target.forward
+
+    monkeypatch.setattr(storage.StaticModel, "forward", short)
+    assert not torch.equal(specdec.generate(model, ids, max_new_tokens=12).sequences, want)

@@ -1,5 +1,7 @@
-"""``tree_attention``: a few query rows (a decode step, or a draft tree of up to ~128 nodes) attending over a long
-key / value span of a static cache, with grouped-query heads and an arbitrary per-row visibility mask.
+"""``tree_attention``: a few query rows (a decode step, or a draft tree of up to ~128 nodes) of each of ``B``
+sequences attending over a long key / value span of a static cache, with grouped-query heads, an arbitrary per-row
+visibility mask and, optionally, each sequence's length (the slots it may read: its committed prefix and the call's
+own rows), so that a call reads each K / V row it needs once and nothing of the static capacity past it.
 
 The reference (the specification and the CPU path) expands K / V per query head and takes an fp32 softmax, as HF's
 eager / SDPA attention does. The Triton version (``triton.py``) never expands K / V: the ``rep = H // H_kv`` query
@@ -51,11 +53,13 @@ def tree_attention(
     value: torch.Tensor,
     mask: torch.Tensor,
     scale: float,
+    lengths: torch.Tensor | None = None,
     *,
     impl: Impl = "auto",
 ) -> torch.Tensor:
-    """Masked grouped-query attention of ``Q`` query rows over ``S`` key slots. Arguments as
-    :func:`tree_attention_reference`.
+    """Masked grouped-query attention of ``Q`` query rows over ``S`` key slots, per sequence. Arguments as
+    :func:`tree_attention_reference` (``lengths``: ``[B]`` int32 / int64 on query's device, each in ``[1, S]``:
+    the caller's guarantee, not checked, since checking would read the device).
 
     Args:
         impl (str): ``"triton"`` (split-KV: CUDA or Triton's interpreter; fp32 / bf16 / fp16 and a head dim in
@@ -63,14 +67,14 @@ def tree_attention(
             ``TRITON_INTERPRET=1``) when it imports and the call fits it, else the reference.
 
     Returns:
-        torch.Tensor: ``[1, Q, H, D]`` contiguous, query's dtype (the layout of HF's attention functions).
+        torch.Tensor: ``[B, Q, H, D]`` contiguous, query's dtype (the layout of HF's attention functions).
     """
-    _check_args(query, key, value, mask, scale, impl)
+    _check_args(query, key, value, mask, scale, impl, lengths)
     if pick_impl(impl, query.device, _MODULE, fits=_fits_triton(query)) == "torch":
-        return tree_attention_reference(query, key, value, mask, scale)
+        return tree_attention_reference(query, key, value, mask, scale, lengths)
     from specdec.kernels.tree_attention.triton import tree_attention_triton
 
-    return tree_attention_triton(query, key, value, mask, scale)
+    return tree_attention_triton(query, key, value, mask, scale, lengths)
 
 
 def _triton_available() -> bool:
@@ -104,16 +108,17 @@ def _describe(t) -> str:
     return f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def _check_args(query, key, value, mask, scale, impl: str = "auto") -> None:
+def _check_args(query, key, value, mask, scale, impl: str = "auto", lengths=None) -> None:
     names = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.dtype not in FLOAT_DTYPES:
-            layout = "[1, H, Q, D]" if name == "query" else "[1, H_kv, S, D]"
+            layout = "[B, H, Q, D]" if name == "query" else "[B, H_kv, S, D]"
             raise ValueError(f"{name} must be a 4-d {layout} tensor of {names}; got {_describe(t)}: pass the "
                              "(batch, heads, positions, head dim) tensor, in a float dtype.")  # fmt: skip
-        if t.shape[0] != 1:
-            raise ValueError(f"{name} has batch {t.shape[0]}; only batch 1 is supported: call once per sequence.")
-    _, heads, rows, dim = query.shape
+    batch, heads, rows, dim = query.shape
+    for name, t in (("key", key), ("value", value)):
+        if t.shape[0] != batch:
+            raise ValueError(f"{name} has batch {t.shape[0]}, query {batch}: pass one K / V row per sequence.")
     _, kv_heads, slots, kv_dim = key.shape
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise ValueError(f"query, key and value must share a dtype; got {query.dtype}, {key.dtype}, {value.dtype}: "
@@ -131,10 +136,18 @@ def _check_args(query, key, value, mask, scale, impl: str = "auto") -> None:
     if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.dtype.is_floating_point):
         raise ValueError(f"mask must be a bool (True = visible) or additive float tensor; got {_describe(mask)}: "
                          "convert it (e.g. mask.bool()).")  # fmt: skip
-    if tuple(mask.shape) != (1, 1, rows, slots):
-        raise ValueError(f"mask must be [1, 1, Q, S] = [1, 1, {rows}, {slots}] (one for all heads); got "
-                         f"{list(mask.shape)}: slice it to the key span (mask[..., :S]), or pass "
-                         "mask[:, :1].")  # fmt: skip
+    if mask.dim() != 4 or mask.shape[0] not in (1, batch) or tuple(mask.shape[1:]) != (1, rows, slots):
+        raise ValueError(f"mask must be [B, 1, Q, S] = [{batch}, 1, {rows}, {slots}] (or [1, 1, Q, S] for every "
+                         f"sequence; one for all heads); got {list(mask.shape)}: slice it to the key span "
+                         "(mask[..., :S]), or pass mask[:, :1].")  # fmt: skip
+    if lengths is not None and (
+        not isinstance(lengths, torch.Tensor)
+        or lengths.dtype not in (torch.int32, torch.int64)
+        or tuple(lengths.shape) != (batch,)
+        or lengths.device != query.device
+    ):
+        raise ValueError(f"lengths must be None or a [B] = [{batch}] int32 / int64 tensor on {query.device}; got "
+                         f"{_describe(lengths)}: pass each sequence's readable slots (prefix + this call's rows).")  # fmt: skip
     for name, t in (("key", key), ("value", value), ("mask", mask)):
         if t.device != query.device:
             raise ValueError(f"{name} is on {t.device}, query on {query.device}: move them to one device.")

@@ -6,19 +6,23 @@ Rows. The ``rep = H // H_kv`` query heads of key / value head ``g`` are stacked 
 rows (padded to at least 16 so that ``tl.dot`` applies), so each K / V tile it loads serves every head of the
 group: K / V are never expanded.
 
-Split. The span ``[0, S)`` is cut into ``C`` chunks of ``CHUNK`` slots (a power of two, at least 32; the last
-chunk may be partial). ``_split_kernel`` runs on a grid ``(C, H_kv, cdiv(R, BLOCK_M))``: each program walks its
-chunk in tiles of ``BLOCK_N`` slots with an online softmax in fp32 (scores ``q @ k^T * scale`` from ``tl.dot``,
-the mask read in place: a bool mask replaces hidden scores with the fp32 minimum, as the reference's additive
-conversion does; a float mask is added) and writes its partial state (running max ``m``, sum of exponentials
-``l``, unnormalised ``sum p * v``) in fp32 to a workspace laid out ``[H_kv, R, C]`` (``[H_kv, R, C, D]``).
-``C`` is chosen so that ``H_kv * row blocks * C`` is about ``_TARGET_PROGRAMS`` (~2 programs per SM of a
-132-SM H200): K / V bytes are what the call reads, and one program per head would leave most SMs idle.
+Split. Sequence ``b`` (of ``B``) reads slots ``[0, n_b)``: ``n_b = lengths[b]`` when a ``lengths`` tensor is
+given (its committed prefix and this call's rows: the static storage's capacity past it is never read), else the
+span ``S``. ``n_b`` is data, read by the kernel, so one launch plan (from shapes alone) serves every length and a
+captured graph replays at any. ``_split_kernel`` runs on a grid ``(C, B * H_kv, cdiv(R, BLOCK_M))``: chunk ``c``
+of a sequence takes the ``c``-th run of ``cdiv(cdiv(n_b, BLOCK_N), C)`` tiles of ``BLOCK_N`` slots (the runs past
+``n_b`` are empty and write an empty state), walks it with an online softmax in fp32 (scores ``q @ k^T * scale``
+from ``tl.dot``, the mask read in place: a bool mask replaces hidden scores with the fp32 minimum, as the
+reference's additive conversion does; a float mask is added) and writes its partial state (running max ``m``,
+sum of exponentials ``l``, unnormalised ``sum p * v``) in fp32 to a workspace laid out ``[B * H_kv, R, C]``
+(``[B * H_kv, R, C, D]``). ``C`` comes from ``split_plan`` over the span, so that ``B * H_kv * row blocks * C`` is
+about ``_TARGET_PROGRAMS`` (~2 programs per SM of a 132-SM H200): K / V bytes are what the call reads, and one
+program per head would leave most SMs idle.
 
-Combine. ``_combine_kernel`` runs one program per (group, row): ``out = sum_c e^(m_c - M) acc_c /
+Combine. ``_combine_kernel`` runs one program per (sequence, group, row): ``out = sum_c e^(m_c - M) acc_c /
 sum_c e^(m_c - M) l_c`` with ``M = max_c m_c`` (chunks read ``BLOCK_C`` at a time with the same online rescale),
 rounded to the output dtype (bf16 with integer round-to-nearest-even: Triton's interpreter truncates a float32 ->
-bfloat16 cast) and stored at ``out[0, q, g * rep + i]``, the ``[1, Q, H, D]`` layout.
+bfloat16 cast) and stored at ``out[b, q, g * rep + i]``, the ``[B, Q, H, D]`` layout.
 
 Precision. Scores and all sums are fp32; fp32 inputs use IEEE dots (no TF32). With bf16 / fp16 inputs the
 probabilities are rounded to the value dtype for the ``p @ v`` dot (as FlashAttention does) and ``l`` sums those
@@ -56,59 +60,74 @@ _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).m
 
 @triton.jit
 def _split_kernel(
-    q_ptr,  # [1, H, Q, D], strides (stride_qh, stride_qq, 1)
-    k_ptr,  # [1, H_kv, S, D], strides (stride_kh, stride_ks, 1)
-    v_ptr,  # [1, H_kv, S, D], strides (stride_vh, stride_vs, 1)
-    mask_ptr,  # [1, 1, Q, S], strides (stride_mq, stride_ms): uint8 (a bool mask) or float
-    m_ptr,  # [H_kv, R, C] fp32 workspace: running max
-    l_ptr,  # [H_kv, R, C] fp32 workspace: sum of exponentials
-    acc_ptr,  # [H_kv, R, C, D] fp32 workspace: sum of p * v
+    q_ptr,  # [B, H, Q, D], strides (stride_qb, stride_qh, stride_qq, 1)
+    k_ptr,  # [B, H_kv, S, D], strides (stride_kb, stride_kh, stride_ks, 1)
+    v_ptr,  # [B, H_kv, S, D], strides (stride_vb, stride_vh, stride_vs, 1)
+    mask_ptr,  # [B or 1, 1, Q, S], strides (stride_mb, stride_mq, stride_ms): uint8 (a bool mask) or float
+    len_ptr,  # [B] int32 / int64: slots read per sequence (HAS_LEN), else unused
+    m_ptr,  # [B * H_kv, R, C] fp32 workspace: running max
+    l_ptr,  # [B * H_kv, R, C] fp32 workspace: sum of exponentials
+    acc_ptr,  # [B * H_kv, R, C, D] fp32 workspace: sum of p * v
     Q,
     S,
     R,
+    KV_HEADS,
+    stride_qb,
     stride_qh,
     stride_qq,
+    stride_kb,
     stride_kh,
     stride_ks,
+    stride_vb,
     stride_vh,
     stride_vs,
+    stride_mb,
     stride_mq,
     stride_ms,
     SCALE: tl.constexpr,  # constexpr: a float argument would be fp64 in a compiled caller's launch and widen the scores
     REP: tl.constexpr,
-    CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     D: tl.constexpr,
     MASK_BOOL: tl.constexpr,  # the mask is bool (read as uint8): nonzero = visible
+    HAS_LEN: tl.constexpr,  # read only [0, lengths[b]) of sequence b
     IEEE: tl.constexpr,  # fp32 inputs: IEEE dots, p kept in fp32
     UPCAST: tl.constexpr,  # bf16 under the interpreter: dots on operands widened to fp32 (see dot_fp32)
 ):
     chunk = tl.program_id(0)
-    group = tl.program_id(1)
+    seq_group = tl.program_id(1)  # b * H_kv + g
     num_chunks = tl.num_programs(0)
+    seq = seq_group // KV_HEADS
+    group = seq_group % KV_HEADS
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < R
     head = group * REP + rows // Q
     qi = rows % Q
     dims = tl.arange(0, D)
 
-    q_offs = head.to(tl.int64)[:, None] * stride_qh + qi.to(tl.int64)[:, None] * stride_qq + dims[None, :]
-    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
-    k_base = k_ptr + group.to(tl.int64) * stride_kh
-    v_base = v_ptr + group.to(tl.int64) * stride_vh
-    mask_rows = mask_ptr + qi.to(tl.int64)[:, None] * stride_mq
+    # this program's slots: the sequence's length in whole tiles, cut into num_chunks near-equal runs of tiles
+    length = S
+    if HAS_LEN:
+        length = tl.minimum(tl.load(len_ptr + seq).to(tl.int32), S)
+    per = tl.cdiv(tl.cdiv(length, BLOCK_N), num_chunks) * BLOCK_N
+    start = chunk * per
+    end = tl.minimum(start + per, length)
+
+    seq64 = seq.to(tl.int64)
+    q_offs = seq64 * stride_qb + head.to(tl.int64)[:, None] * stride_qh + qi.to(tl.int64)[:, None] * stride_qq
+    q = tl.load(q_ptr + q_offs + dims[None, :], mask=row_ok[:, None], other=0.0)
+    k_base = k_ptr + seq64 * stride_kb + group.to(tl.int64) * stride_kh
+    v_base = v_ptr + seq64 * stride_vb + group.to(tl.int64) * stride_vh
+    mask_rows = mask_ptr + seq64 * stride_mb + qi.to(tl.int64)[:, None] * stride_mq
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    start = chunk * CHUNK
-    end = tl.minimum(start + CHUNK, S)
     for s0 in tl.range(start, end, BLOCK_N):
         cols = s0 + tl.arange(0, BLOCK_N)
         col_ok = cols < end
         cols64 = cols.to(tl.int64)
-        # K^T tile [D, BLOCK_N]; slots past the span are never read (the cache beyond S may hold anything)
+        # K^T tile [D, BLOCK_N]; slots past the length are never read (the cache beyond it may hold anything)
         k = tl.load(k_base + cols64[None, :] * stride_ks + dims[:, None], mask=col_ok[None, :], other=0.0)
         scores = dot_fp32(q, k, IEEE, UPCAST) * SCALE
         seen = tl.load(mask_rows + cols64[None, :] * stride_ms, mask=row_ok[:, None] & col_ok[None, :], other=0)
@@ -129,7 +148,7 @@ def _split_kernel(
             acc = acc * alpha[:, None] + dot_fp32(p_low, v, IEEE, UPCAST)
         m_i = m_new
 
-    part = (group.to(tl.int64) * R + rows) * num_chunks + chunk
+    part = (seq_group.to(tl.int64) * R + rows) * num_chunks + chunk
     tl.store(m_ptr + part, m_i, mask=row_ok)
     tl.store(l_ptr + part, l_i, mask=row_ok)
     tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
@@ -137,21 +156,24 @@ def _split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    m_ptr,  # [H_kv, R, C] fp32
-    l_ptr,  # [H_kv, R, C] fp32
-    acc_ptr,  # [H_kv, R, C, D] fp32
-    out_ptr,  # [1, Q, H, D] contiguous
+    m_ptr,  # [B * H_kv, R, C] fp32
+    l_ptr,  # [B * H_kv, R, C] fp32
+    acc_ptr,  # [B * H_kv, R, C, D] fp32
+    out_ptr,  # [B, Q, H, D] contiguous
     Q,
     H,
     R,
     C,
+    KV_HEADS,
     REP: tl.constexpr,
     D: tl.constexpr,
     BLOCK_C: tl.constexpr,
     OUT_BF16: tl.constexpr,
 ):
-    pid = tl.program_id(0)  # group * R + row
-    group = pid // R
+    pid = tl.program_id(0)  # (b * H_kv + g) * R + row
+    seq_group = pid // R
+    seq = seq_group // KV_HEADS
+    group = seq_group % KV_HEADS
     row = pid % R
     head = group * REP + row // Q
     qi = row % Q
@@ -177,7 +199,7 @@ def _combine_kernel(
 
     out = acc / l_run
     out = to_bf16(out) if OUT_BF16 else out.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + (qi.to(tl.int64) * H + head) * D + dims, out)
+    tl.store(out_ptr + ((seq.to(tl.int64) * Q + qi) * H + head) * D + dims, out)
 
 
 def shared_bytes(block_m: int, block_n: int, stages: int, dim: int, itemsize: int) -> int:
@@ -232,43 +254,51 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def tree_attention_triton(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked grouped-query attention in two launches (arguments as ``tree_attention_reference``; not checked
-    here: fp32 / bf16 / fp16, a power-of-two head dim 16-256).
+    here: fp32 / bf16 / fp16, a power-of-two head dim 16-256, ``lengths`` an integer ``[B]`` tensor or None).
 
     Returns:
-        torch.Tensor: ``[1, Q, H, D]`` contiguous, query's dtype.
+        torch.Tensor: ``[B, Q, H, D]`` contiguous, query's dtype.
     """
-    _, heads, num_q, dim = query.shape
+    batch, heads, num_q, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
     rep = heads // kv_heads
-    out = torch.empty((1, num_q, heads, dim), dtype=query.dtype, device=query.device)
-    if num_q == 0:
+    out = torch.empty((batch, num_q, heads, dim), dtype=query.dtype, device=query.device)
+    if num_q == 0 or batch == 0:
         return out
     query, key, value = (_last_dim_contiguous(t) for t in (query, key, value))
     rows = rep * num_q
-    plan = split_plan(rows, kv_heads, slots, dim, key.element_size(), shared_limit(query.device))
+    plan = split_plan(rows, kv_heads * batch, slots, dim, key.element_size(), shared_limit(query.device))
     chunks = plan["chunks"]
     ws = dict(dtype=torch.float32, device=query.device)
-    m = torch.empty((kv_heads, rows, chunks), **ws)
-    lsum = torch.empty((kv_heads, rows, chunks), **ws)
-    acc = torch.empty((kv_heads, rows, chunks, dim), **ws)
+    m = torch.empty((batch * kv_heads, rows, chunks), **ws)
+    lsum = torch.empty((batch * kv_heads, rows, chunks), **ws)
+    acc = torch.empty((batch * kv_heads, rows, chunks, dim), **ws)
     is_bool = mask.dtype == torch.bool
     # a bool mask is read as bytes: a view when eager; under torch.compile a copy (inductor cannot lower a bool view)
     mask_arg = (mask.to(torch.uint8) if torch.compiler.is_compiling() else mask.view(torch.uint8)) if is_bool else mask
+    mask_batch_stride = mask_arg.stride(0) if mask_arg.shape[0] > 1 else 0
     wide = dim * plan["BLOCK_M"] >= 8192
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    _split_kernel[(chunks, kv_heads, plan["row_blocks"])](
-        query, key, value, mask_arg, m, lsum, acc, num_q, slots, rows,
-        query.stride(1), query.stride(2), key.stride(1), key.stride(2), value.stride(1), value.stride(2),
-        mask_arg.stride(2), mask_arg.stride(3),  # the copy's own strides (a copy of a sliced mask is contiguous)
-        SCALE=float(scale), REP=rep, CHUNK=plan["CHUNK"], BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
-        MASK_BOOL=is_bool, IEEE=query.dtype == torch.float32, UPCAST=query.dtype == torch.bfloat16 and interpreted,
-        num_warps=8 if wide else 4, num_stages=plan["STAGES"],
+    has_len = lengths is not None
+    _split_kernel[(chunks, batch * kv_heads, plan["row_blocks"])](
+        query, key, value, mask_arg, lengths if has_len else m, m, lsum, acc, num_q, slots, rows, kv_heads,
+        query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
+        value.stride(0), value.stride(1), value.stride(2),
+        mask_batch_stride, mask_arg.stride(2), mask_arg.stride(3),  # the copy's own strides (a copy is contiguous)
+        SCALE=float(scale), REP=rep, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
+        MASK_BOOL=is_bool, HAS_LEN=has_len, IEEE=query.dtype == torch.float32,
+        UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=8 if wide else 4, num_stages=plan["STAGES"],
     )  # fmt: skip
-    _combine_kernel[(kv_heads * rows,)](
-        m, lsum, acc, out, num_q, heads, rows, chunks,
+    _combine_kernel[(batch * kv_heads * rows,)](
+        m, lsum, acc, out, num_q, heads, rows, chunks, kv_heads,
         REP=rep, D=dim, BLOCK_C=max(2, min(32, triton.next_power_of_2(chunks))),
         OUT_BF16=query.dtype == torch.bfloat16, num_warps=4 if dim * chunks >= 4096 else 2,
     )  # fmt: skip
