@@ -99,6 +99,9 @@ class BenchConfig:
             of the same method. Default `null`.
         random_target (dict | None): a random-weight target instead of ``target``: ``{preset: qwen3-8b |
             qwen3.5-hybrid-8b, layers, prompt_tokens, config}`` (see ``specdec.bench.synthetic``). Default `null`.
+        contexts (list[int] | None): with ``random_target``: run the methods once per prompt length in this list
+            (one target, built once) and print the long-context table (``specdec.bench.contexts``): decode ms per
+            round beside the bytes floor (weights + the K / V a step reads) and the prefill. Default `null`.
         inductor_cache_dir (str | None): torch inductor's cache folder for this run (reused across runs).
             Default `null`.
         title (str | None): the report's title (experiments set their name). Default `null`.
@@ -141,6 +144,7 @@ class BenchConfig:
     compare_to: str | None = None
     compare_against: str | None = None
     random_target: dict | None = None
+    contexts: list[int] | None = None
     inductor_cache_dir: str | None = None
     title: str | None = None
     out_dir: str | None = None
@@ -587,38 +591,56 @@ def main_bench(
     methods = methods_from_specs(
         cfg.methods, target=model, tokenizer=tokenizer, drafter_factories=drafter_factories, dflash=cfg.dflash
     )
-    rows = run_bench(
-        model,
-        tokenizer,
-        prompts,
-        methods,
-        max_new_tokens=cfg.max_new_tokens,
-        temperatures=[float(t) for t in cfg.temperatures],
-        batch_sizes=list(cfg.batch_sizes),
-        warmup=cfg.warmup,
-        repeat=cfg.repeat,
-        interleave=cfg.interleave,
-        out_dir=out_dir,
-        seed=cfg.seed,
-        max_prompt_tokens=cfg.max_prompt_tokens,
-        ignore_eos=cfg.ignore_eos,
-        top_k=cfg.top_k,
-        top_p=cfg.top_p,
-        hf_baseline=cfg.hf_baseline,
-        hybrid_mode=cfg.hybrid_mode,
-        cuda_graphs=cfg.cuda_graphs,
-        compile=cfg.compile,
-        backends=cfg.backends,
-        graph_floor=cfg.graph_floor,
-        eager_compare=list(cfg.eager_compare) if not isinstance(cfg.eager_compare, bool) else cfg.eager_compare,
-        tau_reference=cfg.tau_reference,
-        memory_rounds=cfg.memory_rounds,
-        profile=cfg.profile,
-        compare_to=cfg.compare_to,
-        compare_against=cfg.compare_against,
-        progress=cfg.progress,
-        meta={"config": asdict(cfg), "target": target_path, "target_name": target_name, "title": cfg.title},
-    )
+
+    def run(prompts, out_dir, extra_meta=None):
+        return run_bench(
+            model,
+            tokenizer,
+            prompts,
+            methods,
+            max_new_tokens=cfg.max_new_tokens,
+            temperatures=[float(t) for t in cfg.temperatures],
+            batch_sizes=list(cfg.batch_sizes),
+            warmup=cfg.warmup,
+            repeat=cfg.repeat,
+            interleave=cfg.interleave,
+            out_dir=out_dir,
+            seed=cfg.seed,
+            max_prompt_tokens=cfg.max_prompt_tokens,
+            ignore_eos=cfg.ignore_eos,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            hf_baseline=cfg.hf_baseline,
+            hybrid_mode=cfg.hybrid_mode,
+            cuda_graphs=cfg.cuda_graphs,
+            compile=cfg.compile,
+            backends=cfg.backends,
+            graph_floor=cfg.graph_floor,
+            eager_compare=list(cfg.eager_compare) if not isinstance(cfg.eager_compare, bool) else cfg.eager_compare,
+            tau_reference=cfg.tau_reference,
+            memory_rounds=cfg.memory_rounds,
+            profile=cfg.profile,
+            compare_to=cfg.compare_to,
+            compare_against=cfg.compare_against,
+            progress=cfg.progress,
+            meta={"config": asdict(cfg), "target": target_path, "target_name": target_name, "title": cfg.title,
+                  **(extra_meta or {})},  # fmt: skip
+        )
+
+    if cfg.contexts:
+        if cfg.random_target is None:
+            raise ValueError("contexts= needs random_target (the prompts are random tokens of each length).")
+        from specdec.bench.contexts import context_table
+
+        results = []
+        for n in cfg.contexts:
+            prompts = random_prompts(model, num_prompts=cfg.num_prompts or 1, prompt_tokens=int(n), seed=cfg.seed)
+            rows = run(prompts, out_dir / f"context-{n}", {"context": int(n)})
+            results.append((int(n), rows))
+        print(context_table(model, results, max_new_tokens=cfg.max_new_tokens, compiled=bool(cfg.compile),
+                            out_dir=out_dir))  # fmt: skip
+        return [row for _, rows in results for row in rows]
+    rows = run(prompts, out_dir)
     print_summary(rows, out_dir, title=cfg.title)
     return rows
 

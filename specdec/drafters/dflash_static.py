@@ -15,8 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec import attention
 from specdec.backends import env_default
 from specdec.kernels.rms_norm import rms_norm
+from specdec.kernels.tree_attention import tree_attention
 from specdec.types import Accept, Proposal
 
 __all__ = ["DFlashStatic"]
@@ -124,9 +126,10 @@ class DFlashStatic:
         else:
             self.kv[:, :, self.rows, :, positions] = src
 
-    def _bias_mask(self, prefix: torch.Tensor, window: int | None, dtype, span: int) -> torch.Tensor:
+    def _bias_mask(self, prefix: torch.Tensor, window: int | None, dtype, span: int, stacked: bool = True):
         """Additive mask over the first ``span`` storage slots: ``[B, 1, 1, span]``, or ``[B, 1, rep*S, span]`` when
-        rows differ (causal or sliding-window layers; ``S`` = block size)."""
+        rows differ (causal or sliding-window layers; ``S`` = block size). ``stacked=False`` (the attention
+        kernel's layout): ``[B, 1, S, span]``, one row per block row for all heads."""
         cfg = self.drafter.config
         slots = self.slots[:span]
         keep = (slots < prefix[:, None] + cfg.block_size)[:, None]  # [B, 1, span]: the context and the block
@@ -135,7 +138,10 @@ class DFlashStatic:
             keep = keep & (rel >= 0) if cfg.causal else keep.expand(-1, rel.shape[1], -1)
             if window:
                 keep = keep & (rel < window)
-            keep = keep.repeat(1, self.rep, 1)  # row r*S + q: query q of the r-th head sharing a key/value head
+            if stacked:
+                keep = keep.repeat(1, self.rep, 1)  # row r*S + q: query q of the r-th head sharing a key/value head
+        elif not stacked:
+            keep = keep.expand(-1, self.offsets.shape[0], -1)  # a view: every block row reads the one row
         bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
         return bias.masked_fill_(~keep, torch.finfo(dtype).min)[:, None]
 
@@ -156,9 +162,13 @@ class DFlashStatic:
         block = torch.cat([root[:, None], self.masks.expand(batch, -1)], dim=1)
         x = drafter._embed(block).to(model.fc.weight.dtype)  # [B, S, H]
         biases: dict = {}
+        # the split-K/V kernel where the target's attention would take it (one mask row per block row, the
+        # sequence's length as data), else SDPA on the stacked rows
+        kernel = attention.triton_kernel_for(x.device, torch.compiler.is_compiling(), x.dtype, head_dim)
+        lengths = (prefix + size).to(torch.int32) if kernel else None
         for i, (layer, window) in enumerate(zip(model.layers, cfg.sliding_windows, strict=True)):
             if window not in biases:
-                biases[window] = self._bias_mask(prefix, window, x.dtype, span)
+                biases[window] = self._bias_mask(prefix, window, x.dtype, span, stacked=not kernel)
             attn, h = layer.self_attn, self._norm(layer.input_layernorm, x)
             q = self._rope(self._norm(attn.q_norm, attn.q_proj(h).view(batch, size, heads, head_dim)), positions)
             k = self._rope(self._norm(attn.k_norm, attn.k_proj(h).view(batch, size, kv_heads, head_dim)), positions)
@@ -168,11 +178,15 @@ class DFlashStatic:
                 self.kv[i].index_copy_(3, positions[0], new[0].permute(1, 2, 0, 3)[:, None])
             else:
                 self.kv[i][:, self.rows, :, positions] = new
-            # Heads g*rep .. g*rep+rep-1 share key/value head g: stack them along the query axis.
-            q = q.transpose(1, 2).reshape(batch, kv_heads, self.rep * size, head_dim)
             keys, values = self.kv[i, 0, :, :, :span], self.kv[i, 1, :, :, :span]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=biases[window], scale=head_dim**-0.5)
-            out = out.reshape(batch, heads, size, head_dim).transpose(1, 2).reshape(batch, size, -1)
+            if kernel:  # each sequence reads its context and block once, nothing of the storage past them
+                out = tree_attention(q.transpose(1, 2), keys, values, biases[window], head_dim**-0.5, lengths,
+                                     impl="triton" if attention.KERNEL == "auto" else "auto").reshape(batch, size, -1)  # fmt: skip
+            else:
+                # Heads g*rep .. g*rep+rep-1 share key/value head g: stack them along the query axis.
+                q = q.transpose(1, 2).reshape(batch, kv_heads, self.rep * size, head_dim)
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=biases[window], scale=head_dim**-0.5)
+                out = out.reshape(batch, heads, size, head_dim).transpose(1, 2).reshape(batch, size, -1)
             x = x + attn.o_proj(out)
             x = x + layer.mlp(self._norm(layer.post_attention_layernorm, x))
         return drafter.block_logq(self._norm(model.norm, x), depth)

@@ -155,3 +155,36 @@ def test_random_target_runs_a_random_dflash_drafter_on_cpu(tmp_path):
 def test_bench_config_refuses_bad_settings_before_loading(bad, error):
     with pytest.raises(ValueError, match=error):
         BenchConfig(**bad)
+
+
+def test_contexts_run_once_per_prompt_length_into_the_long_context_table(tmp_path):
+    tiny = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16}  # fmt: skip
+    cfg = {
+        "random_target": {"preset": "qwen3-8b", "layers": 2, "prompt_tokens": 12, "config": tiny},
+        "contexts": [10, 40], "device": "cpu", "dtype": "float32", "num_prompts": 1, "max_new_tokens": 4,
+        "warmup": 0, "ignore_eos": True, "progress": False, "out_dir": str(tmp_path), "title": "long-context",
+        "methods": [{"name": "ar"}, {"name": "ddtree", "drafter": {"kind": "dflash", "init": "random", "num_layers": 1},
+                                     "tree": {"kind": "ddtree", "budget": [3], "topk": 2}}],
+    }  # fmt: skip
+    rows = main_bench(cfg)
+    assert [(r["prompt_tokens"], r["method"]) for r in rows] == [(10, "ar"), (10, "ddtree"), (40, "ar"),
+                                                                 (40, "ddtree")]  # fmt: skip
+    table = (tmp_path / "long_context.md").read_text().splitlines()
+    assert table[0].startswith("| context | method | default ms/round | × AR step |")
+    assert [line.split(" | ")[:2] for line in table[2:]] == [["| 10", "ar"], ["| 10", "ddtree"], ["| 40", "ar"],
+                                                            ["| 40", "ddtree"]]  # fmt: skip
+    assert all(line.split(" | ")[3] == "1.00" for line in table[2:] if " ar " in line)
+    assert (tmp_path / "context-40" / "results.jsonl").exists()
+
+
+def test_kv_bytes_count_the_full_attention_layers():
+    from transformers import Qwen3_5TextConfig, Qwen3Config
+
+    from specdec.bench.contexts import kv_bytes
+
+    dense = Qwen3Config(num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+    assert kv_bytes(dense, 32768, 2) == 36 * 2 * 8 * 128 * 32768 * 2  # 4.83 GB: the 8 B shape at 32 k
+    types = ["linear_attention"] * 3 + ["full_attention"]
+    hybrid = Qwen3_5TextConfig(num_hidden_layers=8, layer_types=types * 2, num_key_value_heads=2, head_dim=256)
+    assert kv_bytes(hybrid, 1000, 2) == 2 * 2 * 2 * 256 * 1000 * 2

@@ -51,6 +51,28 @@ def test_static_forwards_equal_the_eager_drafter(target, variant):
     check_static_forwards(target, variant, "torch")
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_static_forwards_through_the_attention_kernel_equal_the_eager_drafter(target, variant, monkeypatch):
+    """The block's attention through ``tree_attention`` (what CUDA runs by default; its reference here: one mask
+    row per block row, each sequence's length ``prefix + block``) against the eager oracle."""
+    import specdec.kernels.tree_attention as ta
+    from specdec import attention
+    from specdec.drafters import dflash_static
+
+    calls = []
+    real = ta.tree_attention
+
+    def spy(query, key, value, mask, scale, lengths=None, **kw):
+        calls.append((mask.shape, None if lengths is None else lengths.tolist()))
+        return real(query, key, value, mask, scale, lengths, **kw)
+
+    monkeypatch.setattr(attention, "KERNEL", "triton")
+    monkeypatch.setattr(dflash_static, "tree_attention", spy)
+    check_static_forwards(target, variant, "torch")
+    size = drafter_for(target, variant).config.block_size
+    assert calls and all(n is not None and n[0] > size and mask[2] == size for mask, n in calls)
+
+
 def test_static_forwards_with_the_triton_norms_in_the_interpreter():
     """``norm_impl="triton"`` (``specdec.kernels.rms_norm``) run by Triton's interpreter, in a subprocess (the
     interpreter must be chosen before Triton is imported), against the eager oracle on every variant."""
