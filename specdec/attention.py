@@ -45,6 +45,10 @@ __all__ = [
 ]
 
 NAME = "specdec_grouped_sdpa"
+# The most query rows per sequence the split-K/V kernel takes (a decode step, a draft tree, a DFlash block); a
+# prompt's chunk of more rows goes to SDPA, whose tiles are made for many rows (at a 32 k prompt of the 8 B shape
+# the kernel took 7.2 s for the prefill against SDPA's 3.2 s).
+MAX_KERNEL_QUERIES = 128
 # The forward keyword argument through which the round hands the attention layers each sequence's readable slots
 # (``[B]`` int32: committed prefix + this forward's rows, ``StaticModel.forward``); HF's models pass unknown
 # keyword arguments of their forward down to the attention function.
@@ -138,6 +142,7 @@ def grouped_sdpa(
     batch, _, q_len, head_dim = query.shape
     kernel = (
         not plain
+        and q_len <= MAX_KERNEL_QUERIES
         and attention_mask.shape[0] in (1, batch)
         and attention_mask.shape[2] == q_len
         and triton_kernel_for(query.device, torch.compiler.is_compiling(), query.dtype, head_dim)

@@ -305,3 +305,16 @@ def test_a_length_one_short_changes_the_tokens(monkeypatch):
 
     monkeypatch.setattr(storage.StaticModel, "forward", short)
     assert not torch.equal(specdec.generate(model, ids, max_new_tokens=12).sequences, want)
+
+
+def test_long_prompt_chunks_go_to_sdpa_and_short_forwards_to_the_kernel(monkeypatch):
+    import specdec.kernels.tree_attention as ta
+
+    calls = []
+    monkeypatch.setattr(ta, "tree_attention", lambda q, *a, **k: calls.append(q.shape[2]) or q.transpose(1, 2))
+    monkeypatch.setattr(attention, "KERNEL", "triton")
+    module = _Module(4)
+    for q_len in (1, attention.MAX_KERNEL_QUERIES, attention.MAX_KERNEL_QUERIES + 1):
+        query, key, value, mask = _inputs(8, 2, q_len, 300, seed=q_len)
+        grouped_sdpa(module, query, key, value, mask, scaling=0.25)
+    assert calls == [1, attention.MAX_KERNEL_QUERIES]
