@@ -187,19 +187,24 @@ class AttentionScope:
     leaving restores exactly what was there, also after an exception. Models on ``eager`` or any other attention
     are left alone, and so is every model when ``grouped`` is False. With ``linear`` the scope also routes the
     models' ``nn.Linear`` layers through ``specdec.kernels.skinny_linear.routing.skinny_forward``
-    while active (the engine's whole forward scope, ``Backends.linear_kernel``).
+    while active (the engine's whole forward scope, ``Backends.linear_kernel``), and with ``norms`` their RMSNorm
+    layers through ``specdec.kernels.rms_norm.routing.norm_forward`` (``Backends.target_norm``).
 
     Args:
         models: HF models (None entries are skipped).
         grouped (bool): switch to grouped attention (False: the scope does nothing for attention). Default True.
         linear (bool): route the linear layers as well. Default False.
+        norms (bool): route the RMSNorm layers as well. Default False.
     """
 
-    def __init__(self, *models, grouped: bool = True, linear: bool = False) -> None:
+    def __init__(self, *models, grouped: bool = True, linear: bool = False, norms: bool = False) -> None:
+        from specdec.kernels.rms_norm.routing import norm_modules
         from specdec.kernels.skinny_linear.routing import linear_modules
 
         self.linears = linear_modules(*models) if linear else []
+        self.norms = norm_modules(*models) if norms else []
         self._routing = None
+        self._norm_routing = None
         configs: dict[int, PretrainedConfig] = {}
         if grouped:
             for model in models:
@@ -224,6 +229,11 @@ class AttentionScope:
             if self.linears:
                 self._routing = routed(self.linears)
                 self._routing.__enter__()
+            if self.norms:
+                from specdec.kernels.rms_norm.routing import routed as routed_norms
+
+                self._norm_routing = routed_norms(self.norms)
+                self._norm_routing.__enter__()
         self._depth += 1
         return self
 
@@ -235,4 +245,7 @@ class AttentionScope:
             self._switched = []
             if self._routing is not None:
                 routing, self._routing = self._routing, None
+                routing.__exit__(*exc)
+            if self._norm_routing is not None:
+                routing, self._norm_routing = self._norm_routing, None
                 routing.__exit__(*exc)

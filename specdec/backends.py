@@ -14,6 +14,7 @@ specdec reads them. What each choice measured: ``docs/kernels.md``.
 | ``grouped_attention`` | auto, 1, 0 | grouped-query attention without K/V expansion (``specdec.attention``) |
 | ``attention_kernel`` | auto, triton, sdpa | the grouped case's kernel (``specdec.kernels.tree_attention``) |
 | ``linear_kernel`` | torch, triton | skinny linear layers (``specdec.kernels.skinny_linear``) |
+| ``target_norm`` | auto, torch, triton | the target's RMSNorms, uncompiled (``specdec.kernels.rms_norm.routing``) |
 | ``tree_gdn_precision`` | auto, ieee, tf32x3, tf32 | the Gated DeltaNet tree scan's matrix products |
 | ``tree_gdn_walk`` | auto, paths, chunk | the Gated DeltaNet tree scan's schedule |
 | ``tree_mamba2`` | auto, torch | the Mamba2 tree scan (``torch`` = tensor ops, not capturable) |
@@ -40,6 +41,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
     "grouped_attention": (("auto", "1", "0"), "auto", "specdec.attention", "MODE"),
     "attention_kernel": (("auto", "triton", "sdpa"), "auto", "specdec.attention", "KERNEL"),
     "linear_kernel": (("torch", "triton"), "torch", "specdec.kernels.skinny_linear.routing", "KERNEL"),
+    "target_norm": (("auto", "torch", "triton"), "auto", "specdec.kernels.rms_norm.routing", "KERNEL"),
     "tree_gdn_precision": (
         ("auto", "ieee", "tf32x3", "tf32"),
         "auto",
@@ -76,6 +78,7 @@ class Backends:
     grouped_attention: str = "auto"
     attention_kernel: str = "auto"
     linear_kernel: str = "torch"
+    target_norm: str = "auto"
     tree_gdn_precision: str = "auto"
     tree_gdn_walk: str = "auto"
     tree_mamba2: str = "auto"

@@ -180,8 +180,10 @@ class DFlashStatic:
                 self.kv[i][:, self.rows, :, positions] = new
             keys, values = self.kv[i, 0, :, :, :span], self.kv[i, 1, :, :, :span]
             if kernel:  # each sequence reads its context and block once, nothing of the storage past them
-                out = tree_attention(q.transpose(1, 2), keys, values, biases[window], head_dim**-0.5, lengths,
-                                     impl="triton" if attention.KERNEL == "auto" else "auto").reshape(batch, size, -1)  # fmt: skip
+                impl = "triton" if attention.KERNEL == "auto" else "auto"
+                scale = head_dim**-0.5
+                out = tree_attention(q.transpose(1, 2), keys, values, biases[window], scale, lengths, impl=impl)
+                out = out.reshape(batch, size, -1)
             else:
                 # Heads g*rep .. g*rep+rep-1 share key/value head g: stack them along the query axis.
                 q = q.transpose(1, 2).reshape(batch, kv_heads, self.rep * size, head_dim)

@@ -147,7 +147,8 @@ def _check_args(query, key, value, mask, scale, impl: str = "auto", lengths=None
         or lengths.device != query.device
     ):
         raise ValueError(f"lengths must be None or a [B] = [{batch}] int32 / int64 tensor on {query.device}; got "
-                         f"{_describe(lengths)}: pass each sequence's readable slots (prefix + this call's rows).")  # fmt: skip
+                         f"{_describe(lengths)}: pass each sequence's readable slots (prefix + the call's "
+                         "rows).")  # fmt: skip
     for name, t in (("key", key), ("value", value), ("mask", mask)):
         if t.device != query.device:
             raise ValueError(f"{name} is on {t.device}, query on {query.device}: move them to one device.")

@@ -1,0 +1,121 @@
+"""The target's RMSNorm layers through ``rms_norm`` while the round runs its uncompiled forwards.
+
+An HF RMSNorm (Llama, Qwen2 / 3, Mistral, Phi-3 and their kin) is ~7 small kernels per call on CUDA (cast, square,
+mean, add, rsqrt, multiply, cast and scale), four calls per decoder layer of a Qwen3 model (input, post-attention,
+query and key norms): ~1000 launches in a captured 8 B decode step, each a few microseconds however small its
+tensor. ``rms_norm``'s Triton kernel does one. Under ``torch.compile`` the compiler fuses them itself, so only
+uncompiled forwards are routed.
+
+Which modules: every module of the models whose computation is the reference's (``weight * (x / rms(x))`` with
+``x / rms`` in fp32 rounded to ``x``'s dtype), decided per module type by a probe — the module's own forward and
+``rms_norm_reference`` on a random input in the module's dtype and device must agree exactly — so a norm of
+another formula (Gemma's ``x * (1 + w)``, a norm with a bias, a gated norm) keeps its own forward.
+
+``Backends.target_norm`` (``SPECDEC_TARGET_NORM``): ``auto`` (default: routed where the Triton kernel runs, i.e.
+CUDA), ``triton`` (routed everywhere: ``rms_norm`` takes its reference off CUDA) or ``torch`` (never). The switch
+is made by :class:`specdec.attention.AttentionScope` (``norms=True``) through the hook-safe forward swap
+(``specdec.state.forwards``); the user's model is left as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import torch
+from torch import nn
+
+from specdec.backends import env_default
+from specdec.kernels._triton import pick_impl
+from specdec.kernels.rms_norm.reference import rms_norm_reference
+from specdec.state.forwards import swappable, swapped_forwards
+
+__all__ = ["KERNEL", "norm_forward", "norm_kernel_for", "norm_modules", "routed"]
+
+# "auto" (default), "torch" or "triton"; read when a scope is built (rounds and prefills build theirs once).
+KERNEL = env_default("target_norm")
+_KERNELS = ("auto", "torch", "triton")
+
+# (module type, dtype, device) -> whether the type computes the reference's formula (probed once)
+_PROBED: dict[tuple[type, torch.dtype, torch.device], bool] = {}
+
+
+def norm_kernel_for(device: torch.device | str) -> bool:
+    """Whether uncompiled forwards on ``device`` route their RMSNorm layers through :func:`norm_forward`."""
+    if KERNEL not in _KERNELS:
+        raise ValueError(f"SPECDEC_TARGET_NORM={KERNEL!r}: use 'auto', 'torch' or 'triton'.")
+    if KERNEL != "auto":
+        return KERNEL == "triton"
+    return pick_impl("auto", torch.device(device), "specdec.kernels.rms_norm.triton") == "triton"
+
+
+def _eps(module: nn.Module) -> float | None:
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    return float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) else None
+
+
+def _candidate(module: nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return (
+        "RMSNorm" in type(module).__name__
+        and isinstance(weight, nn.Parameter)
+        and weight.dim() == 1
+        and getattr(module, "bias", None) is None
+        and _eps(module) is not None
+        and swappable(module)
+    )
+
+
+@torch.no_grad()
+def _computes_the_reference(module: nn.Module) -> bool:
+    """The probe: the module's forward equals ``rms_norm_reference`` on a random input (its dtype and device)."""
+    weight = module.weight
+    key = (type(module), weight.dtype, weight.device)
+    known = _PROBED.get(key)
+    if known is None:
+        gen = torch.Generator().manual_seed(0)
+        x = (torch.randn(3, weight.shape[0], generator=gen) * 3).to(device=weight.device, dtype=weight.dtype)
+        try:
+            # a copy with a random weight (the norms' own, often ones or zeros at init, could hide 1 + w): the user's
+            # module is never touched
+            clone = _copy(module, torch.randn(weight.shape, generator=gen).to(device=weight.device, dtype=weight.dtype))
+            got = clone(x)
+            known = isinstance(got, torch.Tensor) and torch.equal(got, rms_norm_reference(x, clone.weight, _eps(clone)))
+        except Exception:  # noqa: BLE001 - a module the probe cannot call keeps its own forward
+            known = False
+        _PROBED[key] = known
+    return known
+
+
+def _copy(module: nn.Module, weight: torch.Tensor) -> nn.Module:
+    """A shallow copy of ``module`` holding ``weight``, without hooks or an instance forward (no side effects)."""
+    clone = copy.copy(module)
+    clone._parameters = {**module._parameters, "weight": nn.Parameter(weight, requires_grad=False)}
+    clone._forward_hooks, clone._forward_pre_hooks = {}, {}
+    clone.__dict__.pop("forward", None)
+    clone.__dict__.pop("_old_forward", None)
+    return clone
+
+
+def norm_modules(*models) -> list[nn.Module]:
+    """The RMSNorm modules of ``models`` (None skipped) that compute the reference's formula, each once."""
+    seen: dict[int, nn.Module] = {}
+    for model in models:
+        if model is None:
+            continue
+        for module in model.modules():
+            if _candidate(module) and _computes_the_reference(module):
+                seen[id(module)] = module
+    return list(seen.values())
+
+
+def norm_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` through ``rms_norm`` (its Triton kernel on CUDA, its reference elsewhere)."""
+    from specdec.kernels.rms_norm import rms_norm
+
+    return rms_norm(x, module.weight, _eps(module))
+
+
+def routed(modules: list[nn.Module]):
+    """A context manager that routes ``modules`` through :func:`norm_forward` while active."""
+    return swapped_forwards((m, types.MethodType(norm_forward, m)) for m in modules)
