@@ -219,8 +219,8 @@ def split_plan(
         dict: ``BLOCK_M`` (rows per program, 16-128; 16-64 for D 256), ``row_blocks``, ``CHUNK`` (slots per chunk,
         a power of two >= ``_MIN_CHUNK``), ``chunks`` (``cdiv(S, CHUNK)``), ``BLOCK_N`` (slots per tile: 64, or 32
         for rows of K / V wider than 512 bytes, e.g. D 256 in fp32) and ``STAGES`` (software pipeline depth: 3, or 2
-        for those wide rows). Where that needs more than ``shared`` bytes (``shared_bytes``; e.g. 64 rows of D 256 in bf16
-        over 64-slot tiles: 240 KiB), the pipeline is shortened to 2 stages and then the tiles halved.
+        for those wide rows). Where that needs more than ``shared`` bytes (``shared_bytes``; e.g. 64 rows of D 256 in
+        bf16 over 64-slot tiles: 240 KiB), the pipeline is shortened to 2 stages and then the tiles halved.
     """
     wide = dim * itemsize > 512
     block_m = max(16, min(128 if dim <= 128 else 64, triton.next_power_of_2(rows)))  # one row block per tree
