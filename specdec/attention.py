@@ -188,21 +188,27 @@ class AttentionScope:
     are left alone, and so is every model when ``grouped`` is False. With ``linear`` the scope also routes the
     models' ``nn.Linear`` layers through ``specdec.kernels.skinny_linear.routing.skinny_forward``
     while active (the engine's whole forward scope, ``Backends.linear_kernel``), and with ``norms`` their RMSNorm
-    layers through ``specdec.kernels.rms_norm.routing.norm_forward`` (``Backends.target_norm``).
+    layers through ``specdec.kernels.rms_norm.routing.norm_forward`` (``Backends.target_norm``), and with ``rotary``
+    their modeling modules' ``apply_rotary_pos_emb`` through ``specdec.kernels.rotary`` (``Backends.target_rotary``).
 
     Args:
         models: HF models (None entries are skipped).
         grouped (bool): switch to grouped attention (False: the scope does nothing for attention). Default True.
         linear (bool): route the linear layers as well. Default False.
         norms (bool): route the RMSNorm layers as well. Default False.
+        rotary (bool): route the rotary embedding as well. Default False.
     """
 
-    def __init__(self, *models, grouped: bool = True, linear: bool = False, norms: bool = False) -> None:
+    def __init__(self, *models, grouped: bool = True, linear: bool = False, norms: bool = False,
+                 rotary: bool = False) -> None:  # fmt: skip
         from specdec.kernels.rms_norm.routing import norm_modules
+        from specdec.kernels.rotary.routing import rotary_modules
         from specdec.kernels.skinny_linear.routing import linear_modules
 
         self.linears = linear_modules(*models) if linear else []
         self.norms = norm_modules(*models) if norms else []
+        self.rotary = rotary_modules(*models) if rotary else []
+        self._rotary_routing = None
         self._routing = None
         self._norm_routing = None
         configs: dict[int, PretrainedConfig] = {}
@@ -234,6 +240,11 @@ class AttentionScope:
 
                 self._norm_routing = routed_norms(self.norms)
                 self._norm_routing.__enter__()
+            if self.rotary:
+                from specdec.kernels.rotary.routing import routed as routed_rotary
+
+                self._rotary_routing = routed_rotary(self.rotary)
+                self._rotary_routing.__enter__()
         self._depth += 1
         return self
 
@@ -248,4 +259,7 @@ class AttentionScope:
                 routing.__exit__(*exc)
             if self._norm_routing is not None:
                 routing, self._norm_routing = self._norm_routing, None
+                routing.__exit__(*exc)
+            if self._rotary_routing is not None:
+                routing, self._rotary_routing = self._rotary_routing, None
                 routing.__exit__(*exc)

@@ -22,6 +22,7 @@ from transformers import DynamicCache
 from specdec.attention import AttentionScope, grouped_for
 from specdec.budget import ddtree_scores, expected_accepts
 from specdec.kernels.rms_norm.routing import norm_kernel_for
+from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
 from specdec.kernels.tree_accept import tree_masks
 from specdec.runtime import Captured, compile_fn, compile_key
@@ -500,12 +501,15 @@ class Engine:
         drafter state with a ``draft_model``): grouped-query attention without K/V expansion where
         ``specdec.attention.grouped_for`` says so (``compiled``: the forwards run under ``torch.compile``), and the
         linear layers through the split-K kernel with ``Backends(linear_kernel="triton")``, and in uncompiled forwards
-        the RMSNorm layers through one launch each where ``Backends.target_norm`` says so (on CUDA by default)."""
+        the RMSNorm layers and the rotary embedding through one launch each where ``Backends.target_norm`` /
+        ``target_rotary`` say so (on CUDA by default)."""
         draft = getattr(static, "draft_model", None)
         kv = self.target.storage.kv  # [L, 2, 1, H_kv, capacity, D]: the attention's own dtype and head dim
         grouped = grouped_for(compiled, self.device, kv.dtype, kv.shape[-1])
         norms = not compiled and norm_kernel_for(self.device)
-        return AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear_kernel_for(), norms=norms)
+        rotary = not compiled and rotary_kernel_for(self.device)
+        return AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear_kernel_for(),
+                              norms=norms, rotary=rotary)  # fmt: skip
 
     def _prefill_for(self, drafter, size: int, graph: bool) -> _Prefill:
         from specdec.backends import current
