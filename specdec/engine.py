@@ -501,8 +501,8 @@ class Engine:
         drafter state with a ``draft_model``): grouped-query attention without K/V expansion where
         ``specdec.attention.grouped_for`` says so (``compiled``: the forwards run under ``torch.compile``), and the
         linear layers through the split-K kernel with ``Backends(linear_kernel="triton")``, and in uncompiled forwards
-        the RMSNorm layers and the rotary embedding through one launch each where ``Backends.target_norm`` /
-        ``target_rotary`` say so (on CUDA by default)."""
+        the RMSNorm layers (on CUDA by default, ``Backends.target_norm``) and the rotary embedding (opt-in,
+        ``Backends.target_rotary``) through one launch each."""
         draft = getattr(static, "draft_model", None)
         kv = self.target.storage.kv  # [L, 2, 1, H_kv, capacity, D]: the attention's own dtype and head dim
         grouped = grouped_for(compiled, self.device, kv.dtype, kv.shape[-1])

@@ -38,6 +38,11 @@ def test_the_probe_routes_hfs_function_and_not_a_variant(monkeypatch):
 
 
 def test_rotary_kernel_choice(monkeypatch):
+    from specdec import Backends
+
+    assert Backends().target_rotary == "torch"  # opt-in
+    monkeypatch.setattr(routing, "KERNEL", "torch")
+    assert not routing.rotary_kernel_for("cuda")
     monkeypatch.setattr(routing, "KERNEL", "auto")
     assert not routing.rotary_kernel_for("cpu")
     monkeypatch.setattr(routing, "KERNEL", "triton")

@@ -7,8 +7,10 @@ and the module's own function otherwise, and the original is put back on exit. A
 finds its function equal, bit for bit, to ``rotary_reference`` on random half-precision inputs, so a variant
 (interleaved pairs, another formula) keeps its own. Compiled forwards are left to the compiler.
 
-``Backends.target_rotary`` (``SPECDEC_TARGET_ROTARY``): ``auto`` (default: routed where the Triton kernel runs,
-i.e. CUDA), ``triton`` (routed everywhere: ``rotary`` takes its reference off CUDA) or ``torch`` (never).
+``Backends.target_rotary`` (``SPECDEC_TARGET_ROTARY``): ``torch`` (default: never routed), ``auto`` (routed where
+the Triton kernel runs, i.e. CUDA) or ``triton`` (routed everywhere: ``rotary`` takes its reference off CUDA).
+Opt-in: its bit-for-bit GPU test (``tests/kernels/test_rotary.py``) failed in its one GPU run, cause not yet
+found, while the interpreter's equals the reference bit for bit (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from specdec.kernels.rotary.reference import rotary_reference
 
 __all__ = ["KERNEL", "NAME", "fused", "rotary_kernel_for", "rotary_modules", "routed"]
 
-# "auto" (default), "torch" or "triton"; read when a scope is built.
+# "torch" (default), "auto" or "triton"; read when a scope is built.
 KERNEL = env_default("target_rotary")
-_KERNELS = ("auto", "torch", "triton")
+_KERNELS = ("torch", "auto", "triton")
 NAME = "apply_rotary_pos_emb"
 
 # modeling module name -> whether its function is the reference's (probed once)
@@ -38,7 +40,7 @@ _PROBED: dict[str, bool] = {}
 def rotary_kernel_for(device: torch.device | str) -> bool:
     """Whether uncompiled forwards on ``device`` route their modules' ``apply_rotary_pos_emb`` to :func:`fused`."""
     if KERNEL not in _KERNELS:
-        raise ValueError(f"SPECDEC_TARGET_ROTARY={KERNEL!r}: use 'auto', 'torch' or 'triton'.")
+        raise ValueError(f"SPECDEC_TARGET_ROTARY={KERNEL!r}: use 'torch', 'auto' or 'triton'.")
     if KERNEL != "auto":
         return KERNEL == "triton"
     return pick_impl("auto", torch.device(device), "specdec.kernels.rotary.triton") == "triton"
