@@ -21,12 +21,14 @@ _MODULE = "specdec.kernels.rotary.triton"
 
 Impl = Literal["auto", "torch", "triton"]
 
-TRITON_DTYPES = (torch.bfloat16, torch.float16)
-"""The dtypes the Triton version takes (products of two such values are exact in fp32)."""
+TRITON_DTYPES = (torch.bfloat16,)
+"""The dtypes the Triton version takes: bf16 (a product of two bf16 values is exact in fp32, and bf16 has fp32's
+exponent range, so no product of normal values lands in a range a conversion could flush). fp16 products can be
+fp16-subnormal, which a GPU conversion compiled to flush subnormals would change: fp16 takes the reference."""
 
 
 def fits_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """Whether the Triton version takes the call: half dtypes, ``[B, H, N, D]`` / ``[B or 1, N, D]`` shapes with the
+    """Whether the Triton version takes the call: bf16, ``[B, H, N, D]`` / ``[B or 1, N, D]`` shapes with the
     full, even head dim rotated, last dims contiguous."""
     return (
         q.dtype in TRITON_DTYPES
@@ -54,7 +56,7 @@ def rotary(
     """
     fits = fits_triton(q, k, cos, sin)
     if impl == "triton" and not fits:
-        raise ValueError(f"impl='triton' takes bf16 / fp16 q [B, H, N, D], k [B, H_kv, N, D] and cos / sin "
+        raise ValueError(f"impl='triton' takes bf16 q [B, H, N, D], k [B, H_kv, N, D] and cos / sin "
                          f"[B or 1, N, D] of the full, even head dim; got q {q.dtype} {list(q.shape)}, k "
                          f"{list(k.shape)}, cos {cos.dtype} {list(cos.shape)}: use impl='torch'.")  # fmt: skip
     if pick_impl(impl, q.device, _MODULE, fits=fits) == "torch":

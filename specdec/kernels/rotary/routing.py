@@ -2,7 +2,7 @@
 
 HF's attention layers call their modeling module's ``apply_rotary_pos_emb(q, k, cos, sin)``, looked up in that
 module when called; while a scope built here is active that name is bound to :func:`fused`, which runs ``rotary``
-(one launch on CUDA) where the call fits it (bf16 / fp16, the full head dim rotated, the default ``unsqueeze_dim``)
+(one launch on CUDA) where the call fits it (bf16, the full head dim rotated, the default ``unsqueeze_dim``)
 and the module's own function otherwise, and the original is put back on exit. A module is routed only if a probe
 finds its function equal, bit for bit, to ``rotary_reference`` on random half-precision inputs, so a variant
 (interleaved pairs, another formula) keeps its own. Compiled forwards are left to the compiler.

@@ -2,7 +2,7 @@
 
 A program per (sequence, position, head of ``H + H_kv``): it loads the head's row of ``D`` values and the
 position's ``cos`` / ``sin`` rows, and writes ``x * cos + rotate_half(x) * sin`` with each product and the sum
-rounded to the inputs' dtype as PyTorch's separate kernels round them (a product of two bf16 / fp16 values is
+rounded to the inputs' dtype as PyTorch's separate kernels round them (a product of two bf16 values is
 exact in fp32; the roundings are explicit, so no fused multiply-add can change a result): equal to
 ``rotary_reference`` bit for bit. Half dtypes only (bf16, fp16): fp32 would need products rounded without
 contraction.
@@ -67,7 +67,8 @@ def _rotary_kernel(
 def rotary_triton(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Arguments as ``rotary_reference`` (not checked here: bf16 / fp16, ``D`` even, last dims contiguous).
+    """Arguments as ``rotary_reference`` (not checked here: bf16 (fp16 compiles too), ``D`` even, last dims
+    contiguous).
     Returns outputs laid out as the inputs (``torch.empty_like``)."""
     batch, heads, num, dim = q.shape
     kv_heads = k.shape[1]
