@@ -7,6 +7,7 @@ and transformers.
 """
 
 import importlib as _importlib
+import importlib.util  # noqa: F401 - _importlib.util for the submodule lookup in __getattr__
 import sys as _sys
 import types as _types  # not `types`: the package attribute `types` is the submodule specdec.types
 import typing as _typing
@@ -101,6 +102,9 @@ _HOME = {  # name -> the module it loads from (__all__ and the registries of tre
 def __getattr__(name: str):
     home = _HOME.get(name)
     if home is None:
+        # a submodule read as an attribute (``specdec.drafters.NGramDrafter``) loads as it would after an import
+        if not name.startswith("_") and _importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return _importlib.import_module(f"{__name__}.{name}")
         raise AttributeError(f"module 'specdec' has no attribute {name!r}")
     value = getattr(_importlib.import_module(home), name)
     globals()[name] = value

@@ -85,3 +85,20 @@ def test_public_api_is_pinned(module):
     assert list(mod.__all__) == sorted(mod.__all__, key=_isort_style)
     for name in mod.__all__:
         assert hasattr(mod, name)
+
+
+def test_submodules_read_as_attributes_load():
+    """``import specdec; specdec.drafters.NGramDrafter`` works as it reads, in a fresh interpreter (nothing imported
+    the submodule before); an unknown name is still an AttributeError."""
+    import subprocess
+    import sys
+
+    code = (
+        "import specdec\n"
+        "assert specdec.drafters.NGramDrafter.__name__ == 'NGramDrafter'\n"
+        "assert callable(specdec.generate) and specdec.verify.Greedy.__name__ == 'Greedy'\n"
+        "try:\n    specdec.no_such_thing\nexcept AttributeError as e:\n    assert 'no_such_thing' in str(e)\n"
+        "else:\n    raise SystemExit('no AttributeError')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]

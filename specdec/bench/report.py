@@ -406,12 +406,20 @@ def environment(device) -> dict:
 
 
 def _git_commit() -> str | None:
-    """The short commit of the checkout holding the library, ``+dirty`` when its ``specdec`` folder differs from it
-    (None outside a git checkout)."""
+    """The short commit of the checkout holding the library, ``+dirty`` when its ``specdec`` folder differs from it;
+    None where the library is not in a checkout of its own (a copy or an installed package, also one inside some
+    other repository, whose commit says nothing about this code)."""
     import subprocess
 
     package = Path(__file__).resolve().parents[1]
     try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=package, capture_output=True, text=True)
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != package.parent:
+            return None
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "specdec/__init__.py"], cwd=package.parent,
+                                 capture_output=True)  # fmt: skip
+        if tracked.returncode != 0:
+            return None
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=package, capture_output=True, text=True)
         if sha.returncode != 0 or not sha.stdout.strip():
             return None

@@ -188,3 +188,33 @@ def test_kv_bytes_count_the_full_attention_layers():
     types = ["linear_attention"] * 3 + ["full_attention"]
     hybrid = Qwen3_5TextConfig(num_hidden_layers=8, layer_types=types * 2, num_key_value_heads=2, head_dim=256)
     assert kv_bytes(hybrid, 1000, 2) == 2 * 2 * 2 * 256 * 1000 * 2
+
+
+def test_the_commit_stamp_is_none_for_a_copy_inside_another_repository(tmp_path):
+    """A copy of the library inside some other git repository is stamped with no commit, not that repository's;
+    this checkout is stamped with its own."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import specdec
+    from specdec.bench.report import _git_commit
+
+    here = _git_commit()
+    repo = Path(specdec.__file__).resolve().parents[1]
+    if (repo / ".git").exists():
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True)
+        assert here is not None and here.split("+")[0] == head.stdout.strip()
+    other = tmp_path / "other"
+    (other / "vendor").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=other, check=True)
+    (other / "README").write_text("another project\n")
+    subprocess.run(["git", "add", "README"], cwd=other, check=True)
+    subprocess.run(["git", "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-qm", "x"], cwd=other, check=True)
+    shutil.copytree(Path(specdec.__file__).parent, other / "vendor" / "specdec",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    code = "from specdec.bench.report import _git_commit; print(_git_commit())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=other / "vendor", capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "None"
