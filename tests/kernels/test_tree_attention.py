@@ -163,12 +163,13 @@ def case_features(case: dict) -> set:
     from specdec.kernels.tree_attention.triton import split_plan
 
     heads, kv_heads, rows, slots, dim, dtype, mask, pattern, q_layout, kv_layout = case["info"]
-    plan = split_plan(heads // kv_heads * rows, kv_heads, slots, dim, 4 if dtype == "torch.float32" else 2)
+    plan = split_plan(heads // kv_heads * rows, kv_heads, dim, 4 if dtype == "torch.float32" else 2)
     padded = case["mask_base"].shape[-1] > slots
+    tiles = math.ceil(slots / plan["BLOCK_N"])
     return {("heads", heads, kv_heads), ("rows", rows), ("slots", slots), ("dim", dim), ("dtype, mask", dtype, mask),
             ("pattern", pattern), ("q layout", q_layout), ("kv layout", kv_layout), ("mask padded", padded),
-            ("copied bool mask", mask == "bool" and padded), ("partial chunk", slots % plan["CHUNK"] != 0),
-            ("chunks", min(plan["chunks"], 9)), ("row blocks", plan["row_blocks"] > 1),
+            ("copied bool mask", mask == "bool" and padded), ("partial chunk", tiles % plan["chunks"] != 0),
+            ("used chunks", min(tiles, plan["chunks"], 9)), ("row blocks", plan["row_blocks"] > 1),
             ("padded row block", (heads // kv_heads * rows) % plan["BLOCK_M"] != 0)}  # fmt: skip
 
 
@@ -274,9 +275,10 @@ def test_cases_cover_what_matters():
     assert {i[9] for i in info} == {"heads", "seq"} and "torch.float16" in {i[5] for i in info}
     assert sum(c["mask_base"].shape[-1] > c["slots"] for c in cs) > 25
     # the launch plans: several chunks with a partial last one, several row blocks, padded row blocks, one chunk
-    plans = [(i, split_plan(i[0] // i[1] * i[2], i[1], i[3], i[4], 4 if i[5] == "torch.float32" else 2)) for i in info]
-    assert sum(p["chunks"] > 8 and i[3] % p["CHUNK"] != 0 for i, p in plans) >= 5
-    assert sum(p["row_blocks"] > 1 for _, p in plans) >= 5 and sum(p["chunks"] == 1 for _, p in plans) >= 3
+    plans = [(i, split_plan(i[0] // i[1] * i[2], i[1], i[4], 4 if i[5] == "torch.float32" else 2)) for i in info]
+    tiles = [math.ceil(i[3] / p["BLOCK_N"]) for i, p in plans]
+    assert sum(p["chunks"] > 8 and n > 8 and n % p["chunks"] != 0 for n, (_, p) in zip(tiles, plans, strict=True)) >= 5
+    assert sum(p["row_blocks"] > 1 for _, p in plans) >= 5 and sum(n == 1 for n in tiles) >= 3
     assert sum((i[0] // i[1] * i[2]) % p["BLOCK_M"] != 0 for i, p in plans) >= 20
     # every S with several head layouts, big Q only over short spans (interpreter time)
     assert all(len({i[:2] for i in info if i[3] == s}) >= 3 for s in SLOTS)
@@ -298,10 +300,10 @@ def test_split_plan_fills_the_gpu_at_the_8b_shape():
     from specdec.kernels.tree_attention.triton import split_plan
 
     for rows in (1, 16, 32, 64):
-        plan = split_plan(4 * rows, 8, 1024)
+        plan = split_plan(4 * rows, 8)
         programs = plan["chunks"] * 8 * plan["row_blocks"]
-        assert programs >= 256 and plan["chunks"] * plan["CHUNK"] >= 1024 > (plan["chunks"] - 1) * plan["CHUNK"]
-        assert plan["CHUNK"] >= 32 and plan["CHUNK"] % plan["BLOCK_N"] == 0 and plan["BLOCK_M"] >= 16
+        assert programs >= 256 and plan["BLOCK_M"] >= 16 and plan["BLOCK_N"] == 64
+    assert split_plan(128, 8)["row_blocks"] == 1  # a 32-node tree of 4 grouped heads: K / V read once
 
 
 def test_launch_plans_read_each_device_property_once(monkeypatch):
@@ -325,7 +327,7 @@ def test_launch_plans_read_each_device_property_once(monkeypatch):
         assert shared_limit(torch.device("cuda", 0)) == 101376 and shared_limit(torch.device("cuda")) == 232448
         assert sm_count(torch.device("cuda", 0)) == 84 and sm_count(torch.device("cuda")) == 132
     assert sorted(reads) == [0, 0, 1, 1]  # one read per (device, property)
-    plan = split_plan(256, 4, 1030, 256, 2, shared_limit(torch.device("cuda", 0)))  # a 99 KiB device
+    plan = split_plan(256, 4, 256, 2, shared_limit(torch.device("cuda", 0)))  # a 99 KiB device
     assert plan["STAGES"] == 2 and plan["BLOCK_N"] < 64
 
 
@@ -338,18 +340,16 @@ def test_split_plans_fit_the_shared_memory_they_are_given():
 
     assert shared_bytes(64, 64, 3, 256, 2) == 245760
     assert SHARED_BYTES == 232448
-    for dim, itemsize, rows, slots, limit in itertools.product(
-        (64, 128, 256), (2, 4), (4, 16, 64, 128, 256), (17, 512, 1030, 4096), (232448, 166912)
-    ):
-        plan = split_plan(rows, 4, slots, dim, itemsize, limit)
+    for dim, itemsize, rows, limit in itertools.product((64, 128, 256), (2, 4), (4, 16, 64, 128, 256),
+                                                        (232448, 166912)):  # fmt: skip
+        plan = split_plan(rows, 4, dim, itemsize, limit)
         need = shared_bytes(plan["BLOCK_M"], plan["BLOCK_N"], plan["STAGES"], dim, itemsize)
-        assert need <= limit and plan["STAGES"] >= 2 and plan["BLOCK_N"] >= 16, (dim, itemsize, rows, slots, plan)
-        assert plan["CHUNK"] % plan["BLOCK_N"] == 0
-    hybrid_64 = split_plan(4 * 64, 4, 1030, 256, 2)  # what failed to compile: now 2 stages
+        assert need <= limit and plan["STAGES"] >= 2 and plan["BLOCK_N"] >= 16, (dim, itemsize, rows, plan)
+    hybrid_64 = split_plan(4 * 64, 4, 256, 2)  # what failed to compile: now 2 stages
     assert (hybrid_64["BLOCK_M"], hybrid_64["BLOCK_N"], hybrid_64["STAGES"]) == (64, 64, 2)
     for rows in (1, 16, 32, 64):
-        plan = split_plan(4 * rows, 8, 1030, 128, 2)
-        assert plan["BLOCK_N"] == min(64, plan["CHUNK"]) and plan["STAGES"] == 3
+        plan = split_plan(4 * rows, 8, 128, 2)
+        assert plan["BLOCK_N"] == 64 and plan["STAGES"] == 3
 
 
 def test_reference_matches_hf_sdpa():

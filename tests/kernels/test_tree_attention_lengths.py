@@ -125,7 +125,7 @@ def test_cases_cover_what_matters():
     assert {i[7] for i in info} == {True, False} and any(i[2] > 1 for i in info)
     # a length whose tiles the split cannot share out evenly
     for heads, kv_heads, rows, span, lengths, dim, _, _ in info:
-        plan = split_plan(heads // kv_heads * rows, kv_heads * len(lengths), span, dim)
+        plan = split_plan(heads // kv_heads * rows, kv_heads, dim)
         if any(math.ceil(n / plan["BLOCK_N"]) % plan["chunks"] for n in lengths):
             break
     else:
@@ -149,6 +149,16 @@ def test_one_length_one_short_fails_the_check():
     q, k, v, mask, scale, lengths = case_args(case)
     with pytest.raises(AssertionError):
         check(case, tree_attention_reference(q, k, v, mask, scale, lengths - 1), kernel=False)
+
+
+def test_the_launch_plan_depends_on_one_sequences_shapes_only():
+    """Neither the span nor the batch changes the plan (chunks, tiles, row blocks), so a row of a batch is
+    computed exactly as the sequence alone at any span bucket (what keeps bf16 batches equal to batch 1)."""
+    import inspect
+
+    from specdec.kernels.tree_attention.triton import split_plan
+
+    assert list(inspect.signature(split_plan).parameters) == ["rows", "kv_heads", "dim", "itemsize", "shared"]
 
 
 def test_a_batch_equals_each_sequence_alone():
@@ -183,11 +193,34 @@ def test_interpreted_kernel_without_lengths_fails_the_check(interpreted):
         check(interpreted["cases"][1], interpreted["no_lengths"], kernel=True)
 
 
+def batch_and_alone(case: dict, device: str = "cpu") -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The case's batch at its span, and each sequence alone over the smallest span that holds it (another span
+    bucket, a batch of one), through the Triton version."""
+    q, k, v, mask, scale, lengths = case_args(case, device)
+    whole = tree_attention(q, k, v, mask, scale, lengths, impl="triton")
+    alone = []
+    for b in range(q.shape[0]):
+        n = int(case["lengths"][b])
+        m = mask[b if mask.shape[0] > 1 else 0][None, ..., :n]
+        alone.append(tree_attention(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], m, scale,
+                                    lengths[b : b + 1], impl="triton"))  # fmt: skip
+    return whole, alone
+
+
+@pytest.mark.interpreter
+def test_interpreted_batch_rows_equal_each_sequence_alone_bit_for_bit(interpreted):
+    whole, alone = interpreted["batch_and_alone"]
+    assert len(alone) == whole.shape[0] > 1
+    for b, row in enumerate(alone):
+        assert torch.equal(whole[b : b + 1], row), b
+
+
 def _run_interpreted(folder: Path) -> None:
     data = torch.load(folder / "cases.pt")
     poison_empty()
     out = {"outputs": [tree_attention(*case_args(c), impl="triton") for c in data["cases"]]}
     out["no_lengths"] = tree_attention(*case_args(data["cases"][1], lengths=False), impl="triton")
+    out["batch_and_alone"] = batch_and_alone(data["cases"][1])
     torch.save(out, folder / "outputs.pt")
 
 
@@ -199,6 +232,14 @@ def test_compiled_matches_float64_brute_force_on_cuda():
     for case in cases():
         check(case, tree_attention(*case_args(case, "cuda"), impl="triton"), kernel=True)
         check(case, tree_attention(*case_args(case, "cuda")), kernel=True)  # "auto" is Triton on CUDA
+
+
+@pytest.mark.gpu
+def test_batch_rows_equal_each_sequence_alone_bit_for_bit_on_cuda():
+    for case in (cases()[3], cases()[4], cases()[6]):  # bf16, ragged by thousands of slots, trees and steps
+        whole, alone = batch_and_alone(case, "cuda")
+        for b, row in enumerate(alone):
+            assert torch.equal(whole[b : b + 1], row), (case["info"], b)
 
 
 @pytest.mark.gpu

@@ -15,9 +15,10 @@ of a sequence takes the ``c``-th run of ``cdiv(cdiv(n_b, BLOCK_N), C)`` tiles of
 from ``tl.dot``, the mask read in place: a bool mask replaces hidden scores with the fp32 minimum, as the
 reference's additive conversion does; a float mask is added) and writes its partial state (running max ``m``,
 sum of exponentials ``l``, unnormalised ``sum p * v``) in fp32 to a workspace laid out ``[B * H_kv, R, C]``
-(``[B * H_kv, R, C, D]``). ``C`` comes from ``split_plan`` over the span, so that ``B * H_kv * row blocks * C`` is
-about ``_TARGET_PROGRAMS`` (~2 programs per SM of a 132-SM H200): K / V bytes are what the call reads, and one
-program per head would leave most SMs idle.
+(``[B * H_kv, R, C, D]``). ``C`` comes from ``split_plan`` over one sequence's shapes, so that ``H_kv * row
+blocks * C`` is about ``_TARGET_PROGRAMS`` (~2 programs per SM of a 132-SM H200; K / V bytes are what the call
+reads, and one program per head would leave most SMs idle). Neither the span nor the batch size changes ``C``,
+the tiles or the combine, so each sequence's result is the same bit for bit in any batch and span bucket.
 
 Combine. ``_combine_kernel`` runs one program per (sequence, group, row): ``out = sum_c e^(m_c - M) acc_c /
 sum_c e^(m_c - M) l_c`` with ``M = max_c m_c`` (chunks read ``BLOCK_C`` at a time with the same online rescale),
@@ -48,8 +49,8 @@ __all__ = ["shared_bytes", "shared_limit", "split_plan", "tree_attention_triton"
 _TARGET_PROGRAMS = 256
 """Split programs aimed for: about two per SM on an H200 (132 SMs)."""
 
-_MIN_CHUNK = 32
-"""The fewest slots per chunk: below it the combine's traffic outweighs the split's parallelism."""
+_MAX_CHUNKS = 128
+"""The most chunks a sequence's length is split over (the combine reads one partial state per chunk)."""
 
 SHARED_BYTES = 232448
 """Shared memory one program may use when the device's own limit is not known (an H100 / H200's opt-in 227 KiB);
@@ -210,37 +211,32 @@ def shared_bytes(block_m: int, block_n: int, stages: int, dim: int, itemsize: in
 
 
 def split_plan(
-    rows: int, kv_heads: int, slots: int, dim: int = 128, itemsize: int = 2, shared: int = SHARED_BYTES
+    rows: int, kv_heads: int, dim: int = 128, itemsize: int = 2, shared: int = SHARED_BYTES
 ) -> dict[str, int]:
-    """The launch plan of a call, from shapes only: ``rows = rep * Q`` stacked rows per group, ``H_kv``, ``S``, the
-    head dim, the element size of K / V and the shared memory a program may use.
+    """The launch plan of a call, from the shapes of one sequence only: ``rows = rep * Q`` stacked rows per group,
+    ``H_kv``, the head dim, the element size of K / V and the shared memory a program may use. Neither the span nor
+    the batch enters it, so a sequence's tiles, chunks and sums are the same at every span bucket and batch size:
+    a row of a batch equals the sequence decoded alone, bit for bit.
 
     Returns:
-        dict: ``BLOCK_M`` (rows per program, 16-128; 16-64 for D 256), ``row_blocks``, ``CHUNK`` (slots per chunk,
-        a power of two >= ``_MIN_CHUNK``), ``chunks`` (``cdiv(S, CHUNK)``), ``BLOCK_N`` (slots per tile: 64, or 32
-        for rows of K / V wider than 512 bytes, e.g. D 256 in fp32) and ``STAGES`` (software pipeline depth: 3, or 2
-        for those wide rows). Where that needs more than ``shared`` bytes (``shared_bytes``; e.g. 64 rows of D 256 in
-        bf16 over 64-slot tiles: 240 KiB), the pipeline is shortened to 2 stages and then the tiles halved.
+        dict: ``BLOCK_M`` (rows per program, 16-128; 16-64 for D 256), ``row_blocks``, ``chunks`` (``C``, the
+        programs each (sequence, group, row block) splits its length over: ~``_TARGET_PROGRAMS`` per sequence,
+        at most ``_MAX_CHUNKS``), ``BLOCK_N`` (slots per tile: 64, or 32 for rows of K / V wider than 512 bytes,
+        e.g. D 256 in fp32) and ``STAGES`` (software pipeline depth: 3, or 2 for those wide rows). Where that needs
+        more than ``shared`` bytes (``shared_bytes``; e.g. 64 rows of D 256 in bf16 over 64-slot tiles: 240 KiB),
+        the pipeline is shortened to 2 stages and then the tiles halved.
     """
     wide = dim * itemsize > 512
     block_m = max(16, min(128 if dim <= 128 else 64, triton.next_power_of_2(rows)))  # one row block per tree
     row_blocks = triton.cdiv(rows, block_m)
-    want = triton.cdiv(_TARGET_PROGRAMS, kv_heads * row_blocks)
-    chunk = max(_MIN_CHUNK, triton.next_power_of_2(triton.cdiv(slots, want)))
-    block_n, stages = min(32 if wide else 64, chunk), 2 if wide else 3
+    chunks = max(1, min(_MAX_CHUNKS, triton.cdiv(_TARGET_PROGRAMS, kv_heads * row_blocks)))
+    block_n, stages = 32 if wide else 64, 2 if wide else 3
     while shared_bytes(block_m, block_n, stages, dim, itemsize) > shared and (stages > 2 or block_n > 16):
         if stages > 2:
             stages -= 1
         else:
             block_n //= 2
-    return {
-        "BLOCK_M": block_m,
-        "row_blocks": row_blocks,
-        "CHUNK": chunk,
-        "chunks": triton.cdiv(slots, chunk),
-        "BLOCK_N": block_n,
-        "STAGES": stages,
-    }
+    return {"BLOCK_M": block_m, "row_blocks": row_blocks, "chunks": chunks, "BLOCK_N": block_n, "STAGES": stages}
 
 
 def shared_limit(device: torch.device) -> int:
@@ -275,7 +271,7 @@ def tree_attention_triton(
         return out
     query, key, value = (_last_dim_contiguous(t) for t in (query, key, value))
     rows = rep * num_q
-    plan = split_plan(rows, kv_heads * batch, slots, dim, key.element_size(), shared_limit(query.device))
+    plan = split_plan(rows, kv_heads, dim, key.element_size(), shared_limit(query.device))
     chunks = plan["chunks"]
     ws = dict(dtype=torch.float32, device=query.device)
     m = torch.empty((batch * kv_heads, rows, chunks), **ws)
