@@ -124,7 +124,7 @@ def test_cases_cover_what_matters():
     assert any(len(set(i[4])) > 1 and max(i[4]) - min(i[4]) >= 1000 for i in info)  # ragged by thousands
     assert {i[7] for i in info} == {True, False} and any(i[2] > 1 for i in info)
     # a length whose tiles the split cannot share out evenly
-    for heads, kv_heads, rows, span, lengths, dim, _, _ in info:
+    for heads, kv_heads, rows, _, lengths, dim, _, _ in info:
         plan = split_plan(heads // kv_heads * rows, kv_heads, dim)
         if any(math.ceil(n / plan["BLOCK_N"]) % plan["chunks"] for n in lengths):
             break
