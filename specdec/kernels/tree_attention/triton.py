@@ -10,8 +10,8 @@ Split. Sequence ``b`` (of ``B``) reads slots ``[0, n_b)``: ``n_b = lengths[b]`` 
 given (its committed prefix and this call's rows: the static storage's capacity past it is never read), else the
 span ``S``. ``n_b`` is data, read by the kernel, so one launch plan (from shapes alone) serves every length and a
 captured graph replays at any. ``_split_kernel`` runs on a grid ``(C, B * H_kv, cdiv(R, BLOCK_M))``: chunk ``c``
-of a sequence takes the ``c``-th run of ``cdiv(cdiv(n_b, BLOCK_N), C)`` tiles of ``BLOCK_N`` slots (the runs past
-``n_b`` are empty and write an empty state), walks it with an online softmax in fp32 (scores ``q @ k^T * scale``
+of a sequence takes the ``c``-th run of ``cdiv(cdiv(n_b, BLOCK_N), C)`` tiles of ``BLOCK_N`` slots (a program
+whose run starts past ``n_b`` returns at once, and the combine reads only the runs before it), walks it with an online softmax in fp32 (scores ``q @ k^T * scale``
 from ``tl.dot``, the mask read in place: a bool mask replaces hidden scores with the fp32 minimum, as the
 reference's additive conversion does; a float mask is added) and writes its partial state (running max ``m``,
 sum of exponentials ``l``, unnormalised ``sum p * v``) in fp32 to a workspace laid out ``[B * H_kv, R, C]``
@@ -110,7 +110,11 @@ def _split_kernel(
     length = S
     if HAS_LEN:
         length = tl.minimum(tl.load(len_ptr + seq).to(tl.int32), S)
-    per = tl.cdiv(tl.cdiv(length, BLOCK_N), num_chunks) * BLOCK_N
+    tiles = tl.cdiv(length, BLOCK_N)
+    per_tiles = tl.maximum(tl.cdiv(tiles, num_chunks), 1)
+    if chunk >= tl.cdiv(tiles, per_tiles):
+        return  # a run past the length: nothing to read, nothing the combine will read
+    per = per_tiles * BLOCK_N
     start = chunk * per
     end = tl.minimum(start + per, length)
 
@@ -161,14 +165,18 @@ def _combine_kernel(
     l_ptr,  # [B * H_kv, R, C] fp32
     acc_ptr,  # [B * H_kv, R, C, D] fp32
     out_ptr,  # [B, Q, H, D] contiguous
+    len_ptr,  # [B] (HAS_LEN), else unused
     Q,
     H,
     R,
     C,
+    S,
     KV_HEADS,
     REP: tl.constexpr,
     D: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_LEN: tl.constexpr,
     OUT_BF16: tl.constexpr,
 ):
     pid = tl.program_id(0)  # (b * H_kv + g) * R + row
@@ -180,13 +188,20 @@ def _combine_kernel(
     qi = row % Q
     dims = tl.arange(0, D)
     base = pid.to(tl.int64) * C
+    # the chunks the split wrote: the runs of tiles that start before the sequence's length (an empty run added
+    # nothing, so skipping it leaves every sum as it was)
+    length = S
+    if HAS_LEN:
+        length = tl.minimum(tl.load(len_ptr + seq).to(tl.int32), S)
+    tiles = tl.cdiv(length, BLOCK_N)
+    used = tl.cdiv(tiles, tl.maximum(tl.cdiv(tiles, C), 1))
 
     m_run = tl.full([], float("-inf"), tl.float32)
     l_run = tl.zeros([], tl.float32)
     acc = tl.zeros([D], tl.float32)
-    for c0 in tl.range(0, C, BLOCK_C):
+    for c0 in tl.range(0, used, BLOCK_C):
         cs = c0 + tl.arange(0, BLOCK_C)
-        ok = cs < C
+        ok = cs < used
         m_c = tl.load(m_ptr + base + cs, mask=ok, other=float("-inf"))
         l_c = tl.load(l_ptr + base + cs, mask=ok, other=0.0)
         acc_c = tl.load(acc_ptr + (base + cs)[:, None] * D + dims[None, :], mask=ok[:, None], other=0.0)
@@ -294,8 +309,8 @@ def tree_attention_triton(
         UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=8 if wide else 4, num_stages=plan["STAGES"],
     )  # fmt: skip
     _combine_kernel[(batch * kv_heads * rows,)](
-        m, lsum, acc, out, num_q, heads, rows, chunks, kv_heads,
-        REP=rep, D=dim, BLOCK_C=max(2, min(32, triton.next_power_of_2(chunks))),
-        OUT_BF16=query.dtype == torch.bfloat16, num_warps=4 if dim * chunks >= 4096 else 2,
+        m, lsum, acc, out, lengths if has_len else m, num_q, heads, rows, chunks, slots, kv_heads,
+        REP=rep, D=dim, BLOCK_C=max(2, min(32, triton.next_power_of_2(chunks))), BLOCK_N=plan["BLOCK_N"],
+        HAS_LEN=has_len, OUT_BF16=query.dtype == torch.bfloat16, num_warps=4 if dim * chunks >= 4096 else 2,
     )  # fmt: skip
     return out
