@@ -11,11 +11,11 @@ given (its committed prefix and this call's rows: the static storage's capacity 
 span ``S``. ``n_b`` is data, read by the kernel, so one launch plan (from shapes alone) serves every length and a
 captured graph replays at any. ``_split_kernel`` runs on a grid ``(C, B * H_kv, cdiv(R, BLOCK_M))``: chunk ``c``
 of a sequence takes the ``c``-th run of ``cdiv(cdiv(n_b, BLOCK_N), C)`` tiles of ``BLOCK_N`` slots (a program
-whose run starts past ``n_b`` returns at once, and the combine reads only the runs before it), walks it with an online softmax in fp32 (scores ``q @ k^T * scale``
-from ``tl.dot``, the mask read in place: a bool mask replaces hidden scores with the fp32 minimum, as the
-reference's additive conversion does; a float mask is added) and writes its partial state (running max ``m``,
-sum of exponentials ``l``, unnormalised ``sum p * v``) in fp32 to a workspace laid out ``[B * H_kv, R, C]``
-(``[B * H_kv, R, C, D]``). ``C`` comes from ``split_plan`` over one sequence's shapes, so that ``H_kv * row
+whose run starts past ``n_b`` returns at once, and the combine reads only the runs before it), walks it with an
+online softmax in fp32 (scores ``q @ k^T * scale`` from ``tl.dot``, the mask read in place: a bool mask replaces
+hidden scores with the fp32 minimum, as the reference's additive conversion does; a float mask is added) and
+writes its partial state (running max ``m``, sum of exponentials ``l``, unnormalised ``sum p * v``) in fp32 to a
+workspace laid out ``[B * H_kv, R, C]`` (``[B * H_kv, R, C, D]``). ``C`` comes from ``split_plan`` over one sequence's shapes, so that ``H_kv * row
 blocks * C`` is about ``_TARGET_PROGRAMS`` (~2 programs per SM of a 132-SM H200; K / V bytes are what the call
 reads, and one program per head would leave most SMs idle). Neither the span nor the batch size changes ``C``,
 the tiles or the combine, so each sequence's result is the same bit for bit in any batch and span bucket.
