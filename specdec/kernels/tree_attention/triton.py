@@ -15,10 +15,11 @@ whose run starts past ``n_b`` returns at once, and the combine reads only the ru
 online softmax in fp32 (scores ``q @ k^T * scale`` from ``tl.dot``, the mask read in place: a bool mask replaces
 hidden scores with the fp32 minimum, as the reference's additive conversion does; a float mask is added) and
 writes its partial state (running max ``m``, sum of exponentials ``l``, unnormalised ``sum p * v``) in fp32 to a
-workspace laid out ``[B * H_kv, R, C]`` (``[B * H_kv, R, C, D]``). ``C`` comes from ``split_plan`` over one sequence's shapes, so that ``H_kv * row
-blocks * C`` is about ``_TARGET_PROGRAMS`` (~2 programs per SM of a 132-SM H200; K / V bytes are what the call
-reads, and one program per head would leave most SMs idle). Neither the span nor the batch size changes ``C``,
-the tiles or the combine, so each sequence's result is the same bit for bit in any batch and span bucket.
+workspace laid out ``[B * H_kv, R, C]`` (``[B * H_kv, R, C, D]``). ``C`` comes from ``split_plan`` over one
+sequence's shapes, so that ``H_kv * row blocks * C`` is about ``_TARGET_PROGRAMS`` (~2 programs per SM of a
+132-SM H200; K / V bytes are what the call reads, and one program per head would leave most SMs idle). Neither
+the span nor the batch size changes ``C``, the tiles or the combine, so each sequence's result is the same bit
+for bit in any batch and span bucket.
 
 Combine. ``_combine_kernel`` runs one program per (sequence, group, row): ``out = sum_c e^(m_c - M) acc_c /
 sum_c e^(m_c - M) l_c`` with ``M = max_c m_c`` (chunks read ``BLOCK_C`` at a time with the same online rescale),
