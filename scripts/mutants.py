@@ -407,6 +407,32 @@ MUTANTS = [
 # its exact comparison with HF's warpers).
 CHI2_VARIANTS = ("temperature_inverted", "top_p_crossing_dropped", "top_p_before_top_k", "top_k_default_ignored",
                  "sample_wrong_node")  # fmt: skip
+# -- the round's attention lengths and routed kernels --------------------------------------------------------
+MUTANTS += [
+    Mutant(  # each sequence's readable length one short: the newest row hidden from every query
+        "kv_lengths_one_short",
+        (("specdec/state/storage.py", "lengths = (write_index.amax(1) + 1).to(torch.int32)",
+          "lengths = write_index.amax(1).to(torch.int32)"),),  # fmt: skip
+        ("tests/round/test_grouped_attention.py", "-k", "length"),
+    ),
+    Mutant(  # the attention reference ignores the lengths: slots past them (stale rows) are read
+        "kv_lengths_ignored",
+        (("specdec/kernels/tree_attention/reference.py", "    if lengths is not None:\n", "    if False:\n"),),
+        ("tests/kernels/test_tree_attention_lengths.py",),
+    ),
+    Mutant(  # every RMSNorm routed, Gemma's x * (1 + w) included: the probe skipped
+        "norm_probe_skipped",
+        (("specdec/kernels/rms_norm/routing.py", "if _candidate(module) and _computes_the_reference(module):",
+          "if _candidate(module):"),),  # fmt: skip
+        ("tests/round/test_norm_routing.py",),
+    ),
+    Mutant(  # rotate_half with the sign on the wrong half
+        "rotary_sign_swapped",
+        (("specdec/kernels/rotary/reference.py", "return torch.cat((-x[..., half:], x[..., :half]), dim=-1)",
+          "return torch.cat((x[..., half:], -x[..., :half]), dim=-1)"),),  # fmt: skip
+        ("tests/kernels/test_rotary.py",),
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles
