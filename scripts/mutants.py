@@ -160,6 +160,11 @@ MUTANTS = [
         ((GENERATE, "input_ids[b if b < batch else 0, width - n :]", "input_ids[b if b < batch else 0, :n]"),),
         ("tests/round/test_batch.py",),
     ),
+    Mutant(  # prompts without attention_mask: no mask inferred from pad_token_id (the pads decoded as text)
+        "mask_inference_dropped",
+        ((GENERATE, "    if attention_mask is None:  # HF's rule", "    if False:  # HF's rule"),),
+        ("tests/test_input_rules.py",),
+    ),
     Mutant(  # a round's tokens past max_new_tokens kept
         "max_new_tokens_cut_removed",
         ((GENERATE, "            accepted = accepted[: remaining[b]]\n", ""),),
