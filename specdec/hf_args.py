@@ -254,23 +254,27 @@ def check_input_ids(
             f"attention_mask {shape} must be a tensor of the shape of input_ids {tuple(input_ids.shape)}: pass "
             "the mask of the same tokenizer call, or none."
         )
+    mask = attention_mask.detach().to("cpu").bool()
+    lengths = mask.sum(-1).tolist()
+    # a mask inferred from pad_token_id (``infer_attention_mask``) names the pad tokens of input_ids instead
+    where = "attention_mask" if pad_token_id is None else "input_ids"
+    padding = "padding" if pad_token_id is None else f"pad_token_id={pad_token_id}"
     inferred = (
         ""
         if pad_token_id is None
-        else f" (no attention_mask was passed: it is inferred from pad_token_id={pad_token_id} as HF's generate "
-        "infers it; pass attention_mask to mark the padding)"
+        else ", or pass attention_mask (no attention_mask: the mask is inferred from pad_token_id, as HF's generate "
+        "infers it; torch.ones_like(input_ids) where those tokens are text)"
     )
-    mask = attention_mask.detach().to("cpu").bool()
-    lengths = mask.sum(-1).tolist()
     for b, n in enumerate(lengths):
         if n == 0:
+            only = "" if pad_token_id is None else f" ({padding} only)"
             raise ValueError(
-                f"Row {b} of attention_mask is all padding{inferred}: every prompt needs at least one token."
+                f"Row {b} of {where} is all padding{only}: every prompt needs at least one token{inferred}."
             )
         if not bool(mask[b, width - n :].all()):
             raise ValueError(
-                f"Row {b} of attention_mask is not left-padded (padding after a token){inferred}: tokenize with "
-                "padding_side='left' (tokenizer.padding_side = 'left'), as decoder-only generation needs."
+                f"Row {b} of {where} is not left-padded ({padding} after a token): tokenize with padding_side='left' "
+                f"(tokenizer.padding_side = 'left'), as decoder-only generation needs{inferred}."
             )
     return input_ids.long(), lengths
 
@@ -321,7 +325,10 @@ def infer_attention_mask(
             logger.warning(PAD_IS_EOS_WARNING)
         return None, pad
     mask = input_ids != pad  # [B, T]
-    return (None if bool(mask.all()) else mask), pad
+    width = input_ids.shape[1]
+    if all(n == width for n in mask.sum(-1).tolist()):  # the call's one read of the prompt: no pad token anywhere
+        return None, pad
+    return mask, pad
 
 
 def normalize_eos_token_id(value) -> tuple[int, ...]:
