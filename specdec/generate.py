@@ -18,6 +18,7 @@ from specdec.backends import Backends
 from specdec.backends import use as use_backends
 from specdec.budget import AutoBudget
 from specdec.drafters.base import Drafter
+from specdec.drafters.follow import follow_target
 from specdec.engine import Engine, capture_reason, round_reason, tree_slots
 from specdec.hf_args import (
     check_drafter_and_tree,
@@ -211,6 +212,7 @@ def generate(
     if reason is not None:
         raise ValueError(f"specdec cannot run this combination: {reason}.")
     if drafter is not None:
+        follow_target(drafter, tgt)  # a target cast or moved since the drafter's last call takes the drafter along
         drafter.validate(tgt, fixed)
         drafter.reset()
     graph = _graphs(tgt, cuda_graphs)
@@ -238,7 +240,7 @@ def _decode(
     auto = AutoBudget(tree.sizes, rows) if drafter is not None and getattr(tree, "auto", False) else None
     fixed = tree.largest if auto is not None else tree
     engine = Engine.for_target(
-        tgt, capacity=longest + max_new_tokens + tree_slots(drafter, fixed) + 1, batch=rows
+        tgt, capacity=longest + max_new_tokens + tree_slots(drafter, fixed) + 1, batch=rows, drafter=drafter
     )
     suppress = (args.min_new_tokens, tuple(args.eos_token_ids)) if args.min_new_tokens and eos else (0, ())
     if streamer is not None:
