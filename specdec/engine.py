@@ -92,7 +92,14 @@ def weights_signature(modules: Iterable[torch.nn.Module]) -> tuple:
     which makes the state built for the old one stale; in-place updates of the values (``copy_``) do not.
     """
     tensors = itertools.chain.from_iterable(itertools.chain(m.parameters(), m.buffers()) for m in modules)
-    return tuple((t.data_ptr(), t.dtype, t.device) for t in tensors)
+    return tuple((_address(t), t.dtype, t.device) for t in tensors)
+
+
+def _address(t: torch.Tensor) -> int:
+    try:
+        return t.data_ptr()
+    except RuntimeError:  # a tensor subclass without storage of its own: its identity
+        return id(t)
 
 
 def tree_slots(drafter, tree) -> int:
