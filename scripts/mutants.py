@@ -160,6 +160,27 @@ MUTANTS = [
         ((GENERATE, "input_ids[b if b < batch else 0, width - n :]", "input_ids[b if b < batch else 0, :n]"),),
         ("tests/round/test_batch.py",),
     ),
+    Mutant(  # prompts without attention_mask: no mask inferred from pad_token_id (the pads decoded as text)
+        "mask_inference_dropped",
+        ((GENERATE, "    if attention_mask is None:  # HF's rule", "    if False:  # HF's rule"),),
+        ("tests/test_input_rules.py",),
+    ),
+    # -- the model changing under the library: a cast or move between calls ----------------------------------
+    Mutant(  # the engine built for the target's old weights reused after a dtype change (stale storage and rounds)
+        "stale_engine_after_dtype_change",
+        ((ENGINE, "if any(engine.signature != signature for engine in engines.values()):", "if False:"),),
+        ("tests/test_model_changes.py",),
+    ),
+    Mutant(  # the drafter's state and rounds built for its old weights reused after the drafter was cast
+        "stale_drafter_state_after_cast",
+        ((ENGINE, "if self._drafter_signatures.get(drafter, signature) != signature:", "if False:"),),
+        ("tests/test_model_changes.py",),
+    ),
+    Mutant(  # the drafter left at the target's old dtype when the target is cast
+        "drafter_does_not_follow_the_target",
+        ((GENERATE, "        follow_target(drafter, tgt)", "        pass"),),
+        ("tests/test_model_changes.py",),
+    ),
     Mutant(  # a round's tokens past max_new_tokens kept
         "max_new_tokens_cut_removed",
         ((GENERATE, "            accepted = accepted[: remaining[b]]\n", ""),),

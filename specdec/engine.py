@@ -5,22 +5,25 @@ of the target's state (attention K/V and recurrent state) and of the drafter's s
 by the (drafter, tree policy, rule, sampling, span) of the round and no host read, so the same code runs when
 called and when replayed from a CUDA graph (optionally under ``torch.compile``): ``specdec.runtime.Captured``
 picks how. The host then reads one small tensor (accepted tokens and counts) for EOS, ``max_new_tokens`` and the
-streamer. Engines (storage + rounds) are cached per target model and reused across ``generate`` calls. See
-``docs/round.md``.
+streamer. Engines (storage + rounds) are cached per target model and reused across ``generate`` calls while the
+target's weights keep their dtype, device and storage (``weights_signature``); a drafter's state and rounds likewise
+while its own weights do. See ``docs/round.md``.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 from transformers import DynamicCache
 
 from specdec.attention import AttentionScope, grouped_for
 from specdec.budget import ddtree_scores, expected_accepts
+from specdec.drafters.follow import drafter_modules
 from specdec.kernels.rms_norm.routing import norm_kernel_for
 from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
@@ -33,7 +36,16 @@ from specdec.target import TargetModel
 from specdec.trees.build import root_trees
 from specdec.types import DeviceTree, Proposal, SamplingParams
 
-__all__ = ["PREFILL_BUCKET", "SPAN_MIN", "Engine", "Round", "capture_reason", "round_reason", "tree_slots"]
+__all__ = [
+    "PREFILL_BUCKET",
+    "SPAN_MIN",
+    "Engine",
+    "Round",
+    "capture_reason",
+    "round_reason",
+    "tree_slots",
+    "weights_signature",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +83,24 @@ def capture_reason(target: TargetModel) -> str | None:
     if target.device.type != "cuda":
         return f"the target is on {target.device.type}, CUDA graphs need a CUDA device"
     return hybrid_reason(target.state, target.device, needs_kernels=True)
+
+
+def weights_signature(modules: Iterable[torch.nn.Module]) -> tuple:
+    """(address, dtype, device) of every parameter and buffer of ``modules``, in order.
+
+    The static storage takes the weights' dtype and device; captured graphs and compiled rounds read their addresses.
+    A cast or move (``model.to(torch.bfloat16)``, ``.double()``, ``.to("cuda")``, and back) changes the signature,
+    which makes the state built for the old one stale; in-place updates of the values (``copy_``) do not.
+    """
+    tensors = itertools.chain.from_iterable(itertools.chain(m.parameters(), m.buffers()) for m in modules)
+    return tuple((_address(t), t.dtype, t.device) for t in tensors)
+
+
+def _address(t: torch.Tensor) -> int:
+    try:
+        return t.data_ptr()
+    except RuntimeError:  # a tensor subclass without storage of its own: its identity
+        return id(t)
 
 
 def tree_slots(drafter, tree) -> int:
@@ -403,14 +433,17 @@ class Engine:
 
     _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {batch: Engine}
 
-    def __init__(self, target: TargetModel, capacity: int, batch: int = 1) -> None:
+    def __init__(self, target: TargetModel, capacity: int, batch: int = 1, signature: tuple | None = None) -> None:
         self.device, self.batch = target.device, batch
+        # the target's weights this engine was built for (``weights_signature``): another one makes it stale
+        self.signature = weights_signature([target.model]) if signature is None else signature
         self.target = StaticModel(target, capacity, batch)
         self.prefix = torch.zeros(batch, dtype=torch.long, device=self.device)  # each sequence's committed length
         self.root = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.prompt_len = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.active = torch.ones(batch, dtype=torch.bool, device=self.device)  # False: finished, commits nothing
         self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._drafter_signatures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # of their own weights
         self._rounds: dict = {}
         self._prefills: dict = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
@@ -420,10 +453,16 @@ class Engine:
         return self.target.capacity
 
     @classmethod
-    def for_target(cls, target: TargetModel, *, capacity: int, batch: int = 1) -> Engine:
-        """The cached engine of ``target.model`` for ``batch`` sequences if it holds ``capacity`` slots, else a new
-        one."""
+    def for_target(cls, target: TargetModel, *, capacity: int, batch: int = 1, drafter=None) -> Engine:
+        """The cached engine of ``target.model`` for ``batch`` sequences if it holds ``capacity`` slots and the
+        target's weights kept their dtype, device and storage since it was built, else a new one (every engine of a
+        target whose weights changed is dropped). The state and rounds kept for ``drafter`` are dropped too if its
+        own weights changed since their last call."""
+        signature = weights_signature([target.model])
         engines = cls._engines.setdefault(target.model, {})
+        if any(engine.signature != signature for engine in engines.values()):
+            logger.info("specdec: the target was cast or moved; its static storage and rounds are rebuilt")
+            engines.clear()  # free the old storage first
         engine = engines.get(batch)
         if engine is None or engine.capacity < capacity:
             need = -(-capacity // _CAPACITY_STEP) * _CAPACITY_STEP
@@ -432,15 +471,29 @@ class Engine:
                 logger.info("specdec: reallocating static storage for %d slots", need)
                 engines.pop(batch)  # free the old storage first
                 del engine
-            engine = cls(target, need, batch)
+            engine = cls(target, need, batch, signature)
             engines[batch] = engine
         engine.target.target = target
+        engine._check_drafter(drafter)
         return engine
 
     @classmethod
     def forget(cls, target: TargetModel) -> None:
         """Drop the engines of ``target.model`` (their storage is rebuilt on next use, e.g. after a move)."""
         cls._engines.pop(target.model, None)
+
+    def _check_drafter(self, drafter) -> None:
+        """Drop ``drafter``'s state, rounds and prefills on this engine if its own weights were cast, moved or
+        reallocated since they were built (``weights_signature``)."""
+        if drafter is None:
+            return
+        signature = weights_signature(drafter_modules(drafter))
+        if self._drafter_signatures.get(drafter, signature) != signature:
+            logger.info("specdec: the drafter was cast or moved; its state and rounds are rebuilt")
+            self._drafters.pop(drafter, None)
+            self._rounds = {key: rnd for key, rnd in self._rounds.items() if rnd.drafter is not drafter}
+            self._prefills = {key: pre for key, pre in self._prefills.items() if pre.drafter is not drafter}
+        self._drafter_signatures[drafter] = signature
 
     def _static(self, drafter):
         """The drafter's state on this engine (made on first use, refreshed on reuse)."""

@@ -18,8 +18,15 @@ from specdec.backends import Backends
 from specdec.backends import use as use_backends
 from specdec.budget import AutoBudget
 from specdec.drafters.base import Drafter
+from specdec.drafters.follow import follow_target
 from specdec.engine import Engine, capture_reason, round_reason, tree_slots
-from specdec.hf_args import check_drafter_and_tree, check_input_ids, generation_value, resolve_generation_args
+from specdec.hf_args import (
+    check_drafter_and_tree,
+    check_input_ids,
+    generation_value,
+    infer_attention_mask,
+    resolve_generation_args,
+)
 from specdec.runtime import check_compile
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
@@ -132,7 +139,8 @@ def generate(
         streamer: an HF streamer (``put``/``end``); receives the prompt, then tokens as they are committed (one
             sequence only, as in HF).
         attention_mask (torch.Tensor | None): ``[B, T]``: 1 on tokens, 0 on left padding (a tokenizer's mask with
-            ``padding_side="left"``); right padding is refused.
+            ``padding_side="left"``); right padding is refused. None: inferred from ``pad_token_id`` as HF infers it
+            (``docs/api.md``, input rules).
         generation_config (GenerationConfig | None): merged as HF merges it.
         max_length (int | None): total length, prompt included (HF semantics).
         min_new_tokens, min_length (int | None): EOS is suppressed until reached, exactly as HF's processors do.
@@ -184,6 +192,10 @@ def generate(
         **kwargs,
     )
     max_new_tokens, sampling = args.max_new_tokens, args.sampling
+    if attention_mask is None:  # HF's rule: the mask from pad_token_id where the prompts hold it (docs/api.md)
+        inferred, pad = infer_attention_mask(input_ids, args.pad_token_id, args.eos_token_ids)
+        if inferred is not None:
+            input_ids, lengths = check_input_ids(input_ids, inferred, tgt.device, pad_token_id=pad)
     if callable(getattr(tree, "with_sampling", None)):  # a policy that samples from q takes the call's settings
         tree = tree.with_sampling(sampling)
     auto = bool(getattr(tree, "auto", False)) and drafter is not None
@@ -200,6 +212,7 @@ def generate(
     if reason is not None:
         raise ValueError(f"specdec cannot run this combination: {reason}.")
     if drafter is not None:
+        follow_target(drafter, tgt)  # a target cast or moved since the drafter's last call takes the drafter along
         drafter.validate(tgt, fixed)
         drafter.reset()
     graph = _graphs(tgt, cuda_graphs)
@@ -227,7 +240,7 @@ def _decode(
     auto = AutoBudget(tree.sizes, rows) if drafter is not None and getattr(tree, "auto", False) else None
     fixed = tree.largest if auto is not None else tree
     engine = Engine.for_target(
-        tgt, capacity=longest + max_new_tokens + tree_slots(drafter, fixed) + 1, batch=rows
+        tgt, capacity=longest + max_new_tokens + tree_slots(drafter, fixed) + 1, batch=rows, drafter=drafter
     )
     suppress = (args.min_new_tokens, tuple(args.eos_token_ids)) if args.min_new_tokens and eos else (0, ())
     if streamer is not None:

@@ -7,6 +7,7 @@ the returned object) and that specdec cannot honour exactly is refused by name. 
 
 from __future__ import annotations
 
+import logging
 import numbers
 from dataclasses import dataclass
 
@@ -21,9 +22,12 @@ __all__ = [
     "check_drafter_and_tree",
     "check_input_ids",
     "generation_value",
+    "infer_attention_mask",
     "normalize_eos_token_id",
     "resolve_generation_args",
 ]
+
+logger = logging.getLogger(__name__)
 
 # HF's global defaults (``GenerationConfig._get_default_generation_params``) of the fields specdec reads.
 _DEFAULTS = {
@@ -206,7 +210,9 @@ def check_drafter_and_tree(drafter, tree) -> None:
         )
 
 
-def check_input_ids(input_ids, attention_mask, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+def check_input_ids(
+    input_ids, attention_mask, device: torch.device, *, pad_token_id: int | None = None
+) -> tuple[torch.Tensor, list[int]]:
     """Check the prompts as a drop-in ``generate`` receives them; return them as int64 with each row's length.
 
     Args:
@@ -214,6 +220,8 @@ def check_input_ids(input_ids, attention_mask, device: torch.device) -> tuple[to
             with ``padding=True, padding_side="left"`` returns them).
         attention_mask: None (no padding), or ``[B, T]`` with 1 on tokens and 0 on the left padding.
         device (torch.device): the target's device.
+        pad_token_id (int | None): the pad id ``attention_mask`` was inferred from (``infer_attention_mask``), named
+            in the errors; None = the caller's own mask.
 
     Returns:
         tuple[torch.Tensor, list[int]]: ``input_ids`` as int64, and the number of real tokens of each row (its last
@@ -248,15 +256,79 @@ def check_input_ids(input_ids, attention_mask, device: torch.device) -> tuple[to
         )
     mask = attention_mask.detach().to("cpu").bool()
     lengths = mask.sum(-1).tolist()
+    # a mask inferred from pad_token_id (``infer_attention_mask``) names the pad tokens of input_ids instead
+    where = "attention_mask" if pad_token_id is None else "input_ids"
+    padding = "padding" if pad_token_id is None else f"pad_token_id={pad_token_id}"
+    inferred = (
+        ""
+        if pad_token_id is None
+        else ", or pass attention_mask (no attention_mask: the mask is inferred from pad_token_id, as HF's generate "
+        "infers it; torch.ones_like(input_ids) where those tokens are text)"
+    )
     for b, n in enumerate(lengths):
         if n == 0:
-            raise ValueError(f"Row {b} of attention_mask is all padding: every prompt needs at least one token.")
+            only = "" if pad_token_id is None else f" ({padding} only)"
+            raise ValueError(
+                f"Row {b} of {where} is all padding{only}: every prompt needs at least one token{inferred}."
+            )
         if not bool(mask[b, width - n :].all()):
             raise ValueError(
-                f"Row {b} of attention_mask is not left-padded (padding after a token): tokenize with "
-                "padding_side='left' (tokenizer.padding_side = 'left'), as decoder-only generation needs."
+                f"Row {b} of {where} is not left-padded ({padding} after a token): tokenize with padding_side='left' "
+                f"(tokenizer.padding_side = 'left'), as decoder-only generation needs{inferred}."
             )
     return input_ids.long(), lengths
+
+
+# HF's warnings where a batch comes without attention_mask (``GenerationMixin._prepare_special_tokens``), verbatim.
+NO_MASK_NO_PAD_WARNING = (
+    "The attention mask and the pad token id were not set, with a batched input. As a consequence, you may "
+    "observe unexpected behavior. Please pass your input's `attention_mask` to obtain reliable results."
+)
+PAD_IS_EOS_WARNING = (
+    "The attention mask is not set with a batched input, and cannot be inferred from input because pad token "
+    "is same as eos token. As a consequence, you may observe unexpected behavior. Please pass your input's "
+    "`attention_mask` to obtain reliable results."
+)
+_warned_once: set[str] = set()  # HF logs PAD_IS_EOS_WARNING once per process (``logger.warning_once``)
+
+
+def infer_attention_mask(
+    input_ids: torch.Tensor, pad_token_id: int | None, eos_token_ids: tuple[int, ...]
+) -> tuple[torch.Tensor | None, int | None]:
+    """The mask HF's ``generate`` infers for prompts passed without ``attention_mask``, and the pad id it used.
+
+    HF's rule (``GenerationMixin._prepare_special_tokens`` and ``_prepare_attention_mask_for_generation``): the pad
+    id is the resolved ``pad_token_id`` (call, ``generation_config``, the target's ``generation_config``), else the
+    first EOS id. Where that id occurs in ``input_ids`` and is none of the EOS ids, the mask is ``input_ids != pad``;
+    else every token counts. A batch (``B > 1``) logs HF's warnings, as HF's logger does: the pad id taken from the
+    EOS id, and (once per process) a mask that cannot be inferred because the pad id is an EOS id.
+
+    Args:
+        input_ids (torch.Tensor): ``[B, T]`` integer prompts.
+        pad_token_id (int | None): the resolved pad id (None: unset everywhere).
+        eos_token_ids (tuple[int, ...]): the resolved stop tokens, in HF's order.
+
+    Returns:
+        tuple: (``[B, T]`` bool mask, or None where every token counts; the pad id, or None where there is none).
+    """
+    batched = input_ids.shape[0] > 1
+    pad = pad_token_id
+    if pad is None and eos_token_ids:
+        if batched:
+            logger.warning(NO_MASK_NO_PAD_WARNING)
+        pad = eos_token_ids[0]
+    if pad is None:
+        return None, None
+    if pad in eos_token_ids:
+        if batched and PAD_IS_EOS_WARNING not in _warned_once:
+            _warned_once.add(PAD_IS_EOS_WARNING)
+            logger.warning(PAD_IS_EOS_WARNING)
+        return None, pad
+    mask = input_ids != pad  # [B, T]
+    width = input_ids.shape[1]
+    if all(n == width for n in mask.sum(-1).tolist()):  # the call's one read of the prompt: no pad token anywhere
+        return None, pad
+    return mask, pad
 
 
 def normalize_eos_token_id(value) -> tuple[int, ...]:

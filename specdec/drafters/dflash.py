@@ -22,6 +22,7 @@ from specdec.drafters.dflash_model import (
     DFlashDraftModel,
     default_target_layer_ids,
 )
+from specdec.drafters.follow import note_target
 from specdec.drafters.identity import RECORD_KEY, check_identity, identity_differences, target_identity
 from specdec.paths import is_local_path, resolve_path
 from specdec.trees import Chain
@@ -287,6 +288,7 @@ class DFlashDrafter:
             )
             check_identity(diffs, name="This DFlash drafter", strict=self.strict)
             self._bound = (id(hf), identity)
+            note_target(self, hf)  # a later cast or move of the target moves the drafter too (drafters/follow.py)
         if getattr(self.model, "embed_tokens", None) is None:
             self._embed = hf.get_input_embeddings()
         if getattr(self.model, "lm_head", None) is None:
@@ -294,7 +296,8 @@ class DFlashDrafter:
         return self
 
     def to(self, device=None, dtype: torch.dtype | None = None) -> DFlashDrafter:
-        """Move the drafter's own weights (the borrowed modules stay with the target)."""
+        """Move the drafter's own weights (the borrowed modules stay with the target). ``generate`` calls it when the
+        target was cast or moved since the drafter last ran with it (``specdec.drafters.follow``)."""
         self.model.to(device=device, dtype=dtype)
         self.reset()
         return self

@@ -8,6 +8,7 @@ tree_depth)).
 
 from __future__ import annotations
 
+from specdec.drafters.follow import note_target
 from specdec.state.kv import KVState
 from specdec.target import TargetModel
 from specdec.trees import Chain
@@ -56,7 +57,15 @@ class ModelDrafter:
         missing, _ = draft.load_state_dict(target.state_dict(), strict=False)
         if missing:
             raise ValueError(f"Cannot truncate {type(target).__name__}: weights {missing[:3]} have no source.")
-        return cls(draft.eval(), **kwargs)
+        drafter = cls(draft.eval(), **kwargs)
+        note_target(drafter, target)  # a later cast or move of the target moves this copy too
+        return drafter
+
+    def to(self, device=None, dtype=None) -> ModelDrafter:
+        """Move the draft model like ``nn.Module.to(device=..., dtype=...)``; returns self. ``generate`` calls it when
+        the target was cast or moved since the drafter last ran with it (``specdec.drafters.follow``)."""
+        self.lm.model.to(device=device, dtype=dtype)
+        return self
 
     def validate(self, target: TargetModel, tree) -> None:
         if self.lm.vocab_size != target.vocab_size:

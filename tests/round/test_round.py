@@ -325,8 +325,9 @@ def test_round_reads_nothing_on_the_host(monkeypatch):
 
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_a_call_reads_the_host_once_per_round(monkeypatch, do_sample):
-    """Around the rounds, the loop's budget: one read per round (the pinned copy of its accepted tokens and counts)
-    and one for the prefill's first token, for plain decoding, a chain and a DDTree, greedy and sampling."""
+    """Around the rounds, the loop's budget: one read per round (the pinned copy of its accepted tokens and counts),
+    one for the prefill's first token and one of the prompt (whether it holds pad tokens, from which HF infers the
+    attention mask: tests/test_input_rules.py), for plain decoding, a chain and a DDTree, greedy and sampling."""
     target = tiny_model("qwen3", scale=2.0)
     drafter = sharp_drafter(target)  # its identity check reads the target's embedding once, before the spy
     reads = spy_round_reads(monkeypatch, everywhere=True)
@@ -335,4 +336,4 @@ def test_a_call_reads_the_host_once_per_round(monkeypatch, do_sample):
         out = specdec.generate(target, prompt(), drafter=d, tree=tree, max_new_tokens=20, do_sample=do_sample,
                                generator=torch.Generator().manual_seed(0))  # fmt: skip
         assert out.stats.path == "eager" and out.stats.rounds > 0
-        assert len(reads) == out.stats.rounds + 1, reads
+        assert len(reads) == out.stats.rounds + 2, reads

@@ -76,14 +76,15 @@ def test_scan_prefill_decodes_the_target_greedy_like_the_model_prefill(family):
     target = _target(family)
     drafter = _bigram_drafter(target)
     input_ids = torch.randint(0, VOCAB, (1, 70), generator=torch.Generator().manual_seed(5))
+    ones = torch.ones_like(input_ids)  # token 0 (the pad id) inside the prompt is text here, not padding
     # 20 tokens: qwen3_next's 28th greedy token is a near-tie that the scan and HF's chunked prefill round apart
-    want = target.generate(input_ids, max_new_tokens=20, do_sample=False)
+    want = target.generate(input_ids, attention_mask=ones, max_new_tokens=20, do_sample=False)
     for tree in (None, specdec.Chain(k=4), specdec.DDTree(budget=8)):
         d = drafter if tree is not None else None
         out = {}
         for prefill in ("scan", "model"):
-            out[prefill] = specdec.generate(target, input_ids, drafter=d, tree=tree, max_new_tokens=20,
-                                            backends={"hybrid_prefill": prefill})  # fmt: skip
+            out[prefill] = specdec.generate(target, input_ids, attention_mask=ones, drafter=d, tree=tree,
+                                            max_new_tokens=20, backends={"hybrid_prefill": prefill})  # fmt: skip
         assert torch.equal(out["scan"].sequences, want) and torch.equal(out["model"].sequences, want), tree
         assert out["scan"].stats.accept_hist == out["model"].stats.accept_hist, tree
 
