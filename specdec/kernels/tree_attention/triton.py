@@ -272,9 +272,11 @@ def tree_attention_triton(
     mask: torch.Tensor,
     scale: float,
     lengths: torch.Tensor | None = None,
+    plan: dict[str, int] | None = None,
 ) -> torch.Tensor:
     """Masked grouped-query attention in two launches (arguments as ``tree_attention_reference``; not checked
     here: fp32 / bf16 / fp16, a power-of-two head dim 16-256, ``lengths`` an integer ``[B]`` tensor or None).
+    ``plan`` overrides entries of ``split_plan``'s launch plan (and ``num_warps``): for tuning benchmarks only.
 
     Returns:
         torch.Tensor: ``[B, Q, H, D]`` contiguous, query's dtype.
@@ -287,7 +289,10 @@ def tree_attention_triton(
         return out
     query, key, value = (_last_dim_contiguous(t) for t in (query, key, value))
     rows = rep * num_q
+    overrides = dict(plan or {})
     plan = split_plan(rows, kv_heads, dim, key.element_size(), shared_limit(query.device))
+    plan.update({k: v for k, v in overrides.items() if k in plan})
+    plan["row_blocks"] = triton.cdiv(rows, plan["BLOCK_M"])
     chunks = plan["chunks"]
     ws = dict(dtype=torch.float32, device=query.device)
     m = torch.empty((batch * kv_heads, rows, chunks), **ws)
@@ -297,7 +302,7 @@ def tree_attention_triton(
     # a bool mask is read as bytes: a view when eager; under torch.compile a copy (inductor cannot lower a bool view)
     mask_arg = (mask.to(torch.uint8) if torch.compiler.is_compiling() else mask.view(torch.uint8)) if is_bool else mask
     mask_batch_stride = mask_arg.stride(0) if mask_arg.shape[0] > 1 else 0
-    wide = dim * plan["BLOCK_M"] >= 8192
+    warps = overrides.get("num_warps", 8 if dim * plan["BLOCK_M"] >= 8192 else 4)
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     has_len = lengths is not None
     _split_kernel[(chunks, batch * kv_heads, plan["row_blocks"])](
@@ -307,7 +312,7 @@ def tree_attention_triton(
         mask_batch_stride, mask_arg.stride(2), mask_arg.stride(3),  # the copy's own strides (a copy is contiguous)
         SCALE=float(scale), REP=rep, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
         MASK_BOOL=is_bool, HAS_LEN=has_len, IEEE=query.dtype == torch.float32,
-        UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=8 if wide else 4, num_stages=plan["STAGES"],
+        UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=warps, num_stages=plan["STAGES"],
     )  # fmt: skip
     _combine_kernel[(batch * kv_heads * rows,)](
         m, lsum, acc, out, lengths if has_len else m, num_q, heads, rows, chunks, slots, kv_heads,

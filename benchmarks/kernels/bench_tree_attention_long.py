@@ -1,0 +1,86 @@
+"""``tree_attention`` over long spans: K / V read per call against the memory bandwidth, and launch plans side by side.
+
+Shape: the 8 B target's attention (H 32, H_kv 8, D 128, bf16) reading the first ``n`` slots of a 40 960-slot static
+cache (``lengths = n``, as the round passes them), ``n`` in {512, 8 k, 32 k}, Q in {1, 16, 32, 64} query rows under
+a tree mask. Providers, all replayed from a CUDA graph: ``sdpa-stacked`` (PyTorch's SDPA over exactly ``n`` slots,
+the query reshaped to ``[1, H_kv, rep * Q, D]``), ``triton`` (the default launch plan) and ``triton:<plan>``
+variants (entries of ``split_plan`` overridden: ``N`` BLOCK_N, ``S`` stages, ``W`` warps, ``C`` chunks). The
+``GB/s`` column is the K / V bytes of ``n`` slots over the default plan's time.
+
+    python benchmarks/kernels/bench_tree_attention_long.py [--out bench_out/kernels]
+"""
+
+from __future__ import annotations
+
+import torch
+from _common import bench_args, report, time_call  # benchmarks/kernels, beside this script
+from bench_tree_attention import tree_mask
+
+from specdec.kernels.tree_attention.triton import tree_attention_triton
+
+HEADS, KV_HEADS, DIM, CACHE = 32, 8, 128, 40960
+SPANS = [512, 8192, 32768]
+ROWS = [1, 16, 32, 64]
+DTYPE = torch.bfloat16
+SCALE = DIM**-0.5
+VARIANTS = {
+    "N128": {"BLOCK_N": 128},
+    "S2": {"STAGES": 2},
+    "S4": {"STAGES": 4},
+    "W4": {"num_warps": 4},
+    "W8": {"num_warps": 8},
+    "C64": {"chunks": 64},
+    "C16": {"chunks": 16},
+    "N128S2W8": {"BLOCK_N": 128, "STAGES": 2, "num_warps": 8},
+}
+
+
+def run(device: torch.device) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    key, value = (torch.randn(1, KV_HEADS, CACHE, DIM, generator=gen).to(device=device, dtype=DTYPE) for _ in "kv")
+    out = []
+    for span in SPANS:
+        lengths = torch.tensor([span], device=device, dtype=torch.int32)
+        for rows in ROWS:
+            query = torch.randn(1, HEADS, rows, DIM, generator=gen).to(device=device, dtype=DTYPE)
+            full = torch.ones(1, 1, rows, CACHE, dtype=torch.bool)
+            full[..., :span] = tree_mask(gen, rows, span)
+            mask = full.to(device)
+            additive = torch.zeros(1, 1, rows, span, dtype=DTYPE, device=device).masked_fill(
+                ~mask[..., :span], torch.finfo(DTYPE).min
+            )
+            stacked_mask = additive.repeat(1, 1, HEADS // KV_HEADS, 1)
+
+            def sdpa(q=query, m=stacked_mask, n=span, rows=rows):
+                q = q.reshape(1, KV_HEADS, -1, DIM)
+                o = torch.nn.functional.scaled_dot_product_attention(q, key[:, :, :n], value[:, :, :n], attn_mask=m)
+                return o.reshape(1, HEADS, rows, DIM).transpose(1, 2).contiguous()
+
+            row = {"S": span, "Q": rows}
+            row["sdpa-stacked"] = time_call(sdpa, device, graph=True)[0]
+            calls = {"triton": None, **{f"triton:{k}": v for k, v in VARIANTS.items()}}
+            for name, plan in calls.items():
+                try:
+                    call = lambda q=query, m=mask, p=plan, n=lengths: (  # noqa: E731
+                        tree_attention_triton(q, key, value, m, SCALE, n, plan=p)
+                    )
+                    row[name] = time_call(call, device, graph=True)[0]
+                except Exception as err:  # a plan that does not fit the device (shared memory): nan
+                    row[name] = float("nan")
+                    print(f"{name} S={span} Q={rows}: {type(err).__name__}: {str(err)[:120]}")
+            row["GB/s"] = 2 * KV_HEADS * span * DIM * 2 / (row["triton"] * 1e-3) / 1e9
+            out.append(row)
+    return out
+
+
+def main() -> None:
+    args, device, name = bench_args(__doc__.splitlines()[0])
+    if device.type != "cuda":
+        raise SystemExit("this benchmark times CUDA graphs: run it on a CUDA device")
+    print(f"tree_attention over long spans, bf16, median ms per call (graph replay) on {name}; warm")
+    columns = ["S", "Q", "sdpa-stacked", "triton", *[f"triton:{k}" for k in VARIANTS], "GB/s"]
+    report(run(device), columns, args.out, "tree_attention_long.csv", device)
+
+
+if __name__ == "__main__":
+    main()
