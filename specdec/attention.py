@@ -35,6 +35,7 @@ from specdec.backends import env_default
 
 __all__ = [
     "KERNEL",
+    "KV_FLAT",
     "KV_LENGTHS",
     "MODE",
     "NAME",
@@ -53,6 +54,10 @@ MAX_KERNEL_QUERIES = 128
 # (``[B]`` int32: committed prefix + this forward's rows, ``StaticModel.forward``); HF's models pass unknown
 # keyword arguments of their forward down to the attention function.
 KV_LENGTHS = "specdec_kv_lengths"
+# Likewise each sequence's flat prefix (``[B]`` int32: the committed slots, which every query row of the forward
+# sees, or does not see, whole): the kernel reads no mask there (``tree_attention``'s ``flat``). Passed only where
+# every attention layer gets the one mask (no sliding-window layers).
+KV_FLAT = "specdec_kv_flat"
 # Keyword arguments that change what attention computes; any of them set sends the call to HF's sdpa.
 _HF_ONLY = ("softcap", "s_aux", "sinks", "position_bias")
 # Where the round uses grouped_sdpa: "auto" (uncompiled forwards, and compiled ones where the grouped case runs
@@ -131,6 +136,7 @@ def grouped_sdpa(
     """
     heads, kv_heads = query.shape[1], key.shape[1]
     lengths = kwargs.pop(KV_LENGTHS, None)
+    flat = kwargs.pop(KV_FLAT, None)
     plain = (
         heads % kv_heads
         or attention_mask is None
@@ -156,7 +162,9 @@ def grouped_sdpa(
         scale = head_dim**-0.5 if scaling is None else scaling
         if lengths is not None and (lengths.shape != (batch,) or lengths.device != query.device):
             lengths = None  # not this forward's sequences (e.g. a model inside another's forward): read the span
-        return tree_attention(query, key, value, attention_mask, scale, lengths, impl=impl), None
+        if flat is not None and (flat.shape != (batch,) or flat.device != query.device):
+            flat = None
+        return tree_attention(query, key, value, attention_mask, scale, lengths, impl=impl, flat=flat), None
     if plain or heads == kv_heads:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs

@@ -208,7 +208,8 @@ class Round:
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix  # [B]
         mask = target.additive_mask((self.keys <= prefix[:, None])[:, None])  # [B, 1, 1, span]
-        logits, _ = target.forward(engine.root[:, None], prefix[:, None], mask, prefix[:, None], span=self.span)
+        logits, _ = target.forward(engine.root[:, None], prefix[:, None], mask, prefix[:, None], span=self.span,
+                                   flat=prefix)  # fmt: skip
         tree = root_trees(engine.root)
         accept = self.rule.accept(tree, self._process(logits, tree.depth), self.sampling, self.noise, 0, None)
         choice = accept.tokens[:, 0]
@@ -227,13 +228,14 @@ class Round:
         mask = tree_masks(tree.parents, tree.valid, prefix, self.span, self.depth, target.target.dtype)
         write_index = prefix[:, None] + self.arange
         args = (tree.tokens, prefix[:, None] + tree.depth, mask, write_index, self.taps)
+        # the committed prefix is flat: every real node sees it whole, padding sees none of it
         if self.hybrid is None:
-            return (*target.forward(*args, span=self.span), None)
+            return (*target.forward(*args, span=self.span, flat=prefix), None)
         # recurrent mixers run through their adapters over the device topology
         rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
                           topo=DeviceTopology(tree, chain=not self.tree.branching if self.tree else True))  # fmt: skip
         with adapter_forwards(self.hybrid.adapters, rnd):
-            logits, hidden = target.forward(*args, span=self.span)
+            logits, hidden = target.forward(*args, span=self.span, flat=prefix)
         return logits, hidden, rnd
 
     def _round(self) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.attention import KV_LENGTHS
+from specdec.attention import KV_FLAT, KV_LENGTHS
 from specdec.state import cache_kwarg, manager_for
 from specdec.state.storage import StaticKVCache
 from specdec.state.windows import WindowLayout, keep_every_key, window_layout
@@ -114,11 +114,14 @@ class TargetModel:
         rows=None,
         batched=False,
         kv_lengths=None,
+        kv_flat=None,
     ):
         """One forward on ``cache`` (default this wrapper's); returns (logits ``[N, V]``, taps or None).
 
         ``kv_lengths`` (``[B]`` int32, the slots each sequence may read) reaches the attention layers as the keyword
-        argument ``specdec.attention.KV_LENGTHS`` where the model's forward passes keyword arguments down.
+        argument ``specdec.attention.KV_LENGTHS`` where the model's forward passes keyword arguments down;
+        ``kv_flat`` (``[B]`` int32, each sequence's flat prefix) as ``KV_FLAT``, the caller's guarantee that every
+        query row's mask is, in slots ``[0, kv_flat[b])``, its value at slot 0 in every attention layer.
         ``last_only`` keeps the last row's logits, ``rows`` (a ``[R]`` int64 device tensor) the logits of those
         rows (``[R, V]``; graph-safe: no host read). ``batched``: logits of every sequence, ``[B, N, V]``.
         """
@@ -137,6 +140,8 @@ class TargetModel:
             kwargs["output_hidden_states"] = True
         if kv_lengths is not None and self._passes_kwargs:
             kwargs[KV_LENGTHS] = kv_lengths
+        if kv_flat is not None and self._passes_kwargs:
+            kwargs[KV_FLAT] = kv_flat
         if rows is not None and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = rows
         elif last_only and self._has_logits_to_keep:

@@ -4,7 +4,8 @@ Shape: the 8 B target's attention (H 32, H_kv 8, D 128, bf16) reading the first 
 cache (``lengths = n``, as the round passes them), ``n`` in {512, 8 k, 32 k}, Q in {1, 16, 32, 64} query rows under
 a tree mask. Providers, all replayed from a CUDA graph: ``sdpa-stacked`` (PyTorch's SDPA over exactly ``n`` slots,
 the query reshaped to ``[1, H_kv, rep * Q, D]``), ``triton`` (the default launch plan) and ``triton:<plan>``
-variants (entries of ``split_plan`` overridden: ``N`` BLOCK_N, ``S`` stages, ``W`` warps, ``C`` chunks). The
+variants (``flat``: the committed prefix passed as flat, the mask read only over the tree; entries of
+``split_plan`` overridden: ``S`` stages, ``W`` warps, ``C`` chunks). The
 ``GB/s`` column is the K / V bytes of ``n`` slots over the default plan's time.
 
     python benchmarks/kernels/bench_tree_attention_long.py [--out bench_out/kernels]
@@ -19,19 +20,18 @@ from bench_tree_attention import tree_mask
 from specdec.kernels.tree_attention.triton import tree_attention_triton
 
 HEADS, KV_HEADS, DIM, CACHE = 32, 8, 128, 40960
-SPANS = [512, 8192, 32768]
-ROWS = [1, 16, 32, 64]
+SPANS = [512, 32768]
+ROWS = [1, 32, 64]
 DTYPE = torch.bfloat16
 SCALE = DIM**-0.5
 VARIANTS = {
-    "N128": {"BLOCK_N": 128},
-    "S2": {"STAGES": 2},
-    "S4": {"STAGES": 4},
-    "W4": {"num_warps": 4},
-    "W8": {"num_warps": 8},
-    "C64": {"chunks": 64},
-    "C16": {"chunks": 16},
-    "N128S2W8": {"BLOCK_N": 128, "STAGES": 2, "num_warps": 8},
+    "flat": {"flat": 1},
+    "nomask": {"MASK_MODE": 1},
+    "flat+exp2": {"flat": 1, "EXP2": True},
+    "flat+krows": {"flat": 1, "K_ROWS": True},
+    "flat+C16": {"flat": 1, "chunks": 16},
+    "flat+W4": {"flat": 1, "num_warps": 4},
+    "flat+S2": {"flat": 1, "STAGES": 2},
 }
 
 
@@ -61,8 +61,10 @@ def run(device: torch.device) -> list[dict]:
             calls = {"triton": None, **{f"triton:{k}": v for k, v in VARIANTS.items()}}
             for name, plan in calls.items():
                 try:
-                    call = lambda q=query, m=mask, p=plan, n=lengths: (  # noqa: E731
-                        tree_attention_triton(q, key, value, m, SCALE, n, plan=p)
+                    p = dict(plan or {})
+                    f = torch.tensor([span - rows], device=device, dtype=torch.int32) if p.pop("flat", 0) else None
+                    call = lambda q=query, m=mask, p=p, n=lengths, f=f: (  # noqa: E731
+                        tree_attention_triton(q, key, value, m, SCALE, n, plan=p, flat=f)
                     )
                     row[name] = time_call(call, device, graph=True)[0]
                 except Exception as err:  # a plan that does not fit the device (shared memory): nan

@@ -255,13 +255,17 @@ class StaticModel:
         mask = mask.masked_fill_(~seen, torch.finfo(dtype).min)
         return mask[None, None] if seen.dim() == 2 else mask[:, None]
 
-    def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, rows=None, span=None):
+    def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, rows=None, span=None,
+                flat=None):  # fmt: skip
         """Logits ``[B, N, V]`` (``[B, 1, V]`` for ``last_only``; for ``rows`` ``[B]``, one query per sequence:
         ``[B, 1, V]``) and taps ``[B, N, K*H]`` (or None) of one forward of ``ids [B, N]`` writing K/V at
         ``write_index`` (``[B, N]``, or ``[N]`` shared by every sequence) and attending over slots ``[0, span)`` (None:
         the whole capacity; ``mask`` is ``[B or 1, 1, N, span]``, the full-attention mask: sliding-window layers also
         lose the keys out of their window, the key of each slot being at the position last written there,
-        ``positions`` for the slots of ``write_index``, the slot's own index elsewhere)."""
+        ``positions`` for the slots of ``write_index``, the slot's own index elsewhere). ``flat`` (``[B]``, or None):
+        the caller's guarantee that each row of ``mask`` is, in slots ``[0, flat[b])``, its value at slot 0 (the
+        committed prefix, seen whole by a tree's nodes, unseen by its padding): the attention kernel then reads
+        no mask there (dropped for models with sliding-window layers, whose masks differ per layer)."""
         batch = self.storage.batch
         write_index = write_index.reshape(-1, write_index.shape[-1]).expand(batch, -1)
         self.storage.write_index = write_index
@@ -283,6 +287,7 @@ class StaticModel:
             rows=rows,
             batched=True,
             kv_lengths=lengths,
+            kv_flat=None if flat is None or self.windows.slides else flat.to(torch.int32),
         )
         if rows is not None and batch > 1:  # each sequence's own row: the diagonal of [B, R = B, V]
             pick = torch.arange(batch, device=logits.device)

@@ -40,6 +40,7 @@ SPECS = [
 ]
 # the cheap ones for the interpreter: every GQA ratio, ragged rows, both mask layouts, fp32 and bf16, 4 k and 40 k
 INTERPRETED = [0, 1, 2, 3, 5, 6]
+FLAT_INTERPRETED = [1, 3, 4]  # of INTERPRETED: ragged bf16 rows, a 4 k span in one mask, fp32 Q 5
 
 
 def make_case(seed: int, heads, kv_heads, rows, span, lengths, dim, dtype, shared) -> dict:
@@ -84,6 +85,21 @@ def case_args(case: dict, device: str = "cpu", lengths: bool = True) -> tuple:
     k, v = case["k"].to(device)[:, :, :span], case["v"].to(device)[:, :, :span]
     return (case["q"].to(device), k, v, case["mask"].to(device), case["scale"],
             case["lengths"].to(device) if lengths else None)  # fmt: skip
+
+
+def flat_args(case: dict, device: str = "cpu") -> tuple:
+    """``case_args`` with each sequence's flat prefix (the slots before its tree, seen by every row) and the mask
+    there, past slot 0, made *hidden*: a kernel that reads the mask in a flat prefix past slot 0 hides the prefix
+    and fails the check against the unchanged mask."""
+    q, k, v, mask, scale, lengths = case_args(case, device)
+    rows = q.shape[2]
+    flat = (lengths - rows).clamp(min=0)
+    if mask.shape[0] == 1:
+        flat = flat.min().expand(flat.shape).clone()  # one mask for all: its tree starts at the shortest length
+    poisoned = mask.clone()
+    for b in range(mask.shape[0]):
+        poisoned[b, ..., 1 : int(flat[b])] = torch.finfo(mask.dtype).min
+    return q, k, v, poisoned, scale, lengths, flat
 
 
 def brute64(query, key, value, mask, scale, lengths) -> torch.Tensor:
@@ -137,6 +153,19 @@ def test_reference_matches_float64_brute_force():
         check(case, tree_attention_reference(*case_args(case)), kernel=False)
 
 
+def test_reference_reads_no_mask_in_the_flat_prefix():
+    for case in cases():
+        check(case, tree_attention_reference(*flat_args(case)), kernel=False)
+
+
+def test_a_flat_prefix_one_slot_too_long_fails_the_check():
+    # the planted bug: the flat prefix reaching into the tree (its first node sees no sibling)
+    case = cases()[4]
+    q, k, v, mask, scale, lengths, flat = flat_args(case)
+    with pytest.raises(AssertionError):
+        check(case, tree_attention_reference(q, k, v, mask, scale, lengths, flat + 2), kernel=False)
+
+
 def test_ignoring_the_lengths_fails_the_check():
     # the planted bug: a call that reads past a sequence's length (here: all of the span) sees NaN or visible keys
     case = cases()[1]
@@ -188,6 +217,12 @@ def test_interpreted_matches_float64_brute_force(interpreted):
 
 
 @pytest.mark.interpreter
+def test_interpreted_kernel_reads_no_mask_in_the_flat_prefix(interpreted):
+    for i, got in zip(FLAT_INTERPRETED, interpreted["flat"], strict=True):
+        check(interpreted["cases"][i], got, kernel=True)
+
+
+@pytest.mark.interpreter
 def test_interpreted_kernel_without_lengths_fails_the_check(interpreted):
     with pytest.raises(AssertionError):
         check(interpreted["cases"][1], interpreted["no_lengths"], kernel=True)
@@ -215,11 +250,17 @@ def test_interpreted_batch_rows_equal_each_sequence_alone_bit_for_bit(interprete
         assert torch.equal(whole[b : b + 1], row), b
 
 
+def _flat_call(case: dict, device: str = "cpu") -> torch.Tensor:
+    q, k, v, mask, scale, lengths, flat = flat_args(case, device)
+    return tree_attention(q, k, v, mask, scale, lengths, impl="triton", flat=flat)
+
+
 def _run_interpreted(folder: Path) -> None:
     data = torch.load(folder / "cases.pt")
     poison_empty()
     out = {"outputs": [tree_attention(*case_args(c), impl="triton") for c in data["cases"]]}
     out["no_lengths"] = tree_attention(*case_args(data["cases"][1], lengths=False), impl="triton")
+    out["flat"] = [_flat_call(data["cases"][i]) for i in FLAT_INTERPRETED]
     out["batch_and_alone"] = batch_and_alone(data["cases"][1])
     torch.save(out, folder / "outputs.pt")
 
@@ -232,6 +273,19 @@ def test_compiled_matches_float64_brute_force_on_cuda():
     for case in cases():
         check(case, tree_attention(*case_args(case, "cuda"), impl="triton"), kernel=True)
         check(case, tree_attention(*case_args(case, "cuda")), kernel=True)  # "auto" is Triton on CUDA
+
+
+@pytest.mark.gpu
+def test_flat_prefix_reads_no_mask_there_and_changes_no_bit_on_cuda():
+    for case in cases():
+        got = _flat_call(case, "cuda")
+        check(case, got, kernel=True)
+        q, k, v, mask, scale, lengths = case_args(case, "cuda")
+        flat = flat_args(case, "cuda")[-1]
+        # with the true mask the flat prefix changes nothing: the same tiles, sums and order
+        assert torch.equal(tree_attention(q, k, v, mask, scale, lengths, impl="triton", flat=flat),
+                           tree_attention(q, k, v, mask, scale, lengths, impl="triton")), case["info"]  # fmt: skip
+        assert torch.equal(got, tree_attention(q, k, v, mask, scale, lengths, impl="triton", flat=flat))
 
 
 @pytest.mark.gpu

@@ -56,10 +56,12 @@ def tree_attention(
     lengths: torch.Tensor | None = None,
     *,
     impl: Impl = "auto",
+    flat: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked grouped-query attention of ``Q`` query rows over ``S`` key slots, per sequence. Arguments as
     :func:`tree_attention_reference` (``lengths``: ``[B]`` int32 / int64 on query's device, each in ``[1, S]``:
-    the caller's guarantee, not checked, since checking would read the device).
+    the caller's guarantee, not checked, since checking would read the device; ``flat``: ``[B]`` likewise, the
+    flat prefix of each sequence, whose mask the Triton version does not read past slot 0).
 
     Args:
         impl (str): ``"triton"`` (split-KV: CUDA or Triton's interpreter; fp32 / bf16 / fp16 and a head dim in
@@ -70,11 +72,12 @@ def tree_attention(
         torch.Tensor: ``[B, Q, H, D]`` contiguous, query's dtype (the layout of HF's attention functions).
     """
     _check_args(query, key, value, mask, scale, impl, lengths)
+    _check_lengths("flat", flat, query)
     if pick_impl(impl, query.device, _MODULE, fits=_fits_triton(query)) == "torch":
-        return tree_attention_reference(query, key, value, mask, scale, lengths)
+        return tree_attention_reference(query, key, value, mask, scale, lengths, flat)
     from specdec.kernels.tree_attention.triton import tree_attention_triton
 
-    return tree_attention_triton(query, key, value, mask, scale, lengths)
+    return tree_attention_triton(query, key, value, mask, scale, lengths, flat=flat)
 
 
 def _triton_available() -> bool:
@@ -106,6 +109,19 @@ def triton_picked(device: torch.device, dtype: torch.dtype | None = None, head_d
 
 def _describe(t) -> str:
     return f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _check_lengths(name: str, lengths, query: torch.Tensor) -> None:
+    batch = query.shape[0]
+    if lengths is not None and (
+        not isinstance(lengths, torch.Tensor)
+        or lengths.dtype not in (torch.int32, torch.int64)
+        or tuple(lengths.shape) != (batch,)
+        or lengths.device != query.device
+    ):
+        what = "readable slots (prefix + the call's rows)" if name == "lengths" else "flat prefix (slots)"
+        raise ValueError(f"{name} must be None or a [B] = [{batch}] int32 / int64 tensor on {query.device}; got "
+                         f"{_describe(lengths)}: pass each sequence's {what}.")  # fmt: skip
 
 
 def _check_args(query, key, value, mask, scale, impl: str = "auto", lengths=None) -> None:
@@ -140,15 +156,7 @@ def _check_args(query, key, value, mask, scale, impl: str = "auto", lengths=None
         raise ValueError(f"mask must be [B, 1, Q, S] = [{batch}, 1, {rows}, {slots}] (or [1, 1, Q, S] for every "
                          f"sequence; one for all heads); got {list(mask.shape)}: slice it to the key span "
                          "(mask[..., :S]), or pass mask[:, :1].")  # fmt: skip
-    if lengths is not None and (
-        not isinstance(lengths, torch.Tensor)
-        or lengths.dtype not in (torch.int32, torch.int64)
-        or tuple(lengths.shape) != (batch,)
-        or lengths.device != query.device
-    ):
-        raise ValueError(f"lengths must be None or a [B] = [{batch}] int32 / int64 tensor on {query.device}; got "
-                         f"{_describe(lengths)}: pass each sequence's readable slots (prefix + the call's "
-                         "rows).")  # fmt: skip
+    _check_lengths("lengths", lengths, query)
     for name, t in (("key", key), ("value", value), ("mask", mask)):
         if t.device != query.device:
             raise ValueError(f"{name} is on {t.device}, query on {query.device}: move them to one device.")

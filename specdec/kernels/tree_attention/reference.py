@@ -15,6 +15,7 @@ def tree_attention_reference(
     mask: torch.Tensor,
     scale: float,
     lengths: torch.Tensor | None = None,
+    flat: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention as HF's eager path computes it: K / V repeated per query head, fp32 scores plus the additive mask,
     softmax, weighted sum of V, rounded to query's dtype.
@@ -32,6 +33,10 @@ def tree_attention_reference(
         lengths (torch.Tensor | None): ``[B]`` integer: sequence ``b`` reads only slots ``[0, lengths[b])``
             (its committed prefix and this call's rows); slots past it are hidden whatever the mask says and their
             K / V are never used. None = all ``S``.
+        flat (torch.Tensor | None): ``[B]`` integer: the flat prefix of sequence ``b``, slots ``[0, flat[b])``,
+            where every query row's mask is its value at slot 0 (what the mask holds at the prefix's other slots
+            is not read): for a committed prefix that every row sees, or does not see, whole, so that the kernel
+            reads no mask there. None = no flat prefix.
 
     Returns:
         torch.Tensor: ``[B, Q, H, D]`` contiguous, query's dtype.
@@ -45,6 +50,9 @@ def tree_attention_reference(
         additive.masked_fill_(~mask, torch.finfo(acc).min)
     else:
         additive = mask.to(acc)
+    if flat is not None:
+        prefix = torch.arange(key.shape[2], device=key.device)[None, :] < flat.to(key.device)[:, None]  # [B, S]
+        additive = torch.where(prefix[:, None, None], additive[..., :1], additive)
     if lengths is not None:
         slots = torch.arange(key.shape[2], device=key.device)
         past = (slots[None, :] >= lengths.to(key.device)[:, None])[:, None, None]  # [B, 1, 1, S]

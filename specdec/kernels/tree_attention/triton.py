@@ -61,12 +61,63 @@ _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).m
 
 
 @triton.jit
+def _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, row_ok, dims, stride_ks, stride_vs,
+          stride_ms, SCALE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MASK_BOOL: tl.constexpr,
+          IEEE: tl.constexpr, UPCAST: tl.constexpr, HAS_FLAT: tl.constexpr, MASK_MODE: tl.constexpr,
+          EXP2: tl.constexpr, K_ROWS: tl.constexpr):  # fmt: skip
+    """One ``BLOCK_N``-slot tile of the online softmax: scores of the tile's slots ``[s0, s0 + BLOCK_N)`` (those
+    at or past ``end`` hidden and never read), the mask read per slot (``MASKED``) or each row's flat value
+    ``row_seen`` (additive, fp32), and the running max / sum / accumulator updated."""
+    cols = s0 + tl.arange(0, BLOCK_N)
+    col_ok = cols < end
+    cols64 = cols.to(tl.int64)
+    # K^T tile [D, BLOCK_N]; slots past the length are never read (the cache beyond it may hold anything)
+    if K_ROWS:
+        k = tl.trans(tl.load(k_base + cols64[:, None] * stride_ks + dims[None, :], mask=col_ok[:, None], other=0.0))
+    else:
+        k = tl.load(k_base + cols64[None, :] * stride_ks + dims[:, None], mask=col_ok[None, :], other=0.0)
+    scores = dot_fp32(q, k, IEEE, UPCAST) * (SCALE * 1.4426950408889634 if EXP2 else SCALE)
+    if MASKED:
+        if MASK_MODE == 0:
+            per_slot = col_ok
+            if HAS_FLAT:
+                per_slot = col_ok & (cols >= flat)  # a tile across the flat prefix's end reads the mask past it only
+            seen = tl.load(mask_rows + cols64[None, :] * stride_ms, mask=row_ok[:, None] & per_slot[None, :], other=0)
+            masked = tl.where(seen != 0, scores, _FP32_MIN) if MASK_BOOL else scores + seen.to(tl.float32)
+            if HAS_FLAT:
+                masked = tl.where(per_slot[None, :], masked, scores + row_seen[:, None])
+            scores = masked
+    else:
+        scores = scores + row_seen[:, None]
+    scores = tl.where(col_ok[None, :], scores, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing yet: no -inf - -inf
+    if EXP2:
+        p = tl.exp2(scores - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_ref)
+    else:
+        p = tl.exp(scores - m_ref[:, None])
+        alpha = tl.exp(m_i - m_ref)
+    v = tl.load(v_base + cols64[:, None] * stride_vs + dims[None, :], mask=col_ok[:, None], other=0.0)
+    if IEEE:
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + dot_fp32(p, v, IEEE, UPCAST)
+    else:
+        p_low = p.to(v.dtype)
+        l_i = l_i * alpha + tl.sum(p_low.to(tl.float32), axis=1)
+        acc = acc * alpha[:, None] + dot_fp32(p_low, v, IEEE, UPCAST)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _split_kernel(
     q_ptr,  # [B, H, Q, D], strides (stride_qb, stride_qh, stride_qq, 1)
     k_ptr,  # [B, H_kv, S, D], strides (stride_kb, stride_kh, stride_ks, 1)
     v_ptr,  # [B, H_kv, S, D], strides (stride_vb, stride_vh, stride_vs, 1)
     mask_ptr,  # [B or 1, 1, Q, S], strides (stride_mb, stride_mq, stride_ms): uint8 (a bool mask) or float
     len_ptr,  # [B] int32 / int64: slots read per sequence (HAS_LEN), else unused
+    flat_ptr,  # [B] int32 / int64: the flat prefix per sequence (HAS_FLAT), else unused
     m_ptr,  # [B * H_kv, R, C] fp32 workspace: running max
     l_ptr,  # [B * H_kv, R, C] fp32 workspace: sum of exponentials
     acc_ptr,  # [B * H_kv, R, C, D] fp32 workspace: sum of p * v
@@ -93,8 +144,12 @@ def _split_kernel(
     D: tl.constexpr,
     MASK_BOOL: tl.constexpr,  # the mask is bool (read as uint8): nonzero = visible
     HAS_LEN: tl.constexpr,  # read only [0, lengths[b]) of sequence b
+    HAS_FLAT: tl.constexpr,  # slots [0, flat[b]) take each row's mask at slot 0
     IEEE: tl.constexpr,  # fp32 inputs: IEEE dots, p kept in fp32
     UPCAST: tl.constexpr,  # bf16 under the interpreter: dots on operands widened to fp32 (see dot_fp32)
+    MASK_MODE: tl.constexpr = 0,  # tuning probes: 0 the mask read per tile; 1 no mask read (timing only)
+    EXP2: tl.constexpr = False,  # tuning probe: exp2 with log2(e) folded into the scale
+    K_ROWS: tl.constexpr = False,  # tuning probe: K loaded [BLOCK_N, D] and transposed in registers
 ):
     chunk = tl.program_id(0)
     seq_group = tl.program_id(1)  # b * H_kv + g
@@ -129,30 +184,26 @@ def _split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for s0 in tl.range(start, end, BLOCK_N):
-        cols = s0 + tl.arange(0, BLOCK_N)
-        col_ok = cols < end
-        cols64 = cols.to(tl.int64)
-        # K^T tile [D, BLOCK_N]; slots past the length are never read (the cache beyond it may hold anything)
-        k = tl.load(k_base + cols64[None, :] * stride_ks + dims[:, None], mask=col_ok[None, :], other=0.0)
-        scores = dot_fp32(q, k, IEEE, UPCAST) * SCALE
-        seen = tl.load(mask_rows + cols64[None, :] * stride_ms, mask=row_ok[:, None] & col_ok[None, :], other=0)
-        scores = tl.where(seen != 0, scores, _FP32_MIN) if MASK_BOOL else scores + seen.to(tl.float32)
-        scores = tl.where(col_ok[None, :], scores, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing yet: no -inf - -inf
-        p = tl.exp(scores - m_ref[:, None])
-        alpha = tl.exp(m_i - m_ref)
-        v = tl.load(v_base + cols64[:, None] * stride_vs + dims[None, :], mask=col_ok[:, None], other=0.0)
-        if IEEE:
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + dot_fp32(p, v, IEEE, UPCAST)
+    # the flat prefix: whole tiles of the run below flat[b] take each row's mask at slot 0 (read once, here)
+    mid = start
+    flat = 0
+    row_seen = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_FLAT:
+        flat = tl.minimum(tl.load(flat_ptr + seq).to(tl.int32), end)
+        mid = start + tl.maximum(flat - start, 0) // BLOCK_N * BLOCK_N
+        first = tl.load(mask_rows, mask=row_ok[:, None], other=0)  # [BLOCK_M, 1]: each row's mask at slot 0
+        if MASK_BOOL:
+            row_seen = tl.sum(tl.where(first != 0, 0.0, _FP32_MIN), axis=1)
         else:
-            p_low = p.to(v.dtype)
-            l_i = l_i * alpha + tl.sum(p_low.to(tl.float32), axis=1)
-            acc = acc * alpha[:, None] + dot_fp32(p_low, v, IEEE, UPCAST)
-        m_i = m_new
+            row_seen = tl.sum(first.to(tl.float32), axis=1)
+        for s0 in tl.range(start, mid, BLOCK_N):
+            m_i, l_i, acc = _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, row_ok, dims,
+                                  stride_ks, stride_vs, stride_ms, SCALE, BLOCK_N, False, MASK_BOOL, IEEE, UPCAST,
+                                  HAS_FLAT, MASK_MODE, EXP2, K_ROWS)  # fmt: skip
+    for s0 in tl.range(mid, end, BLOCK_N):
+        m_i, l_i, acc = _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, row_ok, dims,
+                              stride_ks, stride_vs, stride_ms, SCALE, BLOCK_N, True, MASK_BOOL, IEEE, UPCAST,
+                              HAS_FLAT, MASK_MODE, EXP2, K_ROWS)  # fmt: skip
 
     part = (seq_group.to(tl.int64) * R + rows) * num_chunks + chunk
     tl.store(m_ptr + part, m_i, mask=row_ok)
@@ -273,9 +324,11 @@ def tree_attention_triton(
     scale: float,
     lengths: torch.Tensor | None = None,
     plan: dict[str, int] | None = None,
+    flat: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked grouped-query attention in two launches (arguments as ``tree_attention_reference``; not checked
-    here: fp32 / bf16 / fp16, a power-of-two head dim 16-256, ``lengths`` an integer ``[B]`` tensor or None).
+    here: fp32 / bf16 / fp16, a power-of-two head dim 16-256, ``lengths`` and ``flat`` integer ``[B]`` tensors or
+    None).
     ``plan`` overrides entries of ``split_plan``'s launch plan (and ``num_warps``): for tuning benchmarks only.
 
     Returns:
@@ -306,13 +359,15 @@ def tree_attention_triton(
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     has_len = lengths is not None
     _split_kernel[(chunks, batch * kv_heads, plan["row_blocks"])](
-        query, key, value, mask_arg, lengths if has_len else m, m, lsum, acc, num_q, slots, rows, kv_heads,
+        query, key, value, mask_arg, lengths if has_len else m, m if flat is None else flat, m, lsum, acc, num_q,
+        slots, rows, kv_heads,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2),
         mask_batch_stride, mask_arg.stride(2), mask_arg.stride(3),  # the copy's own strides (a copy is contiguous)
         SCALE=float(scale), REP=rep, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
-        MASK_BOOL=is_bool, HAS_LEN=has_len, IEEE=query.dtype == torch.float32,
+        MASK_BOOL=is_bool, HAS_LEN=has_len, HAS_FLAT=flat is not None, IEEE=query.dtype == torch.float32,
         UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=warps, num_stages=plan["STAGES"],
+        **{k: overrides[k] for k in ("MASK_MODE", "EXP2", "K_ROWS") if k in overrides},
     )  # fmt: skip
     _combine_kernel[(batch * kv_heads * rows,)](
         m, lsum, acc, out, lengths if has_len else m, num_q, heads, rows, chunks, slots, kv_heads,
