@@ -441,6 +441,17 @@ MUTANTS += [
         (("specdec/kernels/tree_attention/reference.py", "    if lengths is not None:\n", "    if False:\n"),),
         ("tests/kernels/test_tree_attention_lengths.py",),
     ),
+    Mutant(  # the tree verify's flat prefix two slots too long: the first nodes' mask read as the prefix's
+        "kv_flat_too_long",
+        (("specdec/engine.py", "return (*target.forward(*args, span=self.span, flat=prefix), None)",
+          "return (*target.forward(*args, span=self.span, flat=prefix + 2), None)"),),  # fmt: skip
+        ("tests/round/test_grouped_attention.py", "tests/e2e/test_long_prompt.py"),
+    ),
+    Mutant(  # the attention reference reads the mask inside the flat prefix (the kernel's contract unchecked)
+        "kv_flat_mask_read",
+        (("specdec/kernels/tree_attention/reference.py", "    if flat is not None:\n", "    if False:\n"),),
+        ("tests/kernels/test_tree_attention_lengths.py",),
+    ),
     Mutant(  # every RMSNorm routed, Gemma's x * (1 + w) included: the probe skipped
         "norm_probe_skipped",
         (("specdec/kernels/rms_norm/routing.py", "if _candidate(module) and _computes_the_reference(module):",
