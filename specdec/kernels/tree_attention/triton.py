@@ -16,7 +16,7 @@ online softmax in fp32 (scores ``q @ k^T * scale`` from ``tl.dot``, the mask rea
 hidden scores with the fp32 minimum, as the reference's additive conversion does; a float mask is added) and
 writes its partial state (running max ``m``, sum of exponentials ``l``, unnormalised ``sum p * v``) in fp32 to a
 workspace laid out ``[B * H_kv, R, C]`` (``[B * H_kv, R, C, D]``). ``C`` comes from ``split_plan`` over one
-sequence's shapes, so that ``H_kv * row blocks * C`` is about ``_TARGET_PROGRAMS`` (~2 programs per SM of a
+sequence's shapes, so that ``H_kv * row blocks * C`` is about ``_TARGET_PROGRAMS`` (~1 program per SM of a
 132-SM H200; K / V bytes are what the call reads, and one program per head would leave most SMs idle). Neither
 the span nor the batch size changes ``C``, the tiles or the combine, so each sequence's result is the same bit
 for bit in any batch and span bucket.
@@ -47,8 +47,9 @@ from specdec.kernels.triton_ops import dot_fp32, to_bf16
 
 __all__ = ["shared_bytes", "shared_limit", "split_plan", "tree_attention_triton"]
 
-_TARGET_PROGRAMS = 256
-"""Split programs aimed for: about two per SM on an H200 (132 SMs)."""
+_TARGET_PROGRAMS = 128
+"""Split programs aimed for: about one per SM on an H200 (132 SMs), one wave (two waves measured slower: 0.076 against
+0.066 ms for a 32-node tree over 32 k slots at the 8 B shape, ``benchmarks/kernels/bench_tree_attention_long.py``)."""
 
 _MAX_CHUNKS = 128
 """The most chunks a sequence's length is split over (the combine reads one partial state per chunk)."""
