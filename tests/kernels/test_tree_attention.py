@@ -302,7 +302,7 @@ def test_split_plan_fills_the_gpu_at_the_8b_shape():
     for rows in (1, 16, 32, 64):
         plan = split_plan(4 * rows, 8)
         programs = plan["chunks"] * 8 * plan["row_blocks"]
-        assert programs >= 256 and plan["BLOCK_M"] >= 16 and plan["BLOCK_N"] == 64
+        assert programs >= 128 and plan["BLOCK_M"] >= 16 and plan["BLOCK_N"] == 64  # one wave of 132 SMs
     assert split_plan(128, 8)["row_blocks"] == 1  # a 32-node tree of 4 grouped heads: K / V read once
 
 
