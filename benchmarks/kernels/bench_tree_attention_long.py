@@ -2,11 +2,11 @@
 
 Shape: the 8 B target's attention (H 32, H_kv 8, D 128, bf16) reading the first ``n`` slots of a 40 960-slot static
 cache (``lengths = n``, as the round passes them), ``n`` in {512, 32 k}, Q in {1, 32, 64} query rows under a tree
-mask. Providers, all replayed from a CUDA graph: ``sdpa-stacked`` (PyTorch's SDPA over exactly ``n`` slots,
-the query reshaped to ``[1, H_kv, rep * Q, D]``), ``triton`` (the default launch plan, the mask read at every slot) and ``triton:<plan>``
-variants: ``flat`` (the committed prefix passed as flat, the mask read only over the tree: the round's call) and
-``flat+2waves`` (with twice the chunks of the plan, ~256 programs: two waves on an H200). The
-``GB/s`` column is the K / V bytes of ``n`` slots over the ``flat`` time.
+mask. Providers, all replayed from a CUDA graph: ``sdpa-stacked`` (PyTorch's SDPA over exactly ``n`` slots, the
+query reshaped to ``[1, H_kv, rep * Q, D]``), ``triton`` (the default launch plan, the mask read at every slot),
+``triton:flat`` (the committed prefix passed as flat, the mask read only over the tree: the round's call) and
+``triton:flat+2waves`` (twice the plan's chunks, ~256 programs: two waves on an H200). The ``GB/s`` column is the
+K / V bytes of ``n`` slots over the ``flat`` time.
 
     python benchmarks/kernels/bench_tree_attention_long.py [--out bench_out/kernels]
 """
