@@ -452,7 +452,13 @@ MUTANTS += [
         (("specdec/kernels/tree_attention/reference.py", "    if flat is not None:\n", "    if False:\n"),),
         ("tests/kernels/test_tree_attention_lengths.py",),
     ),
-    Mutant(  # every RMSNorm routed, Gemma's x * (1 + w) included: the probe skipped
+    Mutant(  # a Gemma / Qwen3.5 norm routed with Llama's formula: the probed formula ignored
+        "norm_formula_ignored",
+        (("specdec/kernels/rms_norm/routing.py", 'unit_offset=_formula(module) == "unit_offset"',
+          "unit_offset=False"),),  # fmt: skip
+        ("tests/round/test_norm_routing.py",),
+    ),
+    Mutant(  # every RMSNorm routed, norms of another formula (x / rms * (2 + w), gated) included: the probe skipped
         "norm_probe_skipped",
         (("specdec/kernels/rms_norm/routing.py", "if _candidate(module) and _computes_the_reference(module):",
           "if _candidate(module):"),),  # fmt: skip

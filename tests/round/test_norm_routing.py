@@ -1,7 +1,8 @@
 """The target's RMSNorm layers through ``rms_norm`` (``specdec.kernels.rms_norm.routing``, ``Backends.target_norm``):
-which modules are routed (a probe against the reference formula, so Gemma-style ``x * (1 + w)`` norms keep their
-own forward), that the round routes them only while it runs and restores the model, and that the tokens stay
-HF's. On CPU ``rms_norm`` is its reference; the kernel itself is tested in ``tests/kernels/test_rms_norm.py``."""
+which modules are routed (a probe against the reference's two formulas, Llama's and Gemma's / Qwen3-Next's
+``x / rms * (1 + w)``, so a norm of another formula keeps its own forward), that the round routes them only while
+it runs and restores the model, and that the tokens stay HF's. On CPU ``rms_norm`` is its reference; the kernel
+itself is tested in ``tests/kernels/test_rms_norm.py`` and ``test_rms_norm_unit_offset.py``."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import specdec
 from specdec.kernels.rms_norm import routing
 
 
-class PlusOneRMSNorm(nn.Module):
-    """A norm of another formula under a matching name: ``x / rms * (1 + w)``."""
+class PlusTwoRMSNorm(nn.Module):
+    """A norm of another formula under a matching name: ``x / rms * (2 + w)``."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -25,7 +26,7 @@ class PlusOneRMSNorm(nn.Module):
 
     def forward(self, x):
         y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.float())).to(x.dtype)
+        return (y * (2.0 + self.weight.float())).to(x.dtype)
 
 
 def _types(modules) -> set[str]:
@@ -36,9 +37,15 @@ def test_the_probe_routes_the_reference_formula_only():
     assert _types(routing.norm_modules(tiny_model("qwen3"))) == {"Qwen3RMSNorm"}
     assert len(routing.norm_modules(tiny_model("qwen3"))) == 2 * 4 + 1  # 2 layers x (input, post, q, k) + final
     assert _types(routing.norm_modules(tiny_model("llama"))) == {"LlamaRMSNorm"}
-    assert routing.norm_modules(tiny_model("gemma3")) == []  # x * (1 + w)
-    assert routing.norm_modules(tiny_hybrid("qwen3_5")) == []
-    assert routing.norm_modules(nn.Sequential(PlusOneRMSNorm(16))) == []
+    gemma = routing.norm_modules(tiny_model("gemma3"))  # x / rms * (1 + w)
+    assert _types(gemma) == {"Gemma3RMSNorm"} and {routing._formula(m) for m in gemma} == {"unit_offset"}
+    hybrid = tiny_hybrid("qwen3_5")
+    routed = routing.norm_modules(hybrid)
+    assert _types(routed) == {"Qwen3_5RMSNorm"} and {routing._formula(m) for m in routed} == {"unit_offset"}
+    gated = [m for m in hybrid.modules() if "Gated" in type(m).__name__]
+    assert gated and not set(map(id, gated)) & set(map(id, routed))  # a gated norm keeps its own forward
+    assert {routing._formula(m) for m in routing.norm_modules(tiny_model("qwen3"))} == {"plain"}
+    assert routing.norm_modules(nn.Sequential(PlusTwoRMSNorm(16))) == []
     model = tiny_model("qwen3")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     routing.norm_modules(model)
@@ -57,7 +64,7 @@ def test_norm_kernel_choice(monkeypatch):
         routing.norm_kernel_for("cpu")
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "phi3", "gemma3"])
 def test_routed_round_equals_hf_and_restores_the_model(arch, monkeypatch):
     model = tiny_model(arch, scale=4.0)
     calls = []
@@ -76,3 +83,20 @@ def test_routed_round_equals_hf_and_restores_the_model(arch, monkeypatch):
     calls.clear()
     specdec.generate(model, ids, max_new_tokens=4, backends={"target_norm": "torch"})
     assert calls == []
+
+
+def test_routed_hybrid_round_equals_hf(monkeypatch):
+    """Qwen3.5's ``x / rms * (1 + w)`` norms routed (its gated norms not), plain decoding and n-gram chain rounds."""
+    model = tiny_hybrid("qwen3_5")
+    calls = []
+    real = routing.norm_forward
+    monkeypatch.setattr(routing, "norm_forward", lambda m, x: calls.append(type(m).__name__) or real(m, x))
+    ids = torch.tensor([[5, 9, 2, 77, 5, 9, 2, 77, 31, 8, 40, 5, 9]])  # repeats: the n-gram drafter proposes
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False)
+    drafter = specdec.NGramDrafter()
+    for tree in (None, specdec.Chain(4)):
+        calls.clear()
+        out = specdec.generate(model, ids, drafter=drafter if tree else None, tree=tree, max_new_tokens=10,
+                               backends={"target_norm": "triton"})  # fmt: skip
+        assert torch.equal(out.sequences, want), tree
+        assert calls and set(calls) == {"Qwen3_5RMSNorm"}

@@ -34,6 +34,7 @@ def rms_norm(
     eps: float,
     *,
     period: int = 1,
+    unit_offset: bool = False,
     impl: Impl = "auto",
 ) -> torch.Tensor:
     """RMSNorm over the last dim of ``x``, with one weight row per group of ``period`` rows. Arguments as
@@ -44,14 +45,15 @@ def rms_norm(
             ``"auto"``: Triton on CUDA (or under ``TRITON_INTERPRET=1``) when it imports, else the reference.
 
     Returns:
-        torch.Tensor: ``x``'s shape, dtype ``torch.promote_types(x.dtype, weight.dtype)``.
+        torch.Tensor: ``x``'s shape, dtype ``torch.promote_types(x.dtype, weight.dtype)`` (``unit_offset``:
+        ``x.dtype``).
     """
     _check_args(x, weight, eps, period)
     if pick_impl(impl, x.device, _MODULE) == "torch":
-        return rms_norm_reference(x, weight, eps, period=period)
+        return rms_norm_reference(x, weight, eps, period=period, unit_offset=unit_offset)
     from specdec.kernels.rms_norm.triton import rms_norm_triton
 
-    return rms_norm_triton(x, weight, eps, period)
+    return rms_norm_triton(x, weight, eps, period, unit_offset=unit_offset)
 
 
 def _triton_available() -> bool:

@@ -8,7 +8,9 @@ import torch
 __all__ = ["rms_norm_reference"]
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *, period: int = 1) -> torch.Tensor:
+def rms_norm_reference(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, period: int = 1, unit_offset: bool = False
+) -> torch.Tensor:
     """The drafter"s ``_RMSNorm`` as tensor ops; a ``[G, D]`` weight is gathered row by row.
 
     Args:
@@ -18,16 +20,19 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *, per
             (``x [R, L, H, D]`` with per-layer weights ``[L, D]`` takes ``period=H``).
         eps (float): added to the mean square.
         period (int): consecutive rows of ``x`` sharing a weight row, >= 1 (only read when ``G > 1``).
+        unit_offset (bool): the Gemma / Qwen3-Next formula instead: ``(x / rms) * (1 + weight)`` all in fp32,
+            rounded once to ``x.dtype``.
 
     Returns:
         torch.Tensor: ``x``"s shape, dtype ``torch.promote_types(x.dtype, weight.dtype)``: ``weight * (x / rms)``
-        with ``x / rms`` computed in fp32 and rounded to ``x.dtype`` first.
+        with ``x / rms`` computed in fp32 and rounded to ``x.dtype`` first (``unit_offset``: ``x.dtype``).
     """
+    norm = _unit_offset_norm if unit_offset else _rms_norm
     if weight.dim() == 2 and weight.shape[0] > 1:
         rows = x.reshape(-1, x.shape[-1])
         index = (torch.arange(rows.shape[0], device=x.device) // period) % weight.shape[0]
-        return _rms_norm(rows, weight[index], eps).view(x.shape)
-    return _rms_norm(x, weight.reshape(-1), eps)  # [1, D] -> [D]
+        return norm(rows, weight[index], eps).view(x.shape)
+    return norm(x, weight.reshape(-1), eps)  # [1, D] -> [D]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -36,3 +41,10 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x.to(dtype)
+
+
+def _unit_offset_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Gemma / Qwen3-Next RMSNorm: normalised in fp32, times ``1 + weight`` in fp32, rounded to ``x``'s dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + weight.float())).type_as(x)

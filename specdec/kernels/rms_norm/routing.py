@@ -6,10 +6,11 @@ query and key norms): ~1000 launches in a captured 8 B decode step, each a few m
 tensor. ``rms_norm``'s Triton kernel does one. Under ``torch.compile`` the compiler fuses them itself, so only
 uncompiled forwards are routed.
 
-Which modules: every module of the models whose computation is the reference's (``weight * (x / rms(x))`` with
-``x / rms`` in fp32 rounded to ``x``'s dtype), decided per module type by a probe — the module's own forward and
-``rms_norm_reference`` on a random input in the module's dtype and device must agree exactly — so a norm of
-another formula (Gemma's ``x * (1 + w)``, a norm with a bias, a gated norm) keeps its own forward.
+Which modules: every module of the models whose computation is one of the reference's two formulas (Llama's
+``weight * (x / rms(x))`` with ``x / rms`` in fp32 rounded to ``x``'s dtype, or Gemma's / Qwen3-Next's
+``(x / rms(x)) * (1 + weight)`` in fp32 rounded once), decided per module type by a probe — the module's own
+forward and ``rms_norm_reference`` on a random input with a random weight in the module's dtype and device must
+agree exactly — so a norm of another formula (a norm with a bias, a gated norm) keeps its own forward.
 
 ``Backends.target_norm`` (``SPECDEC_TARGET_NORM``): ``auto`` (default: routed where the Triton kernel runs, i.e.
 CUDA), ``triton`` (routed everywhere: ``rms_norm`` takes its reference off CUDA) or ``torch`` (never). The switch
@@ -36,8 +37,9 @@ __all__ = ["KERNEL", "norm_forward", "norm_kernel_for", "norm_modules", "routed"
 KERNEL = env_default("target_norm")
 _KERNELS = ("auto", "torch", "triton")
 
-# (module type, dtype, device) -> whether the type computes the reference's formula (probed once)
-_PROBED: dict[tuple[type, torch.dtype, torch.device], bool] = {}
+# (module type, dtype, device) -> the reference formula the type computes: "plain", "unit_offset" or None (probed once)
+_PROBED: dict[tuple[type, torch.dtype, torch.device], str | None] = {}
+_FORMULAS = {"plain": False, "unit_offset": True}  # formula -> rms_norm's unit_offset
 
 
 def norm_kernel_for(device: torch.device | str) -> bool:
@@ -68,23 +70,33 @@ def _candidate(module: nn.Module) -> bool:
 
 @torch.no_grad()
 def _computes_the_reference(module: nn.Module) -> bool:
-    """The probe: the module's forward equals ``rms_norm_reference`` on a random input (its dtype and device)."""
+    """The probe: the module's forward equals ``rms_norm_reference`` (either formula) on a random input."""
+    return _formula(module) is not None
+
+
+def _formula(module: nn.Module) -> str | None:
+    """The formula of ``rms_norm_reference`` the module's forward equals on a random input with a random weight
+    (its dtype and device): "plain", "unit_offset" or None."""
     weight = module.weight
     key = (type(module), weight.dtype, weight.device)
-    known = _PROBED.get(key)
-    if known is None:
+    if key not in _PROBED:
         gen = torch.Generator().manual_seed(0)
         x = (torch.randn(3, weight.shape[0], generator=gen) * 3).to(device=weight.device, dtype=weight.dtype)
+        found = None
         try:
             # a copy with a random weight (the norms' own, often ones or zeros at init, could hide 1 + w): the user's
             # module is never touched
             clone = _copy(module, torch.randn(weight.shape, generator=gen).to(device=weight.device, dtype=weight.dtype))
             got = clone(x)
-            known = isinstance(got, torch.Tensor) and torch.equal(got, rms_norm_reference(x, clone.weight, _eps(clone)))
+            for name, offset in _FORMULAS.items():
+                want = rms_norm_reference(x, clone.weight, _eps(clone), unit_offset=offset)
+                if isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got, want):
+                    found = name
+                    break
         except Exception:  # noqa: BLE001 - a module the probe cannot call keeps its own forward
-            known = False
-        _PROBED[key] = known
-    return known
+            found = None
+        _PROBED[key] = found
+    return _PROBED[key]
 
 
 def _copy(module: nn.Module, weight: torch.Tensor) -> nn.Module:
@@ -110,10 +122,11 @@ def norm_modules(*models) -> list[nn.Module]:
 
 
 def norm_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` through ``rms_norm`` (its Triton kernel on CUDA, its reference elsewhere)."""
+    """``module(x)`` through ``rms_norm`` with the module's formula (its Triton kernel on CUDA, its reference
+    elsewhere)."""
     from specdec.kernels.rms_norm import rms_norm
 
-    return rms_norm(x, module.weight, _eps(module))
+    return rms_norm(x, module.weight, _eps(module), unit_offset=_formula(module) == "unit_offset")
 
 
 def routed(modules: list[nn.Module]):

@@ -43,6 +43,7 @@ def _rms_norm_kernel(
     X_BF16: tl.constexpr,  # x is bf16: round the normalised row with to_bf16
     OUT_BF16: tl.constexpr,  # the output is bf16: round the product with to_bf16
     WIDE: tl.constexpr,  # the output is fp64: multiply in fp64
+    UNIT_OFFSET: tl.constexpr,  # Gemma / Qwen3-Next: (x / rms) * (1 + w) in fp32, rounded once to x's dtype
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # int32 (R < 2**31): the group is a 32-bit division
     cols = tl.arange(0, BLOCK_D)
@@ -54,11 +55,14 @@ def _rms_norm_kernel(
     # eps arrives as fp32 from a plain launch and as fp64 from torch.compile: the sum is fp32 either way
     rstd = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.sqrt_rn(mean + tl.cast(eps, tl.float32)))
     normed = x * rstd[:, None]
-    normed = to_bf16(normed) if X_BF16 else normed.to(x_ptr.dtype.element_ty)
     group = (rows // period) % G
     w = tl.load(w_ptr + group[:, None] * stride_wg + cols[None, :] * stride_wd, mask=mask, other=0.0)
-    acc = tl.float64 if WIDE else tl.float32
-    y = normed.to(acc) * w.to(acc)
+    if UNIT_OFFSET:
+        y = normed * (1.0 + w.to(tl.float32))
+    else:
+        normed = to_bf16(normed) if X_BF16 else normed.to(x_ptr.dtype.element_ty)
+        acc = tl.float64 if WIDE else tl.float32
+        y = normed.to(acc) * w.to(acc)
     y = to_bf16(y) if OUT_BF16 else y.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + offs * D + cols[None, :], y, mask=mask)
 
@@ -70,14 +74,17 @@ def block_rows(rows: int, dim: int) -> tuple[int, int]:
     return max(1, min(_BLOCK_ELEMENTS // block_d, triton.next_power_of_2(rows))), block_d
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, period: int = 1) -> torch.Tensor:
+def rms_norm_triton(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, period: int = 1, *, unit_offset: bool = False
+) -> torch.Tensor:
     """RMSNorm of the rows of ``x`` in one launch (arguments as ``rms_norm_reference``; not checked here).
 
     Returns:
-        torch.Tensor: ``x``'s shape, dtype ``torch.promote_types(x.dtype, weight.dtype)``, contiguous.
+        torch.Tensor: ``x``'s shape, dtype ``torch.promote_types(x.dtype, weight.dtype)`` (``unit_offset``:
+        ``x.dtype``), contiguous.
     """
     dim = x.shape[-1]
-    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    out_dtype = x.dtype if unit_offset else torch.promote_types(x.dtype, weight.dtype)
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if out.numel() == 0:
         return out
@@ -90,6 +97,6 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, period: i
     _rms_norm_kernel[(triton.cdiv(num_rows, block),)](
         rows, w, out, num_rows, dim, rows.stride(0), w.stride(0), w.stride(1), period, w.shape[0], float(eps),
         ROWS=block, BLOCK_D=block_d, X_BF16=x.dtype == torch.bfloat16, OUT_BF16=out_dtype == torch.bfloat16,
-        WIDE=out_dtype == torch.float64, num_warps=min(max(block * block_d // 256, 1), 16),
+        WIDE=out_dtype == torch.float64, UNIT_OFFSET=unit_offset, num_warps=min(max(block * block_d // 256, 1), 16),
     )  # fmt: skip
     return out
