@@ -43,7 +43,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
     "attention_kernel": (("auto", "triton", "sdpa"), "auto", "specdec.attention", "KERNEL"),
     "linear_kernel": (("torch", "triton"), "torch", "specdec.kernels.skinny_linear.routing", "KERNEL"),
     "target_norm": (("auto", "torch", "triton"), "auto", "specdec.kernels.rms_norm.routing", "KERNEL"),
-    "target_rotary": (("torch", "auto", "triton"), "torch", "specdec.kernels.rotary.routing", "KERNEL"),
+    "target_rotary": (("torch", "auto", "triton"), "auto", "specdec.kernels.rotary.routing", "KERNEL"),
     "tree_gdn_precision": (
         ("auto", "ieee", "tf32x3", "tf32"),
         "auto",
@@ -81,7 +81,7 @@ class Backends:
     attention_kernel: str = "auto"
     linear_kernel: str = "torch"
     target_norm: str = "auto"
-    target_rotary: str = "torch"
+    target_rotary: str = "auto"
     tree_gdn_precision: str = "auto"
     tree_gdn_walk: str = "auto"
     tree_mamba2: str = "auto"

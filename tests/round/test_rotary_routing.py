@@ -40,7 +40,7 @@ def test_the_probe_routes_hfs_function_and_not_a_variant(monkeypatch):
 def test_rotary_kernel_choice(monkeypatch):
     from specdec import Backends
 
-    assert Backends().target_rotary == "torch"  # opt-in
+    assert Backends().target_rotary == "auto"  # the kernel where it runs (CUDA, bf16)
     monkeypatch.setattr(routing, "KERNEL", "torch")
     assert not routing.rotary_kernel_for("cuda")
     monkeypatch.setattr(routing, "KERNEL", "auto")

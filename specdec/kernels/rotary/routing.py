@@ -7,10 +7,8 @@ and the module's own function otherwise, and the original is put back on exit. A
 finds its function equal, bit for bit, to ``rotary_reference`` on random half-precision inputs, so a variant
 (interleaved pairs, another formula) keeps its own. Compiled forwards are left to the compiler.
 
-``Backends.target_rotary`` (``SPECDEC_TARGET_ROTARY``): ``torch`` (default: never routed), ``auto`` (routed where
-the Triton kernel runs, i.e. CUDA) or ``triton`` (routed everywhere: ``rotary`` takes its reference off CUDA).
-Opt-in: its bit-for-bit GPU test (``tests/kernels/test_rotary.py``) failed in its one GPU run, cause not yet
-found, while the interpreter's equals the reference bit for bit (docs/kernels.md).
+``Backends.target_rotary`` (``SPECDEC_TARGET_ROTARY``): ``auto`` (default: routed where the Triton kernel runs,
+i.e. CUDA), ``torch`` (never) or ``triton`` (routed everywhere: ``rotary`` takes its reference off CUDA).
 """
 
 from __future__ import annotations

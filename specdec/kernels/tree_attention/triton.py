@@ -64,8 +64,7 @@ _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).m
 @triton.jit
 def _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, row_ok, dims, stride_ks, stride_vs,
           stride_ms, SCALE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MASK_BOOL: tl.constexpr,
-          IEEE: tl.constexpr, UPCAST: tl.constexpr, HAS_FLAT: tl.constexpr, MASK_MODE: tl.constexpr,
-          EXP2: tl.constexpr, K_ROWS: tl.constexpr):  # fmt: skip
+          IEEE: tl.constexpr, UPCAST: tl.constexpr, HAS_FLAT: tl.constexpr):  # fmt: skip
     """One ``BLOCK_N``-slot tile of the online softmax: scores of the tile's slots ``[s0, s0 + BLOCK_N)`` (those
     at or past ``end`` hidden and never read), the mask read per slot (``MASKED``) or each row's flat value
     ``row_seen`` (additive, fp32), and the running max / sum / accumulator updated."""
@@ -73,33 +72,25 @@ def _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, 
     col_ok = cols < end
     cols64 = cols.to(tl.int64)
     # K^T tile [D, BLOCK_N]; slots past the length are never read (the cache beyond it may hold anything)
-    if K_ROWS:
-        k = tl.trans(tl.load(k_base + cols64[:, None] * stride_ks + dims[None, :], mask=col_ok[:, None], other=0.0))
-    else:
-        k = tl.load(k_base + cols64[None, :] * stride_ks + dims[:, None], mask=col_ok[None, :], other=0.0)
-    scores = dot_fp32(q, k, IEEE, UPCAST) * (SCALE * 1.4426950408889634 if EXP2 else SCALE)
+    k = tl.load(k_base + cols64[None, :] * stride_ks + dims[:, None], mask=col_ok[None, :], other=0.0)
+    scores = dot_fp32(q, k, IEEE, UPCAST) * SCALE
     if MASKED:
-        if MASK_MODE == 0:
-            per_slot = col_ok
-            if HAS_FLAT:
-                per_slot = col_ok & (cols >= flat)  # a tile across the flat prefix's end reads the mask past it only
-            seen = tl.load(mask_rows + cols64[None, :] * stride_ms, mask=row_ok[:, None] & per_slot[None, :], other=0)
-            masked = tl.where(seen != 0, scores, _FP32_MIN) if MASK_BOOL else scores + seen.to(tl.float32)
-            if HAS_FLAT:
-                masked = tl.where(per_slot[None, :], masked, scores + row_seen[:, None])
-            scores = masked
+        per_slot = col_ok
+        if HAS_FLAT:
+            per_slot = col_ok & (cols >= flat)  # a tile across the flat prefix's end reads the mask past it only
+        seen = tl.load(mask_rows + cols64[None, :] * stride_ms, mask=row_ok[:, None] & per_slot[None, :], other=0)
+        masked = tl.where(seen != 0, scores, _FP32_MIN) if MASK_BOOL else scores + seen.to(tl.float32)
+        if HAS_FLAT:
+            masked = tl.where(per_slot[None, :], masked, scores + row_seen[:, None])
+        scores = masked
     else:
         scores = scores + row_seen[:, None]
     scores = tl.where(col_ok[None, :], scores, float("-inf"))
 
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing yet: no -inf - -inf
-    if EXP2:
-        p = tl.exp2(scores - m_ref[:, None])
-        alpha = tl.exp2(m_i - m_ref)
-    else:
-        p = tl.exp(scores - m_ref[:, None])
-        alpha = tl.exp(m_i - m_ref)
+    p = tl.exp(scores - m_ref[:, None])
+    alpha = tl.exp(m_i - m_ref)
     v = tl.load(v_base + cols64[:, None] * stride_vs + dims[None, :], mask=col_ok[:, None], other=0.0)
     if IEEE:
         l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -148,9 +139,6 @@ def _split_kernel(
     HAS_FLAT: tl.constexpr,  # slots [0, flat[b]) take each row's mask at slot 0
     IEEE: tl.constexpr,  # fp32 inputs: IEEE dots, p kept in fp32
     UPCAST: tl.constexpr,  # bf16 under the interpreter: dots on operands widened to fp32 (see dot_fp32)
-    MASK_MODE: tl.constexpr = 0,  # tuning probes: 0 the mask read per tile; 1 no mask read (timing only)
-    EXP2: tl.constexpr = False,  # tuning probe: exp2 with log2(e) folded into the scale
-    K_ROWS: tl.constexpr = False,  # tuning probe: K loaded [BLOCK_N, D] and transposed in registers
 ):
     chunk = tl.program_id(0)
     seq_group = tl.program_id(1)  # b * H_kv + g
@@ -200,11 +188,11 @@ def _split_kernel(
         for s0 in tl.range(start, mid, BLOCK_N):
             m_i, l_i, acc = _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, row_ok, dims,
                                   stride_ks, stride_vs, stride_ms, SCALE, BLOCK_N, False, MASK_BOOL, IEEE, UPCAST,
-                                  HAS_FLAT, MASK_MODE, EXP2, K_ROWS)  # fmt: skip
+                                  HAS_FLAT)  # fmt: skip
     for s0 in tl.range(mid, end, BLOCK_N):
         m_i, l_i, acc = _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, row_ok, dims,
                               stride_ks, stride_vs, stride_ms, SCALE, BLOCK_N, True, MASK_BOOL, IEEE, UPCAST,
-                              HAS_FLAT, MASK_MODE, EXP2, K_ROWS)  # fmt: skip
+                              HAS_FLAT)  # fmt: skip
 
     part = (seq_group.to(tl.int64) * R + rows) * num_chunks + chunk
     tl.store(m_ptr + part, m_i, mask=row_ok)
@@ -368,7 +356,6 @@ def tree_attention_triton(
         SCALE=float(scale), REP=rep, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
         MASK_BOOL=is_bool, HAS_LEN=has_len, HAS_FLAT=flat is not None, IEEE=query.dtype == torch.float32,
         UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=warps, num_stages=plan["STAGES"],
-        **{k: overrides[k] for k in ("MASK_MODE", "EXP2", "K_ROWS") if k in overrides},
     )  # fmt: skip
     _combine_kernel[(batch * kv_heads * rows,)](
         m, lsum, acc, out, lengths if has_len else m, num_q, heads, rows, chunks, slots, kv_heads,
