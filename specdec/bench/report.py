@@ -512,7 +512,8 @@ _PANELS = (
 
 def plot_summary(summaries: Sequence[dict], path: str | os.PathLike | None = None, *, meta: Mapping | None = None):
     """Plot τ, decode tok/s and ms per round against the DDTree budget: one line per DDTree series, horizontal
-    lines for the other methods; one row of panels per temperature; one colour per series across every panel;
+    lines for the other methods; or, when the run decoded at several batch sizes, against the batch size, one line
+    per method; one row of panels per temperature; one colour per series across every panel;
     every y axis starts at 0; the title states the run (``describe_run``). Writes a PNG to ``path`` when given.
 
     Returns:
@@ -521,7 +522,8 @@ def plot_summary(summaries: Sequence[dict], path: str | os.PathLike | None = Non
     from matplotlib.figure import Figure  # imported here: only the report needs matplotlib
 
     temperatures = sorted({s["temperature"] for s in summaries})
-    colors = method_colors(series_label(s) for s in summaries)
+    by_batch = len({s.get("batch_size", 1) for s in summaries}) > 1
+    colors = method_colors(s["method"] if by_batch else series_label(s) for s in summaries)
     fig = Figure(figsize=(15, 3.8 * len(temperatures) + 0.5), layout="constrained")
     if meta:
         title = describe_run(meta)
@@ -530,7 +532,7 @@ def plot_summary(summaries: Sequence[dict], path: str | os.PathLike | None = Non
     for row, temperature in zip(axes, temperatures, strict=True):
         group = [s for s in summaries if s["temperature"] == temperature]
         for ax, (metric, title) in zip(row, _PANELS, strict=True):
-            _plot_panel(ax, group, metric, colors)
+            (_plot_batch_panel if by_batch else _plot_panel)(ax, group, metric, colors)
             ax.set_ylim(bottom=0)
             ax.set_title(f"{title}, T={temperature:g}")
     if path is not None:
@@ -559,6 +561,27 @@ def _plot_panel(ax, group: Sequence[dict], metric: str, colors: Mapping[str, str
         ax.set_xticks(budgets, [str(b) for b in budgets])
         ax.minorticks_off()
     ax.set_xlabel("tree budget (non-root nodes)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def _plot_batch_panel(ax, group: Sequence[dict], metric: str, colors: Mapping[str, str]) -> None:
+    """One line per method over the batch sizes it ran at."""
+    lines: dict[str, list[dict]] = {}
+    for s in group:
+        if s.get(metric) is not None:
+            lines.setdefault(s["method"], []).append(s)
+    sizes = sorted({s.get("batch_size", 1) for s in group})
+    for label, points in lines.items():
+        points = sorted(points, key=lambda p: p.get("batch_size", 1))
+        ax.plot([p.get("batch_size", 1) for p in points], [p[metric] for p in points], marker="o", label=label,
+                color=colors[label])  # fmt: skip
+    if len(sizes) > 1 and sizes[-1] >= 4 * sizes[0]:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size B")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)

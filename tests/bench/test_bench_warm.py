@@ -178,3 +178,23 @@ def test_bench_config_defaults_equal_the_yaml_and_the_docstring():
     assert raw["methods"] == [dict(m) for m in DEFAULT_METHODS]
     assert set(raw) - {"defaults", "hydra", "threads"} == set(defaults) - from_groups | {"prompts"}
     assert documented.keys() == set(defaults) - {"methods"}
+
+
+def test_a_batch_run_is_plotted_against_the_batch_size():
+    """Several batch sizes: every panel's x axis is B, one line per method (not one per (method, B) pair)."""
+    summaries = [
+        {"method": m, "temperature": 0.0, "batch_size": b, "tree": tree, "budget": budget, "drafter": "dflash",
+         "topk": 8, "tau": tau, "tok_s": 100.0 * b * tau, "ms_per_round": 1.0 + b / 8}
+        for m, tree, budget, tau in (("ar", "ar", None, 1.0), ("ddtree-b32", "ddtree", 32, 3.0),
+                                     ("ddtree-b8", "ddtree", 8, 2.5))
+        for b in (1, 2, 4, 8, 16, 32)
+    ]  # fmt: skip
+    fig = plot_summary(summaries)
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "batch size B"
+        lines = ax.get_lines()
+        assert sorted(line.get_label() for line in lines) == ["ar", "ddtree-b32", "ddtree-b8"]
+        assert all(list(line.get_xdata()) == [1, 2, 4, 8, 16, 32] for line in lines)
+    tok_s = next(ax for ax in fig.axes if ax.get_title().startswith("decode tok/s"))
+    ar = next(line for line in tok_s.get_lines() if line.get_label() == "ar")
+    assert list(ar.get_ydata()) == [100.0 * b for b in (1, 2, 4, 8, 16, 32)]
