@@ -166,6 +166,7 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
     from transformers import AutoTokenizer
 
     import specdec
+    from specdec.distributed import rank
     from specdec.loading import build_drafter, build_tree, load_prompts, load_target, resolve_device
 
     _check_limit(c["prompts"]["limit"])
@@ -173,7 +174,10 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
     torch.set_num_threads(resolve_threads(c["threads"]))
     device, dtype = resolve_device(c["device"], c["dtype"])
     target = c["target"]
-    model = load_target(target["path"], device=device, dtype=dtype, attn_implementation=target["attn_implementation"])
+    model = load_target(target["path"], device=device, dtype=dtype, attn_implementation=target["attn_implementation"],
+                        tp_plan=target.get("tp_plan"))  # fmt: skip
+    device = model.get_input_embeddings().weight.device  # a sharded target sits on its rank's device
+    lead = rank() == 0  # under torchrun every rank decodes; the first one reports and writes
     tok = AutoTokenizer.from_pretrained(target["tokenizer"])
     drafter_cfg, tree_cfg = dict(c["drafter"]), dict(c["tree"])
     drafter = build_drafter(drafter_cfg.pop("name"), model, **drafter_cfg)
@@ -209,15 +213,16 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
             records.append(
                 {"id": row["id"], "prompt": row["prompt"], "completion": tok.decode(new), "tokens": new, "stats": stats}
             )
-            if c["show_text"]:
+            if c["show_text"] and lead:
                 console.rule(str(row["id"]))
                 console.print(row["prompt"], style="dim", end="", markup=False, highlight=False)
                 console.print(records[-1]["completion"], style="bold", markup=False, highlight=False)
     title = f"specdec: {type(drafter).__name__ if drafter else 'AR'} / {tree}"
     if batch_size > 1:
         title += f", {batch_size} prompts per call (prefill ms, rounds ms and tok/s are the call's)"
-    console.print(_table(records, title, batched=batch_size > 1))
-    if output_dir is not None:
+    if lead:
+        console.print(_table(records, title, batched=batch_size > 1))
+    if output_dir is not None and lead:
         _write_jsonl(Path(output_dir) / "generations.jsonl", [{k: r[k] for k in r if k != "stats"} for r in records])
         _write_jsonl(Path(output_dir) / "stats.jsonl", [{"id": r["id"], **r["stats"]} for r in records])
     return records
@@ -296,6 +301,9 @@ def bench_settings(c: Mapping) -> dict:
     _check_limit(c["prompts"]["limit"])
     if c["prompts"].get("batch_size", 1) != 1:
         raise ValueError("bench decodes at its batch_sizes=[...] (e.g. 'batch_sizes=[1,8]'), not prompts.batch_size.")
+    if c["target"].get("tp_plan") is not None:
+        raise ValueError("target.tp_plan shards the target of the generate command only; the bench loads one whole "
+                         "target per process: drop target.tp_plan.")  # fmt: skip
     skip = {"target", "prompts", "num_prompts", "threads"}
     settings = {k: v for k, v in c.items() if k not in skip}
     settings.update(
@@ -317,6 +325,8 @@ def train_settings(c: Mapping) -> dict:
     _check_limit(c["prompts"]["limit"])
     if c["prompts"].get("batch_size", 1) != 1:
         raise ValueError("train evaluates prompt by prompt: drop prompts.batch_size.")
+    if c["target"].get("tp_plan") is not None:
+        raise ValueError("target.tp_plan shards the target of the generate command only: drop it for train.")
     corpus = c["corpus"]
     if corpus is None and c["corpus_cache"] is None:
         raise ValueError(

@@ -144,15 +144,32 @@ def resolve_device(device: str | None = "auto", dtype: str | None = "auto") -> t
     return dev, getattr(torch, dtype)
 
 
-def load_target(path: str | Path, *, device: torch.device, dtype: torch.dtype, attn_implementation: str = "sdpa"):
-    """An HF causal LM from a local folder (see :func:`resolve_model_path`) or a hub id, in eval mode."""
-    from transformers import AutoModelForCausalLM
+def load_target(
+    path: str | Path,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    attn_implementation: str = "sdpa",
+    tp_plan: str | dict | None = None,
+):
+    """An HF causal LM from a local folder (see :func:`resolve_model_path`) or a hub id, in eval mode.
+
+    ``tp_plan`` (e.g. ``"auto"``): shard it with HF's tensor-parallel plan over the ranks of ``torchrun``
+    (``docs/distributed.md``); HF places each rank's shard (``device`` is then not used). A model without a plan,
+    or whose heads the ranks do not divide, is refused with the fix."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specdec.distributed import check_tp_plan, sharded_kwargs, world_size
 
     path = resolve_model_path(path, what="model folder")
     if Path(path).exists() and not Path(path).is_dir():
         raise FileNotFoundError(f"{path} is a file; target.path must be a model folder (config.json + weights).")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
-    return model.to(device).eval()
+    if tp_plan is not None:
+        check_tp_plan(AutoConfig.from_pretrained(path), world_size())
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=attn_implementation, **sharded_kwargs(tp_plan)
+    )
+    return (model if tp_plan is not None else model.to(device)).eval()
 
 
 def load_tokenizer(path: str | Path):

@@ -409,3 +409,12 @@ def test_the_tour_notebook_has_a_documented_way_to_run():
     assert "nbconvert" in meta["project"]["optional-dependencies"]["dev"]
     command = ".venv/bin/jupyter nbconvert --to notebook --execute examples/tour.ipynb --output /tmp/tour.out.ipynb"
     assert command in (REPO / "docs" / "cli.md").read_text()
+
+
+def test_tp_plan_is_refused_where_it_does_not_apply():
+    cfg, _ = _compose("bench", ["target.tp_plan=auto"])
+    with pytest.raises(ValueError, match=r"target\.tp_plan shards the target of the generate command only"):
+        cli.bench_settings(_plain(cfg))
+    cfg, _ = _compose("train", ["target.tp_plan=auto"])
+    with pytest.raises(ValueError, match=r"target\.tp_plan shards the target of the generate command only"):
+        cli.train_settings(_plain(cfg))

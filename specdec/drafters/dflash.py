@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specdec.distributed import replicated
 from specdec.drafters.dflash_model import (
     DFlashConfig,
     DFlashDraftModel,
@@ -289,10 +290,11 @@ class DFlashDrafter:
             check_identity(diffs, name="This DFlash drafter", strict=self.strict)
             self._bound = (id(hf), identity)
             note_target(self, hf)  # a later cast or move of the target moves the drafter too (drafters/follow.py)
+        # a target sharded by a tensor-parallel plan lends whole copies (the drafter is replicated on every rank)
         if getattr(self.model, "embed_tokens", None) is None:
-            self._embed = hf.get_input_embeddings()
+            self._embed = replicated(hf.get_input_embeddings())
         if getattr(self.model, "lm_head", None) is None:
-            self._lm_head = hf.get_output_embeddings()
+            self._lm_head = replicated(hf.get_output_embeddings())
         return self
 
     def to(self, device=None, dtype: torch.dtype | None = None) -> DFlashDrafter:

@@ -11,6 +11,8 @@ import logging
 
 import torch
 
+from specdec.distributed import full_tensor
+
 __all__ = [
     "RECORD_KEY",
     "check_identity",
@@ -68,7 +70,7 @@ def target_identity(hf_model) -> dict:
         "vocab_size": int(hf_model.get_output_embeddings().weight.shape[0]),
         "hidden_size": int(text.hidden_size),
         "num_hidden_layers": int(text.num_hidden_layers),
-        "embedding_fingerprint": embedding_fingerprint(hf_model.get_input_embeddings().weight),
+        "embedding_fingerprint": embedding_fingerprint(full_tensor(hf_model.get_input_embeddings().weight)),
     }
 
 

@@ -1,0 +1,120 @@
+"""Targets sharded by HF's tensor-parallel plan (``tp_plan="auto"`` under ``torchrun``): what specdec needs of them.
+
+HF shards a model's linear layers over a ``DeviceMesh`` (torch ``DTensor`` parameters): each rank holds its share of
+the attention and MLP heads, and the layers' own collectives (all-reduce after row-sharded products, a gather of
+the LM head's columns) make every rank's hidden states and logits the whole ones. specdec runs the same round on
+every rank of such a model, unchanged: the static K/V storage is sized by a probe forward, so each rank holds the
+K/V heads of its own shard; the recurrent states of a hybrid likewise; acceptance is computed on every rank from
+the same (all-reduced) logits and the same noise (one seed on every rank), so no rank diverges, and each does its
+one host read per round. What a drafter borrows from the target (the DFlash drafter's input embedding and LM
+head) is replicated: :func:`replicated` gives a plain copy of a sharded module for it. See ``docs/distributed.md``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import weakref
+
+import torch
+from torch import nn
+
+__all__ = [
+    "check_tp_plan",
+    "full_tensor",
+    "is_sharded",
+    "rank",
+    "replicated",
+    "sharded_kwargs",
+    "world_size",
+]
+
+logger = logging.getLogger(__name__)
+
+_REPLICAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # sharded module -> (its weights' ids, copy)
+
+
+def world_size() -> int:
+    """The process group's size (1 without ``torch.distributed`` initialised; ``WORLD_SIZE`` before it is)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    """This process's rank (0 without ``torch.distributed``)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def _is_dtensor(t) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        return False
+    return isinstance(t, DTensor)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a plain tensor holding all of it: a ``DTensor``'s ``full_tensor()`` (a collective: every rank must
+    call it), anything else as is."""
+    return t.full_tensor() if _is_dtensor(t) else t
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a ``DTensor`` (a model loaded with a tensor-parallel plan)."""
+    return any(_is_dtensor(p) for p in model.parameters())
+
+
+def replicated(module: nn.Module | None) -> nn.Module | None:
+    """A module computing what ``module`` computes with plain, whole weights: ``module`` itself when none of its
+    parameters is a ``DTensor``, else a copy (made once per set of weights, a collective on first use) whose
+    parameters are the full tensors — e.g. a sharded model's embedding or LM head for a drafter replicated on every
+    rank. The copy drops the module's hooks (HF's tensor-parallel hooks expect sharded weights)."""
+    if module is None or not any(_is_dtensor(p) for p in module.parameters()):
+        return module
+    key = tuple(id(p) for p in module.parameters())
+    cached = _REPLICAS.get(module)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    clone = copy.copy(module)
+    clone._parameters = {
+        name: None if p is None else nn.Parameter(full_tensor(p.detach()), requires_grad=False)
+        for name, p in module._parameters.items()
+    }
+    clone._forward_hooks, clone._forward_pre_hooks = {}, {}
+    clone.__dict__.pop("forward", None)
+    _REPLICAS[module] = (key, clone)
+    return clone
+
+
+def check_tp_plan(config, world: int) -> None:
+    """Raise ``ValueError`` naming the fix when a model of ``config`` cannot be sharded over ``world`` ranks: no
+    tensor-parallel plan in its config, or attention / key-value heads that ``world`` does not divide."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    plan = getattr(text, "base_model_tp_plan", None) or getattr(config, "base_model_tp_plan", None)
+    if not plan:
+        raise ValueError(
+            f"{type(config).__name__} ({getattr(text, 'model_type', '?')}) has no tensor-parallel plan "
+            "(base_model_tp_plan): load it without tp_plan, one full copy per process, or pick a model whose "
+            "transformers class defines one."
+        )
+    for key in ("num_attention_heads", "num_key_value_heads", "linear_num_value_heads", "linear_num_key_heads"):
+        heads = getattr(text, key, None)
+        if isinstance(heads, int) and heads % world:
+            raise ValueError(
+                f"{key}={heads} does not divide by the {world} ranks: launch torchrun with --nproc_per_node a "
+                f"divisor of {heads}."
+            )
+
+
+def sharded_kwargs(tp_plan: str | dict | None) -> dict:
+    """The ``from_pretrained`` keyword arguments that load a model with HF's tensor-parallel plan ``tp_plan``
+    (``"auto"``: the model's own plan) over the ranks of ``torchrun``: ``{}`` for None."""
+    if tp_plan is None:
+        return {}
+    from transformers import DistributedConfig
+
+    return {"distributed_config": DistributedConfig(tp_plan=tp_plan)}

@@ -1,0 +1,168 @@
+"""Targets sharded by HF's tensor-parallel plan: ``specdec.generate`` under ``torchrun --nproc_per_node 2`` (gloo, CPU,
+fp32) against single-process runs.
+
+- Greedy: every rank's tokens equal single-process HF ``generate`` (the unsharded model) for plain decoding, the
+  n-gram, small-LM and DFlash drafters with a chain and a DDTree, on a tiny dense model and both zoo targets (the
+  hybrid one's Gated DeltaNet layers included).
+- Sampling: seeded runs (sample-and-match over a DDTree, multi-draft rejection over a stochastic DDTree,
+  speculative sampling over a sampled chain) give the same tokens on every rank, equal to the single-process run
+  with the same seed: acceptance is decided identically everywhere.
+- The planted divergence: rank 1 drawing its noise from another seed fails the comparison.
+- The helpers of ``specdec.distributed`` in one process (a one-rank gloo group for ``DTensor``\\ s).
+
+The two-rank runs are in the slow tier (each launch loads three targets on two processes).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from models import perturbed_copy, tiny_model
+
+import specdec
+from specdec.distributed import check_tp_plan, full_tensor, is_sharded, replicated
+from specdec.loading import zoo_path
+
+WORKER = Path(__file__).with_name("tp_worker.py")
+REPO = Path(__file__).resolve().parents[2]
+IDS = torch.tensor([[5, 9, 2, 77, 31, 5, 9, 2, 100, 120, 30, 5, 9]])  # < the tiny vocabulary (128)
+
+GREEDY = [
+    {"name": "ar", "drafter": None, "tree": None, "rule": None},
+    {"name": "ngram-chain", "drafter": "ngram", "tree": "chain", "rule": None},
+    {"name": "ngram-ddtree", "drafter": "ngram", "tree": "ddtree", "rule": None},
+]
+SAMPLED = [
+    {"name": "sample-match-ddtree", "tree": "ddtree", "rule": None, "seed": 7},
+    {"name": "multi-draft-stochastic", "tree": "stochastic-ddtree", "rule": "multi-draft", "seed": 11},
+    {"name": "speculative-sampled-chain", "tree": "sampled-chain", "rule": "speculative-sampling", "seed": 5},
+]
+
+
+def _runs(drafter: str) -> list[dict]:
+    own = [{"name": f"{drafter}-{t}", "drafter": drafter, "tree": t, "rule": None} for t in ("chain", "ddtree")]
+    return GREEDY + own + [{**s, "drafter": drafter, "name": f"{drafter}-{s['name']}"} for s in SAMPLED]
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory) -> list[dict]:
+    folder = tmp_path_factory.mktemp("tp")
+    model = tiny_model("qwen3", scale=4.0)
+    model.save_pretrained(folder / "tiny")
+    perturbed_copy(model, noise=0.05).save_pretrained(folder / "tiny-drafter")
+    out = [{"name": "tiny", "path": str(folder / "tiny"), "drafter_path": str(folder / "tiny-drafter"),
+            "runs": _runs("model")}]  # fmt: skip
+    for name in ("dense", "hybrid"):
+        drafter = REPO / "assets" / "drafters" / f"zoo-{name}"
+        out.append({"name": f"zoo-{name}", "path": str(zoo_path(f"target-{name}")), "drafter_path": str(drafter),
+                    "runs": _runs("dflash")})  # fmt: skip
+    for case in out:
+        case["ids"], case["max_new_tokens"] = IDS, 16
+    return out
+
+
+def expected(case: dict) -> dict:
+    """Single-process results: HF's greedy ``generate`` for greedy runs, specdec with the same seed for sampled ones."""
+    from tp_worker import build
+
+    target = transformers.AutoModelForCausalLM.from_pretrained(case["path"], dtype=torch.float32)
+    mask = torch.ones_like(case["ids"])
+    greedy = target.generate(case["ids"], attention_mask=mask, max_new_tokens=case["max_new_tokens"], do_sample=False)
+    out = {}
+    for spec in case["runs"]:
+        if spec.get("seed") is None:
+            out[spec["name"]] = greedy
+            continue
+        drafter, tree, verifier = build({**spec, "drafter_path": case["drafter_path"]}, target)
+        out[spec["name"]] = specdec.generate(
+            target, case["ids"], attention_mask=mask, drafter=drafter, tree=tree, verifier=verifier,
+            max_new_tokens=case["max_new_tokens"], do_sample=True, temperature=1.0,
+            generator=torch.Generator().manual_seed(spec["seed"]),
+        ).sequences  # fmt: skip
+    return out
+
+
+def launch(cases: list[dict], folder: Path, *extra: str) -> list[dict]:
+    """Run the worker on two ranks; each rank's results."""
+    torch.save(cases, folder / "cases.pt")
+    path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(WORKER),
+         str(folder / "cases.pt"), str(folder), *extra],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=1500,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [torch.load(folder / f"rank{r}.pt") for r in range(2)]
+
+
+def compare(ranks: list[dict], want: dict[str, dict]) -> None:
+    for r, results in enumerate(ranks):
+        for case, runs in want.items():
+            for name, tokens in runs.items():
+                got = results[case][name]
+                assert torch.equal(got, tokens), (r, case, name, got.tolist(), tokens.tolist())
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_the_single_process_runs(cases, tmp_path):
+    want = {case["name"]: expected(case) for case in cases}
+    assert len({tuple(v.flatten().tolist()) for v in want["zoo-dense"].values()}) > 1  # sampled runs differ
+    compare(launch(cases, tmp_path), want)
+
+
+@pytest.mark.slow
+def test_a_rank_with_other_noise_fails_the_comparison(cases, tmp_path):
+    case = {**cases[1], "runs": [r for r in cases[1]["runs"] if r.get("seed") is not None][:1]}
+    want = {case["name"]: expected(case)}
+    ranks = launch([case], tmp_path, "--diverge")
+    compare(ranks[:1], want)  # rank 0 drew the right noise ...
+    with pytest.raises(AssertionError):
+        compare(ranks, want)  # ... rank 1 did not, and the comparison says so
+
+
+# --- specdec.distributed in one process --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_replicated_gives_whole_weights_of_a_sharded_module(one_rank_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    head = torch.nn.Linear(8, 12, bias=False)
+    plain = head.weight.detach().clone()
+    assert replicated(head) is head and not is_sharded(head)  # nothing sharded: the module itself
+    mesh = init_device_mesh("cpu", (1,))
+    head.weight = torch.nn.Parameter(distribute_tensor(head.weight.detach(), mesh, [Shard(0)]), requires_grad=False)
+    assert is_sharded(head)
+    copy = replicated(head)
+    assert copy is not head and not is_sharded(copy) and torch.equal(copy.weight, plain)
+    assert replicated(head) is copy  # made once per set of weights
+    x = torch.randn(3, 8)
+    assert torch.equal(copy(x), x @ plain.T)
+    assert torch.equal(full_tensor(head.weight), plain)
+
+
+def test_models_that_cannot_be_sharded_get_a_clear_error():
+    cfg = tiny_model("qwen3").config
+    check_tp_plan(cfg, 2)
+    with pytest.raises(ValueError, match="num_key_value_heads=2 does not divide by the 4 ranks"):
+        check_tp_plan(cfg, 4)
+    gpt2 = tiny_model("gpt2").config
+    with pytest.raises(ValueError, match="no tensor-parallel plan"):
+        check_tp_plan(gpt2, 2)
