@@ -301,15 +301,13 @@ def bench_settings(c: Mapping) -> dict:
     _check_limit(c["prompts"]["limit"])
     if c["prompts"].get("batch_size", 1) != 1:
         raise ValueError("bench decodes at its batch_sizes=[...] (e.g. 'batch_sizes=[1,8]'), not prompts.batch_size.")
-    if c["target"].get("tp_plan") is not None:
-        raise ValueError("target.tp_plan shards the target of the generate command only; the bench loads one whole "
-                         "target per process: drop target.tp_plan.")  # fmt: skip
     skip = {"target", "prompts", "num_prompts", "threads"}
     settings = {k: v for k, v in c.items() if k not in skip}
     settings.update(
         target=c["target"]["path"],
         tokenizer=c["target"]["tokenizer"],
         attn_implementation=c["target"]["attn_implementation"],
+        tp_plan=c["target"].get("tp_plan"),
         dflash=c["target"].get("dflash"),
         prompts=c["prompts"]["path"],
         prompt_text=c["prompts"]["text"],
@@ -326,7 +324,7 @@ def train_settings(c: Mapping) -> dict:
     if c["prompts"].get("batch_size", 1) != 1:
         raise ValueError("train evaluates prompt by prompt: drop prompts.batch_size.")
     if c["target"].get("tp_plan") is not None:
-        raise ValueError("target.tp_plan shards the target of the generate command only: drop it for train.")
+        raise ValueError("target.tp_plan shards the target of generate and bench, not train's: drop it.")
     corpus = c["corpus"]
     if corpus is None and c["corpus_cache"] is None:
         raise ValueError(

@@ -411,10 +411,9 @@ def test_the_tour_notebook_has_a_documented_way_to_run():
     assert command in (REPO / "docs" / "cli.md").read_text()
 
 
-def test_tp_plan_is_refused_where_it_does_not_apply():
+def test_tp_plan_reaches_the_bench_and_is_refused_by_train():
     cfg, _ = _compose("bench", ["target.tp_plan=auto"])
-    with pytest.raises(ValueError, match=r"target\.tp_plan shards the target of the generate command only"):
-        cli.bench_settings(_plain(cfg))
+    assert cli.bench_settings(_plain(cfg))["tp_plan"] == "auto"
     cfg, _ = _compose("train", ["target.tp_plan=auto"])
-    with pytest.raises(ValueError, match=r"target\.tp_plan shards the target of the generate command only"):
+    with pytest.raises(ValueError, match=r"target\.tp_plan shards the target of generate and bench"):
         cli.train_settings(_plain(cfg))

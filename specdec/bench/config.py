@@ -20,6 +20,7 @@ import torch
 import specdec
 from specdec.bench.harness import Method, run_bench
 from specdec.bench.hf import HF_KINDS
+from specdec.distributed import rank
 from specdec.loading import load_prompts, load_target, resolve_device, resolve_model_path, zoo_dir
 
 __all__ = [
@@ -64,6 +65,9 @@ class BenchConfig:
         target (str): target checkpoint folder (a name inside the zoo resolves). Default `target-dense`.
         tokenizer (str | None): tokenizer path; null = the target's. Default `null`.
         attn_implementation (str): attention of the loaded target (``sdpa`` or ``eager``). Default `sdpa`.
+        tp_plan (str | None): ``auto``: the target sharded with HF's tensor-parallel plan over the ranks of
+            ``torchrun`` (``docs/distributed.md``); every rank runs the bench, rank 0 writes ``out_dir`` and prints,
+            rank ``r`` writes ``out_dir/rank<r>``. Default `null`.
         dflash (str | None): DFlash checkpoint of the method specs ``{kind: dflash}`` that give no ``path``.
             Default `null`.
         prompts (str | None): prompt JSONL; null = the zoo's ``prompts_dev.jsonl``. Default `null`.
@@ -119,6 +123,7 @@ class BenchConfig:
     target: str = "target-dense"
     tokenizer: str | None = None
     attn_implementation: str = "sdpa"
+    tp_plan: str | None = None
     dflash: str | None = None
     prompts: str | None = None
     prompt_text: str | None = None
@@ -574,6 +579,11 @@ def main_bench(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device=cuda but torch sees no CUDA device; use device=auto or device=cpu.")
     out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir()
+    if cfg.tp_plan is not None and cfg.random_target is not None:
+        raise ValueError("tp_plan shards a loaded checkpoint; random_target builds one model per process: use one.")
+    lead = rank() == 0
+    if not lead:
+        out_dir = out_dir / f"rank{rank()}"  # every rank decodes; rank 0's files are the run's
     if cfg.random_target is not None:
         from specdec.bench.synthetic import describe_random_target, random_prompts, random_target
 
@@ -584,7 +594,8 @@ def main_bench(
         target_path = target_name = describe_random_target(cfg.random_target, model)
     else:
         target_path = _resolve_path(cfg.target)
-        model = load_target(target_path, device=device, dtype=dtype, attn_implementation=cfg.attn_implementation)
+        model = load_target(target_path, device=device, dtype=dtype, attn_implementation=cfg.attn_implementation,
+                            tp_plan=cfg.tp_plan)  # fmt: skip
         tokenizer = AutoTokenizer.from_pretrained(_resolve_path(cfg.tokenizer or target_path))
         prompts = load_prompts(cfg.prompts, limit=cfg.num_prompts, text=cfg.prompt_text)
         target_name = _short(target_path)
@@ -641,7 +652,8 @@ def main_bench(
                             out_dir=out_dir))  # fmt: skip
         return [row for _, rows in results for row in rows]
     rows = run(prompts, out_dir)
-    print_summary(rows, out_dir, title=cfg.title)
+    if lead:
+        print_summary(rows, out_dir, title=cfg.title)
     return rows
 
 

@@ -170,3 +170,29 @@ def test_models_that_cannot_be_sharded_get_a_clear_error():
     gpt2 = tiny_model("gpt2").config
     with pytest.raises(ValueError, match="no tensor-parallel plan"):
         check_tp_plan(gpt2, 2)
+
+
+@pytest.mark.slow
+def test_the_tp_bench_experiment_runs_on_two_ranks(tmp_path):
+    """``torchrun -m specdec bench +experiment=tp``: rank 0 writes the run's results, rank 1 its own beside them;
+    the DDTree row's tokens equal plain decoding's (fp32)."""
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "specdec", "bench",
+         "+experiment=tp", "num_prompts=2", "max_new_tokens=12", "device=cpu", "dtype=float32", "progress=false",
+         f"out_dir={out}"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (out / "results.md").exists() and (out / "rank1" / "results.jsonl").exists()
+    assert proc.stdout.count("specdec bench: tp") == 1  # one summary: rank 0's
+    import json
+
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    by_method: dict[str, dict] = {}
+    for row in rows:
+        by_method.setdefault(row["method"], {})[row["prompt_id"]] = row["tokens"]
+    ar, tree = by_method.pop("ar"), next(iter(by_method.values()))
+    assert ar and tree == ar
