@@ -555,12 +555,18 @@ def _plot_panel(ax, group: Sequence[dict], metric: str, colors: Mapping[str, str
         if not _on_budget_axis(s) and s.get(metric) is not None:
             label = series_label(s)
             ax.axhline(s[metric], linestyle="--", color=colors[label], label=label)
-    if len(budgets) > 1 and budgets[0] > 0 and budgets[-1] >= 4 * budgets[0]:
+    _finish_axes(ax, budgets, "tree budget (non-root nodes)")
+
+
+def _finish_axes(ax, ticks: Sequence[int], label: str) -> None:
+    """The x axis at ``ticks`` (log 2 where they span a factor of 4 or more from a positive start), its label, the
+    grid and the legend."""
+    if len(ticks) > 1 and ticks[0] > 0 and ticks[-1] >= 4 * ticks[0]:
         ax.set_xscale("log", base=2)
-    if budgets:
-        ax.set_xticks(budgets, [str(b) for b in budgets])
+    if ticks:
+        ax.set_xticks(ticks, [str(b) for b in ticks])
         ax.minorticks_off()
-    ax.set_xlabel("tree budget (non-root nodes)")
+    ax.set_xlabel(label)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
@@ -577,14 +583,7 @@ def _plot_batch_panel(ax, group: Sequence[dict], metric: str, colors: Mapping[st
         points = sorted(points, key=lambda p: p.get("batch_size", 1))
         ax.plot([p.get("batch_size", 1) for p in points], [p[metric] for p in points], marker="o", label=label,
                 color=colors[label])  # fmt: skip
-    if len(sizes) > 1 and sizes[-1] >= 4 * sizes[0]:
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(b) for b in sizes])
-    ax.minorticks_off()
-    ax.set_xlabel("batch size B")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+    _finish_axes(ax, sizes, "batch size B")
 
 
 def summary_table(summaries: Sequence[dict], *, title: str | None = None):
