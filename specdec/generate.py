@@ -64,12 +64,35 @@ def batch_bucket(batch: int, graph: bool) -> int:
 def _check_rule(rule, sampling, tree) -> VerificationRule:
     if isinstance(rule, type):
         raise TypeError(f"verifier={rule.__name__}: pass an instance, e.g. verifier={rule.__name__}().")
+    if isinstance(rule, str):
+        from specdec.verify import RULES
+
+        if rule in RULES:
+            example = type(RULES[rule]()).__name__
+            raise TypeError(
+                f"verifier={rule!r} is a rule's name; pass the rule itself: verifier=specdec.RULES[{rule!r}]() "
+                f"(e.g. specdec.{example}())."
+            )
+        raise TypeError(f"verifier={rule!r}: pass a rule object (e.g. specdec.Greedy(), specdec.SampleMatch()); "
+                        f"registered names: {', '.join(sorted(RULES))}.")  # fmt: skip
     if not isinstance(rule, VerificationRule):
         raise TypeError(
             f"verifier={rule!r} does not implement specdec.verify.VerificationRule (name, check, uses_noise, accept)."
         )
     rule.check(sampling, tree)
     return rule
+
+
+def _check_generator(generator, device: torch.device) -> None:
+    """``generator``: None or a ``torch.Generator`` on the target's device type."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator={generator!r} ({type(generator).__name__}): pass a torch.Generator on the "
+                        f"target's device, e.g. torch.Generator(device='{device.type}').manual_seed(0).")  # fmt: skip
+    if generator.device.type != device.type:
+        raise ValueError(f"generator is on {generator.device}, the target on {device}: pass "
+                         f"torch.Generator(device='{device.type}').manual_seed(seed).")  # fmt: skip
 
 
 def _graphs(tgt: TargetModel, cuda_graphs: bool | None) -> bool:
@@ -208,6 +231,7 @@ def generate(
     rule = _check_rule(default_rule(sampling) if verifier is None else verifier, sampling,
                        fixed if drafter is not None else None)  # fmt: skip
     _check_length(tgt, max(lengths), max_new_tokens)
+    _check_generator(generator, tgt.device)
     reason = round_reason(tgt, drafter, fixed if drafter is not None else None)
     if reason is not None:
         raise ValueError(f"specdec cannot run this combination: {reason}.")
@@ -373,6 +397,11 @@ class SpeculativeModel:
         hybrid_mode: str = "exact",
     ) -> None:
         check_drafter_and_tree(drafter, tree)
+        if isinstance(target, SpeculativeModel):
+            raise TypeError(
+                "target is a SpeculativeModel already: pass the HF model it wraps (its .target.model), or call that "
+                "SpeculativeModel's generate with the drafter, tree and verifier you want."
+            )
         self.target = TargetModel.wrap(target, hybrid_mode=hybrid_mode)
         self.drafter = drafter
         self.tree = tree

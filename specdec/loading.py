@@ -195,14 +195,28 @@ def load_prompts(path: str | Path | None = None, *, limit: int | None = None, te
     return rows[:limit] if limit else rows
 
 
+def _whole(value, key: str, hint: str = ""):
+    """``value`` as an int when it is one (a whole float or digits included), else ``ValueError`` naming
+    ``tree.<key>``."""
+    if isinstance(value, bool):
+        ok = False
+    elif isinstance(value, int):
+        return value
+    else:
+        ok = isinstance(value, float) and value.is_integer() or isinstance(value, str) and value.strip().isdigit()
+    if not ok:
+        raise ValueError(f"tree.{key}={value!r}: pass a whole number >= 1{hint} (e.g. tree.{key}=15).")
+    return int(value)
+
+
 def build_tree(name: str, **kw) -> TreeSpec:
     if name == "chain":
-        return Chain(k=int(kw.get("k", 4)))
+        return Chain(k=_whole(kw.get("k", 4), "k"))
     if name == "ddtree":
         topk, budget = kw.get("topk"), kw.get("budget", 15)
-        sizes = tuple(int(s) for s in kw.get("sizes", DDTree.sizes))
-        return DDTree(budget=budget if budget == "auto" else int(budget), topk=None if topk is None else int(topk),
-                      sizes=sizes)  # fmt: skip
+        sizes = tuple(_whole(s, "sizes") for s in kw.get("sizes", DDTree.sizes))
+        budget = budget if budget == "auto" else _whole(budget, "budget", " or auto")
+        return DDTree(budget=budget, topk=None if topk is None else _whole(topk, "topk"), sizes=sizes)
     from specdec.trees import TREES
 
     if name in TREES:  # a registered policy takes its settings as keyword arguments

@@ -8,6 +8,10 @@ tree_depth)).
 
 from __future__ import annotations
 
+import os
+
+import torch
+
 from specdec.drafters.follow import note_target
 from specdec.state.kv import KVState
 from specdec.target import TargetModel
@@ -28,6 +32,15 @@ class ModelDrafter:
     target_layer_ids = None
 
     def __init__(self, model, *, tree_depth: int = 8) -> None:
+        if isinstance(model, (str, os.PathLike)):
+            raise TypeError(
+                f"ModelDrafter takes a loaded model, not the path {str(model)!r}: pass "
+                "AutoModelForCausalLM.from_pretrained(path) (on the target's device and dtype)."
+            )
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"ModelDrafter takes an HF causal LM (an nn.Module); got {type(model).__name__}.")
+        if isinstance(tree_depth, bool) or not isinstance(tree_depth, int):
+            raise TypeError(f"ModelDrafter: tree_depth={tree_depth!r} must be a Python int >= 1.")
         if tree_depth < 1:
             raise ValueError(f"ModelDrafter: tree_depth={tree_depth} must be >= 1.")
         self.lm = TargetModel(model)

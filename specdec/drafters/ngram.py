@@ -30,6 +30,10 @@ class NGramDrafterConfig:
     max_matches: int = 8
 
     def __post_init__(self) -> None:
+        for name in ("max_ngram", "min_ngram", "max_matches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"NGramDrafter: {name}={value!r} must be a Python int >= 1 (e.g. {name}=3).")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"NGramDrafter: need 1 <= min_ngram ({self.min_ngram}) <= max_ngram ({self.max_ngram}).")
         if self.max_matches < 1:

@@ -106,6 +106,11 @@ class MultiDraftRejection(WeighsQ):
     replacement: bool = True
     name = "multi-draft"
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.replacement, bool):
+            raise TypeError(f"MultiDraftRejection: replacement={self.replacement!r} must be True (SpecInfer's rule) "
+                            "or False (RSD's, without replacement).")  # fmt: skip
+
     def check(self, sampling: SamplingParams, tree) -> None:
         if self.replacement:
             exact_for = {"SampledChain": "", "SampledTrees": "merge=False"}

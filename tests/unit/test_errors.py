@@ -148,3 +148,39 @@ def test_failed_round_leaves_the_committed_state_untouched(target):
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     ref = target.model.generate(IDS, do_sample=False, max_new_tokens=6)
     assert torch.equal(gen(target, drafter=specdec.NGramDrafter(), max_new_tokens=6).sequences, ref)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda t: gen(t, do_sample=True, generator=123), TypeError, r"generator=123 \(int\): pass a torch.Generator"),
+        (lambda t: specdec.NGramDrafter(max_ngram=2.5), TypeError, r"max_ngram=2.5 must be a Python int"),
+        (lambda t: specdec.NGramDrafter(min_ngram="1"), TypeError, r"min_ngram='1' must be a Python int"),
+        (lambda t: specdec.NGramDrafter(max_matches=True), TypeError, r"max_matches=True must be a Python int"),
+        (lambda t: specdec.ModelDrafter("a/path"), TypeError, r"not the path 'a/path': pass AutoModelForCausalLM"),
+        (lambda t: specdec.ModelDrafter(object()), TypeError, r"takes an HF causal LM \(an nn.Module\)"),
+        (lambda t: specdec.SpeculativeModel(specdec.SpeculativeModel(t.model)), TypeError,
+         r"SpeculativeModel already: pass the HF model it wraps"),
+        (lambda t: specdec.MultiDraftRejection(replacement="yes"), TypeError, r"replacement='yes' must be True"),
+        (lambda t: gen(t, verifier="greedy"), TypeError, r"verifier='greedy' is a rule's name; .*specdec\.Greedy\(\)"),
+        (lambda t: gen(t, verifier="nope"), TypeError, r"verifier='nope': pass a rule object.*registered names"),
+    ],
+)  # fmt: skip
+def test_raw_errors_are_clear(target, call, error, match):
+    with pytest.raises(error, match=match):
+        call(target)
+    assert torch.equal(gen(target).sequences, gen(target).sequences)  # a valid call after it still runs
+
+
+@pytest.mark.parametrize(
+    "tree, key, match",
+    [("ddtree", "budget", r"tree.budget='abc': pass a whole number >= 1 or auto"),
+     ("ddtree", "topk", r"tree.topk='x': pass a whole number"), ("chain", "k", r"tree.k='four': pass a whole")],
+)  # fmt: skip
+def test_cli_tree_settings_of_text_are_clear(tree, key, match):
+    from specdec.loading import build_tree
+
+    value = {"budget": "abc", "topk": "x", "k": "four"}[key]
+    with pytest.raises(ValueError, match=match):
+        build_tree(tree, **{key: value})
+    assert build_tree("ddtree", budget="16").budget == 16  # digits from the command line still count
