@@ -441,6 +441,21 @@ MUTANTS += [
         (("specdec/kernels/tree_attention/reference.py", "    if lengths is not None:\n", "    if False:\n"),),
         ("tests/kernels/test_tree_attention_lengths.py",),
     ),
+    Mutant(  # a validator check disabled on the device: depth against the parents' depth
+        "validator_depth_unchecked",
+        (("specdec/validate.py", "(real_child & (depth != parent_depth + 1)).any(1)", "(real_child & False).any(1)"),),
+        ("tests/test_protocol_validation.py",),
+    ),
+    Mutant(  # a validator check disabled on the host: a rule's result of the wrong shape accepted
+        "validator_shape_unchecked",
+        (("specdec/validate.py", "    if tuple(t.shape) != shape:\n", "    if False:\n"),),
+        ("tests/test_protocol_validation.py",),
+    ),
+    Mutant(  # accepted draft tokens not compared with the tree's: a rule may emit tokens the target never verified
+        "validator_tokens_unchecked",
+        (("specdec/validate.py", "flags |= (drafts & (tokens != tree_tokens)).any(1).long() * 1024", "pass"),),
+        ("tests/test_protocol_validation.py",),
+    ),
     Mutant(  # the tree verify's flat prefix two slots too long: the first nodes' mask read as the prefix's
         "kv_flat_too_long",
         (("specdec/engine.py", "return (*target.forward(*args, span=self.span, flat=prefix), None)",

@@ -35,6 +35,17 @@ from specdec.state.storage import StaticModel, commit_rows, static_reason
 from specdec.target import TargetModel
 from specdec.trees.build import root_trees
 from specdec.types import DeviceTree, Proposal, SamplingParams
+from specdec.validate import (
+    ProtocolError,
+    accept_flags,
+    check_accept,
+    check_tree,
+    describe_flags,
+    sanitized_accept,
+    sanitized_tree,
+    tree_flags,
+    trusted,
+)
 
 __all__ = [
     "PREFILL_BUCKET",
@@ -146,7 +157,10 @@ class Round:
         self.draft_forwards = drafter.forwards_per_round(tree) if self.proposes else 0
         batch = self.batch = engine.batch
         # per sequence: the accepted tokens (drafts + bonus), the accepted count, the real tree nodes
-        self.out = torch.zeros(batch, self.path_len + 2, dtype=torch.long, device=device)
+        # and the protocol bitmask of a policy or rule not specdec's own (specdec.validate; 0 = sound)
+        self.out = torch.zeros(batch, self.path_len + 3, dtype=torch.long, device=device)
+        self.check_tree = self.proposes and not trusted(tree)
+        self.check_rule = drafter is not None and not trusted(rule)
         self.arange = torch.arange(self.slots, device=device)
         vocab = engine.target.target.vocab_size
         uses_noise = rule.uses_noise(sampling)
@@ -242,12 +256,25 @@ class Round:
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix  # [B]
         tree, proposal = self._build()
+        vocab = engine.target.target.vocab_size
+        flags = None
+        if self.check_tree:
+            check_tree(self.tree, tree, self.batch, self.slots)
+            flags = tree_flags(tree, vocab)
+            tree = sanitized_tree(tree, vocab, self.depth)  # the round runs to its read, which raises
         if self.expect_sizes and proposal is not None:
             scores = ddtree_scores(proposal.logq, budget=self.expect_sizes[-1], topk=self.tree.topk)
             self.expect.copy_(expected_accepts(scores, self.expect_sizes))
         logits, hidden, rnd = self._verify(tree)
         logits = self._process(logits, tree.depth)
         accept = self.rule.accept(tree, logits, self.sampling, self.noise, self.depth, proposal)
+        if self.check_rule:
+            check_accept(self.rule, accept, self.batch, self.path_len)
+            bad = accept_flags(accept, tree, vocab)
+            flags = bad if flags is None else flags | bad
+            accept = sanitized_accept(accept, vocab, self.slots)
+        if flags is not None:
+            self.out[:, self.path_len + 2] = flags
         if self.depth:
             commit_rows(target.storage.kv, prefix, accept.path)
         if self.hybrid is not None:
@@ -328,10 +355,13 @@ class Round:
             self.elapsed_ms[ticket] = self.timing[ticket][0].elapsed_time(self.timing[ticket][1])
         if self.drafter is not None:
             self.drafter.num_forwards += self.draft_forwards
-        rows = []
+        rows, flags = [], 0
         for out in self.host[ticket].tolist():
             num_path = out[self.path_len]
             rows.append((out[:num_path], out[self.path_len + 1]))
+            flags |= out[self.path_len + 2]
+        if flags:
+            raise ProtocolError(describe_flags(flags, self.tree, self.rule))
         # ``DDTree(budget="auto")``: the round's expectations, copied with its tokens (no second wait)
         self.expected = self.host_expect[ticket].tolist() if self.expect_sizes and self.proposes else None
         return rows

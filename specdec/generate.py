@@ -33,6 +33,7 @@ from specdec.timing import PhaseTimer
 from specdec.trees import Chain, TreePolicy
 from specdec.trees.build import root_trees
 from specdec.types import GenerateOutput, SpecStats
+from specdec.validate import ProtocolError, accept_flags, check_accept, describe_flags, trusted
 from specdec.verify import VerificationRule, default_rule
 
 __all__ = ["SpeculativeModel", "generate"]
@@ -364,7 +365,13 @@ def _first_token(rule, sampling, logits: torch.Tensor, generator) -> torch.Tenso
     noise = None
     if rule.uses_noise(sampling):
         noise = torch.rand(logits.shape[0], 1, logits.shape[-1], device=logits.device, generator=generator)
-    return rule.accept(tree, logits[:, None], sampling, noise, 0, None).tokens[:, 0]
+    accept = rule.accept(tree, logits[:, None], sampling, noise, 0, None)
+    if not trusted(rule):  # a rule of a user's: its result checked as inside the round (one read, before the loop)
+        check_accept(rule, accept, logits.shape[0], 1)
+        flags = int(accept_flags(accept, tree, logits.shape[-1]).max())
+        if flags:
+            raise ProtocolError(describe_flags(flags, None, rule))
+    return accept.tokens[:, 0]
 
 
 class SpeculativeModel:

@@ -208,6 +208,14 @@ def check_drafter_and_tree(drafter, tree) -> None:
             f"tree must implement the TreePolicy protocol (budget, max_depth, reads, branching, build), got {tree!r}; "
             "pass e.g. specdec.DDTree(budget) or specdec.Chain(k)."
         )
+    if tree is not None and not type(tree).__module__.startswith("specdec."):
+        budget, depth = getattr(tree, "budget", None), getattr(tree, "max_depth", None)
+        for name, value in (("budget", budget), ("max_depth", depth)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"tree policy {type(tree).__name__}: {name}={value!r} must be an int >= 1 ({name} of the trees "
+                    "it builds); for plain decoding pass no drafter and no tree."
+                )
 
 
 def check_input_ids(
