@@ -74,6 +74,7 @@ HYBRID = (f"{ROUND}::test_hybrid_recurrent_state_through_sibling_rounds",)
 PADDING = (f"{ROUND}::test_padding_slots",)
 TREE_REFERENCES = (f"{ROUND}::test_round_trees_match_host_references",)
 REGISTRY = (f"{ROUND}::test_custom_registered_policy_and_rule_are_used",)
+STOPPING = "tests/round/test_stopping.py"
 
 SAMPLING_TESTS = (*CHI2, "tests/unit/test_verify_sampling.py")
 CHI2_TESTS = ("tests/unit/test_verify_sampling.py", "-k", "not equals_hf_warpers")  # its statistical tests alone
@@ -463,6 +464,23 @@ MUTANTS += [
         (("specdec/kernels/rms_norm/routing.py", "if _candidate(module) and _computes_the_reference(module):",
           "if _candidate(module):"),),  # fmt: skip
         ("tests/round/test_norm_routing.py",),
+    ),
+    # -- HF stopping options: where a round is cut -------------------------------------------------------------
+    Mutant(  # stopping criteria / stop strings: the round cut one token after the stop
+        "stop_truncation_off_by_one",
+        ((GENERATE, "accepted, done[b] = accepted[: stop + 1], True",
+          "accepted, done[b] = accepted[: stop + 2], True"),),  # fmt: skip
+        (STOPPING,),
+    ),
+    Mutant(  # stopping criteria / stop strings: a stop inside a round noticed one round late (the round kept whole)
+        "stop_found_one_round_late",
+        ((GENERATE, "accepted, done[b] = accepted[: stop + 1], True", "done[b] = True"),),
+        (STOPPING,),
+    ),
+    Mutant(  # stopping criteria checked on the round's tokens without the earlier generated ones
+        "stop_criteria_without_history",
+        (("specdec/stopping.py", "new = torch.tensor(generated + accepted,", "new = torch.tensor(accepted,"),),
+        (STOPPING,),
     ),
     Mutant(  # rotate_half with the sign on the wrong half
         "rotary_sign_swapped",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -28,6 +29,7 @@ from specdec.hf_args import (
     resolve_generation_args,
 )
 from specdec.runtime import check_compile
+from specdec.stopping import Stopping, check_stopping
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
 from specdec.trees import Chain, TreePolicy
@@ -112,6 +114,8 @@ def generate(
     cuda_graphs: bool | None = None,
     compile: bool | str | Mapping = False,
     backends: Backends | Mapping | None = None,
+    stopping_criteria=None,
+    tokenizer=None,
     **kwargs,
 ) -> GenerateOutput:
     """Speculative generation, lossless with respect to the target's own ``generate``.
@@ -155,6 +159,9 @@ def generate(
             dict of inductor options. Default False.
         backends (Backends | Mapping | None): which kernel implementations the round uses (``specdec.Backends``,
             or a dict of its fields to change); default the process setting (``specdec.backends``).
+        stopping_criteria (list | None): HF ``StoppingCriteria`` (``(input_ids, scores)`` protocol), checked after
+            each accepted token of each row (``scores`` is None); a round is cut right after the token that stops.
+        tokenizer: the tokenizer that ``stop_strings`` are matched with (as in HF; needed with ``stop_strings``).
         **kwargs: other HF ``generate`` options; unsupported or unknown ones raise ``ValueError``.
 
     Returns:
@@ -166,8 +173,10 @@ def generate(
         ...                        max_new_tokens=64)
         >>> out.stats.tau, out.stats.accept_lengths
     """
+    start = time.time()  # HF's max_time counts from the start of the call
     tgt = TargetModel.wrap(target)
     check_drafter_and_tree(drafter, tree)
+    criteria, _, _ = check_stopping(stopping_criteria, None, tokenizer, None)
     check_compile(compile)
     input_ids, lengths = check_input_ids(input_ids, attention_mask, tgt.device)
     if streamer is not None and input_ids.shape[0] > 1:
@@ -189,8 +198,10 @@ def generate(
         min_length=min_length,
         pad_token_id=pad_token_id,
         use_cache=use_cache,
+        tokenizer=tokenizer,
         **kwargs,
     )
+    stopping = Stopping(criteria, args.stop_strings, tokenizer, args.max_time, input_ids, start)
     max_new_tokens, sampling = args.max_new_tokens, args.sampling
     if attention_mask is None:  # HF's rule: the mask from pad_token_id where the prompts hold it (docs/api.md)
         inferred, pad = infer_attention_mask(input_ids, args.pad_token_id, args.eos_token_ids)
@@ -217,11 +228,12 @@ def generate(
         drafter.reset()
     graph = _graphs(tgt, cuda_graphs)
     with use_backends(backends) as setting:
-        return _decode(tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer)
+        return _decode(tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer,
+                       stopping)  # fmt: skip
 
 
 def _decode(
-    tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer
+    tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer, stopping
 ) -> GenerateOutput:
     """The decoding loop: prefill, then rounds until every sequence has its EOS or ``max_new_tokens`` (one host read
     per round for the whole batch). A finished sequence stays in the batch, masked: its rows still run (the round's
@@ -250,7 +262,10 @@ def _decode(
         logits = engine.prefill(prompts, lengths, drafter, graph=graph)
         first = _first_token(rule, sampling, args.suppress_eos(logits, None, 0), generator)
     new_tokens = [[tok] for tok in first.tolist()[:batch]]
-    done = [row[0] in eos or max_new_tokens == 1 for row in new_tokens]
+    done = [row[0] in eos or max_new_tokens == 1 or stopping.first_stop(b, [], row) is not None
+            for b, row in enumerate(new_tokens)]  # fmt: skip
+    if stopping.timed_out():
+        done = [True] * batch
     if streamer is not None:
         streamer.put(first[:1].cpu())
     engine.start(first, lengths, [not d for d in done] + [False] * (rows - batch))
@@ -300,6 +315,9 @@ def _decode(
                     accepted, done[b] = accepted[: i + 1], True
                     break
             accepted = accepted[: remaining[b]]
+            stop = stopping.first_stop(b, new_tokens[b], accepted)  # HF's criteria after each accepted token
+            if stop is not None:
+                accepted, done[b] = accepted[: stop + 1], True
             new_tokens[b] += accepted
             done[b] = done[b] or len(new_tokens[b]) >= max_new_tokens
             if done[b] and batch > 1:
@@ -309,6 +327,8 @@ def _decode(
                 row_stats.tree_nodes += num_nodes
             if streamer is not None:
                 streamer.put(torch.tensor(accepted, dtype=torch.long))
+        if stopping.timed_out():  # max_time: this round is kept whole, no other runs
+            done = [True] * batch
 
     if streamer is not None:
         streamer.end()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
+from specdec.stopping import check_stopping
 from specdec.trees import TreePolicy
 from specdec.types import SamplingParams
 
@@ -45,10 +46,12 @@ SUPPORTED = (
     "eos_token_id",
     "max_length",
     "max_new_tokens",
+    "max_time",
     "min_length",
     "min_new_tokens",
     "pad_token_id",
     "return_dict_in_generate",
+    "stop_strings",
     "temperature",
     "top_k",
     "top_p",
@@ -70,7 +73,6 @@ REFUSED = {
     "forced_bos_token_id": None,
     "forced_eos_token_id": None,
     "guidance_scale": 1.0,
-    "max_time": None,
     "no_repeat_ngram_size": 0,
     "num_beam_groups": 1,
     "num_beams": 1,
@@ -85,7 +87,6 @@ REFUSED = {
     "repetition_penalty": 1.0,
     "sequence_bias": None,
     "speculation_type": None,
-    "stop_strings": None,
     "suppress_tokens": None,
     "token_healing": False,
     "use_mtp": False,
@@ -131,7 +132,6 @@ _REFUSED_CALL_ARGS = (
     "negative_prompt_attention_mask",
     "negative_prompt_ids",
     "prefix_allowed_tokens_fn",
-    "stopping_criteria",
     "synced_gpus",
 )
 _IGNORED_CALL_ARGS = frozenset({"compile", "cuda_graphs", "tokenizer", "trust_remote_code"})
@@ -151,6 +151,8 @@ class GenerationArgs:
         eos_token_ids (tuple[int, ...]): stop tokens (may be empty).
         pad_token_id (int | None): fills a batch row after its EOS (HF's rule: None = the first EOS id).
         return_dict_in_generate (bool): for ``SpeculativeModel.generate``.
+        stop_strings (tuple[str, ...]): HF stop strings (matched with the call's tokenizer, ``specdec.stopping``).
+        max_time (float | None): HF's wall-clock limit in seconds.
     """
 
     max_new_tokens: int
@@ -159,6 +161,8 @@ class GenerationArgs:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int | None = None
     return_dict_in_generate: bool = False
+    stop_strings: tuple[str, ...] = ()
+    max_time: float | None = None
 
     def suppress_eos(self, logits: torch.Tensor, depth: torch.Tensor | None, generated: int) -> torch.Tensor:
         """HF's min-length processors on tree logits: EOS gets ``-inf`` where it would end the output early.
@@ -476,6 +480,7 @@ def resolve_generation_args(model, prompt_length: int, *, generation_config=None
     sampling = SamplingParams(
         do_sample=do_sample, temperature=float(get("temperature")), top_k=get("top_k"), top_p=get("top_p")
     )
+    _, stop_strings, max_time = check_stopping(None, get("stop_strings"), kwargs.get("tokenizer"), get("max_time"))
     max_new = _int_arg("max_new_tokens", get("max_new_tokens"), 1)
     if max_new is None:
         max_new = _max_new_from_length(model, prompt_length, get("max_length"), kwargs, generation_config)
@@ -489,6 +494,8 @@ def resolve_generation_args(model, prompt_length: int, *, generation_config=None
         eos_token_ids=normalize_eos_token_id(get("eos_token_id")),
         pad_token_id=_pad_token_id(get("pad_token_id")),
         return_dict_in_generate=bool(get("return_dict_in_generate")),
+        stop_strings=stop_strings,
+        max_time=max_time,
     )
 
 

@@ -149,8 +149,6 @@ def test_generate_eos_strings_and_floats_are_refused(target, bad):
         ("no_repeat_ngram_size", 2),
         ("bad_words_ids", [[5]]),
         ("suppress_tokens", [5]),
-        ("stop_strings", ["def"]),
-        ("max_time", 1.0),
         ("guidance_scale", 1.5),
         ("prompt_lookup_num_tokens", 3),
         ("logits_processor", LogitsProcessorList([MinLengthLogitsProcessor(5, 0)])),
