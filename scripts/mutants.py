@@ -75,6 +75,7 @@ PADDING = (f"{ROUND}::test_padding_slots",)
 TREE_REFERENCES = (f"{ROUND}::test_round_trees_match_host_references",)
 REGISTRY = (f"{ROUND}::test_custom_registered_policy_and_rule_are_used",)
 STOPPING = "tests/round/test_stopping.py"
+SCORES = "tests/round/test_output_scores.py"
 
 SAMPLING_TESTS = (*CHI2, "tests/unit/test_verify_sampling.py")
 CHI2_TESTS = ("tests/unit/test_verify_sampling.py", "-k", "not equals_hf_warpers")  # its statistical tests alone
@@ -481,6 +482,24 @@ MUTANTS += [
         "stop_criteria_without_history",
         (("specdec/stopping.py", "new = torch.tensor(generated + accepted,", "new = torch.tensor(accepted,"),),
         (STOPPING,),
+    ),
+    # -- output_scores / output_logits ---------------------------------------------------------------------------
+    Mutant(  # the kept logits read from the first path-length nodes of the tree, not the accepted path's nodes
+        "scores_of_tree_order_not_path",
+        ((ENGINE, "self.kept.copy_(raw.gather(1, accept.path[..., None].expand(-1, -1, raw.shape[-1])))",
+          "self.kept.copy_(raw[:, : self.path_len])"),),  # fmt: skip
+        (SCORES,),
+    ),
+    Mutant(  # the min-length processor applied to the scores one position late
+        "scores_processed_one_step_late",
+        ((GENERATE, "row = args.suppress_eos(raw[b, :n], torch.arange(n), 0)",
+          "row = args.suppress_eos(raw[b, :n], torch.arange(n) - 1, 0)"),),  # fmt: skip
+        (SCORES,),
+    ),
+    Mutant(  # the kept logits taken after the round's processing (min-length) instead of raw
+        "logits_kept_processed",
+        ((ENGINE, "logits = self._process(raw, tree.depth)", "logits = raw = self._process(raw, tree.depth)"),),
+        (SCORES,),
     ),
     Mutant(  # rotate_half with the sign on the wrong half
         "rotary_sign_swapped",

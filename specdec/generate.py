@@ -36,6 +36,7 @@ from specdec.trees import Chain, TreePolicy
 from specdec.trees.build import root_trees
 from specdec.types import GenerateOutput, SpecStats
 from specdec.verify import VerificationRule, default_rule
+from specdec.verify.processing import process_logits
 
 __all__ = ["SpeculativeModel", "generate"]
 
@@ -262,6 +263,8 @@ def _decode(
         logits = engine.prefill(prompts, lengths, drafter, graph=graph)
         first = _first_token(rule, sampling, args.suppress_eos(logits, None, 0), generator)
     new_tokens = [[tok] for tok in first.tolist()[:batch]]
+    keep = args.output_scores or args.output_logits
+    kept = [[row] for row in logits[:batch].float().cpu()] if keep else None  # per row: raw logits [V] per token
     done = [row[0] in eos or max_new_tokens == 1 or stopping.first_stop(b, [], row) is not None
             for b, row in enumerate(new_tokens)]  # fmt: skip
     if stopping.timed_out():
@@ -282,7 +285,7 @@ def _decode(
         size = auto.next_size() if auto is not None else None
         rnd = engine.round_for(drafter, tree if size is None else tree.at(size), rule, sampling, graph=graph,
                                compile=compile, span=engine.span_for(need), suppress=suppress, backends=setting,
-                               expect=() if auto is None else auto.sizes)  # fmt: skip
+                               expect=() if auto is None else auto.sizes, keep_logits=keep)  # fmt: skip
         used[id(rnd)] = rnd
         return rnd, rnd.launch(generator), size
 
@@ -318,6 +321,8 @@ def _decode(
             stop = stopping.first_stop(b, new_tokens[b], accepted)  # HF's criteria after each accepted token
             if stop is not None:
                 accepted, done[b] = accepted[: stop + 1], True
+            if kept is not None:
+                kept[b] += list(rnd.logits[b, : len(accepted)])
             new_tokens[b] += accepted
             done[b] = done[b] or len(new_tokens[b]) >= max_new_tokens
             if done[b] and batch > 1:
@@ -350,7 +355,27 @@ def _decode(
     for b, tokens in enumerate(new_tokens):
         new[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
     sequences = torch.cat([input_ids, new.to(input_ids.device)], 1)
-    return GenerateOutput(sequences=sequences, stats=stats)
+    scores = logits = None
+    if kept is not None:
+        logits, scores = _step_scores(kept, new_tokens, args, out_len, input_ids.device)
+    return GenerateOutput(sequences=sequences, stats=stats, scores=scores if args.output_scores else None,
+                          logits=logits if args.output_logits else None)  # fmt: skip
+
+
+def _step_scores(kept, new_tokens, args, steps: int, device) -> tuple[tuple, tuple]:
+    """HF's ``logits`` and ``scores`` (one ``[B, V]`` fp32 tensor per generated position) from each row's raw
+    logits per new token: the scores are the logits through the same processors and warpers (min-length, then
+    temperature / top-k / top-p when sampling). A row that ended before a step holds zeros there."""
+    batch, vocab = len(kept), kept[0][0].shape[-1]
+    raw = torch.zeros(batch, steps, vocab)
+    processed = torch.zeros(batch, steps, vocab)
+    for b, rows in enumerate(kept):
+        n = len(new_tokens[b])
+        raw[b, :n] = torch.stack(rows[:n])
+        row = args.suppress_eos(raw[b, :n], torch.arange(n), 0)  # new token j: depth j from the first choice
+        processed[b, :n] = process_logits(row, args.sampling) if args.sampling.do_sample else row
+    raw, processed = raw.to(device), processed.to(device)
+    return tuple(raw.unbind(1)), tuple(processed.unbind(1))
 
 
 def _first_token(rule, sampling, logits: torch.Tensor, generator) -> torch.Tensor:

@@ -49,6 +49,8 @@ SUPPORTED = (
     "max_time",
     "min_length",
     "min_new_tokens",
+    "output_logits",
+    "output_scores",
     "pad_token_id",
     "return_dict_in_generate",
     "stop_strings",
@@ -79,8 +81,6 @@ REFUSED = {
     "num_return_sequences": 1,
     "output_attentions": False,
     "output_hidden_states": False,
-    "output_logits": False,
-    "output_scores": False,
     "penalty_alpha": 0.0,
     "prompt_lookup_num_tokens": None,
     "remove_invalid_values": False,
@@ -153,6 +153,8 @@ class GenerationArgs:
         return_dict_in_generate (bool): for ``SpeculativeModel.generate``.
         stop_strings (tuple[str, ...]): HF stop strings (matched with the call's tokenizer, ``specdec.stopping``).
         max_time (float | None): HF's wall-clock limit in seconds.
+        output_scores, output_logits (bool): return the processed scores / raw logits of every generated position
+            (with ``return_dict_in_generate``, as HF).
     """
 
     max_new_tokens: int
@@ -163,6 +165,8 @@ class GenerationArgs:
     return_dict_in_generate: bool = False
     stop_strings: tuple[str, ...] = ()
     max_time: float | None = None
+    output_scores: bool = False
+    output_logits: bool = False
 
     def suppress_eos(self, logits: torch.Tensor, depth: torch.Tensor | None, generated: int) -> torch.Tensor:
         """HF's min-length processors on tree logits: EOS gets ``-inf`` where it would end the output early.
@@ -496,6 +500,8 @@ def resolve_generation_args(model, prompt_length: int, *, generation_config=None
         return_dict_in_generate=bool(get("return_dict_in_generate")),
         stop_strings=stop_strings,
         max_time=max_time,
+        output_scores=bool(get("output_scores")),
+        output_logits=bool(get("output_logits")),
     )
 
 
