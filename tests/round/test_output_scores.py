@@ -93,9 +93,7 @@ def test_sampling_scores_are_the_processed_target_distribution_of_each_step():
                            eos_token_id=[], output_scores=True, output_logits=True,
                            generator=torch.Generator().manual_seed(0), **warp)  # fmt: skip
     full = target(out.sequences).logits[0, ids.shape[1] - 1 : -1].float()  # [NEW, V]: the logits before each token
-    warpers = LogitsProcessorList(
-        [TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.9)]
-    )
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.9)])
     for j in range(NEW):
         assert torch.allclose(out.logits[j][0], full[j], atol=1e-4, rtol=1e-4), j
         ref = warpers(out.sequences[:, : ids.shape[1] + j], full[j : j + 1].clone())
