@@ -76,6 +76,7 @@ TREE_REFERENCES = (f"{ROUND}::test_round_trees_match_host_references",)
 REGISTRY = (f"{ROUND}::test_custom_registered_policy_and_rule_are_used",)
 STOPPING = "tests/round/test_stopping.py"
 SCORES = "tests/round/test_output_scores.py"
+NUM_RETURN = "tests/round/test_num_return_sequences.py"
 
 SAMPLING_TESTS = (*CHI2, "tests/unit/test_verify_sampling.py")
 CHI2_TESTS = ("tests/unit/test_verify_sampling.py", "-k", "not equals_hf_warpers")  # its statistical tests alone
@@ -500,6 +501,20 @@ MUTANTS += [
         "logits_kept_processed",
         ((ENGINE, "logits = self._process(raw, tree.depth)", "logits = raw = self._process(raw, tree.depth)"),),
         (SCORES,),
+    ),
+    # -- num_return_sequences ---------------------------------------------------------------------------------
+    Mutant(  # the prompts tiled (0, 1, 0, 1) instead of repeated in place (0, 0, 1, 1) as HF orders them
+        "return_sequences_tiled",
+        ((GENERATE, "input_ids = input_ids.repeat_interleave(copies, 0)", "input_ids = input_ids.repeat(copies, 1)"),),
+        (NUM_RETURN,),
+    ),
+    Mutant(  # the first token of every row drawn with the same noise
+        "return_sequences_share_first_draw",
+        ((GENERATE, "noise = torch.rand(logits.shape[0], 1, logits.shape[-1],",
+          "noise = torch.rand(1, 1, logits.shape[-1],"),  # fmt: skip
+         (GENERATE, "device=logits.device, generator=generator)\n", "device=logits.device, generator=generator)"
+          ".expand(logits.shape[0], 1, -1)\n"),),  # fmt: skip
+        (NUM_RETURN,),
     ),
     Mutant(  # rotate_half with the sign on the wrong half
         "rotary_sign_swapped",

@@ -208,6 +208,16 @@ def generate(
         inferred, pad = infer_attention_mask(input_ids, args.pad_token_id, args.eos_token_ids)
         if inferred is not None:
             input_ids, lengths = check_input_ids(input_ids, inferred, tgt.device, pad_token_id=pad)
+    copies = args.num_return_sequences
+    if copies > 1:  # HF's expansion: each prompt repeated in place; every row samples independently
+        if streamer is not None:
+            raise ValueError(
+                f"A streamer takes one sequence (as in HF) but num_return_sequences={copies}: drop the streamer or "
+                "pass num_return_sequences=1."
+            )
+        input_ids = input_ids.repeat_interleave(copies, 0)
+        lengths = [n for n in lengths for _ in range(copies)]
+        stopping.input_ids = input_ids
     if callable(getattr(tree, "with_sampling", None)):  # a policy that samples from q takes the call's settings
         tree = tree.with_sampling(sampling)
     auto = bool(getattr(tree, "auto", False)) and drafter is not None

@@ -49,6 +49,7 @@ SUPPORTED = (
     "max_time",
     "min_length",
     "min_new_tokens",
+    "num_return_sequences",
     "output_logits",
     "output_scores",
     "pad_token_id",
@@ -78,7 +79,6 @@ REFUSED = {
     "no_repeat_ngram_size": 0,
     "num_beam_groups": 1,
     "num_beams": 1,
-    "num_return_sequences": 1,
     "output_attentions": False,
     "output_hidden_states": False,
     "penalty_alpha": 0.0,
@@ -155,6 +155,7 @@ class GenerationArgs:
         max_time (float | None): HF's wall-clock limit in seconds.
         output_scores, output_logits (bool): return the processed scores / raw logits of every generated position
             (with ``return_dict_in_generate``, as HF).
+        num_return_sequences (int): independent samples per prompt (sampling only, as in HF).
     """
 
     max_new_tokens: int
@@ -167,6 +168,7 @@ class GenerationArgs:
     max_time: float | None = None
     output_scores: bool = False
     output_logits: bool = False
+    num_return_sequences: int = 1
 
     def suppress_eos(self, logits: torch.Tensor, depth: torch.Tensor | None, generated: int) -> torch.Tensor:
         """HF's min-length processors on tree logits: EOS gets ``-inf`` where it would end the output early.
@@ -502,7 +504,19 @@ def resolve_generation_args(model, prompt_length: int, *, generation_config=None
         max_time=max_time,
         output_scores=bool(get("output_scores")),
         output_logits=bool(get("output_logits")),
+        num_return_sequences=_num_return_sequences(get("num_return_sequences"), do_sample),
     )
+
+
+def _num_return_sequences(value, do_sample: bool) -> int:
+    """HF's rule: any count >= 1 when sampling; greedy decoding (no beams) only 1 (HF refuses more)."""
+    n = _int_arg("num_return_sequences", 1 if value is None else value, 1)
+    if n > 1 and not do_sample:
+        raise ValueError(
+            f"num_return_sequences={n} needs do_sample=True: greedy decoding returns one sequence per prompt (HF "
+            "refuses it too). Pass do_sample=True for independent samples, or num_return_sequences=1."
+        )
+    return n
 
 
 def _pad_token_id(value) -> int | None:

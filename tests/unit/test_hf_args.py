@@ -143,7 +143,6 @@ def test_generate_eos_strings_and_floats_are_refused(target, bad):
         ("num_beams", 2),
         ("repetition_penalty", 1.3),
         ("output_attentions", True),
-        ("num_return_sequences", 2),
         ("no_repeat_ngram_size", 2),
         ("bad_words_ids", [[5]]),
         ("suppress_tokens", [5]),
