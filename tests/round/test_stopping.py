@@ -14,7 +14,13 @@ import json
 import pytest
 import torch
 from models import tiny_model
-from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 import specdec
 
@@ -157,10 +163,12 @@ def test_stop_strings_cut_inside_an_accepted_run_like_hf(zoo, tree):
         if len(piece) < 3 or text.find(piece[1:]) < len(tok.decode(tokens[: j - 1])):
             continue
         stop = piece[1:]
-        ref = target.generate(ids, do_sample=False, max_new_tokens=FREE, eos_token_id=[], stop_strings=stop,
-                              tokenizer=tok, pad_token_id=0)  # fmt: skip
+        # the first case passes the stop string as an argument, the second through a generation_config
+        given = {"stop_strings": stop} if tried == 0 else {"generation_config": GenerationConfig(stop_strings=[stop])}
+        ref = target.generate(ids, do_sample=False, max_new_tokens=FREE, eos_token_id=[], tokenizer=tok, pad_token_id=0,
+                              **given)  # fmt: skip
         out = specdec.generate(target, ids, drafter=drafter, tree=TREES[tree], max_new_tokens=FREE, eos_token_id=[],
-                               stop_strings=[stop], tokenizer=tok)  # fmt: skip
+                               tokenizer=tok, **given)  # fmt: skip
         assert ref.shape[1] == ids.shape[1] + j + 1, (stop, j)
         assert torch.equal(out.sequences, ref), (stop, out.sequences, ref)
         tried += 1
