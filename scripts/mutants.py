@@ -74,6 +74,9 @@ HYBRID = (f"{ROUND}::test_hybrid_recurrent_state_through_sibling_rounds",)
 PADDING = (f"{ROUND}::test_padding_slots",)
 TREE_REFERENCES = (f"{ROUND}::test_round_trees_match_host_references",)
 REGISTRY = (f"{ROUND}::test_custom_registered_policy_and_rule_are_used",)
+STOPPING = "tests/round/test_stopping.py"
+SCORES = "tests/round/test_output_scores.py"
+NUM_RETURN = "tests/round/test_num_return_sequences.py"
 
 SAMPLING_TESTS = (*CHI2, "tests/unit/test_verify_sampling.py")
 CHI2_TESTS = ("tests/unit/test_verify_sampling.py", "-k", "not equals_hf_warpers")  # its statistical tests alone
@@ -478,6 +481,55 @@ MUTANTS += [
         (("specdec/kernels/rms_norm/routing.py", "if _candidate(module) and _computes_the_reference(module):",
           "if _candidate(module):"),),  # fmt: skip
         ("tests/round/test_norm_routing.py",),
+    ),
+    # -- HF stopping options: where a round is cut -------------------------------------------------------------
+    Mutant(  # stopping criteria / stop strings: the round cut one token after the stop
+        "stop_truncation_off_by_one",
+        ((GENERATE, "accepted, done[b] = accepted[: stop + 1], True",
+          "accepted, done[b] = accepted[: stop + 2], True"),),  # fmt: skip
+        (STOPPING,),
+    ),
+    Mutant(  # stopping criteria / stop strings: a stop inside a round noticed one round late (the round kept whole)
+        "stop_found_one_round_late",
+        ((GENERATE, "accepted, done[b] = accepted[: stop + 1], True", "done[b] = True"),),
+        (STOPPING,),
+    ),
+    Mutant(  # stopping criteria checked on the round's tokens without the earlier generated ones
+        "stop_criteria_without_history",
+        (("specdec/stopping.py", "new = torch.tensor(generated + accepted,", "new = torch.tensor(accepted,"),),
+        (STOPPING,),
+    ),
+    # -- output_scores / output_logits ---------------------------------------------------------------------------
+    Mutant(  # the kept logits read from the first path-length nodes of the tree, not the accepted path's nodes
+        "scores_of_tree_order_not_path",
+        ((ENGINE, "self.kept.copy_(raw.gather(1, accept.path[..., None].expand(-1, -1, raw.shape[-1])))",
+          "self.kept.copy_(raw[:, : self.path_len])"),),  # fmt: skip
+        (SCORES,),
+    ),
+    Mutant(  # the min-length processor applied to the scores one position late
+        "scores_processed_one_step_late",
+        ((GENERATE, "row = args.suppress_eos(raw[b, :n], torch.arange(n), 0)",
+          "row = args.suppress_eos(raw[b, :n], torch.arange(n) - 1, 0)"),),  # fmt: skip
+        (SCORES,),
+    ),
+    Mutant(  # the kept logits taken after the round's processing (min-length) instead of raw
+        "logits_kept_processed",
+        ((ENGINE, "logits = self._process(raw, tree.depth)", "logits = raw = self._process(raw, tree.depth)"),),
+        (SCORES,),
+    ),
+    # -- num_return_sequences ---------------------------------------------------------------------------------
+    Mutant(  # the prompts tiled (0, 1, 0, 1) instead of repeated in place (0, 0, 1, 1) as HF orders them
+        "return_sequences_tiled",
+        ((GENERATE, "input_ids = input_ids.repeat_interleave(copies, 0)", "input_ids = input_ids.repeat(copies, 1)"),),
+        (NUM_RETURN,),
+    ),
+    Mutant(  # the first token of every row drawn with the same noise
+        "return_sequences_share_first_draw",
+        ((GENERATE, "noise = torch.rand(logits.shape[0], 1, logits.shape[-1],",
+          "noise = torch.rand(1, 1, logits.shape[-1],"),  # fmt: skip
+         (GENERATE, "device=logits.device, generator=generator)\n", "device=logits.device, generator=generator)"
+          ".expand(logits.shape[0], 1, -1)\n"),),  # fmt: skip
+        (NUM_RETURN,),
     ),
     Mutant(  # rotate_half with the sign on the wrong half
         "rotary_sign_swapped",

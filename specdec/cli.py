@@ -201,6 +201,7 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
             max_new_tokens=c["max_new_tokens"],
             generator=gen,
             return_dict_in_generate=True,
+            tokenizer=tok,  # for sampling.stop_strings
             **c["sampling"],
             **_fast_path_kwargs(c),
         )

@@ -142,6 +142,7 @@ class Round:
         span: int | None = None,
         suppress: tuple = (0, ()),
         expect: tuple[int, ...] = (),
+        keep_logits: bool = False,
     ) -> None:
         self.engine, self.drafter, self.state, self.tree, self.rule = engine, drafter, state, tree, rule
         self.sampling = sampling
@@ -171,6 +172,12 @@ class Round:
         self.min_new, eos = suppress
         self.eos = torch.tensor(eos, dtype=torch.long, device=device) if self.min_new and eos else None
         self.out[:, self.path_len : self.path_len + 2] = 1  # plain decoding: one path node, one tree node
+        # ``output_scores`` / ``output_logits``: the raw target logits at the accepted path's nodes (node i chose the
+        # path's new token i), fp32, copied to the host with the tokens
+        self.keep_logits = keep_logits
+        self.kept = torch.zeros(batch, self.path_len, vocab, device=device) if keep_logits else None
+        self.host_kept = (torch.zeros(2, batch, self.path_len, vocab, pin_memory=device.type == "cuda")
+                          if keep_logits else None)  # fmt: skip
         # Two host copies of ``out`` so that the next round can be launched before this one is read.
         cuda = device.type == "cuda"
         self.host = torch.zeros(2, *self.out.shape, dtype=torch.long, pin_memory=cuda)
@@ -184,6 +191,7 @@ class Round:
                        for _ in range(2)] if cuda and expect else None  # fmt: skip
         self.elapsed_ms = [0.0, 0.0]
         self.expected: list[list[float]] | None = None  # of the round read last
+        self.logits: torch.Tensor | None = None  # ``keep_logits``: the path's raw logits of the round read last
         self.launched = 0
         self.hybrid = engine.target.target.state if isinstance(engine.target.target.state, HybridState) else None
         fn = self._ar_round if drafter is None and self.hybrid is None else self._round
@@ -226,6 +234,8 @@ class Round:
                                    flat=prefix)  # fmt: skip
         tree = root_trees(engine.root)
         accept = self.rule.accept(tree, self._process(logits, tree.depth), self.sampling, self.noise, 0, None)
+        if self.kept is not None:
+            self.kept.copy_(logits[:, :1])
         choice = accept.tokens[:, 0]
         self.out[:, 0].copy_(choice)
         engine.root.copy_(torch.where(engine.active, choice, engine.root))
@@ -265,8 +275,8 @@ class Round:
         if self.expect_sizes and proposal is not None:
             scores = ddtree_scores(proposal.logq, budget=self.expect_sizes[-1], topk=self.tree.topk)
             self.expect.copy_(expected_accepts(scores, self.expect_sizes))
-        logits, hidden, rnd = self._verify(tree)
-        logits = self._process(logits, tree.depth)
+        raw, hidden, rnd = self._verify(tree)
+        logits = self._process(raw, tree.depth)
         accept = self.rule.accept(tree, logits, self.sampling, self.noise, self.depth, proposal)
         if self.check_rule:
             check_accept(self.rule, accept, self.batch, self.path_len)
@@ -275,6 +285,8 @@ class Round:
             accept = sanitized_accept(accept, vocab, self.slots)
         if flags is not None:
             self.out[:, self.path_len + 2] = flags
+        if self.kept is not None:  # the raw logits of the path's nodes: [B, P, V]
+            self.kept.copy_(raw.gather(1, accept.path[..., None].expand(-1, -1, raw.shape[-1])))
         if self.depth:
             commit_rows(target.storage.kv, prefix, accept.path)
         if self.hybrid is not None:
@@ -340,6 +352,8 @@ class Round:
             self.elapsed_ms[slot] = (time.perf_counter() - start) * 1e3
         self.launched += 1
         self.host[slot].copy_(self.out, non_blocking=True)
+        if self.kept is not None:
+            self.host_kept[slot].copy_(self.kept, non_blocking=True)
         if self.expect_sizes and self.proposes:
             self.host_expect[slot].copy_(self.expect, non_blocking=True)
         if self.ready is not None:
@@ -364,6 +378,8 @@ class Round:
             raise ProtocolError(describe_flags(flags, self.tree, self.rule))
         # ``DDTree(budget="auto")``: the round's expectations, copied with its tokens (no second wait)
         self.expected = self.host_expect[ticket].tolist() if self.expect_sizes and self.proposes else None
+        # ``output_scores`` / ``output_logits``: the raw logits of the path's nodes, [B, P, V] on the host
+        self.logits = self.host_kept[ticket].clone() if self.kept is not None else None
         return rows
 
     def __call__(self, generator: torch.Generator | None) -> list[tuple[list[int], int]]:
@@ -637,6 +653,7 @@ class Engine:
         suppress: tuple = (0, ()),
         backends=None,
         expect: tuple[int, ...] = (),
+        keep_logits: bool = False,
     ) -> Round:
         """The (cached) round of this drafter, tree policy, rule, sampling and span (None: the capacity); built and
         captured on first use."""
@@ -652,10 +669,11 @@ class Engine:
             suppress,
             backends,
             expect,
+            keep_logits,
         )
         rnd = self._rounds.get(key)
         if rnd is None or rnd.drafter is not drafter:
             rnd = Round(self, drafter, self._static(drafter), tree, rule, sampling, graph, compile, span, suppress,
-                        expect)  # fmt: skip
+                        expect, keep_logits)  # fmt: skip
             self._rounds[key] = rnd
         return rnd

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -28,6 +29,7 @@ from specdec.hf_args import (
     resolve_generation_args,
 )
 from specdec.runtime import check_compile
+from specdec.stopping import Stopping, check_stopping
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
 from specdec.trees import Chain, TreePolicy
@@ -35,6 +37,7 @@ from specdec.trees.build import root_trees
 from specdec.types import GenerateOutput, SpecStats
 from specdec.validate import ProtocolError, accept_flags, check_accept, describe_flags, trusted
 from specdec.verify import VerificationRule, default_rule
+from specdec.verify.processing import process_logits
 
 __all__ = ["SpeculativeModel", "generate"]
 
@@ -136,6 +139,8 @@ def generate(
     cuda_graphs: bool | None = None,
     compile: bool | str | Mapping = False,
     backends: Backends | Mapping | None = None,
+    stopping_criteria=None,
+    tokenizer=None,
     **kwargs,
 ) -> GenerateOutput:
     """Speculative generation, lossless with respect to the target's own ``generate``.
@@ -179,6 +184,9 @@ def generate(
             dict of inductor options. Default False.
         backends (Backends | Mapping | None): which kernel implementations the round uses (``specdec.Backends``,
             or a dict of its fields to change); default the process setting (``specdec.backends``).
+        stopping_criteria (list | None): HF ``StoppingCriteria`` (``(input_ids, scores)`` protocol), checked after
+            each accepted token of each row (``scores`` is None); a round is cut right after the token that stops.
+        tokenizer: the tokenizer that ``stop_strings`` are matched with (as in HF; needed with ``stop_strings``).
         **kwargs: other HF ``generate`` options; unsupported or unknown ones raise ``ValueError``.
 
     Returns:
@@ -190,8 +198,10 @@ def generate(
         ...                        max_new_tokens=64)
         >>> out.stats.tau, out.stats.accept_lengths
     """
+    start = time.time()  # HF's max_time counts from the start of the call
     tgt = TargetModel.wrap(target)
     check_drafter_and_tree(drafter, tree)
+    criteria, _, _ = check_stopping(stopping_criteria, None, tokenizer, None)
     check_compile(compile)
     input_ids, lengths = check_input_ids(input_ids, attention_mask, tgt.device)
     if streamer is not None and input_ids.shape[0] > 1:
@@ -213,13 +223,25 @@ def generate(
         min_length=min_length,
         pad_token_id=pad_token_id,
         use_cache=use_cache,
+        tokenizer=tokenizer,
         **kwargs,
     )
+    stopping = Stopping(criteria, args.stop_strings, tokenizer, args.max_time, input_ids, start)
     max_new_tokens, sampling = args.max_new_tokens, args.sampling
     if attention_mask is None:  # HF's rule: the mask from pad_token_id where the prompts hold it (docs/api.md)
         inferred, pad = infer_attention_mask(input_ids, args.pad_token_id, args.eos_token_ids)
         if inferred is not None:
             input_ids, lengths = check_input_ids(input_ids, inferred, tgt.device, pad_token_id=pad)
+    copies = args.num_return_sequences
+    if copies > 1:  # HF's expansion: each prompt repeated in place; every row samples independently
+        if streamer is not None:
+            raise ValueError(
+                f"A streamer takes one sequence (as in HF) but num_return_sequences={copies}: drop the streamer or "
+                "pass num_return_sequences=1."
+            )
+        input_ids = input_ids.repeat_interleave(copies, 0)
+        lengths = [n for n in lengths for _ in range(copies)]
+        stopping.input_ids = input_ids
     if callable(getattr(tree, "with_sampling", None)):  # a policy that samples from q takes the call's settings
         tree = tree.with_sampling(sampling)
     auto = bool(getattr(tree, "auto", False)) and drafter is not None
@@ -242,11 +264,12 @@ def generate(
         drafter.reset()
     graph = _graphs(tgt, cuda_graphs)
     with use_backends(backends) as setting:
-        return _decode(tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer)
+        return _decode(tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer,
+                       stopping)  # fmt: skip
 
 
 def _decode(
-    tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer
+    tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer, stopping
 ) -> GenerateOutput:
     """The decoding loop: prefill, then rounds until every sequence has its EOS or ``max_new_tokens`` (one host read
     per round for the whole batch). A finished sequence stays in the batch, masked: its rows still run (the round's
@@ -275,7 +298,12 @@ def _decode(
         logits = engine.prefill(prompts, lengths, drafter, graph=graph)
         first = _first_token(rule, sampling, args.suppress_eos(logits, None, 0), generator)
     new_tokens = [[tok] for tok in first.tolist()[:batch]]
-    done = [row[0] in eos or max_new_tokens == 1 for row in new_tokens]
+    keep = args.output_scores or args.output_logits
+    kept = [[row] for row in logits[:batch].float().cpu()] if keep else None  # per row: raw logits [V] per token
+    done = [row[0] in eos or max_new_tokens == 1 or stopping.first_stop(b, [], row) is not None
+            for b, row in enumerate(new_tokens)]  # fmt: skip
+    if stopping.timed_out():
+        done = [True] * batch
     if streamer is not None:
         streamer.put(first[:1].cpu())
     engine.start(first, lengths, [not d for d in done] + [False] * (rows - batch))
@@ -292,7 +320,7 @@ def _decode(
         size = auto.next_size() if auto is not None else None
         rnd = engine.round_for(drafter, tree if size is None else tree.at(size), rule, sampling, graph=graph,
                                compile=compile, span=engine.span_for(need), suppress=suppress, backends=setting,
-                               expect=() if auto is None else auto.sizes)  # fmt: skip
+                               expect=() if auto is None else auto.sizes, keep_logits=keep)  # fmt: skip
         used[id(rnd)] = rnd
         return rnd, rnd.launch(generator), size
 
@@ -325,6 +353,11 @@ def _decode(
                     accepted, done[b] = accepted[: i + 1], True
                     break
             accepted = accepted[: remaining[b]]
+            stop = stopping.first_stop(b, new_tokens[b], accepted)  # HF's criteria after each accepted token
+            if stop is not None:
+                accepted, done[b] = accepted[: stop + 1], True
+            if kept is not None:
+                kept[b] += list(rnd.logits[b, : len(accepted)])
             new_tokens[b] += accepted
             done[b] = done[b] or len(new_tokens[b]) >= max_new_tokens
             if done[b] and batch > 1:
@@ -334,6 +367,8 @@ def _decode(
                 row_stats.tree_nodes += num_nodes
             if streamer is not None:
                 streamer.put(torch.tensor(accepted, dtype=torch.long))
+        if stopping.timed_out():  # max_time: this round is kept whole, no other runs
+            done = [True] * batch
 
     if streamer is not None:
         streamer.end()
@@ -355,7 +390,27 @@ def _decode(
     for b, tokens in enumerate(new_tokens):
         new[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
     sequences = torch.cat([input_ids, new.to(input_ids.device)], 1)
-    return GenerateOutput(sequences=sequences, stats=stats)
+    scores = logits = None
+    if kept is not None:
+        logits, scores = _step_scores(kept, new_tokens, args, out_len, input_ids.device)
+    return GenerateOutput(sequences=sequences, stats=stats, scores=scores if args.output_scores else None,
+                          logits=logits if args.output_logits else None)  # fmt: skip
+
+
+def _step_scores(kept, new_tokens, args, steps: int, device) -> tuple[tuple, tuple]:
+    """HF's ``logits`` and ``scores`` (one ``[B, V]`` fp32 tensor per generated position) from each row's raw
+    logits per new token: the scores are the logits through the same processors and warpers (min-length, then
+    temperature / top-k / top-p when sampling). A row that ended before a step holds zeros there."""
+    batch, vocab = len(kept), kept[0][0].shape[-1]
+    raw = torch.zeros(batch, steps, vocab)
+    processed = torch.zeros(batch, steps, vocab)
+    for b, rows in enumerate(kept):
+        n = len(new_tokens[b])
+        raw[b, :n] = torch.stack(rows[:n])
+        row = args.suppress_eos(raw[b, :n], torch.arange(n), 0)  # new token j: depth j from the first choice
+        processed[b, :n] = process_logits(row, args.sampling) if args.sampling.do_sample else row
+    raw, processed = raw.to(device), processed.to(device)
+    return tuple(raw.unbind(1)), tuple(processed.unbind(1))
 
 
 def _first_token(rule, sampling, logits: torch.Tensor, generator) -> torch.Tensor:

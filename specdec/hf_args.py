@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
+from specdec.stopping import check_stopping
 from specdec.trees import TreePolicy
 from specdec.types import SamplingParams
 
@@ -45,10 +46,15 @@ SUPPORTED = (
     "eos_token_id",
     "max_length",
     "max_new_tokens",
+    "max_time",
     "min_length",
     "min_new_tokens",
+    "num_return_sequences",
+    "output_logits",
+    "output_scores",
     "pad_token_id",
     "return_dict_in_generate",
+    "stop_strings",
     "temperature",
     "top_k",
     "top_p",
@@ -70,22 +76,17 @@ REFUSED = {
     "forced_bos_token_id": None,
     "forced_eos_token_id": None,
     "guidance_scale": 1.0,
-    "max_time": None,
     "no_repeat_ngram_size": 0,
     "num_beam_groups": 1,
     "num_beams": 1,
-    "num_return_sequences": 1,
     "output_attentions": False,
     "output_hidden_states": False,
-    "output_logits": False,
-    "output_scores": False,
     "penalty_alpha": 0.0,
     "prompt_lookup_num_tokens": None,
     "remove_invalid_values": False,
     "repetition_penalty": 1.0,
     "sequence_bias": None,
     "speculation_type": None,
-    "stop_strings": None,
     "suppress_tokens": None,
     "token_healing": False,
     "use_mtp": False,
@@ -131,7 +132,6 @@ _REFUSED_CALL_ARGS = (
     "negative_prompt_attention_mask",
     "negative_prompt_ids",
     "prefix_allowed_tokens_fn",
-    "stopping_criteria",
     "synced_gpus",
 )
 _IGNORED_CALL_ARGS = frozenset({"compile", "cuda_graphs", "tokenizer", "trust_remote_code"})
@@ -151,6 +151,11 @@ class GenerationArgs:
         eos_token_ids (tuple[int, ...]): stop tokens (may be empty).
         pad_token_id (int | None): fills a batch row after its EOS (HF's rule: None = the first EOS id).
         return_dict_in_generate (bool): for ``SpeculativeModel.generate``.
+        stop_strings (tuple[str, ...]): HF stop strings (matched with the call's tokenizer, ``specdec.stopping``).
+        max_time (float | None): HF's wall-clock limit in seconds.
+        output_scores, output_logits (bool): return the processed scores / raw logits of every generated position
+            (with ``return_dict_in_generate``, as HF).
+        num_return_sequences (int): independent samples per prompt (sampling only, as in HF).
     """
 
     max_new_tokens: int
@@ -159,6 +164,11 @@ class GenerationArgs:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int | None = None
     return_dict_in_generate: bool = False
+    stop_strings: tuple[str, ...] = ()
+    max_time: float | None = None
+    output_scores: bool = False
+    output_logits: bool = False
+    num_return_sequences: int = 1
 
     def suppress_eos(self, logits: torch.Tensor, depth: torch.Tensor | None, generated: int) -> torch.Tensor:
         """HF's min-length processors on tree logits: EOS gets ``-inf`` where it would end the output early.
@@ -484,6 +494,7 @@ def resolve_generation_args(model, prompt_length: int, *, generation_config=None
     sampling = SamplingParams(
         do_sample=do_sample, temperature=float(get("temperature")), top_k=get("top_k"), top_p=get("top_p")
     )
+    _, stop_strings, max_time = check_stopping(None, get("stop_strings"), kwargs.get("tokenizer"), get("max_time"))
     max_new = _int_arg("max_new_tokens", get("max_new_tokens"), 1)
     if max_new is None:
         max_new = _max_new_from_length(model, prompt_length, get("max_length"), kwargs, generation_config)
@@ -497,7 +508,23 @@ def resolve_generation_args(model, prompt_length: int, *, generation_config=None
         eos_token_ids=normalize_eos_token_id(get("eos_token_id")),
         pad_token_id=_pad_token_id(get("pad_token_id")),
         return_dict_in_generate=bool(get("return_dict_in_generate")),
+        stop_strings=stop_strings,
+        max_time=max_time,
+        output_scores=bool(get("output_scores")),
+        output_logits=bool(get("output_logits")),
+        num_return_sequences=_num_return_sequences(get("num_return_sequences"), do_sample),
     )
+
+
+def _num_return_sequences(value, do_sample: bool) -> int:
+    """HF's rule: any count >= 1 when sampling; greedy decoding (no beams) only 1 (HF refuses more)."""
+    n = _int_arg("num_return_sequences", 1 if value is None else value, 1)
+    if n > 1 and not do_sample:
+        raise ValueError(
+            f"num_return_sequences={n} needs do_sample=True: greedy decoding returns one sequence per prompt (HF "
+            "refuses it too). Pass do_sample=True for independent samples, or num_return_sequences=1."
+        )
+    return n
 
 
 def _pad_token_id(value) -> int | None:

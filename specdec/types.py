@@ -292,7 +292,11 @@ class SpecStats:
 
 @dataclass
 class GenerateOutput:
-    """``sequences`` ``[B, T_prompt + n_new]`` (prompts included, as HF returns) and ``stats``."""
+    """``sequences`` ``[B, T_prompt + n_new]`` (prompts included, as HF returns) and ``stats``; with
+    ``output_scores`` / ``output_logits``, ``scores`` / ``logits`` as HF returns them: a tuple with one ``[B, V]``
+    fp32 tensor per generated position (processed scores / raw target logits), else None."""
 
     sequences: torch.Tensor
     stats: SpecStats
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None

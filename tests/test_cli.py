@@ -161,6 +161,21 @@ def test_generate_writes_generations_and_stats_jsonl(zoo, tmp_path):
         assert s["rounds"] == r["stats"]["rounds"] and sum(s["accept_hist"]) == s["rounds"] and "tau" in s
 
 
+def test_generate_takes_stop_strings_as_hf(zoo, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    overrides = ["drafter=ngram", "prompts.limit=1", "max_new_tokens=40", "show_text=false", "threads=1",
+                 "sampling.stop_strings=[graph,'):']"]  # fmt: skip
+    cfg, choices = _compose("generate", overrides)
+    (record,) = cli.run_command("generate", cfg, choices, tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(zoo / "target-dense", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    ids = tok(record["prompt"], return_tensors="pt").input_ids
+    expected = model.generate(ids, do_sample=False, max_new_tokens=40, stop_strings=["graph", "):"], tokenizer=tok)
+    assert record["tokens"] == expected[0, ids.shape[1] :].tolist()
+    assert len(record["tokens"]) < 40  # a stop string ended it
+
+
 def test_generate_in_batches_gives_the_texts_of_one_prompt_at_a_time(tmp_path):
     """``prompts.batch_size=2`` over 3 prompts (a batch of 2, then 1, left-padded): the greedy texts of batch size 1;
     each record carries its own rounds and tau, and the call it ran in."""
