@@ -471,6 +471,27 @@ MUTANTS += [
         ("tests/kernels/test_rotary.py",),
     ),
 ]
+# -- the auto budget: its bounded graph keys and its choices -----------------------------------------------------
+AUTO_KEYS = "tests/round/test_auto_budget_keys.py"
+MUTANTS += [
+    Mutant(  # capture allowed after warm-up: a span bucket's sizes built lazily, each on its first choice
+        "auto_capture_after_warmup",
+        ((GENERATE, "if auto is not None and span not in prepared:", "if False and span not in prepared:"),),
+        (AUTO_KEYS,),
+    ),
+    Mutant(  # auto picks a size its cost model says loses: plain decoding never chosen, the smallest tree instead
+        "auto_picks_a_losing_size",
+        (("specdec/budget.py", 'size, reason = (0 if pick is None else self.sizes[pick]), "model"',
+          'size, reason = (self.sizes[0] if pick is None else self.sizes[pick]), "model"'),),  # fmt: skip
+        (AUTO_KEYS, "tests/round/test_auto_budget.py"),
+    ),
+    Mutant(  # the expectations read from the round the loop launched before (the wrong round's host copy)
+        "auto_expectations_of_other_round",
+        (("specdec/engine.py", "self.expected = self.host_expect[ticket].tolist()",
+          "self.expected = self.host_expect[1 - ticket].tolist()"),),  # fmt: skip
+        (AUTO_KEYS,),
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles
