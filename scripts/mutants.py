@@ -485,11 +485,36 @@ MUTANTS += [
           'size, reason = (self.sizes[0] if pick is None else self.sizes[pick]), "model"'),),  # fmt: skip
         (AUTO_KEYS, "tests/round/test_auto_budget.py"),
     ),
-    Mutant(  # the expectations read from the round the loop launched before (the wrong round's host copy)
-        "auto_expectations_of_other_round",
-        (("specdec/engine.py", "self.expected = self.host_expect[ticket].tolist()",
-          "self.expected = self.host_expect[1 - ticket].tolist()"),),  # fmt: skip
-        (AUTO_KEYS,),
+]
+# -- batches where bugs hide: long ragged rows, finished rows, per-row settings, per-row drafts ----------------
+REACH = "tests/round/test_batch_reach.py"
+MUTANTS += [
+    Mutant(  # a finished row keeps committing: its length grows and its K/V rows keep being written
+        "finished_row_still_writes",
+        ((ENGINE, "prefix.add_(accept.num_path * engine.active)", "prefix.add_(accept.num_path)"),),
+        (REACH, "-k", "finished"),
+    ),
+    Mutant(  # the span bucket forgets the round in flight: the launched-ahead round sees too few slots
+        "span_ignores_round_in_flight",
+        ((GENERATE, "need = committed + in_flight * path_len + extent", "need = committed + extent"),),
+        (REACH, "-k", "finished or ragged"),
+    ),
+    Mutant(  # the span bucket one slot short: a round needing SPAN_MIN * 2**k + 1 slots gets SPAN_MIN * 2**k
+        "span_bucket_off_by_one",
+        ((ENGINE, "        while span < need:\n", "        while span < need - 1:\n"),),
+        (REACH, "-k", "finished or ragged"),
+    ),
+    Mutant(  # min_new_tokens counted from row 0's prompt length for every row
+        "min_new_tokens_row0_prompt",
+        ((ENGINE, "generated = engine.prefix + 1 - engine.prompt_len  #",
+          "generated = engine.prefix + 1 - engine.prompt_len[:1]  #"),),  # fmt: skip
+        (REACH, "-k", "min_new"),
+    ),
+    Mutant(  # the n-gram lookup searches row 0's text for every row: tokens stay exact, acceptance does not
+        "ngram_lookup_row0_history",
+        (("specdec/drafters/ngram.py", "rows = [self._lookup(self.history[b], p, depth, span)",
+          "rows = [self._lookup(self.history[0], p, depth, span)"),),  # fmt: skip
+        (REACH, "-k", "accept and ngram"),
     ),
 ]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
