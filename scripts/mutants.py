@@ -494,16 +494,6 @@ MUTANTS += [
         ((ENGINE, "prefix.add_(accept.num_path * engine.active)", "prefix.add_(accept.num_path)"),),
         (REACH, "-k", "finished"),
     ),
-    Mutant(  # the span bucket forgets the round in flight: the launched-ahead round sees too few slots
-        "span_ignores_round_in_flight",
-        ((GENERATE, "need = committed + in_flight * path_len + extent", "need = committed + extent"),),
-        (REACH, "-k", "finished or ragged"),
-    ),
-    Mutant(  # the span bucket one slot short: a round needing SPAN_MIN * 2**k + 1 slots gets SPAN_MIN * 2**k
-        "span_bucket_off_by_one",
-        ((ENGINE, "        while span < need:\n", "        while span < need - 1:\n"),),
-        (REACH, "-k", "finished or ragged"),
-    ),
     Mutant(  # min_new_tokens counted from row 0's prompt length for every row
         "min_new_tokens_row0_prompt",
         ((ENGINE, "generated = engine.prefix + 1 - engine.prompt_len  #",
@@ -515,6 +505,23 @@ MUTANTS += [
         (("specdec/drafters/ngram.py", "rows = [self._lookup(self.history[b], p, depth, span)",
           "rows = [self._lookup(self.history[0], p, depth, span)"),),  # fmt: skip
         (REACH, "-k", "accept and ngram"),
+    ),
+]
+MUTANTS += [
+    Mutant(  # a draft whose p / q > 1 accepted with probability 0.9, not 1 (the tokens with p / q < 1 exact)
+        "rejection_capped_above_ratio_1",
+        ((REJECTION_REFERENCE, "accept = live & (weighed[..., k] < r.gather(2, tokens[..., k, None])[..., 0])",
+          "accept = live & (weighed[..., k] < torch.where(r.gather(2, tokens[..., k, None])[..., 0] >= "
+          "qk.gather(2, tokens[..., k, None])[..., 0], 0.9 * qk.gather(2, tokens[..., k, None])[..., 0], "
+          "r.gather(2, tokens[..., k, None])[..., 0]))"),),  # fmt: skip
+        ("tests/verify/test_speculative.py", "-k", "first"),
+    ),
+    Mutant(  # the stochastic DDTree's siblings drawn with replacement (each rank an independent Gumbel top-1)
+        "stochastic_ddtree_with_replacement",
+        (("specdec/trees/sampled.py", "drawn = scores.topk(k, dim=-1).indices  # [B, L, k]",
+          "drawn = torch.stack([(scores + gumbel_from_uniform(noise[:, :length].float().roll(i, -1))).argmax(-1) "
+          "for i in range(k)], -1)  # [B, L, k]"),),  # fmt: skip
+        ("tests/verify/test_sampled_policies.py", "-k", "stochastic"),
     ),
 ]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
