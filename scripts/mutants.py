@@ -523,6 +523,13 @@ MUTANTS += [
           "for i in range(k)], -1)  # [B, L, k]"),),  # fmt: skip
         ("tests/verify/test_sampled_policies.py", "-k", "stochastic"),
     ),
+    Mutant(  # the stochastic DDTree's Gumbel draws from q at 1.2x its log-probabilities (a sharper q)
+        "stochastic_ddtree_sharpened",
+        (("specdec/trees/sampled.py",
+          "scores = draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())",
+          "scores = 1.2 * draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())"),),
+        ("tests/verify/test_sampled_policies.py", "-k", "quick"),
+    ),
 ]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
