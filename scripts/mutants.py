@@ -485,6 +485,11 @@ MUTANTS += [
           'size, reason = (self.sizes[0] if pick is None else self.sizes[pick]), "model"'),),  # fmt: skip
         (AUTO_KEYS, "tests/round/test_auto_budget.py"),
     ),
+    Mutant(  # the controller rebuilt at every call: every call measures every size again
+        "auto_controller_not_kept",
+        ((ENGINE, "ctrl = self._controllers.get(key)", "ctrl = None"),),
+        (AUTO_KEYS,),
+    ),
 ]
 # -- batches where bugs hide: long ragged rows, finished rows, per-row settings, per-row drafts ----------------
 REACH = "tests/round/test_batch_reach.py"

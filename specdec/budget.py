@@ -545,6 +545,9 @@ class AutoBudget:
     reason (``"explore"``: an option's first measurements, ``"probe"``, ``"model"``: :func:`choose` on the cost
     model and calibrated expectations, logged with them), so that a test can check each against the model.
 
+    The decoding loop keeps one controller per engine (target, batch bucket), drafter and policy across calls
+    (:meth:`resume` at each call): the sizes are measured once, not at every call.
+
     Choices lag the expectations by the rounds in flight (the loop launches one round ahead, and a round's
     expectations come with its tokens), so the choice weighs the rows' mean expectation smoothed over recent tree
     rounds (an exponential average, ``smoothing`` the weight of the past) rather than one round's: a single
@@ -583,6 +586,13 @@ class AutoBudget:
         # "scales" (the calibration's) and "goodput" (committed tokens per ms per option, as ``choose`` weighs them)
         self.decisions: list[dict] = []
 
+    def resume(self) -> None:
+        """A new call of the same target, batch bucket and drafter: keep the measured costs, the calibration, the
+        smoothed expectations and the probe gap; forget the rounds launched and never read (the last call's round
+        launched ahead) and the last call's decisions."""
+        self.in_flight = []
+        self.decisions = []
+        self.chosen = self.chosen[-self.probe_max :]  # enough to count the plain rounds in a row
     def _cost(self, size: int) -> float:
         return statistics.median(self.times[size][-self.window :])
 

@@ -463,6 +463,7 @@ class Engine:
         # rounds and captured prefills built on this engine: each is a graph key (one CUDA graph, or one compiled
         # shape, once run); ``SpecStats.captures`` counts a call's new ones
         self.rounds_built = self.prefills_built = 0
+        self._controllers: dict = {}  # an adaptive policy's controller per (drafter, policy): its costs persist
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
 
     @property
@@ -510,7 +511,21 @@ class Engine:
             self._drafters.pop(drafter, None)
             self._rounds = {key: rnd for key, rnd in self._rounds.items() if rnd.drafter is not drafter}
             self._prefills = {key: pre for key, pre in self._prefills.items() if pre.drafter is not drafter}
+            self._controllers = {key: c for key, c in self._controllers.items() if key[0] != id(drafter)}
         self._drafter_signatures[drafter] = signature
+
+    def controller_for(self, drafter, tree, make):
+        """The controller of an adaptive policy (``tree.controller``, ``make(batch)``) for ``drafter`` on this engine:
+        made on first use, kept across calls (its measured round costs and calibration are this target's, batch
+        bucket's and device's, so later calls do not measure every size again) and ``resume()``-d at each call."""
+        key = (id(drafter), tree)
+        ctrl = self._controllers.get(key)
+        if ctrl is None:
+            ctrl = make(self.batch)
+            self._controllers[key] = ctrl
+        elif callable(getattr(ctrl, "resume", None)):
+            ctrl.resume()
+        return ctrl
 
     def _static(self, drafter):
         """The drafter's state on this engine (made on first use, refreshed on reuse)."""

@@ -238,11 +238,11 @@ def _decode(
         prompts[b, :n] = input_ids[b if b < batch else 0, width - n :]
     # an adaptive policy (``DDTree(budget="auto")``) chooses each round's budget through its own controller
     make = getattr(tree, "controller", None) if drafter is not None else None
-    auto = make(rows) if callable(make) else None
-    fixed = tree.largest if auto is not None else tree
+    fixed = tree.largest if callable(make) else tree
     engine = Engine.for_target(
         tgt, capacity=longest + max_new_tokens + tree_slots(drafter, fixed) + 1, batch=rows, drafter=drafter
     )
+    auto = engine.controller_for(drafter, tree, make) if callable(make) else None
     suppress = (args.min_new_tokens, tuple(args.eos_token_ids)) if args.min_new_tokens and eos else (0, ())
     if streamer is not None:
         streamer.put(input_ids.cpu())

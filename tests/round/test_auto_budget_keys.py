@@ -9,7 +9,7 @@ the ones the test injected itself. Expected tokens come from HF ``generate`` of 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from models import tiny_model
@@ -123,8 +123,8 @@ class _SpyTree(specdec.DDTree):
     """``DDTree(budget="auto")`` whose controllers are kept (``made``), optionally with injected round costs:
     ``inject(size, round_index) -> ms`` replaces the measured time of each round read."""
 
-    made: list = None
-    inject: object = None
+    made: list = field(default=None, compare=False)
+    inject: object = field(default=None, compare=False)
 
     def controller(self, batch: int) -> AutoBudget:
         ctrl = _Injected(self.sizes, batch, self.inject) if self.inject else AutoBudget(self.sizes, batch)
@@ -198,3 +198,22 @@ def test_choices_follow_injected_costs_that_change_mid_run():
     assert model > 10 and any(chosen) and 0 in chosen, chosen
     # after the costs changed and the window forgot the cheap trees, plain decoding stays the model's choice
     assert chosen[-5:] == [0] * 5, chosen
+
+
+def test_the_controller_and_its_costs_persist_across_calls():
+    """A second call of the same target, batch bucket, drafter and policy reuses the controller: its costs are
+    measured already, so it explores nothing (every choice is the model's or a probe) and its decisions are this
+    call's alone. Tokens equal HF."""
+    target = tiny_model("llama", scale=2.0)
+    drafter = sharp_drafter(target)
+    made: list = []
+    tree = _SpyTree(budget="auto", topk=3, sizes=SIZES, made=made)
+    ids = torch.randint(4, 128, (1, 9), generator=torch.Generator().manual_seed(11))
+    first = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=40)
+    assert {d["reason"] for d in made[0].decisions} >= {"explore", "model"}
+    other = torch.randint(4, 128, (1, 9), generator=torch.Generator().manual_seed(12))
+    second = specdec.generate(target, other, drafter=drafter, tree=tree, max_new_tokens=40)
+    check_rows(target, [other[0]], second, 40)
+    assert len(made) == 1 and first.stats.budgets[:4] == [0, *SIZES]
+    reasons = [d["reason"] for d in made[0].decisions]
+    assert reasons and "explore" not in reasons and len(reasons) <= len(second.stats.budgets) + 1, reasons
