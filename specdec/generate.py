@@ -238,7 +238,7 @@ def _decode(
         prompts[b, :n] = input_ids[b if b < batch else 0, width - n :]
     # an adaptive policy (``DDTree(budget="auto")``) chooses each round's budget through its own controller
     make = getattr(tree, "controller", None) if drafter is not None else None
-    fixed = tree.largest if callable(make) else tree
+    fixed = getattr(tree, "largest", tree) if callable(make) else tree
     engine = Engine.for_target(
         tgt, capacity=longest + max_new_tokens + tree_slots(drafter, fixed) + 1, batch=rows, drafter=drafter
     )
