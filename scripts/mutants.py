@@ -521,13 +521,6 @@ MUTANTS += [
           "r.gather(2, tokens[..., k, None])[..., 0]))"),),  # fmt: skip
         ("tests/verify/test_speculative.py", "-k", "first"),
     ),
-    Mutant(  # the stochastic DDTree's siblings drawn with replacement (each rank an independent Gumbel top-1)
-        "stochastic_ddtree_with_replacement",
-        (("specdec/trees/sampled.py", "drawn = scores.topk(k, dim=-1).indices  # [B, L, k]",
-          "drawn = torch.stack([(scores + gumbel_from_uniform(noise[:, :length].float().roll(i, -1))).argmax(-1) "
-          "for i in range(k)], -1)  # [B, L, k]"),),  # fmt: skip
-        ("tests/verify/test_sampled_policies.py", "-k", "stochastic"),
-    ),
     Mutant(  # the stochastic DDTree's Gumbel draws from q at 1.2x its log-probabilities (a sharper q)
         "stochastic_ddtree_sharpened",
         (("specdec/trees/sampled.py",
