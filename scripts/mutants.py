@@ -538,6 +538,64 @@ MUTANTS += [
         ("tests/kernels/test_rotary.py",),
     ),
 ]
+# -- the auto budget: its bounded graph keys and its choices -----------------------------------------------------
+AUTO_KEYS = "tests/round/test_auto_budget_keys.py"
+MUTANTS += [
+    Mutant(  # capture allowed after warm-up: a span bucket's sizes built lazily, each on its first choice
+        "auto_capture_after_warmup",
+        ((GENERATE, "if auto is not None and span not in prepared:", "if False and span not in prepared:"),),
+        (AUTO_KEYS,),
+    ),
+    Mutant(  # auto picks a size its cost model says loses: plain decoding never chosen, the smallest tree instead
+        "auto_picks_a_losing_size",
+        (("specdec/budget.py", 'size, reason = (0 if pick is None else self.sizes[pick]), "model"',
+          'size, reason = (self.sizes[0] if pick is None else self.sizes[pick]), "model"'),),  # fmt: skip
+        (AUTO_KEYS, "tests/round/test_auto_budget.py"),
+    ),
+    Mutant(  # the controller rebuilt at every call: every call measures every size again
+        "auto_controller_not_kept",
+        ((ENGINE, "ctrl = self._controllers.get(key)", "ctrl = None"),),
+        (AUTO_KEYS,),
+    ),
+]
+# -- batches where bugs hide: long ragged rows, finished rows, per-row settings, per-row drafts ----------------
+REACH = "tests/round/test_batch_reach.py"
+MUTANTS += [
+    Mutant(  # a finished row keeps committing: its length grows and its K/V rows keep being written
+        "finished_row_still_writes",
+        ((ENGINE, "prefix.add_(accept.num_path * engine.active)", "prefix.add_(accept.num_path)"),),
+        (REACH, "-k", "finished"),
+    ),
+    Mutant(  # min_new_tokens counted from row 0's prompt length for every row
+        "min_new_tokens_row0_prompt",
+        ((ENGINE, "generated = engine.prefix + 1 - engine.prompt_len  #",
+          "generated = engine.prefix + 1 - engine.prompt_len[:1]  #"),),  # fmt: skip
+        (REACH, "-k", "min_new"),
+    ),
+    Mutant(  # the n-gram lookup searches row 0's text for every row: tokens stay exact, acceptance does not
+        "ngram_lookup_row0_history",
+        (("specdec/drafters/ngram.py", "rows = [self._lookup(self.history[b], p, depth, span)",
+          "rows = [self._lookup(self.history[0], p, depth, span)"),),  # fmt: skip
+        (REACH, "-k", "accept and ngram"),
+    ),
+]
+MUTANTS += [
+    Mutant(  # a draft whose p / q > 1 accepted with probability 0.9, not 1 (the tokens with p / q < 1 exact)
+        "rejection_capped_above_ratio_1",
+        ((REJECTION_REFERENCE, "accept = live & (weighed[..., k] < r.gather(2, tokens[..., k, None])[..., 0])",
+          "accept = live & (weighed[..., k] < torch.where(r.gather(2, tokens[..., k, None])[..., 0] >= "
+          "qk.gather(2, tokens[..., k, None])[..., 0], 0.9 * qk.gather(2, tokens[..., k, None])[..., 0], "
+          "r.gather(2, tokens[..., k, None])[..., 0]))"),),  # fmt: skip
+        ("tests/verify/test_speculative.py", "-k", "first"),
+    ),
+    Mutant(  # the stochastic DDTree's Gumbel draws from q at 1.2x its log-probabilities (a sharper q)
+        "stochastic_ddtree_sharpened",
+        (("specdec/trees/sampled.py",
+          "scores = draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())",
+          "scores = 1.2 * draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())"),),
+        ("tests/verify/test_sampled_policies.py", "-k", "quick"),
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

@@ -540,7 +540,13 @@ class AutoBudget:
     the first rounds try plain decoding and every size once, then each option's cost is the median of its last
     ``window`` rounds), the calibration from the accepted counts; :func:`choose` picks the next option. Plain
     decoding proposes nothing, so after ``probe`` plain rounds in a row the smallest tree runs once to refresh the
-    expectations.
+    expectations (a probe); each probe after which the model still picks plain decoding doubles that gap (up to
+    ``16 * probe``), and a tree chosen by the model resets it. Every choice is logged in ``decisions`` with its
+    reason (``"explore"``: an option's first measurements, ``"probe"``, ``"model"``: :func:`choose` on the cost
+    model and calibrated expectations, logged with them), so that a test can check each against the model.
+
+    The decoding loop keeps one controller per engine (target, batch bucket), drafter and policy across calls
+    (:meth:`resume` at each call): the sizes are measured once, not at every call.
 
     Choices lag the expectations by the rounds in flight (the loop launches one round ahead, and a round's
     expectations come with its tokens), so the choice weighs the rows' mean expectation smoothed over recent tree
@@ -574,24 +580,49 @@ class AutoBudget:
         self.expected: list[float] | None = None  # the rows' mean expectation per size, smoothed
         self.chosen: list[int] = []
         self.in_flight: list[int] = []  # sizes launched and not observed yet
+        self.probe_gap, self.probe_max = self.probe, 16 * self.probe  # plain rounds before the next probe
+        # every choice: {"size", "reason": "explore" | "probe" | "model"}, and for "model" what it was made from:
+        # "costs" (ms per option, 0 = plain decoding), "expected" (the rows' smoothed mean per size), "rows",
+        # "scales" (the calibration's) and "goodput" (committed tokens per ms per option, as ``choose`` weighs them)
+        self.decisions: list[dict] = []
 
+    def resume(self) -> None:
+        """A new call of the same target, batch bucket and drafter: keep the measured costs, the calibration, the
+        smoothed expectations and the probe gap; forget the rounds launched and never read (the last call's round
+        launched ahead) and the last call's decisions."""
+        self.in_flight = []
+        self.decisions = []
+        self.chosen = self.chosen[-self.probe_max :]  # enough to count the plain rounds in a row
     def _cost(self, size: int) -> float:
         return statistics.median(self.times[size][-self.window :])
 
     def next_size(self) -> int:
-        """The budget of the next round launched (0: plain decoding)."""
+        """The budget of the next round launched (0: plain decoding). Each choice is logged in ``decisions``."""
         untried = [s for s in self.times if not self.times[s] and s not in self.in_flight]
         plain_run = len(self.chosen) - next((i + 1 for i in range(len(self.chosen) - 1, -1, -1) if self.chosen[i]), 0)
+        record: dict = {}
         if untried:  # measure every option once first
-            size = untried[0]
-        elif self.expected is None or any(not t for t in self.times.values()) or plain_run >= self.probe:
-            # measurements still in flight, or plain rounds (which propose nothing) to refresh the expectations
-            size = self.sizes[0]
+            size, reason = untried[0], "explore"
+        elif self.expected is None or any(not t for t in self.times.values()):
+            size, reason = self.sizes[0], "explore"  # measurements still in flight
+        elif plain_run >= self.probe_gap:
+            # plain rounds propose nothing: the smallest tree refreshes the expectations, ever more rarely while
+            # the model keeps choosing plain decoding after it
+            size, reason = self.sizes[0], "probe"
+            self.probe_gap = min(2 * self.probe_gap, self.probe_max)
         else:
-            cost = CostModel([(self.batch, s + 1, self._cost(s)) for s in self.sizes]
-                             + [(self.batch, 1, self._cost(0))])  # fmt: skip
-            pick = choose([self.expected] * self.rows, cost, self.calib, self.sizes, self.batch)
-            size = 0 if pick is None else self.sizes[pick]
+            costs = {s: self._cost(s) for s in self.times}
+            cost = CostModel([(self.batch, s + 1, costs[s]) for s in self.sizes] + [(self.batch, 1, costs[0])])
+            expected = [self.expected] * self.rows
+            pick = choose(expected, cost, self.calib, self.sizes, self.batch)
+            size, reason = (0 if pick is None else self.sizes[pick]), "model"
+            if size:
+                self.probe_gap = self.probe
+            record = {"costs": costs, "expected": list(self.expected), "rows": self.rows,
+                      "scales": self.calib.scales(),
+                      "goodput": dict(zip((0, *self.sizes), goodputs(expected, cost, self.calib, self.sizes,
+                                                                    self.batch), strict=True))}  # fmt: skip
+        self.decisions.append({"size": size, "reason": reason, **record})
         self.chosen.append(size)
         self.in_flight.append(size)
         return size

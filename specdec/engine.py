@@ -22,7 +22,6 @@ import torch
 from transformers import DynamicCache
 
 from specdec.attention import AttentionScope, grouped_for
-from specdec.budget import ddtree_scores, expected_accepts
 from specdec.drafters.follow import drafter_modules
 from specdec.kernels.rms_norm.routing import norm_kernel_for
 from specdec.kernels.rotary.routing import rotary_kernel_for
@@ -141,7 +140,6 @@ class Round:
         compile: bool | str | Mapping,
         span: int | None = None,
         suppress: tuple = (0, ()),
-        expect: tuple[int, ...] = (),
         keep_logits: bool = False,
     ) -> None:
         self.engine, self.drafter, self.state, self.tree, self.rule = engine, drafter, state, tree, rule
@@ -182,8 +180,9 @@ class Round:
         cuda = device.type == "cuda"
         self.host = torch.zeros(2, *self.out.shape, dtype=torch.long, pin_memory=cuda)
         self.ready = [torch.cuda.Event() for _ in range(2)] if cuda else None
-        # ``DDTree(budget="auto")``: each round's expected accepted drafts at every candidate size (read with its
-        # tokens) and its device time, for the loop's choice of the next size (``specdec.budget.AutoBudget``)
+        # an adaptive policy's round (``DDTree(budget="auto")``): its expectations, whatever the policy computes from
+        # the proposal (``tree.expectations``, read with the tokens), and its device time, for the loop's choice
+        expect = tuple(getattr(tree, "expect_sizes", ())) if drafter is not None else ()
         self.expect_sizes = expect
         self.expect = torch.zeros(batch, len(expect), dtype=torch.float64, device=device)
         self.host_expect = torch.zeros(2, batch, len(expect), dtype=torch.float64, pin_memory=cuda)
@@ -273,8 +272,7 @@ class Round:
             flags = tree_flags(tree, vocab)
             tree = sanitized_tree(tree, vocab, self.depth)  # the round runs to its read, which raises
         if self.expect_sizes and proposal is not None:
-            scores = ddtree_scores(proposal.logq, budget=self.expect_sizes[-1], topk=self.tree.topk)
-            self.expect.copy_(expected_accepts(scores, self.expect_sizes))
+            self.expect.copy_(self.tree.expectations(proposal))
         raw, hidden, rnd = self._verify(tree)
         logits = self._process(raw, tree.depth)
         accept = self.rule.accept(tree, logits, self.sampling, self.noise, self.depth, proposal)
@@ -331,6 +329,20 @@ class Round:
         out = (first, rest) if self.compile else (0.0, first + rest)
         cap.first_run_s = cap.capture_s = 0.0
         return out
+
+    def prepare(self) -> None:
+        """Capture the round now, without running it (CUDA graphs: its warm-up runs are undone by the snapshot, the
+        captured run changes nothing); nothing to do where it is not captured. An adaptive policy's loop prepares
+        every size of a span bucket when it first meets that bucket, so that no later choice captures."""
+        cap = self.captured
+        if cap.use_graph and cap.graph is None:
+            with cap.scope:
+                try:
+                    cap._capture()
+                except RuntimeError as err:  # as a first call does: the round then runs eagerly
+                    logger.warning("CUDA graph capture failed, running this round without a graph: %s", err)
+                    torch.cuda.synchronize(cap.device)
+                    cap.use_graph = False
 
     def launch(self, generator: torch.Generator | None) -> int:
         """Enqueue one round (after any launched before) and the copy of its result to the host; no host wait.
@@ -494,6 +506,10 @@ class Engine:
         self._drafter_signatures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # of their own weights
         self._rounds: dict = {}
         self._prefills: dict = {}
+        # rounds and captured prefills built on this engine: each is a graph key (one CUDA graph, or one compiled
+        # shape, once run); ``SpecStats.captures`` counts a call's new ones
+        self.rounds_built = self.prefills_built = 0
+        self._controllers: dict = {}  # an adaptive policy's controller per (drafter, policy): its costs persist
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
 
     @property
@@ -541,7 +557,21 @@ class Engine:
             self._drafters.pop(drafter, None)
             self._rounds = {key: rnd for key, rnd in self._rounds.items() if rnd.drafter is not drafter}
             self._prefills = {key: pre for key, pre in self._prefills.items() if pre.drafter is not drafter}
+            self._controllers = {key: c for key, c in self._controllers.items() if key[0] != id(drafter)}
         self._drafter_signatures[drafter] = signature
+
+    def controller_for(self, drafter, tree, make):
+        """The controller of an adaptive policy (``tree.controller``, ``make(batch)``) for ``drafter`` on this engine:
+        made on first use, kept across calls (its measured round costs and calibration are this target's, batch
+        bucket's and device's, so later calls do not measure every size again) and ``resume()``-d at each call."""
+        key = (id(drafter), tree)
+        ctrl = self._controllers.get(key)
+        if ctrl is None:
+            ctrl = make(self.batch)
+            self._controllers[key] = ctrl
+        elif callable(getattr(ctrl, "resume", None)):
+            ctrl.resume()
+        return ctrl
 
     def _static(self, drafter):
         """The drafter's state on this engine (made on first use, refreshed on reuse)."""
@@ -620,6 +650,7 @@ class Engine:
         if pre is None or pre.drafter is not drafter:
             pre = _Prefill(self, drafter, self._static(drafter), size, graph)
             self._prefills[key] = pre
+            self.prefills_built += 1
         return pre
 
     def start(self, roots: torch.Tensor, prompt_lengths: list[int], active: list[bool]) -> None:
@@ -652,11 +683,10 @@ class Engine:
         span: int | None = None,
         suppress: tuple = (0, ()),
         backends=None,
-        expect: tuple[int, ...] = (),
         keep_logits: bool = False,
     ) -> Round:
-        """The (cached) round of this drafter, tree policy, rule, sampling and span (None: the capacity); built and
-        captured on first use."""
+        """The (cached) round of this drafter, tree policy, rule, sampling and span (None: the capacity); built on
+        first use (``rounds_built`` counts them) and captured on its first call or :meth:`Round.prepare`."""
         span = min(span or self.capacity, self.capacity)
         key = (
             id(drafter) if drafter is not None else None,
@@ -668,12 +698,12 @@ class Engine:
             span,
             suppress,
             backends,
-            expect,
             keep_logits,
         )
         rnd = self._rounds.get(key)
         if rnd is None or rnd.drafter is not drafter:
             rnd = Round(self, drafter, self._static(drafter), tree, rule, sampling, graph, compile, span, suppress,
-                        expect, keep_logits)  # fmt: skip
+                        keep_logits)  # fmt: skip
             self._rounds[key] = rnd
+            self.rounds_built += 1
         return rnd

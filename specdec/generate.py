@@ -17,7 +17,6 @@ from transformers import GenerationConfig
 
 from specdec.backends import Backends
 from specdec.backends import use as use_backends
-from specdec.budget import AutoBudget
 from specdec.drafters.base import Drafter
 from specdec.drafters.follow import follow_target
 from specdec.engine import Engine, capture_reason, round_reason, tree_slots
@@ -285,15 +284,18 @@ def _decode(
     prompts = torch.zeros(rows, longest, dtype=torch.long, device=input_ids.device)
     for b, n in enumerate(lengths):
         prompts[b, :n] = input_ids[b if b < batch else 0, width - n :]
-    auto = AutoBudget(tree.sizes, rows) if drafter is not None and getattr(tree, "auto", False) else None
-    fixed = tree.largest if auto is not None else tree
+    # an adaptive policy (``DDTree(budget="auto")``) chooses each round's budget through its own controller
+    make = getattr(tree, "controller", None) if drafter is not None else None
+    fixed = getattr(tree, "largest", tree) if callable(make) else tree
     engine = Engine.for_target(
         tgt, capacity=longest + max_new_tokens + tree_slots(drafter, fixed) + 1, batch=rows, drafter=drafter
     )
+    auto = engine.controller_for(drafter, tree, make) if callable(make) else None
     suppress = (args.min_new_tokens, tuple(args.eos_token_ids)) if args.min_new_tokens and eos else (0, ())
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
+    keys_before = engine.rounds_built + engine.prefills_built  # graph keys (rounds, captured prefills) so far
     with timer("prefill"):
         logits = engine.prefill(prompts, lengths, drafter, graph=graph)
         first = _first_token(rule, sampling, args.suppress_eos(logits, None, 0), generator)
@@ -310,6 +312,7 @@ def _decode(
     path_len = (0 if drafter is None else drafter.draft_depth(fixed)) + 1
     extent = tree_slots(drafter, fixed)  # slots a round writes and attends to past its root
     used: dict = {}  # the rounds (one per span bucket) this call launched
+    prepared: set[int] = set()  # span buckets whose every size the adaptive policy has built and captured
     per_row = [SpecStats(path=stats.path) for _ in range(batch)] if batch > 1 else [stats]
 
     def launch(in_flight: int):
@@ -318,9 +321,20 @@ def _decode(
         committed = max(lengths[b] + len(new_tokens[b]) for b in range(batch)) - 1
         need = committed + in_flight * path_len + extent
         size = auto.next_size() if auto is not None else None
-        rnd = engine.round_for(drafter, tree if size is None else tree.at(size), rule, sampling, graph=graph,
-                               compile=compile, span=engine.span_for(need), suppress=suppress, backends=setting,
-                               expect=() if auto is None else auto.sizes, keep_logits=keep)  # fmt: skip
+        span = engine.span_for(need)
+
+        def round_at(size):
+            return engine.round_for(drafter, tree if size is None else tree.at(size), rule, sampling, graph=graph,
+                                    compile=compile, span=span, suppress=suppress, backends=setting,
+                                    keep_logits=keep)  # fmt: skip
+
+        if auto is not None and span not in prepared:  # the bounded set of keys: every size of a span at once
+            prepared.add(span)
+            for option in (0, *auto.sizes):
+                option_round = round_at(option)
+                option_round.prepare()
+                used[id(option_round)] = option_round
+        rnd = round_at(size)
         used[id(rnd)] = rnd
         return rnd, rnd.launch(generator), size
 
@@ -378,6 +392,7 @@ def _decode(
     stats.phase_ms = timer.totals_ms()
     setup = [rnd.take_setup_ms() for rnd in used.values()]
     stats.compile_ms, stats.capture_ms = sum(c for c, _ in setup), sum(c for _, c in setup)
+    stats.captures = engine.rounds_built + engine.prefills_built - keys_before
     stats.compile_fallbacks = sum(rnd.captured.compile_failed is not None for rnd in used.values())
     if batch > 1:
         for row_stats, tokens in zip(per_row, new_tokens, strict=True):

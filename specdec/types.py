@@ -220,6 +220,9 @@ class SpecStats:
     distributions), verify (target forward), accept (the walk), commit; the whole round runs as one unit (one
     captured graph where graphs are used), timed as ``round``. ``path`` says how the round ran: ``"graph"``
     (replayed from a CUDA graph) or ``"eager"`` (called);
+    ``captures`` counts the graph keys this call added (rounds and captured prefills built for a new drafter, tree,
+    sampling, span bucket or batch bucket: each one CUDA graph where graphs are used, one compiled shape with
+    ``compile``, a new eager round otherwise; 0 when every one was reused);
     ``capture_ms`` is the time this call spent warming up and capturing graphs (0 when they were reused) and
     ``compile_ms`` the first warm-up runs, where ``torch.compile`` compiles (with ``compile=True``).
     ``compile_fallbacks`` counts the compiled rounds this call used (one per drafter, tree, sampling and span
@@ -241,6 +244,7 @@ class SpecStats:
     draft_forwards: int = 0
     tree_nodes: int = 0
     path: str = "eager"
+    captures: int = 0
     capture_ms: float = 0.0
     compile_ms: float = 0.0
     compile_fallbacks: int = 0
@@ -282,6 +286,7 @@ class SpecStats:
             "draft_forwards": self.draft_forwards,
             "tree_nodes": self.tree_nodes,
             "path": self.path,
+            "captures": self.captures,
             "capture_ms": self.capture_ms,
             "compile_ms": self.compile_ms,
             "compile_fallbacks": self.compile_fallbacks,

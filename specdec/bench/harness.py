@@ -214,6 +214,7 @@ class _Runner:
                     "draft_forwards": stats.draft_forwards, "capture_ms": float(stats.capture_ms or 0.0),
                     "compile_ms": float(stats.compile_ms or 0.0),
                     "compile_fallbacks": int(stats.compile_fallbacks or 0),
+                    "captures": int(getattr(stats, "captures", 0) or 0),
                     "budgets": {str(b): n for b, n in sorted(Counter(stats.budgets).items())}}  # fmt: skip
         _share_call([row for _, row in out], total_s, prefill_s, call, batch_size, index)
         return out
@@ -254,6 +255,7 @@ class _Runner:
             "capture_ms": float(getattr(stats, "capture_ms", 0.0) or 0.0),
             "compile_ms": float(getattr(stats, "compile_ms", 0.0) or 0.0),
             "compile_fallbacks": int(getattr(stats, "compile_fallbacks", 0) or 0),
+            "captures": int(getattr(stats, "captures", 0) or 0),
             "budgets": {str(b): n for b, n in sorted(Counter(getattr(stats, "budgets", [])).items())},
             "path": getattr(stats, "path", None),
             "tokens": out.sequences[0, ids.shape[1] :].tolist(),
@@ -273,7 +275,8 @@ def _share_call(rows: list[dict], total_s: float, prefill_s: float, call: dict, 
     rows (so sums over rows are the pass's), ``decode_tok_s`` the call's (all its rows' decode tokens over its
     decode time), and the call's facts: ``batch_size`` (B), ``batch_index``, ``batch_rows``, ``batch_tau`` (its τ
     over every (row, round) pair), ``call_s``, ``call_decode_s``, ``call_rounds``, ``call_target_forwards``,
-    ``call_draft_forwards``, ``call_budgets`` (``DDTree(budget="auto")``: rounds per budget, 0 = plain)."""
+    ``call_draft_forwards``, ``call_budgets`` (``DDTree(budget="auto")``: rounds per budget, 0 = plain), and
+    ``captures`` (the call's new graph keys, ``SpecStats.captures``) on its first row, 0 on the others."""
     n = len(rows)
     decode_s = max(total_s - prefill_s, 0.0)
     decode_tokens = sum(r["decode_tokens"] for r in rows)
@@ -287,6 +290,7 @@ def _share_call(rows: list[dict], total_s: float, prefill_s: float, call: dict, 
             capture_ms=call.get("capture_ms", 0.0) / n,
             compile_ms=call.get("compile_ms", 0.0) / n,
             compile_fallbacks=call.get("compile_fallbacks", 0),
+            captures=0,
             path=call["path"],
             call_budgets=call.get("budgets", {}),
             batch_size=batch_size,
@@ -299,6 +303,8 @@ def _share_call(rows: list[dict], total_s: float, prefill_s: float, call: dict, 
             call_target_forwards=call["target_forwards"],
             call_draft_forwards=call["draft_forwards"],
         )
+    if rows:  # the call's new graph keys, on its first row (a sum over rows is the pass's)
+        rows[0]["captures"] = call.get("captures", 0)
 
 
 def _pad_id(tokenizer, model) -> int:

@@ -8,13 +8,13 @@ makes a policy selectable by name (hydra's ``tree=`` group, the bench). See ``do
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from specdec.backends import env_default
-from specdec.budget import check_sizes
+from specdec.budget import AutoBudget, check_sizes, ddtree_scores, expected_accepts
 from specdec.trees.build import chain_device, chain_from_path, ddtree_batch, root_trees, trie_device
 from specdec.types import DeviceTree, Proposal
 
@@ -44,6 +44,15 @@ class TreePolicy(Protocol):
         """The trees ``[B, budget + 1]`` rooted at ``root [B]`` from ``proposal`` (``depth`` = its drafted depth).
         ``noise``: uniforms ``[B, depth, V]`` drawn fresh each round for a policy with ``stochastic = True`` (one
         that samples its tree from the draft distribution), else None."""
+
+
+# An adaptive policy (``DDTree(budget="auto")``) adds, and the decoding loop looks for, without the round knowing
+# which policy runs:
+#   controller(batch) -> object with next_size() -> int and observe(size, expected, accepted, ms), or None
+#   sizes: tuple[int, ...]  (the budgets it may pick, plain decoding = 0 besides)
+#   at(size) -> the fixed policy of one round; that policy may carry ``expect_sizes`` (a tuple) and
+#       ``expectations(proposal) -> [B, len(expect_sizes)]`` (tensor ops, computed inside the round and read
+#       with its tokens); a round whose policy has ``expect_sizes`` is timed on the device.
 
 
 def _int(name: str, value: object, low: int) -> None:
@@ -143,8 +152,20 @@ class DDTree:
 
     def at(self, budget: int) -> DDTree | RootOnly:
         """The fixed-budget policy of one round (``budget`` one of ``sizes`` for an ``"auto"`` policy; 0: a round of
-        plain decoding that still feeds the drafter, :class:`RootOnly`)."""
-        return RootOnly() if budget == 0 else DDTree(budget=budget, topk=self.topk)
+        plain decoding that still feeds the drafter, :class:`RootOnly`). For an ``"auto"`` policy the round's
+        policy also computes, inside the round, the expected accepted drafts at every size (``expectations``)."""
+        if not self.auto:
+            return RootOnly() if budget == 0 else DDTree(budget=budget, topk=self.topk)
+        if budget == 0:
+            return AutoRoot(expect_sizes=self.sizes)
+        if budget not in self.sizes:
+            raise ValueError(f"{self!r}.at({budget!r}): pick 0 (plain decoding) or one of sizes={self.sizes}.")
+        return AutoStep(budget=budget, topk=self.topk, expect_sizes=self.sizes)
+
+    def controller(self, batch: int) -> AutoBudget | None:
+        """The chooser of each round's budget for a decoding loop of ``batch`` rows (``specdec.budget.AutoBudget``),
+        or None for a fixed budget."""
+        return AutoBudget(self.sizes, batch) if self.auto else None
 
     @property
     def largest(self) -> DDTree:
@@ -192,6 +213,34 @@ class RootOnly:
 
     def build(self, proposal: Proposal | None, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
         return root_trees(root)
+
+
+@dataclass(frozen=True, repr=False)
+class AutoStep(DDTree):
+    """One round of ``DDTree(budget="auto")``: the fixed-budget DDTree of the size chosen, which also computes the
+    round's expected accepted drafts at every candidate size (``expectations``: tensor ops on the proposal's
+    ``logq``, capture-safe), read with the round's tokens for the next choice."""
+
+    expect_sizes: tuple[int, ...] = field(default=(), kw_only=True)
+
+    def expectations(self, proposal: Proposal) -> torch.Tensor:
+        """``[B, len(expect_sizes)]`` float64: ``E(n) = sum_{i < n} exp(score_i)`` (``specdec.budget``)."""
+        scores = ddtree_scores(proposal.logq, budget=self.expect_sizes[-1], topk=self.topk)
+        return expected_accepts(scores, self.expect_sizes)
+
+    def __repr__(self) -> str:
+        return f"AutoStep(budget={self.budget!r}, topk={self.topk!r}, expect_sizes={self.expect_sizes})"
+
+
+@dataclass(frozen=True)
+class AutoRoot(RootOnly):
+    """A round of plain decoding chosen by ``DDTree(budget="auto")`` (:class:`RootOnly`, timed for the cost model;
+    it proposes nothing, so it has no expectations)."""
+
+    expect_sizes: tuple[int, ...] = ()
+
+    def expectations(self, proposal) -> None:
+        return None
 
 
 # The DDTree selection's kernels (``docs/kernels.md``): "auto" = the one-launch Triton kernels on CUDA where they

@@ -99,11 +99,16 @@ def test_controller_is_steady_under_noisy_expectations():
 
 def test_controller_falls_back_to_plain_decoding_and_probes():
     """No draft is ever accepted and trees cost more than plain decoding: plain rounds, with a round of the
-    smallest tree after every ``probe`` plain rounds in a row (plain rounds propose nothing to choose from)."""
+    smallest tree after ``probe`` plain rounds in a row (plain rounds propose nothing to choose from), the gap
+    doubling after each probe that the model overrules, up to ``16 * probe``."""
     sizes = (1, 15, 63)
-    chosen = _run(AutoBudget(sizes, batch=4, probe=8), 60, {0: 0, 1: 0, 15: 0, 63: 0},
-                  {0: 0.8, 1: 1.0, 15: 1.1, 63: 1.3}, [0.5, 2.0, 3.0])  # fmt: skip
-    tail = chosen[-36:]
-    assert tail.count(0) >= 30 and set(tail) <= {0, 1}, chosen
-    runs = "".join("p" if c == 0 else "t" for c in tail).split("t")
-    assert max(len(r) for r in runs) <= 8  # never more than probe plain rounds in a row
+    controller = AutoBudget(sizes, batch=4, probe=2)
+    chosen = _run(controller, 200, {0: 0, 1: 0, 15: 0, 63: 0}, {0: 0.8, 1: 1.0, 15: 1.1, 63: 1.3}, [0.5, 2.0, 3.0])
+    tail = chosen[-150:]
+    assert tail.count(0) >= 140 and set(tail) <= {0, 1}, chosen
+    runs = [len(r) for r in "".join("p" if c == 0 else "t" for c in chosen[8:]).split("t")[1:-1] if r]
+    assert runs == sorted(runs) and runs[-1] == 32 and runs[0] <= 8, runs  # ..., 8, 16, 32, 32, ...
+    reasons = [d["reason"] for d in controller.decisions]
+    assert {d["size"] for d in controller.decisions if d["reason"] == "model"} == {0}
+    assert all(d["reason"] in ("explore", "probe") for d in controller.decisions if d["size"]), reasons
+    assert 5 <= reasons.count("probe") <= 8, reasons

@@ -131,13 +131,35 @@ def planted(p: torch.Tensor, shift: float = 0.02) -> torch.Tensor:
     return out
 
 
-def assert_fits(samples: torch.Tensor, p: torch.Tensor, *, power: bool = True) -> float:
+def ratio_bugs(p: torch.Tensor, q: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Output distributions of one speculative-sampling step (draft ``x ~ q``, accept with ``min(1, p/q)``, else
+    draw from ``norm(max(0, p - q))``) with a bug that acts only on the tokens where ``p / q > 1``:
+
+    * ``accept_capped_above_1``: those tokens accepted with probability 0.9 instead of 1 (the rest of the step
+      exact), total-variation distance 0.02 from ``p`` on the tables of these tests;
+    * ``residual_squared``: the residual drawn from ``norm(max(0, p - q) ** 2)`` (it is non-zero only there).
+
+    The exact step returns ``p``; these are the alternatives a chi-square test of the emitted token must reject
+    besides the planted +2 % of the most likely cell."""
+    p, q = p.double(), q.double()
+    above = p >= q  # p / q >= 1 (q = 0 included)
+    residual = (p - q).clamp(min=0.0)
+    capped = torch.where(above, 0.9 * q, p)  # accepted mass per token
+    out = {"accept_capped_above_1": capped + (1.0 - capped.sum()) * residual / residual.sum()}
+    kept = torch.minimum(p, q)
+    out["residual_squared"] = kept + (1.0 - kept.sum()) * residual**2 / (residual**2).sum()
+    return out
+
+
+def assert_fits(samples: torch.Tensor, p: torch.Tensor, *, power: bool = True, q: torch.Tensor | None = None) -> float:
     """The counts of ``samples`` fit ``p`` at ``ALPHA``; with ``power``, first check by Monte Carlo (1000 runs of
     this sample size) that the test rejects a planted +2 % bias of ``p``'s most likely cell with probability
-    >= 0.99 and ``p`` itself with probability <= 0.01."""
+    >= 0.99 and ``p`` itself with probability <= 0.01; given the draft distribution ``q``, also the bugs that act
+    only where ``p / q > 1`` (:func:`ratio_bugs`)."""
     n = samples.numel()
     if power:
-        assert_powerful(power_report(p, {"planted_2pct": planted(p)}, n, trials=1000))
+        wrong = {"planted_2pct": planted(p), **(ratio_bugs(p, q) if q is not None else {})}
+        assert_powerful(power_report(p, wrong, n, trials=1000))
     pvalue = gof_pvalue(torch.bincount(samples, minlength=p.numel()).double(), p)
     assert pvalue > ALPHA, pvalue
     return pvalue
@@ -202,7 +224,8 @@ def check_first_token(policy, rule, *, seed: int = 0) -> float:
     out = run_rounds(policy, rule, ROUNDS, seed=seed, table=table)
     assert (out.num_path >= 2).double().mean() > 0.2, "too few rounds accepted a draft"
     assert (out.num_path == 1).double().mean() > 0.05, "too few rounds rejected every depth-1 draft"
-    return assert_fits(out.first(), probs(table.after()))
+    # the drafter's q at depth 1, processed as the policy draws from it: the ratio bugs' alternatives
+    return assert_fits(out.first(), probs(table.after()), q=probs(draft_logq(table)[0]))
 
 
 def check_after_path(policy, rule, *, seed: int = 0, sampling: SamplingParams = SAMPLING_WIDE) -> float:

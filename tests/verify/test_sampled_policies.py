@@ -9,8 +9,8 @@ distributions are HF's warpers applied to the drafter's ``logq``.
 
 import pytest
 import torch
-from oracles import hf_probs
-from sampled_rounds import ROOT, Table, V, assert_fits, draft_logq
+from oracles import assert_powerful, hf_probs, power_report
+from sampled_rounds import ROOT, Table, V, assert_fits, draft_logq, planted
 
 import specdec
 from specdec.trees.build import chain_device, ddtree_device, trie_device
@@ -98,6 +98,24 @@ def test_stochastic_ddtree_has_the_ddtree_shape_whatever_the_draws():
     assert len({tuple(t) for t in tree.tokens[:, 1:4].tolist()}) > 20  # the tokens are drawn
     greedy = build(specdec.StochasticDDTree(10, 3), 2, seed=0, sampling=SamplingParams())
     assert all(torch.equal(x, y) for x, y in zip(ref, greedy.row(1), strict=True))
+
+
+def test_stochastic_ddtree_root_siblings_quick():
+    """The default tier's chi-square of the stochastic DDTree: ``StochasticDDTree(2, 2)`` (the root's two children,
+    the smallest tree with siblings), 6000 trees, their tokens against the Plackett-Luce law of two draws without
+    replacement from the processed q. Power, checked first by Monte Carlo at this size: a planted +3 % on the most
+    likely pair and i.i.d. siblings (with replacement: q x q, repeats included) each rejected with probability
+    >= 0.99, the truth with probability <= 0.01."""
+    n = 6000
+    tree = build(specdec.StochasticDDTree(2, 2), n, seed=53)
+    assert torch.equal(tree.parents[0], torch.tensor([-1, 0, 0]))
+    q = q_of(1).double()
+    law = q[:, None] * q[None] / (1 - q[:, None]).clamp(min=1e-300)
+    law.fill_diagonal_(0.0)
+    law = law.flatten()
+    iid = (q[:, None] * q[None]).flatten()
+    assert_powerful(power_report(law, {"planted_3pct": planted(law, 0.03), "with_replacement": iid}, n, trials=1000))
+    assert_fits(tree.tokens[:, 1] * V + tree.tokens[:, 2], law, power=False)
 
 
 @pytest.mark.slow  # one DDTree shape per tree: ~9 s for 30000 trees on a CPU

@@ -5,8 +5,10 @@ Every expected distribution is HF's (its warpers on the target's logits, or the 
 Power: each chi-square test first checks by Monte Carlo (1000 simulated runs at its own sample size) that it
 rejects a planted +0.02 (absolute) bias of the most likely cell with probability >= 0.99 and the true
 distribution with probability <= 0.01 (``sampled_rounds.assert_fits``): 16000 rounds per rule-level test (most
-likely cell p ~ 0.15), 1200 calls for the joint of three tokens (512 cells, most likely p = 0.0046). Each test
-rejects at p < ``ALPHA`` = 0.005.
+likely cell p ~ 0.15), 1200 calls for the joint of three tokens (512 cells, most likely p = 0.0046). The
+first-token tests (here and in the other rules' files) also check that power against two bugs acting only on the
+tokens where p / q > 1 (``sampled_rounds.ratio_bugs``: those accepted with probability 0.9 instead of 1, TV 0.02;
+the residual squared). Each test rejects at p < ``ALPHA`` = 0.005.
 """
 
 import pytest
