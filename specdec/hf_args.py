@@ -221,6 +221,8 @@ def check_drafter_and_tree(drafter, tree) -> None:
     if tree is not None and not type(tree).__module__.startswith("specdec."):
         budget, depth = getattr(tree, "budget", None), getattr(tree, "max_depth", None)
         for name, value in (("budget", budget), ("max_depth", depth)):
+            if name == "budget" and value == "auto":  # an adaptive policy: each round's tree is checked instead
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(
                     f"tree policy {type(tree).__name__}: {name}={value!r} must be an int >= 1 ({name} of the trees "
