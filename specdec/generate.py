@@ -8,6 +8,7 @@ same loop runs plain autoregressive decoding. See ``docs/api.md``.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -50,6 +51,43 @@ def _check_length(target: TargetModel, prompt_len: int, max_new_tokens: int) -> 
         raise ValueError(
             f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) needs {need} positions but the "
             f"target handles {limit}; shorten the prompt or lower max_new_tokens."
+        )
+
+
+def round_bytes(target: TargetModel, batch: int, slots: int, span: int, noise: bool) -> int:
+    """An estimate of what a round of ``slots`` tree slots over ``span`` storage slots allocates for ``batch``
+    sequences: the K/V storage, the tree mask ``[B, S, span]``, the verify's logits ``[B, S, V]`` (raw and
+    processed, fp32) and the rule's uniforms ``[B, S, V]`` when it draws them."""
+    cfg = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    itemsize = torch.finfo(target.dtype).bits // 8 if target.dtype.is_floating_point else 4
+    layers = int(getattr(cfg, "num_hidden_layers", 1) or 1)
+    heads = int(getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_attention_heads", 1) or 1)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // max(getattr(cfg, "num_attention_heads", 1), 1))
+    kv = 2 * layers * batch * heads * span * head_dim * itemsize
+    mask = batch * slots * span * itemsize
+    vocab = target.vocab_size
+    logits = 2 * batch * slots * vocab * 4 + (batch * slots * vocab * 4 if noise else 0)
+    return kv + mask + logits
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for a new allocation on ``device`` (CUDA: the driver's free bytes; CPU: the available physical
+    pages), None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_fits(target: TargetModel, batch: int, slots: int, span: int, noise: bool, tree) -> None:
+    need, free = round_bytes(target, batch, slots, span, noise), available_bytes(target.device)
+    if free is not None and need > free:
+        raise ValueError(
+            f"a round of {slots} tree slots over {span} storage slots for {batch} sequence(s) needs about "
+            f"{need / 2**30:.1f} GiB ({tree!r}: K/V, the [B, S, span] tree mask, [B, S, V] logits) but "
+            f"{target.device} has {free / 2**30:.1f} GiB free: lower the tree's budget, max_new_tokens or the batch."
         )
 
 
@@ -254,6 +292,8 @@ def generate(
                        fixed if drafter is not None else None)  # fmt: skip
     _check_length(tgt, max(lengths), max_new_tokens)
     _check_generator(generator, tgt.device)
+    slots = tree_slots(drafter, fixed) if drafter is not None else 1
+    _check_fits(tgt, len(lengths), slots, max(lengths) + max_new_tokens + slots + 1, rule.uses_noise(sampling), fixed)
     reason = round_reason(tgt, drafter, fixed if drafter is not None else None)
     if reason is not None:
         raise ValueError(f"specdec cannot run this combination: {reason}.")

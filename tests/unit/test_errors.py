@@ -184,3 +184,19 @@ def test_cli_tree_settings_of_text_are_clear(tree, key, match):
     with pytest.raises(ValueError, match=match):
         build_tree(tree, **{key: value})
     assert build_tree("ddtree", budget="16").budget == 16  # digits from the command line still count
+
+
+def test_a_round_that_cannot_fit_is_refused_before_allocating(target, monkeypatch):
+    import importlib
+
+    generate_module = importlib.import_module("specdec.generate")  # the module (specdec.generate: its function)
+    draft = specdec.ModelDrafter(tiny_model("llama", seed=3))
+    with pytest.raises(ValueError, match=r"a round of 1000001 tree slots .* needs about \d+\.\d GiB .* free: lower"):
+        gen(target, drafter=draft, tree=specdec.DDTree(budget=10**6))
+    # what is free decides: a round that fits in the machine is refused when the memory is not there
+    monkeypatch.setattr(generate_module, "available_bytes", lambda device: 1024)
+    with pytest.raises(ValueError, match=r"tree slots over .* but cpu has 0\.0 GiB free"):
+        gen(target, drafter=draft, tree=specdec.DDTree(budget=8))
+    monkeypatch.undo()
+    want = target.model.generate(IDS, max_new_tokens=5, do_sample=False)
+    assert torch.equal(gen(target, drafter=draft, tree=specdec.DDTree(budget=8)).sequences, want)
