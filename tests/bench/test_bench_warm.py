@@ -167,7 +167,7 @@ def test_bench_config_defaults_equal_the_yaml_and_the_docstring():
     raw = yaml.safe_load((REPO / "specdec" / "conf" / "bench.yaml").read_text())
     defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 for f in dataclasses.fields(BenchConfig)}  # fmt: skip
-    from_groups = {"target", "tokenizer", "attn_implementation", "dflash", "prompts", "prompt_text"}
+    from_groups = {"target", "tokenizer", "attn_implementation", "tp_plan", "dflash", "prompts", "prompt_text"}
     documented = _documented_defaults()
     for name, value in defaults.items():
         if name in from_groups:
