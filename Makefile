@@ -2,7 +2,7 @@
 # CPU machines get torch==2.13.0 first: an unpinned torch would pull a multi-GB CUDA build.
 #
 # Test tiers (tests/conftest.py):
-#   make test              the CPU suite (pytest's default selection), a few minutes
+#   make test              the CPU suite (pytest's default selection) in TEST_WORKERS processes, a few minutes
 #   make test-slow         zoo targets over all dev prompts, the wheel check
 #   make test-interpreter  the Triton kernels through TRITON_INTERPRET=1 on the CPU
 #   make test-examples     every example script and the tour notebook
@@ -21,6 +21,8 @@ GPU_PY ?= $(PY)
 GPU_TEST_BUDGET ?= 120
 GPU_SUITE_BUDGET ?= 480
 GPU_WORKERS ?= 4
+# pytest-xdist processes for make test (each test file stays in one process)
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow test-interpreter test-examples test-gpu lint
 
@@ -35,7 +37,7 @@ demo: $(VENV)/.installed
 	$(PY) -m specdec target=dense drafter=dflash tree=ddtree tree.budget=32 tree.topk=8 prompts.limit=3 max_new_tokens=64
 
 test: $(VENV)/.installed
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -m slow
