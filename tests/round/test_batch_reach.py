@@ -100,7 +100,7 @@ def test_long_decode_after_a_row_finished_early():
 
 @pytest.mark.slow
 def test_long_decode_after_a_row_finished_early_slow():
-    _finished_early((6, 30, 11, 120), 400, (specdec.DDTree(budget=12, topk=3), specdec.Chain(5)), seed=5)
+    _finished_early((6, 30, 11, 120), 370, (specdec.DDTree(budget=12, topk=3), specdec.Chain(5)), seed=5)  # 490 < 512
 
 
 def test_min_new_tokens_with_several_rows():
