@@ -34,6 +34,8 @@ PROCESSING = "specdec/verify/processing.py"
 RULES = "specdec/verify/rules.py"
 ENGINE = "specdec/engine.py"
 GENERATE = "specdec/generate.py"
+PROCESSORS = "specdec/processors.py"
+PROCESSOR_TESTS = ("tests/round/test_processors.py", "-m", "not slow")
 ACCEPT_REFERENCE = "specdec/kernels/tree_accept/reference.py"
 DDTREE_TOPK = "specdec/kernels/ddtree_build/reference.py"  # the per-depth top-k of the DDTree build
 REJECTION_REFERENCE = "specdec/kernels/tree_rejection/reference.py"  # recursive rejection's sibling-rank loop
@@ -508,14 +510,32 @@ MUTANTS += [
     ),
     Mutant(  # the min-length processor applied to the scores one position late
         "scores_processed_one_step_late",
-        ((GENERATE, "row = args.suppress_eos(raw[b, :n], torch.arange(n), 0)",
-          "row = args.suppress_eos(raw[b, :n], torch.arange(n) - 1, 0)"),),  # fmt: skip
+        ((GENERATE, "row = args.processors(row[None], chain_nodes(history, lengths[b] - 1, path, 0))[0]",
+          "row = args.processors(row[None], chain_nodes(history, lengths[b] - 1, path, -1))[0]"),),  # fmt: skip
         (SCORES,),
     ),
     Mutant(  # the kept logits taken after the round's processing (min-length) instead of raw
         "logits_kept_processed",
-        ((ENGINE, "logits = self._process(raw, tree.depth)", "logits = raw = self._process(raw, tree.depth)"),),
+        ((ENGINE, "logits = self._process(raw, tree)", "logits = raw = self._process(raw, tree)"),),
         (SCORES,),
+    ),
+    # -- logits processors under trees ---------------------------------------------------------------------------
+    Mutant(  # the repetition penalty sees the committed tokens and the root only, not the node's own ancestors
+        "penalty_with_root_history",
+        ((PROCESSORS, "path = _token_mask(nodes.paths, nodes.paths >= 0, vocab)",
+          "path = _token_mask(nodes.paths[..., :1], nodes.paths[..., :1] >= 0, vocab)"),),  # fmt: skip
+        PROCESSOR_TESTS,
+    ),
+    Mutant(  # the n-gram ban counts the committed n-grams only, not those running into the tree's own tokens
+        "ngram_ban_ignores_tree_tokens",
+        ((PROCESSORS, "banned.scatter_(2, torch.where(match, ext[..., -1], vocab), True)", "pass"),),
+        PROCESSOR_TESTS,
+    ),
+    Mutant(  # a node's sequence length (and so every length rule) counted from the root instead of the node
+        "processors_generated_from_root",
+        ((PROCESSORS, "return NodeHistory(history, length, paths, tree.depth, generated[:, None] + tree.depth)",
+          "return NodeHistory(history, length, paths, tree.depth, generated[:, None] + 0 * tree.depth)"),),  # fmt: skip
+        PROCESSOR_TESTS,
     ),
     # -- num_return_sequences ---------------------------------------------------------------------------------
     Mutant(  # the prompts tiled (0, 1, 0, 1) instead of repeated in place (0, 0, 1, 1) as HF orders them

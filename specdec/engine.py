@@ -27,6 +27,7 @@ from specdec.kernels.rms_norm.routing import norm_kernel_for
 from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
 from specdec.kernels.tree_accept import tree_masks
+from specdec.processors import Processors, node_history
 from specdec.runtime import Captured, compile_fn, compile_key
 from specdec.state.hybrid import HybridState, VerifyRound, adapter_forwards, hybrid_prefill
 from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_reason
@@ -139,7 +140,7 @@ class Round:
         graph: bool,
         compile: bool | str | Mapping,
         span: int | None = None,
-        suppress: tuple = (0, ()),
+        processors: Processors | None = None,
         keep_logits: bool = False,
     ) -> None:
         self.engine, self.drafter, self.state, self.tree, self.rule = engine, drafter, state, tree, rule
@@ -166,9 +167,10 @@ class Round:
         self.noise = torch.rand(batch, self.slots, vocab, device=device) if uses_noise else None
         stochastic = drafter is not None and getattr(tree, "stochastic", False)
         self.tree_noise = torch.rand(batch, self.depth, vocab, device=device) if stochastic else None
-        # min_new_tokens: EOS ids get -inf at nodes whose token would end the output early (HF's processors).
-        self.min_new, eos = suppress
-        self.eos = torch.tensor(eos, dtype=torch.long, device=device) if self.min_new and eos else None
+        # HF's logits processors at every node, each with the node's own history (``specdec.processors``); the
+        # committed tokens are then recorded in ``engine.history`` as the round commits them
+        self.processors = processors or Processors()
+        self.records = self.processors.needs_history
         self.out[:, self.path_len : self.path_len + 2] = 1  # plain decoding: one path node, one tree node
         # ``output_scores`` / ``output_logits``: the raw target logits at the accepted path's nodes (node i chose the
         # path's new token i), fp32, copied to the host with the tokens
@@ -213,16 +215,23 @@ class Round:
         proposal = self.state.propose(engine.root, engine.prefix, self.depth, self.span)
         return self.tree.build(proposal, engine.root, self.depth, self.tree_noise), proposal
 
-    def _process(self, logits: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        """``min_new_tokens``: EOS gets -inf at nodes whose choice would be a new token before that count."""
-        if self.eos is None:
+    def _process(self, logits: torch.Tensor, tree: DeviceTree) -> torch.Tensor:
+        """The call's logits processors at every node of ``tree``, each with that node's own history."""
+        if not self.processors:
             return logits
         engine = self.engine
         generated = engine.prefix + 1 - engine.prompt_len  # [B] tokens generated before the root's choice
-        rows = (depth + generated[:, None]) < self.min_new  # [B, S]
-        vocab = torch.arange(logits.shape[-1], device=logits.device)
-        cols = (vocab[:, None] == self.eos[None]).any(-1)  # [V] (tensor ops: nothing from the host in a graph)
-        return logits.masked_fill(rows[..., None] & cols, float("-inf"))
+        nodes = node_history(engine.history[:, : self.span], engine.prefix, tree, generated, self.path_len)
+        return self.processors(logits, nodes)
+
+    def _record(self, tokens: torch.Tensor) -> None:
+        """The path ``tokens [B, P]`` at slots ``prefix ..`` of ``engine.history``: the accepted ones become committed
+        tokens, the rest lands past them (where the next commit writes again)."""
+        if not self.records:
+            return
+        engine = self.engine
+        slots = engine.prefix[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
+        engine.history.scatter_(1, slots.clamp(max=engine.history.shape[1] - 1), tokens)
 
     def _ar_round(self) -> None:
         """Plain decoding: the root alone, no tree, no commit (its K/V already sits at slot ``prefix``)."""
@@ -232,10 +241,11 @@ class Round:
         logits, _ = target.forward(engine.root[:, None], prefix[:, None], mask, prefix[:, None], span=self.span,
                                    flat=prefix)  # fmt: skip
         tree = root_trees(engine.root)
-        accept = self.rule.accept(tree, self._process(logits, tree.depth), self.sampling, self.noise, 0, None)
+        accept = self.rule.accept(tree, self._process(logits, tree), self.sampling, self.noise, 0, None)
         if self.kept is not None:
             self.kept.copy_(logits[:, :1])
         choice = accept.tokens[:, 0]
+        self._record(engine.root[:, None])
         self.out[:, 0].copy_(choice)
         engine.root.copy_(torch.where(engine.active, choice, engine.root))
         prefix.add_(engine.active.long())
@@ -274,7 +284,7 @@ class Round:
         if self.expect_sizes and proposal is not None:
             self.expect.copy_(self.tree.expectations(proposal))
         raw, hidden, rnd = self._verify(tree)
-        logits = self._process(raw, tree.depth)
+        logits = self._process(raw, tree)
         accept = self.rule.accept(tree, logits, self.sampling, self.noise, self.depth, proposal)
         if self.check_rule:
             check_accept(self.rule, accept, self.batch, self.path_len)
@@ -292,6 +302,7 @@ class Round:
                 commit_recurrent(adapter, rnd, accept.path, accept.num_path)
         if self.state is not None:
             self.state.commit(accept, hidden, prefix)
+        self._record(tree.tokens.gather(1, accept.path))
         self.out[:, : self.path_len].copy_(accept.tokens)
         self.out[:, self.path_len] = accept.num_path
         self.out[:, self.path_len + 1] = tree.num_nodes
@@ -502,6 +513,8 @@ class Engine:
         self.root = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.prompt_len = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.active = torch.ones(batch, dtype=torch.bool, device=self.device)  # False: finished, commits nothing
+        # each sequence's committed tokens (prompt, then what rounds with history-reading processors committed)
+        self.history = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)
         self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._drafter_signatures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # of their own weights
         self._rounds: dict = {}
@@ -608,6 +621,7 @@ class Engine:
                 pre = _Prefill(self, drafter, self._static(drafter), min(size, self.capacity), graph=False)
             logits = pre(prompts, lengths)
         self.prefix.copy_(torch.tensor(lengths, device=self.device))
+        self.history[:, : prompts.shape[1]].copy_(prompts)
         return logits
 
     def _prefill_model(self, prompts: torch.Tensor, lengths: list[int], drafter) -> torch.Tensor:
@@ -681,7 +695,7 @@ class Engine:
         graph: bool,
         compile: bool | str | Mapping = False,
         span: int | None = None,
-        suppress: tuple = (0, ()),
+        processors: Processors | None = None,
         backends=None,
         keep_logits: bool = False,
     ) -> Round:
@@ -696,13 +710,13 @@ class Engine:
             graph,
             compile_key(compile),
             span,
-            suppress,
+            processors,
             backends,
             keep_logits,
         )
         rnd = self._rounds.get(key)
         if rnd is None or rnd.drafter is not drafter:
-            rnd = Round(self, drafter, self._static(drafter), tree, rule, sampling, graph, compile, span, suppress,
+            rnd = Round(self, drafter, self._static(drafter), tree, rule, sampling, graph, compile, span, processors,
                         keep_logits)  # fmt: skip
             self._rounds[key] = rnd
             self.rounds_built += 1

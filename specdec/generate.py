@@ -28,6 +28,7 @@ from specdec.hf_args import (
     infer_attention_mask,
     resolve_generation_args,
 )
+from specdec.processors import chain_nodes, node_history
 from specdec.runtime import check_compile
 from specdec.stopping import Stopping, check_stopping
 from specdec.target import TargetModel
@@ -178,6 +179,7 @@ def generate(
     backends: Backends | Mapping | None = None,
     stopping_criteria=None,
     tokenizer=None,
+    logits_processor=None,
     **kwargs,
 ) -> GenerateOutput:
     """Speculative generation, lossless with respect to the target's own ``generate``.
@@ -224,6 +226,10 @@ def generate(
         stopping_criteria (list | None): HF ``StoppingCriteria`` (``(input_ids, scores)`` protocol), checked after
             each accepted token of each row (``scores`` is None); a round is cut right after the token that stops.
         tokenizer: the tokenizer that ``stop_strings`` are matched with (as in HF; needed with ``stop_strings``).
+        logits_processor (list | None): HF logits processors (``(input_ids, scores)`` protocol), applied after HF's
+            own at every tree node with that node's ``input_ids``; the round then runs uncaptured
+            (``stats.uncaptured``). A processor with ``tree_aware = True`` and ``process_tree(scores, nodes)`` runs
+            inside the captured round (``specdec.processors``).
         **kwargs: other HF ``generate`` options; unsupported or unknown ones raise ``ValueError``.
 
     Returns:
@@ -249,6 +255,8 @@ def generate(
         tgt.model,
         input_ids.shape[-1],
         generation_config=generation_config,
+        vocab_size=tgt.vocab_size,
+        logits_processor=logits_processor,
         max_new_tokens=max_new_tokens,
         do_sample=do_sample,
         temperature=temperature,
@@ -302,6 +310,10 @@ def generate(
         drafter.validate(tgt, fixed)
         drafter.reset()
     graph = _graphs(tgt, cuda_graphs)
+    if not args.processors.capturable and (graph or compile):
+        logger.info("specdec: logits_processor holds processors that read the tree on the host; the round runs "
+                    "uncaptured and uncompiled (tree-aware processors run captured: docs/api.md)")  # fmt: skip
+        graph, compile = False, False
     with use_backends(backends) as setting:
         return _decode(tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer,
                        stopping)  # fmt: skip
@@ -316,6 +328,8 @@ def _decode(
     max_new_tokens, sampling, eos = args.max_new_tokens, args.sampling, set(args.eos_token_ids)
     draft_forwards_before = drafter.num_forwards if drafter is not None else 0
     stats, timer = SpecStats(path="graph" if graph else "eager"), PhaseTimer(tgt.device)
+    if not args.processors.capturable:
+        stats.uncaptured = "logits_processor: per-node processors read the tree on the host"
     batch, width = input_ids.shape
     rows = batch_bucket(batch, graph)
     lengths = lengths + [lengths[0]] * (rows - batch)  # bucket rows: copies of the first prompt, never decoded
@@ -331,14 +345,13 @@ def _decode(
         tgt, capacity=longest + max_new_tokens + tree_slots(drafter, fixed) + 1, batch=rows, drafter=drafter
     )
     auto = engine.controller_for(drafter, tree, make) if callable(make) else None
-    suppress = (args.min_new_tokens, tuple(args.eos_token_ids)) if args.min_new_tokens and eos else (0, ())
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
     keys_before = engine.rounds_built + engine.prefills_built  # graph keys (rounds, captured prefills) so far
     with timer("prefill"):
         logits = engine.prefill(prompts, lengths, drafter, graph=graph)
-        first = _first_token(rule, sampling, args.suppress_eos(logits, None, 0), generator)
+        first = _first_token(rule, sampling, _first_scores(args.processors, logits, prompts, lengths), generator)
     new_tokens = [[tok] for tok in first.tolist()[:batch]]
     keep = args.output_scores or args.output_logits
     kept = [[row] for row in logits[:batch].float().cpu()] if keep else None  # per row: raw logits [V] per token
@@ -365,7 +378,7 @@ def _decode(
 
         def round_at(size):
             return engine.round_for(drafter, tree if size is None else tree.at(size), rule, sampling, graph=graph,
-                                    compile=compile, span=span, suppress=suppress, backends=setting,
+                                    compile=compile, span=span, processors=args.processors, backends=setting,
                                     keep_logits=keep)  # fmt: skip
 
         if auto is not None and span not in prepared:  # the bounded set of keys: every size of a span at once
@@ -447,25 +460,38 @@ def _decode(
     sequences = torch.cat([input_ids, new.to(input_ids.device)], 1)
     scores = logits = None
     if kept is not None:
-        logits, scores = _step_scores(kept, new_tokens, args, out_len, input_ids.device)
+        logits, scores = _step_scores(kept, new_tokens, args, out_len, prompts[:batch], lengths)
     return GenerateOutput(sequences=sequences, stats=stats, scores=scores if args.output_scores else None,
                           logits=logits if args.output_logits else None)  # fmt: skip
 
 
-def _step_scores(kept, new_tokens, args, steps: int, device) -> tuple[tuple, tuple]:
+def _step_scores(kept, new_tokens, args, steps: int, prompts: torch.Tensor, lengths: list[int]) -> tuple[tuple, tuple]:
     """HF's ``logits`` and ``scores`` (one ``[B, V]`` fp32 tensor per generated position) from each row's raw
-    logits per new token: the scores are the logits through the same processors and warpers (min-length, then
-    temperature / top-k / top-p when sampling). A row that ended before a step holds zeros there."""
-    batch, vocab = len(kept), kept[0][0].shape[-1]
-    raw = torch.zeros(batch, steps, vocab)
-    processed = torch.zeros(batch, steps, vocab)
+    logits per new token: the scores are the logits through the same processors (each position with its own
+    history) and, when sampling, the warpers. A row that ended before a step holds zeros there."""
+    batch, vocab, device = len(kept), kept[0][0].shape[-1], prompts.device
+    raw = torch.zeros(batch, steps, vocab, device=device)
+    processed = torch.zeros(batch, steps, vocab, device=device)
     for b, rows in enumerate(kept):
         n = len(new_tokens[b])
-        raw[b, :n] = torch.stack(rows[:n])
-        row = args.suppress_eos(raw[b, :n], torch.arange(n), 0)  # new token j: depth j from the first choice
+        raw[b, :n] = torch.stack(rows[:n]).to(device)
+        row = raw[b, :n]
+        if args.processors:  # new token j continues the prompt and new tokens 0 .. j-1
+            history = torch.cat([prompts[b, : lengths[b]], torch.tensor(new_tokens[b], device=device)])
+            path = [int(prompts[b, lengths[b] - 1])] + new_tokens[b][: n - 1]
+            row = args.processors(row[None], chain_nodes(history, lengths[b] - 1, path, 0))[0]
         processed[b, :n] = process_logits(row, args.sampling) if args.sampling.do_sample else row
-    raw, processed = raw.to(device), processed.to(device)
     return tuple(raw.unbind(1)), tuple(processed.unbind(1))
+
+
+def _first_scores(processors, logits: torch.Tensor, prompts: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The prefill's logits ``[B, V]`` through the call's processors: each row's choice continues its prompt."""
+    if not processors:
+        return logits
+    last = torch.tensor(lengths, device=prompts.device) - 1
+    tree = root_trees(prompts.gather(1, last[:, None])[:, 0])
+    nodes = node_history(prompts, last, tree, torch.zeros_like(last), 1)
+    return processors(logits[:, None], nodes)[:, 0]
 
 
 def _first_token(rule, sampling, logits: torch.Tensor, generator) -> torch.Tensor:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationConfig
 
+from specdec.processors import Processors, build_processors
 from specdec.stopping import check_stopping
 from specdec.trees import TreePolicy
 from specdec.types import SamplingParams
@@ -42,58 +43,78 @@ _DEFAULTS = {
     "return_dict_in_generate": False,
 }
 SUPPORTED = (
+    "bad_words_ids",
+    "begin_suppress_tokens",
     "do_sample",
     "eos_token_id",
+    "epsilon_cutoff",
+    "eta_cutoff",
+    "exponential_decay_length_penalty",
+    "forced_eos_token_id",
+    "logits_processor",
     "max_length",
     "max_new_tokens",
     "max_time",
     "min_length",
     "min_new_tokens",
+    "min_p",
+    "no_repeat_ngram_size",
     "num_return_sequences",
     "output_logits",
     "output_scores",
     "pad_token_id",
+    "remove_invalid_values",
+    "repetition_penalty",
     "return_dict_in_generate",
+    "sequence_bias",
     "stop_strings",
+    "suppress_tokens",
     "temperature",
+    "top_h",
     "top_k",
     "top_p",
+    "typical_p",
     "use_cache",
+)
+# HF's sampling warpers beyond temperature / top-k / top-p (``SamplingParams``), read when sampling.
+_WARPERS = ("min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
+# HF's logits processors (``specdec.processors``), applied at every tree node with the node's own history.
+_PROCESSOR_FIELDS = (
+    "sequence_bias",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "bad_words_ids",
+    "forced_eos_token_id",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
 )
 # Fields that change the tokens or the returned object unless unset (None) or at this neutral value.
 REFUSED = {
     "assistant_early_exit": None,
     "assistant_ensemble_weight": None,
-    "bad_words_ids": None,
-    "begin_suppress_tokens": None,
     "constraints": None,
     "diversity_penalty": 0.0,
     "dola_layers": None,
     "encoder_no_repeat_ngram_size": 0,
     "encoder_repetition_penalty": 1.0,
-    "exponential_decay_length_penalty": None,
     "force_words_ids": None,
     "forced_bos_token_id": None,
-    "forced_eos_token_id": None,
     "guidance_scale": 1.0,
-    "no_repeat_ngram_size": 0,
     "num_beam_groups": 1,
     "num_beams": 1,
     "output_attentions": False,
     "output_hidden_states": False,
     "penalty_alpha": 0.0,
     "prompt_lookup_num_tokens": None,
-    "remove_invalid_values": False,
-    "repetition_penalty": 1.0,
-    "sequence_bias": None,
     "speculation_type": None,
-    "suppress_tokens": None,
     "token_healing": False,
     "use_mtp": False,
     "watermarking_config": None,
 }
-# Sampling warpers specdec does not apply: refused with do_sample=True (greedy decoding never reads them).
-REFUSED_WHEN_SAMPLING = {"epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": None, "top_h": None, "typical_p": 1.0}
+# Sampling warpers specdec does not apply with do_sample=True (greedy decoding never reads them): none left.
+REFUSED_WHEN_SAMPLING: dict = {}
 # Fields that cannot change specdec's output: cache and compile settings (specdec owns the caches), beam-search
 # and assistant tuning knobs, and metadata.
 IGNORED = frozenset(
@@ -128,7 +149,6 @@ _REFUSED_CALL_ARGS = (
     "assistant_model",
     "assistant_tokenizer",
     "custom_generate",
-    "logits_processor",
     "negative_prompt_attention_mask",
     "negative_prompt_ids",
     "prefix_allowed_tokens_fn",
@@ -156,6 +176,8 @@ class GenerationArgs:
         output_scores, output_logits (bool): return the processed scores / raw logits of every generated position
             (with ``return_dict_in_generate``, as HF).
         num_return_sequences (int): independent samples per prompt (sampling only, as in HF).
+        processors (Processors): HF's logits processors of the call (``specdec.processors``), applied at every tree
+            node with the node's own history, in HF's order; the sampling warpers live in ``sampling``.
     """
 
     max_new_tokens: int
@@ -169,27 +191,7 @@ class GenerationArgs:
     output_scores: bool = False
     output_logits: bool = False
     num_return_sequences: int = 1
-
-    def suppress_eos(self, logits: torch.Tensor, depth: torch.Tensor | None, generated: int) -> torch.Tensor:
-        """HF's min-length processors on tree logits: EOS gets ``-inf`` where it would end the output early.
-
-        Args:
-            logits (torch.Tensor): ``[N, V]`` target logits, one row per tree node.
-            depth (torch.Tensor | None): ``[N]`` node depths (row i chooses new token ``generated + depth[i] + 1``);
-                None = all rows at depth 0.
-            generated (int): tokens generated before the root's choice.
-
-        Returns:
-            torch.Tensor: ``[N, V]``, ``logits`` itself when no row is affected.
-        """
-        if generated >= self.min_new_tokens or not self.eos_token_ids:
-            return logits
-        vocab = logits.shape[-1]
-        depth = torch.zeros(logits.shape[0], dtype=torch.long) if depth is None else depth
-        rows = (depth.to(logits.device) + generated) < self.min_new_tokens  # [N]
-        cols = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
-        cols[[e for e in self.eos_token_ids if e < vocab]] = True
-        return logits.masked_fill(rows[:, None] & cols[None, :], float("-inf"))
+    processors: Processors = field(default_factory=Processors)
 
 
 def check_drafter_and_tree(drafter, tree) -> None:
@@ -469,14 +471,18 @@ def _int_arg(name: str, value, minimum: int) -> int | None:
     return int(value)
 
 
-def resolve_generation_args(model, prompt_length: int, *, generation_config=None, **kwargs) -> GenerationArgs:
+def resolve_generation_args(
+    model, prompt_length: int, *, generation_config=None, vocab_size: int | None = None, **kwargs
+) -> GenerationArgs:
     """Resolve HF ``generate`` keyword arguments against ``model.generation_config``, as HF does.
 
     Args:
         model: the HF causal LM (its ``generation_config`` and ``config.max_position_embeddings`` are read).
         prompt_length (int): T, the prompt's length (``max_length`` and ``min_length`` count it).
         generation_config (GenerationConfig | None): merged under the call's arguments, over the model's.
-        **kwargs: the call's generation arguments (None = unset).
+        vocab_size (int | None): the target's logits width (token ids of the processors are checked against it);
+            None = the model config's ``vocab_size``.
+        **kwargs: the call's generation arguments (None = unset; ``logits_processor``: the call's own list).
 
     Returns:
         GenerationArgs: resolved lengths, sampling, stop tokens.
@@ -487,6 +493,10 @@ def resolve_generation_args(model, prompt_length: int, *, generation_config=None
             "pass GenerationConfig(**settings) or the settings as keyword arguments."
         )
     _check_call_args(kwargs)
+    if vocab_size is None:
+        config = getattr(model, "config", None)
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        vocab_size = int(getattr(config, "vocab_size", 0) or 0) or None
 
     def get(name):
         return generation_value(name, kwargs.get(name), generation_config, model)[0]
@@ -494,7 +504,11 @@ def resolve_generation_args(model, prompt_length: int, *, generation_config=None
     do_sample = bool(get("do_sample"))
     _check_refused(kwargs, generation_config, model, do_sample)
     sampling = SamplingParams(
-        do_sample=do_sample, temperature=float(get("temperature")), top_k=get("top_k"), top_p=get("top_p")
+        do_sample=do_sample,
+        temperature=float(get("temperature")),
+        top_k=get("top_k"),
+        top_p=get("top_p"),
+        **({name: get(name) for name in _WARPERS} if do_sample else {}),
     )
     _, stop_strings, max_time = check_stopping(None, get("stop_strings"), kwargs.get("tokenizer"), get("max_time"))
     max_new = _int_arg("max_new_tokens", get("max_new_tokens"), 1)
@@ -503,11 +517,21 @@ def resolve_generation_args(model, prompt_length: int, *, generation_config=None
     min_new = _int_arg("min_new_tokens", get("min_new_tokens"), 0)
     if min_new is None:
         min_new = max((_int_arg("min_length", get("min_length"), 0) or 0) - prompt_length, 0)
+    eos = normalize_eos_token_id(get("eos_token_id"))
+    processors = build_processors(
+        {name: get(name) for name in _PROCESSOR_FIELDS},
+        kwargs.get("logits_processor"),
+        vocab_size=vocab_size,
+        eos_token_ids=eos,
+        max_new_tokens=max_new,
+        min_new_tokens=min_new,
+    )
     return GenerationArgs(
+        processors=processors,
         max_new_tokens=max_new,
         min_new_tokens=min_new,
         sampling=sampling,
-        eos_token_ids=normalize_eos_token_id(get("eos_token_id")),
+        eos_token_ids=eos,
         pad_token_id=_pad_token_id(get("pad_token_id")),
         return_dict_in_generate=bool(get("return_dict_in_generate")),
         stop_strings=stop_strings,

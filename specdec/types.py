@@ -163,19 +163,27 @@ class DraftTree:
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
-    """Target sampling parameters, processed exactly as HF ``generate`` does (temperature, top-k, top-p).
+    """Target sampling parameters, processed exactly as HF ``generate`` does, with HF's warpers in HF's order
+    (temperature, top-h, top-k, top-p, min-p, typical, epsilon, eta).
 
     Args:
         do_sample (bool): False = greedy. Default False.
         temperature (float): > 0. Default 1.0.
         top_k (int | None): keep the k most likely tokens; None or 0 disables. Default None.
         top_p (float | None): nucleus mass in (0, 1]; None or 1.0 disables. Default None.
+        min_p, typical_p, epsilon_cutoff, eta_cutoff, top_h (float | None): HF's other warpers (None disables;
+            HF's neutral values too); validated by HF's own warper classes.
     """
 
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    epsilon_cutoff: float | None = None
+    eta_cutoff: float | None = None
+    top_h: float | None = None
 
     def __post_init__(self) -> None:
         if self.do_sample and not self.temperature > 0:
@@ -227,6 +235,8 @@ class SpecStats:
     ``compile_ms`` the first warm-up runs, where ``torch.compile`` compiles (with ``compile=True``).
     ``compile_fallbacks`` counts the compiled rounds this call used (one per drafter, tree, sampling and span
     bucket) that run uncompiled because compiling them failed (docs/api.md); 0 when every one compiled.
+    ``uncaptured`` says why the round ran neither captured nor compiled although it could have (a ``logits_processor``
+    that reads the tree on the host); empty otherwise.
 
     For a batch, ``rows`` holds each sequence's own stats (its ``tau``, ``accept_lengths``, ``new_tokens``); the
     batch's ``accept_hist``, ``accept_lengths``, ``rounds`` and ``tau`` count every (sequence, round) pair in which
@@ -248,6 +258,7 @@ class SpecStats:
     capture_ms: float = 0.0
     compile_ms: float = 0.0
     compile_fallbacks: int = 0
+    uncaptured: str = ""
     rows: list[SpecStats] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)
 

@@ -1,15 +1,21 @@
 """The target's sampling distribution p at a node: its logits processed exactly as HF ``generate`` does
-(temperature, then top-k, then top-p, with HF's own warpers, in fp32), and Gumbel noise to sample it.
+(temperature, top-h, top-k, top-p, min-p, typical, epsilon, eta: HF's own warpers in HF's order, in fp32), and
+Gumbel noise to sample it.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
     LogitsProcessorList,
+    MinPLogitsWarper,
     TemperatureLogitsWarper,
+    TopHLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
+    TypicalLogitsWarper,
 )
 
 from specdec.types import SamplingParams
@@ -18,13 +24,24 @@ __all__ = ["gumbel_from_uniform", "process_logits"]
 
 
 def _warpers(sampling: SamplingParams) -> LogitsProcessorList:
+    """HF's warpers for ``sampling`` in the order of ``GenerationMixin._get_logits_processor``."""
     procs = LogitsProcessorList()
     if sampling.temperature != 1.0:
         procs.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.top_h is not None:
+        procs.append(TopHLogitsWarper(top_h=sampling.top_h))
     if sampling.top_k:
         procs.append(TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
     if sampling.top_p is not None and sampling.top_p < 1.0:
         procs.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))
+    if sampling.min_p is not None:
+        procs.append(MinPLogitsWarper(min_p=sampling.min_p, min_tokens_to_keep=1))
+    if sampling.typical_p is not None and sampling.typical_p < 1.0:
+        procs.append(TypicalLogitsWarper(mass=sampling.typical_p, min_tokens_to_keep=1))
+    if sampling.epsilon_cutoff is not None and 0.0 < sampling.epsilon_cutoff < 1.0:
+        procs.append(EpsilonLogitsWarper(epsilon=sampling.epsilon_cutoff, min_tokens_to_keep=1))
+    if sampling.eta_cutoff is not None and 0.0 < sampling.eta_cutoff < 1.0:
+        procs.append(EtaLogitsWarper(epsilon=sampling.eta_cutoff, min_tokens_to_keep=1))
     return procs
 
 

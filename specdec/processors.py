@@ -1,0 +1,466 @@
+"""HF's logits processors at every tree node, each with that node's own history.
+
+``model.generate`` runs its processors (``repetition_penalty``, ``no_repeat_ngram_size``, ``bad_words_ids``, ...)
+once per step over ``input_ids``, the sequence so far. In a round every tree node is a possible next step, and the
+sequence it would continue is the committed prefix followed by *its own* ancestors, not the round's root alone.
+:class:`NodeHistory` describes those sequences for a whole round (tensors, no host read) and every processor here
+is a tensor op over it, so a round that applies them is captured like any other and its greedy tokens equal
+``model.generate``'s with the same options (``docs/api.md``, "Logits processors under trees").
+
+The order is HF's (``GenerationMixin._get_logits_processor``): sequence bias, repetition penalty, n-gram ban, bad
+words, minimum length, forced EOS, length penalty, suppressed tokens, tokens suppressed at the first step, then
+the call's own ``logits_processor`` list; the sampling warpers (temperature, top-k, ...) come after, inside the
+verification rules (``specdec.verify.processing``).
+
+A processor of the call's ``logits_processor`` list runs per node with that node's ``input_ids`` (HF's
+``(input_ids, scores)`` protocol), which needs the tree on the host: such a round is not captured. A processor that
+sets ``tree_aware = True`` and defines ``process_tree(scores, nodes)`` (``scores [B, S, V]`` float32, ``nodes`` a
+:class:`NodeHistory`, returns the processed scores) runs inside the captured round instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from specdec.types import DeviceTree
+
+__all__ = [
+    "BeginSuppressTokens",
+    "ExponentialDecayLength",
+    "ForcedEOS",
+    "MinNewTokens",
+    "NGramBan",
+    "NodeHistory",
+    "PerNode",
+    "Processors",
+    "RemoveInvalid",
+    "RepetitionPenalty",
+    "SequenceBias",
+    "SuppressTokens",
+    "build_processors",
+    "chain_nodes",
+    "node_history",
+]
+
+
+class NodeHistory(NamedTuple):
+    """The sequences a round's tree nodes continue (batch first; ``S`` tree slots, ``P`` = deepest node + 1).
+
+    Node ``i`` of row ``b`` continues ``history[b, :length[b]]`` followed by ``paths[b, i, :depth[b, i] + 1]`` (the
+    tokens from the root, index 0, down to the node itself): that is HF's ``input_ids`` at the step that chooses
+    the token after the node.
+
+    Args:
+        history (torch.Tensor): ``[B, C]`` int64 committed tokens of each row (its prompt, then generated tokens);
+            only the first ``length[b]`` are read.
+        length (torch.Tensor): ``[B]`` int64 committed tokens before the root.
+        paths (torch.Tensor): ``[B, S, P]`` int64 root-to-node tokens; ``-1`` past the node.
+        depth (torch.Tensor): ``[B, S]`` int64 node depths (0 = the root).
+        generated (torch.Tensor): ``[B, S]`` int64 tokens generated before the node's choice (HF's ``cur_len`` minus
+            the prompt length): the node chooses new token ``generated + 1``.
+    """
+
+    history: torch.Tensor
+    length: torch.Tensor
+    paths: torch.Tensor
+    depth: torch.Tensor
+    generated: torch.Tensor
+
+    def tail(self, k: int) -> torch.Tensor:
+        """``[B, S, k]`` the last ``k`` tokens of each node's sequence (the node's own token last); ``-1`` where the
+        sequence is shorter than ``k``."""
+        return self.extended(k).gather(2, self.depth[..., None] + 1 + torch.arange(k, device=self.depth.device))
+
+    def extended(self, k: int) -> torch.Tensor:
+        """``[B, S, k + P]``: the ``k`` committed tokens before the root (``-1`` before position 0), then ``paths``."""
+        before = self.length[:, None] - k + torch.arange(k, device=self.length.device)  # [B, k]
+        tokens = self.history.gather(1, before.clamp(min=0)).masked_fill(before < 0, -1)
+        return torch.cat([tokens[:, None].expand(-1, self.paths.shape[1], -1), self.paths], 2)
+
+    @property
+    def seq_len(self) -> torch.Tensor:
+        """``[B, S]`` each node's sequence length (HF's ``input_ids.shape[-1]`` at that step, without padding)."""
+        return self.length[:, None] + self.depth + 1
+
+
+def node_history(history: torch.Tensor, length: torch.Tensor, tree: DeviceTree, generated: torch.Tensor,
+                 path_len: int) -> NodeHistory:  # fmt: skip
+    """The :class:`NodeHistory` of a round's trees.
+
+    Args:
+        history (torch.Tensor): ``[B, C]`` committed tokens.
+        length (torch.Tensor): ``[B]`` committed tokens before each root.
+        tree (DeviceTree): the round's trees (``parents[i] < i``; padding slots have depth 0).
+        generated (torch.Tensor): ``[B]`` tokens generated before each root's choice.
+        path_len (int): ``P``, one more than the deepest node the trees may hold.
+    """
+    batch, slots = tree.tokens.shape
+    paths = torch.full((batch, slots, path_len), -1, dtype=torch.long, device=tree.tokens.device)
+    node = torch.arange(slots, device=tree.tokens.device).expand(batch, -1)
+    for _ in range(path_len):  # walk each node up to the root, writing each ancestor at its depth
+        depth = tree.depth.gather(1, node)
+        paths.scatter_(2, depth[..., None].clamp(max=path_len - 1), tree.tokens.gather(1, node)[..., None])
+        node = tree.parents.gather(1, node).clamp(min=0)
+    return NodeHistory(history, length, paths, tree.depth, generated[:, None] + tree.depth)
+
+
+def chain_nodes(history: torch.Tensor, length: int, tokens: Sequence[int], generated: int) -> NodeHistory:
+    """The :class:`NodeHistory` of one chain: a batch of one, the committed ``history[:length]`` then ``tokens``
+    (node ``j`` is ``tokens[j]``, ``generated + j`` tokens generated before its choice). For the first token and for
+    the scores returned with ``output_scores``."""
+    n = len(tokens)
+    device = history.device
+    ids = torch.tensor(list(tokens), dtype=torch.long, device=device)
+    depth = torch.arange(n, device=device)
+    paths = torch.where(depth[None] <= depth[:, None], ids[None], -1)  # [n, n]: node j's path is tokens[: j + 1]
+    return NodeHistory(history.reshape(1, -1), torch.tensor([length], device=device), paths[None], depth[None],
+                       generated + depth[None])  # fmt: skip
+
+
+def _token_mask(ids: torch.Tensor, valid: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[..., V]`` bool: True at the tokens ``ids [..., N]`` where ``valid``."""
+    index = torch.where(valid, ids, vocab)
+    mask = torch.zeros(*ids.shape[:-1], vocab + 1, dtype=torch.bool, device=ids.device)
+    return mask.scatter_(-1, index, True)[..., :vocab]
+
+
+def _vocab_ids(ids: Sequence[int], vocab: int, name: str) -> tuple[int, ...]:
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"{name}: token ids {bad} are outside the target's vocabulary of {vocab}; pass ids < {vocab}.")
+    return tuple(ids)
+
+
+@dataclass(frozen=True)
+class SequenceBias:
+    """HF's ``sequence_bias`` (and ``bad_words_ids``, a bias of ``-inf``): a sequence's bias goes to its last token
+    at every node whose sequence ends with the rest of it.
+
+    Args:
+        biases (tuple[tuple[tuple[int, ...], float], ...]): (token sequence, bias), in HF's order.
+        vocab (int): the target's vocabulary size.
+    """
+
+    biases: tuple[tuple[tuple[int, ...], float], ...]
+    vocab: int
+    needs_history = True
+
+    def __post_init__(self) -> None:
+        for seq, _ in self.biases:
+            _vocab_ids(seq, self.vocab, "sequence_bias / bad_words_ids")
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        device = scores.device
+        single = torch.zeros(self.vocab, dtype=torch.float, device=device)
+        ones = [(seq[0], bias) for seq, bias in self.biases if len(seq) == 1]
+        if ones:
+            single[[t for t, _ in ones]] = torch.tensor([b for _, b in ones], device=device)
+        bias = torch.zeros_like(scores) + single
+        groups: dict[int, list] = {}
+        for seq, b in self.biases:
+            if len(seq) > 1:
+                groups.setdefault(len(seq) - 1, []).append((seq, b))
+        for k, group in groups.items():
+            prefixes = torch.tensor([seq[:-1] for seq, _ in group], device=device)  # [G, k]
+            last = torch.tensor([seq[-1] for seq, _ in group], device=device)
+            values = torch.tensor([b for _, b in group], dtype=torch.float, device=device)
+            matching = (nodes.tail(k)[:, :, None] == prefixes).all(-1)  # [B, S, G]
+            bias.index_add_(2, last, torch.where(matching, values, 0.0).to(bias.dtype))
+        return scores + bias
+
+
+@dataclass(frozen=True)
+class RepetitionPenalty:
+    """HF's ``repetition_penalty``: every token of the node's sequence has its score divided by ``penalty`` where
+    positive, multiplied where negative."""
+
+    penalty: float
+    needs_history = True
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        vocab = scores.shape[-1]
+        positions = torch.arange(nodes.history.shape[1], device=scores.device)
+        committed = _token_mask(nodes.history, positions < nodes.length[:, None], vocab)  # [B, V]
+        path = _token_mask(nodes.paths, nodes.paths >= 0, vocab)  # [B, S, V]
+        seen = committed[:, None] | path
+        penalized = torch.where(scores < 0, scores * self.penalty, scores / self.penalty)
+        return torch.where(seen, penalized, scores)
+
+
+@dataclass(frozen=True)
+class NGramBan:
+    """HF's ``no_repeat_ngram_size``: a token that would complete an n-gram already in the node's sequence gets
+    ``-inf``; the n-grams counted are the committed ones and those running into the node's own ancestors."""
+
+    n: int
+    needs_history = True
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        n, vocab = self.n, scores.shape[-1]
+        key = nodes.tail(n - 1)  # [B, S, n-1]
+        banned = torch.zeros(*scores.shape[:-1], vocab + 1, dtype=torch.bool, device=scores.device)
+        history = nodes.history
+        if history.shape[1] >= n:  # n-grams inside the committed tokens
+            windows = history.unfold(1, n, 1)  # [B, W, n]
+            ends = torch.arange(n - 1, history.shape[1], device=scores.device)
+            real = ends < nodes.length[:, None]  # [B, W]
+            match = (windows[:, None, :, :-1] == key[:, :, None]).all(-1) & real[:, None]  # [B, S, W]
+            banned.scatter_(2, torch.where(match, windows[:, None, :, -1], vocab), True)
+        # n-grams ending at one of the node's ancestors (or the node): windows of the committed tail + the path
+        ext = nodes.extended(n - 1).unfold(2, n, 1)  # [B, S, P, n]: window j ends at path index j
+        steps = torch.arange(ext.shape[2], device=scores.device)
+        real = (steps <= nodes.depth[..., None]) & (ext >= 0).all(-1)
+        match = (ext[..., :-1] == key[:, :, None]).all(-1) & real
+        banned.scatter_(2, torch.where(match, ext[..., -1], vocab), True)
+        banned &= (nodes.seq_len >= n)[..., None]  # HF bans nothing before the first full n-gram
+        return scores.masked_fill(banned[..., :vocab], -math.inf)
+
+
+@dataclass(frozen=True)
+class MinNewTokens:
+    """HF's ``min_length`` / ``min_new_tokens``: EOS gets ``-inf`` at nodes that would end the output early."""
+
+    min_new: int
+    eos: tuple[int, ...]
+    needs_history = False
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        rows = nodes.generated < self.min_new  # [B, S]
+        cols = _token_mask(torch.tensor(self.eos, device=scores.device), torch.tensor(True), scores.shape[-1])
+        return scores.masked_fill(rows[..., None] & cols, -math.inf)
+
+
+@dataclass(frozen=True)
+class ForcedEOS:
+    """HF's ``forced_eos_token_id``: the node that chooses the last allowed token gets ``-inf`` everywhere but the
+    EOS ids (0 there)."""
+
+    at_generated: int  # tokens generated before the last allowed choice (``max_new_tokens - 1``)
+    eos: tuple[int, ...]
+    needs_history = False
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        forced = torch.full_like(scores, -math.inf)
+        forced[..., list(self.eos)] = 0
+        return torch.where((nodes.generated == self.at_generated)[..., None], forced, scores)
+
+
+@dataclass(frozen=True)
+class RemoveInvalid:
+    """HF's ``remove_invalid_values``: NaN becomes 0, +-inf the largest / smallest finite float."""
+
+    needs_history = False
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        info = torch.finfo(scores.dtype)
+        out = torch.where(scores != scores, 0.0, scores)
+        out = torch.where(scores == math.inf, info.max, out)
+        return torch.where(scores == -math.inf, info.min, out)
+
+
+@dataclass(frozen=True)
+class ExponentialDecayLength:
+    """HF's ``exponential_decay_length_penalty=(start, factor)``: past ``start`` generated tokens, the EOS scores
+    grow by ``|score| * (factor ** k - 1)`` at the k-th token beyond it."""
+
+    start: int
+    factor: float
+    eos: tuple[int, ...]
+    needs_history = False
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        k = nodes.generated - self.start  # HF: cur_len - (start + prompt length)
+        growth = (torch.full_like(k, 1, dtype=torch.float64) * self.factor).pow(k.double()) - 1  # HF: pow in float64
+        eos = list(self.eos)
+        penalties = torch.zeros_like(scores)
+        penalties[..., eos] = scores[..., eos].abs() * growth.float()[..., None]
+        return torch.where((k > 0)[..., None], scores + penalties, scores)
+
+
+@dataclass(frozen=True)
+class SuppressTokens:
+    """HF's ``suppress_tokens``: these tokens get ``-inf`` at every node."""
+
+    tokens: tuple[int, ...]
+    needs_history = False
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        ids = torch.tensor(self.tokens, device=scores.device)
+        return scores.masked_fill(_token_mask(ids, torch.tensor(True), scores.shape[-1]), -math.inf)
+
+
+@dataclass(frozen=True)
+class BeginSuppressTokens:
+    """HF's ``begin_suppress_tokens``: these tokens get ``-inf`` at the choice of the first new token."""
+
+    tokens: tuple[int, ...]
+    needs_history = False
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        ids = torch.tensor(self.tokens, device=scores.device)
+        cols = _token_mask(ids, torch.tensor(True), scores.shape[-1])
+        return scores.masked_fill((nodes.generated == 0)[..., None] & cols, -math.inf)
+
+
+class PerNode:
+    """A processor of the call's ``logits_processor`` list (HF's ``(input_ids, scores)`` protocol), called for each
+    row and depth with the ``input_ids`` of that row's nodes at that depth (``[n, length + depth + 1]``) and their
+    scores ``[n, V]``. It reads the tree on the host, so the round that runs it is not captured."""
+
+    needs_history = True
+    capturable = False
+
+    def __init__(self, processor) -> None:
+        self.processor = processor
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PerNode) and other.processor is self.processor
+
+    def __hash__(self) -> int:
+        return hash((PerNode, id(self.processor)))
+
+    def __repr__(self) -> str:
+        return f"PerNode({self.processor!r})"
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        out = scores.clone()
+        lengths, depths = nodes.length.tolist(), nodes.depth.tolist()
+        for b, length in enumerate(lengths):
+            by_depth: dict[int, list[int]] = {}
+            for i, d in enumerate(depths[b]):
+                by_depth.setdefault(d, []).append(i)
+            for d, slots in by_depth.items():
+                index = torch.tensor(slots, device=scores.device)
+                path = nodes.paths[b, index, : d + 1]
+                ids = torch.cat([nodes.history[b, :length].expand(len(slots), -1), path], 1)
+                out[b, index] = self.processor(ids, scores[b, index])
+        return out
+
+
+class Processors:
+    """The processors of one ``generate`` call, in HF's order (hashable: part of a round's key).
+
+    Args:
+        items (Sequence): objects with ``process_tree(scores [B, S, V], nodes: NodeHistory)``.
+    """
+
+    def __init__(self, items: Sequence = ()) -> None:
+        self.items = tuple(items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Processors) and other.items == self.items
+
+    def __hash__(self) -> int:
+        return hash(self.items)
+
+    def __repr__(self) -> str:
+        return f"Processors{self.items!r}"
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether any processor reads the committed tokens (the round then records them)."""
+        return any(getattr(p, "needs_history", True) for p in self.items)
+
+    @property
+    def capturable(self) -> bool:
+        """Whether every processor runs inside a captured round (no host reads)."""
+        return all(getattr(p, "capturable", True) for p in self.items)
+
+    def __call__(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        """``scores [B, S, V]`` (the target's logits) processed at every node, float32 as HF processes them."""
+        scores = scores.float()
+        for p in self.items:
+            scores = p.process_tree(scores, nodes)
+        return scores
+
+
+def _off(value, neutral=None) -> bool:
+    return value is None or value is False or value == neutral or (isinstance(value, list | tuple) and not value)
+
+
+def build_processors(
+    options: dict,
+    logits_processor=None,
+    *,
+    vocab_size: int | None,
+    eos_token_ids: Sequence[int],
+    max_new_tokens: int,
+    min_new_tokens: int,
+) -> Processors:
+    """The processors of a call, in HF's order, from its resolved ``GenerationConfig`` fields.
+
+    Args:
+        options (dict): ``sequence_bias``, ``repetition_penalty``, ``no_repeat_ngram_size``, ``bad_words_ids``,
+            ``forced_eos_token_id``, ``remove_invalid_values``, ``exponential_decay_length_penalty``,
+            ``suppress_tokens``, ``begin_suppress_tokens`` (None or HF's neutral value = off). Values are checked by
+            HF's own processor classes, so bad ones raise HF's errors.
+        logits_processor: the call's own list (HF's ``(input_ids, scores)`` protocol), or None.
+        vocab_size (int | None): the target's logits width (token ids must be below it).
+        eos_token_ids (Sequence[int]): the resolved stop tokens.
+        max_new_tokens (int): the call's limit (``forced_eos_token_id`` acts at its last token).
+        min_new_tokens (int): EOS is suppressed until this many tokens are generated (0 = never).
+    """
+    from transformers.generation import logits_process as hf
+
+    vocab = vocab_size or 2**62
+    eos = tuple(eos_token_ids)
+    items: list = []
+
+    def bias_items(processor) -> tuple:
+        return tuple((tuple(int(t) for t in seq), float(b)) for seq, b in processor.sequence_bias.items())
+
+    value = options.get("sequence_bias")
+    if not _off(value):
+        items.append(SequenceBias(bias_items(hf.SequenceBiasLogitsProcessor(sequence_bias=value)), vocab))
+    value = options.get("repetition_penalty")
+    if not _off(value, 1.0):
+        items.append(RepetitionPenalty(hf.RepetitionPenaltyLogitsProcessor(value).penalty))
+    value = options.get("no_repeat_ngram_size")
+    if not _off(value, 0):
+        items.append(NGramBan(hf.NoRepeatNGramLogitsProcessor(value).ngram_size))
+    value = options.get("bad_words_ids")
+    if not _off(value):
+        bad = bias_items(hf.NoBadWordsLogitsProcessor(value, list(eos) or None))
+        if bad:
+            items.append(SequenceBias(bad, vocab))
+    if min_new_tokens and eos:
+        items.append(MinNewTokens(min_new_tokens, eos))
+    value = options.get("forced_eos_token_id")
+    if not _off(value):
+        forced = hf.ForcedEOSTokenLogitsProcessor(max_new_tokens, value).eos_token_id
+        items.append(ForcedEOS(max_new_tokens - 1, _vocab_ids(forced.tolist(), vocab, "forced_eos_token_id")))
+    if options.get("remove_invalid_values") is True:
+        items.append(RemoveInvalid())
+    value = options.get("exponential_decay_length_penalty")
+    if not _off(value):
+        if not eos:
+            raise ValueError(
+                f"exponential_decay_length_penalty={value!r} raises the EOS scores, but the call has no eos_token_id: "
+                "pass eos_token_id, or drop exponential_decay_length_penalty."
+            )
+        hf_penalty = hf.ExponentialDecayLengthPenalty(tuple(value), list(eos), 0)
+        items.append(ExponentialDecayLength(int(hf_penalty.regulation_start), float(hf_penalty.regulation_factor),
+                                            _vocab_ids(eos, vocab, "eos_token_id")))  # fmt: skip
+    value = options.get("suppress_tokens")
+    if not _off(value):
+        items.append(SuppressTokens(_vocab_ids([int(t) for t in value], vocab, "suppress_tokens")))
+    value = options.get("begin_suppress_tokens")
+    if not _off(value):
+        items.append(BeginSuppressTokens(_vocab_ids([int(t) for t in value], vocab, "begin_suppress_tokens")))
+    for processor in logits_processor or ():
+        if not callable(processor) and not callable(getattr(processor, "process_tree", None)):
+            raise TypeError(
+                f"logits_processor holds {processor!r}, which is not callable: pass HF LogitsProcessor objects "
+                "(called as processor(input_ids, scores)) or tree-aware ones (tree_aware = True, process_tree)."
+            )
+        tree_aware = getattr(processor, "tree_aware", False) and callable(getattr(processor, "process_tree", None))
+        items.append(processor if tree_aware else PerNode(processor))
+    return Processors(items)

@@ -1,0 +1,243 @@
+"""HF's logits processors under trees: every node processed with its own ancestry as history.
+
+The reference is HF's own ``model.generate`` with the same options (greedy: token identity). The drafters make
+rounds accept deep paths so that the processors act at nodes whose history includes draft tokens: an oracle that
+proposes HF's processed continuation with planted mistakes (chain and DDTree), a small-LM drafter that follows the
+unprocessed target (so processors keep overturning its drafts), and n-gram lookup. Sampling: the exact marginal of
+the second and third new tokens under HF's processors and warpers (a brute force over the first tokens with the
+target's full forwards) against counts of specdec's samples, χ² with stated power against the wrong marginal a
+processor without the node's ancestry would give.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import perturbed_copy, tiny_model
+from oracle_drafter import SOFT, OracleDrafter, full_schedule
+from oracles import gof_pvalue, multinomial_counts
+from state.hybrid_harness import tiny_hybrid
+from transformers import LogitsProcessor, LogitsProcessorList
+
+import specdec
+from specdec.processors import NodeHistory
+
+NEW = 24
+# Each option as a function of the target's plain greedy continuation ``g`` (its new tokens), so that it bites.
+OPTIONS = {
+    "repetition_penalty": lambda g: dict(repetition_penalty=1.8),
+    "penalty_below_one": lambda g: dict(repetition_penalty=0.6),
+    "no_repeat_ngram": lambda g: dict(no_repeat_ngram_size=2),
+    "no_repeat_trigram": lambda g: dict(no_repeat_ngram_size=3, repetition_penalty=0.5),  # repeats, then banned
+    "bad_words": lambda g: dict(bad_words_ids=[[g[3]], [g[5], g[6]], [g[8], g[9], g[10]]]),
+    "sequence_bias": lambda g: dict(sequence_bias={(g[2],): -3.0, (g[4], 77): 6.0, (g[9], g[10], 78): 9.0}),
+    "suppress": lambda g: dict(suppress_tokens=[g[1], g[7]], begin_suppress_tokens=[g[0]]),
+    "forced_eos": lambda g: dict(forced_eos_token_id=9),
+    "length_penalty": lambda g: dict(exponential_decay_length_penalty=(3, 2.5), eos_token_id=[77]),
+    "combined": lambda g: dict(repetition_penalty=1.4, no_repeat_ngram_size=3, bad_words_ids=[[g[5], g[6]]],
+                               sequence_bias={(g[3],): -1.5}, min_new_tokens=6, eos_token_id=[9]),  # fmt: skip
+}
+_MODELS: dict = {}
+
+
+def model(kind: str):
+    if kind not in _MODELS:
+        target = tiny_model("qwen3", scale=2.0) if kind == "dense" else tiny_hybrid("qwen3_5", scale=2.0)
+        # the hybrid's small LM is an unrelated attention model (a perturbed copy would keep recurrent layers)
+        draft = perturbed_copy(target, noise=0.05) if kind == "dense" else tiny_model("qwen3", seed=5, scale=2.0)
+        _MODELS[kind] = (target, specdec.ModelDrafter(draft))
+    return _MODELS[kind]
+
+
+def prompt(seed: int = 3, n: int = 10) -> torch.Tensor:
+    # a prompt that repeats itself, so penalties and n-gram bans act from the first token
+    half = torch.randint(3, 128, (1, n // 2), generator=torch.Generator().manual_seed(seed))
+    return torch.cat([half, half], 1)
+
+
+def plain(kind: str) -> list[int]:
+    """The target's greedy new tokens without options."""
+    target, _ = model(kind)
+    return hf(target, prompt())[0, prompt().shape[1] :].tolist()
+
+
+def hf(target, ids, **options):
+    options = {"max_new_tokens": NEW, "do_sample": False, "eos_token_id": [], "pad_token_id": 0, **options}
+    return target.generate(ids, **options)
+
+
+def drafter_for(setup: str, target, small, ref):
+    if setup == "plain":
+        return None, None
+    if setup.startswith("oracle"):
+        tree = specdec.Chain(k=4) if setup == "oracle-chain" else specdec.DDTree(budget=10, topk=3)
+        schedule = [(0, 5), (SOFT, 2), (0, 5), *full_schedule(4)]
+        return OracleDrafter(ref[0], depth=4, schedule=schedule), tree
+    if setup == "small-lm":
+        return small, specdec.DDTree(budget=8, topk=3)
+    return specdec.NGramDrafter(), specdec.DDTree(budget=8, topk=3)
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("setup", ["plain", "oracle-chain", "oracle-ddtree", "small-lm", "ngram"])
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_greedy_equals_hf_with_the_same_options(kind, setup, option):
+    target, small = model(kind)
+    ids = prompt()
+    options = {"max_new_tokens": NEW, "eos_token_id": [], "pad_token_id": 0, **OPTIONS[option](plain(kind))}
+    ref = hf(target, ids, **options)
+    base = hf(target, ids, max_new_tokens=NEW, eos_token_id=options["eos_token_id"])
+    assert not torch.equal(ref, base), "the option changed nothing: the test would prove nothing"
+    drafter, tree = drafter_for(setup, target, small, ref)
+    out = specdec.generate(target, ids, drafter=drafter, tree=tree, **options)
+    assert torch.equal(out.sequences, ref), (out.sequences[0, ids.shape[1]:], ref[0, ids.shape[1]:])
+    if setup.startswith("oracle"):
+        assert max(out.stats.accept_lengths) >= 4, out.stats.accept_lengths  # deep nodes were processed and kept
+
+
+def test_batch_rows_equal_each_row_alone():
+    target, small = model("dense")
+    options = dict(OPTIONS["combined"](plain("dense")), max_new_tokens=NEW, pad_token_id=0)
+    a, b = prompt(3, 10), prompt(5, 6)
+    batch = torch.cat([a, torch.cat([torch.zeros(1, 4, dtype=torch.long), b], 1)])
+    mask = (torch.arange(10) >= torch.tensor([[0], [4]])).long()
+    out = specdec.generate(target, batch, attention_mask=mask, drafter=small, tree=specdec.DDTree(budget=8, topk=3),
+                           **options)  # fmt: skip
+    for row, ids in enumerate((a, b)):
+        ref = hf(target, ids, **options)[0, ids.shape[1] :]
+        got = out.sequences[row, 10 :][: ref.shape[0]]
+        assert torch.equal(got, ref), (row, got, ref)
+
+
+class BanNextOfLast(LogitsProcessor):
+    """A history-dependent user processor: the token after the last one (mod V) and the token seen two steps back
+    are banned."""
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        rows = torch.arange(scores.shape[0])
+        scores[rows, (input_ids[:, -1] + 1) % scores.shape[-1]] = -float("inf")
+        if input_ids.shape[1] >= 3:
+            scores[rows, input_ids[:, -3]] = -float("inf")
+        return scores
+
+
+class TreeBanNextOfLast:
+    """The same processor, tree-aware: it runs inside the captured round."""
+
+    tree_aware = True
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        tail = nodes.tail(3)  # [B, S, 3]
+        vocab = scores.shape[-1]
+        out = scores.scatter(2, ((tail[..., 2:] + 1) % vocab), -float("inf"))
+        back = tail[..., :1]
+        return torch.where(back >= 0, out.scatter(2, back.clamp(min=0), -float("inf")), out)
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_user_logits_processor_per_node(kind):
+    target, small = model(kind)
+    ids = prompt()
+    ref = hf(target, ids, logits_processor=LogitsProcessorList([BanNextOfLast()]), repetition_penalty=1.3)
+    for drafter, tree in ((None, None), (small, specdec.DDTree(budget=8, topk=3)),
+                          (OracleDrafter(ref[0], depth=4), specdec.DDTree(budget=10, topk=3))):  # fmt: skip
+        out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=NEW, eos_token_id=[],
+                               logits_processor=[BanNextOfLast()], repetition_penalty=1.3)  # fmt: skip
+        assert torch.equal(out.sequences, ref)
+        assert out.stats.uncaptured  # the stats say the round ran uncaptured, and why
+        tree_aware = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=NEW, eos_token_id=[],
+                                      logits_processor=[TreeBanNextOfLast()], repetition_penalty=1.3)  # fmt: skip
+        assert torch.equal(tree_aware.sequences, ref)
+        assert not tree_aware.stats.uncaptured
+
+
+def test_output_scores_are_processed_with_each_steps_history():
+    target, small = model("dense")
+    ids = prompt()
+    options = dict(OPTIONS["combined"](plain("dense")), max_new_tokens=NEW, pad_token_id=0, output_scores=True,
+                   output_logits=True)  # fmt: skip
+    ref = target.generate(ids, return_dict_in_generate=True, do_sample=False, **options)
+    out = specdec.generate(target, ids, drafter=small, tree=specdec.DDTree(budget=8, topk=3), **options)
+    assert torch.equal(out.sequences, ref.sequences)
+    for j, (a, b) in enumerate(zip(out.scores, ref.scores, strict=True)):
+        assert torch.equal(torch.isinf(a), torch.isinf(b)), j
+        assert torch.allclose(a[~torch.isinf(a)], b[~torch.isinf(b)], atol=1e-4, rtol=1e-4), j
+
+
+def test_bad_values_raise_hf_errors_or_name_the_fix():
+    target, _ = model("dense")
+    ids = prompt()
+    with pytest.raises(ValueError, match="penalty"):
+        specdec.generate(target, ids, max_new_tokens=4, repetition_penalty=-1.0)
+    with pytest.raises(ValueError, match="outside the target's vocabulary"):
+        specdec.generate(target, ids, max_new_tokens=4, bad_words_ids=[[10_000]])
+    with pytest.raises(ValueError, match="eos_token_id"):
+        specdec.generate(target, ids, max_new_tokens=4, exponential_decay_length_penalty=(2, 1.5), eos_token_id=[])
+    with pytest.raises(TypeError, match="not callable"):
+        specdec.generate(target, ids, max_new_tokens=4, logits_processor=[3])
+
+
+# -- sampling ------------------------------------------------------------------------------------------------------
+SAMPLES = 1500
+WARP = dict(temperature=0.9, top_k=40)
+PENALTY = 3.0
+
+
+def _processed_probs(target, seqs: torch.Tensor, prompt_len: int, *, ancestry: bool = True) -> torch.Tensor:
+    """HF's sampling distribution after each of ``seqs [N, L]`` (repetition penalty, then the warpers); with
+    ``ancestry=False`` the penalty sees only the prompt (the wrong marginal a node without its ancestry gets)."""
+    from transformers import RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper
+
+    logits = target(seqs).logits[:, -1].float()
+    history = seqs if ancestry else seqs[:, :prompt_len]
+    scores = RepetitionPenaltyLogitsProcessor(PENALTY)(history, logits)
+    scores = TemperatureLogitsWarper(WARP["temperature"])(seqs, scores)
+    scores = TopKLogitsWarper(WARP["top_k"])(seqs, scores)
+    return torch.softmax(scores, -1)
+
+
+def _marginals(target, ids: torch.Tensor, *, ancestry: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact marginals of new tokens 2 and 3 under HF's sampling (a brute force over tokens 1 and 2)."""
+    n = ids.shape[1]
+    p1 = _processed_probs(target, ids, n, ancestry=ancestry)[0]  # [V]
+    firsts = torch.nonzero(p1 > 0).flatten()
+    seqs = torch.cat([ids.expand(len(firsts), -1), firsts[:, None]], 1)
+    p2 = _processed_probs(target, seqs, n, ancestry=ancestry)  # [F, V]
+    m2 = (p1[firsts, None] * p2).sum(0)
+    m3 = torch.zeros_like(m2)
+    for i, first in enumerate(firsts.tolist()):
+        seconds = torch.nonzero(p2[i] > 1e-6).flatten()
+        seqs = torch.cat([ids.expand(len(seconds), -1), torch.full((len(seconds), 1), first), seconds[:, None]], 1)
+        p3 = _processed_probs(target, seqs, n, ancestry=ancestry)
+        m3 += p1[first] * (p2[i, seconds, None] * p3).sum(0)
+    return m2.double(), m3.double()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["sample-match", "speculative-sampling"])
+def test_sampling_marginals_match_hf_with_the_penalty(rule):
+    """χ² of the 2nd and 3rd new tokens against HF's exact marginals; power: the wrong marginals (the penalty
+    without the node's ancestry) are rejected in nearly every trial at this sample size."""
+    target = tiny_model("qwen3", scale=1.0)
+    small = specdec.ModelDrafter(perturbed_copy(target, noise=0.02))
+    ids = prompt(7, 6)
+    with torch.no_grad():
+        m2, m3 = _marginals(target, ids)
+        w2, w3 = _marginals(target, ids, ancestry=False)
+    for right, wrong in ((m2, w2), (m3, w3)):  # stated power: the wrong marginal fails at p < 1e-3 in most trials
+        counts = multinomial_counts(wrong, SAMPLES, 200, torch.Generator().manual_seed(1))
+        rejected = sum(gof_pvalue(c, right) < 1e-3 for c in counts)
+        assert rejected >= 0.9 * 200, rejected
+    if rule == "sample-match":
+        verifier, tree = specdec.SampleMatch(), specdec.DDTree(budget=6, topk=3)
+    else:
+        verifier, tree = specdec.SpeculativeSampling(), specdec.SampledChain(k=3)
+    out = specdec.generate(target, ids, drafter=small, tree=tree, verifier=verifier, do_sample=True,
+                           num_return_sequences=SAMPLES, max_new_tokens=3, eos_token_id=[], pad_token_id=0,
+                           repetition_penalty=PENALTY, generator=torch.Generator().manual_seed(0), **WARP)  # fmt: skip
+    assert out.stats.tau > 1.3  # drafts were accepted: tokens 2 and 3 came from tree nodes
+    n = ids.shape[1]
+    for j, right in ((1, m2), (2, m3)):
+        counts = torch.bincount(out.sequences[:, n + j], minlength=right.shape[0]).double()
+        assert gof_pvalue(counts, right) > 1e-3, j
