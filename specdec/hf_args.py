@@ -113,6 +113,33 @@ REFUSED = {
     "use_mtp": False,
     "watermarking_config": None,
 }
+_BEAMS = "beam search keeps several hypotheses per step; specdec decodes one sequence per row (greedy or sampling)"
+_ENCODER = "it acts on an encoder-decoder's encoder input or decoder start; specdec decodes causal LMs"
+_SPECULATION = "it is HF's own speculation; pass a drafter= to specdec instead"
+# Why each refused option cannot be honoured (named in the error).
+REFUSED_WHY = {
+    "num_beams": _BEAMS,
+    "num_beam_groups": _BEAMS,
+    "diversity_penalty": _BEAMS,
+    "constraints": "constrained beam search: " + _BEAMS,
+    "force_words_ids": "constrained beam search: " + _BEAMS,
+    "penalty_alpha": "contrastive search ranks candidates by the target's hidden states, a decoding mode of its own",
+    "dola_layers": "DoLa contrasts the final layer with early exits, a decoding mode of its own",
+    "guidance_scale": "classifier-free guidance runs a second, unconditional forward at every step",
+    "encoder_repetition_penalty": _ENCODER,
+    "encoder_no_repeat_ngram_size": _ENCODER,
+    "forced_bos_token_id": _ENCODER,
+    "token_healing": "token healing rewrites the prompt's last tokens before decoding",
+    "watermarking_config": "the watermark is applied after the sampling warpers, which specdec's rules apply inside "
+    "verification",
+    "output_attentions": "the round returns no per-step attention weights",
+    "output_hidden_states": "the round returns no per-step hidden states",
+    "prompt_lookup_num_tokens": _SPECULATION,
+    "assistant_early_exit": _SPECULATION,
+    "assistant_ensemble_weight": _SPECULATION,
+    "use_mtp": _SPECULATION,
+    "speculation_type": _SPECULATION,
+}
 # Sampling warpers specdec does not apply with do_sample=True (greedy decoding never reads them): none left.
 REFUSED_WHEN_SAMPLING: dict = {}
 # Fields that cannot change specdec's output: cache and compile settings (specdec owns the caches), beam-search
@@ -457,9 +484,10 @@ def _check_refused(kwargs: dict, generation_config, model, do_sample: bool) -> N
         if _is_neutral(value, neutral):
             continue
         fix = f"pass {name}={neutral!r} to override it" if source != "argument" else "drop it"
+        why = REFUSED_WHY.get(name, "specdec cannot apply it exactly")
         raise ValueError(
-            f"{name}={value!r} (set by {source}) is unsupported: specdec cannot apply it exactly. {fix[0].upper()}"
-            f"{fix[1:]}, or use model.generate for this call."
+            f"{name}={value!r} (set by {source}) is unsupported: {why}. {fix[0].upper()}{fix[1:]}, or use "
+            "model.generate for this call."
         )
 
 

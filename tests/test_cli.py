@@ -176,6 +176,23 @@ def test_generate_takes_stop_strings_as_hf(zoo, tmp_path):
     assert len(record["tokens"]) < 40  # a stop string ended it
 
 
+def test_generate_takes_hf_processors_as_sampling_keys(zoo, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    overrides = ["drafter=dflash", "tree=ddtree", "tree.budget=8", "prompts.limit=1", "max_new_tokens=24",
+                 "show_text=false", "threads=1", "device=cpu", "sampling.repetition_penalty=1.3",
+                 "sampling.no_repeat_ngram_size=3", "sampling.bad_words_ids=[[11],[12,13]]"]  # fmt: skip
+    cfg, choices = _compose("generate", overrides)
+    (record,) = cli.run_command("generate", cfg, choices, tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(zoo / "target-dense", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    ids = tok(record["prompt"], return_tensors="pt").input_ids
+    expected = model.generate(ids, do_sample=False, max_new_tokens=24, repetition_penalty=1.3, no_repeat_ngram_size=3,
+                              bad_words_ids=[[11], [12, 13]])  # fmt: skip
+    assert record["tokens"] == expected[0, ids.shape[1] :].tolist()
+    assert expected[0].tolist() != model.generate(ids, do_sample=False, max_new_tokens=24)[0].tolist()
+
+
 def test_generate_in_batches_gives_the_texts_of_one_prompt_at_a_time(tmp_path):
     """``prompts.batch_size=2`` over 3 prompts (a batch of 2, then 1, left-padded): the greedy texts of batch size 1;
     each record carries its own rounds and tau, and the call it ran in."""

@@ -46,7 +46,7 @@ DEFAULT_METHODS: tuple[dict, ...] = (
 )
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-METHOD_KEYS = ("name", "hf", "drafter", "tree", "verifier", "cuda_graphs", "compile", "backends")
+METHOD_KEYS = ("name", "hf", "drafter", "tree", "verifier", "cuda_graphs", "compile", "backends", "generation")
 TREE_FIELDS = {"chain": {"k"}, "ddtree": {"budget", "topk"}}  # and every other policy of specdec.TREES (its fields)
 DRAFTER_KEYS = {
     "none": set(),
@@ -418,6 +418,35 @@ def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[st
             _check_pair(spec, *rule, trees)
         check_compile_setting(spec.get("compile"))
         check_backends_setting(spec.get("backends"))
+        generation_kwargs(spec.get("generation"))
+
+
+def generation_kwargs(spec: Mapping | None) -> dict:
+    """A method's ``generation`` spec as ``generate`` keyword arguments: HF options as given (e.g.
+    ``repetition_penalty: 1.1``), and ``logits_processor: [{class: <an HF LogitsProcessor class>, **its arguments}]``
+    built into processor objects (``specdec`` runs them per tree node, uncaptured)."""
+    if spec is None:
+        return {}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"generation={spec!r} must be a mapping of HF generate options, e.g. {{repetition_penalty: 1.1}}.")
+    out = dict(spec)
+    procs = out.pop("logits_processor", None)
+    if procs is not None:
+        from transformers.generation import logits_process
+
+        built = []
+        for item in procs if isinstance(procs, list | tuple) else [procs]:
+            if not isinstance(item, Mapping) or "class" not in item:
+                raise ValueError(f"generation.logits_processor: {item!r} must be {{class: <HF LogitsProcessor class>, "
+                                 "**arguments}, e.g. {class: RepetitionPenaltyLogitsProcessor, penalty: 1.1}.")  # fmt: skip
+            item = dict(item)
+            cls = getattr(logits_process, str(item.pop("class")), None)
+            if not isinstance(cls, type) or not issubclass(cls, logits_process.LogitsProcessor):
+                raise ValueError(f"generation.logits_processor: no LogitsProcessor class {item!r} in "
+                                 "transformers.generation.logits_process.")  # fmt: skip
+            built.append(cls(**item))
+        out["logits_processor"] = built
+    return out
 
 
 def _attention_only(target) -> bool:
@@ -459,7 +488,8 @@ def methods_from_specs(
     {"kind": kind, **kwargs}, "tree"?: None | {"kind": "chain", "k": int | list} | {"kind": "ddtree",
     "budget": int | list, "topk": int | None | list} | {"kind": <a name of specdec.TREES>, **its fields},
     "verifier"?: <a name of specdec.verify.RULES> | {"name": ..., **settings}, "cuda_graphs"?: bool,
-    "compile"?: ..., "backends"?: {field: value}}``. A verifier is passed to ``generate``; the row's name then
+    "compile"?: ..., "backends"?: {field: value}, "generation"?: {HF generate option: value}}``; ``generation``
+    holds HF options for this method's calls (specdec and ``hf`` rows alike, see :func:`generation_kwargs`). A verifier is passed to ``generate``; the row's name then
     carries the rule (``<rule>/<tree>`` without a ``name``, ``<name>+<rule>`` with one), and a rule that is not
     exact for the tree is refused before anything loads. Drafters are built once per distinct drafter spec, by
     ``drafter_factories[kind](target, tokenizer, **kwargs)`` when given, else from the public drafter classes:
@@ -485,9 +515,10 @@ def methods_from_specs(
                 built[key] = _build(dict(drafter_spec), target, tokenizer, factories, dflash)
             drafter = built[key]
         overrides = {k: spec.get(k) for k in ("cuda_graphs", "compile", "backends")}
+        overrides["generation"] = generation_kwargs(spec.get("generation")) or None
         if spec.get("hf"):
             name = spec.get("name") or f"hf-{spec['hf']}"
-            methods.append(Method(name=name, hf=spec["hf"], drafter=drafter))
+            methods.append(Method(name=name, hf=spec["hf"], drafter=drafter, generation=overrides["generation"]))
             continue
         rule = _rule_spec(spec.get("verifier"))
         label, verifier = rule if rule is not None else ("", None)

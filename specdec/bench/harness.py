@@ -56,6 +56,8 @@ class Method:
             ``{"hybrid_prefill": "scan"}``), over the run's. Default None (the run's).
         series (str | None): the plot line this method belongs to (DDTree methods of one spec share one over
             their budgets). Default None (from the drafter and topk).
+        generation (Mapping | None): HF ``generate`` options for this method's calls (specdec's and HF's), e.g.
+            ``{"repetition_penalty": 1.1}``. Default None.
     """
 
     name: str
@@ -67,6 +69,7 @@ class Method:
     compile: bool | str | dict | None = None
     backends: Mapping[str, str] | None = field(default=None, compare=False)
     series: str | None = None
+    generation: Mapping | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.hf is not None and self.hf not in HF_KINDS:
@@ -124,7 +127,7 @@ class _Runner:
         self.tree = None
         if self.drafter is not None:
             self.tree = method.tree or getattr(self.drafter, "default_tree", None) or specdec.Chain(k=4)
-        self.gen_kwargs = gen_kwargs
+        self.gen_kwargs = {**gen_kwargs, **(method.generation or {})}
         self.fast_kwargs = dict(fast_kwargs)
         for key in ("cuda_graphs", "compile"):
             if getattr(method, key) is not None:

@@ -22,7 +22,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _hf_kwargs(kind: str, assistant, temperature: float, gen_kwargs: dict) -> dict:
-    kwargs = {k: v for k, v in gen_kwargs.items() if v is not None and k in ("max_new_tokens", "top_k", "top_p")}
+    kwargs = {k: v for k, v in gen_kwargs.items() if v is not None}  # a method's HF options too (``generation``)
     if "eos_token_id" in gen_kwargs:
         kwargs["eos_token_id"] = gen_kwargs["eos_token_id"]
     kwargs.update({"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature})
@@ -52,7 +52,8 @@ def run_hf(
             ``attention_mask`` (not with ``kind="assisted"``: HF assisted generation takes one sequence).
         kind (str): ``"generate"``, ``"static"`` or ``"assisted"``.
         temperature (float): 0 = greedy.
-        gen_kwargs (dict): ``max_new_tokens``, ``top_k``, ``top_p`` and optionally ``eos_token_id``.
+        gen_kwargs (dict): ``max_new_tokens``, ``top_k``, ``top_p``, optionally ``eos_token_id`` and a method's HF
+            options (``Method.generation``).
         assistant: the HF draft model (``kind="assisted"`` only).
         attention_mask (torch.Tensor | None): ``[B, T]``, 0 on the left padding; None = no padding.
         pad_token_id (int | None): HF's ``pad_token_id`` (fills a finished row while others go on); None = HF's.

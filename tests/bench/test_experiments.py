@@ -206,3 +206,22 @@ def test_method_colors_are_stable_and_one_per_label():
         {"tree": "chain", "series": "dflash-chain", "method": "dflash-chain", "drafter": "D", "topk": 1},
     ]
     assert [series_label(s) for s in summaries] == ["ddtree topk=8", "ddtree topk=8", "dflash-chain"]
+
+
+def test_the_processors_experiment_passes_hf_options_per_method(zoo):
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from specdec.bench.config import check_method_specs as check
+
+    cfg = BenchConfig(**cli.bench_settings(_compose(["+experiment=processors"])[0]))
+    stubs = dict.fromkeys(("ngram", "model", "dflash"), _stub)
+    methods = {m.name: m for m in methods_from_specs(cfg.methods, target=None, tokenizer=None, drafter_factories=stubs)}
+    assert methods["ddtree-penalty"].generation == {"repetition_penalty": 1.1, "no_repeat_ngram_size": 4}
+    assert methods["ddtree"].generation is None and methods["ddtree"].tree == methods["ddtree-penalty"].tree
+    (proc,) = methods["ddtree-user-processor"].generation["logits_processor"]
+    assert isinstance(proc, RepetitionPenaltyLogitsProcessor) and proc.penalty == 1.1
+    assert methods["hf-static-penalty"].generation["repetition_penalty"] == 1.1
+    with pytest.raises(ValueError, match="must be a mapping"):
+        check([{"name": "ar", "generation": 3}])
+    with pytest.raises(ValueError, match="no LogitsProcessor class"):
+        check([{"name": "ar", "generation": {"logits_processor": [{"class": "Nope"}]}}])

@@ -138,47 +138,66 @@ def test_generate_eos_strings_and_floats_are_refused(target, bad):
 
 
 @pytest.mark.parametrize(
-    "name, value",
+    "name, value, why",
     [
-        ("num_beams", 2),
-        ("repetition_penalty", 1.3),
-        ("output_attentions", True),
-        ("no_repeat_ngram_size", 2),
-        ("bad_words_ids", [[5]]),
-        ("suppress_tokens", [5]),
-        ("guidance_scale", 1.5),
-        ("prompt_lookup_num_tokens", 3),
-        ("logits_processor", LogitsProcessorList([MinLengthLogitsProcessor(5, 0)])),
-        ("assistant_model", "a model"),
+        ("num_beams", 2, "beam search"),
+        ("penalty_alpha", 0.6, "contrastive search"),
+        ("dola_layers", "high", "DoLa"),
+        ("output_attentions", True, "attention weights"),
+        ("forced_bos_token_id", 1, "encoder-decoder"),
+        ("guidance_scale", 1.5, "guidance"),
+        ("prompt_lookup_num_tokens", 3, "drafter="),
+        ("assistant_model", "a model", ""),
     ],
 )
-def test_generate_unsupported_options_raise_value_error(target, name, value):
-    with pytest.raises(ValueError, match=rf"{name}.*(unsupported|not supported)"):
+def test_generate_unsupported_options_raise_value_error_with_the_reason(target, name, value, why):
+    with pytest.raises(ValueError, match=rf"{name}.*(unsupported|not supported).*{why}"):
         spec(target, prompt(), max_new_tokens=4, **{name: value})
 
 
-def test_generate_sampling_only_options_are_refused_when_sampling(target):
+def test_the_sampling_warpers_are_hfs_in_hfs_order(target):
+    """specdec's warpers equal the list HF's generate builds for the same GenerationConfig (its order included)."""
+    from transformers import GenerationConfig
+
+    from specdec.types import SamplingParams
+    from specdec.verify.processing import process_logits
+
+    settings = dict(temperature=0.7, top_k=30, top_p=0.95, min_p=0.02, typical_p=0.9, epsilon_cutoff=3e-4,
+                    eta_cutoff=1e-3)  # fmt: skip
+    hf_list = target._get_logits_processor(GenerationConfig(do_sample=True, **settings), input_ids_seq_length=4)
+    logits = torch.randn(6, 128, generator=torch.Generator().manual_seed(0)) * 3
+    ours = process_logits(logits, SamplingParams(do_sample=True, **settings))
+    assert torch.equal(ours, hf_list(torch.zeros(6, 4, dtype=torch.long), logits.clone()))
+    ours_top_h = process_logits(logits, SamplingParams(do_sample=True, top_h=0.5))
+    hf_top_h = target._get_logits_processor(GenerationConfig(do_sample=True, top_h=0.5, top_k=0), input_ids_seq_length=4)
+    assert torch.equal(ours_top_h, hf_top_h(torch.zeros(6, 4, dtype=torch.long), logits.clone()))
+    # greedy never reads them, as in HF
     ref = target.generate(prompt(), do_sample=False, max_new_tokens=6, typical_p=0.5)
-    assert torch.equal(spec(target, prompt(), max_new_tokens=6, typical_p=0.5), ref)  # greedy never reads it
-    with pytest.raises(ValueError, match="typical_p=0.5 .* unsupported"):
-        spec(target, prompt(), max_new_tokens=6, typical_p=0.5, do_sample=True)
+    assert torch.equal(spec(target, prompt(), max_new_tokens=6, typical_p=0.5), ref)
 
 
-def test_generate_refused_option_from_the_targets_config_says_how_to_override():
+def test_refused_option_from_the_targets_config_says_how_to_override():
     target = tiny_model("llama", scale=2.0)
-    target.generation_config.repetition_penalty = 1.3
-    with pytest.raises(ValueError, match=r"set by the target's generation_config.*Pass repetition_penalty=1.0"):
+    target.generation_config.num_beams = 2
+    with pytest.raises(ValueError, match=r"set by the target's generation_config.*Pass num_beams=1"):
         spec(target, prompt(), max_new_tokens=6)
-    ref = target.generate(prompt(), do_sample=False, max_new_tokens=6, repetition_penalty=1.0)
-    assert torch.equal(spec(target, prompt(), max_new_tokens=6, repetition_penalty=1.0), ref)
+    ref = target.generate(prompt(), do_sample=False, max_new_tokens=6, num_beams=1)
+    assert torch.equal(spec(target, prompt(), max_new_tokens=6, num_beams=1), ref)
 
 
-@pytest.mark.parametrize("name, value", [("repetition_penalty", 3.0), ("no_repeat_ngram_size", 1)])
+def test_a_processor_set_by_the_targets_config_is_honoured():
+    target = tiny_model("llama", scale=2.0)
+    target.generation_config.repetition_penalty = 3.0
+    ref = target.generate(prompt(), do_sample=False, max_new_tokens=12)
+    assert torch.equal(spec(target, prompt(), specdec.NGramDrafter(), specdec.DDTree(8), max_new_tokens=12), ref)
+
+
+@pytest.mark.parametrize("name, value", [("num_beams", 3), ("num_beams", 2)])
 def test_refused_options_really_change_hf_output(target, name, value):
     """The refusals are not spurious: HF's own output changes with these options."""
     ids = prompt()
     assert not torch.equal(
-        target.generate(ids, do_sample=False, max_new_tokens=20, **{name: value}),
+        target.generate(ids, do_sample=False, max_new_tokens=20, top_k=4, **{name: value}),
         target.generate(ids, do_sample=False, max_new_tokens=20),
     )
 
