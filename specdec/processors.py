@@ -122,11 +122,29 @@ def chain_nodes(history: torch.Tensor, length: int, tokens: Sequence[int], gener
                        generated + depth[None])  # fmt: skip
 
 
-def _token_mask(ids: torch.Tensor, valid: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``[..., V]`` bool: True at the tokens ``ids [..., N]`` where ``valid``."""
-    index = torch.where(valid, ids, vocab)
+def _token_mask(ids: torch.Tensor, valid: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """``[..., V]`` bool: True at the tokens ``ids [..., N]`` (where ``valid``, when given)."""
+    index = ids if valid is None else torch.where(valid, ids, vocab)
     mask = torch.zeros(*ids.shape[:-1], vocab + 1, dtype=torch.bool, device=ids.device)
     return mask.scatter_(-1, index, True)[..., :vocab]
+
+
+def _constant(owner, name: str, device: torch.device, make):
+    """``make(device)``, made once per processor and device: a captured round must not copy from the host, so the
+    constants a processor needs are built by its first (uncaptured, warm-up) run and reused."""
+    cache = owner.__dict__.setdefault("_constants", {})
+    key = (name, device)
+    if key not in cache:
+        cache[key] = make(device)
+    return cache[key]
+
+
+def _ids_mask(owner, ids: Sequence[int], vocab: int, device: torch.device) -> torch.Tensor:
+    """``[V]`` bool, True at ``ids`` (cached per device)."""
+    def make(d: torch.device) -> torch.Tensor:
+        return _token_mask(torch.tensor(list(ids), dtype=torch.long, device=d), None, vocab)
+
+    return _constant(owner, f"mask{vocab}", device, make)
 
 
 def _vocab_ids(ids: Sequence[int], vocab: int, name: str) -> tuple[int, ...]:
@@ -154,22 +172,30 @@ class SequenceBias:
         for seq, _ in self.biases:
             _vocab_ids(seq, self.vocab, "sequence_bias / bad_words_ids")
 
-    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
-        device = scores.device
-        single = torch.zeros(self.vocab, dtype=torch.float, device=device)
+    def _tensors(self, device: torch.device):
+        """The bias of one-token sequences ``[V]`` and, per prefix length k, (prefixes ``[G, k]``, last tokens
+        ``[G]``, biases ``[G]``): HF's grouping (``SequenceBiasLogitsProcessor._prepare_bias_variables``)."""
+        single = torch.zeros(self.vocab, dtype=torch.float)
         ones = [(seq[0], bias) for seq, bias in self.biases if len(seq) == 1]
         if ones:
-            single[[t for t, _ in ones]] = torch.tensor([b for _, b in ones], device=device)
-        bias = torch.zeros_like(scores) + single
+            single[[t for t, _ in ones]] = torch.tensor([b for _, b in ones])
         groups: dict[int, list] = {}
         for seq, b in self.biases:
             if len(seq) > 1:
                 groups.setdefault(len(seq) - 1, []).append((seq, b))
-        for k, group in groups.items():
-            prefixes = torch.tensor([seq[:-1] for seq, _ in group], device=device)  # [G, k]
-            last = torch.tensor([seq[-1] for seq, _ in group], device=device)
-            values = torch.tensor([b for _, b in group], dtype=torch.float, device=device)
-            matching = (nodes.tail(k)[:, :, None] == prefixes).all(-1)  # [B, S, G]
+        multi = [
+            (torch.tensor([seq[:-1] for seq, _ in group], device=device),
+             torch.tensor([seq[-1] for seq, _ in group], device=device),
+             torch.tensor([b for _, b in group], dtype=torch.float, device=device))
+            for group in groups.values()
+        ]  # fmt: skip
+        return single.to(device), multi
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        single, multi = _constant(self, "bias", scores.device, self._tensors)
+        bias = torch.zeros_like(scores) + single
+        for prefixes, last, values in multi:
+            matching = (nodes.tail(prefixes.shape[1])[:, :, None] == prefixes).all(-1)  # [B, S, G]
             bias.index_add_(2, last, torch.where(matching, values, 0.0).to(bias.dtype))
         return scores + bias
 
@@ -231,7 +257,7 @@ class MinNewTokens:
 
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
         rows = nodes.generated < self.min_new  # [B, S]
-        cols = _token_mask(torch.tensor(self.eos, device=scores.device), torch.tensor(True), scores.shape[-1])
+        cols = _ids_mask(self, self.eos, scores.shape[-1], scores.device)
         return scores.masked_fill(rows[..., None] & cols, -math.inf)
 
 
@@ -245,8 +271,7 @@ class ForcedEOS:
     needs_history = False
 
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
-        forced = torch.full_like(scores, -math.inf)
-        forced[..., list(self.eos)] = 0
+        forced = _ids_mask(self, self.eos, scores.shape[-1], scores.device).float().log()  # 0 at EOS, -inf elsewhere
         return torch.where((nodes.generated == self.at_generated)[..., None], forced, scores)
 
 
@@ -276,9 +301,8 @@ class ExponentialDecayLength:
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
         k = nodes.generated - self.start  # HF: cur_len - (start + prompt length)
         growth = (torch.full_like(k, 1, dtype=torch.float64) * self.factor).pow(k.double()) - 1  # HF: pow in float64
-        eos = list(self.eos)
-        penalties = torch.zeros_like(scores)
-        penalties[..., eos] = scores[..., eos].abs() * growth.float()[..., None]
+        eos = _ids_mask(self, self.eos, scores.shape[-1], scores.device)
+        penalties = torch.where(eos, scores.abs() * growth.float()[..., None], 0.0)
         return torch.where((k > 0)[..., None], scores + penalties, scores)
 
 
@@ -290,8 +314,7 @@ class SuppressTokens:
     needs_history = False
 
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
-        ids = torch.tensor(self.tokens, device=scores.device)
-        return scores.masked_fill(_token_mask(ids, torch.tensor(True), scores.shape[-1]), -math.inf)
+        return scores.masked_fill(_ids_mask(self, self.tokens, scores.shape[-1], scores.device), -math.inf)
 
 
 @dataclass(frozen=True)
@@ -302,8 +325,7 @@ class BeginSuppressTokens:
     needs_history = False
 
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
-        ids = torch.tensor(self.tokens, device=scores.device)
-        cols = _token_mask(ids, torch.tensor(True), scores.shape[-1])
+        cols = _ids_mask(self, self.tokens, scores.shape[-1], scores.device)
         return scores.masked_fill((nodes.generated == 0)[..., None] & cols, -math.inf)
 
 

@@ -428,7 +428,9 @@ def generation_kwargs(spec: Mapping | None) -> dict:
     if spec is None:
         return {}
     if not isinstance(spec, Mapping):
-        raise ValueError(f"generation={spec!r} must be a mapping of HF generate options, e.g. {{repetition_penalty: 1.1}}.")
+        raise ValueError(
+            f"generation={spec!r} must be a mapping of HF generate options, e.g. {{repetition_penalty: 1.1}}."
+        )
     out = dict(spec)
     procs = out.pop("logits_processor", None)
     if procs is not None:
@@ -437,8 +439,10 @@ def generation_kwargs(spec: Mapping | None) -> dict:
         built = []
         for item in procs if isinstance(procs, list | tuple) else [procs]:
             if not isinstance(item, Mapping) or "class" not in item:
-                raise ValueError(f"generation.logits_processor: {item!r} must be {{class: <HF LogitsProcessor class>, "
-                                 "**arguments}, e.g. {class: RepetitionPenaltyLogitsProcessor, penalty: 1.1}.")  # fmt: skip
+                raise ValueError(
+                    f"generation.logits_processor: {item!r} must be {{class: <HF LogitsProcessor class>, **arguments}},"
+                    " e.g. {class: RepetitionPenaltyLogitsProcessor, penalty: 1.1}."
+                )
             item = dict(item)
             cls = getattr(logits_process, str(item.pop("class")), None)
             if not isinstance(cls, type) or not issubclass(cls, logits_process.LogitsProcessor):
@@ -489,7 +493,8 @@ def methods_from_specs(
     "budget": int | list, "topk": int | None | list} | {"kind": <a name of specdec.TREES>, **its fields},
     "verifier"?: <a name of specdec.verify.RULES> | {"name": ..., **settings}, "cuda_graphs"?: bool,
     "compile"?: ..., "backends"?: {field: value}, "generation"?: {HF generate option: value}}``; ``generation``
-    holds HF options for this method's calls (specdec and ``hf`` rows alike, see :func:`generation_kwargs`). A verifier is passed to ``generate``; the row's name then
+    holds HF options for this method's calls (specdec and ``hf`` rows alike, see :func:`generation_kwargs`). A
+    verifier is passed to ``generate``; the row's name then
     carries the rule (``<rule>/<tree>`` without a ``name``, ``<name>+<rule>`` with one), and a rule that is not
     exact for the tree is refused before anything loads. Drafters are built once per distinct drafter spec, by
     ``drafter_factories[kind](target, tokenizer, **kwargs)`` when given, else from the public drafter classes:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from models import perturbed_copy, tiny_model
-from transformers import GenerationConfig, LogitsProcessorList, MinLengthLogitsProcessor
+from transformers import GenerationConfig
 
 import specdec
 from specdec.hf_args import IGNORED, REFUSED, REFUSED_WHEN_SAMPLING, SUPPORTED
@@ -169,7 +169,8 @@ def test_the_sampling_warpers_are_hfs_in_hfs_order(target):
     ours = process_logits(logits, SamplingParams(do_sample=True, **settings))
     assert torch.equal(ours, hf_list(torch.zeros(6, 4, dtype=torch.long), logits.clone()))
     ours_top_h = process_logits(logits, SamplingParams(do_sample=True, top_h=0.5))
-    hf_top_h = target._get_logits_processor(GenerationConfig(do_sample=True, top_h=0.5, top_k=0), input_ids_seq_length=4)
+    top_h = GenerationConfig(do_sample=True, top_h=0.5, top_k=0)
+    hf_top_h = target._get_logits_processor(top_h, input_ids_seq_length=4)
     assert torch.equal(ours_top_h, hf_top_h(torch.zeros(6, 4, dtype=torch.long), logits.clone()))
     # greedy never reads them, as in HF
     ref = target.generate(prompt(), do_sample=False, max_new_tokens=6, typical_p=0.5)
