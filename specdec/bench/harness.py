@@ -535,13 +535,13 @@ def run_bench(
             else:
                 units.append((run, b))
 
-    reference: dict[int, torch.Tensor] = {}
+    reference: dict[tuple[int, str], torch.Tensor] = {}  # (prompt, HF options) -> AR's greedy tokens
     drafted = any(r.method.hf is None and r.drafter is not None for r in runners)
     if 0 in temperatures and drafted and not any(r.method.hf is None and r.drafter is None for r in runners):
         plain = _Runner(model, Method(name="reference"), gen_kwargs, fast_kwargs, hybrid_mode)
         for i, ids in enumerate(encoded):
-            reference[i] = plain.generate(ids, 0.0, seed + i)[0].sequences
-    hf_reference: dict[int, torch.Tensor] = {}
+            reference[i, ""] = plain.generate(ids, 0.0, seed + i)[0].sequences
+    hf_reference: dict[tuple[int, str], torch.Tensor] = {}
     rows: list[dict] = []
     greedy = [(t, c) for t, c in cases if t == 0]
     extra = len(greedy) * len(eager_names) + (len(cases) * sum(r.drafter is not None for r in runners) * tau_reference)
@@ -654,17 +654,36 @@ def _eager_names(eager_compare: bool | Sequence[str], runners: Sequence[_Runner]
     return set(eager_compare)
 
 
+def _generation_key(method: Method) -> str:
+    """Methods with the same HF options (``Method.generation``) share their references (AR, HF generate): a
+    processor given as an object counts by its class and settings."""
+    if not method.generation:
+        return ""
+
+    def norm(value):
+        if isinstance(value, list | tuple):
+            return [norm(v) for v in value]
+        if hasattr(value, "__dict__") and not isinstance(value, type):
+            return [type(value).__name__, sorted((k, repr(v)) for k, v in vars(value).items())]
+        return value
+
+    return repr(sorted((k, norm(v)) for k, v in method.generation.items()))
+
+
 def _mark_identical(row: dict, method: Method, temperature: float, i: int, seqs, reference, hf_reference) -> None:
+    """``identical_to_hf`` / ``identical_to_ar``: the row's greedy tokens against HF generate's / AR's for the same
+    prompt and the same HF options."""
     if temperature != 0:
         return
+    key = (i, _generation_key(method))
     if method.hf == "generate":
-        hf_reference.setdefault(i, seqs)
+        hf_reference.setdefault(key, seqs)
     elif method.hf is None and method.drafter is None:
-        reference.setdefault(i, seqs)
-    if i in hf_reference:
-        row["identical_to_hf"] = bool(torch.equal(seqs, hf_reference[i]))
-    if method.hf is None and i in reference:
-        row["identical_to_ar"] = bool(torch.equal(seqs, reference[i]))
+        reference.setdefault(key, seqs)
+    if key in hf_reference:
+        row["identical_to_hf"] = bool(torch.equal(seqs, hf_reference[key]))
+    if method.hf is None and key in reference:
+        row["identical_to_ar"] = bool(torch.equal(seqs, reference[key]))
 
 
 def _compare_eager(run: _Runner, rows: list[dict], greedy, prompts, seed: int, bar, task) -> None:

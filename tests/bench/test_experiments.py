@@ -218,9 +218,9 @@ def test_the_processors_experiment_passes_hf_options_per_method(zoo):
     methods = {m.name: m for m in methods_from_specs(cfg.methods, target=None, tokenizer=None, drafter_factories=stubs)}
     assert methods["ddtree-penalty"].generation == {"repetition_penalty": 1.1, "no_repeat_ngram_size": 4}
     assert methods["ddtree"].generation is None and methods["ddtree"].tree == methods["ddtree-penalty"].tree
-    (proc,) = methods["ddtree-user-processor"].generation["logits_processor"]
-    assert isinstance(proc, RepetitionPenaltyLogitsProcessor) and proc.penalty == 1.1
-    assert methods["hf-static-penalty"].generation["repetition_penalty"] == 1.1
+    proc, ngram = methods["ddtree-user-processor"].generation["logits_processor"]
+    assert isinstance(proc, RepetitionPenaltyLogitsProcessor) and proc.penalty == 1.1 and ngram.ngram_size == 4
+    assert methods["hf-generate-penalty"].generation["repetition_penalty"] == 1.1
     with pytest.raises(ValueError, match="must be a mapping"):
         check([{"name": "ar", "generation": 3}])
     with pytest.raises(ValueError, match="no LogitsProcessor class"):
