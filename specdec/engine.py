@@ -171,6 +171,7 @@ class Round:
         # committed tokens are then recorded in ``engine.history`` as the round commits them
         self.processors = processors or Processors()
         self.records = self.processors.needs_history
+        self.steer = self.processors.captured()  # applied to a drafter's per-depth q before the tree is built
         self.out[:, self.path_len : self.path_len + 2] = 1  # plain decoding: one path node, one tree node
         # ``output_scores`` / ``output_logits``: the raw target logits at the accepted path's nodes (node i chose the
         # path's new token i), fp32, copied to the host with the tokens
@@ -213,6 +214,11 @@ class Round:
         if not self.proposes:
             return root_trees(engine.root), None
         proposal = self.state.propose(engine.root, engine.prefix, self.depth, self.span)
+        if self.steer and proposal.logq is not None:  # the draft steered away from what the processors forbid
+            generated = engine.prefix + 1 - engine.prompt_len
+            logq = self.steer.steer(proposal.logq, engine.history[:, : self.span], engine.prefix, engine.root,
+                                    generated)  # fmt: skip
+            proposal = proposal._replace(logq=logq)
         return self.tree.build(proposal, engine.root, self.depth, self.tree_noise), proposal
 
     def _process(self, logits: torch.Tensor, tree: DeviceTree) -> torch.Tensor:

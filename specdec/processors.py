@@ -45,6 +45,7 @@ __all__ = [
     "build_processors",
     "chain_nodes",
     "node_history",
+    "tree_paths",
 ]
 
 
@@ -99,14 +100,24 @@ def node_history(history: torch.Tensor, length: torch.Tensor, tree: DeviceTree, 
         generated (torch.Tensor): ``[B]`` tokens generated before each root's choice.
         path_len (int): ``P``, one more than the deepest node the trees may hold.
     """
-    batch, slots = tree.tokens.shape
-    paths = torch.full((batch, slots, path_len), -1, dtype=torch.long, device=tree.tokens.device)
-    node = torch.arange(slots, device=tree.tokens.device).expand(batch, -1)
-    for _ in range(path_len):  # walk each node up to the root, writing each ancestor at its depth
-        depth = tree.depth.gather(1, node)
-        paths.scatter_(2, depth[..., None].clamp(max=path_len - 1), tree.tokens.gather(1, node)[..., None])
-        node = tree.parents.gather(1, node).clamp(min=0)
-    return NodeHistory(history, length, paths, tree.depth, generated[:, None] + tree.depth)
+    return NodeHistory(history, length, tree_paths(tree, path_len), tree.depth, generated[:, None] + tree.depth)
+
+
+def tree_paths(tree: DeviceTree, path_len: int) -> torch.Tensor:
+    """``[B, S, P]`` each node's root-to-node tokens (``-1`` past the node), in a fixed number of batched products:
+    the ancestor relation is the reflexive-transitive closure of "is the parent of", reached by squaring the
+    one-step relation ``ceil(log2(P - 1))`` times (every token id is exact in float32); the ancestor at depth d then
+    contributes its token to column d."""
+    tokens, depth = tree.tokens, tree.depth
+    slots, device = tokens.shape[1], tokens.device
+    index = torch.arange(slots, device=device)
+    reach = ((tree.parents[..., None] == index) | (index[:, None] == index)).float()  # [B, S, S]: parent or self
+    for _ in range(max(path_len - 2, 0).bit_length()):
+        reach = (reach @ reach).clamp(max=1.0)
+    columns = torch.arange(path_len, device=device)
+    at_depth = (depth.clamp(max=path_len - 1)[..., None] == columns) * tokens[..., None].float()  # [B, S, P]
+    paths = (reach @ at_depth).round().long()
+    return torch.where(columns <= depth[..., None], paths, -1)
 
 
 def chain_nodes(history: torch.Tensor, length: int, tokens: Sequence[int], generated: int) -> NodeHistory:
@@ -395,6 +406,25 @@ class Processors:
     def capturable(self) -> bool:
         """Whether every processor runs inside a captured round (no host reads)."""
         return all(getattr(p, "capturable", True) for p in self.items)
+
+    def captured(self) -> Processors:
+        """The processors that run inside a captured round (all but the per-node ones of a ``logits_processor``)."""
+        return Processors([p for p in self.items if getattr(p, "capturable", True)])
+
+    def steer(self, logq: torch.Tensor, history: torch.Tensor, length: torch.Tensor, root: torch.Tensor,
+              generated: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """A drafter's per-depth log-probabilities ``logq [B, D, V]`` processed with the root's history, renormalised
+        (float32): the draft then avoids what the processors forbid. Row ``d`` is processed as the choice of new
+        token ``generated + d + 1`` after the committed tokens and the root (the draft tokens between are unknown
+        here, so only depth 1 sees its exact history). It changes which drafts are proposed, never which tokens are
+        output: the target's processed distribution decides, and rules that weigh q read this q, the one drawn from.
+        """
+        batch, depth = logq.shape[:2]
+        rows = torch.arange(depth, device=logq.device)
+        nodes = NodeHistory(history, length, root[:, None, None].expand(batch, depth, 1),
+                            torch.zeros(batch, depth, dtype=torch.long, device=logq.device),
+                            generated[:, None] + rows)  # fmt: skip
+        return torch.log_softmax(self(logq, nodes), -1)
 
     def __call__(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
         """``scores [B, S, V]`` (the target's logits) processed at every node, float32 as HF processes them."""

@@ -241,3 +241,34 @@ def test_sampling_marginals_match_hf_with_the_penalty(rule):
     for j, right in ((1, m2), (2, m3)):
         counts = torch.bincount(out.sequences[:, n + j], minlength=right.shape[0]).double()
         assert gof_pvalue(counts, right) > 1e-3, j
+
+
+def test_tree_paths_equal_a_walk_up_each_tree():
+    """``tree_paths`` (ancestors by squaring the parent relation) against walking parent pointers on the host."""
+    from specdec.processors import tree_paths
+    from specdec.types import DeviceTree
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        batch, slots = 3, int(torch.randint(1, 40, (), generator=gen))
+        parents = torch.full((batch, slots), -1)
+        depth = torch.zeros(batch, slots, dtype=torch.long)
+        counts = []
+        for b in range(batch):
+            n = int(torch.randint(1, slots + 1, (), generator=gen))
+            counts.append(n)
+            for i in range(1, n):
+                parents[b, i] = int(torch.randint(0, i, (), generator=gen))
+                depth[b, i] = depth[b, parents[b, i]] + 1
+        tokens = torch.randint(0, 150_000, (batch, slots), generator=gen)
+        valid = torch.arange(slots)[None] < torch.tensor(counts)[:, None]
+        tree = DeviceTree(tokens, parents, depth, valid, torch.tensor(counts))
+        width = int(depth.max()) + 1 + int(torch.randint(0, 3, (), generator=gen))
+        got = tree_paths(tree, width)
+        for b in range(batch):
+            for i in range(slots):
+                path, j = [], i
+                while j >= 0:
+                    path.append(int(tokens[b, j]))
+                    j = int(parents[b, j])
+                assert got[b, i].tolist() == path[::-1] + [-1] * (width - len(path)), (b, i)
