@@ -533,8 +533,8 @@ MUTANTS += [
     ),
     Mutant(  # a node's sequence length (and so every length rule) counted from the root instead of the node
         "processors_generated_from_root",
-        ((PROCESSORS, "return NodeHistory(history, length, paths, tree.depth, generated[:, None] + tree.depth)",
-          "return NodeHistory(history, length, paths, tree.depth, generated[:, None] + 0 * tree.depth)"),),  # fmt: skip
+        ((PROCESSORS, "tree_paths(tree, path_len), tree.depth, generated[:, None] + tree.depth)",
+          "tree_paths(tree, path_len), tree.depth, generated[:, None] + 0 * tree.depth)"),),  # fmt: skip
         PROCESSOR_TESTS,
     ),
     # -- num_return_sequences ---------------------------------------------------------------------------------
