@@ -112,7 +112,7 @@ class MTPDrafter:
                 f"This MTP head has {len(module.layers)} layers; MTPDrafter drafts with one MTP layer (the published "
                 "Qwen3-Next / Qwen3.5 heads)."
             )
-        self.module = module.eval()
+        self.model = module.eval()
         self.tree_depth = tree_depth
         self.num_forwards = 0
         self.default_tree = Chain(k=3)
@@ -169,6 +169,24 @@ class MTPDrafter:
             module.to(dtype=dtype)
         return cls(module, hf, tree_depth=tree_depth)
 
+    @classmethod
+    def random(
+        cls, target, *, seed: int = 0, std: float | None = None, tree_depth: int = 8, dtype: torch.dtype | None = None
+    ) -> MTPDrafter:
+        """A randomly initialised head for ``target`` (tests and benchmarks; it drafts poorly): every matrix drawn
+        from N(0, std), ``std`` default the target's ``initializer_range``; norms as their class builds them."""
+        hf = hf_model(target)
+        model = MTPModule(hf, num_layers=1)
+        std = std if std is not None else getattr(text_model(hf).config, "initializer_range", 0.02)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.dim() >= 2:
+                    param.copy_(torch.randn(param.shape, generator=gen) * std)
+        if dtype is not None:
+            model.to(dtype=dtype)
+        return cls(model, hf, tree_depth=tree_depth)
+
     def save_pretrained(self, path: str | os.PathLike, *, checkpoint: str | os.PathLike | None = None) -> None:
         """Write the head as ``mtp.*`` tensors (the published layout) into the checkpoint folder ``path``.
 
@@ -190,7 +208,7 @@ class MTPDrafter:
                 f"{folder} has no config.json: save the target there first (model.save_pretrained(folder)) or pass "
                 "checkpoint=<its folder>."
             )
-        state = to_checkpoint_names(self.module.state_dict())
+        state = to_checkpoint_names(self.model.state_dict())
         tensors = {PREFIX + k: v.detach().contiguous().cpu() for k, v in state.items()}
         index = folder / INDEX
         if index.is_file():
@@ -207,7 +225,7 @@ class MTPDrafter:
         raw = json.loads((folder / "config.json").read_text())
         if mtp_layer_count(raw) is None:
             key = "num_nextn_predict_layers" if raw.get("model_type") == "qwen3_next" else "mtp_num_hidden_layers"
-            raw[key] = len(self.module.layers)
+            raw[key] = len(self.model.layers)
             (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
 
     def bind(self, target) -> MTPDrafter:
@@ -225,7 +243,7 @@ class MTPDrafter:
 
     def to(self, device=None, dtype: torch.dtype | None = None) -> MTPDrafter:
         """Move the head's own weights (the shared modules stay with the target)."""
-        self.module.to(device=device, dtype=dtype)
+        self.model.to(device=device, dtype=dtype)
         return self
 
     # -- Drafter protocol --------------------------------------------------------------------------------
@@ -236,7 +254,7 @@ class MTPDrafter:
                 f"This MTP drafter was built for another {type(hf).__name__} instance; load it for this target with "
                 "MTPDrafter.from_pretrained(checkpoint, target=model)."
             )
-        weight = self.module.fc.weight
+        weight = self.model.fc.weight
         if weight.device != self._embed.weight.device:
             raise ValueError(
                 f"The MTP head is on {weight.device} but the target on {self._embed.weight.device}: call "

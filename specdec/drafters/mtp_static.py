@@ -30,13 +30,13 @@ class MTPStatic:
     """Static state of one ``MTPDrafter`` for ``batch`` sequences of up to ``capacity`` tokens.
 
     Args:
-        drafter (MTPDrafter): the drafter (its ``module`` on the target's device).
+        drafter (MTPDrafter): the drafter (its ``model`` on the target's device).
         capacity (int): slots per sequence.
         batch (int): sequences. Default 1.
     """
 
     def __init__(self, drafter, capacity: int, batch: int = 1) -> None:
-        module = drafter.module
+        module = drafter.model
         cfg = module.config
         weight = module.fc.weight
         device, dtype = weight.device, weight.dtype
@@ -72,7 +72,7 @@ class MTPStatic:
         """One pass of the head over rows ``[B, N]`` (``tokens``, ``hidden [B, N, H]``) at ``positions [B, N]``,
         writing their keys/values at those slots and attending over slots ``[0, span)``; returns the normalised
         output ``[B, N, H]``."""
-        drafter, module = self.drafter, self.drafter.module
+        drafter, module = self.drafter, self.drafter.model
         self.storage.write_index = positions
         self.storage.span = span
         embeds = drafter._embed(tokens).to(self.hidden.dtype)

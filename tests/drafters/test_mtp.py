@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from models import tiny_model
+from oracles import gof_pvalue, hf_probs
 from safetensors import safe_open
 from safetensors.torch import save_file
 from state.hybrid_harness import tiny_hybrid
@@ -17,7 +18,9 @@ from state.hybrid_harness import tiny_hybrid
 import specdec
 from specdec.drafters.mtp import MTPDrafter
 from specdec.drafters.mtp_static import MTPStatic
-from specdec.trees import Chain, DDTree
+from specdec.trees import TREES, Chain, DDTree
+from specdec.types import SamplingParams
+from specdec.verify import RULES
 
 VOCAB = 128
 
@@ -282,7 +285,7 @@ def test_save_pretrained_round_trip(setup, tmp_path):
         names = {k for k in f.keys() if k.startswith("mtp.")}  # noqa: SIM118
     assert names == set(tensors)
     again = MTPDrafter.from_pretrained(copy, target=model)
-    for (k, a), (k2, b) in zip(drafter.module.state_dict().items(), again.module.state_dict().items(), strict=True):
+    for (k, a), (k2, b) in zip(drafter.model.state_dict().items(), again.model.state_dict().items(), strict=True):
         assert k == k2 and torch.equal(a, b)
     assert "mtp_num_hidden_layers" in json.loads((copy / "config.json").read_text()) or model.config.model_type == (
         "qwen3_next"
@@ -293,7 +296,7 @@ def test_single_file_checkpoint_loads(tmp_path):
     model = tiny_hybrid("qwen3_5")
     tensors = write_checkpoint(model, tmp_path, sharded=False)
     drafter = MTPDrafter.from_pretrained(tmp_path, target=model)
-    assert torch.equal(drafter.module.fc.weight, tensors["mtp.fc.weight"])
+    assert torch.equal(drafter.model.fc.weight, tensors["mtp.fc.weight"])
 
 
 def test_errors_name_problem_and_fix(tmp_path):
@@ -324,3 +327,87 @@ def test_generate_greedy_is_lossless(setup, tree, batch):
     out = specdec.generate(model, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=16,
                            do_sample=False)  # fmt: skip
     assert torch.equal(out.sequences, ref)
+
+
+# -- every policy and rule; sampling; the bench's method specs ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def dense():
+    target = tiny_model("qwen3", scale=2.0)
+    return target, MTPDrafter.random(target, seed=3, std=0.3)
+
+
+@pytest.mark.parametrize("rule_name", sorted(RULES))
+@pytest.mark.parametrize("policy_name", sorted(TREES))
+def test_every_policy_and_rule_greedy(dense, policy_name, rule_name):
+    """Every registered policy that reads per-depth log-probs x every rule exact for greedy settings: a left-padded
+    batch decodes row by row as HF."""
+    policy, rule = TREES[policy_name](), RULES[rule_name]()
+    if "logq" not in policy.reads:
+        pytest.skip(f"{policy_name} reads no per-depth log-probs")
+    try:
+        rule.check(SamplingParams(), policy)
+    except ValueError:
+        pytest.skip(f"{rule_name} is not exact for {policy_name}")
+    target, drafter = dense
+    ids, mask = prompts(3, 10, seed=4), torch.ones(3, 10, dtype=torch.long)
+    ids[1, :4], mask[1, :4] = 0, 0
+    ids[2, :2], mask[2, :2] = 0, 0
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    out = specdec.generate(target, ids, attention_mask=mask, drafter=drafter, tree=policy, verifier=rule,
+                           max_new_tokens=12)  # fmt: skip
+    assert torch.equal(out.sequences, ref)
+
+
+@pytest.mark.parametrize(
+    "policy,rule",
+    [(DDTree(budget=6, topk=2), None), (TREES["sampled-chain"](k=3), RULES["speculative-sampling"]())],
+    ids=["ddtree-sample-match", "sampled-chain-speculative"],
+)
+def test_sampling_first_two_tokens_follow_hf(policy, rule):
+    """Sampling with MTP drafts: the first two new tokens over many rows follow HF's joint distribution under its own
+    warpers (and not the distribution at a wrong temperature: the test has the power to see it)."""
+    target = tiny_model("qwen3", scale=2.5)
+    drafter = MTPDrafter.random(target, seed=3, std=0.3)
+    row = prompts(1, 7, seed=6)[0]
+    ids = row[None].expand(100, -1).contiguous()
+    gen, counts = torch.Generator().manual_seed(0), {}
+    for _ in range(20):
+        out = specdec.generate(target, ids, drafter=drafter, tree=policy, verifier=rule, max_new_tokens=2,
+                               do_sample=True, temperature=0.5, top_k=4, generator=gen)  # fmt: skip
+        for b in range(ids.shape[0]):
+            key = tuple(out.sequences[b, -2:].tolist())
+            counts[key] = counts.get(key, 0) + 1
+
+    def joint(temperature):
+        def probs(seq):
+            with torch.no_grad():
+                return hf_probs(target(seq[None]).logits[0, -1], temperature, top_k=4)
+
+        p1, out = probs(row), {}
+        for t1 in p1.nonzero().flatten().tolist():
+            p2 = probs(torch.cat([row, torch.tensor([t1])]))
+            for t2 in p2.nonzero().flatten().tolist():
+                out[(t1, t2)] = float(p1[t1] * p2[t2])
+        return out
+
+    right, wrong = joint(0.5), joint(0.8)
+    keys = sorted(right)
+    assert set(counts) <= set(keys)
+    observed = torch.tensor([counts.get(k, 0) for k in keys])
+    assert gof_pvalue(observed, torch.tensor([right[k] for k in keys])) > 1e-3
+    assert gof_pvalue(observed, torch.tensor([wrong[k] for k in keys])) < 1e-3
+
+
+def test_bench_methods_build_the_head(setup):
+    """``{kind: mtp}`` in a bench method loads the target checkpoint's own head; ``init: random`` a random one."""
+    from specdec.bench.config import methods_from_specs
+
+    model, folder, tensors = setup
+    loaded = type(model).from_pretrained(folder).eval()
+    chain = {"kind": "chain", "k": 3}
+    specs = [{"name": "mtp", "drafter": {"kind": "mtp"}, "tree": chain},
+             {"name": "rand", "drafter": {"kind": "mtp", "init": "random"}, "tree": chain}]  # fmt: skip
+    own, rand = methods_from_specs(specs, target=loaded, tokenizer=None)
+    assert isinstance(own.drafter, MTPDrafter) and isinstance(rand.drafter, MTPDrafter)
+    assert torch.equal(own.drafter.model.fc.weight, tensors["mtp.fc.weight"])
+    assert not torch.equal(rand.drafter.model.fc.weight, tensors["mtp.fc.weight"])
