@@ -56,6 +56,7 @@ class MTPStatic:
         self.hidden = torch.zeros(batch, capacity, cfg.hidden_size, dtype=dtype, device=device)
         self.rows = torch.arange(batch, device=device)[:, None]
         self.keys = torch.arange(capacity, device=device)
+        self.mrope = getattr(drafter._rotary, "mrope_section", None) is not None
 
     def refresh(self) -> None:
         return None
@@ -76,7 +77,8 @@ class MTPStatic:
         self.storage.write_index = positions
         self.storage.span = span
         embeds = drafter._embed(tokens).to(self.hidden.dtype)
-        rotary = drafter._rotary(embeds, positions)
+        # multimodal RoPE (Qwen3.5) takes one position grid per section: a text row has the same position in all
+        rotary = drafter._rotary(embeds, positions[None].expand(3, -1, -1) if self.mrope else positions)
         mask = self._mask(positions, span)
         return module(embeds, hidden.to(self.hidden.dtype), rotary, mask, positions, self.cache)
 
