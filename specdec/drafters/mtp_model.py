@@ -43,11 +43,16 @@ def text_model(hf) -> nn.Module:
     return getattr(inner, "language_model", inner)
 
 
+# attributes of decoder layers that also hold a recurrent mixer (Mamba, Gated DeltaNet): not an MTP layer's class
+_RECURRENT = ("mamba", "linear_attn", "mixer", "ssm")
+
+
 def _attention_layer(stack: nn.Module, config) -> nn.Module:
     """The first full-attention decoder layer of ``stack`` (its class builds the MTP layer)."""
     types = getattr(config, "layer_types", None)
     for i, layer in enumerate(stack.layers):
-        if hasattr(layer, "self_attn") and (types is None or types[i] == "full_attention"):
+        plain = hasattr(layer, "self_attn") and not any(hasattr(layer, name) for name in _RECURRENT)
+        if plain and (types is None or types[i] == "full_attention"):
             return layer
     raise ValueError(
         f"{type(stack).__name__} has no full-attention decoder layer to build the MTP layer from; MTP heads come "

@@ -411,3 +411,23 @@ def test_bench_methods_build_the_head(setup):
     assert isinstance(own.drafter, MTPDrafter) and isinstance(rand.drafter, MTPDrafter)
     assert torch.equal(own.drafter.model.fc.weight, tensors["mtp.fc.weight"])
     assert not torch.equal(rand.drafter.model.fc.weight, tensors["mtp.fc.weight"])
+
+
+def test_targets_without_an_mtp_layer_class_are_refused():
+    """A target whose attention layers also hold a recurrent mixer (FalconH1), or that has no decoder stack (GPT-2),
+    has no class to build the MTP layer from: refused by name."""
+    with pytest.raises(ValueError, match="no full-attention decoder layer"):
+        MTPDrafter.random(tiny_hybrid("falcon_h1"))
+    with pytest.raises(TypeError, match="decoder stack"):
+        MTPDrafter.random(tiny_model("gpt2"))
+
+
+def test_speculative_model_drop_in(setup):
+    """``SpeculativeModel`` with the checkpoint's head: ``.generate(**inputs)`` as the target's own, for a batch."""
+    model, folder, _ = setup
+    spec = specdec.SpeculativeModel(model, drafter=MTPDrafter.from_pretrained(folder, target=model), tree=Chain(k=3))
+    ids, mask = prompts(2, 8, seed=9), torch.ones(2, 8, dtype=torch.long)
+    ids[0, :3], mask[0, :3] = 0, 0
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    out = spec.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+    assert torch.equal(out, ref)
