@@ -147,7 +147,7 @@ def reference_rows(t, config, embeds, hidden, positions):
     if p + "mlp.gate.weight" in t:
         probs = (m @ t[p + "mlp.gate.weight"].T).softmax(-1)
         top, idx = probs.topk(config.num_experts_per_tok, dim=-1)
-        if config.norm_topk_prob:
+        if getattr(config, "norm_topk_prob", True):  # Qwen3.5-MoE always renormalises the top-k weights
             top = top / top.sum(-1, keepdim=True)
         y = torch.zeros_like(m)
         for row in range(n):
@@ -183,6 +183,7 @@ def reference_logq(model, t, ids: torch.Tensor, depth: int) -> torch.Tensor:
 TARGETS = {
     "qwen3_next": lambda: tiny_hybrid("qwen3_next"),
     "qwen3_5": lambda: tiny_hybrid("qwen3_5"),
+    "qwen3_5_moe": lambda: tiny_hybrid("qwen3_5_moe"),
     "qwen3": lambda: tiny_model("qwen3", scale=2.0),
 }
 
