@@ -288,9 +288,20 @@ def test_save_pretrained_round_trip(setup, tmp_path):
     again = MTPDrafter.from_pretrained(copy, target=model)
     for (k, a), (k2, b) in zip(drafter.model.state_dict().items(), again.model.state_dict().items(), strict=True):
         assert k == k2 and torch.equal(a, b)
-    assert "mtp_num_hidden_layers" in json.loads((copy / "config.json").read_text()) or model.config.model_type == (
-        "qwen3_next"
-    )
+    key = "num_nextn_predict_layers" if model.config.model_type == "qwen3_next" else "mtp_num_hidden_layers"
+    assert json.loads((copy / "config.json").read_text())[key] == 1
+    # a sharded checkpoint: the head in its own shard, the index pointing there; HF still loads the model
+    with torch.no_grad():
+        drafter.model.fc.weight.mul_(2.0)
+    sharded = tmp_path / "sharded"
+    drafter.save_pretrained(sharded, checkpoint=folder)
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"]
+    assert {k for k, v in index.items() if v == "model-mtp.safetensors"} == set(tensors)
+    again = MTPDrafter.from_pretrained(sharded, target=model)
+    assert torch.equal(again.model.fc.weight, 2.0 * tensors["mtp.fc.weight"])
+    reloaded = type(model).from_pretrained(sharded)
+    for a, b in zip(model.state_dict().values(), reloaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_single_file_checkpoint_loads(tmp_path):
