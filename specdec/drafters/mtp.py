@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.distributed import replicated
 from specdec.drafters.follow import note_target
 from specdec.drafters.mtp_model import MTPModule, from_checkpoint_names, hf_model, text_model, to_checkpoint_names
 from specdec.paths import is_local_path, resolve_path
@@ -232,8 +233,9 @@ class MTPDrafter:
         """Share ``target``'s embedding, LM head and rotary embedding; tap its last layer."""
         hf = hf_model(target)
         stack = text_model(hf)
-        self._embed = hf.get_input_embeddings()
-        self._lm_head = hf.get_output_embeddings()
+        # a target sharded by a tensor-parallel plan lends whole copies (the head is replicated on every rank)
+        self._embed = replicated(hf.get_input_embeddings())
+        self._lm_head = replicated(hf.get_output_embeddings())
         self._rotary = stack.rotary_emb
         self._hf_id = id(hf)
         # hidden_states[num_layers] of an HF forward: the last layer's output after the final norm
