@@ -251,9 +251,10 @@ def test_propose_matches_reference(setup, batch):
             )
 
 
-def test_proposals_inside_generate_match_reference(setup, monkeypatch):
-    """Every round's proposal inside ``generate`` (the round's taps, commits and positions) is the reference's
-    greedy drafting after the sequence committed so far."""
+@pytest.mark.parametrize("tree", [Chain(k=3), DDTree(budget=5, topk=2)], ids=["chain", "ddtree"])
+def test_proposals_inside_generate_match_reference(setup, monkeypatch, tree):
+    """Every round's proposal inside ``generate`` (the round's taps, commits and positions), for each row of a
+    left-padded batch, is the reference's greedy drafting after that row's tokens committed so far."""
     model, folder, tensors = setup
     drafter = MTPDrafter.from_pretrained(folder, target=model)
     seen = []
@@ -261,16 +262,22 @@ def test_proposals_inside_generate_match_reference(setup, monkeypatch):
 
     def spy(self, root, prefix, depth, span):
         proposal = original(self, root, prefix, depth, span)
-        seen.append((int(prefix[0]), proposal.logq[0].clone()))
+        seen.append((prefix.clone(), proposal.logq.clone()))
         return proposal
 
     monkeypatch.setattr(MTPStatic, "propose", spy)
-    ids = prompts(1, 8, seed=5)
-    out = specdec.generate(model, ids, drafter=drafter, tree=Chain(k=3), max_new_tokens=12, do_sample=False)
+    ids, mask = prompts(2, 8, seed=5), torch.ones(2, 8, dtype=torch.long)
+    ids[1, :3], mask[1, :3] = 0, 0  # row 1: a 5-token prompt
+    out = specdec.generate(model, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=12,
+                           do_sample=False)  # fmt: skip
     assert len(seen) >= 3
+    rows = [out.sequences[0], out.sequences[1, 3:]]  # each row's tokens from its first prompt token
     for prefix, logq in seen[:4]:
-        want = reference_logq(model, tensors, out.sequences[0, : prefix + 1], 3)
-        torch.testing.assert_close(logq, want, rtol=0, atol=1e-5)
+        for b, row in enumerate(rows):
+            p = int(prefix[b])
+            if p + 1 <= row.shape[0]:  # (a row that has finished keeps proposing from its last root)
+                want = reference_logq(model, tensors, row[: p + 1], logq.shape[1])
+                torch.testing.assert_close(logq[b], want, rtol=0, atol=1e-5)
 
 
 # -- checkpoint I/O and errors -----------------------------------------------------------------------------------------
