@@ -598,7 +598,7 @@ MUTANTS += [
 ]
 # -- the MTP drafter: the head's maths and the rows it keeps (drafts change, tokens stay exact) ------------------------
 MTP_MODEL, MTP_STATIC = "specdec/drafters/mtp_model.py", "specdec/drafters/mtp_static.py"
-MTP_TESTS = ("tests/drafters/test_mtp.py", "-k", "propose or proposals")
+MTP_TESTS = ("tests/drafters/test_mtp.py", "-k", "propose or proposals or accepted_drafts")
 MUTANTS += [
     Mutant(  # fc fed concat(hidden, embedding): the published layout puts the embedding first
         "mtp_concat_order_swapped",

@@ -280,6 +280,51 @@ def test_proposals_inside_generate_match_reference(setup, monkeypatch, tree):
                 torch.testing.assert_close(logq[b], want, rtol=0, atol=1e-5)
 
 
+def few_tokens(model, drafter, tensors):
+    """Copies whose final norms keep only features 0 and 1 (``1 + w`` = 1 there, 0 elsewhere): the target and the
+    head then choose among the few tokens whose LM-head weights on those two features lie on their convex hull, so
+    the head's drafts are often accepted, several in a row."""
+    import copy
+
+    model, drafter = copy.deepcopy(model), copy.deepcopy(drafter)
+    drafter.bind(model)
+    offset = 1.0 if model.config.model_type.startswith("qwen3_") else 0.0  # (1 + w) norms
+    weight = torch.full_like(tensors["mtp.norm.weight"], -offset)
+    weight[:2] = 1.0 - offset
+    with torch.no_grad():
+        model.model.norm.weight.copy_(weight)
+        drafter.model.norm.weight.copy_(weight)
+    return model, drafter, {**tensors, "mtp.norm.weight": weight}
+
+
+def test_accepted_drafts_commit_the_right_rows(setup, monkeypatch):
+    """With drafts the target accepts (several per round), every round's proposal still equals the reference's and
+    the output equals HF's: the rows a commit writes for accepted tokens are right."""
+    model, folder, tensors = setup
+    model, drafter, tensors = few_tokens(model, MTPDrafter.from_pretrained(folder, target=model), tensors)
+    seen = []
+    original = MTPStatic.propose
+
+    def spy(self, root, prefix, depth, span):
+        proposal = original(self, root, prefix, depth, span)
+        seen.append((int(prefix[0]), proposal.logq[0].clone()))
+        return proposal
+
+    monkeypatch.setattr(MTPStatic, "propose", spy)
+    long_runs = 0
+    for seed in (1, 2, 3, 4, 5):
+        seen.clear()
+        ids = prompts(1, 9, seed=seed)
+        ref = model.generate(ids, max_new_tokens=30, do_sample=False)
+        out = specdec.generate(model, ids, drafter=drafter, tree=Chain(k=4), max_new_tokens=30)
+        assert torch.equal(out.sequences, ref)
+        long_runs += sum(out.stats.accept_hist[2:])
+        for prefix, logq in seen:
+            want = reference_logq(model, tensors, out.sequences[0, : prefix + 1], 4)
+            torch.testing.assert_close(logq, want, rtol=1e-5, atol=1e-5)  # (log-probs down to -1e3: relative too)
+    assert long_runs >= 1  # some round accepted two or more drafts
+
+
 # -- checkpoint I/O and errors -----------------------------------------------------------------------------------------
 def test_save_pretrained_round_trip(setup, tmp_path):
     """The head written into a copy of a plain checkpoint loads back bit for bit, under the published names."""
