@@ -325,6 +325,19 @@ def test_accepted_drafts_commit_the_right_rows(setup, monkeypatch):
     assert long_runs >= 1  # some round accepted two or more drafts
 
 
+@pytest.mark.parametrize("tree", [Chain(k=4), DDTree(budget=6, topk=2)], ids=["chain", "ddtree"])
+def test_accepted_drafts_lossless_in_a_batch(setup, tree):
+    """Drafts the target accepts, a left-padded batch of two: the output equals HF's and rounds accept drafts."""
+    model, folder, tensors = setup
+    model, drafter, _ = few_tokens(model, MTPDrafter.from_pretrained(folder, target=model), tensors)
+    ids, mask = prompts(2, 9, seed=2), torch.ones(2, 9, dtype=torch.long)
+    ids[0, :2], mask[0, :2] = 0, 0
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0)
+    out = specdec.generate(model, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=30)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.tau > 1.0
+
+
 # -- checkpoint I/O and errors -----------------------------------------------------------------------------------------
 def test_save_pretrained_round_trip(setup, tmp_path):
     """The head written into a copy of a plain checkpoint loads back bit for bit, under the published names."""
