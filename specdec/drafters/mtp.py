@@ -86,6 +86,12 @@ def _resolve_checkpoint(path: str | os.PathLike) -> Path:
     return Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
 
 
+def _shape(hf) -> tuple:
+    """What a head must match in a target: its class, width, depth and vocabulary."""
+    cfg = text_model(hf).config
+    return (type(hf).__name__, cfg.hidden_size, cfg.num_hidden_layers, hf.get_output_embeddings().weight.shape[0])
+
+
 class MTPDrafter:
     """Drafts with the target checkpoint's own MTP head (Drafter protocol).
 
@@ -102,8 +108,10 @@ class MTPDrafter:
     """
 
     def __init__(self, module: MTPModule, target, *, tree_depth: int = 8) -> None:
-        if isinstance(tree_depth, bool) or not isinstance(tree_depth, int) or tree_depth < 1:
-            raise ValueError(f"MTPDrafter: tree_depth={tree_depth!r} must be a Python int >= 1.")
+        if isinstance(tree_depth, bool) or not isinstance(tree_depth, int):
+            raise TypeError(f"MTPDrafter: tree_depth={tree_depth!r} must be a Python int >= 1.")
+        if tree_depth < 1:
+            raise ValueError(f"MTPDrafter: tree_depth={tree_depth} must be >= 1.")
         if not isinstance(module, MTPModule):
             raise TypeError(
                 f"MTPDrafter takes an MTPModule, got {type(module).__name__}; use MTPDrafter.from_pretrained."
@@ -238,6 +246,7 @@ class MTPDrafter:
         self._lm_head = replicated(hf.get_output_embeddings())
         self._rotary = stack.rotary_emb
         self._hf_id = id(hf)
+        self._shape = _shape(hf)
         # hidden_states[num_layers] of an HF forward: the last layer's output after the final norm
         self.target_layer_ids: tuple[int, ...] = (stack.config.num_hidden_layers - 1,)
         note_target(self, hf)
@@ -250,12 +259,17 @@ class MTPDrafter:
 
     # -- Drafter protocol --------------------------------------------------------------------------------
     def validate(self, target, tree) -> None:
+        """Check that the head fits ``target`` (the model it was built for, or one of the same class and shape,
+        which it then binds) and sits on its device."""
         hf = hf_model(target)
         if id(hf) != self._hf_id:
-            raise ValueError(
-                f"This MTP drafter was built for another {type(hf).__name__} instance; load it for this target with "
-                "MTPDrafter.from_pretrained(checkpoint, target=model)."
-            )
+            if _shape(hf) != self._shape:
+                raise ValueError(
+                    f"This MTP head was built for a {self._shape[0]} of hidden size {self._shape[1]}, "
+                    f"{self._shape[2]} layers and vocabulary {self._shape[3]}, not this {_shape(hf)}: load the "
+                    "head of this target's checkpoint with MTPDrafter.from_pretrained(checkpoint, target=model)."
+                )
+            self.bind(hf)
         weight = self.model.fc.weight
         if weight.device != self._embed.weight.device:
             raise ValueError(

@@ -386,8 +386,16 @@ def test_errors_name_problem_and_fix(tmp_path):
     with pytest.raises(ValueError, match="target's own"):
         MTPDrafter.from_pretrained(tmp_path / "next", target=model)
     drafter = MTPDrafter.from_pretrained(tmp_path / "next", target=other)
-    with pytest.raises(ValueError, match="another"):
+    with pytest.raises(ValueError, match="built for a Qwen3NextForCausalLM.*from_pretrained"):
         specdec.generate(model, prompts(1, 5), drafter=drafter, tree=Chain(k=2), max_new_tokens=4)
+    with pytest.raises(TypeError, match="tree_depth"):
+        MTPDrafter(drafter.model, other, tree_depth=2.0)
+    # another instance of the same model (a reload): the head binds it
+    twin = tiny_hybrid("qwen3_next")
+    ids = prompts(1, 6)
+    out = specdec.generate(twin, ids, drafter=drafter, tree=Chain(k=2), max_new_tokens=6)
+    assert torch.equal(out.sequences, twin.generate(ids, max_new_tokens=6, do_sample=False))
+    assert drafter._embed is twin.get_input_embeddings()
 
 
 @pytest.mark.parametrize("tree", [Chain(k=3), DDTree(budget=6, topk=3)], ids=["chain", "ddtree"])
