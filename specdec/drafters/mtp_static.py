@@ -69,17 +69,19 @@ class MTPStatic:
             :, None
         ]
 
-    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, span: int) -> torch.Tensor:
+    def step(
+        self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, span: int, shared: bool = False
+    ) -> torch.Tensor:
         """One pass of the head over rows ``[B, N]`` (``tokens``, ``hidden [B, N, H]``) at ``positions [B, N]``,
         writing their keys/values at those slots and attending over slots ``[0, span)``; returns the normalised
-        output ``[B, N, H]``."""
+        output ``[B, N, H]``. ``shared``: every sequence has row 0's positions (one mask row set for the batch)."""
         drafter, module = self.drafter, self.drafter.model
         self.storage.write_index = positions
         self.storage.span = span
         embeds = drafter._embed(tokens).to(self.hidden.dtype)
         # multimodal RoPE (Qwen3.5) takes one position grid per section: a text row has the same position in all
         rotary = drafter._rotary(embeds, positions[None].expand(3, -1, -1) if self.mrope else positions)
-        mask = self._mask(positions, span)
+        mask = self._mask(positions[:1] if shared else positions, span)
         return module(embeds, hidden.to(self.hidden.dtype), rotary, mask, positions, self.cache)
 
     # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
@@ -91,7 +93,7 @@ class MTPStatic:
         self.hidden[:, :n] = hidden
         tokens = torch.cat((input_ids[:, 1:], input_ids[:, -1:]), dim=1)  # x[t+1]; the last row's is rewritten
         positions = torch.arange(n, device=input_ids.device)[None].expand(batch, -1)
-        self.step(tokens, self.hidden[:, :n], positions, n)
+        self.step(tokens, self.hidden[:, :n], positions, n, shared=True)
 
     def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
         """``depth`` greedy steps from row ``prefix - 1`` (its hidden state and the root): ``logq [B, depth, V]``."""
