@@ -616,6 +616,35 @@ MUTANTS += [
         ("tests/verify/test_sampled_policies.py", "-k", "quick"),
     ),
 ]
+# -- the MTP drafter: the head's maths and the rows it keeps (drafts change, tokens stay exact) ------------------------
+MTP_MODEL, MTP_STATIC = "specdec/drafters/mtp_model.py", "specdec/drafters/mtp_static.py"
+MTP_TESTS = ("tests/drafters/test_mtp.py", "-k", "propose or proposals or accepted_drafts")
+MUTANTS += [
+    Mutant(  # fc fed concat(hidden, embedding): the published layout puts the embedding first
+        "mtp_concat_order_swapped",
+        ((MTP_MODEL, "torch.cat((self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)), dim=-1)",
+          "torch.cat((self.pre_fc_norm_hidden(hidden), self.pre_fc_norm_embedding(embeds)), dim=-1)"),),  # fmt: skip
+        MTP_TESTS,
+    ),
+    Mutant(  # the head's norms scale by w, not 1 + w (a plain RMSNorm class instead of the target's)
+        "mtp_norms_without_unit_offset",
+        ((MTP_MODEL, "norm = type(stack.norm)",
+          "norm = __import__('transformers').models.llama.modeling_llama.LlamaRMSNorm"),),  # fmt: skip
+        MTP_TESTS,
+    ),
+    Mutant(  # the first draft row placed at the root's position instead of the one before it
+        "mtp_first_row_at_root_position",
+        ((MTP_STATIC, "position = (prefix - 1)[:, None]  # [B, 1]", "position = prefix[:, None]  # [B, 1]"),),
+        MTP_TESTS,
+    ),
+    Mutant(  # a committed row joins its hidden state with its own token instead of the next accepted one
+        "mtp_commit_token_not_shifted",
+        ((MTP_STATIC, "self.step(accept.tokens, rows, positions, span)",
+          "self.step(torch.cat((prefix[:, None] * 0 + accept.tokens[:, :1], accept.tokens[:, :-1]), 1), rows, "
+          "positions, span)"),),  # fmt: skip
+        MTP_TESTS,
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

@@ -225,8 +225,10 @@ def build_tree(name: str, **kw) -> TreeSpec:
 
 
 def build_drafter(name: str, target, **kw):
-    """A drafter by name: ``none``, ``ngram``, ``model`` (``path`` or ``truncate_layers``) or ``dflash`` (``path``,
-    ``strict``). Paths resolve as in :func:`resolve_model_path` (``assets/drafters/zoo-dense`` from any folder)."""
+    """A drafter by name: ``none``, ``ngram``, ``model`` (``path`` or ``truncate_layers``), ``dflash`` (``path``,
+    ``strict``) or ``mtp`` (``path``: the checkpoint holding the ``mtp.*`` tensors, ``tree_depth``; ``init: random``
+    for a random head). Paths resolve as in :func:`resolve_model_path` (``assets/drafters/zoo-dense`` from any
+    folder)."""
     if name == "none":
         return None
     if name == "ngram":
@@ -249,4 +251,16 @@ def build_drafter(name: str, target, **kw):
             raise ValueError("drafter=dflash needs a checkpoint: drafter.path=<folder or hub id owner/name>.")
         path = resolve_model_path(kw["path"], what="DFlash checkpoint folder")
         return DFlashDrafter.from_pretrained(path, target=target, strict=bool(kw.get("strict", False)))
-    raise ValueError(f"Unknown drafter {name!r}; choose none, ngram, model or dflash.")
+    if name == "mtp":
+        from specdec.drafters.mtp import MTPDrafter
+
+        depth = int(kw.get("tree_depth", 8))
+        if kw.get("init") == "random":
+            return MTPDrafter.random(target, seed=int(kw.get("seed", 0)), tree_depth=depth)
+        if kw.get("init") is not None:
+            raise ValueError(f"drafter.init={kw['init']!r}: use null (the checkpoint's head) or random.")
+        if not kw.get("path"):
+            raise ValueError("drafter=mtp needs the checkpoint holding mtp.* tensors: drafter.path=<folder or hub id>.")
+        path = resolve_model_path(kw["path"], what="checkpoint folder with mtp.* tensors")
+        return MTPDrafter.from_pretrained(path, target=target, tree_depth=depth)
+    raise ValueError(f"Unknown drafter {name!r}; choose none, ngram, model, dflash or mtp.")

@@ -77,7 +77,8 @@ def test_train_yaml_has_every_train_config_field():
         ("generate", ["+tree.budget=8"],
          r"tree\.budget is not a setting of tree=chain .*\(tree=ddtree or tree=stochastic-ddtree\)"),  # fmt: skip
         ("generate", ["tree=ddtree", "+tree.k=3"], r"tree\.k is not a setting of tree=ddtree"),
-        ("generate", ["drafter=ngram", "+drafter.path=x"], r"drafter\.path .*drafter=dflash or drafter=model"),
+        ("generate", ["drafter=ngram", "+drafter.path=x"],
+         r"drafter\.path .*drafter=dflash or drafter=model or drafter=mtp"),  # fmt: skip
         ("generate", ["+foo=1"], "Unknown key 'foo'"),
         ("bench", ["+budget=8"], "Unknown key 'budget' for `python -m specdec bench`"),
         ("train", ["+target.dflash_path=x"], r"target\.dflash_path is not a setting of target=dense"),
@@ -93,7 +94,9 @@ def test_every_default_config_passes_the_key_check():
     for command in cli._COMMANDS:
         cfg, choices = _compose(command, [])
         cli.check_keys(_plain(cfg), choices, command)
-    for group in ("target=hybrid", "drafter=dflash", "drafter=model", "drafter=none", "tree=ddtree", "sampling=sample"):
+    groups = ("target=hybrid", "drafter=dflash", "drafter=model", "drafter=mtp", "drafter=none", "tree=ddtree",
+              "sampling=sample")  # fmt: skip
+    for group in groups:
         cfg, choices = _compose("generate", [group])
         cli.check_keys(_plain(cfg), choices, "generate")
 
@@ -141,6 +144,24 @@ def test_generate_passes_hybrid_mode_to_the_target_wrapper(zoo, tmp_path, monkey
     cfg, choices = _compose("generate", [*overrides, "hybrid_mode=approximate", "threads=1"])
     with pytest.raises(ValueError, match="hybrid_mode='approximate'"):
         cli.run_command("generate", cfg, choices, tmp_path)
+
+
+def test_generate_with_the_mtp_drafter(zoo, tmp_path):
+    """``drafter=mtp``: the zoo hybrid has no MTP head, so the default (the target's own checkpoint) names the fix;
+    ``drafter.init=random`` decodes with a random head, token for token as HF's greedy generate."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    overrides = ["target=hybrid", "drafter=mtp", "tree=ddtree", "tree.budget=6", "prompts.limit=1",
+                 "max_new_tokens=10", "show_text=false", "threads=1", "device=cpu"]  # fmt: skip
+    cfg, choices = _compose("generate", overrides)
+    with pytest.raises(ValueError, match=r"no mtp\.\* tensors"):
+        cli.run_command("generate", cfg, choices, tmp_path)
+    cfg, choices = _compose("generate", [*overrides, "drafter.init=random"])
+    (record,) = cli.run_command("generate", cfg, choices, tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(zoo / "target-hybrid", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    ids = tok(record["prompt"], return_tensors="pt").input_ids
+    assert record["tokens"] == model.generate(ids, do_sample=False, max_new_tokens=10)[0, ids.shape[1] :].tolist()
 
 
 def test_generate_writes_generations_and_stats_jsonl(zoo, tmp_path):

@@ -62,6 +62,7 @@ DRAFTERS = {
     "ar": lambda t: (None, None),
     "ngram": lambda t: (specdec.NGramDrafter(), specdec.Chain(4)),
     "dflash-tree": lambda t: (sharp_drafter(t), specdec.DDTree(budget=8, topk=3)),
+    "mtp-tree": lambda t: (specdec.MTPDrafter.random(t, seed=1, std=0.3), specdec.DDTree(budget=8, topk=3)),
 }
 
 

@@ -66,6 +66,7 @@ METHODS = {
     "ngram": lambda t: (specdec.NGramDrafter(), specdec.Chain(4)),
     "dflash": lambda t: (sharp_drafter(t), specdec.DDTree(budget=8, topk=3)),
     "model": lambda t: (model_drafter(t), specdec.Chain(3)),
+    "mtp": lambda t: (specdec.MTPDrafter.random(t, seed=1, std=0.3), specdec.DDTree(budget=6, topk=3)),
 }
 
 

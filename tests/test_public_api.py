@@ -17,6 +17,7 @@ PUBLIC = {
         "GenerateOutput",
         "Greedy",
         "GumbelTopKTree",
+        "MTPDrafter",
         "ModelDrafter",
         "MultiDraftRejection",
         "NGramDrafter",

@@ -53,6 +53,7 @@ DRAFTER_KEYS = {
     "ngram": {"max_ngram", "min_ngram", "max_matches"},
     "model": {"path", "truncate_layers", "tree_depth"},
     "dflash": {"path", "strict", "init", "num_layers", "block_size", "num_taps", "scale", "seed"},
+    "mtp": {"path", "init", "seed", "tree_depth"},
 }
 
 
@@ -374,7 +375,7 @@ def _drafter_spec(spec) -> dict | None:
         return {"kind": spec}
     if isinstance(spec, Mapping) and "kind" in spec:
         return dict(spec)
-    raise ValueError(f"drafter {spec!r}: give a kind (none, ngram, model, dflash) or {{kind: ..., ...}}.")
+    raise ValueError(f"drafter {spec!r}: give a kind (none, ngram, model, dflash, mtp) or {{kind: ..., ...}}.")
 
 
 def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[str] | None = ()) -> None:
@@ -403,7 +404,7 @@ def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[st
             kind = drafter.pop("kind")
             custom = kind in (custom_drafters or ())
             if kind not in DRAFTER_KEYS and not custom and custom_drafters is not None:
-                raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model or dflash.")
+                raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model, dflash or mtp.")
             extra = set(drafter) - DRAFTER_KEYS[kind] if kind in DRAFTER_KEYS and not custom else set()
             if extra:
                 raise ValueError(
@@ -500,7 +501,9 @@ def methods_from_specs(
     ``drafter_factories[kind](target, tokenizer, **kwargs)`` when given, else from the public drafter classes:
     ``ngram`` (``NGramDrafter``), ``model`` (``ModelDrafter``: ``path``, or the target's first ``truncate_layers``
     layers), ``dflash`` (``DFlashDrafter.from_pretrained``; without ``path`` it loads ``dflash``; ``init: random``
-    builds a random one of the target's width, ``specdec.bench.synthetic.random_dflash``). ``hf: assisted`` takes
+    builds a random one of the target's width, ``specdec.bench.synthetic.random_dflash``), ``mtp``
+    (``MTPDrafter.from_pretrained`` of ``path``, default the target's own checkpoint; ``init: random`` a random
+    head). ``hf: assisted`` takes
     the small model of a ``model`` drafter; it is skipped, with a warning, on targets with recurrent layers (HF's
     assisted generation needs an attention-only target).
     """
@@ -567,7 +570,12 @@ def _build(kwargs: dict, target, tokenizer, factories: Mapping, dflash: str | No
             raise ValueError("A {kind: dflash} method has no path: give drafter.path or the bench setting dflash=.")
         path = resolve_model_path(_resolve_path(path), what="DFlash checkpoint folder")
         return specdec.DFlashDrafter.from_pretrained(path, target=target, strict=bool(kwargs.get("strict", False)))
-    raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model or dflash.")
+    if kind == "mtp":  # the target checkpoint's own head (path: default the target's), or a random one
+        from specdec.loading import build_drafter
+
+        path = kwargs.pop("path", None) or getattr(target, "name_or_path", None)
+        return build_drafter("mtp", target, path=path, **kwargs)
+    raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model, dflash or mtp.")
 
 
 def default_out_dir() -> Path:

@@ -3,8 +3,9 @@
 from specdec.drafters.base import Drafter
 from specdec.drafters.dflash import DFlashDrafter
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.mtp import MTPDrafter
 from specdec.drafters.ngram import NGramDrafter, NGramDrafterConfig
 
-__all__ = ["DRAFTERS", "DFlashDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NGramDrafterConfig"]
+__all__ = ["DRAFTERS", "DFlashDrafter", "Drafter", "MTPDrafter", "ModelDrafter", "NGramDrafter", "NGramDrafterConfig"]
 
-DRAFTERS: dict[str, type] = {"model": ModelDrafter, "ngram": NGramDrafter}
+DRAFTERS: dict[str, type] = {"model": ModelDrafter, "mtp": MTPDrafter, "ngram": NGramDrafter}

@@ -91,12 +91,15 @@ DRAFTERS = {
     "model-tree": lambda t: (model_drafter(t), specdec.DDTree(budget=8, topk=3)),
     "dflash-chain": lambda t: (sharp_drafter(t), specdec.Chain(5)),
     "dflash-tree": lambda t: (sharp_drafter(t), specdec.DDTree(budget=12, topk=3)),
+    "mtp-tree": lambda t: (specdec.MTPDrafter.random(t, seed=1, std=0.3), specdec.DDTree(budget=8, topk=3)),
 }
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
 @pytest.mark.parametrize("method", list(DRAFTERS))
 def test_batch_rows_equal_hf_alone(arch, method):
+    if method.startswith("mtp") and arch != "llama":
+        pytest.skip("an MTP head is built from a full-attention decoder layer of the target (none in gpt2 or here)")
     settings = {"sliding_window": 6} if arch == "gemma3" else {}  # a window that acts on these sequences
     target = tiny_model(arch, scale=2.0, **settings)
     drafter, tree = DRAFTERS[method](target)
@@ -163,11 +166,16 @@ def test_batch_bucket_rows_decode_nothing(monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "falcon_h1"])
-@pytest.mark.parametrize("method", ["ar", "model-tree", "dflash-chain", "dflash-tree"])
+@pytest.mark.parametrize("method", ["ar", "model-tree", "dflash-chain", "dflash-tree", "mtp-chain", "mtp-tree"])
 def test_batch_hybrid_rows_equal_hf_alone(family, method):
     """Hybrid targets: each row commits its recurrent state from its own accepted node."""
+    if method.startswith("mtp") and family == "falcon_h1":
+        pytest.skip("FalconH1's attention layers hold a recurrent mixer: no MTP layer class")
     target = tiny_hybrid(family)
-    if method == "model-tree":  # an attention draft LM of the same vocabulary
+    if method.startswith("mtp"):
+        drafter = specdec.MTPDrafter.random(target, seed=1, std=0.3)
+        tree = specdec.Chain(4) if method == "mtp-chain" else specdec.DDTree(budget=10, topk=3)
+    elif method == "model-tree":  # an attention draft LM of the same vocabulary
         drafter, tree = specdec.ModelDrafter(tiny_model("llama", seed=3)), specdec.DDTree(budget=8, topk=3)
     elif method.startswith("dflash"):
         drafter = DFlashDrafter.for_target(target, mask_token_id=3, num_layers=1, block_size=6,

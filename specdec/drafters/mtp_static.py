@@ -1,0 +1,117 @@
+"""Fixed-shape storage and forwards of an ``MTPDrafter`` for the round (static K/V of its one layer).
+
+Row ``t`` of the head joins the target's hidden state ``h[t]`` (after its final norm) with the token ``x[t+1]``, at
+position ``t``; its keys/values sit at slot ``t`` of a ``StaticKV`` of one layer, written through the decoder
+layer's own attention (``StaticKVCache``). Committed rows are written for accepted tokens only:
+
+- ``prefill``: the prompt rows ``0 .. T-1`` (token ``x[t+1]`` from the prompt; row ``T-1`` and any padding rows
+  hold a placeholder token, rewritten before they are read);
+- ``commit``: the accepted path's rows ``prefix .. prefix + P - 1`` (hidden of the path's nodes, token the next
+  accepted one, the bonus last); rows past the path land in slots the next round writes before reading;
+- ``propose``: row ``prefix - 1`` again (``h[prefix-1]`` and the root: the row the root's drafts start from),
+  then ``D - 1`` greedy steps at positions ``prefix .. prefix + D - 2``, each feeding back its normalised output
+  and its argmax token. Every step writes its own slot before reading it.
+
+The target's hidden state of every committed position is kept (``[B, capacity, H]``) so that a row's start is
+found by its position alone. No host reads, shapes fixed by ``D``: the round can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.state.storage import StaticKV, StaticKVCache
+from specdec.types import Accept, Proposal
+
+__all__ = ["MTPStatic"]
+
+
+class MTPStatic:
+    """Static state of one ``MTPDrafter`` for ``batch`` sequences of up to ``capacity`` tokens.
+
+    Args:
+        drafter (MTPDrafter): the drafter (its ``model`` on the target's device).
+        capacity (int): slots per sequence.
+        batch (int): sequences. Default 1.
+    """
+
+    def __init__(self, drafter, capacity: int, batch: int = 1) -> None:
+        module = drafter.model
+        cfg = module.config
+        weight = module.fc.weight
+        device, dtype = weight.device, weight.dtype
+        self.drafter, self.capacity = drafter, capacity
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        self.storage = StaticKV(
+            num_layers=1,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            capacity=capacity,
+            dtype=dtype,
+            device=device,
+            batch=batch,
+        )
+        self.cache = StaticKVCache(self.storage)
+        self.hidden = torch.zeros(batch, capacity, cfg.hidden_size, dtype=dtype, device=device)
+        self.rows = torch.arange(batch, device=device)[:, None]
+        self.keys = torch.arange(capacity, device=device)
+        self.mrope = getattr(drafter._rotary, "mrope_section", None) is not None
+
+    def refresh(self) -> None:
+        return None
+
+    def _mask(self, positions: torch.Tensor, span: int) -> torch.Tensor:
+        """Additive mask ``[B, 1, N, span]``: row at position ``p`` sees slots ``<= p``."""
+        seen = self.keys[:span] <= positions[..., None]
+        dtype = self.hidden.dtype
+        return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)[
+            :, None
+        ]
+
+    def step(
+        self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, span: int, shared: bool = False
+    ) -> torch.Tensor:
+        """One pass of the head over rows ``[B, N]`` (``tokens``, ``hidden [B, N, H]``) at ``positions [B, N]``,
+        writing their keys/values at those slots and attending over slots ``[0, span)``; returns the normalised
+        output ``[B, N, H]``. ``shared``: every sequence has row 0's positions (one mask row set for the batch)."""
+        drafter, module = self.drafter, self.drafter.model
+        self.storage.write_index = positions
+        self.storage.span = span
+        embeds = drafter._embed(tokens).to(self.hidden.dtype)
+        # multimodal RoPE (Qwen3.5) takes one position grid per section: a text row has the same position in all
+        rotary = drafter._rotary(embeds, positions[None].expand(3, -1, -1) if self.mrope else positions)
+        mask = self._mask(positions[:1] if shared else positions, span)
+        return module(embeds, hidden.to(self.hidden.dtype), rotary, mask, positions, self.cache)
+
+    # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
+    def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        """The prompts ``[B, T]`` and the target's last hidden state ``[B, T, H]``: rows ``0 .. T-1``."""
+        if hidden is None:
+            raise ValueError("MTPDrafter needs the target's hidden states at prefill (its target_layer_ids taps).")
+        batch, n = input_ids.shape
+        self.hidden[:, :n] = hidden
+        tokens = torch.cat((input_ids[:, 1:], input_ids[:, -1:]), dim=1)  # x[t+1]; the last row's is rewritten
+        positions = torch.arange(n, device=input_ids.device)[None].expand(batch, -1)
+        self.step(tokens, self.hidden[:, :n], positions, n, shared=True)
+
+    def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
+        """``depth`` greedy steps from row ``prefix - 1`` (its hidden state and the root): ``logq [B, depth, V]``."""
+        position = (prefix - 1)[:, None]  # [B, 1]
+        hidden = self.hidden[self.rows, position]  # [B, 1, H]
+        token = root[:, None]
+        rows = []
+        for k in range(depth):
+            hidden = self.step(token, hidden, position + k, span)
+            rows.append(self.drafter.logq(hidden))
+            token = rows[-1].argmax(dim=-1)  # [B, 1], the first maximum
+        return Proposal(logq=torch.cat(rows, dim=1))
+
+    def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
+        """The accepted path's rows: the target's hidden state at each path node and the token accepted after it."""
+        path = accept.path  # [B, P]
+        positions = (prefix[:, None] + torch.arange(path.shape[1], device=path.device)).clamp(max=self.capacity - 1)
+        rows = hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1])).to(self.hidden.dtype)
+        self.hidden[self.rows, positions] = rows
+        span = self.storage.capacity
+        self.step(accept.tokens, rows, positions, span)
