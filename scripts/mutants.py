@@ -537,6 +537,19 @@ MUTANTS += [
           "tree_paths(tree, path_len), tree.depth, generated[:, None] + 0 * tree.depth)"),),  # fmt: skip
         PROCESSOR_TESTS,
     ),
+    # -- multi-turn prefix reuse ---------------------------------------------------------------------------------
+    Mutant(  # the reused prefix one token longer than what still matches the kept sequence
+        "reused_prefix_off_by_one",
+        ((ENGINE, "        if self.target.recurrent and n != len(self.kept):\n            return 0\n        return n\n",
+          "        if self.target.recurrent and n != len(self.kept):\n            return 0\n"
+          "        return min(n + 1, len(prompt) - 1)\n"),),  # fmt: skip
+        ("tests/round/test_multi_turn.py",),
+    ),
+    Mutant(  # a hybrid's recurrent state reused although the prompt leaves the kept sequence before its end
+        "hybrid_state_reused_from_the_wrong_point",
+        ((ENGINE, "        if self.target.recurrent and n != len(self.kept):\n            return 0\n", ""),),
+        ("tests/round/test_multi_turn.py",),
+    ),
     # -- num_return_sequences ---------------------------------------------------------------------------------
     Mutant(  # the prompts tiled (0, 1, 0, 1) instead of repeated in place (0, 0, 1, 1) as HF orders them
         "return_sequences_tiled",

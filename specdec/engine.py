@@ -64,6 +64,7 @@ PREFILL_BUCKET = 64  # prompts are padded to a multiple of this many tokens for 
 PREFILL_CAPTURE_MAX = 512  # longer prompts are prefilled eagerly (their compute hides the kernel launches)
 SPAN_MIN = 256  # rounds attend over the first SPAN_MIN * 2**k slots of the storage (one graph per span in use)
 _CAPACITY_STEP = 256
+SINGLE_RESERVE = 4096  # slots a single-sequence engine holds at least (capped by the target's positions)
 
 
 def round_reason(target: TargetModel, drafter, tree) -> str | None:
@@ -529,6 +530,12 @@ class Engine:
         # shape, once run); ``SpecStats.captures`` counts a call's new ones
         self.rounds_built = self.prefills_built = 0
         self._controllers: dict = {}  # an adaptive policy's controller per (drafter, policy): its costs persist
+        # A single-sequence engine keeps what its last call left in storage: the tokens whose K/V (and recurrent
+        # state) are valid, and the drafter whose state follows them; a call whose prompt extends them prefills only
+        # the rest (``reusable`` / ``extend``).
+        self.kept: tuple[int, ...] = ()
+        self.kept_drafter = None  # weakref of that drafter (None: plain decoding)
+        self.kept_versions = 0
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
 
     @property
@@ -549,6 +556,9 @@ class Engine:
         engine = engines.get(batch)
         if engine is None or engine.capacity < capacity:
             need = -(-capacity // _CAPACITY_STEP) * _CAPACITY_STEP
+            if batch == 1:  # a conversation continues in place (``reusable``): room for later turns up front
+                limit = target.max_length or SINGLE_RESERVE
+                need = max(need, min(SINGLE_RESERVE, -(-limit // _CAPACITY_STEP) * _CAPACITY_STEP))
             if engine is not None:
                 need = max(need, engine.capacity)
                 logger.info("specdec: reallocating static storage for %d slots", need)
@@ -603,6 +613,83 @@ class Engine:
         else:
             static.refresh()
         return static
+
+    def keep(self, tokens: list[int], drafter) -> None:
+        """After a single-sequence call whose row is ``tokens`` (prompt + output): record the tokens whose state the
+        storage holds (one host read of the committed length). A hybrid target keeps them only when its recurrent
+        state sits exactly at the end of them (rounds may commit drafts past an EOS or the length limit)."""
+        committed = int(self.prefix[0])
+        if self.target.recurrent and committed > len(tokens):
+            self.kept = ()
+            return
+        self.kept = tuple(tokens[: min(committed, len(tokens))])
+        self.kept_drafter = None if drafter is None else weakref.ref(drafter)
+        self.kept_versions = self._versions(drafter)
+
+    def _versions(self, drafter) -> int:
+        """The in-place update counters of the target's (and the drafter's) weights: an update between calls (a
+        training step's ``copy_``) makes the kept state stale."""
+        modules = [self.target.target.model, *(drafter_modules(drafter) if drafter is not None else ())]
+        tensors = itertools.chain.from_iterable(itertools.chain(m.parameters(), m.buffers()) for m in modules)
+        return sum(t._version for t in tensors)
+
+    def reusable(self, prompt: list[int], drafter) -> int:
+        """How many leading tokens of ``prompt`` (one sequence) the storage already holds from the last call: the
+        common prefix with the kept tokens, short of the prompt's last token (its logits are needed), 0 when the
+        drafter differs or its state cannot resume, and for hybrid targets all of the kept tokens or none (the
+        recurrent state cannot step back)."""
+        if self.batch != 1 or not self.kept or len(prompt) < 2:
+            return 0
+        kept_drafter = self.kept_drafter() if self.kept_drafter is not None else None
+        if kept_drafter is not drafter or (drafter is not None and not hasattr(self._drafters.get(drafter), "resume")):
+            return 0
+        if self._versions(drafter) != self.kept_versions:
+            return 0
+        n = 0
+        for a, b in zip(self.kept, prompt[:-1], strict=False):
+            if a != b:
+                break
+            n += 1
+        if self.target.recurrent and n != len(self.kept):
+            return 0
+        return n
+
+    def extend(self, prompts: torch.Tensor, start: int, drafter) -> torch.Tensor:
+        """Prefill ``prompts [1, T]`` of which slots ``0 .. start - 1`` already hold the first ``start`` tokens:
+        the rest runs as one chain on top of them (a verify of that chain, with its commit for recurrent layers), and
+        the drafter's state resumes from ``start``. Returns the logits ``[1, V]`` at the last prompt position."""
+        target, device = self.target, self.device
+        ids = prompts[:, start:]
+        n, total = ids.shape[1], prompts.shape[1]
+        index = torch.arange(n, device=device)
+        prefix = torch.full((1,), start, dtype=torch.long, device=device)
+        tree = DeviceTree(tokens=ids, parents=(index - 1)[None], depth=index[None],
+                          valid=torch.ones(1, n, dtype=torch.bool, device=device),
+                          num_nodes=torch.full((1,), n, dtype=torch.long, device=device))  # fmt: skip
+        span = self.span_for(total)
+        mask = tree_masks(tree.parents, tree.valid, prefix, span, n - 1, target.target.dtype)
+        taps = getattr(drafter, "target_layer_ids", None)
+        static = self._static(drafter)
+        positions = prefix[:, None] + index
+        args = (ids, positions, mask, positions, taps)
+        last = torch.full((1,), n - 1, dtype=torch.long, device=device)
+        with self.attention_scope(static):
+            if not target.recurrent:
+                logits, hidden = target.forward(*args, span=span, flat=prefix, rows=last)
+            else:
+                hybrid = target.target.state
+                rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
+                                  topo=DeviceTopology(tree, chain=True), prompt=True)  # fmt: skip
+                with adapter_forwards(hybrid.adapters, rnd):
+                    logits, hidden = target.forward(*args, span=span, flat=prefix, rows=last)
+                for adapter in hybrid.adapters:
+                    commit_recurrent(adapter, rnd, index[None], tree.num_nodes)
+        if static is not None:
+            static.resume(ids, hidden, start)
+        self.prefix.fill_(total)
+        self.history[:, :total].copy_(prompts)
+        return logits[:, 0]
+
 
     def prefill(self, prompts: torch.Tensor, lengths: list[int], drafter, *, graph: bool = False) -> torch.Tensor:
         """Run the prompts into the static caches; returns the logits ``[B, V]`` at each one's last position.

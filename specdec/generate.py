@@ -35,7 +35,7 @@ from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
 from specdec.trees import Chain, TreePolicy
 from specdec.trees.build import root_trees
-from specdec.types import GenerateOutput, SpecStats
+from specdec.types import Continuation, GenerateOutput, SpecStats
 from specdec.validate import ProtocolError, accept_flags, check_accept, describe_flags, trusted
 from specdec.verify import VerificationRule, default_rule
 from specdec.verify.processing import process_logits
@@ -125,6 +125,26 @@ def _check_rule(rule, sampling, tree) -> VerificationRule:
     return rule
 
 
+def _check_continuation(past, input_ids: torch.Tensor) -> None:
+    """``past_key_values``: a ``Continuation`` must be a prefix of the one prompt (HF's rule: the whole sequence is
+    passed again); another cache object (HF's) is accepted and not read."""
+    if past is None:
+        return
+    if not isinstance(past, Continuation):
+        logger.info("specdec: past_key_values=%s is not specdec's; the prompt is prefilled from scratch (same tokens)",
+                    type(past).__name__)  # fmt: skip
+        return
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"past_key_values continues one sequence, but input_ids has {input_ids.shape[0]} rows: "
+                         "continue each conversation in its own call.")  # fmt: skip
+    n = past.length
+    if input_ids.shape[1] <= n or input_ids[0, :n].tolist() != list(past.tokens):
+        raise ValueError(
+            f"past_key_values holds a sequence of {n} tokens that input_ids does not start with: pass the whole "
+            "sequence so far (the previous output's sequences, then the new tokens), as HF's continuation takes it."
+        )
+
+
 def _check_generator(generator, device: torch.device) -> None:
     """``generator``: None or a ``torch.Generator`` on the target's device type."""
     if generator is None:
@@ -180,6 +200,8 @@ def generate(
     stopping_criteria=None,
     tokenizer=None,
     logits_processor=None,
+    past_key_values=None,
+    reuse_prefix: bool = True,
     **kwargs,
 ) -> GenerateOutput:
     """Speculative generation, lossless with respect to the target's own ``generate``.
@@ -230,6 +252,12 @@ def generate(
             own at every tree node with that node's ``input_ids``; the round then runs uncaptured
             (``stats.uncaptured``). A processor with ``tree_aware = True`` and ``process_tree(scores, nodes)`` runs
             inside the captured round (``specdec.processors``).
+        past_key_values: the ``past_key_values`` of an earlier call's output (a ``specdec.types.Continuation``), with
+            ``input_ids`` the whole sequence so far, as HF's continuation: only the new tokens are prefilled. A call
+            whose prompt extends the previous call's sequence on the same model reuses it without this too; an HF
+            cache is accepted and the prompt prefilled from scratch (same tokens). One sequence only.
+        reuse_prefix (bool): False prefills every prompt from scratch even where the storage holds its beginning
+            (to measure what reuse saves). Default True.
         **kwargs: other HF ``generate`` options; unsupported or unknown ones raise ``ValueError``.
 
     Returns:
@@ -247,6 +275,7 @@ def generate(
     criteria, _, _ = check_stopping(stopping_criteria, None, tokenizer, None)
     check_compile(compile)
     input_ids, lengths = check_input_ids(input_ids, attention_mask, tgt.device)
+    _check_continuation(past_key_values, input_ids)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("A streamer takes one sequence (as in HF): pass a batch of one row, or no streamer.")
     if tree is None:
@@ -316,11 +345,12 @@ def generate(
         graph, compile = False, False
     with use_backends(backends) as setting:
         return _decode(tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer,
-                       stopping)  # fmt: skip
+                       stopping, reuse_prefix)  # fmt: skip
 
 
 def _decode(
-    tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer, stopping
+    tgt, input_ids, lengths, drafter, tree, rule, args, graph, compile, setting, generator, streamer, stopping,
+    reuse_prefix=True,
 ) -> GenerateOutput:
     """The decoding loop: prefill, then rounds until every sequence has its EOS or ``max_new_tokens`` (one host read
     per round for the whole batch). A finished sequence stays in the batch, masked: its rows still run (the round's
@@ -349,9 +379,17 @@ def _decode(
         streamer.put(input_ids.cpu())
 
     keys_before = engine.rounds_built + engine.prefills_built  # graph keys (rounds, captured prefills) so far
+    # one sequence that continues the last call's (a conversation): only the new part of the prompt is prefilled
+    prompt_tokens = prompts[0, : lengths[0]].tolist() if rows == 1 else []
+    reused = engine.reusable(prompt_tokens, drafter) if rows == 1 and reuse_prefix else 0
+    engine.kept = ()  # the storage is rewritten from here on
     with timer("prefill"):
-        logits = engine.prefill(prompts, lengths, drafter, graph=graph)
+        if reused:
+            logits = engine.extend(prompts, reused, drafter)
+        else:
+            logits = engine.prefill(prompts, lengths, drafter, graph=graph)
         first = _first_token(rule, sampling, _first_scores(args.processors, logits, prompts, lengths), generator)
+    stats.reused_tokens = reused
     new_tokens = [[tok] for tok in first.tolist()[:batch]]
     keep = args.output_scores or args.output_logits
     kept = [[row] for row in logits[:batch].float().cpu()] if keep else None  # per row: raw logits [V] per token
@@ -439,6 +477,8 @@ def _decode(
 
     if streamer is not None:
         streamer.end()
+    if rows == 1:
+        engine.keep(prompt_tokens + new_tokens[0], drafter)
     stats.new_tokens = sum(len(t) for t in new_tokens)
     stats.target_forwards += 1  # the prefill
     stats.draft_forwards = drafter.num_forwards - draft_forwards_before if drafter is not None else 0
@@ -461,8 +501,9 @@ def _decode(
     scores = logits = None
     if kept is not None:
         logits, scores = _step_scores(kept, new_tokens, args, out_len, prompts[:batch], lengths)
+    past = Continuation(engine.kept) if rows == 1 and engine.kept else None
     return GenerateOutput(sequences=sequences, stats=stats, scores=scores if args.output_scores else None,
-                          logits=logits if args.output_logits else None)  # fmt: skip
+                          logits=logits if args.output_logits else None, past_key_values=past)  # fmt: skip
 
 
 def _step_scores(kept, new_tokens, args, steps: int, prompts: torch.Tensor, lengths: list[int]) -> tuple[tuple, tuple]:

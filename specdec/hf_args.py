@@ -183,7 +183,7 @@ _REFUSED_CALL_ARGS = (
 )
 _IGNORED_CALL_ARGS = frozenset({"compile", "cuda_graphs", "tokenizer", "trust_remote_code"})
 _MODEL_INPUTS = frozenset(
-    {"cache_position", "inputs_embeds", "logits_to_keep", "past_key_values", "position_ids", "token_type_ids"}
+    {"cache_position", "inputs_embeds", "logits_to_keep", "position_ids", "token_type_ids"}
 )
 
 

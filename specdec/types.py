@@ -15,6 +15,7 @@ import torch
 __all__ = [
     "Accept",
     "AcceptRow",
+    "Continuation",
     "DeviceTree",
     "DraftTree",
     "GenerateOutput",
@@ -235,6 +236,8 @@ class SpecStats:
     ``compile_ms`` the first warm-up runs, where ``torch.compile`` compiles (with ``compile=True``).
     ``compile_fallbacks`` counts the compiled rounds this call used (one per drafter, tree, sampling and span
     bucket) that run uncompiled because compiling them failed (docs/api.md); 0 when every one compiled.
+    ``reused_tokens``: leading prompt tokens whose state the previous call left in storage (a prompt that continues
+    that call's sequence on the same model, one sequence): they were not prefilled again.
     ``uncaptured`` says why the round ran neither captured nor compiled although it could have (a ``logits_processor``
     that reads the tree on the host); empty otherwise.
 
@@ -259,6 +262,7 @@ class SpecStats:
     compile_ms: float = 0.0
     compile_fallbacks: int = 0
     uncaptured: str = ""
+    reused_tokens: int = 0
     rows: list[SpecStats] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)
 
@@ -306,13 +310,37 @@ class SpecStats:
         }
 
 
+@dataclass(frozen=True)
+class Continuation:
+    """What a single-sequence ``generate`` call left in the target's storage, returned as ``past_key_values``:
+    passing it to the next call (with the whole sequence as ``input_ids``, as HF's continuation takes it) prefills
+    only the tokens after ``length``. The storage is the engine's own (``docs/api.md``, multi-turn): a later call on
+    the same model and batch size overwrites it, and then the continuation prefills from scratch (same tokens).
+
+    Args:
+        tokens (tuple[int, ...]): the sequence the storage holds (prompt + output, up to the last committed token).
+    """
+
+    tokens: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def get_seq_length(self) -> int:
+        """HF ``Cache`` spelling of :attr:`length`."""
+        return len(self.tokens)
+
+
 @dataclass
 class GenerateOutput:
     """``sequences`` ``[B, T_prompt + n_new]`` (prompts included, as HF returns) and ``stats``; with
     ``output_scores`` / ``output_logits``, ``scores`` / ``logits`` as HF returns them: a tuple with one ``[B, V]``
-    fp32 tensor per generated position (processed scores / raw target logits), else None."""
+    fp32 tensor per generated position (processed scores / raw target logits), else None. ``past_key_values``
+    (one sequence): a :class:`Continuation` to pass to the next call as HF's continuation, else None."""
 
     sequences: torch.Tensor
     stats: SpecStats
     scores: tuple[torch.Tensor, ...] | None = None
     logits: tuple[torch.Tensor, ...] | None = None
+    past_key_values: object | None = None

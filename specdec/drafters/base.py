@@ -29,6 +29,10 @@ class DraftState(Protocol):
     def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         """See the prompt ``[B, T]`` (``hidden``: the tapped target features ``[B, T, K*H]`` or None)."""
 
+    # Optional: ``resume(input_ids [1, n], hidden [1, n, K*H] | None, start)`` takes in a prompt that continues the
+    # previous call's sequence from position ``start`` (its state for the positions before is kept); a state
+    # without it makes such a call prefill from scratch (``Engine.reusable``).
+
     def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
         """Draft ``depth`` deep after each row's ``root [B]`` at position ``prefix [B]`` (the number of committed
         tokens before it); storage slots ``[0, span)`` hold everything the round may read."""

@@ -202,6 +202,11 @@ class DFlashStatic:
         """The prompt's tapped target features ``[1, T, K*H]`` into context slots ``0 .. T-1``."""
         self.ingest(hidden, 0)
 
+    def resume(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, start: int) -> None:
+        """A continued prompt: the tapped features ``[1, n, K*H]`` of its tokens from position ``start`` on (the
+        slots before hold the earlier call's context)."""
+        self.ingest(hidden, start)
+
     def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
         """One block forward for the batch: ``logq [B, depth, V]``."""
         return Proposal(logq=self.logq(root, prefix, depth, span))

@@ -51,6 +51,17 @@ class ModelStatic:
         )  # fmt: skip
         self.history[:, :n] = input_ids
 
+    def resume(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, start: int) -> None:
+        """A continued prompt: its tokens from position ``start`` on, run into the draft model's slots on top of the
+        earlier call's."""
+        n = input_ids.shape[1]
+        positions = start + torch.arange(n, device=input_ids.device)
+        self.model.forward(
+            input_ids, positions[None].expand(input_ids.shape[0], -1), self.model.causal_mask(positions), positions,
+            last_only=True,
+        )  # fmt: skip
+        self.history[:, start : start + n] = input_ids
+
     def record(self, tokens: torch.Tensor, first: torch.Tensor) -> None:
         """Committed ``tokens [B, P]`` at positions ``first[b] .. first[b] + P - 1`` (rows past the real ones land in
         positions no window reads before they are overwritten)."""

@@ -96,6 +96,10 @@ class NGramState:
     def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         self.history[:, : input_ids.shape[1]] = input_ids
 
+    def resume(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, start: int) -> None:
+        """A continued prompt: its tokens from position ``start`` on."""
+        self.history[:, start : start + input_ids.shape[1]] = input_ids
+
     def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
         """Record the committed tokens after each row's old root (rows past the path land where the next round's
         root and commit overwrite them before any lookup reads them)."""
