@@ -107,6 +107,10 @@ class BenchConfig:
         contexts (list[int] | None): with ``random_target``: run the methods once per prompt length in this list
             (one target, built once) and print the long-context table (``specdec.bench.contexts``): decode ms per
             round beside the bytes floor (weights + the K / V a step reads) and the prefill. Default `null`.
+        multi_turn (dict | None): ``{turns, turn_tokens}``: decode conversations instead of single prompts
+            (``specdec.bench.multiturn``): each turn's prompt is the whole sequence so far plus the last
+            ``turn_tokens`` tokens of the next prompt, with prefix reuse on and off; ``multi_turn.md`` holds the
+            prefill ms per turn and the end-to-end tok/s. Default `null`.
         inductor_cache_dir (str | None): torch inductor's cache folder for this run (reused across runs).
             Default `null`.
         title (str | None): the report's title (experiments set their name). Default `null`.
@@ -151,6 +155,7 @@ class BenchConfig:
     compare_against: str | None = None
     random_target: dict | None = None
     contexts: list[int] | None = None
+    multi_turn: dict | None = None
     inductor_cache_dir: str | None = None
     title: str | None = None
     out_dir: str | None = None
@@ -682,6 +687,20 @@ def main_bench(
                   **(extra_meta or {})},  # fmt: skip
         )
 
+    if cfg.multi_turn:
+        from specdec.bench.multiturn import run_multi_turn
+
+        settings = dict(cfg.multi_turn)
+        unknown = set(settings) - {"turns", "turn_tokens"}
+        if unknown:
+            raise ValueError(f"multi_turn has unknown keys {sorted(unknown)}; it takes turns and turn_tokens.")
+        rows = run_multi_turn(model, tokenizer, prompts, methods, turns=int(settings.get("turns", 4)),
+                              turn_tokens=int(settings.get("turn_tokens", 64)), max_new_tokens=cfg.max_new_tokens,
+                              warmup=cfg.warmup, out_dir=out_dir if lead else None)  # fmt: skip
+        if lead:
+            print((out_dir / "multi_turn.md").read_text())
+            print(f"results in {out_dir}/ (multi_turn.md, multi_turn.jsonl)")
+        return rows
     if cfg.contexts:
         if cfg.random_target is None:
             raise ValueError("contexts= needs random_target (the prompts are random tokens of each length).")

@@ -225,3 +225,24 @@ def test_the_processors_experiment_passes_hf_options_per_method(zoo):
         check([{"name": "ar", "generation": 3}])
     with pytest.raises(ValueError, match="no LogitsProcessor class"):
         check([{"name": "ar", "generation": {"logits_processor": [{"class": "Nope"}]}}])
+
+
+def test_the_multi_turn_experiment_decodes_conversations_with_and_without_reuse(zoo, tmp_path):
+    """``+experiment=multi-turn`` on the CPU, two conversations of two turns: the second turns reuse the first turns'
+    sequences (``reused_tokens`` > 0, fewer tokens prefilled), and their tokens equal those decoded without reuse."""
+    c, _ = _compose(["+experiment=multi-turn", "num_prompts=4", "max_new_tokens=12", "warmup=0", "device=cpu",
+                     "multi_turn={turns: 2, turn_tokens: 24}", "methods=[{name: ar}]",
+                     f"out_dir={tmp_path}"])  # fmt: skip
+    from specdec.bench.config import main_bench
+
+    rows = main_bench(cli.bench_settings(c))
+    assert {(r["reuse"], r["turn"]) for r in rows} == {(True, 0), (True, 1), (False, 0), (False, 1)}
+    for r in rows:  # a first turn may share a few leading tokens with the last conversation: reused as well
+        assert r["reused_tokens"] == 0 if not r["reuse"] else (r["reused_tokens"] > 0 or r["turn"] == 0), r
+        if r["reused_tokens"]:
+            key = (r["conversation"], r["turn"])
+            off = next(o for o in rows if not o["reuse"] and (o["conversation"], o["turn"]) == key)
+            assert r["tokens"] == off["tokens"]
+            assert r["turn"] == 0 or r["reused_tokens"] >= r["prompt_tokens"] - 24 - 1
+    table = (tmp_path / "multi_turn.md").read_text()
+    assert "| ar | on |" in table and "| ar | off |" in table and "100%" in table
