@@ -283,7 +283,8 @@ class Eagle3Model(nn.Module):
         self.embed_tokens: nn.Embedding | None = None
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
-        self.rotary = LlamaRotaryEmbedding(llama)
+        # built on first use and kept out of the module (a cast of the head never rounds its frequencies)
+        self._rotary: tuple[LlamaRotaryEmbedding, ...] = ()
 
     # -- pieces (the round's static code uses them one by one) -------------------------------------------------
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
@@ -329,8 +330,11 @@ class Eagle3Model(nn.Module):
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions [B, L]`` -> ``cos, sin [B, L, D]`` (HF's Llama rotary embedding)."""
+        if not self._rotary:
+            with torch.device("cpu"):
+                self._rotary = (LlamaRotaryEmbedding(self.config.llama_config()),)
         probe = torch.empty(0, dtype=dtype, device=positions.device)
-        return self.rotary(probe, positions)
+        return self._rotary[0](probe, positions)
 
     def target_ids(self) -> torch.Tensor:
         """``[Vd]`` target id of each draft id: ``d + d2t[d]``."""

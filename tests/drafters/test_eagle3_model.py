@@ -1,7 +1,5 @@
-"""EAGLE-3 network (``specdec.drafters.eagle3_model``) against a plain reference forward written here from the format's
-description: fc over concat(low, mid, high) target states; one layer whose q/k/v read concat(input_layernorm(embed),
-hidden_norm(hidden)); residual = hidden (or hidden_norm(hidden)); MLP; final norm; draft-vocabulary head mapped to
-target ids by ``t = d + d2t[d]``; the pre-norm (or post-norm) output fed back as the next hidden."""
+"""EAGLE-3 network (``specdec.drafters.eagle3_model``) against the plain row-at-a-time reference
+(``oracles.eagle3_reference``) over several autoregressive steps, for every variant flag."""
 
 from __future__ import annotations
 
@@ -9,6 +7,7 @@ import math
 
 import pytest
 import torch
+from oracles.eagle3_reference import Reference
 
 from specdec.drafters.eagle3_model import Eagle3Config, Eagle3Model
 
@@ -38,67 +37,6 @@ def random_model(cfg: Eagle3Config, seed: int = 0) -> Eagle3Model:
     return model.eval()
 
 
-# -- the reference ------------------------------------------------------------------------------------------------
-def rms(x, w, eps=1e-5):
-    return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
-
-
-def rotate(x, pos):
-    """Rotary embedding of one vector ``x [D]`` at integer ``pos`` (pairs i and i + D/2, theta 500)."""
-    half = x.shape[-1] // 2
-    freq = 500.0 ** (-torch.arange(half, dtype=torch.float64) / half)
-    ang = pos * freq
-    c, s = torch.cos(ang).float(), torch.sin(ang).float()
-    a, b = x[:half], x[half:]
-    return torch.cat([a * c - b * s, b * c + a * s])
-
-
-class Reference:
-    """Row-at-a-time EAGLE-3 forward with its own key/value list (one sequence)."""
-
-    def __init__(self, model: Eagle3Model, flags: dict) -> None:
-        self.w = {k: v.detach() for k, v in model.state_dict().items()}
-        self.flags = flags
-        self.keys, self.values = [], []
-
-    def fuse(self, feats):  # feats [3 * HT]
-        w = self.w
-        if self.flags.get("fc_norm"):
-            feats = torch.cat([rms(feats[i * HT : (i + 1) * HT], w[f"fc_norm.{i}.weight"]) for i in range(3)])
-        if self.flags.get("norm_before_fc"):
-            feats = rms(feats, w["input_norm.weight"])
-        return w["fc.weight"] @ feats
-
-    def step(self, emb, hidden, pos):
-        """One row: returns (target-vocabulary log-probs [V], fed-back hidden [H])."""
-        w, p = self.w, "midlayer."
-        hn = rms(hidden, w[p + "hidden_norm.weight"])
-        x = torch.cat([rms(emb, w[p + "input_layernorm.weight"]), hn])
-        q = (w[p + "self_attn.q_proj.weight"] @ x).view(HEADS, D)
-        k = (w[p + "self_attn.k_proj.weight"] @ x).view(KV, D)
-        v = (w[p + "self_attn.v_proj.weight"] @ x).view(KV, D)
-        self.keys.append(torch.stack([rotate(k[j], pos) for j in range(KV)]))
-        self.values.append(v)
-        outs = []
-        for h in range(HEADS):
-            g = h // (HEADS // KV)
-            qh = rotate(q[h], pos)
-            scores = torch.stack([qh @ key[g] for key in self.keys]) / math.sqrt(D)
-            prob = torch.softmax(scores, 0)
-            outs.append(sum(pr * val[g] for pr, val in zip(prob, self.values, strict=True)))
-        residual = hn if self.flags.get("norm_before_residual") else hidden
-        y = residual + w[p + "self_attn.o_proj.weight"] @ torch.cat(outs)
-        z = rms(y, w[p + "post_attention_layernorm.weight"])
-        gate, up = w[p + "mlp.gate_proj.weight"] @ z, w[p + "mlp.up_proj.weight"] @ z
-        y = y + w[p + "mlp.down_proj.weight"] @ (gate * torch.sigmoid(gate) * up)
-        normed = rms(y, w["norm.weight"])
-        draft = torch.log_softmax(w["lm_head.weight"] @ normed, 0)
-        full = torch.full((V,), float("-inf"))
-        for d in range(VD):
-            full[d + int(w["d2t"][d])] = draft[d]
-        return full, normed if self.flags.get("norm_output") else y
-
-
 def module_logq(model: Eagle3Model, logits: torch.Tensor) -> torch.Tensor:
     """Draft logits ``[.., Vd]`` -> target-vocabulary log-probs through the module's own map."""
     full = torch.full((*logits.shape[:-1], V), float("-inf"))
@@ -123,7 +61,8 @@ def test_module_matches_reference_over_autoregressive_steps(flags):
     tokens = torch.randint(0, V, (t + 1,), generator=gen)  # token i at position i
     feats = torch.randn(t, 3 * HT, generator=gen)  # target states of positions 0 .. t-1
 
-    ref = Reference(model, flags)
+    weights = model.state_dict()
+    ref = Reference(weights, heads=HEADS, kv_heads=KV, head_dim=D, theta=500.0, eps=1e-5, flags=flags)
     for i in range(t):  # row i: hidden of position i with the embedding of token i + 1
         want, fed = ref.step(embed[tokens[i + 1]], ref.fuse(feats[i]), i)
     wants = [want]
