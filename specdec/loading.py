@@ -225,8 +225,9 @@ def build_tree(name: str, **kw) -> TreeSpec:
 
 
 def build_drafter(name: str, target, **kw):
-    """A drafter by name: ``none``, ``ngram``, ``model`` (``path`` or ``truncate_layers``) or ``dflash`` (``path``,
-    ``strict``). Paths resolve as in :func:`resolve_model_path` (``assets/drafters/zoo-dense`` from any folder)."""
+    """A drafter by name: ``none``, ``ngram``, ``model`` (``path`` or ``truncate_layers``), ``dflash`` (``path``,
+    ``strict``) or ``eagle3`` (``path``, ``tree_depth``). Paths resolve as in :func:`resolve_model_path`
+    (``assets/drafters/zoo-dense`` from any folder)."""
     if name == "none":
         return None
     if name == "ngram":
@@ -249,4 +250,11 @@ def build_drafter(name: str, target, **kw):
             raise ValueError("drafter=dflash needs a checkpoint: drafter.path=<folder or hub id owner/name>.")
         path = resolve_model_path(kw["path"], what="DFlash checkpoint folder")
         return DFlashDrafter.from_pretrained(path, target=target, strict=bool(kw.get("strict", False)))
-    raise ValueError(f"Unknown drafter {name!r}; choose none, ngram, model or dflash.")
+    if name == "eagle3":
+        from specdec.drafters.eagle3 import Eagle3Drafter
+
+        if not kw.get("path"):
+            raise ValueError("drafter=eagle3 needs a checkpoint: drafter.path=<folder or hub id owner/name>.")
+        path = resolve_model_path(kw["path"], what="EAGLE-3 checkpoint folder")
+        return Eagle3Drafter.from_pretrained(path, target=target, tree_depth=int(kw.get("tree_depth", 8)))
+    raise ValueError(f"Unknown drafter {name!r}; choose none, ngram, model, dflash or eagle3.")

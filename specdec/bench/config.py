@@ -53,6 +53,7 @@ DRAFTER_KEYS = {
     "ngram": {"max_ngram", "min_ngram", "max_matches"},
     "model": {"path", "truncate_layers", "tree_depth"},
     "dflash": {"path", "strict", "init", "num_layers", "block_size", "num_taps", "scale", "seed"},
+    "eagle3": {"path", "tree_depth", "init", "seed", "draft_vocab_size"},
 }
 
 
@@ -374,7 +375,7 @@ def _drafter_spec(spec) -> dict | None:
         return {"kind": spec}
     if isinstance(spec, Mapping) and "kind" in spec:
         return dict(spec)
-    raise ValueError(f"drafter {spec!r}: give a kind (none, ngram, model, dflash) or {{kind: ..., ...}}.")
+    raise ValueError(f"drafter {spec!r}: give a kind (none, ngram, model, dflash, eagle3) or {{kind: ..., ...}}.")
 
 
 def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[str] | None = ()) -> None:
@@ -403,7 +404,7 @@ def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[st
             kind = drafter.pop("kind")
             custom = kind in (custom_drafters or ())
             if kind not in DRAFTER_KEYS and not custom and custom_drafters is not None:
-                raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model or dflash.")
+                raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model, dflash or eagle3.")
             extra = set(drafter) - DRAFTER_KEYS[kind] if kind in DRAFTER_KEYS and not custom else set()
             if extra:
                 raise ValueError(
@@ -531,7 +532,17 @@ def _build(kwargs: dict, target, tokenizer, factories: Mapping, dflash: str | No
             raise ValueError("A {kind: dflash} method has no path: give drafter.path or the bench setting dflash=.")
         path = resolve_model_path(_resolve_path(path), what="DFlash checkpoint folder")
         return specdec.DFlashDrafter.from_pretrained(path, target=target, strict=bool(kwargs.get("strict", False)))
-    raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model or dflash.")
+    if kind == "eagle3":
+        depth = int(kwargs.get("tree_depth", 8))
+        if kwargs.get("init") == "random":  # a random head of the target's shape (timing only)
+            vocab = kwargs.get("draft_vocab_size")
+            return specdec.Eagle3Drafter.for_target(target, seed=int(kwargs.get("seed", 0)), tree_depth=depth,
+                                                    draft_vocab_size=int(vocab) if vocab else None)  # fmt: skip
+        if not kwargs.get("path"):
+            raise ValueError("A {kind: eagle3} method has no path: give drafter.path=<EAGLE-3 checkpoint folder>.")
+        path = resolve_model_path(_resolve_path(kwargs["path"]), what="EAGLE-3 checkpoint folder")
+        return specdec.Eagle3Drafter.from_pretrained(path, target=target, tree_depth=depth)
+    raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model, dflash or eagle3.")
 
 
 def default_out_dir() -> Path:

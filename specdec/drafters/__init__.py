@@ -2,9 +2,18 @@
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.dflash import DFlashDrafter
+from specdec.drafters.eagle3 import Eagle3Drafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter, NGramDrafterConfig
 
-__all__ = ["DRAFTERS", "DFlashDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NGramDrafterConfig"]
+__all__ = [
+    "DRAFTERS",
+    "DFlashDrafter",
+    "Drafter",
+    "Eagle3Drafter",
+    "ModelDrafter",
+    "NGramDrafter",
+    "NGramDrafterConfig",
+]
 
 DRAFTERS: dict[str, type] = {"model": ModelDrafter, "ngram": NGramDrafter}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -339,3 +340,62 @@ def test_repeating_target_accepts_the_copy_heads_drafts(lengths):
                                do_sample=False, pad_token_id=0)  # fmt: skip
         assert torch.equal(out.sequences, want), tree
         assert max(out.stats.accept_lengths) >= 4, (tree, out.stats.accept_lengths)  # 3 drafts and the bonus
+
+
+@pytest.mark.parametrize("rule_name", sorted(specdec.RULES))
+@pytest.mark.parametrize("policy_name", ["chain", "ddtree", "sampled-chain", "stochastic-ddtree"])
+def test_every_rule_greedy_and_sampled(policy_name, rule_name):
+    """Every verification rule with the policies that read per-depth log-probabilities: greedy settings give HF's
+    tokens; sampling runs to the length asked (a pair a rule is not exact for is refused by name)."""
+    from specdec.types import SamplingParams
+
+    target = tiny_model("qwen3", num_hidden_layers=6, scale=2.0)
+    drafter = sharp_head(target, draft_vocab_size=VD)
+    policy, rule = specdec.TREES[policy_name](), specdec.RULES[rule_name]()
+    ids, mask = left_padded((5, 9), seed=2)
+    for sampling in (SamplingParams(), SamplingParams(do_sample=True, temperature=0.9, top_k=20)):
+        kwargs = {"do_sample": True, "temperature": 0.9, "top_k": 20} if sampling.do_sample else {}
+
+        def run(kwargs=kwargs):
+            return specdec.generate(target, ids, attention_mask=mask, drafter=drafter, tree=policy, verifier=rule,
+                                    max_new_tokens=10, pad_token_id=0, **kwargs)  # fmt: skip
+
+        try:
+            rule.check(sampling, policy)
+        except ValueError as err:
+            with pytest.raises(ValueError, match=re.escape(str(err).split(":")[0])):
+                run()
+            continue
+        out = run()
+        if not kwargs:
+            want = target.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+            assert torch.equal(out.sequences, want)
+        else:
+            assert out.sequences.shape == (2, ids.shape[1] + 10) and int(out.sequences.max()) < V
+
+
+def test_cli_and_bench_build_it(zoo, tmp_path):
+    """``drafter=eagle3 drafter.path=<folder>`` in the CLI decodes the zoo target's greedy tokens; the bench builds
+    ``{kind: eagle3}`` from a path or at random."""
+    from test_cli import _compose
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec import cli
+    from specdec.bench.config import _build, check_method_specs
+
+    model = AutoModelForCausalLM.from_pretrained(zoo / "target-dense", dtype=torch.float32).eval()
+    Eagle3Drafter.for_target(model, draft_vocab_size=512, seed=3).save_pretrained(tmp_path / "head")
+    overrides = ["drafter=eagle3", f"drafter.path={tmp_path / 'head'}", "tree=ddtree", "tree.budget=6",
+                 "prompts.limit=1", "max_new_tokens=8", "show_text=false", "threads=1", "device=cpu"]  # fmt: skip
+    cfg, choices = _compose("generate", overrides)
+    records = cli.run_command("generate", cfg, choices, tmp_path / "out")
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    ids = tok(records[0]["prompt"], return_tensors="pt").input_ids
+    assert records[0]["tokens"] == model.generate(ids, do_sample=False, max_new_tokens=8)[0, ids.shape[1] :].tolist()
+    check_method_specs([{"drafter": {"kind": "eagle3", "path": "x", "tree_depth": 4}, "tree": {"kind": "chain"}}])
+    built = _build({"kind": "eagle3", "path": str(tmp_path / "head")}, model, None, {}, None)
+    assert isinstance(built, Eagle3Drafter) and built.config.draft_vocab_size == 512
+    random = _build({"kind": "eagle3", "init": "random", "draft_vocab_size": 64}, model, None, {}, None)
+    assert random.target_layer_ids == (1, 3, 4)  # hidden_states 2, N // 2, N - 3 of the 8-layer target
+    with pytest.raises(ValueError, match="eagle3.*no path"):
+        _build({"kind": "eagle3"}, model, None, {}, None)
