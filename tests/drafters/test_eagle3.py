@@ -399,3 +399,21 @@ def test_cli_and_bench_build_it(zoo, tmp_path):
     assert random.target_layer_ids == (1, 3, 4)  # hidden_states 2, N // 2, N - 3 of the 8-layer target
     with pytest.raises(ValueError, match="eagle3.*no path"):
         _build({"kind": "eagle3"}, model, None, {}, None)
+
+
+def test_round_reads_nothing_on_the_host(monkeypatch):
+    """Inside a round (proposal, verification, commit) no tensor value reaches the host: the round can be captured
+    in a CUDA graph."""
+    from host_reads import spy_round_reads
+
+    target = tiny_model("qwen3", num_hidden_layers=6, scale=2.0)
+    drafter = sharp_head(target, draft_vocab_size=VD)
+    reads = spy_round_reads(monkeypatch)
+    rounds = 0
+    for lengths in ((9,), (6, 10)):
+        ids, mask = left_padded(lengths)
+        for tree in (Chain(k=4), DDTree(budget=8, topk=3)):
+            out = specdec.generate(target, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=10,
+                                   pad_token_id=0)  # fmt: skip
+            rounds += out.stats.rounds
+    assert rounds > 10 and reads == []
