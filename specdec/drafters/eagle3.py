@@ -188,6 +188,7 @@ class Eagle3Drafter:
                     f"have no {name!r} map between the vocabularies: the checkpoint is incomplete."
                 )
         state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
+        _check_vocab_maps(folder, state["d2t"], state["t2d"], cfg)
         with torch.device("meta"):
             model = Eagle3Model(cfg)
             if "embed_tokens.weight" in state:
@@ -298,6 +299,27 @@ class Eagle3Drafter:
         from specdec.drafters.eagle3_static import Eagle3Static
 
         return Eagle3Static(self, capacity, batch)
+
+
+def _check_vocab_maps(folder: Path, d2t: torch.Tensor, t2d: torch.Tensor, cfg: Eagle3Config) -> None:
+    """``d2t [Vd]`` must send every draft id into the target vocabulary; ``t2d [V]`` should mark exactly those ids."""
+    if d2t.shape != (cfg.draft_vocab_size,) or t2d.shape != (cfg.vocab_size,):
+        raise ValueError(
+            f"{folder}: d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} do not match draft_vocab_size="
+            f"{cfg.draft_vocab_size} / vocab_size={cfg.vocab_size}: the config does not match the weights."
+        )
+    ids = torch.arange(cfg.draft_vocab_size) + d2t
+    if bool(((ids < 0) | (ids >= cfg.vocab_size)).any()):
+        raise ValueError(
+            f"{folder}: d2t sends draft ids outside the target vocabulary [0, {cfg.vocab_size}): target id = draft id "
+            "+ d2t[draft id] must be a valid target id; the map is corrupt or meant for another target."
+        )
+    marked = torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill(0, ids, True)
+    if not torch.equal(marked, t2d):
+        logger.warning(
+            "%s: t2d marks %d target ids but d2t maps to %d others; drafting follows d2t.",
+            folder, int(t2d.sum()), int((marked & ~t2d).sum()),
+        )  # fmt: skip
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:

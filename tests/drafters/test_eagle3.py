@@ -417,3 +417,40 @@ def test_round_reads_nothing_on_the_host(monkeypatch):
                                    pad_token_id=0)  # fmt: skip
             rounds += out.stats.rounds
     assert rounds > 10 and reads == []
+
+
+def test_own_embedding_and_speculators_flags(target, tmp_path):
+    """A checkpoint's own ``embed_tokens`` is the one drafts embed with; a speculators config's flags
+    (``norm_before_residual``, ``norm_output``) change the maths as the reference says."""
+    weights = described_weights(seed=8)
+    own = torch.randn(V, H, generator=torch.Generator().manual_seed(9)) / 4
+    drafter = Eagle3Drafter.from_pretrained(write_specforge(tmp_path / "s", weights, own), target=target)
+    ids, feats = inputs(seed=10)
+    want = reference_drafts(reference(weights), own, ids[0].tolist(), feats[0], 4)
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(
+        proposal_after(drafter, target, ids, feats)[0][finite], want[finite], atol=1e-5, rtol=1e-5
+    )
+
+    folder = write_speculators(tmp_path / "v", weights)
+    raw = json.loads((folder / "config.json").read_text())
+    flags = {"norm_before_residual": True, "norm_output": True}
+    (folder / "config.json").write_text(json.dumps({**raw, **flags}))
+    drafter = Eagle3Drafter.from_pretrained(folder, target=target)
+    embed = target.get_input_embeddings().weight.detach()
+    ref = Reference(weights, heads=HEADS, kv_heads=KV, head_dim=D, flags=flags)
+    want = reference_drafts(ref, embed, ids[0].tolist(), feats[0], 4)
+    torch.testing.assert_close(
+        proposal_after(drafter, target, ids, feats)[0][finite], want[finite], atol=1e-5, rtol=1e-5
+    )
+
+
+def test_vocabulary_maps_are_checked(target, tmp_path, caplog):
+    weights = described_weights()
+    bad = {**weights, "d2t": weights["d2t"] + 200}
+    with pytest.raises(ValueError, match="outside the target vocabulary"):
+        Eagle3Drafter.from_pretrained(write_official(tmp_path / "a", bad), target=target)
+    off = {**weights, "t2d": ~weights["t2d"]}
+    with caplog.at_level("WARNING"):
+        Eagle3Drafter.from_pretrained(write_official(tmp_path / "b", off), target=target)
+    assert "drafting follows d2t" in caplog.text
