@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import repeat_kv
 
 from specdec.types import Accept, Proposal
 
@@ -65,12 +64,16 @@ class Eagle3Static:
         self.kv[1][self.rows, :, slots] = v.transpose(1, 2).to(self.kv.dtype)
         keys = self.slots[:span]
         keep = (keys <= positions[..., None]) & (keys != self.scratch)  # [B, L, span]
+        batch, heads, rows, dim = q.shape
+        # heads g*rep .. g*rep+rep-1 share key/value head g: stacked along the query axis (no copy of the keys)
+        q = q.reshape(batch, heads // self.rep, self.rep * rows, dim)
+        keep = keep.repeat(1, self.rep, 1)  # row r*L + i: query i of the r-th head of a group
         bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, torch.finfo(q.dtype).min)
-        k_all = repeat_kv(self.kv[0, :, :, :span], self.rep)
-        v_all = repeat_kv(self.kv[1, :, :, :span], self.rep)
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=bias[:, None])
-        out = model.finish(residual, out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1))
-        return model.head(out)
+        out = F.scaled_dot_product_attention(
+            q, self.kv[0, :, :, :span], self.kv[1, :, :, :span], attn_mask=bias[:, None]
+        )
+        out = out.reshape(batch, heads, rows, dim).transpose(1, 2).reshape(batch, rows, -1)
+        return model.head(model.finish(residual, out))
 
     # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
     def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
