@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 _ALIASES = (("model.", ""), ("layers.0.", "midlayer."))
 
 
+# The target's final norm and LM head, kept by some training exports to compute targets; not part of the head.
+_TARGET_COPIES = ("verifier_norm.", "verifier_lm_head.")
+
+
 def _canonical_name(name: str) -> str:
     for old, new in _ALIASES:
         if name.startswith(old):
@@ -168,7 +172,7 @@ class Eagle3Drafter:
             )
         folder = _resolve_checkpoint(path)
         cfg = Eagle3Config.from_dict(json.loads((folder / "config.json").read_text()))
-        state = {_canonical_name(k): v for k, v in _read_weights(folder).items()}
+        state = {_canonical_name(k): v for k, v in _read_weights(folder).items() if not k.startswith(_TARGET_COPIES)}
         fc = state.get("fc.weight")
         if fc is not None and fc.shape[1] != cfg.num_aux * cfg.context_size:
             width, rem = divmod(fc.shape[1], cfg.num_aux)

@@ -64,6 +64,8 @@ class Eagle3Config:
         norm_before_fc (bool): one RMSNorm (``input_norm``, width ``K * H_t``) before ``fc``.
         fc_norm (bool): one RMSNorm per fused state (``fc_norm.{i}``) before ``fc``.
         norm_output (bool): the state fed back at the next depth is the final-normed one.
+        qk_norm (bool): per-head RMSNorms on queries and keys before the rotation (``self_attn.q_norm`` /
+            ``k_norm``), as a Qwen3 decoder layer has (speculators heads whose layer config is Qwen3's).
         layout (str): the layout it was read from (``official``, ``specforge``, ``speculators``).
         extra (dict): other keys, written back on save.
     """
@@ -89,6 +91,7 @@ class Eagle3Config:
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
+    qk_norm: bool = False
     layout: str = "official"
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -166,8 +169,9 @@ class Eagle3Config:
         scaling = {k: v for k, v in rope.items() if k != "rope_theta"} if rope_type != "default" else None
         flags = {
             k: bool(raw.get(k, layer.get(k, False)))
-            for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+            for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "qk_norm")
         }
+        flags["qk_norm"] |= layout == "speculators" and layer.get("model_type") == "qwen3"
         known = _LAYER_KEYS | _TOP_KEYS
         return cls(
             hidden_size=layer["hidden_size"],
@@ -218,7 +222,7 @@ class Eagle3Config:
             raw["target_hidden_size"] = self.target_hidden_size
         if self.aux_layer_ids is not None:
             raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}
-        for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+        for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "qk_norm"):
             if getattr(self, key):
                 raw[key] = True
         return {**self.extra, **raw}
@@ -236,7 +240,8 @@ _LAYER_KEYS = {
 }
 _TOP_KEYS = {
     "eagle_config", "eagle_aux_hidden_state_layer_ids", "norm_before_residual", "norm_before_fc", "fc_norm",
-    "norm_output", "transformer_layer_config", "speculators_model_type", "speculators_config", "speculators_version",
+    "norm_output", "qk_norm", "transformer_layer_config", "speculators_model_type", "speculators_config",
+    "speculators_version",
 }
 # fmt: on
 
@@ -255,6 +260,9 @@ class Eagle3Layer(nn.Module):
         self.self_attn.k_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=bias)
         self.self_attn.v_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=bias)
         self.self_attn.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
+        if cfg.qk_norm:
+            self.self_attn.q_norm = LlamaRMSNorm(d, eps=cfg.rms_norm_eps)
+            self.self_attn.k_norm = LlamaRMSNorm(d, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
         self.mlp = LlamaMLP(llama)
 
@@ -310,8 +318,11 @@ class Eagle3Model(nn.Module):
         """Attention input ``[B, L, 2H]`` -> rotated ``q [B, H_q, L, D]``, ``k``/``v`` ``[B, H_kv, L, D]``."""
         attn, layer = self.midlayer.self_attn, self.midlayer
         b, n, _ = x.shape
-        q = attn.q_proj(x).view(b, n, layer.num_heads, layer.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(b, n, layer.num_kv_heads, layer.head_dim).transpose(1, 2)
+        q = attn.q_proj(x).view(b, n, layer.num_heads, layer.head_dim)
+        k = attn.k_proj(x).view(b, n, layer.num_kv_heads, layer.head_dim)
+        if self.config.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = attn.v_proj(x).view(b, n, layer.num_kv_heads, layer.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         return q, k, v

@@ -454,3 +454,34 @@ def test_vocabulary_maps_are_checked(target, tmp_path, caplog):
     with caplog.at_level("WARNING"):
         Eagle3Drafter.from_pretrained(write_official(tmp_path / "b", off), target=target)
     assert "drafting follows d2t" in caplog.text
+
+
+def test_speculators_qwen3_layer_has_qk_norms(target, tmp_path):
+    """A speculators head whose ``transformer_layer_config`` is Qwen3's carries per-head ``q_norm``/``k_norm``
+    (applied before the rotation); the target's norm and LM head copies (``verifier_*``) in the file are ignored."""
+    gen = torch.Generator().manual_seed(11)
+    weights = described_weights(seed=12)
+    weights["midlayer.self_attn.q_norm.weight"] = 1 + 0.3 * torch.randn(D, generator=gen)
+    weights["midlayer.self_attn.k_norm.weight"] = 1 + 0.3 * torch.randn(D, generator=gen)
+    folder = write_speculators(tmp_path / "v", weights)
+    raw = json.loads((folder / "config.json").read_text())
+    raw["transformer_layer_config"]["model_type"] = "qwen3"
+    (folder / "config.json").write_text(json.dumps(raw))
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    extra = {"verifier_norm.weight": torch.ones(H), "verifier_lm_head.weight": torch.zeros(V, H)}
+    save_file({**tensors, **extra}, str(folder / "model.safetensors"))
+    drafter = Eagle3Drafter.from_pretrained(folder, target=target)
+    assert drafter.config.qk_norm
+    ids, feats = inputs(seed=13)
+    embed = target.get_input_embeddings().weight.detach()
+    ref = Reference(weights, heads=HEADS, kv_heads=KV, head_dim=D, flags={"qk_norm": True})
+    want = reference_drafts(ref, embed, ids[0].tolist(), feats[0], 4)
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(
+        proposal_after(drafter, target, ids, feats)[0][finite], want[finite], atol=1e-5, rtol=1e-5
+    )
+    drafter.save_pretrained(tmp_path / "saved")  # official layout plus the qk_norm flag
+    again = Eagle3Drafter.from_pretrained(tmp_path / "saved", target=target)
+    assert torch.equal(proposal_after(again, target, ids, feats), proposal_after(drafter, target, ids, feats))

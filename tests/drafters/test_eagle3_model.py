@@ -49,6 +49,7 @@ FLAGS = [
     {"norm_before_fc": True},
     {"fc_norm": True},
     {"norm_output": True, "norm_before_residual": True},
+    {"qk_norm": True},
 ]
 
 

@@ -3,10 +3,11 @@
 
 Written from the format's description, not from the module: ``fc`` over concat(low, mid, high) target states (after
 ``fc_norm.{i}`` per state or ``input_norm`` over the concat when flagged); q/k/v read concat(input_layernorm(embed),
-hidden_norm(hidden)); residual = hidden (``hidden_norm(hidden)`` with ``norm_before_residual``); SiLU-GLU MLP; final
-norm; ``lm_head`` over the draft vocabulary, log-softmaxed and placed at target id ``d + d2t[d]`` (-inf elsewhere);
-the pre-norm output (post-norm with ``norm_output``) fed back. Row t pairs the state of position t with the embedding
-of the token at t + 1, at rotary position t.
+hidden_norm(hidden)) (per-head ``q_norm``/``k_norm`` before the rotation with ``qk_norm``); residual = hidden
+(``hidden_norm(hidden)`` with ``norm_before_residual``); SiLU-GLU MLP; final norm; ``lm_head`` over the draft
+vocabulary, log-softmaxed and placed at target id ``d + d2t[d]`` (-inf elsewhere); the pre-norm output (post-norm
+with ``norm_output``) fed back. Row t pairs the state of position t with the embedding of the token at t + 1, at
+rotary position t.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Reference:
         weights (dict): official-layout tensor names -> tensors (fp32).
         heads, kv_heads, head_dim (int): attention shape.
         theta (float): rotary base. eps (float): RMSNorm epsilon.
-        flags (dict): ``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output``.
+        flags (dict): ``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output``, ``qk_norm``.
     """
 
     def __init__(self, weights, *, heads, kv_heads, head_dim, theta=10000.0, eps=1e-6, flags=None) -> None:
@@ -62,6 +63,9 @@ class Reference:
         x = torch.cat([rms(emb, w[p + "input_layernorm.weight"], eps), hn])
         q = (w[p + "self_attn.q_proj.weight"] @ x).view(self.heads, d)
         k = (w[p + "self_attn.k_proj.weight"] @ x).view(self.kv_heads, d)
+        if self.flags.get("qk_norm"):  # one RMSNorm per head vector, before the rotation
+            q = torch.stack([rms(row, w[p + "self_attn.q_norm.weight"], eps) for row in q])
+            k = torch.stack([rms(row, w[p + "self_attn.k_norm.weight"], eps) for row in k])
         v = (w[p + "self_attn.v_proj.weight"] @ x).view(self.kv_heads, d)
         self.keys.append(torch.stack([rotate(k[j], pos, self.theta) for j in range(self.kv_heads)]))
         self.values.append(v)
