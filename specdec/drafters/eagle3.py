@@ -250,7 +250,7 @@ class Eagle3Drafter:
         if self.model.embed_tokens is None:
             self._embed = replicated(hf.get_input_embeddings())
         note_target(self, hf)  # a later cast or move of the target moves the head too (drafters/follow.py)
-        self._bound = hf
+        self._bound = id(hf)  # (not the module: the drafter holds no reference to the target)
         return self
 
     def to(self, device=None, dtype: torch.dtype | None = None) -> Eagle3Drafter:
@@ -263,7 +263,7 @@ class Eagle3Drafter:
     def validate(self, target, tree) -> None:
         """Check that this head fits ``target`` (fused widths, vocabulary, device); binds it."""
         hf = _hf_model(target)
-        if hf is not self._bound:
+        if id(hf) != self._bound:
             self.bind(hf)
         tc, cfg = _text_config(hf), self.config
         want = cfg.num_aux * tc.hidden_size
