@@ -130,9 +130,7 @@ class Eagle3Config:
             head_dim=self.head_dim,
             rms_norm_eps=self.rms_norm_eps,
             hidden_act=self.hidden_act,
-            max_position_embeddings=max(
-                self.max_position_embeddings, int(rope.get("original_max_position_embeddings", 0))
-            ),
+            max_position_embeddings=self.max_position_embeddings,  # as the checkpoint's (yarn reads it)
             rope_parameters=rope,
             mlp_bias=self.mlp_bias,
             vocab_size=self.vocab_size,
