@@ -303,9 +303,10 @@ def test_generate_greedy_is_lossless_dense(arch, lengths):
     check_greedy(target, sharp_head(target, draft_vocab_size=VD), lengths)
 
 
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
 @pytest.mark.parametrize("lengths", [(9,), (6, 10)], ids=["b1", "b2"])
-def test_generate_greedy_is_lossless_hybrid(lengths):
-    target = tiny_hybrid("qwen3_5")  # three layers: gated delta net, attention, gated delta net
+def test_generate_greedy_is_lossless_hybrid(family, lengths):
+    target = tiny_hybrid(family)  # three layers: gated delta net, attention, gated delta net
     check_greedy(target, sharp_head(target, layer_ids=(2, 1, 3), draft_vocab_size=VD), lengths)
 
 
