@@ -658,6 +658,39 @@ MUTANTS += [
         MTP_TESTS,
     ),
 ]
+EAGLE3_MODEL = "specdec/drafters/eagle3_model.py"
+EAGLE3_STATIC = "specdec/drafters/eagle3_static.py"
+EAGLE3_TESTS = ("tests/drafters/test_eagle3_model.py", "tests/drafters/test_eagle3.py")
+MUTANTS += [
+    Mutant(  # draft ids taken as target ids: d2t ignored
+        "eagle3_d2t_ignored",
+        ((EAGLE3_MODEL, "return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t",
+          "return torch.arange(self.d2t.shape[0], device=self.d2t.device)"),),  # fmt: skip
+        EAGLE3_TESTS,
+    ),
+    Mutant(  # each draft id takes its neighbour's offset (still inside the vocabulary)
+        "eagle3_d2t_wrong_offset",
+        ((EAGLE3_MODEL, "return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t",
+          "return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t.roll(1)"),),  # fmt: skip
+        EAGLE3_TESTS,
+    ),
+    Mutant(  # output-of-layer ids (first id 1) used as hidden_states indices: every fused state one layer early
+        "eagle3_layer_ids_not_shifted",
+        ((EAGLE3_MODEL, "return tuple(i + 1 for i in ids)", "return ids"),),
+        EAGLE3_TESTS,
+    ),
+    Mutant(  # a committed row paired with its own token instead of the next one
+        "eagle3_commit_tokens_unshifted",
+        ((EAGLE3_STATIC, "self._forward(accept.tokens[:, :-1], fused[:, :-1]",
+          "self._forward(torch.cat([accept.tokens[:, :1], accept.tokens[:, :-2]], 1), fused[:, :-1]"),),  # fmt: skip
+        EAGLE3_TESTS,
+    ),
+    Mutant(  # the round's first row reads the fused state at the root's position (not yet known), not the one before
+        "eagle3_first_row_at_root",
+        ((EAGLE3_STATIC, "position = (prefix - 1).clamp(min=0)[:, None]", "position = prefix[:, None]"),),
+        EAGLE3_TESTS,
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

@@ -14,7 +14,7 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from specdec.backends import Backends
-    from specdec.drafters import DFlashDrafter, ModelDrafter, MTPDrafter, NGramDrafter
+    from specdec.drafters import DFlashDrafter, Eagle3Drafter, ModelDrafter, MTPDrafter, NGramDrafter
     from specdec.generate import SpeculativeModel, generate
     from specdec.trees import (
         TREES,
@@ -49,6 +49,7 @@ __all__ = [
     "DDTree",
     "DFlashDrafter",
     "DraftTree",
+    "Eagle3Drafter",
     "GenerateOutput",
     "Greedy",
     "GumbelTopKTree",
@@ -88,7 +89,9 @@ _RULE_NAMES = (
 )
 _HOME = {  # name -> the module it loads from (__all__ and the registries of trees and rules)
     "Backends": "specdec.backends",
-    **dict.fromkeys(("DFlashDrafter", "MTPDrafter", "ModelDrafter", "NGramDrafter"), "specdec.drafters"),
+    **dict.fromkeys(
+        ("DFlashDrafter", "Eagle3Drafter", "MTPDrafter", "ModelDrafter", "NGramDrafter"), "specdec.drafters"
+    ),
     **dict.fromkeys(("SpeculativeModel", "generate"), "specdec.generate"),
     **dict.fromkeys(
         ("TREES", "Chain", "DDTree", "GumbelTopKTree", "SampledChain", "SampledTrees", "StochasticDDTree", "TreePolicy",

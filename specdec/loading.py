@@ -226,9 +226,9 @@ def build_tree(name: str, **kw) -> TreeSpec:
 
 def build_drafter(name: str, target, **kw):
     """A drafter by name: ``none``, ``ngram``, ``model`` (``path`` or ``truncate_layers``), ``dflash`` (``path``,
-    ``strict``) or ``mtp`` (``path``: the checkpoint holding the ``mtp.*`` tensors, ``tree_depth``; ``init: random``
-    for a random head). Paths resolve as in :func:`resolve_model_path` (``assets/drafters/zoo-dense`` from any
-    folder)."""
+    ``strict``), ``eagle3`` (``path``, ``tree_depth``) or ``mtp`` (``path``: the checkpoint holding the ``mtp.*``
+    tensors, ``tree_depth``; ``init: random`` for a random head). Paths resolve as in :func:`resolve_model_path`
+    (``assets/drafters/zoo-dense`` from any folder)."""
     if name == "none":
         return None
     if name == "ngram":
@@ -251,6 +251,13 @@ def build_drafter(name: str, target, **kw):
             raise ValueError("drafter=dflash needs a checkpoint: drafter.path=<folder or hub id owner/name>.")
         path = resolve_model_path(kw["path"], what="DFlash checkpoint folder")
         return DFlashDrafter.from_pretrained(path, target=target, strict=bool(kw.get("strict", False)))
+    if name == "eagle3":
+        from specdec.drafters.eagle3 import Eagle3Drafter
+
+        if not kw.get("path"):
+            raise ValueError("drafter=eagle3 needs a checkpoint: drafter.path=<folder or hub id owner/name>.")
+        path = resolve_model_path(kw["path"], what="EAGLE-3 checkpoint folder")
+        return Eagle3Drafter.from_pretrained(path, target=target, tree_depth=int(kw.get("tree_depth", 8)))
     if name == "mtp":
         from specdec.drafters.mtp import MTPDrafter
 
@@ -263,4 +270,4 @@ def build_drafter(name: str, target, **kw):
             raise ValueError("drafter=mtp needs the checkpoint holding mtp.* tensors: drafter.path=<folder or hub id>.")
         path = resolve_model_path(kw["path"], what="checkpoint folder with mtp.* tensors")
         return MTPDrafter.from_pretrained(path, target=target, tree_depth=depth)
-    raise ValueError(f"Unknown drafter {name!r}; choose none, ngram, model, dflash or mtp.")
+    raise ValueError(f"Unknown drafter {name!r}; choose none, ngram, model, dflash, eagle3 or mtp.")

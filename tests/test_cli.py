@@ -78,7 +78,7 @@ def test_train_yaml_has_every_train_config_field():
          r"tree\.budget is not a setting of tree=chain .*\(tree=ddtree or tree=stochastic-ddtree\)"),  # fmt: skip
         ("generate", ["tree=ddtree", "+tree.k=3"], r"tree\.k is not a setting of tree=ddtree"),
         ("generate", ["drafter=ngram", "+drafter.path=x"],
-         r"drafter\.path .*drafter=dflash or drafter=model or drafter=mtp"),  # fmt: skip
+         r"drafter\.path .*drafter=dflash or drafter=eagle3 or drafter=model or drafter=mtp"),  # fmt: skip
         ("generate", ["+foo=1"], "Unknown key 'foo'"),
         ("bench", ["+budget=8"], "Unknown key 'budget' for `python -m specdec bench`"),
         ("train", ["+target.dflash_path=x"], r"target\.dflash_path is not a setting of target=dense"),
@@ -94,8 +94,8 @@ def test_every_default_config_passes_the_key_check():
     for command in cli._COMMANDS:
         cfg, choices = _compose(command, [])
         cli.check_keys(_plain(cfg), choices, command)
-    groups = ("target=hybrid", "drafter=dflash", "drafter=model", "drafter=mtp", "drafter=none", "tree=ddtree",
-              "sampling=sample")  # fmt: skip
+    groups = ("target=hybrid", "drafter=dflash", "drafter=eagle3", "drafter=model", "drafter=mtp", "drafter=none",
+              "tree=ddtree", "sampling=sample")  # fmt: skip
     for group in groups:
         cfg, choices = _compose("generate", [group])
         cli.check_keys(_plain(cfg), choices, "generate")

@@ -63,6 +63,10 @@ DRAFTERS = {
     "ngram": lambda t: (specdec.NGramDrafter(), specdec.Chain(4)),
     "dflash-tree": lambda t: (sharp_drafter(t), specdec.DDTree(budget=8, topk=3)),
     "mtp-tree": lambda t: (specdec.MTPDrafter.random(t, seed=1, std=0.3), specdec.DDTree(budget=8, topk=3)),
+    "eagle3-tree": lambda t: (
+        specdec.Eagle3Drafter.for_target(t, layer_ids=(2, 1, 2), seed=1),
+        specdec.DDTree(budget=8),
+    ),
 }
 
 

@@ -14,6 +14,7 @@ PUBLIC = {
         "DDTree",
         "DFlashDrafter",
         "DraftTree",
+        "Eagle3Drafter",
         "GenerateOutput",
         "Greedy",
         "GumbelTopKTree",

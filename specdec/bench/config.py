@@ -53,6 +53,7 @@ DRAFTER_KEYS = {
     "ngram": {"max_ngram", "min_ngram", "max_matches"},
     "model": {"path", "truncate_layers", "tree_depth"},
     "dflash": {"path", "strict", "init", "num_layers", "block_size", "num_taps", "scale", "seed"},
+    "eagle3": {"path", "tree_depth", "init", "seed", "draft_vocab_size"},
     "mtp": {"path", "init", "seed", "tree_depth"},
 }
 
@@ -380,7 +381,7 @@ def _drafter_spec(spec) -> dict | None:
         return {"kind": spec}
     if isinstance(spec, Mapping) and "kind" in spec:
         return dict(spec)
-    raise ValueError(f"drafter {spec!r}: give a kind (none, ngram, model, dflash, mtp) or {{kind: ..., ...}}.")
+    raise ValueError(f"drafter {spec!r}: give a kind (none, ngram, model, dflash, eagle3, mtp) or {{kind: ..., ...}}.")
 
 
 def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[str] | None = ()) -> None:
@@ -409,7 +410,7 @@ def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[st
             kind = drafter.pop("kind")
             custom = kind in (custom_drafters or ())
             if kind not in DRAFTER_KEYS and not custom and custom_drafters is not None:
-                raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model, dflash or mtp.")
+                raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model, dflash, eagle3 or mtp.")
             extra = set(drafter) - DRAFTER_KEYS[kind] if kind in DRAFTER_KEYS and not custom else set()
             if extra:
                 raise ValueError(
@@ -575,12 +576,22 @@ def _build(kwargs: dict, target, tokenizer, factories: Mapping, dflash: str | No
             raise ValueError("A {kind: dflash} method has no path: give drafter.path or the bench setting dflash=.")
         path = resolve_model_path(_resolve_path(path), what="DFlash checkpoint folder")
         return specdec.DFlashDrafter.from_pretrained(path, target=target, strict=bool(kwargs.get("strict", False)))
+    if kind == "eagle3":
+        depth = int(kwargs.get("tree_depth", 8))
+        if kwargs.get("init") == "random":  # a random head of the target's shape (timing only)
+            vocab = kwargs.get("draft_vocab_size")
+            return specdec.Eagle3Drafter.for_target(target, seed=int(kwargs.get("seed", 0)), tree_depth=depth,
+                                                    draft_vocab_size=int(vocab) if vocab else None)  # fmt: skip
+        if not kwargs.get("path"):
+            raise ValueError("A {kind: eagle3} method has no path: give drafter.path=<EAGLE-3 checkpoint folder>.")
+        path = resolve_model_path(_resolve_path(kwargs["path"]), what="EAGLE-3 checkpoint folder")
+        return specdec.Eagle3Drafter.from_pretrained(path, target=target, tree_depth=depth)
     if kind == "mtp":  # the target checkpoint's own head (path: default the target's), or a random one
         from specdec.loading import build_drafter
 
         path = kwargs.pop("path", None) or getattr(target, "name_or_path", None)
         return build_drafter("mtp", target, path=path, **kwargs)
-    raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model, dflash or mtp.")
+    raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model, dflash, eagle3 or mtp.")
 
 
 def default_out_dir() -> Path:

@@ -84,6 +84,18 @@ def model_drafter(target, seed: int = 1) -> specdec.ModelDrafter:
     return specdec.ModelDrafter(draft)
 
 
+def eagle3_drafter(target) -> specdec.Eagle3Drafter:
+    """A random EAGLE-3 head fusing hidden_states 2, 1, 2 of a two- or three-layer target; sharp drafts over a
+    draft vocabulary of 100 ids."""
+    drafter = specdec.Eagle3Drafter.for_target(target, layer_ids=(2, 1, 2), intermediate_size=128,
+                                               draft_vocab_size=100, seed=1)  # fmt: skip
+    with torch.no_grad():
+        for p in drafter.model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    return drafter
+
+
 DRAFTERS = {
     "ar": lambda t: (None, None),
     "ngram-chain": lambda t: (specdec.NGramDrafter(), specdec.Chain(4)),
@@ -92,6 +104,8 @@ DRAFTERS = {
     "dflash-chain": lambda t: (sharp_drafter(t), specdec.Chain(5)),
     "dflash-tree": lambda t: (sharp_drafter(t), specdec.DDTree(budget=12, topk=3)),
     "mtp-tree": lambda t: (specdec.MTPDrafter.random(t, seed=1, std=0.3), specdec.DDTree(budget=8, topk=3)),
+    "eagle3-chain": lambda t: (eagle3_drafter(t), specdec.Chain(4)),
+    "eagle3-tree": lambda t: (eagle3_drafter(t), specdec.DDTree(budget=10, topk=3)),
 }
 
 
@@ -166,7 +180,9 @@ def test_batch_bucket_rows_decode_nothing(monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "falcon_h1"])
-@pytest.mark.parametrize("method", ["ar", "model-tree", "dflash-chain", "dflash-tree", "mtp-chain", "mtp-tree"])
+@pytest.mark.parametrize(
+    "method", ["ar", "model-tree", "dflash-chain", "dflash-tree", "mtp-chain", "mtp-tree", "eagle3-tree"]
+)
 def test_batch_hybrid_rows_equal_hf_alone(family, method):
     """Hybrid targets: each row commits its recurrent state from its own accepted node."""
     if method.startswith("mtp") and family == "falcon_h1":
@@ -181,6 +197,8 @@ def test_batch_hybrid_rows_equal_hf_alone(family, method):
         drafter = DFlashDrafter.for_target(target, mask_token_id=3, num_layers=1, block_size=6,
                                            target_layer_ids=(0, 1), intermediate_size=128, seed=1)  # fmt: skip
         tree = specdec.Chain(5) if method == "dflash-chain" else specdec.DDTree(budget=12, topk=3)
+    elif method == "eagle3-tree":
+        drafter, tree = eagle3_drafter(target), specdec.DDTree(budget=10, topk=3)
     else:
         drafter, tree = None, None
     rows = prompts(3, seed=2)

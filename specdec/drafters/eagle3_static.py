@@ -1,0 +1,117 @@
+"""Fixed-shape storage and forwards of an ``Eagle3Drafter`` for the round (static K/V of the head's one layer).
+
+Row ``t`` of the head pairs the fused target state of position ``t`` with the embedding of the token at ``t + 1``
+and sits at rotary position and slot ``t``. The storage holds, per sequence, the head's keys/values of every
+committed row ``[2, B, H_kv, capacity + 1, D]`` and the fused target state of every committed position
+``[B, capacity + 1, H]`` (slot ``capacity`` is a scratch slot no query sees, where rows past the end land).
+
+- ``prefill``: rows ``0 .. T-2`` of the prompt (the last prompt row needs the root, known in the round).
+- ``propose``: row ``prefix - 1`` (the fused state of the last committed position with the root) gives the depth-1
+  distribution; each next step pairs the head's own output with the token it drafted, at the next slot. Those
+  slots past the committed rows are rewritten by the next ``commit`` before any query reads them.
+- ``commit``: the accepted path's fused states go to positions ``prefix ..``; its rows (each with the next accepted
+  token) are written in one causal block. Only accepted tokens' rows stay.
+
+Shapes never change and nothing is read on the host, so the round can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specdec.types import Accept, Proposal
+
+__all__ = ["Eagle3Static"]
+
+
+class Eagle3Static:
+    """Static storage of one ``Eagle3Drafter`` for ``batch`` sequences of up to ``capacity`` tokens.
+
+    Args:
+        drafter (Eagle3Drafter): bound to its target.
+        capacity (int): slots per sequence.
+        batch (int): sequences. Default 1.
+    """
+
+    def __init__(self, drafter, capacity: int, batch: int = 1) -> None:
+        model, cfg = drafter.model, drafter.config
+        device, dtype = model.fc.weight.device, model.fc.weight.dtype
+        self.drafter, self.capacity, self.scratch = drafter, capacity, capacity
+        size = capacity + 1
+        self.kv = torch.zeros(2, batch, cfg.num_key_value_heads, size, cfg.head_dim, dtype=dtype, device=device)
+        self.fused = torch.zeros(batch, size, cfg.hidden_size, dtype=dtype, device=device)
+        self.rows = torch.arange(batch, device=device)[:, None]
+        self.slots = torch.arange(size, device=device)
+        cos, sin = model.rope(self.slots[None], dtype)  # rotary tables by slot (= position), computed once
+        self.cos, self.sin = cos[0], sin[0]
+        self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Before a call that reuses this storage: the draft-to-target id map (``d2t`` may have been changed)."""
+        self.target_ids = self.drafter.model.target_ids()
+
+    def _forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, span: int):
+        """Rows ``[B, L]``: tokens, their hidden ``[B, L, H]`` and positions; writes the rows' keys/values at slot =
+        position (past the capacity: the scratch slot) and attends over slots ``[0, span)`` up to each row's position.
+        Returns (draft logits ``[B, L, Vd]``, hidden fed back ``[B, L, H]``)."""
+        model = self.drafter.model
+        slots = torch.where(positions < self.capacity, positions, self.scratch)
+        residual, x = model.layer_input(self.drafter._embed(tokens), hidden)
+        q, k, v = model.qkv(x, self.cos[slots], self.sin[slots])
+        self.kv[0][self.rows, :, slots] = k.transpose(1, 2).to(self.kv.dtype)  # [B, L, H_kv, D] at (row, :, slot)
+        self.kv[1][self.rows, :, slots] = v.transpose(1, 2).to(self.kv.dtype)
+        keys = self.slots[:span]
+        keep = (keys <= positions[..., None]) & (keys != self.scratch)  # [B, L, span]
+        batch, heads, rows, dim = q.shape
+        # heads g*rep .. g*rep+rep-1 share key/value head g: stacked along the query axis (no copy of the keys)
+        q = q.reshape(batch, heads // self.rep, self.rep * rows, dim)
+        keep = keep.repeat(1, self.rep, 1)  # row r*L + i: query i of the r-th head of a group
+        bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, torch.finfo(q.dtype).min)
+        out = F.scaled_dot_product_attention(
+            q, self.kv[0, :, :, :span], self.kv[1, :, :, :span], attn_mask=bias[:, None]
+        )
+        out = out.reshape(batch, heads, rows, dim).transpose(1, 2).reshape(batch, rows, -1)
+        return model.head(model.finish(residual, out))
+
+    # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
+    def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        """The prompts ``[B, T]`` and their fused target states ``[B, T, K*H_t]``: states into positions ``0 .. T-1``,
+        rows ``0 .. T-2`` into the head's keys/values (rows past a shorter prompt land where the round rewrites)."""
+        n = input_ids.shape[1]
+        fused = self.drafter.model.fuse(hidden)
+        self.fused[:, :n] = fused
+        if n > 1:
+            positions = self.slots[: n - 1][None].expand(input_ids.shape[0], -1)
+            self._forward(input_ids[:, 1:], fused[:, :-1], positions, self.capacity + 1)
+
+    def logq(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int | None = None) -> torch.Tensor:
+        """Per-depth log-probabilities ``[B, depth, V]`` (fp32, target vocabulary) of the greedy draft after each
+        ``root [B]`` at position ``prefix [B]``."""
+        span = min(span or self.capacity + 1, self.capacity + 1)
+        position = (prefix - 1).clamp(min=0)[:, None]  # [B, 1]: the last committed position
+        hidden = self.fused[self.rows, position]  # [B, 1, H]
+        token = root[:, None]
+        rows = []
+        for step in range(depth):
+            logits, hidden = self._forward(token, hidden, position + step, span)
+            rows.append(torch.log_softmax(logits.float(), dim=-1))
+            token = self.target_ids[rows[-1].argmax(dim=-1)]  # [B, 1]: first maximum, mapped to a target id
+        draft = torch.cat(rows, dim=1)  # [B, depth, Vd]
+        full = draft.new_full((*draft.shape[:2], self.drafter.config.vocab_size), float("-inf"))
+        return full.index_copy_(2, self.target_ids, draft)
+
+    def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
+        """Greedy drafts of ``depth`` tokens after each row's root: ``logq [B, depth, V]``."""
+        return Proposal(logq=self.logq(root, prefix, depth, span))
+
+    def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
+        """The accepted path's fused target states (``hidden``: the verified slots ``[B, S, K*H_t]``) at positions
+        ``prefix ..``, and its rows (each with the token that follows it) into the head's keys/values."""
+        path = accept.path
+        fused = self.drafter.model.fuse(hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1])))
+        positions = prefix[:, None] + torch.arange(path.shape[1], device=path.device)  # [B, P]
+        self.fused[self.rows, torch.where(positions < self.capacity, positions, self.scratch)] = fused
+        if path.shape[1] > 1:  # the last row needs the next root: the round's first step writes it
+            self._forward(accept.tokens[:, :-1], fused[:, :-1], positions[:, :-1], self.capacity + 1)
