@@ -633,13 +633,16 @@ class Engine:
         tensors = itertools.chain.from_iterable(itertools.chain(m.parameters(), m.buffers()) for m in modules)
         return sum(t._version for t in tensors)
 
-    def reusable(self, prompt: list[int], drafter) -> int:
+    def reusable(self, prompt: list[int], drafter, *, graph: bool = False) -> int:
         """How many leading tokens of ``prompt`` (one sequence) the storage already holds from the last call: the
         common prefix with the kept tokens, short of the prompt's last token (its logits are needed), 0 when the
         drafter differs or its state cannot resume, and for hybrid targets all of the kept tokens or none (the
-        recurrent state cannot step back)."""
+        recurrent state cannot step back). With ``graph``, prompts short enough for a captured prefill are prefilled
+        whole (one replay beats the uncaptured forward of their rest)."""
         if self.batch != 1 or not self.kept or len(prompt) < 2:
             return 0
+        if graph and -(-len(prompt) // PREFILL_BUCKET) * PREFILL_BUCKET <= min(PREFILL_CAPTURE_MAX, self.capacity):
+            return 0  # a captured prefill of the whole prompt costs about one round: less than the eager rest
         kept_drafter = self.kept_drafter() if self.kept_drafter is not None else None
         if kept_drafter is not drafter or (drafter is not None and not hasattr(self._drafters.get(drafter), "resume")):
             return 0
@@ -667,16 +670,17 @@ class Engine:
                           valid=torch.ones(1, n, dtype=torch.bool, device=device),
                           num_nodes=torch.full((1,), n, dtype=torch.long, device=device))  # fmt: skip
         span = self.span_for(total)
-        mask = tree_masks(tree.parents, tree.valid, prefix, span, n - 1, target.target.dtype)
         taps = getattr(drafter, "target_layer_ids", None)
         static = self._static(drafter)
         positions = prefix[:, None] + index
-        args = (ids, positions, mask, positions, taps)
         last = torch.full((1,), n - 1, dtype=torch.long, device=device)
         with self.attention_scope(static):
-            if not target.recurrent:
-                logits, hidden = target.forward(*args, span=span, flat=prefix, rows=last)
+            if not target.recurrent:  # attention only: the prompt forward's causal mask, from slot ``start`` on
+                mask = target.causal_mask(positions[0], span=span)
+                logits, hidden = target.forward(ids, positions, mask, positions[0], taps, rows=last, span=span)
             else:
+                mask = tree_masks(tree.parents, tree.valid, prefix, span, n - 1, target.target.dtype)
+                args = (ids, positions, mask, positions, taps)
                 hybrid = target.target.state
                 rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
                                   topo=DeviceTopology(tree, chain=True), prompt=True)  # fmt: skip

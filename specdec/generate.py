@@ -381,7 +381,7 @@ def _decode(
     keys_before = engine.rounds_built + engine.prefills_built  # graph keys (rounds, captured prefills) so far
     # one sequence that continues the last call's (a conversation): only the new part of the prompt is prefilled
     prompt_tokens = prompts[0, : lengths[0]].tolist() if rows == 1 else []
-    reused = engine.reusable(prompt_tokens, drafter) if rows == 1 and reuse_prefix else 0
+    reused = engine.reusable(prompt_tokens, drafter, graph=graph) if rows == 1 and reuse_prefix else 0
     engine.kept = ()  # the storage is rewritten from here on
     with timer("prefill"):
         if reused:

@@ -15,13 +15,14 @@ pytestmark = pytest.mark.gpu
 
 def test_a_conversation_reuses_its_prefix_on_cuda(zoo, cuda):
     model, drafter, prompts = load(zoo, "dense", torch.float32, cuda)
-    ids = prompts[0][:, -64:]
+    ids = torch.cat([prompts[0], prompts[1]], 1)  # longer than a captured prefill: later turns reuse the storage
+    assert ids.shape[1] > 512
     for turn in range(3):
         out = specdec.generate(model, ids, drafter=drafter, tree=specdec.DDTree(budget=32, topk=8), max_new_tokens=48)
         want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=48)
         assert out.stats.path == "graph" and torch.equal(out.sequences, want), turn
         assert (out.stats.reused_tokens > 0) == (turn > 0), turn
-        ids = torch.cat([out.sequences, prompts[turn + 1][:, -32:]], 1)
+        ids = torch.cat([out.sequences, prompts[turn + 2][:, -32:]], 1)
 
 
 def test_eagle3_round_is_captured_and_exact_on_cuda(zoo, cuda):
