@@ -181,7 +181,7 @@ def test_bad_values_raise_hf_errors_or_name_the_fix():
 # -- sampling ------------------------------------------------------------------------------------------------------
 SAMPLES = 1500
 WARP = dict(temperature=0.9, top_k=40)
-PENALTY = 3.0
+PENALTY = 0.1  # below 1: seen tokens are favoured, so the first token's own penalty moves the later marginals
 
 
 def _processed_probs(target, seqs: torch.Tensor, prompt_len: int, *, ancestry: bool = True) -> torch.Tensor:
@@ -219,7 +219,7 @@ def _marginals(target, ids: torch.Tensor, *, ancestry: bool = True) -> tuple[tor
 def test_sampling_marginals_match_hf_with_the_penalty(rule):
     """χ² of the 2nd and 3rd new tokens against HF's exact marginals; power: the wrong marginals (the penalty
     without the node's ancestry) are rejected in nearly every trial at this sample size."""
-    target = tiny_model("qwen3", scale=1.0)
+    target = tiny_model("qwen3", scale=2.0, seed=1)  # peaked enough that a penalty of 0.1 makes repeats likely
     small = specdec.ModelDrafter(perturbed_copy(target, noise=0.02))
     ids = prompt(7, 6)
     with torch.no_grad():
@@ -236,7 +236,7 @@ def test_sampling_marginals_match_hf_with_the_penalty(rule):
     out = specdec.generate(target, ids, drafter=small, tree=tree, verifier=verifier, do_sample=True,
                            num_return_sequences=SAMPLES, max_new_tokens=3, eos_token_id=[], pad_token_id=0,
                            repetition_penalty=PENALTY, generator=torch.Generator().manual_seed(0), **WARP)  # fmt: skip
-    assert out.stats.tau > 1.3  # drafts were accepted: tokens 2 and 3 came from tree nodes
+    assert sum(out.stats.accept_hist[1:]) >= 300  # many rounds accepted drafts: tokens 2 and 3 came from tree nodes
     n = ids.shape[1]
     for j, right in ((1, m2), (2, m3)):
         counts = torch.bincount(out.sequences[:, n + j], minlength=right.shape[0]).double()
