@@ -540,14 +540,13 @@ MUTANTS += [
     # -- multi-turn prefix reuse ---------------------------------------------------------------------------------
     Mutant(  # the reused prefix one token longer than what still matches the kept sequence
         "reused_prefix_off_by_one",
-        ((ENGINE, "        if self.target.recurrent and n != len(self.kept):\n            return 0\n        return n\n",
-          "        if self.target.recurrent and n != len(self.kept):\n            return 0\n"
-          "        return min(n + 1, len(prompt) - 1)\n"),),  # fmt: skip
+        ((ENGINE, "        return min(first, committed)\n", "        return min(first + 1, committed, length - 1)\n"),),
         ("tests/round/test_multi_turn.py",),
     ),
     Mutant(  # a hybrid's recurrent state reused although the prompt leaves the kept sequence before its end
         "hybrid_state_reused_from_the_wrong_point",
-        ((ENGINE, "        if self.target.recurrent and n != len(self.kept):\n            return 0\n", ""),),
+        ((ENGINE, "            return committed if committed <= min(first, kept_len) else 0\n",
+          "            return min(first, committed)\n"),),  # fmt: skip
         ("tests/round/test_multi_turn.py",),
     ),
     # -- num_return_sequences ---------------------------------------------------------------------------------

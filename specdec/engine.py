@@ -533,7 +533,7 @@ class Engine:
         # A single-sequence engine keeps what its last call left in storage: the tokens whose K/V (and recurrent
         # state) are valid, and the drafter whose state follows them; a call whose prompt extends them prefills only
         # the rest (``reusable`` / ``extend``).
-        self.kept: tuple[int, ...] = ()
+        self.kept: torch.Tensor | None = None  # [n] on the device
         self.kept_drafter = None  # weakref of that drafter (None: plain decoding)
         self.kept_versions = 0
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
@@ -614,15 +614,11 @@ class Engine:
             static.refresh()
         return static
 
-    def keep(self, tokens: list[int], drafter) -> None:
-        """After a single-sequence call whose row is ``tokens`` (prompt + output): record the tokens whose state the
-        storage holds (one host read of the committed length). A hybrid target keeps them only when its recurrent
-        state sits exactly at the end of them (rounds may commit drafts past an EOS or the length limit)."""
-        committed = int(self.prefix[0])
-        if self.target.recurrent and committed > len(tokens):
-            self.kept = ()
-            return
-        self.kept = tuple(tokens[: min(committed, len(tokens))])
+    def keep(self, tokens: torch.Tensor, drafter) -> None:
+        """After a single-sequence call whose row is ``tokens`` (``[n]`` on the device: prompt + output): remember
+        them, and the drafter, so that the next call can tell whether its prompt continues them (``reusable``).
+        Nothing is read here: how many of them the storage holds (the committed length) is read by that check."""
+        self.kept = tokens
         self.kept_drafter = None if drafter is None else weakref.ref(drafter)
         self.kept_versions = self._versions(drafter)
 
@@ -633,30 +629,32 @@ class Engine:
         tensors = itertools.chain.from_iterable(itertools.chain(m.parameters(), m.buffers()) for m in modules)
         return sum(t._version for t in tensors)
 
-    def reusable(self, prompt: list[int], drafter, *, graph: bool = False) -> int:
-        """How many leading tokens of ``prompt`` (one sequence) the storage already holds from the last call: the
-        common prefix with the kept tokens, short of the prompt's last token (its logits are needed), 0 when the
-        drafter differs or its state cannot resume, and for hybrid targets all of the kept tokens or none (the
-        recurrent state cannot step back). With ``graph``, prompts short enough for a captured prefill are prefilled
-        whole (one replay beats the uncaptured forward of their rest)."""
-        if self.batch != 1 or not self.kept or len(prompt) < 2:
+    def reusable(self, prompt: torch.Tensor, drafter, *, graph: bool = False) -> int:
+        """How many leading tokens of ``prompt`` (``[T]``, one sequence, on the device) the storage already holds
+        from the last call: the common prefix with that call's sequence, within what it committed, short of the
+        prompt's last token (its logits are needed); 0 when the drafter differs, its state cannot resume or the
+        weights changed in place, and for hybrid targets all of the committed tokens or none (the recurrent state
+        cannot step back). With ``graph``, prompts short enough for a captured prefill are prefilled whole (one
+        replay beats the uncaptured forward of their rest). One host read, only when there is something to compare.
+        """
+        length = prompt.shape[0]
+        if self.batch != 1 or self.kept is None or length < 2:
             return 0
-        if graph and -(-len(prompt) // PREFILL_BUCKET) * PREFILL_BUCKET <= min(PREFILL_CAPTURE_MAX, self.capacity):
+        if graph and -(-length // PREFILL_BUCKET) * PREFILL_BUCKET <= min(PREFILL_CAPTURE_MAX, self.capacity):
             return 0  # a captured prefill of the whole prompt costs about one round: less than the eager rest
         kept_drafter = self.kept_drafter() if self.kept_drafter is not None else None
         if kept_drafter is not drafter or (drafter is not None and not hasattr(self._drafters.get(drafter), "resume")):
             return 0
         if self._versions(drafter) != self.kept_versions:
             return 0
-        n = 0
-        for a, b in zip(self.kept, prompt[:-1], strict=False):
-            if a != b:
-                break
-            n += 1
-        if self.target.recurrent and n != len(self.kept):
-            return 0
-        return n
-
+        kept_len = self.kept.shape[0]
+        span = min(kept_len, length - 1)
+        differ = self.kept[:span] != prompt[:span]
+        first = torch.where(differ.any(), differ.long().argmax(), span)
+        committed, first = torch.stack([self.prefix[0], first]).tolist()  # the one read
+        if self.target.recurrent:  # the state sits after ``committed`` tokens: all of them or nothing
+            return committed if committed <= min(first, kept_len) else 0
+        return min(first, committed)
     def extend(self, prompts: torch.Tensor, start: int, drafter) -> torch.Tensor:
         """Prefill ``prompts [1, T]`` of which slots ``0 .. start - 1`` already hold the first ``start`` tokens:
         the rest runs as one chain on top of them (a verify of that chain, with its commit for recurrent layers), and

@@ -138,7 +138,7 @@ def _check_continuation(past, input_ids: torch.Tensor) -> None:
         raise ValueError(f"past_key_values continues one sequence, but input_ids has {input_ids.shape[0]} rows: "
                          "continue each conversation in its own call.")  # fmt: skip
     n = past.length
-    if input_ids.shape[1] <= n or input_ids[0, :n].tolist() != list(past.tokens):
+    if input_ids.shape[1] <= n or not torch.equal(input_ids[0, :n], past.tokens.to(input_ids.device)):
         raise ValueError(
             f"past_key_values holds a sequence of {n} tokens that input_ids does not start with: pass the whole "
             "sequence so far (the previous output's sequences, then the new tokens), as HF's continuation takes it."
@@ -380,9 +380,8 @@ def _decode(
 
     keys_before = engine.rounds_built + engine.prefills_built  # graph keys (rounds, captured prefills) so far
     # one sequence that continues the last call's (a conversation): only the new part of the prompt is prefilled
-    prompt_tokens = prompts[0, : lengths[0]].tolist() if rows == 1 else []
-    reused = engine.reusable(prompt_tokens, drafter, graph=graph) if rows == 1 and reuse_prefix else 0
-    engine.kept = ()  # the storage is rewritten from here on
+    reused = engine.reusable(prompts[0, : lengths[0]], drafter, graph=graph) if rows == 1 and reuse_prefix else 0
+    engine.kept = None  # the storage is rewritten from here on
     with timer("prefill"):
         if reused:
             logits = engine.extend(prompts, reused, drafter)
@@ -477,8 +476,8 @@ def _decode(
 
     if streamer is not None:
         streamer.end()
-    if rows == 1:
-        engine.keep(prompt_tokens + new_tokens[0], drafter)
+    if rows == 1:  # the sequence the storage now holds, for the next call (no read: ``Engine.reusable`` reads)
+        engine.keep(torch.cat([prompts[0, : lengths[0]], torch.tensor(new_tokens[0], device=prompts.device)]), drafter)
     stats.new_tokens = sum(len(t) for t in new_tokens)
     stats.target_forwards += 1  # the prefill
     stats.draft_forwards = drafter.num_forwards - draft_forwards_before if drafter is not None else 0
@@ -501,7 +500,7 @@ def _decode(
     scores = logits = None
     if kept is not None:
         logits, scores = _step_scores(kept, new_tokens, args, out_len, prompts[:batch], lengths)
-    past = Continuation(engine.kept) if rows == 1 and engine.kept else None
+    past = Continuation(engine.kept) if rows == 1 and engine.kept is not None else None
     return GenerateOutput(sequences=sequences, stats=stats, scores=scores if args.output_scores else None,
                           logits=logits if args.output_logits else None, past_key_values=past)  # fmt: skip
 

@@ -314,22 +314,23 @@ class SpecStats:
 class Continuation:
     """What a single-sequence ``generate`` call left in the target's storage, returned as ``past_key_values``:
     passing it to the next call (with the whole sequence as ``input_ids``, as HF's continuation takes it) prefills
-    only the tokens after ``length``. The storage is the engine's own (``docs/api.md``, multi-turn): a later call on
-    the same model and batch size overwrites it, and then the continuation prefills from scratch (same tokens).
+    only the tokens the storage does not hold (all but at most the last of ``tokens``). The storage is the
+    engine's own (``docs/api.md``, multi-turn): a later call on the same model and batch size overwrites it, and
+    then the continuation prefills from scratch (same tokens).
 
     Args:
-        tokens (tuple[int, ...]): the sequence the storage holds (prompt + output, up to the last committed token).
+        tokens (torch.Tensor): ``[n]`` the sequence of the call (prompt + output), on the target's device.
     """
 
-    tokens: tuple[int, ...]
+    tokens: torch.Tensor
 
     @property
     def length(self) -> int:
-        return len(self.tokens)
+        return int(self.tokens.shape[0])
 
     def get_seq_length(self) -> int:
         """HF ``Cache`` spelling of :attr:`length`."""
-        return len(self.tokens)
+        return self.length
 
 
 @dataclass
