@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from specdec.distributed import replicated
+from specdec.drafters.checkpoints import hf_causal_lm, load_exact, rename, resolve_checkpoint, text_config
 from specdec.drafters.dflash_model import (
     DFlashConfig,
     DFlashDraftModel,
@@ -25,7 +26,6 @@ from specdec.drafters.dflash_model import (
 )
 from specdec.drafters.follow import note_target
 from specdec.drafters.identity import RECORD_KEY, check_identity, identity_differences, target_identity
-from specdec.paths import is_local_path, resolve_path
 from specdec.trees import Chain
 
 __all__ = ["DFlashConfig", "DFlashDraftModel", "DFlashDrafter", "default_target_layer_ids"]
@@ -43,28 +43,6 @@ _ALIASES = (
     ("context_norm.", "hidden_norm."),
     ("final_norm.", "norm."),
 )
-
-
-def _canonical_name(name: str) -> str:
-    for old, new in _ALIASES:
-        if name.startswith(old):
-            name = new + name[len(old) :]
-    return name
-
-
-def _hf_model(target):
-    """The HF causal LM behind ``target`` (an HF ``*ForCausalLM`` or a ``specdec.target.TargetModel``)."""
-    if callable(getattr(target, "get_output_embeddings", None)) and target.get_output_embeddings() is not None:
-        return target
-    inner = getattr(target, "model", None)
-    if inner is not None and callable(getattr(inner, "get_output_embeddings", None)):
-        return inner
-    raise TypeError(f"Expected an HF causal LM or a specdec TargetModel, got {type(target).__name__}.")
-
-
-def _text_config(hf_model):
-    cfg = hf_model.config
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
 def _rope_theta_of(text_cfg) -> float:
@@ -144,8 +122,8 @@ class DFlashDrafter:
             dtype (torch.dtype): weight dtype. Default fp32 (for training).
             device: default the target's device.
         """
-        hf = _hf_model(target)
-        tc = _text_config(hf)
+        hf = hf_causal_lm(target)
+        tc = text_config(hf)
         heads = num_attention_heads or tc.num_attention_heads
         depth = tc.num_hidden_layers
         ids = tuple(target_layer_ids) if target_layer_ids is not None else None
@@ -203,12 +181,12 @@ class DFlashDrafter:
         """
         from safetensors.torch import load_file
 
-        folder = _resolve_checkpoint(path)
+        folder = resolve_checkpoint(path, what="DFlash checkpoint folder", patterns=["config.json", "*.safetensors"])
         raw = json.loads((folder / "config.json").read_text())
         record = raw.pop(RECORD_KEY, None)
         state: dict[str, torch.Tensor] = {}
         for file in sorted(folder.glob("*.safetensors")):
-            state.update({_canonical_name(k): v for k, v in load_file(str(file)).items()})
+            state.update({rename(k, _ALIASES): v for k, v in load_file(str(file)).items()})
         if not state:
             raise FileNotFoundError(f"{folder} holds no *.safetensors weights.")
         for name in ("d2t", "t2d"):
@@ -236,16 +214,9 @@ class DFlashDrafter:
                 model.lm_head = nn.Linear(
                     state["lm_head.weight"].shape[1], state["lm_head.weight"].shape[0], bias=False
                 )
-        expected = set(model.state_dict())
-        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"{folder} does not match the DFlash layout of its config.json: missing {missing[:8]}, "
-                f"unexpected {unexpected[:8]} (tensor names are those of docs/dflash.md)."
-            )
-        model.load_state_dict(state, strict=True, assign=True)
+        load_exact(model, state, folder=folder, layout="DFlash", doc="docs/dflash.md")
         if target is not None:
-            emb = _hf_model(target).get_input_embeddings().weight
+            emb = hf_causal_lm(target).get_input_embeddings().weight
             device = emb.device if device is None else device
             dtype = emb.dtype if dtype is None else dtype
         model.to(device=device or "cpu", dtype=dtype)
@@ -280,7 +251,7 @@ class DFlashDrafter:
         The first time a target is bound it is compared with the one the drafter was trained for: a difference
         is logged as a warning, or raises ``ValueError`` when ``strict``.
         """
-        hf = _hf_model(target)
+        hf = hf_causal_lm(target)
         if self._bound is None or self._bound[0] != id(hf):
             identity = target_identity(hf)
             cfg = self.config
@@ -307,8 +278,8 @@ class DFlashDrafter:
     # -- Drafter protocol --------------------------------------------------------------------------------
     def validate(self, target, tree) -> None:
         """Check that this drafter fits ``target`` and ``tree``, and bind the target's embedding and LM head."""
-        hf = _hf_model(target)
-        tc = _text_config(hf)
+        hf = hf_causal_lm(target)
+        tc = text_config(hf)
         cfg, depth = self.config, tc.num_hidden_layers
         bad = [i for i in cfg.target_layer_ids if not 0 <= i < depth]
         if bad:
@@ -375,14 +346,3 @@ class DFlashDrafter:
         ``[B, block, H]``."""
         head = self._lm_head
         return torch.log_softmax(head(hidden[:, 1 : 1 + depth].to(head.weight.dtype)).float(), dim=-1)
-
-def _resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A local checkpoint folder (found wherever the working directory is), or a hub id ``owner/name``."""
-    if is_local_path(path) or Path(path).exists():
-        folder = resolve_path(path, what="DFlash checkpoint folder")
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{folder} has no config.json: not a DFlash checkpoint folder.")
-        return folder
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(str(path), allow_patterns=["config.json", "*.safetensors"]))

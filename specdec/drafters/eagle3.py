@@ -20,9 +20,16 @@ import torch
 from torch import nn
 
 from specdec.distributed import replicated
+from specdec.drafters.checkpoints import (
+    GreedySteps,
+    hf_causal_lm,
+    load_exact,
+    rename,
+    resolve_checkpoint,
+    text_config,
+)
 from specdec.drafters.eagle3_model import Eagle3Config, Eagle3Model, fused_layers
 from specdec.drafters.follow import note_target
-from specdec.paths import is_local_path, resolve_path
 from specdec.trees import Chain
 
 __all__ = ["Eagle3Config", "Eagle3Drafter", "Eagle3Model", "fused_layers"]
@@ -37,29 +44,7 @@ _ALIASES = (("model.", ""), ("layers.0.", "midlayer."))
 _TARGET_COPIES = ("verifier_norm.", "verifier_lm_head.")
 
 
-def _canonical_name(name: str) -> str:
-    for old, new in _ALIASES:
-        if name.startswith(old):
-            name = new + name[len(old) :]
-    return name
-
-
-def _hf_model(target):
-    """The HF causal LM behind ``target`` (an HF ``*ForCausalLM`` or a ``specdec.target.TargetModel``)."""
-    if callable(getattr(target, "get_input_embeddings", None)) and isinstance(target, nn.Module):
-        return target
-    inner = getattr(target, "model", None)
-    if isinstance(inner, nn.Module) and callable(getattr(inner, "get_input_embeddings", None)):
-        return inner
-    raise TypeError(f"Expected an HF causal LM or a specdec TargetModel, got {type(target).__name__}.")
-
-
-def _text_config(hf_model):
-    cfg = hf_model.config
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-
-
-class Eagle3Drafter:
+class Eagle3Drafter(GreedySteps):
     """EAGLE-3 drafter (Drafter protocol): D greedy one-row forwards of the head per round.
 
     Args:
@@ -112,8 +97,8 @@ class Eagle3Drafter:
             dtype: default the target's.
             **kwargs: for the drafter (``tree_depth``).
         """
-        hf = _hf_model(target)
-        tc = _text_config(hf)
+        hf = hf_causal_lm(target)
+        tc = text_config(hf)
         emb = hf.get_input_embeddings().weight
         vocab, width = emb.shape
         heads = tc.num_attention_heads
@@ -170,9 +155,10 @@ class Eagle3Drafter:
                 "Eagle3Drafter.from_pretrained needs target=<the model it drafts for>: the fused layers and the "
                 "embedding come from it."
             )
-        folder = _resolve_checkpoint(path)
+        folder = resolve_checkpoint(path, what="EAGLE-3 checkpoint folder",
+                                    patterns=["config.json", "*.safetensors", "pytorch_model*.bin"])
         cfg = Eagle3Config.from_dict(json.loads((folder / "config.json").read_text()))
-        state = {_canonical_name(k): v for k, v in _read_weights(folder).items() if not k.startswith(_TARGET_COPIES)}
+        state = {rename(k, _ALIASES): v for k, v in _read_weights(folder).items() if not k.startswith(_TARGET_COPIES)}
         fc = state.get("fc.weight")
         if fc is not None and fc.shape[1] != cfg.num_aux * cfg.context_size:
             width, rem = divmod(fc.shape[1], cfg.num_aux)
@@ -197,15 +183,8 @@ class Eagle3Drafter:
             model = Eagle3Model(cfg)
             if "embed_tokens.weight" in state:
                 model.embed_tokens = nn.Embedding(*state["embed_tokens.weight"].shape)
-        expected = set(model.state_dict())
-        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"{folder} does not match the EAGLE-3 layout of its config.json ({cfg.layout}): missing {missing[:8]}, "
-                f"unexpected {unexpected[:8]} (tensor names are those of docs/eagle3.md)."
-            )
-        model.load_state_dict(state, strict=True, assign=True)
-        emb = _hf_model(target).get_input_embeddings().weight
+        load_exact(model, state, folder=folder, layout=f"EAGLE-3 ({cfg.layout})", doc="docs/eagle3.md")
+        emb = hf_causal_lm(target).get_input_embeddings().weight
         model.to(device=device or emb.device, dtype=dtype or emb.dtype)
         return cls(model, target=target, **kwargs)
 
@@ -235,8 +214,8 @@ class Eagle3Drafter:
 
     def bind(self, target) -> Eagle3Drafter:
         """Fix the fused layers for ``target`` and borrow its input embedding (unless the head has its own)."""
-        hf = _hf_model(target)
-        depth = _text_config(hf).num_hidden_layers
+        hf = hf_causal_lm(target)
+        depth = text_config(hf).num_hidden_layers
         layers = fused_layers(self.config.aux_layer_ids, depth)
         bad = [i for i in layers if not 1 <= i <= depth]
         if bad:
@@ -262,10 +241,10 @@ class Eagle3Drafter:
     # -- Drafter protocol --------------------------------------------------------------------------------
     def validate(self, target, tree) -> None:
         """Check that this head fits ``target`` (fused widths, vocabulary, device); binds it."""
-        hf = _hf_model(target)
+        hf = hf_causal_lm(target)
         if id(hf) != self._bound:
             self.bind(hf)
-        tc, cfg = _text_config(hf), self.config
+        tc, cfg = text_config(hf), self.config
         want = cfg.num_aux * tc.hidden_size
         if self.model.fc.in_features != want:
             raise ValueError(
@@ -283,16 +262,6 @@ class Eagle3Drafter:
                 f"The EAGLE-3 head is on {self.model.fc.weight.device} but the target on {self._embed.weight.device}: "
                 "call drafter.to(target.device)."
             )
-
-    def reset(self) -> None:
-        """Nothing to forget: the per-sequence state lives in the round's static storage."""
-
-    def draft_depth(self, tree) -> int:
-        """Greedy steps per round: the policy's depth, capped at ``tree_depth`` for branching policies."""
-        return min(tree.max_depth, self.tree_depth) if tree.branching else tree.max_depth
-
-    def window(self, tree) -> int:
-        return self.draft_depth(tree) + 1
 
     def forwards_per_round(self, tree) -> int:
         """The draft steps plus the one forward over the accepted tokens."""
@@ -342,16 +311,3 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     for file in bins:
         state.update(torch.load(file, map_location="cpu", weights_only=True))
     return state
-
-
-def _resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A local checkpoint folder (found wherever the working directory is), or a hub id ``owner/name``."""
-    if is_local_path(path) or Path(path).exists():
-        folder = resolve_path(path, what="EAGLE-3 checkpoint folder")
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{folder} has no config.json: not an EAGLE-3 checkpoint folder.")
-        return folder
-    from huggingface_hub import snapshot_download
-
-    patterns = ["config.json", "*.safetensors", "pytorch_model*.bin"]
-    return Path(snapshot_download(str(path), allow_patterns=patterns))

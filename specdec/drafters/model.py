@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from specdec.drafters.checkpoints import GreedySteps
 from specdec.drafters.follow import note_target
 from specdec.state.kv import KVState
 from specdec.target import TargetModel
@@ -20,7 +21,7 @@ from specdec.trees import Chain
 __all__ = ["ModelDrafter"]
 
 
-class ModelDrafter:
+class ModelDrafter(GreedySteps):
     """Drafts with a small HF causal LM.
 
     Args:
@@ -91,20 +92,6 @@ class ModelDrafter:
                 f"Draft model is on {self.lm.device} but the target is on {target.device}; move it with "
                 "draft_model.to(target.device)."
             )
-
-    def reset(self) -> None:
-        return None
-
-    @property
-    def provides(self) -> tuple[str, ...]:
-        return ("logq",)
-
-    def draft_depth(self, tree) -> int:
-        """Greedy steps per round: the policy's depth, capped at ``tree_depth`` for branching policies."""
-        return min(tree.max_depth, self.tree_depth) if tree.branching else tree.max_depth
-
-    def window(self, tree) -> int:
-        return self.draft_depth(tree) + 1
 
     def forwards_per_round(self, tree) -> int:
         return self.draft_depth(tree)

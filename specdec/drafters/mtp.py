@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 
 from specdec.distributed import replicated
+from specdec.drafters.checkpoints import GreedySteps, resolve_checkpoint
 from specdec.drafters.follow import note_target
 from specdec.drafters.mtp_model import MTPModule, from_checkpoint_names, hf_model, text_model, to_checkpoint_names
-from specdec.paths import is_local_path, resolve_path
+from specdec.paths import resolve_path
 from specdec.trees import Chain
 
 __all__ = ["MTPDrafter", "mtp_layer_count", "read_mtp_tensors"]
@@ -74,25 +75,13 @@ def read_mtp_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def _resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A local checkpoint folder, or a hub id ``owner/name`` (its config and safetensors downloaded)."""
-    if is_local_path(path) or Path(path).exists():
-        folder = resolve_path(path, what="checkpoint folder")
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{folder} has no config.json: not an HF checkpoint folder.")
-        return folder
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
-
-
 def _shape(hf) -> tuple:
     """What a head must match in a target: its class, width, depth and vocabulary."""
     cfg = text_model(hf).config
     return (type(hf).__name__, cfg.hidden_size, cfg.num_hidden_layers, hf.get_output_embeddings().weight.shape[0])
 
 
-class MTPDrafter:
+class MTPDrafter(GreedySteps):
     """Drafts with the target checkpoint's own MTP head (Drafter protocol).
 
     Args:
@@ -133,7 +122,7 @@ class MTPDrafter:
     ) -> MTPDrafter:
         """The MTP head of the checkpoint at ``path`` (a folder or hub id; the target's own checkpoint), built for
         ``target`` (on its device; in its dtype unless ``dtype``)."""
-        folder = _resolve_checkpoint(path)
+        folder = resolve_checkpoint(path, what="checkpoint folder", patterns=["*.json", "*.safetensors"])
         raw = json.loads((folder / "config.json").read_text())
         if any(cfg.get("mtp_use_dedicated_embeddings") for cfg in _configs(raw)):
             raise NotImplementedError(
@@ -276,21 +265,6 @@ class MTPDrafter:
                 f"The MTP head is on {weight.device} but the target on {self._embed.weight.device}: call "
                 "drafter.to(target.device)."
             )
-
-    def reset(self) -> None:
-        """Nothing to forget: the per-sequence K/V lives in the round's static storage."""
-
-    @property
-    def provides(self) -> tuple[str, ...]:
-        return ("logq",)
-
-    def draft_depth(self, tree) -> int:
-        """Greedy steps per round: the policy's depth, capped at ``tree_depth`` for branching policies."""
-        return min(tree.max_depth, self.tree_depth) if tree.branching else tree.max_depth
-
-    def window(self, tree) -> int:
-        """Slots past the root a round writes: the commit's path rows (``D + 1``)."""
-        return self.draft_depth(tree) + 1
 
     def forwards_per_round(self, tree) -> int:
         """``D`` draft steps and the commit's pass over the accepted path."""

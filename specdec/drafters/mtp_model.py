@@ -22,17 +22,9 @@ import inspect
 import torch
 from torch import nn
 
+from specdec.drafters.checkpoints import hf_causal_lm as hf_model
+
 __all__ = ["MTPModule", "from_checkpoint_names", "hf_model", "text_model", "to_checkpoint_names"]
-
-
-def hf_model(target):
-    """The HF causal LM behind ``target`` (an HF ``*ForCausalLM`` or a ``specdec.target.TargetModel``)."""
-    if callable(getattr(target, "get_output_embeddings", None)) and target.get_output_embeddings() is not None:
-        return target
-    inner = getattr(target, "model", None)
-    if inner is not None and callable(getattr(inner, "get_output_embeddings", None)):
-        return inner
-    raise TypeError(f"Expected an HF causal LM or a specdec TargetModel, got {type(target).__name__}.")
 
 
 def text_model(hf) -> nn.Module:
