@@ -180,3 +180,94 @@ def test_config_errors_name_the_problem(tmp_path):
         Eagle3TrainConfig(target="t", out_dir="o", corpus="c", prompt_tokens=16, seq_len=16)
     with pytest.raises(ValueError, match="ttt_steps=0"):
         Eagle3TrainConfig(target="t", out_dir="o", corpus="c", ttt_steps=0)
+
+
+# -- the command line ---------------------------------------------------------------------------------------
+def _compose(overrides: list[str]) -> dict:
+    """The resolved config ``python -m specdec train <overrides>`` runs on (keys checked as the app checks them)."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf, open_dict
+
+    from specdec import cli
+
+    cli._register_resolvers()
+    with initialize_config_module("specdec.conf", version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    cli.check_keys(plain, choices, "train")
+    return plain
+
+
+def test_cli_drafter_switch_maps_to_the_eagle3_config():
+    from specdec import cli
+    from specdec.train import TrainConfig
+
+    plain = _compose(["drafter=eagle3", "corpus=src", "eagle3.draft_vocab_size=2048", "eagle3.seq_len=96",
+                      "max_steps=7", "prompts.limit=3"])  # fmt: skip
+    assert cli.train_kind(plain) == "eagle3"
+    cfg = Eagle3TrainConfig(**cli.train_settings(plain))
+    assert (cfg.draft_vocab_size, cfg.seq_len, cfg.max_steps, cfg.eval_num_prompts) == (2048, 96, 7, 3)
+    assert cfg.out_dir == "drafters/dense-eagle3" and cfg.corpus == ("src",)
+    assert cfg.target_layer_ids is None and cfg.intermediate_size is None  # not DFlash's taps and width
+    assert (cfg.ttt_steps, cfg.step_decay, cfg.lr) == (7, 0.8, Eagle3TrainConfig.lr)
+    plain = _compose(["corpus=src"])  # the default stays DFlash, with DFlash's settings
+    assert cli.train_kind(plain) == "dflash"
+    dflash = TrainConfig(**cli.train_settings(plain))
+    assert dflash.target_layer_ids == (1, 3, 4, 6) and dflash.seq_len == 1024 and dflash.out_dir == "drafters/dense"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["drafter=ngram"], r"train trains drafter=dflash or drafter=eagle3, not drafter=ngram"),
+        (["drafter=eagle3", "block_size=4"], r"block_size is a setting of drafter=dflash.*drop it"),
+        (["drafter=eagle3", "seq_len=64"], r"seq_len is a setting of drafter=dflash.*set eagle3\.seq_len"),
+        (["drafter=eagle3", "out_dir=x"], r"set eagle3\.out_dir"),
+        (["eagle3.ttt_steps=3"], r"eagle3\.ttt_steps applies to drafter=eagle3"),
+        (["drafter=eagle3", "drafter.path=x"], r"drafter\.path='x' is a decoding setting.*init_from="),
+        (["drafter=eagle3", "+eagle3.foo=1"], r"eagle3\.foo is not a setting of train"),
+    ],
+)
+def test_cli_settings_of_the_other_drafter_are_errors(overrides, message):
+    from specdec import cli
+
+    with pytest.raises(ValueError, match=message):
+        cli.train_settings(_compose([*overrides, "corpus=src"]))
+
+
+def test_cli_trains_and_writes_a_loadable_head(zoo, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    repo = Path(__file__).resolve().parents[2]
+    corpus = tmp_path / "corpus.py"
+    corpus.write_text("def value(self, index):\n    return range(index) + self.cache[index]\n" * 100)
+    out = tmp_path / "head"
+    args = [
+        "train", "drafter=eagle3", f"corpus={corpus}", f"eagle3.out_dir={out}", "max_steps=4",
+        "eagle3.draft_vocab_size=256", "eagle3.intermediate_size=64", "eagle3.prompt_tokens=8", "eagle3.seq_len=24",
+        "eagle3.num_sequences=8", "eagle3.batch_size=2", "prompts.limit=1", "eval_prompt_tokens=8",
+        "eval_new_tokens=4", "eval_every=0", "save_dtype=float32", "log_every=1", "threads=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "SPECDEC_DEBUG")}
+    run = subprocess.run([sys.executable, "-m", "specdec", *args], cwd=tmp_path, env={**env, "PYTHONPATH": str(repo)},
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "4/4" in run.stdout and any("saved the EAGLE-3 head" in ln for ln in run.stdout.splitlines())
+    assert {"config.json", "model.safetensors", "train_log.jsonl", "train_summary.json", "TRAINING.md"} <= {
+        p.name for p in out.iterdir()
+    }
+    log = [json.loads(ln) for ln in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == [1, 2, 3, 4] and sum("eval" in r for r in log) == 2
+    target = AutoModelForCausalLM.from_pretrained(zoo / "target-dense", dtype=torch.float32)
+    head = Eagle3Drafter.from_pretrained(out, target=target)
+    assert head.config.draft_vocab_size == 256 and head.hidden_state_ids == (2, 4, 5)
+    assert "EAGLE-3 head" in (out / "TRAINING.md").read_text()
