@@ -18,7 +18,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -499,6 +499,13 @@ def _train(cfg: Eagle3TrainConfig, output: StagedOutput) -> dict:
     return summary
 
 
+_DEFAULTS = {
+    f.name: list(f.default) if isinstance(f.default, tuple) else f.default
+    for f in fields(Eagle3TrainConfig)
+    if f.default is not MISSING
+}
+
+
 def training_card(summary: dict) -> str:
     """``TRAINING.md`` of a run: what was trained, on what, and how the loss and acceptance went."""
     cfg = summary["config"]
@@ -516,6 +523,10 @@ def training_card(summary: dict) -> str:
         f"- {summary['steps']} steps of {cfg['batch_size']} sequences in {summary['train_s']:.0f} s on "
         f"{summary['device']}; AdamW lr {cfg['lr']}, warm-up {cfg['warmup_ratio']}, cosine to "
         f"{cfg['min_lr_ratio']}.",
+        "",
+        "Settings other than the `Eagle3TrainConfig` defaults: "
+        + ", ".join(f"`{k}={v}`" for k, v in cfg.items() if k not in _DEFAULTS or _DEFAULTS[k] != v)
+        + ".",
         "",
         "| step | loss | acc0 | accept (teacher-forced) |",
         "|---|---|---|---|",
