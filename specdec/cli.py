@@ -316,7 +316,8 @@ def bench_settings(c: Mapping) -> dict:
 
 
 _TRAINED = ("dflash", "eagle3")
-# top-level train.yaml keys that only DFlash reads, and those whose EAGLE-3 value lives in the eagle3 node
+# top-level train.yaml keys that only DFlash reads (with drafter=eagle3 the eagle3 node holds EAGLE-3's own values of
+# the names the two share, such as seq_len, lr and out_dir)
 _DFLASH_ONLY = ("num_layers", "num_attention_heads", "num_key_value_heads", "num_taps", "block_size",
                 "mask_token_id", "num_anchors", "gamma")  # fmt: skip
 
