@@ -692,7 +692,7 @@ MUTANTS += [
     ),
 ]
 EAGLE3_TRAIN = "specdec/train/eagle3.py"
-EAGLE3_TRAIN_TESTS = ("tests/train/test_eagle3_train.py", "-k", "loss_matches")
+EAGLE3_TRAIN_TESTS = ("tests/train/test_eagle3_train.py::test_loss_matches_a_chain_drafting_reference",)
 MUTANTS += [
     Mutant(  # step k weighted decay^(k+1): the first step no longer counts fully
         "eagle3_train_step_weights_shifted",
