@@ -1,5 +1,5 @@
 """Packaging beside pyproject.toml: the shipped assets (``assets/``: the zoo's dense target, tokenizer and dev
-prompts, the DFlash drafters) install as the package data folder ``specdec/assets``, where
+prompts, the trained drafters) install as the package data folder ``specdec/assets``, where
 ``specdec.loading.asset_path`` finds them after a non-editable ``pip install .``."""
 
 from pathlib import Path

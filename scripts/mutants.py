@@ -690,6 +690,32 @@ MUTANTS += [
         EAGLE3_TESTS,
     ),
 ]
+EAGLE3_TRAIN = "specdec/train/eagle3.py"
+EAGLE3_TRAIN_TESTS = ("tests/train/test_eagle3_train.py::test_loss_matches_a_chain_drafting_reference",)
+MUTANTS += [
+    Mutant(  # step k weighted decay^(k+1): the first step no longer counts fully
+        "eagle3_train_step_weights_shifted",
+        ((EAGLE3_TRAIN, "loss = loss + decay**k *", "loss = loss + decay ** (k + 1) *"),),
+        EAGLE3_TRAIN_TESTS,
+    ),
+    Mutant(  # every unrolled step fed the target's fused state instead of the head's own previous output
+        "eagle3_train_true_hidden_fed",
+        ((EAGLE3_TRAIN, "logits, hidden = model.head(model.finish(", "logits, _ = model.head(model.finish("),),
+        EAGLE3_TRAIN_TESTS,
+    ),
+    Mutant(  # step k's rows see the step-0 row of their own position only through themselves (strict causal)
+        "eagle3_train_step0_row_hidden",
+        ((EAGLE3_TRAIN, "allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()",
+          "allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril(-1 if k else 0)"),),  # fmt: skip
+        EAGLE3_TRAIN_TESTS,
+    ),
+    Mutant(  # the soft targets taken over the whole vocabulary, then cut to the draft ids (not renormalised)
+        "eagle3_train_targets_not_renormalised",
+        ((EAGLE3_TRAIN, "p = target_logits.float().index_select(-1, target_ids).softmax(-1)",
+          "p = target_logits.float().softmax(-1).index_select(-1, target_ids)"),),  # fmt: skip
+        EAGLE3_TRAIN_TESTS,
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

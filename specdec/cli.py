@@ -25,7 +25,7 @@ logger = logging.getLogger("specdec")
 
 _COMMANDS = {"generate": "config", "bench": "bench", "train": "train"}
 _GROUPS = ("target", "drafter", "tree", "sampling", "verifier", "prompts")
-_COMMAND_GROUPS = {"generate": _GROUPS, "bench": ("target", "prompts"), "train": ("target", "prompts")}
+_COMMAND_GROUPS = {"generate": _GROUPS, "bench": ("target", "prompts"), "train": ("target", "prompts", "drafter")}
 _INSTEAD = {  # what to use instead of a group that a command does not take
     ("bench", "drafter"): "bench takes drafters and trees per method, e.g. "
     "'methods=[{drafter: dflash, tree: {kind: ddtree, budget: [32]}}]'",
@@ -33,8 +33,6 @@ _INSTEAD = {  # what to use instead of a group that a command does not take
     ("bench", "sampling"): "bench samples at its temperatures=[...] (with top_k= and top_p=)",
     ("bench", "verifier"): "bench verifies with the library's default rule",
     ("train", "verifier"): "train does not decode; verification rules are settings of `python -m specdec` (generate)",
-    ("train", "drafter"): "train builds the DFlash drafter itself: set its shape with num_layers=, block_size=, "
-    "target_layer_ids=, or start from a checkpoint with init_from=<folder>",
     ("train", "tree"): "train does not decode; trees are settings of `python -m specdec` (generate) and bench methods",
     ("train", "sampling"): "train does not decode; it evaluates with greedy target continuations",
 }
@@ -317,8 +315,55 @@ def bench_settings(c: Mapping) -> dict:
     return settings
 
 
+_TRAINED = ("dflash", "eagle3")
+# top-level train.yaml keys that only DFlash reads (with drafter=eagle3 the eagle3 node holds EAGLE-3's own values of
+# the names the two share, such as seq_len, lr and out_dir)
+_DFLASH_ONLY = ("num_layers", "num_attention_heads", "num_key_value_heads", "num_taps", "block_size",
+                "mask_token_id", "num_anchors", "gamma")  # fmt: skip
+
+
+def train_kind(c: Mapping) -> str:
+    """The drafter a resolved ``train.yaml`` config trains (``dflash`` or ``eagle3``), its other keys checked.
+
+    The drafter group's own keys are decoding settings: they must keep their defaults (``drafter.path`` is the
+    drafter generate would load, not a starting point: that is ``init_from``)."""
+    from omegaconf import OmegaConf
+
+    drafter = c.get("drafter") or {"name": "dflash"}
+    kind = drafter.get("name")
+    if kind not in _TRAINED:
+        raise ValueError(
+            f"train trains drafter=dflash or drafter=eagle3, not drafter={kind}; pick one of them "
+            "(other drafters need no training or are trained elsewhere)."
+        )
+    defaults = OmegaConf.load(_CONF / "drafter" / f"{kind}.yaml")
+    for key, value in drafter.items():
+        default = c["target"].get("dflash") if kind == "dflash" and key == "path" else defaults.get(key)
+        if value != default:
+            hint = "start from a checkpoint with init_from=<folder>" if key == "path" else "drop it"
+            raise ValueError(
+                f"drafter.{key}={value!r} is a decoding setting of drafter={kind}, not one of train: {hint}; "
+                f"train writes the new drafter to {'eagle3.' if kind == 'eagle3' else ''}out_dir."
+            )
+    primary = OmegaConf.load(_CONF / "train.yaml")
+    unknown = sorted(set(c.get("eagle3") or {}) - set(primary.eagle3))
+    if unknown:
+        raise ValueError(f"eagle3.{unknown[0]} is not a setting of train (eagle3.*: {', '.join(primary.eagle3)}).")
+    if kind == "dflash":
+        changed = [k for k, v in (c.get("eagle3") or {}).items() if v != primary.eagle3[k]]
+        if changed:
+            raise ValueError(f"eagle3.{changed[0]} applies to drafter=eagle3: add drafter=eagle3 or drop it.")
+        return kind
+    for key in (*_DFLASH_ONLY, *primary.eagle3):
+        if key in c and c[key] != primary.get(key):
+            where = f"set eagle3.{key}" if key in primary.eagle3 else "drop it (EAGLE-3 heads have one layer)"
+            raise ValueError(f"{key} is a setting of drafter=dflash; for drafter=eagle3 {where}.")
+    return kind
+
+
 def train_settings(c: Mapping) -> dict:
-    """The ``TrainConfig`` fields of a resolved ``train.yaml`` config; null keys take the defaults."""
+    """The ``TrainConfig`` fields of a resolved ``train.yaml`` config (``Eagle3TrainConfig`` fields with
+    ``drafter=eagle3``); null keys take the defaults."""
     if c["prompts"]["text"] is not None:
         raise ValueError("train evaluates on a prompts file: use prompts=dev or prompts.path=<file.jsonl>.")
     _check_limit(c["prompts"]["limit"])
@@ -332,7 +377,12 @@ def train_settings(c: Mapping) -> dict:
             "corpus is required: `python -m specdec train corpus=<file, folder or glob>` "
             "(a list [a,b] for several), or corpus_cache=<tokens.pt>."
         )
-    raw = {k: v for k, v in c.items() if k not in ("target", "prompts", "threads")}
+    kind = train_kind(c)
+    skip = ("target", "prompts", "threads", "drafter", "eagle3")
+    raw = {k: v for k, v in c.items() if k not in skip}
+    if kind == "eagle3":
+        raw = {k: v for k, v in raw.items() if k not in _DFLASH_ONLY}
+        raw.update(c["eagle3"])
     raw["corpus"] = [corpus] if isinstance(corpus, str) else corpus  # a string is one path, not its characters
     raw.update(
         target=c["target"]["path"],
@@ -362,9 +412,12 @@ def run_command(command: str, cfg, choices: Mapping[str, str | None], output_dir
         if settings.get("out_dir") is None:  # out_dir: null = the run's own folder (outputs/bench/<date>/<time>)
             settings["out_dir"] = output_dir
         return main_bench(settings)
-    from specdec.train import TrainConfig, train_dflash
+    from specdec.train import Eagle3TrainConfig, TrainConfig, train_dflash, train_eagle3
 
-    return train_dflash(TrainConfig(**train_settings(c)))
+    settings = train_settings(c)
+    if train_kind(c) == "eagle3":
+        return train_eagle3(Eagle3TrainConfig(**settings))
+    return train_dflash(TrainConfig(**settings))
 
 
 class _UserError(BaseException):

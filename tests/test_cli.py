@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf, open_dict
 
 from specdec import cli
-from specdec.train import TrainConfig
+from specdec.train import Eagle3TrainConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,9 +66,12 @@ def test_train_takes_target_group_and_a_string_corpus_is_one_path(zoo):
 
 def test_train_yaml_has_every_train_config_field():
     raw = OmegaConf.load(REPO / "specdec" / "conf" / "train.yaml")
-    keys = set(raw) - {"defaults", "hydra", "prompts", "threads"}
+    keys = set(raw) - {"defaults", "hydra", "prompts", "threads", "eagle3"}
     mapped = {"target", "tokenizer", "eval_prompts", "eval_num_prompts"}  # from the target and prompts groups
     assert keys | mapped == {f.name for f in dataclasses.fields(TrainConfig)}
+    # drafter=eagle3: the eagle3 node and the top-level keys it shares (cli.train_settings drops DFlash's own)
+    shared = keys - set(cli._DFLASH_ONLY)
+    assert shared | set(raw.eagle3) | mapped == {f.name for f in dataclasses.fields(Eagle3TrainConfig)}
 
 
 @pytest.mark.parametrize(
@@ -305,7 +308,7 @@ def test_train_refuses_max_steps_below_one_before_any_work(tmp_path):
 @pytest.mark.parametrize(
     ("command", "override", "message"),
     [
-        ("train", "+drafter=dflash", r"`python -m specdec train` has no drafter group.*init_from="),
+        ("train", "+verifier=greedy", r"`python -m specdec train` has no verifier group"),
         ("train", "+tree=ddtree", r"`python -m specdec train` has no tree group"),
         ("bench", "+drafter=dflash", r"`python -m specdec bench` has no drafter group.*methods="),
         ("bench", "+sampling=sample", r"`python -m specdec bench` has no sampling group.*temperatures="),

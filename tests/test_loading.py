@@ -30,7 +30,14 @@ from specdec.loading import (
 from specdec.paths import is_local_path, repo_root
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = ("zoo/target-dense", "zoo/tokenizer", "zoo/prompts_dev.jsonl", "drafters/zoo-dense", "drafters/zoo-hybrid")
+SHIPPED = (
+    "zoo/target-dense",
+    "zoo/tokenizer",
+    "zoo/prompts_dev.jsonl",
+    "drafters/zoo-dense",
+    "drafters/zoo-hybrid",
+    "drafters/zoo-dense-eagle3",
+)
 
 
 @pytest.fixture

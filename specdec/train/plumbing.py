@@ -134,7 +134,7 @@ def append_jsonl(path: Path, record: dict) -> None:
 class Progress:
     """A rich progress bar when available and wanted, else nothing (log lines still go to ``logging``)."""
 
-    def __init__(self, enabled: bool, total: int) -> None:
+    def __init__(self, enabled: bool, total: int, *, label: str = "dflash") -> None:
         self.bar = None
         if enabled:
             try:
@@ -142,7 +142,7 @@ class Progress:
             except ImportError:
                 return
             self.bar = Progress(
-                TextColumn("dflash"),
+                TextColumn(label),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeRemainingColumn(),
