@@ -78,9 +78,17 @@ def drafter_for(setup: str, target, small, ref):
     return specdec.NGramDrafter(), specdec.DDTree(budget=8, topk=3)
 
 
-@pytest.mark.parametrize("kind", ["dense", "hybrid"])
-@pytest.mark.parametrize("setup", ["plain", "oracle-chain", "oracle-ddtree", "small-lm", "ngram"])
-@pytest.mark.parametrize("option", sorted(OPTIONS))
+def _cases():
+    """Every option x setup on the dense target; on the hybrid one, plain decoding and the oracle DDTree in the
+    default tier, the other setups in the slow tier."""
+    for option in sorted(OPTIONS):
+        for kind in ("dense", "hybrid"):
+            for setup in ("plain", "oracle-chain", "oracle-ddtree", "small-lm", "ngram"):
+                slow = kind == "hybrid" and setup not in ("plain", "oracle-ddtree")
+                yield pytest.param(kind, setup, option, marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("kind, setup, option", list(_cases()))
 def test_greedy_equals_hf_with_the_same_options(kind, setup, option):
     target, small = model(kind)
     ids = prompt()

@@ -118,6 +118,7 @@ def _setup(tmp_path):
     return corpus, tok, target
 
 
+@pytest.mark.slow  # 300 training steps: about a minute on two cores
 def test_training_raises_acceptance_and_the_head_loads_back(tmp_path):
     torch.set_num_threads(1)
     corpus, tok, target = _setup(tmp_path)
