@@ -445,7 +445,10 @@ def test_every_policy_and_rule_greedy(dense, policy_name, rule_name):
 
 @pytest.mark.parametrize(
     "policy,rule",
-    [(DDTree(budget=6, topk=2), None), (TREES["sampled-chain"](k=3), RULES["speculative-sampling"]())],
+    [
+        (DDTree(budget=6, topk=2), None),
+        pytest.param(TREES["sampled-chain"](k=3), RULES["speculative-sampling"](), marks=pytest.mark.slow),
+    ],
     ids=["ddtree-sample-match", "sampled-chain-speculative"],
 )
 def test_sampling_first_two_tokens_follow_hf(policy, rule):

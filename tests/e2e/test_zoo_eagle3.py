@@ -34,6 +34,7 @@ def test_zoo_eagle3_matches_greedy(zoo, name, tree):
         assert torch.equal(out.sequences, want), row["id"]
 
 
+@pytest.mark.slow  # the zoo target over several dev prompts, with a random head for comparison
 def test_shipped_head_is_lossless_and_gets_drafts_accepted(zoo):
     """The head trained for the dense target (``assets/drafters/zoo-dense-eagle3``, official layout) loads, keeps
     the output the target's own, and gets more drafts accepted than a random head of the same vocabulary."""
