@@ -22,9 +22,11 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import repeat_kv
 
 from specdec.drafters.eagle3 import Eagle3Drafter, Eagle3Model
+from specdec.state import cache_kwarg
 from specdec.train.data import check_sources, iter_documents, load_eval_prompts, pack_tokens, tokenize_documents
 from specdec.train.plumbing import Progress, StagedOutput, append_jsonl, load_tokenizer, pick_device, resolve_local
 
@@ -172,10 +174,9 @@ def regenerate(target, prompts: torch.Tensor, *, new_tokens: int, batch_size: in
     out = []
     for start in range(0, prompts.shape[0], batch_size):
         seq = prompts[start : start + batch_size].to(device, dtype=torch.long)
-        step, past = seq, None
-        for _ in range(new_tokens):
-            res = target(input_ids=step, cache=past, use_cache=True)
-            past = res.cache
+        step, past = seq, DynamicCache(config=target.config)
+        for _ in range(new_tokens):  # the cache fills in place (its keyword differs across transformers versions)
+            res = target(input_ids=step, use_cache=True, **{cache_kwarg(target): past})
             step = res.logits[:, -1].argmax(-1, keepdim=True)
             seq = torch.cat([seq, step], dim=1)
         out.append(seq.cpu())
