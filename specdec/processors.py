@@ -362,10 +362,11 @@ class PerNode:
 
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
         out = scores.clone()
-        lengths, depths = nodes.length.tolist(), nodes.depth.tolist()
-        for b, length in enumerate(lengths):
+        # the round's one host read here: each row's committed length and its nodes' depths, together
+        rows = torch.cat([nodes.length[:, None], nodes.depth], 1).tolist()
+        for b, (length, *depths) in enumerate(rows):
             by_depth: dict[int, list[int]] = {}
-            for i, d in enumerate(depths[b]):
+            for i, d in enumerate(depths):
                 by_depth.setdefault(d, []).append(i)
             for d, slots in by_depth.items():
                 index = torch.tensor(slots, device=scores.device)

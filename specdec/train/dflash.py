@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,7 +18,16 @@ import torch.nn.functional as F
 
 from specdec.drafters.dflash import DFlashDrafter, DFlashDraftModel
 from specdec.train.data import check_sources, iter_documents, load_eval_prompts, pack_tokens, tokenize_documents
-from specdec.train.plumbing import Progress, StagedOutput, append_jsonl, load_tokenizer, pick_device, resolve_local
+from specdec.train.plumbing import (
+    Progress,
+    StagedOutput,
+    append_jsonl,
+    cosine_lr_factor,
+    load_tokenizer,
+    path_tuple,
+    pick_device,
+    resolve_local,
+)
 
 __all__ = [
     "TrainConfig",
@@ -125,7 +132,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("corpus", "corpus_exclude", "corpus_suffixes"):
-            object.__setattr__(self, name, _paths(getattr(self, name)))
+            object.__setattr__(self, name, path_tuple(getattr(self, name)))
         if self.target_layer_ids is not None:
             object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
         if not self.corpus and not self.corpus_cache:
@@ -149,13 +156,6 @@ class TrainConfig:
             )
 
 
-def _paths(value) -> tuple[str, ...]:
-    """A string (or path) is one entry, never a sequence of characters; None and "" are none."""
-    if value is None:
-        return ()
-    if isinstance(value, str | os.PathLike):
-        return (os.fspath(value),) if os.fspath(value) else ()
-    return tuple(os.fspath(v) for v in value)
 
 
 # -- the objective ------------------------------------------------------------------------------------------
@@ -310,11 +310,6 @@ def greedy_continuations(
 
 
 # -- the run ------------------------------------------------------------------------------------------------
-def _lr_factor(progress: float, warmup: float, min_ratio: float) -> float:
-    if progress < warmup:
-        return progress / warmup
-    t = min(1.0, (progress - warmup) / max(1e-8, 1.0 - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
 def train_dflash(cfg: TrainConfig) -> dict:
@@ -453,7 +448,7 @@ def _train(cfg: TrainConfig, output: StagedOutput) -> dict:
             if progress >= 1.0:
                 break
             for group in opt.param_groups:
-                group["lr"] = cfg.lr * _lr_factor(progress, cfg.warmup_ratio, cfg.min_lr_ratio)
+                group["lr"] = cfg.lr * cosine_lr_factor(progress, cfg.warmup_ratio, cfg.min_lr_ratio)
             if cursor + cfg.batch_size > rows.shape[0]:
                 order, cursor = torch.randperm(rows.shape[0], generator=gen), 0
             batch = rows[order[cursor : cursor + cfg.batch_size]].to(device, dtype=torch.long, non_blocking=True)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
 import time
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
@@ -28,7 +26,16 @@ from transformers.models.llama.modeling_llama import repeat_kv
 from specdec.drafters.eagle3 import Eagle3Drafter, Eagle3Model
 from specdec.state import cache_kwarg
 from specdec.train.data import check_sources, iter_documents, load_eval_prompts, pack_tokens, tokenize_documents
-from specdec.train.plumbing import Progress, StagedOutput, append_jsonl, load_tokenizer, pick_device, resolve_local
+from specdec.train.plumbing import (
+    Progress,
+    StagedOutput,
+    append_jsonl,
+    cosine_lr_factor,
+    load_tokenizer,
+    path_tuple,
+    pick_device,
+    resolve_local,
+)
 
 __all__ = [
     "Eagle3TrainConfig",
@@ -125,7 +132,7 @@ class Eagle3TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("corpus", "corpus_exclude", "corpus_suffixes"):
-            object.__setattr__(self, name, _paths(getattr(self, name)))
+            object.__setattr__(self, name, path_tuple(getattr(self, name)))
         if self.target_layer_ids is not None:
             object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
         if not self.corpus and not self.corpus_cache:
@@ -150,12 +157,6 @@ class Eagle3TrainConfig:
             )
 
 
-def _paths(value) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str | os.PathLike):
-        return (os.fspath(value),) if os.fspath(value) else ()
-    return tuple(os.fspath(v) for v in value)
 
 
 # -- data ---------------------------------------------------------------------------------------------------
@@ -299,11 +300,6 @@ def eval_acceptance(drafter: Eagle3Drafter, target, prompts: list[torch.Tensor],
 
 
 # -- the run ------------------------------------------------------------------------------------------------
-def _lr_factor(progress: float, warmup: float, min_ratio: float) -> float:
-    if progress < warmup:
-        return progress / warmup
-    t = min(1.0, (progress - warmup) / max(1e-8, 1.0 - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
 def train_eagle3(cfg: Eagle3TrainConfig) -> dict:
@@ -450,7 +446,7 @@ def _train(cfg: Eagle3TrainConfig, output: StagedOutput) -> dict:
             if progress >= 1.0:
                 break
             for group in opt.param_groups:
-                group["lr"] = cfg.lr * _lr_factor(progress, cfg.warmup_ratio, cfg.min_lr_ratio)
+                group["lr"] = cfg.lr * cosine_lr_factor(progress, cfg.warmup_ratio, cfg.min_lr_ratio)
             if cursor + cfg.batch_size > rows.shape[0]:
                 order, cursor = torch.randperm(rows.shape[0], generator=gen), 0
             batch = rows[order[cursor : cursor + cfg.batch_size]].to(device, dtype=torch.long)

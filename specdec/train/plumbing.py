@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -20,9 +21,36 @@ import torch
 
 from specdec.paths import is_local_path, resolve_path, zoo_dir
 
-__all__ = ["Progress", "StagedOutput", "append_jsonl", "load_tokenizer", "pick_device", "resolve_local"]
+__all__ = [
+    "Progress",
+    "StagedOutput",
+    "append_jsonl",
+    "cosine_lr_factor",
+    "load_tokenizer",
+    "path_tuple",
+    "pick_device",
+    "resolve_local",
+]
 
 logger = logging.getLogger(__name__)
+
+
+def path_tuple(value) -> tuple[str, ...]:
+    """A config's path list as a tuple of strings: None or "" -> (), one path -> (path,)."""
+    if value is None:
+        return ()
+    if isinstance(value, str | os.PathLike):
+        return (os.fspath(value),) if os.fspath(value) else ()
+    return tuple(os.fspath(v) for v in value)
+
+
+def cosine_lr_factor(progress: float, warmup: float, min_ratio: float) -> float:
+    """The learning-rate multiplier at ``progress`` in [0, 1]: linear warm-up over ``warmup``, then a cosine decay
+    to ``min_ratio``."""
+    if progress < warmup:
+        return progress / warmup
+    t = min(1.0, (progress - warmup) / max(1e-8, 1.0 - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
 def _umask() -> int:
