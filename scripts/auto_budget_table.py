@@ -1,0 +1,74 @@
+"""The auto budget against plain decoding and the best fixed budget, per batch size, from bench runs.
+
+    python scripts/auto_budget_table.py RUN_DIR [RUN_DIR ...]
+
+Each RUN_DIR is a bench output folder (``results.jsonl``) of a run that holds AR, fixed DDTree budgets and
+``DDTree(budget="auto")`` rows (``+experiment=batch`` or ``scripts/gpu_trust.sh``). Per run and batch size B it
+prints tok/s of AR, of the best fixed budget (named) and of auto, the two ratios the auto budget is held to
+(auto / best fixed >= 0.97, auto / AR >= 1), auto's ms per round against the fixed rows', the share of auto's rounds
+per budget (0 = plain decoding) and the capture ms auto spent inside timed calls (0 when warm-up covered every
+graph).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+from specdec.bench.report import aggregate, load_rows
+
+
+def _table(run: Path) -> list[str]:
+    rows = load_rows(run)
+    mix: dict[int, Counter] = {}
+    seen = set()
+    for r in rows:
+        if r["budget"] == "auto":
+            if "call_budgets" in r:  # a batched call: every row holds the call's budgets, count them once
+                call = (r.get("pass"), r["batch_size"], r["batch_index"])
+                if call in seen:
+                    continue
+                seen.add(call)
+            counts = r.get("call_budgets", r.get("budgets")) or {}
+            mix.setdefault(r.get("batch_size", 1), Counter()).update({int(k): v for k, v in counts.items()})
+    summaries = [s for s in aggregate(rows) if s["temperature"] == 0.0 or len({x["temperature"] for x in rows}) == 1]
+    by_b: dict[int, list[dict]] = {}
+    for s in summaries:
+        by_b.setdefault(s["batch_size"], []).append(s)
+    head = (
+        "| B | AR tok/s | best fixed | auto tok/s | auto / best | auto / AR | ms/round auto (fixed) "
+        "| auto's budgets (share of rounds) | auto capture ms in timed calls |"
+    )
+    out = [f"## {run}", "", head, "|---|---|---|---|---|---|---|---|---|"]
+    for b in sorted(by_b):
+        group = by_b[b]
+        ar = next((s for s in group if s["tree"] == "ar"), None)
+        auto = next((s for s in group if s["budget"] == "auto"), None)
+        fixed = [s for s in group if s["tree"] != "ar" and s["budget"] != "auto" and s["tok_s"]]
+        best = max(fixed, key=lambda s: s["tok_s"], default=None)
+        if ar is None or auto is None or best is None:
+            continue
+        counts = mix.get(b, Counter())
+        total = sum(counts.values()) or 1
+        shares = ", ".join(f"{k}: {v / total:.0%}" for k, v in sorted(counts.items()))
+        fixed_ms = ", ".join(f"b{s['budget']} {s['ms_per_round']:.3f}" for s in fixed if s["ms_per_round"])
+        out.append(
+            f"| {b} | {ar['tok_s']:.0f} | {best['method']} {best['tok_s']:.0f} | {auto['tok_s']:.0f} "
+            f"| {auto['tok_s'] / best['tok_s']:.2f} | {auto['tok_s'] / ar['tok_s']:.2f} "
+            f"| {auto['ms_per_round']:.3f} ({fixed_ms}) | {shares} | {auto['cold_ms']:.0f} |"
+        )
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        sys.stderr.write(__doc__)
+        return 2
+    for arg in argv:
+        sys.stdout.write("\n".join(_table(Path(arg))) + "\n\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

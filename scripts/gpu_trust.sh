@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU suite with both zoo targets, and the auto budget against plain decoding and fixed budgets at every batch
+# size, on one GPU (bf16):
+#   scripts/gpu_trust.sh OUT STEP [ZOO]
+# ZOO (default $SPECDEC_ZOO) must hold both zoo targets. STEP:
+#   suite        make test-gpu (every gpu-marked test) with that zoo
+#   auto-dense   AR, DDTree b15 / b31 / b63 and DDTree(budget="auto") at B = 1, 2, 4, 8, 16, 32 on the zoo dense
+#                pair: 32 dev prompts (the first 32, tuned on) and 32 held-out ones (dev prompts 49-80)
+#   auto-hybrid  the same on the zoo hybrid pair
+# Logs and bench folders under OUT; the tables (scripts/auto_budget_table.py) at the end.
+set -u
+OUT=${1:?usage: scripts/gpu_trust.sh OUT STEP [ZOO]}
+STEP=${2:?usage: scripts/gpu_trust.sh OUT STEP [ZOO]}
+export SPECDEC_ZOO=${3:-${SPECDEC_ZOO:?set SPECDEC_ZOO or pass ZOO}}
+mkdir -p "$OUT"
+tail -n 32 "$SPECDEC_ZOO/prompts_dev.jsonl" > "$OUT/held32.jsonl"
+METHODS='methods=[{name: ar},{name: ddtree, drafter: {kind: dflash}, tree: {kind: ddtree, budget: [15, 31, 63], topk: 8}},{name: ddtree-auto, drafter: {kind: dflash}, tree: {kind: ddtree, budget: auto, topk: 8}}]'
+sweep() {  # name target prompts-args...
+  local name=$1 target=$2
+  shift 2
+  timeout 280 python -m specdec bench +experiment=batch target="$target" num_prompts=32 max_new_tokens=64 \
+    'batch_sizes=[1,2,4,8,16,32]' progress=false out_dir="$OUT/$name" "$METHODS" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name exit $?"
+}
+case "$STEP" in
+  suite)
+    make test-gpu GPU_PY=python3 2>&1 | tee "$OUT/suite.log" | tail -n 60
+    ;;
+  auto-dense)
+    sweep dense_dev dense
+    sweep dense_held dense prompts.path="$OUT/held32.jsonl"
+    python scripts/auto_budget_table.py "$OUT/dense_dev" "$OUT/dense_held"
+    ;;
+  auto-hybrid)
+    sweep hybrid_dev hybrid
+    sweep hybrid_held hybrid prompts.path="$OUT/held32.jsonl"
+    python scripts/auto_budget_table.py "$OUT/hybrid_dev" "$OUT/hybrid_held"
+    ;;
+  *)
+    echo "unknown step $STEP (suite, auto-dense, auto-hybrid)" >&2
+    exit 2
+    ;;
+esac
