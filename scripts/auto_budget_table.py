@@ -22,6 +22,7 @@ from specdec.bench.report import aggregate, load_rows
 def _table(run: Path) -> list[str]:
     rows = load_rows(run)
     mix: dict[int, Counter] = {}
+    costs: dict[int, dict] = {}  # B -> the controller's cost per option after the last call
     seen = set()
     for r in rows:
         if r["budget"] == "auto":
@@ -31,6 +32,7 @@ def _table(run: Path) -> list[str]:
                     continue
                 seen.add(call)
             counts = r.get("call_budgets", r.get("budgets")) or {}
+            costs[r.get("batch_size", 1)] = r.get("call_budget_costs", r.get("budget_costs")) or {}
             mix.setdefault(r.get("batch_size", 1), Counter()).update({int(k): v for k, v in counts.items()})
     summaries = [s for s in aggregate(rows) if s["temperature"] == 0.0 or len({x["temperature"] for x in rows}) == 1]
     by_b: dict[int, list[dict]] = {}
@@ -40,7 +42,7 @@ def _table(run: Path) -> list[str]:
         "| B | AR tok/s | best fixed | auto tok/s | auto / best | auto / AR | ms/round auto (fixed) "
         "| auto's budgets (share of rounds) | auto capture ms in timed calls |"
     )
-    out = [f"## {run}", "", head, "|---|---|---|---|---|---|---|---|---|"]
+    out = [f"## {run}", "", head, "|---|---|---|---|---|---|---|---|---|---|"]
     for b in sorted(by_b):
         group = by_b[b]
         ar = next((s for s in group if s["tree"] == "ar"), None)
@@ -52,11 +54,12 @@ def _table(run: Path) -> list[str]:
         counts = mix.get(b, Counter())
         total = sum(counts.values()) or 1
         shares = ", ".join(f"{k}: {v / total:.0%}" for k, v in sorted(counts.items()))
+        model = ", ".join(f"{k}: {v:.3f}" for k, v in sorted(costs.get(b, {}).items(), key=lambda kv: int(kv[0])))
         fixed_ms = ", ".join(f"b{s['budget']} {s['ms_per_round']:.3f}" for s in fixed if s["ms_per_round"])
         out.append(
             f"| {b} | {ar['tok_s']:.0f} | {best['method']} {best['tok_s']:.0f} | {auto['tok_s']:.0f} "
             f"| {auto['tok_s'] / best['tok_s']:.2f} | {auto['tok_s'] / ar['tok_s']:.2f} "
-            f"| {auto['ms_per_round']:.3f} ({fixed_ms}) | {shares} | {auto['cold_ms']:.0f} |"
+            f"| {auto['ms_per_round']:.3f} ({fixed_ms}) | {shares} | {model} | {auto['cold_ms']:.0f} |"
         )
     return out
 

@@ -596,6 +596,11 @@ class AutoBudget:
     def _cost(self, size: int) -> float:
         return statistics.median(self.times[size][-self.window :])
 
+    def costs(self) -> dict[int, float]:
+        """The round cost in ms of each option measured so far (budget -> median of its last ``window`` rounds;
+        0 = plain decoding)."""
+        return {s: self._cost(s) for s, t in self.times.items() if t}
+
     def next_size(self) -> int:
         """The budget of the next round launched (0: plain decoding). Each choice is logged in ``decisions``."""
         untried = [s for s in self.times if not self.times[s] and s not in self.in_flight]
@@ -611,17 +616,21 @@ class AutoBudget:
             size, reason = self.sizes[0], "probe"
             self.probe_gap = min(2 * self.probe_gap, self.probe_max)
         else:
+            # the goodput of each option (``goodputs`` on the measured costs, which the cost model returns as they
+            # are at the measured points, and the rows' common expectation), in O(sizes) host work: this runs
+            # before every round, so it must stay far below a round's time
             costs = {s: self._cost(s) for s in self.times}
-            cost = CostModel([(self.batch, s + 1, costs[s]) for s in self.sizes] + [(self.batch, 1, costs[0])])
-            expected = [self.expected] * self.rows
-            pick = choose(expected, cost, self.calib, self.sizes, self.batch)
-            size, reason = (0 if pick is None else self.sizes[pick]), "model"
+            scales = self.calib.scales()
+            rows = self.rows
+            goodput = {0: rows / costs[0]}
+            for k, s in enumerate(self.sizes):
+                goodput[s] = rows * (1.0 + scales[k] * self.expected[k]) / costs[s]
+            best = max(goodput.values())
+            size, reason = next(s for s in (0, *self.sizes) if goodput[s] >= best), "model"  # ties: the smaller
             if size:
                 self.probe_gap = self.probe
-            record = {"costs": costs, "expected": list(self.expected), "rows": self.rows,
-                      "scales": self.calib.scales(),
-                      "goodput": dict(zip((0, *self.sizes), goodputs(expected, cost, self.calib, self.sizes,
-                                                                    self.batch), strict=True))}  # fmt: skip
+            record = {"costs": costs, "expected": list(self.expected), "rows": rows, "scales": scales,
+                      "goodput": goodput}  # fmt: skip
         self.decisions.append({"size": size, "reason": reason, **record})
         self.chosen.append(size)
         self.in_flight.append(size)
@@ -635,16 +644,29 @@ class AutoBudget:
             self.in_flight.remove(size)
         if size and expected is not None:
             index = self.sizes.index(size)
-            rows = _matrix(expected, len(self.sizes))
+            width = len(self.sizes)
+            rows = expected if isinstance(expected, list) else _matrix(expected, width)
             if rows:
-                self.calib.update(index, [row[index] for row in rows], [float(a) for a in accepted])
-                mean = [sum(col) / len(rows) for col in zip(*rows, strict=True)]
+                # the rows' column sums in one pass; a malformed or non-finite value takes the checked path's error
+                try:
+                    sums = [math.fsum(col) for col in zip(*rows, strict=True)]
+                    shaped = len(sums) == width and all(len(row) == width for row in rows)
+                except (TypeError, ValueError):
+                    shaped = False
+                if not shaped or not all(_finite(v) and v >= 0 for v in sums) or min(map(min, rows)) < 0:
+                    rows = _matrix(expected, width)  # raises the clear error
+                    sums = [math.fsum(col) for col in zip(*rows, strict=True)]
+                self.calib.update(index, sums[index], float(sum(accepted)))
+                mean = [v / len(rows) for v in sums]
                 if self.expected is not None:
                     mean = [self.smoothing * old + (1.0 - self.smoothing) * new
                             for old, new in zip(self.expected, mean, strict=True)]  # fmt: skip
                 self.expected, self.rows = mean, len(rows)
         if ms is not None and _finite(ms) and ms > 0:
-            self.times[size].append(float(ms))
+            times = self.times[size]
+            times.append(float(ms))
+            if len(times) > 2 * self.window:  # only the last ``window`` count
+                del times[: -self.window]
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------

@@ -245,7 +245,9 @@ class SpecStats:
     batch's ``accept_hist``, ``accept_lengths``, ``rounds`` and ``tau`` count every (sequence, round) pair in which
     the sequence was still decoding, ``new_tokens`` and ``tree_nodes`` are sums, and ``target_forwards`` counts the
     batch's forwards (prefill included). For one sequence ``rows`` is empty. ``budgets`` lists the budget each round
-    ran with under ``DDTree(budget="auto")`` (empty otherwise).
+    ran with under ``DDTree(budget="auto")`` (empty otherwise), and ``budget_costs`` the round cost in ms its
+    controller holds for each option at the end of the call (budget -> ms, 0 = plain decoding; the median of that
+    option's last measured rounds, measured across calls of the same target and batch bucket; empty otherwise).
     """
 
     rounds: int = 0
@@ -265,6 +267,7 @@ class SpecStats:
     reused_tokens: int = 0
     rows: list[SpecStats] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)
+    budget_costs: dict[int, float] = field(default_factory=dict)
 
     @property
     def tau(self) -> float:

@@ -218,7 +218,9 @@ class _Runner:
                     "compile_ms": float(stats.compile_ms or 0.0),
                     "compile_fallbacks": int(stats.compile_fallbacks or 0),
                     "captures": int(getattr(stats, "captures", 0) or 0),
-                    "budgets": {str(b): n for b, n in sorted(Counter(stats.budgets).items())}}  # fmt: skip
+                    "budgets": {str(b): n for b, n in sorted(Counter(stats.budgets).items())},
+                    "budget_costs": {str(b): ms for b, ms in sorted(getattr(stats, "budget_costs", {}).items())},
+                    }  # fmt: skip
         _share_call([row for _, row in out], total_s, prefill_s, call, batch_size, index)
         return out
 
@@ -260,6 +262,7 @@ class _Runner:
             "compile_fallbacks": int(getattr(stats, "compile_fallbacks", 0) or 0),
             "captures": int(getattr(stats, "captures", 0) or 0),
             "budgets": {str(b): n for b, n in sorted(Counter(getattr(stats, "budgets", [])).items())},
+            "budget_costs": {str(b): ms for b, ms in sorted(getattr(stats, "budget_costs", {}).items())},
             "path": getattr(stats, "path", None),
             "tokens": out.sequences[0, ids.shape[1] :].tolist(),
             "identical_to_ar": None,
@@ -296,6 +299,7 @@ def _share_call(rows: list[dict], total_s: float, prefill_s: float, call: dict, 
             captures=0,
             path=call["path"],
             call_budgets=call.get("budgets", {}),
+            call_budget_costs=call.get("budget_costs", {}),
             batch_size=batch_size,
             batch_index=index,
             batch_rows=n,

@@ -350,12 +350,13 @@ def _needs_cuda() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("group", ["rounds", "full-vocab"])
+@pytest.mark.parametrize("group", ["rounds-even", "rounds-odd", "full-vocab"])
 def test_compiled_equals_reference_on_cuda(group):
-    # two groups, each within the GPU suite's per-test budget (one test of both took 146 s against 120 on an H200)
+    # three groups, each within the GPU suite's per-test budget (the rounds in one group took 120 s and more on an
+    # H200 under four workers, most of it compiling kernels for new shapes)
     _needs_cuda()
-    if group == "rounds":
-        cases = rounds(seed=1, per_setting=4)
+    if group.startswith("rounds"):
+        cases = rounds(seed=1, per_setting=4)[group == "rounds-odd" :: 2]
     else:
         gen = torch.Generator().manual_seed(2)
         cases = [random_round(gen, batch, 8, 151936, replacement) for batch in (1, 3) for replacement in (True, False)]
@@ -369,7 +370,7 @@ def test_compiled_equals_reference_on_cuda(group):
             check_round(call, tree_rejection_round(*round_args(call, "cuda", bound), impl="triton"), bound)
             check_round(call, tree_rejection_round(*round_args(call, "cuda", bound)), bound)  # auto: Triton on CUDA
             check_round(call, tree_rejection_round(*round_args(call, "cuda", bound), impl="torch"), bound)
-    if group != "rounds":
+    if group != "rounds-even":
         return
     zero = mass_zero_case()
     r, nxt = tree_rejection_round(*round_args(zero, "cuda"), impl="triton")

@@ -198,6 +198,9 @@ def test_choices_follow_injected_costs_that_change_mid_run():
     assert model > 10 and any(chosen) and 0 in chosen, chosen
     # after the costs changed and the window forgot the cheap trees, plain decoding stays the model's choice
     assert chosen[-5:] == [0] * 5, chosen
+    # the call reports the controller's cost of each option: the median of its last 16 injected costs
+    want = {s: statistics.median(v[-16:]) for s, v in ctrl.costs_seen.items() if v}
+    assert out.stats.budget_costs == want, (out.stats.budget_costs, want)
 
 
 def test_the_controller_and_its_costs_persist_across_calls():

@@ -494,3 +494,20 @@ def test_scores_on_cuda_equal_the_cpu_levels():
     gen = torch.Generator().manual_seed(1)
     logq = torch.randn(8, 15, 8192, generator=gen).log_softmax(-1)
     assert torch.equal(ddtree_scores(logq.cuda(), budget=63, topk=8).cpu(), ddtree_scores(logq, budget=63, topk=8))
+
+
+def test_controller_observe_refuses_malformed_expectations_clearly():
+    """The controller's fast path (column sums of the rows' expectations) still refuses what the checked path refuses,
+    with its message, and records nothing then."""
+    ctrl = budget.AutoBudget((3, 15), 2)
+    size = ctrl.next_size()
+    while size == 0:
+        ctrl.observe(0, None, [0, 0], 1.0)
+        size = ctrl.next_size()
+    for bad, match in (([[1.0, float("nan")], [1.0, 2.0]], "finite"), ([[1.0], [1.0]], "one column per size"),
+                       ([[1.0, -2.0], [1.0, 2.0]], "finite floats >= 0"), ([[1.0, "x"], [1.0, 2.0]], "finite")):
+        with pytest.raises(ValueError, match=match):
+            ctrl.observe(size, bad, [1, 1], 1.0)
+        assert ctrl.calib.updates == 0 and ctrl.expected is None
+    ctrl.observe(size, [[1.0, 2.0], [3.0, 4.0]], [1, 1], 1.0)
+    assert ctrl.expected == [2.0, 3.0] and ctrl.rows == 2 and ctrl.calib.updates == 1
