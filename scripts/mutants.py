@@ -580,9 +580,19 @@ MUTANTS += [
     ),
     Mutant(  # auto picks a size its cost model says loses: plain decoding never chosen, the smallest tree instead
         "auto_picks_a_losing_size",
-        (("specdec/budget.py", 'size, reason = (0 if pick is None else self.sizes[pick]), "model"',
-          'size, reason = (self.sizes[0] if pick is None else self.sizes[pick]), "model"'),),  # fmt: skip
+        (("specdec/budget.py", 'size, reason = next(s for s in (0, *self.sizes) if goodput[s] >= best), "model"',
+          'size, reason = next((s for s in self.sizes if goodput[s] >= best), self.sizes[0]), "model"'),),  # fmt: skip
         (AUTO_KEYS, "tests/round/test_auto_budget.py"),
+    ),
+    Mutant(  # a call that left the drafter behind still offers its stale state to the next call's prefix reuse
+        "auto_detached_drafter_kept",
+        ((GENERATE, "None if behind else drafter)", "drafter)"),),
+        (AUTO_KEYS,),
+    ),
+    Mutant(  # the drafter detached at the model's first plain choice, before any probe was overruled
+        "auto_detaches_unsettled",
+        (("specdec/budget.py", "elif self.settle and self.overruled >= self.settle:", "elif self.settle:"),),
+        ("tests/round/test_auto_budget.py",),
     ),
     Mutant(  # the controller rebuilt at every call: every call measures every size again
         "auto_controller_not_kept",

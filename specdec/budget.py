@@ -35,6 +35,7 @@ import torch
 from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
 
 __all__ = [
+    "DETACHED",
     "AutoBudget",
     "Calibration",
     "CostModel",
@@ -50,6 +51,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _MIN_COST_MS = 1e-6  # floor of a predicted cost (an extrapolated linear fit may cross zero)
+DETACHED = -1  # AutoBudget's plain decoding that leaves the drafter behind for the rest of the call
 
 
 # -- sizes ------------------------------------------------------------------------------------------------------
@@ -543,7 +545,16 @@ class AutoBudget:
     expectations (a probe); each probe after which the model still picks plain decoding doubles that gap (up to
     ``16 * probe``), and a tree chosen by the model resets it. Every choice is logged in ``decisions`` with its
     reason (``"explore"``: an option's first measurements, ``"probe"``, ``"model"``: :func:`choose` on the cost
-    model and calibrated expectations, logged with them), so that a test can check each against the model.
+    model and calibrated expectations, logged with them; ``"detach"`` / ``"detached"``, below), so that a test can
+    check each against the model.
+
+    **Detaching.** A plain round inside a drafter's loop still feeds the drafter (so that a tree can follow), which
+    makes it dearer than plain decoding itself. When the model picks plain decoding after ``settle`` probes in a row
+    were overruled, the controller returns :data:`DETACHED` (-1) for the rest of the call: the loop then runs the
+    target's own plain round and leaves the drafter behind (its state is not used again in that call, and the next
+    call prefills it anew). A call that starts settled probes once first (the drafter is fresh after the prefill);
+    while each such probe is overruled the gap between probes keeps doubling, up to ``4 * 16 * probe`` plain rounds
+    counted across calls, so a workload where trees lose decodes at plain decoding's cost.
 
     The decoding loop keeps one controller per engine (target, batch bucket), drafter and policy across calls
     (:meth:`resume` at each call): the sizes are measured once, not at every call.
@@ -561,10 +572,11 @@ class AutoBudget:
         probe (int): plain rounds in a row before a tree round refreshes the expectations.
         smoothing (float): in [0, 1), the weight of the earlier rounds in the smoothed expectation (0: the last
             round's alone).
+        settle (int): overruled probes in a row after which a plain choice detaches the drafter (0: never detach).
     """
 
     def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 4,
-                 smoothing: float = 0.8) -> None:  # fmt: skip
+                 smoothing: float = 0.8, settle: int = 3) -> None:  # fmt: skip
         self.sizes = check_sizes(sizes)
         self.batch = _int("batch", batch, 1)
         self.window = _int("window", window, 1)
@@ -572,6 +584,9 @@ class AutoBudget:
         if not _finite(smoothing) or not 0 <= smoothing < 1:
             raise ValueError(f"smoothing={smoothing!r}: pass a float in [0, 1).")
         self.smoothing = float(smoothing)
+        self.settle = _int("settle", settle, 0)
+        self.overruled = 0  # probes in a row after which the model still picked plain decoding
+        self.detached = False  # this call left the drafter behind (plain decoding to its end)
         self.rows = 0  # decoding rows at the last tree round
         # a light prior (one predicted token): a drafter whose drafts are never accepted is believed within a few
         # rounds, so the larger trees are retried rarely
@@ -581,7 +596,8 @@ class AutoBudget:
         self.chosen: list[int] = []
         self.in_flight: list[int] = []  # sizes launched and not observed yet
         self.probe_gap, self.probe_max = self.probe, 16 * self.probe  # plain rounds before the next probe
-        # every choice: {"size", "reason": "explore" | "probe" | "model"}, and for "model" what it was made from:
+        # every choice: {"size", "reason": "explore" | "probe" | "model" | "detach" | "detached"}, and for "model"
+        # and "detach" what it was made from:
         # "costs" (ms per option, 0 = plain decoding), "expected" (the rows' smoothed mean per size), "rows",
         # "scales" (the calibration's) and "goodput" (committed tokens per ms per option, as ``choose`` weighs them)
         self.decisions: list[dict] = []
@@ -592,7 +608,9 @@ class AutoBudget:
         launched ahead) and the last call's decisions."""
         self.in_flight = []
         self.decisions = []
-        self.chosen = self.chosen[-self.probe_max :]  # enough to count the plain rounds in a row
+        self.detached = False  # the drafter was prefilled anew
+        self.chosen = self.chosen[-4 * self.probe_max :]  # enough to count the plain rounds in a row
+
     def _cost(self, size: int) -> float:
         return statistics.median(self.times[size][-self.window :])
 
@@ -602,19 +620,25 @@ class AutoBudget:
         return {s: self._cost(s) for s, t in self.times.items() if t}
 
     def next_size(self) -> int:
-        """The budget of the next round launched (0: plain decoding). Each choice is logged in ``decisions``."""
+        """The budget of the next round launched (0: plain decoding that feeds the drafter, :data:`DETACHED`: plain
+        decoding without it, to the end of the call). Each choice is logged in ``decisions``."""
         untried = [s for s in self.times if not self.times[s] and s not in self.in_flight]
-        plain_run = len(self.chosen) - next((i + 1 for i in range(len(self.chosen) - 1, -1, -1) if self.chosen[i]), 0)
+        last_tree = next((i + 1 for i in range(len(self.chosen) - 1, -1, -1) if self.chosen[i] > 0), 0)
+        plain_run = len(self.chosen) - last_tree  # plain rounds (fed or detached) since the last tree
         record: dict = {}
-        if untried:  # measure every option once first
+        if self.detached:  # the drafter was left behind: plain decoding to the end of the call
+            size, reason = DETACHED, "detached"
+        elif untried:  # measure every option once first
             size, reason = untried[0], "explore"
         elif self.expected is None or any(not t for t in self.times.values()):
             size, reason = self.sizes[0], "explore"  # measurements still in flight
         elif plain_run >= self.probe_gap:
             # plain rounds propose nothing: the smallest tree refreshes the expectations, ever more rarely while
-            # the model keeps choosing plain decoding after it
+            # the model keeps choosing plain decoding after it (further apart once it detaches: up to 4x)
             size, reason = self.sizes[0], "probe"
-            self.probe_gap = min(2 * self.probe_gap, self.probe_max)
+            settled = self.settle and self.overruled >= self.settle
+            self.probe_gap = min(2 * self.probe_gap, 4 * self.probe_max if settled else self.probe_max)
+            self.overruled += 1
         else:
             # the goodput of each option (``goodputs`` on the measured costs, which the cost model returns as they
             # are at the measured points, and the rows' common expectation), in O(sizes) host work: this runs
@@ -628,7 +652,9 @@ class AutoBudget:
             best = max(goodput.values())
             size, reason = next(s for s in (0, *self.sizes) if goodput[s] >= best), "model"  # ties: the smaller
             if size:
-                self.probe_gap = self.probe
+                self.probe_gap, self.overruled = self.probe, 0
+            elif self.settle and self.overruled >= self.settle:
+                size, reason, self.detached = DETACHED, "detach", True
             record = {"costs": costs, "expected": list(self.expected), "rows": rows, "scales": scales,
                       "goodput": goodput}  # fmt: skip
         self.decisions.append({"size": size, "reason": reason, **record})
@@ -642,7 +668,7 @@ class AutoBudget:
         not timed)."""
         if size in self.in_flight:
             self.in_flight.remove(size)
-        if size and expected is not None:
+        if size > 0 and expected is not None:
             index = self.sizes.index(size)
             width = len(self.sizes)
             rows = expected if isinstance(expected, list) else _matrix(expected, width)
@@ -662,7 +688,7 @@ class AutoBudget:
                     mean = [self.smoothing * old + (1.0 - self.smoothing) * new
                             for old, new in zip(self.expected, mean, strict=True)]  # fmt: skip
                 self.expected, self.rows = mean, len(rows)
-        if ms is not None and _finite(ms) and ms > 0:
+        if ms is not None and _finite(ms) and ms > 0 and size in self.times:  # detached rounds are not options
             times = self.times[size]
             times.append(float(ms))
             if len(times) > 2 * self.window:  # only the last ``window`` count

@@ -18,6 +18,7 @@ from transformers import GenerationConfig
 
 from specdec.backends import Backends
 from specdec.backends import use as use_backends
+from specdec.budget import DETACHED
 from specdec.drafters.base import Drafter
 from specdec.drafters.follow import follow_target
 from specdec.engine import Engine, capture_reason, round_reason, tree_slots
@@ -414,13 +415,16 @@ def _decode(
         span = engine.span_for(need)
 
         def round_at(size):
+            if size == DETACHED:  # plain decoding that leaves the drafter behind (to the end of the call)
+                return engine.round_for(None, None, rule, sampling, graph=graph, compile=compile, span=span,
+                                        processors=args.processors, backends=setting, keep_logits=keep)  # fmt: skip
             return engine.round_for(drafter, tree if size is None else tree.at(size), rule, sampling, graph=graph,
                                     compile=compile, span=span, processors=args.processors, backends=setting,
                                     keep_logits=keep)  # fmt: skip
 
-        if auto is not None and span not in prepared:  # the bounded set of keys: every size of a span at once
+        if auto is not None and span not in prepared:  # the bounded set of keys: every option of a span at once
             prepared.add(span)
-            for option in (0, *auto.sizes):
+            for option in (0, DETACHED, *auto.sizes):
                 option_round = round_at(option)
                 option_round.prepare()
                 used[id(option_round)] = option_round
@@ -477,7 +481,9 @@ def _decode(
     if streamer is not None:
         streamer.end()
     if rows == 1:  # the sequence the storage now holds, for the next call (no read: ``Engine.reusable`` reads)
-        engine.keep(torch.cat([prompts[0, : lengths[0]], torch.tensor(new_tokens[0], device=prompts.device)]), drafter)
+        behind = auto is not None and auto.detached  # the drafter was left behind: its state cannot be reused
+        engine.keep(torch.cat([prompts[0, : lengths[0]], torch.tensor(new_tokens[0], device=prompts.device)]),
+                    None if behind else drafter)  # fmt: skip
     stats.new_tokens = sum(len(t) for t in new_tokens)
     stats.target_forwards += 1  # the prefill
     stats.draft_forwards = drafter.num_forwards - draft_forwards_before if drafter is not None else 0

@@ -10,7 +10,7 @@ from models import tiny_model
 from test_batch import check_rows, left_pad, prompts, sharp_drafter
 
 import specdec
-from specdec.budget import AutoBudget
+from specdec.budget import DETACHED, AutoBudget
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -48,7 +48,7 @@ def _run(controller: AutoBudget, rounds: int, accepted_at: dict, cost_ms: dict, 
     for _ in range(rounds):
         pending.append(controller.next_size())
         size = pending.pop(0)
-        controller.observe(size, [expected] if size else None, [accepted_at[size]], cost_ms[size])
+        controller.observe(size, [expected] if size > 0 else None, [accepted_at.get(size, 0)], cost_ms.get(size))
         chosen.append(size)
     return chosen
 
@@ -100,9 +100,9 @@ def test_controller_is_steady_under_noisy_expectations():
 def test_controller_falls_back_to_plain_decoding_and_probes():
     """No draft is ever accepted and trees cost more than plain decoding: plain rounds, with a round of the
     smallest tree after ``probe`` plain rounds in a row (plain rounds propose nothing to choose from), the gap
-    doubling after each probe that the model overrules, up to ``16 * probe``."""
+    doubling after each probe that the model overrules, up to ``16 * probe`` (``settle=0``: never detaching)."""
     sizes = (1, 15, 63)
-    controller = AutoBudget(sizes, batch=4, probe=2)
+    controller = AutoBudget(sizes, batch=4, probe=2, settle=0)
     chosen = _run(controller, 200, {0: 0, 1: 0, 15: 0, 63: 0}, {0: 0.8, 1: 1.0, 15: 1.1, 63: 1.3}, [0.5, 2.0, 3.0])
     tail = chosen[-150:]
     assert tail.count(0) >= 140 and set(tail) <= {0, 1}, chosen
@@ -112,3 +112,30 @@ def test_controller_falls_back_to_plain_decoding_and_probes():
     assert {d["size"] for d in controller.decisions if d["reason"] == "model"} == {0}
     assert all(d["reason"] in ("explore", "probe") for d in controller.decisions if d["size"]), reasons
     assert 5 <= reasons.count("probe") <= 8, reasons
+
+
+def test_controller_detaches_the_drafter_where_trees_lose_and_probes_ever_more_rarely():
+    """The same losing trees with ``settle=3``: after three probes in a row that the model overrules, its next plain
+    choice detaches the drafter (DETACHED to the end of the call, never a tree again in it). Each later call
+    (``resume``) starts attached; it probes once when the plain rounds since the last tree reach the gap, which
+    keeps doubling up to ``4 * 16 * probe`` across calls, so over many calls almost every round is detached."""
+    sizes = (1, 15, 63)
+    controller = AutoBudget(sizes, batch=4, probe=2)
+    accepted, cost = {0: 0, 1: 0, 15: 0, 63: 0}, {0: 0.8, 1: 1.0, 15: 1.1, 63: 1.3}
+    chosen = _run(controller, 100, accepted, cost, [0.5, 2.0, 3.0])
+    first = chosen.index(DETACHED)
+    assert set(chosen[first:]) == {DETACHED}, chosen
+    reasons = [d["reason"] for d in controller.decisions]
+    assert reasons.count("detach") == 1 and reasons.count("probe") == 3, reasons
+    # the detaching choice is the model's plain choice after the third overruled probe: 2 + 4 + 8 plain rounds
+    assert chosen[:first].count(1) >= 3 and first <= 4 + 3 + 2 + 4 + 8 + 2, chosen
+    probes, rounds = 0, 0
+    for _ in range(30):  # 30 more calls of 40 rounds
+        controller.resume()
+        calls = _run(controller, 40, accepted, cost, [0.5, 2.0, 3.0])
+        assert DETACHED in calls and set(calls[calls.index(DETACHED):]) == {DETACHED}, calls
+        probes += sum(d["reason"] == "probe" for d in controller.decisions)
+        rounds += len(calls)
+    assert controller.probe_gap == 4 * 16 * 2, controller.probe_gap
+    assert probes <= 12, probes  # gaps 16, 32, 64, 128 rounds: a probe every few calls at the end
+    assert probes >= 4, probes  # it keeps probing: a drafter that starts to win is found again

@@ -17,7 +17,7 @@ from test_batch import check_rows, left_pad
 from test_round import sharp_drafter
 
 import specdec
-from specdec.budget import AutoBudget
+from specdec.budget import DETACHED, AutoBudget
 
 SIZES = (2, 6, 12)
 SPAN_LENGTHS = (236, 241, 230)  # + 40 new tokens: every row crosses the first span bucket (256 slots)
@@ -62,8 +62,9 @@ def test_second_pass_over_new_prompts_captures_nothing():
     ids, mask = left_pad(first)
     warm = specdec.generate(target, ids, attention_mask=mask, drafter=drafter, max_new_tokens=40,
                             tree=_ScriptedTree(budget="auto", topk=3, sizes=SIZES, tail=0))  # fmt: skip
-    # every option at both span buckets (256, 512), plus the prefill: the whole bounded set, built up front
-    assert warm.stats.captures == 2 * (len(SIZES) + 1) + 1, warm.stats.captures
+    # every option (plain fed and detached, and each size) at both span buckets (256, 512), plus the prefill: the
+    # whole bounded set, built up front
+    assert warm.stats.captures == 2 * (len(SIZES) + 2) + 1, warm.stats.captures
     assert warm.stats.budgets[4:] == [0] * (len(warm.stats.budgets) - 4)
     ids, mask = left_pad(second)
     out = specdec.generate(target, ids, attention_mask=mask, drafter=drafter, max_new_tokens=40,
@@ -143,6 +144,9 @@ class _Injected(AutoBudget):
         return super().next_size()
 
     def observe(self, size, expected, accepted, ms) -> None:
+        if size < 0:  # a detached round is not an option: nothing to inject
+            super().observe(size, expected, accepted, None)
+            return
         ms = self.inject(size, self.read)
         self.read += 1
         self.costs_seen[size].append(ms)
@@ -198,6 +202,16 @@ def test_choices_follow_injected_costs_that_change_mid_run():
     assert model > 10 and any(chosen) and 0 in chosen, chosen
     # after the costs changed and the window forgot the cheap trees, plain decoding stays the model's choice
     assert chosen[-5:] == [0] * 5, chosen
+    # settled on plain decoding, it detaches the drafter: plain rounds of the target alone to the end of the call
+    first = out.stats.budgets.index(DETACHED)
+    assert set(out.stats.budgets[first:]) == {DETACHED} and first < len(out.stats.budgets) - 5, out.stats.budgets
+    # the drafter's state was left behind, so the next call (the conversation continued) prefills it anew, and
+    # its output equals HF's
+    more = torch.cat([out.sequences, torch.randint(4, 128, (1, 3), generator=torch.Generator().manual_seed(9))], 1)
+    again = specdec.generate(target, more, drafter=drafter, max_new_tokens=24,
+                             tree=_SpyTree(budget="auto", topk=3, sizes=SIZES, made=made, inject=inject))  # fmt: skip
+    check_rows(target, [more[0]], again, 24)
+    assert again.stats.reused_tokens == 0
     # the call reports the controller's cost of each option: the median of its last 16 injected costs
     want = {s: statistics.median(v[-16:]) for s, v in ctrl.costs_seen.items() if v}
     assert out.stats.budget_costs == want, (out.stats.budget_costs, want)
