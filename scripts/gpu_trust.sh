@@ -7,6 +7,7 @@
 #   auto-dense   AR, DDTree b15 / b31 / b63 and DDTree(budget="auto") at B = 1, 2, 4, 8, 16, 32 on the zoo dense
 #                pair: 32 dev prompts (the first 32, tuned on) and 32 held-out ones (dev prompts 49-80)
 #   auto-hybrid  the same on the zoo hybrid pair
+#   rejection    the tree-rejection kernel's compiled GPU tests alone (the slowest of the suite)
 # Logs and bench folders under OUT; the tables (scripts/auto_budget_table.py) at the end.
 set -u
 OUT=${1:?usage: scripts/gpu_trust.sh OUT STEP [ZOO]}
@@ -36,8 +37,12 @@ case "$STEP" in
     sweep hybrid_held hybrid prompts.path="$OUT/held32.jsonl"
     python scripts/auto_budget_table.py "$OUT/hybrid_dev" "$OUT/hybrid_held"
     ;;
+  rejection)
+    timeout 300 python3 -m pytest -q -m gpu -n 3 -p no:cacheprovider tests/kernels/test_tree_rejection.py \
+      --test-budget=120 --durations=5 2>&1 | tee "$OUT/rejection.log" | tail -n 12
+    ;;
   *)
-    echo "unknown step $STEP (suite, auto-dense, auto-hybrid)" >&2
+    echo "unknown step $STEP (suite, auto-dense, auto-hybrid, rejection)" >&2
     exit 2
     ;;
 esac
