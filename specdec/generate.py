@@ -83,7 +83,17 @@ def available_bytes(device: torch.device) -> int | None:
         return None
 
 
+LARGE_TREE_SLOTS = 1024  # a round past this many slots fits but is slow: warned about
+
+
 def _check_fits(target: TargetModel, batch: int, slots: int, span: int, noise: bool, tree) -> None:
+    if slots > LARGE_TREE_SLOTS:
+        logger.warning(
+            "%r verifies %d tree slots per round: the tree's build and verify grow with its nodes (on a CPU, a "
+            "DDTree of 5000 nodes takes minutes for a dozen tokens), while the accepted length grows by a token or "
+            "two at most. Budgets of 15-63 are the usual range; pass a smaller one unless this is on purpose.",
+            tree, slots,
+        )  # fmt: skip
     need, free = round_bytes(target, batch, slots, span, noise), available_bytes(target.device)
     if free is not None and need > free:
         raise ValueError(

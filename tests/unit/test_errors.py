@@ -1,5 +1,7 @@
 """Bad input gets a clear error naming the problem and the fix, before any cache is touched."""
 
+import logging
+
 import pytest
 import torch
 from models import tiny_model
@@ -200,3 +202,21 @@ def test_a_round_that_cannot_fit_is_refused_before_allocating(target, monkeypatc
     monkeypatch.undo()
     want = target.model.generate(IDS, max_new_tokens=5, do_sample=False)
     assert torch.equal(gen(target, drafter=draft, tree=specdec.DDTree(budget=8)).sequences, want)
+
+
+def test_a_tree_that_fits_but_is_huge_is_warned_about(target, monkeypatch, caplog):
+    """A budget past ``LARGE_TREE_SLOTS`` fits (so it runs) but gets a warning naming its size and the usual range;
+    the usual budgets get none. The memory check and the warning come before anything is allocated: here the call
+    is then refused for memory, so the test runs no huge round."""
+    import importlib
+
+    generate_module = importlib.import_module("specdec.generate")
+    draft = specdec.ModelDrafter(tiny_model("llama", seed=3))
+    with caplog.at_level(logging.WARNING, logger="specdec.generate"):
+        gen(target, drafter=draft, tree=specdec.DDTree(budget=63))
+    assert not [r for r in caplog.records if "tree slots per round" in r.getMessage()]
+    monkeypatch.setattr(generate_module, "available_bytes", lambda device: 1024)
+    with caplog.at_level(logging.WARNING, logger="specdec.generate"), pytest.raises(ValueError, match="GiB free"):
+        gen(target, drafter=draft, tree=specdec.DDTree(budget=5000))
+    (warning,) = [r for r in caplog.records if "tree slots per round" in r.getMessage()]
+    assert "5001 tree slots" in warning.getMessage() and "15-63" in warning.getMessage()
