@@ -220,6 +220,14 @@ class Round:
             logq = self.steer.steer(proposal.logq, engine.history[:, : self.span], engine.prefix, engine.root,
                                     generated)  # fmt: skip
             proposal = proposal._replace(logq=logq)
+        if self.expect_sizes:  # an adaptive policy's round: its expectations too (in one pass where it can)
+            both = getattr(self.tree, "build_expecting", None)
+            if callable(both):
+                tree, expected = both(proposal, engine.root, self.depth, self.tree_noise)
+            else:
+                tree, expected = self.tree.build(proposal, engine.root, self.depth, self.tree_noise), None
+            self.expect.copy_(self.tree.expectations(proposal) if expected is None else expected)
+            return tree, proposal
         return self.tree.build(proposal, engine.root, self.depth, self.tree_noise), proposal
 
     def _process(self, logits: torch.Tensor, tree: DeviceTree) -> torch.Tensor:
@@ -288,8 +296,6 @@ class Round:
             check_tree(self.tree, tree, self.batch, self.slots)
             flags = tree_flags(tree, vocab)
             tree = sanitized_tree(tree, vocab, self.depth)  # the round runs to its read, which raises
-        if self.expect_sizes and proposal is not None:
-            self.expect.copy_(self.tree.expectations(proposal))
         raw, hidden, rnd = self._verify(tree)
         logits = self._process(raw, tree)
         accept = self.rule.accept(tree, logits, self.sampling, self.noise, self.depth, proposal)

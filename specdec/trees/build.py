@@ -85,7 +85,7 @@ def ddtree_device(
     if topk_impl == "auto":
         topk_impl = "triton" if vocab <= TOPK_TRITON_MAX_VOCAB and triton_fits(logq, 1) else "torch"
     vals, ids = topk_rows(logq, k) if topk_impl == "triton" else topk_rows_reference(logq, k)  # [D, k] fp32 / int64
-    num_real = 1 + min(budget, _reachable(k, depth_limit, budget))
+    num_real = 1 + min(budget, reachable_nodes(k, depth_limit, budget))
     if impl not in ("auto", "torch", "triton"):
         raise ValueError(f"impl={impl!r}: choose 'auto', 'torch' or 'triton'.")
     if impl == "triton" or (impl == "auto" and triton_fits(logq, k)):
@@ -133,13 +133,13 @@ def ddtree_batch(
         topk_impl = "triton" if vocab <= TOPK_TRITON_MAX_VOCAB and triton_fits(logq[0], 1) else "torch"
     flat = logq.reshape(batch * depth_limit, vocab)
     vals, ids = topk_rows(flat, k) if topk_impl == "triton" else topk_rows_reference(flat, k)
-    num_real = 1 + min(budget, _reachable(k, depth_limit, budget))
+    num_real = 1 + min(budget, reachable_nodes(k, depth_limit, budget))
     tokens, parents, depth = best_first(vals.view(batch, depth_limit, k), ids.view(batch, depth_limit, k),
                                         num_real - 1)  # fmt: skip
-    return _pad_trees(roots, tokens, parents, depth, num_slots)
+    return pad_trees(roots, tokens, parents, depth, num_slots)
 
 
-def _pad_trees(roots, tokens, parents, depth, num_slots: int) -> DeviceTree:
+def pad_trees(roots, tokens, parents, depth, num_slots: int) -> DeviceTree:
     """:func:`_pad_tree` for a batch: ``roots [B]``, non-root nodes ``[B, n]`` -> ``[B, num_slots]`` trees."""
     batch, n = tokens.shape
     root = roots.reshape(batch, 1).long()
@@ -229,7 +229,7 @@ def _check_int(name: str, value: object, low: int) -> None:
         raise ValueError(f"{name}={value!r}: pass a Python int >= {low}.")
 
 
-def _reachable(k: int, depth_limit: int, cap: int) -> int:
+def reachable_nodes(k: int, depth_limit: int, cap: int) -> int:
     """``min(cap, k + k**2 + ... + k**depth_limit)`` without forming huge powers."""
     total, level = 0, 1
     for _ in range(depth_limit):

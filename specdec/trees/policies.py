@@ -15,7 +15,16 @@ import torch
 
 from specdec.backends import env_default
 from specdec.budget import AutoBudget, check_sizes, ddtree_scores, expected_accepts
-from specdec.trees.build import chain_device, chain_from_path, ddtree_batch, root_trees, trie_device
+from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
+from specdec.trees.build import (
+    chain_device,
+    chain_from_path,
+    ddtree_batch,
+    pad_trees,
+    reachable_nodes,
+    root_trees,
+    trie_device,
+)
 from specdec.types import DeviceTree, Proposal
 
 __all__ = ["TREES", "Chain", "DDTree", "TreePolicy", "register_tree"]
@@ -227,6 +236,32 @@ class AutoStep(DDTree):
         """``[B, len(expect_sizes)]`` float64: ``E(n) = sum_{i < n} exp(score_i)`` (``specdec.budget``)."""
         scores = ddtree_scores(proposal.logq, budget=self.expect_sizes[-1], topk=self.topk)
         return expected_accepts(scores, self.expect_sizes)
+
+    def build_expecting(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None):
+        """The round's tree and its expectations together: ``(build(...), expectations(proposal))``.
+
+        Where the one-launch Triton selection applies, both come from one pass: the heap's pops for the largest
+        size, with their scores, give the expectations, and their first ``budget`` nodes are this round's tree
+        (the ``n`` best prefixes are the first ``n`` pops, parents before children; see
+        :func:`specdec.budget.ddtree_scores`), so the round runs one top-k and one selection launch instead of
+        two each. Equal scores may order tied nodes differently from ``DDTree(budget)`` alone, never their values,
+        and every DDTree round is exact whatever its nodes. Elsewhere the two are computed apart.
+        """
+        logq = proposal.logq
+        largest = self.expect_sizes[-1] if self.expect_sizes else self.budget
+        fused = logq is not None and logq.dim() == 3 and _DDTREE_IMPL != "torch" and self.budget <= largest
+        if fused:
+            batch, depth_limit, vocab = logq.shape
+            k = min(largest if self.topk is None else self.topk, largest, vocab)
+            fused = reachable_nodes(k, depth_limit, largest) >= largest and triton_fits(logq[0], k)
+        if not fused:
+            return self.build(proposal, root, depth, noise), self.expectations(proposal)
+        vals, ids = topk_rows(logq.flatten(0, 1).float(), k)
+        tokens, parents, depths, scores = best_first(vals.view(batch, depth_limit, k),
+                                                     ids.view(batch, depth_limit, k), largest, scores=True)  # fmt: skip
+        n = self.budget
+        tree = pad_trees(root.reshape(-1), tokens[:, :n], parents[:, :n], depths[:, :n], n + 1)
+        return tree, expected_accepts(scores, self.expect_sizes)
 
     def __repr__(self) -> str:
         return f"AutoStep(budget={self.budget!r}, topk={self.topk!r}, expect_sizes={self.expect_sizes})"

@@ -17,9 +17,10 @@ import torch
 from oracles.ddtree_heap import build_ddtree
 from oracles.host_trees import to_draft_tree
 
+import specdec
 from specdec.trees import ddtree_device
 from specdec.trees.build import ddtree_batch
-from specdec.types import DeviceTree
+from specdec.types import DeviceTree, Proposal
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -155,8 +156,50 @@ def test_batched_build_on_cpu_equals_each_row_alone():
         ddtree_batch(batch_cases()[0][0][0], torch.tensor([1]), budget=3, topk=None, num_slots=4)
 
 
+AUTO_SIZES = (3, 15, 31)
+
+
+def _auto_cases():
+    gen = torch.Generator().manual_seed(11)
+    logq = torch.randn(3, 6, 50, generator=gen).mul(2).log_softmax(-1)  # continuous: no equal scores
+    roots = torch.tensor([5, 7, 9])
+    return logq, roots
+
+
+def _auto_steps(device: str):
+    """``AutoStep.build_expecting`` at every size (the one-pass Triton path where it applies)."""
+    logq, roots = _auto_cases()
+    policy = specdec.DDTree(budget="auto", topk=4, sizes=AUTO_SIZES)
+    out = {}
+    for size in AUTO_SIZES:
+        tree, expected = policy.at(size).build_expecting(Proposal(logq=logq.to(device)), roots.to(device), 6)
+        out[size] = ([t.cpu() for t in (tree.tokens, tree.parents, tree.depth, tree.num_nodes)], expected.cpu())
+    return out
+
+
+def _check_auto_steps(out) -> None:
+    """Against the two apart on the CPU's tensor ops: the fixed policy's tree of that size and ``expectations``."""
+    logq, roots = _auto_cases()
+    policy = specdec.DDTree(budget="auto", topk=4, sizes=AUTO_SIZES)
+    for size in AUTO_SIZES:
+        step = policy.at(size)
+        want = specdec.DDTree(budget=size, topk=4).build(Proposal(logq=logq), roots, 6)
+        tensors, expected = out[size]
+        for got, ref in zip(tensors, (want.tokens, want.parents, want.depth, want.num_nodes), strict=True):
+            assert torch.equal(got, ref), (size, got, ref)
+        torch.testing.assert_close(expected, step.expectations(Proposal(logq=logq)), rtol=1e-12, atol=1e-12)
+
+
+def test_auto_step_builds_apart_on_cpu():
+    """Without Triton the auto round's tree and expectations are the fixed tree and ``expectations`` themselves."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the CPU's tensor-op path")
+    _check_auto_steps(_auto_steps("cpu"))
+
+
 # each part in its own interpreter run
 INTERPRETED_PARTS = {
+    "auto_step": (lambda: _auto_steps("cpu"), _check_auto_steps),
     "trees": (lambda: _build_all("cpu", num=INTERPRETED_TREES), lambda out: _check(out, INTERPRETED_TREES)),
     "trees_triton_topk": (lambda: _build_all("cpu", "triton", num=INTERPRETED_TREES),
                           lambda out: _check(out, INTERPRETED_TREES)),  # fmt: skip
@@ -209,6 +252,8 @@ def test_compiled_selection_equals_heap_builder_on_cuda():
     # the engine's default: Triton top-k for small vocabularies
     _check(_build_all("cuda", topk_impl="auto", num=GPU_TREES), GPU_TREES)
     _check_topk(_topk_all("cuda"))
+    # an auto round's tree and expectations from one pass equal the two built apart
+    _check_auto_steps(_auto_steps("cuda"))
 
 
 if __name__ == "__main__":  # the interpreted run of one part: python test_ddtree_build.py PART OUT
