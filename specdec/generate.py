@@ -83,6 +83,23 @@ def available_bytes(device: torch.device) -> int | None:
         return None
 
 
+def _warn_training(model) -> None:
+    """A target left in training mode with active dropout draws a new mask at every forward: its tokens are random
+    and differ from ``model.generate``'s in eval mode (and a round verifies other forwards than HF's steps)."""
+    if not model.training:
+        return
+    config = getattr(model, "config", None)
+    rates = [v for k, v in (vars(config) if config is not None else {}).items()
+             if ("dropout" in k or k.endswith("pdrop")) and isinstance(v, float)]  # fmt: skip
+    modules = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    if any(rate > 0 for rate in rates + modules):
+        logger.warning(
+            "The target is in training mode with active dropout: every forward draws new dropout masks, so the "
+            "output is random and not the tokens of model.generate in eval mode. Call model.eval() before "
+            "generating."
+        )
+
+
 LARGE_TREE_SLOTS = 1024  # a round past this many slots fits but is slow: warned about
 
 
@@ -282,6 +299,7 @@ def generate(
     """
     start = time.time()  # HF's max_time counts from the start of the call
     tgt = TargetModel.wrap(target)
+    _warn_training(tgt.model)
     check_drafter_and_tree(drafter, tree)
     criteria, _, _ = check_stopping(stopping_criteria, None, tokenizer, None)
     check_compile(compile)

@@ -220,3 +220,21 @@ def test_a_tree_that_fits_but_is_huge_is_warned_about(target, monkeypatch, caplo
         gen(target, drafter=draft, tree=specdec.DDTree(budget=5000))
     (warning,) = [r for r in caplog.records if "tree slots per round" in r.getMessage()]
     assert "5001 tree slots" in warning.getMessage() and "15-63" in warning.getMessage()
+
+
+def test_a_target_in_training_mode_with_dropout_is_warned_about(caplog):
+    """Dropout active (training mode): a warning saying why the output is random and to call model.eval(); eval
+    mode, or training mode without dropout, gets none."""
+    model = tiny_model("llama", attention_dropout=0.5)
+    ids = torch.randint(4, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+    cases = ((True, model, True), (False, model, False), (True, tiny_model("llama"), False))
+    for train, dropout_model, warned in cases:
+        dropout_model.train(train)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="specdec.generate"):
+            specdec.generate(dropout_model, ids, max_new_tokens=2)
+        got = [r for r in caplog.records if "training mode" in r.getMessage()]
+        assert bool(got) == warned, (train, [r.getMessage() for r in caplog.records])
+        if warned:
+            assert "model.eval()" in got[0].getMessage()
+    model.eval()
