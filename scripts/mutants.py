@@ -461,6 +461,11 @@ MUTANTS += [
         (("specdec/validate.py", "flags |= (drafts & (tokens != tree_tokens)).any(1).long() * 1024", "pass"),),
         ("tests/test_protocol_validation.py",),
     ),
+    Mutant(  # a user's drafter trusted as specdec's own: its proposals go unchecked
+        "drafter_proposal_unchecked",
+        ((ENGINE, "self.check_proposal = self.proposes and not trusted(drafter)", "self.check_proposal = False"),),
+        ("tests/test_protocol_validation.py",),
+    ),
     Mutant(  # the tree verify's flat prefix two slots too long: the first nodes' mask read as the prefix's
         "kv_flat_too_long",
         (("specdec/engine.py", "return (*target.forward(*args, span=self.span, flat=prefix), None)",

@@ -39,6 +39,7 @@ from specdec.validate import (
     ProtocolError,
     accept_flags,
     check_accept,
+    check_proposal,
     check_tree,
     describe_flags,
     sanitized_accept,
@@ -160,7 +161,9 @@ class Round:
         # per sequence: the accepted tokens (drafts + bonus), the accepted count, the real tree nodes
         # and the protocol bitmask of a policy or rule not specdec's own (specdec.validate; 0 = sound)
         self.out = torch.zeros(batch, self.path_len + 3, dtype=torch.long, device=device)
-        self.check_tree = self.proposes and not trusted(tree)
+        # a drafter of the user's: its proposal's shapes on the host, and the tree built from it on the device
+        self.check_proposal = self.proposes and not trusted(drafter)
+        self.check_tree = self.proposes and (not trusted(tree) or self.check_proposal)
         self.check_rule = drafter is not None and not trusted(rule)
         self.arange = torch.arange(self.slots, device=device)
         vocab = engine.target.target.vocab_size
@@ -215,6 +218,8 @@ class Round:
         if not self.proposes:
             return root_trees(engine.root), None
         proposal = self.state.propose(engine.root, engine.prefix, self.depth, self.span)
+        if self.check_proposal:
+            check_proposal(self.drafter, proposal, self.batch, engine.target.target.vocab_size)
         if self.steer and proposal.logq is not None:  # the draft steered away from what the processors forbid
             generated = engine.prefix + 1 - engine.prompt_len
             logq = self.steer.steer(proposal.logq, engine.history[:, : self.span], engine.prefix, engine.root,
@@ -411,7 +416,7 @@ class Round:
             rows.append((out[:num_path], out[self.path_len + 1]))
             flags |= out[self.path_len + 2]
         if flags:
-            raise ProtocolError(describe_flags(flags, self.tree, self.rule))
+            raise ProtocolError(describe_flags(flags, self.tree, self.rule, self.drafter))
         # ``DDTree(budget="auto")``: the round's expectations, copied with its tokens (no second wait)
         self.expected = self.host_expect[ticket].tolist() if self.expect_sizes and self.proposes else None
         # ``output_scores`` / ``output_logits``: the raw logits of the path's nodes, [B, P, V] on the host

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from specdec.types import Accept, DeviceTree
+from specdec.types import Accept, DeviceTree, Proposal
 
 __all__ = [
     "ProtocolError",
     "accept_flags",
     "check_accept",
+    "check_proposal",
     "check_tree",
     "describe_flags",
     "sanitized_accept",
@@ -94,6 +95,36 @@ def check_tree(policy, tree, batch: int, slots: int) -> None:
         _check_tensor(owner, name, getattr(tree, name), (batch, slots), long)
     _check_tensor(owner, "valid", tree.valid, (batch, slots), (torch.bool,))
     _check_tensor(owner, "num_nodes", tree.num_nodes, (batch,), (torch.int64, torch.int32))
+
+
+def check_proposal(drafter, proposal, batch: int, vocab: int) -> None:
+    """The host checks of a drafter's proposal: a :class:`~specdec.types.Proposal` whose ``logq`` is a float
+    ``[batch, D >= 1, vocab]`` tensor (the target's vocabulary: a drafter over another vocabulary maps its ids
+    first) and whose ``paths`` / ``path_lengths`` are int64 ``[batch, M, L]`` / ``[batch, M]``. The token values
+    of the tree the policy builds from it are checked on the device (``tree_flags``)."""
+    owner = f"drafter {_where(drafter)}"
+    if not isinstance(proposal, Proposal):
+        raise ProtocolError(f"{owner} returned {type(proposal).__name__} from propose(); return a "
+                            "specdec.types.Proposal (logq and/or paths).")  # fmt: skip
+    if proposal.logq is not None:
+        q = proposal.logq
+        if not isinstance(q, torch.Tensor):
+            raise ProtocolError(f"{owner} returned logq as {type(q).__name__}: return a float torch.Tensor "
+                                f"[{batch}, D, {vocab}] on the round's device.")  # fmt: skip
+        if q.dim() != 3 or q.shape[0] != batch or q.shape[1] < 1 or q.shape[2] != vocab:
+            raise ProtocolError(f"{owner} returned logq of shape {list(q.shape)}; the round needs [{batch}, D, "
+                                f"{vocab}]: one row per sequence, D >= 1 depths, the target's vocabulary of {vocab} "
+                                "(map a draft vocabulary's ids to the target's first).")  # fmt: skip
+        if not q.is_floating_point():
+            raise ProtocolError(f"{owner} returned logq as {q.dtype}: return float log-probabilities.")
+    if proposal.paths is not None:
+        paths, lengths = proposal.paths, proposal.path_lengths
+        _check_tensor(owner, "paths", paths, (batch, *tuple(getattr(paths, "shape", (0, 0, 0)))[1:3]),
+                      (torch.int64,))  # fmt: skip
+        if paths.dim() != 3:
+            raise ProtocolError(f"{owner} returned paths of shape {list(paths.shape)}; the round needs "
+                                f"[{batch}, M, L] int64.")  # fmt: skip
+        _check_tensor(owner, "path_lengths", lengths, (batch, paths.shape[1]), (torch.int64,))
 
 
 def check_accept(rule, accept, batch: int, steps: int) -> None:
@@ -177,11 +208,14 @@ def sanitized_accept(accept: Accept, vocab: int, slots: int) -> Accept:
     )
 
 
-def describe_flags(flags: int, policy, rule) -> str:
-    """The message of a nonzero bitmask: which policy or rule, which field, what is wrong, the fix."""
+def describe_flags(flags: int, policy, rule, drafter=None) -> str:
+    """The message of a nonzero bitmask: which policy or rule (or the drafter whose proposal a built-in policy
+    turned into that tree), which field, what is wrong, the fix."""
     parts = []
-    for bits, owner in ((TREE_BITS, f"tree policy {_where(policy)}"), (ACCEPT_BITS, f"verification rule "
-                                                                                     f"{_where(rule)}")):
+    tree_owner = f"tree policy {_where(policy)}"
+    if drafter is not None and trusted(policy) and not trusted(drafter):
+        tree_owner = f"drafter {_where(drafter)} (its proposal, through {tree_owner})"
+    for bits, owner in ((TREE_BITS, tree_owner), (ACCEPT_BITS, f"verification rule {_where(rule)}")):
         for bit, (field, wrong, fix) in bits.items():
             if flags & bit:
                 parts.append(f"{owner}: {field}: {wrong}; fix: {fix}")

@@ -198,3 +198,56 @@ def test_the_checks_catch_what_they_name():
     assert accept_flags(good._replace(path=torch.tensor([[0, 2, 1]])), sound, VOCAB).item() & 512
     assert accept_flags(good._replace(tokens=torch.tensor([[4, 6, 9]])), sound, VOCAB).item() & 1024
     assert accept_flags(good._replace(tokens=torch.tensor([[4, 5, VOCAB]])), sound, VOCAB).item() & 2048
+
+
+class _BrokenDrafter(specdec.ModelDrafter):
+    """A drafter of a user's (defined outside specdec: checked) whose proposals are broken by ``how``."""
+
+    def __init__(self, model, how: str) -> None:
+        super().__init__(model)
+        self.how = how
+
+    def attach(self, target, capacity, batch=1):
+        state = super().attach(target, capacity, batch)
+        propose, how = state.propose, self.how
+
+        def broken(root, prefix, depth, span):
+            p = propose(root, prefix, depth, span)
+            if how == "wide":  # a draft vocabulary larger than the target's, not mapped
+                return p._replace(logq=torch.cat([p.logq, p.logq], -1))
+            if how == "list":
+                return p._replace(logq=p.logq.tolist())
+            if how == "int":
+                return p._replace(logq=p.logq.long())
+            # paths whose first token lies outside the vocabulary
+            top = p.logq.argmax(-1)  # [B, D]
+            paths = top[:, None, :].clone()
+            paths[:, 0, 0] = VOCAB + 5
+            lengths = torch.full(paths.shape[:2], paths.shape[2], dtype=torch.long, device=paths.device)
+            return Proposal(paths=paths, path_lengths=lengths)
+
+        state.propose = broken
+        return state
+
+
+@pytest.mark.parametrize(
+    ("how", "tree", "match"),
+    [
+        ("wide", specdec.DDTree(budget=8, topk=3), r"drafter .*_BrokenDrafter returned logq of shape \[1, \d+, 256\]; "
+         r"the round needs \[1, D, 128\]"),
+        ("list", specdec.Chain(4), r"drafter .*_BrokenDrafter returned logq as list"),
+        ("int", specdec.DDTree(budget=8, topk=3), r"returned logq as torch.int64: return float log-probabilities"),
+        ("paths", specdec.DDTree(budget=8), r"drafter .*_BrokenDrafter \(its proposal, through tree policy "
+         r"specdec.trees.policies.DDTree\): tokens: a real node's token is outside the vocabulary"),
+    ],
+)  # fmt: skip
+def test_a_users_drafter_with_a_broken_proposal_fails_loudly(pair, how, tree, match):
+    """A drafter of a user's is checked as a policy is: the proposal's type, shape (the target's vocabulary) and
+    dtype on the host, the tokens of the tree a built-in policy makes of it on the device. The next call with a
+    sound drafter equals HF."""
+    model, drafter, want = pair
+    bad = _BrokenDrafter(perturbed_copy(model, noise=0.02), how)
+    with pytest.raises(ProtocolError, match=match):
+        specdec.generate(model, IDS, max_new_tokens=12, drafter=bad, tree=tree)
+    out = specdec.generate(model, IDS, max_new_tokens=12, drafter=drafter, tree=tree)
+    assert torch.equal(out.sequences, want)
