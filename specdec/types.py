@@ -191,8 +191,8 @@ class SamplingParams:
             raise ValueError(f"temperature={self.temperature} must be > 0 when do_sample=True (use do_sample=False).")
         if self.top_k is not None and self.top_k < 0:
             raise ValueError(f"top_k={self.top_k} must be >= 0 (0 or None disables it).")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1.0 or None disables it).")
+        if self.top_p is not None and not 0.0 <= self.top_p <= 1.0:  # HF's range: 0 keeps the top token alone
+            raise ValueError(f"top_p={self.top_p} must be in [0, 1] (1.0 or None disables it).")
 
 
 @dataclass(frozen=True)

@@ -95,8 +95,23 @@ def test_error_attention_implementation():
 def test_error_sampling_params(target):
     with pytest.raises(ValueError, match="temperature=0.0 must be > 0"):
         gen(target, do_sample=True, temperature=0.0)
-    with pytest.raises(ValueError, match=r"top_p=1.5 must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"top_p=1.5 must be in \[0, 1\]"):
         gen(target, do_sample=True, top_p=1.5)
+    with pytest.raises(ValueError, match=r"top_p=-0.1 must be in \[0, 1\]"):
+        gen(target, do_sample=True, top_p=-0.1)
+
+
+def test_top_p_zero_keeps_the_top_token_as_hf():
+    """HF takes ``top_p=0.0`` (its warper keeps ``min_tokens_to_keep=1`` token): sampling then always draws the most
+    likely token, so the output is HF's own ``top_p=0.0`` output and its greedy one, under a tree too."""
+    model = tiny_model("llama", scale=2.0)
+    ids = torch.randint(4, 128, (1, 9), generator=torch.Generator().manual_seed(1))
+    want = model.generate(ids, max_new_tokens=10, do_sample=True, top_p=0.0)
+    assert torch.equal(want, model.generate(ids, max_new_tokens=10, do_sample=False))
+    drafter = specdec.ModelDrafter(tiny_model("llama", seed=3, scale=2.0))
+    for tree in (specdec.Chain(3), specdec.DDTree(8)):
+        out = specdec.generate(model, ids, max_new_tokens=10, do_sample=True, top_p=0.0, drafter=drafter, tree=tree)
+        assert torch.equal(out.sequences, want), tree
 
 
 def _committed_state(target):
