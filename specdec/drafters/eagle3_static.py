@@ -9,6 +9,10 @@ committed row ``[2, B, H_kv, capacity + 1, D]`` and the fused target state of ev
 - ``propose``: row ``prefix - 1`` (the fused state of the last committed position with the root) gives the depth-1
   distribution; each next step pairs the head's own output with the token it drafted, at the next slot. Those
   slots past the committed rows are rewritten by the next ``commit`` before any query reads them.
+- ``propose_tree`` (EAGLE-2's dynamic tree, for policies that read ``candidates``): the same first row, then per
+  level one forward of the ``k`` frontier rows, all at the level's position; their keys/values go to a per-round
+  scratch block (``[2, B, H_kv, (L - 1) * k, D]``, never the committed storage), and each frontier row sees the
+  committed rows and its own ancestors in the block only.
 - ``commit``: the accepted path's fused states go to positions ``prefix ..``; its rows (each with the next accepted
   token) are written in one causal block. Only accepted tokens' rows stay.
 
@@ -46,6 +50,7 @@ class Eagle3Static:
         cos, sin = model.rope(self.slots[None], dtype)  # rotary tables by slot (= position), computed once
         self.cos, self.sin = cos[0], sin[0]
         self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        self.tree_kv: dict[int, torch.Tensor] = {}  # scratch keys/values of a candidate tree, by its rows
         self.refresh()
 
     def refresh(self) -> None:
@@ -73,6 +78,37 @@ class Eagle3Static:
             q, self.kv[0, :, :, :span], self.kv[1, :, :, :span], attn_mask=bias[:, None]
         )
         out = out.reshape(batch, heads, rows, dim).transpose(1, 2).reshape(batch, rows, -1)
+        return model.head(model.finish(residual, out))
+
+    def _attend(self, q, keys, values, keep):
+        """Grouped attention of ``q [B, H_q, L, D]`` over ``keys``/``values`` ``[B, H_kv, K, D]`` where
+        ``keep [B, L, K]``; returns ``[B, L, H_q * D]``."""
+        batch, heads, rows, dim = q.shape
+        # heads g*rep .. g*rep+rep-1 share key/value head g: stacked along the query axis (no copy of the keys)
+        q = q.reshape(batch, heads // self.rep, self.rep * rows, dim)
+        keep = keep.repeat(1, self.rep, 1)  # row r*L + i: query i of the r-th head of a group
+        bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, torch.finfo(q.dtype).min)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias[:, None])
+        return out.reshape(batch, heads, rows, dim).transpose(1, 2).reshape(batch, rows, -1)
+
+    def _tree_forward(self, tokens, hidden, last, level: int, ancestors, block, first: int, span: int):
+        """The ``k`` frontier rows of one level: ``tokens [B, k]``, ``hidden [B, k, H]`` at position ``last + level``
+        (``last [B, 1]``: the root's row); their keys/values go to rows ``first .. first + k - 1`` of ``block``
+        (``[2, B, H_kv, R, D]``); each row attends over the committed slots up to ``last`` and the block rows
+        ``ancestors [B, k, R]`` marks (its own ancestors and itself). Returns (draft logits ``[B, k, Vd]``, hidden fed back ``[B, k, H]``)."""
+        model = self.drafter.model
+        width = tokens.shape[1]
+        position = last + level
+        slots = torch.where(position < self.capacity, position, self.scratch).expand(-1, width)
+        residual, x = model.layer_input(self.drafter._embed(tokens), hidden)
+        q, k, v = model.qkv(x, self.cos[slots], self.sin[slots])
+        block[0, :, :, first : first + width] = k.to(block.dtype)
+        block[1, :, :, first : first + width] = v.to(block.dtype)
+        keys = self.slots[:span]
+        committed = (keys <= last[..., None]) & (keys != self.scratch)  # [B, 1, span]: up to the root's row
+        keep = torch.cat([committed.expand(-1, width, -1), ancestors], dim=-1)
+        out = self._attend(q, torch.cat([self.kv[0, :, :, :span], block[0]], 2),
+                           torch.cat([self.kv[1, :, :, :span], block[1]], 2), keep)  # fmt: skip
         return model.head(model.finish(residual, out))
 
     # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
@@ -105,6 +141,59 @@ class Eagle3Static:
     def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
         """Greedy drafts of ``depth`` tokens after each row's root: ``logq [B, depth, V]``."""
         return Proposal(logq=self.logq(root, prefix, depth, span))
+
+    def propose_tree(self, root: torch.Tensor, prefix: torch.Tensor, levels: int, topk: int, span: int) -> Proposal:
+        """EAGLE-2's candidate tree after each row's root: ``levels`` levels of ``topk`` candidates per expanded node
+        (``Proposal.candidates``, ``parents``, ``scores`` ``[B, topk + (levels - 1) * topk**2]``)."""
+        return self.draft_tree(root, prefix, levels, topk, span)[0]
+
+    def draft_tree(self, root: torch.Tensor, prefix: torch.Tensor, levels: int, topk: int, span: int | None = None):
+        """:meth:`propose_tree` and the log-probabilities of every drafted row ``[B, 1 + (levels - 1) * topk, Vd]``
+        (fp32, draft vocabulary): row 0 the root's, then level by level the frontier rows in frontier order.
+
+        Level 1 holds the ``topk`` most likely tokens after the root (scores: their log-probabilities). Each next
+        level runs the head once on the ``topk`` frontier rows (frontier token, its parent's fed-back hidden, at
+        position ``prefix - 1 + level - 1``); each row's ``topk`` most likely tokens become candidates scoring the
+        row's score plus their log-probability; the ``topk`` best of those ``topk**2`` form the next frontier.
+        """
+        span = min(span or self.capacity + 1, self.capacity + 1)
+        model, k = self.drafter.model, topk
+        position = (prefix - 1).clamp(min=0)[:, None]  # [B, 1]: the last committed position
+        logits, hidden = self._forward(root[:, None], self.fused[self.rows, position], position, span)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [B, 1, Vd]
+        scores, ids = logp[:, 0].topk(k, dim=-1)  # [B, k]
+        batch, width = scores.shape[0], hidden.shape[-1]
+        tokens, parents, all_scores, rows = [self.target_ids[ids]], [torch.full_like(ids, -1)], [scores], [logp]
+        front_token, front_index = tokens[0], torch.arange(k, device=ids.device).expand(batch, -1)
+        front_hidden = hidden.expand(-1, k, -1)
+        size = (levels - 1) * k
+        block = self.tree_kv.get(size)
+        if block is None and size:
+            shape = (2, batch, model.config.num_key_value_heads, size, model.config.head_dim)
+            block = self.tree_kv[size] = self.kv.new_zeros(shape)
+        own = torch.eye(size, dtype=torch.bool, device=ids.device)  # row i of the block is itself
+        seen = torch.zeros(batch, k, size, dtype=torch.bool, device=ids.device)  # the frontier's ancestors
+        for level in range(1, levels):
+            first = (level - 1) * k
+            seen = seen | own[first : first + k]
+            logits, out = self._tree_forward(front_token, front_hidden, position, level, seen, block, first, span)
+            logp = torch.log_softmax(logits.float(), dim=-1)  # [B, k, Vd]
+            rows.append(logp)
+            vals, ids = logp.topk(k, dim=-1)  # [B, k, k]
+            cumulative = (vals + scores[:, :, None]).flatten(1)  # [B, k * k]: row r's children, rank by rank
+            tokens.append(self.target_ids[ids].flatten(1))
+            parents.append(front_index[:, :, None].expand(-1, -1, k).flatten(1))
+            all_scores.append(cumulative)
+            if level + 1 < levels:
+                scores, pick = cumulative.topk(k, dim=-1)  # the next frontier
+                parent_row = pick // k
+                front_index = k + (level - 1) * k * k + pick
+                front_token = tokens[-1].gather(1, pick)
+                front_hidden = out.gather(1, parent_row[..., None].expand(-1, -1, width))
+                seen = seen.gather(1, parent_row[..., None].expand(-1, -1, size))
+        proposal = Proposal(candidates=torch.cat(tokens, 1), parents=torch.cat(parents, 1),
+                            scores=torch.cat(all_scores, 1))  # fmt: skip
+        return proposal, torch.cat(rows, 1)
 
     def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
         """The accepted path's fused target states (``hidden``: the verified slots ``[B, S, K*H_t]``) at positions
