@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec.trees.dynamic import expand_candidates
 from specdec.types import Accept, Proposal
 
 __all__ = ["Eagle3Static"]
@@ -95,7 +96,8 @@ class Eagle3Static:
         """The ``k`` frontier rows of one level: ``tokens [B, k]``, ``hidden [B, k, H]`` at position ``last + level``
         (``last [B, 1]``: the root's row); their keys/values go to rows ``first .. first + k - 1`` of ``block``
         (``[2, B, H_kv, R, D]``); each row attends over the committed slots up to ``last`` and the block rows
-        ``ancestors [B, k, R]`` marks (its own ancestors and itself). Returns (draft logits ``[B, k, Vd]``, hidden fed back ``[B, k, H]``)."""
+        ``ancestors [B, k, R]`` marks (its own ancestors and itself). Returns (draft logits ``[B, k, Vd]``, hidden
+        fed back ``[B, k, H]``)."""
         model = self.drafter.model
         width = tokens.shape[1]
         position = last + level
@@ -151,48 +153,34 @@ class Eagle3Static:
         """:meth:`propose_tree` and the log-probabilities of every drafted row ``[B, 1 + (levels - 1) * topk, Vd]``
         (fp32, draft vocabulary): row 0 the root's, then level by level the frontier rows in frontier order.
 
-        Level 1 holds the ``topk`` most likely tokens after the root (scores: their log-probabilities). Each next
-        level runs the head once on the ``topk`` frontier rows (frontier token, its parent's fed-back hidden, at
-        position ``prefix - 1 + level - 1``); each row's ``topk`` most likely tokens become candidates scoring the
-        row's score plus their log-probability; the ``topk`` best of those ``topk**2`` form the next frontier.
+        The root's row (the fused state of the last committed position with the root, as :meth:`logq`'s first step)
+        gives level 1; each next level is one forward of the ``topk`` frontier rows (frontier token, the hidden its
+        parent's row fed back, at position ``prefix - 1 + level``) whose keys/values go to the scratch block; the
+        selection is ``specdec.trees.dynamic.expand_candidates``.
         """
         span = min(span or self.capacity + 1, self.capacity + 1)
-        model, k = self.drafter.model, topk
+        cfg = self.drafter.model.config
         position = (prefix - 1).clamp(min=0)[:, None]  # [B, 1]: the last committed position
         logits, hidden = self._forward(root[:, None], self.fused[self.rows, position], position, span)
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [B, 1, Vd]
-        scores, ids = logp[:, 0].topk(k, dim=-1)  # [B, k]
-        batch, width = scores.shape[0], hidden.shape[-1]
-        tokens, parents, all_scores, rows = [self.target_ids[ids]], [torch.full_like(ids, -1)], [scores], [logp]
-        front_token, front_index = tokens[0], torch.arange(k, device=ids.device).expand(batch, -1)
-        front_hidden = hidden.expand(-1, k, -1)
-        size = (levels - 1) * k
+        rows = [torch.log_softmax(logits.float(), dim=-1)]  # [B, 1, Vd]
+        batch, size = root.shape[0], (levels - 1) * topk
         block = self.tree_kv.get(size)
         if block is None and size:
-            shape = (2, batch, model.config.num_key_value_heads, size, model.config.head_dim)
-            block = self.tree_kv[size] = self.kv.new_zeros(shape)
-        own = torch.eye(size, dtype=torch.bool, device=ids.device)  # row i of the block is itself
-        seen = torch.zeros(batch, k, size, dtype=torch.bool, device=ids.device)  # the frontier's ancestors
-        for level in range(1, levels):
-            first = (level - 1) * k
-            seen = seen | own[first : first + k]
-            logits, out = self._tree_forward(front_token, front_hidden, position, level, seen, block, first, span)
-            logp = torch.log_softmax(logits.float(), dim=-1)  # [B, k, Vd]
-            rows.append(logp)
-            vals, ids = logp.topk(k, dim=-1)  # [B, k, k]
-            cumulative = (vals + scores[:, :, None]).flatten(1)  # [B, k * k]: row r's children, rank by rank
-            tokens.append(self.target_ids[ids].flatten(1))
-            parents.append(front_index[:, :, None].expand(-1, -1, k).flatten(1))
-            all_scores.append(cumulative)
-            if level + 1 < levels:
-                scores, pick = cumulative.topk(k, dim=-1)  # the next frontier
-                parent_row = pick // k
-                front_index = k + (level - 1) * k * k + pick
-                front_token = tokens[-1].gather(1, pick)
-                front_hidden = out.gather(1, parent_row[..., None].expand(-1, -1, width))
-                seen = seen.gather(1, parent_row[..., None].expand(-1, -1, size))
-        proposal = Proposal(candidates=torch.cat(tokens, 1), parents=torch.cat(parents, 1),
-                            scores=torch.cat(all_scores, 1))  # fmt: skip
+            block = self.tree_kv[size] = self.kv.new_zeros(2, batch, cfg.num_key_value_heads, size, cfg.head_dim)
+        own = torch.eye(size, dtype=torch.bool, device=root.device)  # block row i is itself
+        state = {"hidden": hidden, "seen": torch.zeros(batch, 1, size, dtype=torch.bool, device=root.device)}
+
+        def step(level: int, tokens: torch.Tensor, parent_rows: torch.Tensor) -> torch.Tensor:
+            first = (level - 1) * topk
+            pick = parent_rows[..., None]
+            fed = state["hidden"].gather(1, pick.expand(-1, -1, state["hidden"].shape[-1]))
+            seen = state["seen"].gather(1, pick.expand(-1, -1, size)) | own[first : first + topk]
+            logits, state["hidden"] = self._tree_forward(tokens, fed, position, level, seen, block, first, span)
+            state["seen"] = seen
+            rows.append(torch.log_softmax(logits.float(), dim=-1))
+            return rows[-1]
+
+        proposal = expand_candidates(rows[0][:, 0], step, levels=levels, topk=topk, token_ids=self.target_ids)
         return proposal, torch.cat(rows, 1)
 
     def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:

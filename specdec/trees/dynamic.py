@@ -21,7 +21,14 @@ from specdec.trees.build import _pad_trees
 from specdec.trees.policies import register_tree
 from specdec.types import DeviceTree, Proposal
 
-__all__ = ["CANDIDATE_DRAFTERS", "DynamicTree", "candidate_count", "candidate_levels", "rerank_candidates"]
+__all__ = [
+    "CANDIDATE_DRAFTERS",
+    "DynamicTree",
+    "candidate_count",
+    "candidate_levels",
+    "expand_candidates",
+    "rerank_candidates",
+]
 
 CANDIDATE_DRAFTERS = ("Eagle3Drafter",)
 """The drafters that propose candidate trees (``Proposal.candidates``)."""
@@ -36,6 +43,46 @@ def candidate_levels(num: int, topk: int, device=None) -> torch.Tensor:
     """``[num]`` int64 level (depth, >= 1) of each candidate index of the layout ``Proposal.candidates`` states."""
     index = torch.arange(num, device=device)
     return torch.where(index < topk, 1, 2 + (index - topk).clamp(min=0) // (topk * topk))
+
+
+def expand_candidates(first: torch.Tensor, step, *, levels: int, topk: int, token_ids=None) -> Proposal:
+    """EAGLE-2's candidate tree from a drafter's log-probabilities (tensor ops, fixed shapes, no host read).
+
+    Level 1: the ``topk`` most likely tokens of ``first`` (scores: their log-probabilities). Each next level asks
+    ``step`` for the log-probabilities after each of the ``topk`` frontier nodes; each frontier row's ``topk`` most
+    likely tokens become candidates scoring the row's score plus their log-probability (row by row, rank by rank);
+    the ``topk`` best of those ``topk**2`` (``torch.topk``) form the next frontier. The last level is not expanded.
+
+    Args:
+        first (torch.Tensor): ``[B, Vd]`` log-probabilities after the root.
+        step: ``step(level, tokens [B, k], parent_rows [B, k]) -> [B, k, Vd]`` log-probabilities after each frontier
+            node of level ``level`` (>= 1); ``parent_rows`` is the row of the previous call (level 1: of ``first``,
+            all 0) whose candidate each node is: a drafter takes that row's state with it.
+        levels (int): levels of the tree, >= 1. topk (int): ``k``, >= 1.
+        token_ids (torch.Tensor | None): ``[Vd]`` the token id of each column (a reduced draft vocabulary); None:
+            the column is the id.
+
+    Returns:
+        Proposal: ``candidates``, ``parents``, ``scores`` ``[B, k + (levels - 1) * k**2]``.
+    """
+    k = topk
+    scores, ids = first.topk(k, dim=-1)  # [B, k]
+    tokens = [ids if token_ids is None else token_ids[ids]]
+    parents, all_scores = [torch.full_like(ids, -1)], [scores]
+    front_token, parent_rows = tokens[0], torch.zeros_like(ids)
+    front_index = torch.arange(k, device=ids.device).expand(ids.shape[0], -1)
+    for level in range(1, levels):
+        vals, ids = step(level, front_token, parent_rows).topk(k, dim=-1)  # [B, k, k]
+        cumulative = (vals + scores[:, :, None]).flatten(1)  # [B, k * k]: row r's children, rank by rank
+        tokens.append((ids if token_ids is None else token_ids[ids]).flatten(1))
+        parents.append(front_index[:, :, None].expand(-1, -1, k).flatten(1))
+        all_scores.append(cumulative)
+        if level + 1 < levels:
+            scores, pick = cumulative.topk(k, dim=-1)  # the next frontier
+            parent_rows = pick // k
+            front_index = k + (level - 1) * k * k + pick
+            front_token = tokens[-1].gather(1, pick)
+    return Proposal(candidates=torch.cat(tokens, 1), parents=torch.cat(parents, 1), scores=torch.cat(all_scores, 1))
 
 
 def rerank_candidates(
