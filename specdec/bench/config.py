@@ -47,7 +47,8 @@ DEFAULT_METHODS: tuple[dict, ...] = (
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 METHOD_KEYS = ("name", "hf", "drafter", "tree", "verifier", "cuda_graphs", "compile", "backends", "generation")
-TREE_FIELDS = {"chain": {"k"}, "ddtree": {"budget", "topk", "candidates"}}  # and every other policy of specdec.TREES (its fields)
+# and every other policy of specdec.TREES (its fields)
+TREE_FIELDS = {"chain": {"k"}, "ddtree": {"budget", "topk", "candidates"}}
 DRAFTER_KEYS = {
     "none": set(),
     "ngram": {"max_ngram", "min_ngram", "max_matches"},

@@ -170,7 +170,7 @@ def test_exact_rules_over_the_tree():
 def test_first_token_follows_hf_with_sample_match():
     """Rounds of ``DynamicTree`` + ``SampleMatch`` against the synthetic table target: the first emitted token (an
     accepted depth-1 draft, or the target's own draw at the root) follows HF's distribution at the root."""
-    from verify.sampled_rounds import DEPTH, ROOT, ROUNDS, SAMPLING, V, Table, assert_fits, probs
+    from verify.sampled_rounds import DEPTH, ROOT, ROUNDS, SAMPLING, Table, V, assert_fits, probs
 
     table = Table()
     gen = torch.Generator().manual_seed(1)
