@@ -194,3 +194,21 @@ def test_drafters_without_candidate_trees_are_refused():
     with pytest.raises(ValueError, match="pass topk <= 100"):
         drafter = sharp_head(target, draft_vocab_size=100)
         specdec.generate(target, ids, drafter=drafter, tree=DynamicTree(depth=1, topk=101), max_new_tokens=4)
+
+
+def test_cli_tree_dynamic(zoo, tmp_path):
+    """``drafter=eagle3 tree=dynamic`` in the CLI decodes the zoo dense target's greedy tokens with the shipped head."""
+    from test_cli import _compose
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec import cli
+
+    model = AutoModelForCausalLM.from_pretrained(zoo / "target-dense", dtype=torch.float32).eval()
+    overrides = ["drafter=eagle3", "drafter.path=assets/drafters/zoo-dense-eagle3", "tree=dynamic", "tree.depth=3",
+                 "tree.topk=4", "tree.total_tokens=16", "prompts.limit=1", "max_new_tokens=12", "show_text=false",
+                 "threads=1", "device=cpu"]  # fmt: skip
+    cfg, choices = _compose("generate", overrides)
+    records = cli.run_command("generate", cfg, choices, tmp_path / "out")
+    tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
+    ids = tok(records[0]["prompt"], return_tensors="pt").input_ids
+    assert records[0]["tokens"] == model.generate(ids, do_sample=False, max_new_tokens=12)[0, ids.shape[1] :].tolist()
