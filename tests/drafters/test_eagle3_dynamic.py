@@ -87,6 +87,17 @@ def test_tree_rows_match_the_reference_over_commits(tmp_path):
             finite = torch.isfinite(want)
             assert torch.equal(finite, torch.isfinite(got))
             torch.testing.assert_close(got[finite], want[finite], atol=1e-5, rtol=1e-5)
+            # each drafted row's k most likely tokens (the reference's) are its candidates, scoring the row's
+            # score plus their log-probability
+            cand, par, score = (t[b].tolist() for t in (proposal.candidates, proposal.parents, proposal.scores))
+            for i in range(len(chains)):
+                start = 0 if i == 0 else k + (i - 1) * k
+                children = list(range(start, start + k))
+                top = want[i].topk(k)
+                assert [cand[j] for j in children] == top.indices.tolist()
+                base = 0.0 if i == 0 else score[par[children[0]]]
+                torch.testing.assert_close(torch.tensor([score[j] for j in children]), top.values + base, atol=1e-5,
+                                           rtol=1e-5)  # fmt: skip
         hidden = torch.randn(2, slots, 3 * H, generator=gen)
         num_path = torch.randint(1, depth + 2, (2,), generator=gen)
         path = torch.zeros(2, depth + 1, dtype=torch.long)
