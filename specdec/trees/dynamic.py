@@ -41,7 +41,11 @@ def candidate_count(topk: int, levels: int) -> int:
 
 def candidate_levels(num: int, topk: int, device=None) -> torch.Tensor:
     """``[num]`` int64 level (depth, >= 1) of each candidate index of the layout ``Proposal.candidates`` states."""
-    index = torch.arange(num, device=device)
+    return level_of(torch.arange(num, device=device), topk)
+
+
+def level_of(index: torch.Tensor, topk: int) -> torch.Tensor:
+    """The level (depth, >= 1) of candidate indices ``index`` (any shape) for ``topk`` children per node."""
     return torch.where(index < topk, 1, 2 + (index - topk).clamp(min=0) // (topk * topk))
 
 
@@ -122,7 +126,7 @@ def rerank_candidates(
     slot = torch.zeros(batch, num, dtype=torch.long, device=device).scatter_(1, chosen, nodes)
     parent = parents.gather(1, chosen)
     parent = torch.where(parent < 0, 0, slot.gather(1, parent.clamp(min=0)))
-    depth = candidate_levels(num, topk, device)[chosen]
+    depth = level_of(chosen, topk)
     return _pad_trees(root.reshape(-1), tokens.gather(1, chosen), parent, depth, num_slots)
 
 

@@ -223,3 +223,15 @@ def test_cli_tree_dynamic(zoo, tmp_path):
     tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")
     ids = tok(records[0]["prompt"], return_tensors="pt").input_ids
     assert records[0]["tokens"] == model.generate(ids, do_sample=False, max_new_tokens=12)[0, ids.shape[1] :].tolist()
+
+
+@pytest.mark.slow
+def test_compiled_round_equals_hf_greedy():
+    """``compile=True`` (inductor, on CPU): the candidate round compiles (no fallback) and the tokens stay HF's."""
+    target = tiny_model("qwen3", num_hidden_layers=6, scale=2.0)
+    drafter = sharp_head(target, draft_vocab_size=VD)
+    ids, mask = left_padded((9,))
+    want = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    out = specdec.generate(target, ids, attention_mask=mask, drafter=drafter, tree=TREES[0], max_new_tokens=12,
+                           do_sample=False, pad_token_id=0, compile=True)  # fmt: skip
+    assert torch.equal(out.sequences, want) and out.stats.compile_fallbacks == 0
