@@ -29,7 +29,7 @@ class TreePolicy(Protocol):
         budget (int): most non-root nodes a tree holds; the round verifies ``budget + 1`` slots.
         max_depth (int): deepest node the policy can build; drafters draft at most this deep.
         reads (tuple[str, ...]): the :class:`~specdec.types.Proposal` fields the policy can build from
-            (``"logq"``, ``"paths"``); a drafter that provides none of them is refused by name.
+            (``"logq"``, ``"paths"``, ``"candidates"``); a drafter that provides none of them is refused by name.
         branching (bool): True when siblings occur (drafters may cap the depth they draft for such policies).
         stochastic (bool): True when ``build`` samples from the proposal (it then receives ``noise``).
     """
@@ -46,6 +46,11 @@ class TreePolicy(Protocol):
         that samples its tree from the draft distribution), else None."""
 
 
+# A policy over a candidate tree the drafter expands itself (``DynamicTree``, ``DDTree(candidates=True)``,
+# ``specdec.trees.dynamic``) reads ("candidates",) and adds ``candidate_topk`` (int: children per expanded node; the
+# round then calls ``state.propose_tree``) and optionally ``levels`` (int: the candidate tree's depth; else the
+# drafter's own depth for the policy).
+#
 # An adaptive policy (``DDTree(budget="auto")``) adds, and the decoding loop looks for, without the round knowing
 # which policy runs:
 #   controller(batch) -> object with next_size() -> int and observe(size, expected, accepted, ms), or None
