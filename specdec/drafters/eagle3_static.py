@@ -70,15 +70,7 @@ class Eagle3Static:
         self.kv[1][self.rows, :, slots] = v.transpose(1, 2).to(self.kv.dtype)
         keys = self.slots[:span]
         keep = (keys <= positions[..., None]) & (keys != self.scratch)  # [B, L, span]
-        batch, heads, rows, dim = q.shape
-        # heads g*rep .. g*rep+rep-1 share key/value head g: stacked along the query axis (no copy of the keys)
-        q = q.reshape(batch, heads // self.rep, self.rep * rows, dim)
-        keep = keep.repeat(1, self.rep, 1)  # row r*L + i: query i of the r-th head of a group
-        bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, torch.finfo(q.dtype).min)
-        out = F.scaled_dot_product_attention(
-            q, self.kv[0, :, :, :span], self.kv[1, :, :, :span], attn_mask=bias[:, None]
-        )
-        out = out.reshape(batch, heads, rows, dim).transpose(1, 2).reshape(batch, rows, -1)
+        out = self._attend(q, self.kv[0, :, :, :span], self.kv[1, :, :, :span], keep)
         return model.head(model.finish(residual, out))
 
     def _attend(self, q, keys, values, keep):
