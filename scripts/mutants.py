@@ -732,6 +732,11 @@ MUTANTS += [
         ((EAGLE3_STATIC, "committed = (keys <= last[..., None])", "committed = (keys <= (last + level)[..., None])"),),
         EAGLE2_ROWS,
     ),
+    Mutant(  # the candidate tree's first row read at the root's position instead of the last committed one
+        "eagle2_first_row_at_root",
+        ((EAGLE3_STATIC, "last = torch.clamp(prefix - 1, min=0)[:, None]", "last = prefix[:, None]"),),
+        EAGLE2_ROWS,
+    ),
     Mutant(  # the rerank lays the kept candidates out children first (descending candidate index)
         "eagle2_rerank_children_first",
         ((DYNAMIC_TREE, "chosen = ranked.sort(dim=1).values", "chosen = ranked.sort(dim=1, descending=True).values"),),

@@ -152,8 +152,8 @@ class Eagle3Static:
         """
         span = min(span or self.capacity + 1, self.capacity + 1)
         cfg = self.drafter.model.config
-        position = (prefix - 1).clamp(min=0)[:, None]  # [B, 1]: the last committed position
-        logits, hidden = self._forward(root[:, None], self.fused[self.rows, position], position, span)
+        last = torch.clamp(prefix - 1, min=0)[:, None]  # [B, 1]: the last committed position (the root's row)
+        logits, hidden = self._forward(root[:, None], self.fused[self.rows, last], last, span)
         rows = [torch.log_softmax(logits.float(), dim=-1)]  # [B, 1, Vd]
         batch, size = root.shape[0], (levels - 1) * topk
         block = self.tree_kv.get(size)
@@ -167,7 +167,7 @@ class Eagle3Static:
             pick = parent_rows[..., None]
             fed = state["hidden"].gather(1, pick.expand(-1, -1, state["hidden"].shape[-1]))
             seen = state["seen"].gather(1, pick.expand(-1, -1, size)) | own[first : first + topk]
-            logits, state["hidden"] = self._tree_forward(tokens, fed, position, level, seen, block, first, span)
+            logits, state["hidden"] = self._tree_forward(tokens, fed, last, level, seen, block, first, span)
             state["seen"] = seen
             rows.append(torch.log_softmax(logits.float(), dim=-1))
             return rows[-1]
