@@ -731,6 +731,38 @@ MUTANTS += [
         EAGLE3_TRAIN_TESTS,
     ),
 ]
+DYNAMIC_TREE = "specdec/trees/dynamic.py"
+EAGLE2_SELECTION = ("tests/trees/test_dynamic_tree.py",)
+EAGLE2_ROWS = ("tests/drafters/test_eagle3_dynamic.py::test_tree_rows_match_the_reference_over_commits",)
+MUTANTS += [
+    Mutant(  # the candidate tree's draft rows see every earlier row of the block (causal), not their ancestors only
+        "eagle2_draft_causal_not_ancestor",
+        ((EAGLE3_STATIC, 'seen = state["seen"].gather(1, pick.expand(-1, -1, size)) | own[first : first + topk]',
+          "seen = torch.ones(topk, size, dtype=torch.bool, device=own.device).tril(first).expand(len(tokens), -1, -1)"),
+         ),  # fmt: skip
+        EAGLE2_ROWS,
+    ),
+    Mutant(  # the tree's draft rows also see committed slots past the root's row (stale rows of earlier rounds)
+        "eagle2_draft_sees_stale_rows",
+        ((EAGLE3_STATIC, "committed = (keys <= last[..., None])", "committed = (keys <= (last + level)[..., None])"),),
+        EAGLE2_ROWS,
+    ),
+    Mutant(  # the candidate tree's first row read at the root's position instead of the last committed one
+        "eagle2_first_row_at_root",
+        ((EAGLE3_STATIC, "last = torch.clamp(prefix - 1, min=0)[:, None]", "last = prefix[:, None]"),),
+        EAGLE2_ROWS,
+    ),
+    Mutant(  # the rerank lays the kept candidates out children first (descending candidate index)
+        "eagle2_rerank_children_first",
+        ((DYNAMIC_TREE, "chosen = ranked.sort(dim=1).values", "chosen = ranked.sort(dim=1, descending=True).values"),),
+        EAGLE2_SELECTION,
+    ),
+    Mutant(  # the next frontier fed the state of the wrong expanded row (rank instead of row of the pick)
+        "eagle2_frontier_wrong_parent_row",
+        ((DYNAMIC_TREE, "parent_rows = pick // k", "parent_rows = pick % k"),),
+        EAGLE2_SELECTION,
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

@@ -83,6 +83,14 @@ def round_reason(target: TargetModel, drafter, tree) -> str | None:
         return f"{name}: {reason}"
     if drafter is not None:
         wanted = set(getattr(tree, "reads", ()))
+        if wanted == {"candidates"} and "candidates" not in drafter.provides:
+            from specdec.trees.dynamic import CANDIDATE_DRAFTERS
+
+            return (
+                f"{tree!r} reranks a candidate tree that the drafter drafts itself; {type(drafter).__name__} proposes "
+                f"{sorted(drafter.provides)}. Drafters that draft candidate trees: {', '.join(CANDIDATE_DRAFTERS)}; "
+                "with this drafter use DDTree(budget) or Chain(k)"
+            )
         if not wanted & set(drafter.provides):
             return (
                 f"{type(tree).__name__} builds from {sorted(wanted)} but {type(drafter).__name__} proposes "
@@ -217,7 +225,11 @@ class Round:
         engine = self.engine
         if not self.proposes:
             return root_trees(engine.root), None
-        proposal = self.state.propose(engine.root, engine.prefix, self.depth, self.span)
+        topk = getattr(self.tree, "candidate_topk", None)  # a policy over the drafter's own candidate tree
+        if topk is not None:
+            proposal = self.state.propose_tree(engine.root, engine.prefix, self.depth, topk, self.span)
+        else:
+            proposal = self.state.propose(engine.root, engine.prefix, self.depth, self.span)
         if self.check_proposal:
             check_proposal(self.drafter, proposal, self.batch, engine.target.target.vocab_size)
         if self.steer and proposal.logq is not None:  # the draft steered away from what the processors forbid

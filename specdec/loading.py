@@ -216,7 +216,8 @@ def build_tree(name: str, **kw) -> TreeSpec:
         topk, budget = kw.get("topk"), kw.get("budget", 15)
         sizes = tuple(_whole(s, "sizes") for s in kw.get("sizes", DDTree.sizes))
         budget = budget if budget == "auto" else _whole(budget, "budget", " or auto")
-        return DDTree(budget=budget, topk=None if topk is None else _whole(topk, "topk"), sizes=sizes)
+        return DDTree(budget=budget, topk=None if topk is None else _whole(topk, "topk"), sizes=sizes,
+                      candidates=bool(kw.get("candidates", False)))  # fmt: skip
     from specdec.trees import TREES
 
     if name in TREES:  # a registered policy takes its settings as keyword arguments

@@ -38,11 +38,22 @@ class Proposal(NamedTuple):
         paths (torch.Tensor | None): ``[B, M, L]`` int64 drafted continuations of the root, in priority order
             (retrieval drafters such as n-gram lookup).
         path_lengths (torch.Tensor | None): ``[B, M]`` int64 real tokens of each path (0 = empty).
+        candidates (torch.Tensor | None): ``[B, N]`` int64 tokens of a candidate tree drafted inside the drafter
+            (EAGLE-2's dynamic tree, ``docs/eagle3.md``): ``N = k + (L - 1) * k * k`` for ``k`` candidates per
+            expanded node and ``L`` levels; candidate ``j`` lies at level 1 for ``j < k``, else at level
+            ``2 + (j - k) // k**2``; within a level, ``k`` children of each expanded node in turn.
+        parents (torch.Tensor | None): ``[B, N]`` int64 candidate index of each candidate's parent (-1: the root);
+            always a smaller index.
+        scores (torch.Tensor | None): ``[B, N]`` fp32 cumulative draft log-probability of each candidate (the sum
+            over its path from the root); a child never scores above its parent.
     """
 
     logq: torch.Tensor | None = None
     paths: torch.Tensor | None = None
     path_lengths: torch.Tensor | None = None
+    candidates: torch.Tensor | None = None
+    parents: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
 
 
 class TreeRow(NamedTuple):

@@ -47,7 +47,8 @@ DEFAULT_METHODS: tuple[dict, ...] = (
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 METHOD_KEYS = ("name", "hf", "drafter", "tree", "verifier", "cuda_graphs", "compile", "backends", "generation")
-TREE_FIELDS = {"chain": {"k"}, "ddtree": {"budget", "topk"}}  # and every other policy of specdec.TREES (its fields)
+# and every other policy of specdec.TREES (its fields)
+TREE_FIELDS = {"chain": {"k"}, "ddtree": {"budget", "topk", "candidates"}}
 DRAFTER_KEYS = {
     "none": set(),
     "ngram": {"max_ngram", "min_ngram", "max_matches"},
@@ -286,12 +287,16 @@ def _tuple_fields(kind: str) -> set[str]:
 
 
 def _tree_label(kind: str, tree, values: Mapping) -> str:
-    """The row-name suffix of a tree: ``chain15``, ``ddtree-b15-k8``, ``sampled-chain15``, ``sampled-trees-k4-d4``
-    (``-unmerged``), ``gumbel-topk-w4x2x2``, ``stochastic-ddtree-b15-k8``; other policies ``kind-field<value>``."""
+    """The row-name suffix of a tree: ``chain15``, ``ddtree-b15-k8`` (``-candidates``), ``dynamic-d7-k10-t60``,
+    ``sampled-chain15``, ``sampled-trees-k4-d4`` (``-unmerged``), ``gumbel-topk-w4x2x2``, ``stochastic-ddtree-b15-k8``;
+    other policies ``kind-field<value>``."""
     if kind == "chain":
         return f"chain{tree.k}"
     if kind in ("ddtree", "stochastic-ddtree"):
-        return f"{kind}-b{tree.budget}-k{'b' if tree.topk is None else tree.topk}"
+        over = "-candidates" if getattr(tree, "candidates", False) else ""
+        return f"{kind}-b{tree.budget}-k{'b' if tree.topk is None else tree.topk}{over}"
+    if kind == "dynamic":
+        return f"dynamic-d{tree.depth}-k{tree.topk}-t{tree.total_tokens}"
     if kind == "sampled-chain":
         return f"sampled-chain{tree.k}"
     if kind == "sampled-trees":

@@ -52,13 +52,17 @@ class Eagle3Drafter(GreedySteps):
         target: HF causal LM (or ``TargetModel``) it drafts for: fixes the fused layers (the default rule needs
             the target's depth) and lends its embedding when the checkpoint has none.
         tree_depth (int): drafted depth for branching policies (``DDTree``): ``min(budget, tree_depth)``. Default 8.
+            ``DynamicTree`` drafts its own ``depth + 1`` levels.
+
+    For a policy that reads ``candidates`` (``DynamicTree``, ``DDTree(candidates=True)``) it drafts EAGLE-2's
+    candidate tree instead of the greedy chain (``docs/eagle3.md``).
 
     Examples:
         >>> drafter = Eagle3Drafter.from_pretrained("path/to/eagle3-head", target=model)
         >>> out = specdec.generate(model, ids, drafter=drafter, tree=specdec.Chain(k=4), max_new_tokens=128)
     """
 
-    provides = ("logq",)
+    provides = ("logq", "candidates")
 
     def __init__(self, model: Eagle3Model, *, target, tree_depth: int = 8) -> None:
         if isinstance(tree_depth, bool) or not isinstance(tree_depth, int) or tree_depth < 1:
@@ -257,11 +261,24 @@ class Eagle3Drafter(GreedySteps):
                 f"EAGLE-3 head expects an embedding of {cfg.vocab_size} x {cfg.hidden_size} (vocab_size x "
                 f"hidden_size) but the target's is {rows} x {width}: use a head made for this target's tokenizer."
             )
+        topk = getattr(tree, "candidate_topk", None)
+        if topk is not None and topk > cfg.draft_vocab_size:
+            raise ValueError(
+                f"{tree!r} expands {topk} candidates per node but this EAGLE-3 head drafts over {cfg.draft_vocab_size} "
+                f"tokens: pass topk <= {cfg.draft_vocab_size}."
+            )
         if self.model.fc.weight.device != self._embed.weight.device:
             raise ValueError(
                 f"The EAGLE-3 head is on {self.model.fc.weight.device} but the target on {self._embed.weight.device}: "
                 "call drafter.to(target.device)."
             )
+
+    def draft_depth(self, tree) -> int:
+        """Greedy steps per round (``GreedySteps``), or the levels of the candidate tree a policy that reads
+        ``candidates`` asks for (``DynamicTree``: its own; ``DDTree(candidates=True)``: ``min(budget, tree_depth)``)."""
+        if getattr(tree, "candidate_topk", None) is not None and getattr(tree, "levels", None) is not None:
+            return tree.levels
+        return super().draft_depth(tree)
 
     def forwards_per_round(self, tree) -> int:
         """The draft steps plus the one forward over the accepted tokens."""

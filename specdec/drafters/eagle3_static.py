@@ -9,6 +9,10 @@ committed row ``[2, B, H_kv, capacity + 1, D]`` and the fused target state of ev
 - ``propose``: row ``prefix - 1`` (the fused state of the last committed position with the root) gives the depth-1
   distribution; each next step pairs the head's own output with the token it drafted, at the next slot. Those
   slots past the committed rows are rewritten by the next ``commit`` before any query reads them.
+- ``propose_tree`` (EAGLE-2's dynamic tree, for policies that read ``candidates``): the same first row, then per
+  level one forward of the ``k`` frontier rows, all at the level's position; their keys/values go to a per-round
+  scratch block (``[2, B, H_kv, (L - 1) * k, D]``, never the committed storage), and each frontier row sees the
+  committed rows and its own ancestors in the block only.
 - ``commit``: the accepted path's fused states go to positions ``prefix ..``; its rows (each with the next accepted
   token) are written in one causal block. Only accepted tokens' rows stay.
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec.trees.dynamic import expand_candidates
 from specdec.types import Accept, Proposal
 
 __all__ = ["Eagle3Static"]
@@ -46,6 +51,7 @@ class Eagle3Static:
         cos, sin = model.rope(self.slots[None], dtype)  # rotary tables by slot (= position), computed once
         self.cos, self.sin = cos[0], sin[0]
         self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        self.tree_kv: dict[int, torch.Tensor] = {}  # scratch keys/values of a candidate tree, by its rows
         self.refresh()
 
     def refresh(self) -> None:
@@ -64,15 +70,39 @@ class Eagle3Static:
         self.kv[1][self.rows, :, slots] = v.transpose(1, 2).to(self.kv.dtype)
         keys = self.slots[:span]
         keep = (keys <= positions[..., None]) & (keys != self.scratch)  # [B, L, span]
+        out = self._attend(q, self.kv[0, :, :, :span], self.kv[1, :, :, :span], keep)
+        return model.head(model.finish(residual, out))
+
+    def _attend(self, q, keys, values, keep):
+        """Grouped attention of ``q [B, H_q, L, D]`` over ``keys``/``values`` ``[B, H_kv, K, D]`` where
+        ``keep [B, L, K]``; returns ``[B, L, H_q * D]``."""
         batch, heads, rows, dim = q.shape
         # heads g*rep .. g*rep+rep-1 share key/value head g: stacked along the query axis (no copy of the keys)
         q = q.reshape(batch, heads // self.rep, self.rep * rows, dim)
         keep = keep.repeat(1, self.rep, 1)  # row r*L + i: query i of the r-th head of a group
         bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, torch.finfo(q.dtype).min)
-        out = F.scaled_dot_product_attention(
-            q, self.kv[0, :, :, :span], self.kv[1, :, :, :span], attn_mask=bias[:, None]
-        )
-        out = out.reshape(batch, heads, rows, dim).transpose(1, 2).reshape(batch, rows, -1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias[:, None])
+        return out.reshape(batch, heads, rows, dim).transpose(1, 2).reshape(batch, rows, -1)
+
+    def _tree_forward(self, tokens, hidden, last, level: int, ancestors, block, first: int, span: int):
+        """The ``k`` frontier rows of one level: ``tokens [B, k]``, ``hidden [B, k, H]`` at position ``last + level``
+        (``last [B, 1]``: the root's row); their keys/values go to rows ``first .. first + k - 1`` of ``block``
+        (``[2, B, H_kv, R, D]``); each row attends over the committed slots up to ``last`` and the block rows
+        ``ancestors [B, k, R]`` marks (its own ancestors and itself). Returns (draft logits ``[B, k, Vd]``, hidden
+        fed back ``[B, k, H]``)."""
+        model = self.drafter.model
+        width = tokens.shape[1]
+        position = last + level
+        slots = torch.where(position < self.capacity, position, self.scratch).expand(-1, width)
+        residual, x = model.layer_input(self.drafter._embed(tokens), hidden)
+        q, k, v = model.qkv(x, self.cos[slots], self.sin[slots])
+        block[0, :, :, first : first + width] = k.to(block.dtype)
+        block[1, :, :, first : first + width] = v.to(block.dtype)
+        keys = self.slots[:span]
+        committed = (keys <= last[..., None]) & (keys != self.scratch)  # [B, 1, span]: up to the root's row
+        keep = torch.cat([committed.expand(-1, width, -1), ancestors], dim=-1)
+        out = self._attend(q, torch.cat([self.kv[0, :, :, :span], block[0]], 2),
+                           torch.cat([self.kv[1, :, :, :span], block[1]], 2), keep)  # fmt: skip
         return model.head(model.finish(residual, out))
 
     # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
@@ -105,6 +135,45 @@ class Eagle3Static:
     def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
         """Greedy drafts of ``depth`` tokens after each row's root: ``logq [B, depth, V]``."""
         return Proposal(logq=self.logq(root, prefix, depth, span))
+
+    def propose_tree(self, root: torch.Tensor, prefix: torch.Tensor, levels: int, topk: int, span: int) -> Proposal:
+        """EAGLE-2's candidate tree after each row's root: ``levels`` levels of ``topk`` candidates per expanded node
+        (``Proposal.candidates``, ``parents``, ``scores`` ``[B, topk + (levels - 1) * topk**2]``)."""
+        return self.draft_tree(root, prefix, levels, topk, span)[0]
+
+    def draft_tree(self, root: torch.Tensor, prefix: torch.Tensor, levels: int, topk: int, span: int | None = None):
+        """:meth:`propose_tree` and the log-probabilities of every drafted row ``[B, 1 + (levels - 1) * topk, Vd]``
+        (fp32, draft vocabulary): row 0 the root's, then level by level the frontier rows in frontier order.
+
+        The root's row (the fused state of the last committed position with the root, as :meth:`logq`'s first step)
+        gives level 1; each next level is one forward of the ``topk`` frontier rows (frontier token, the hidden its
+        parent's row fed back, at position ``prefix - 1 + level``) whose keys/values go to the scratch block; the
+        selection is ``specdec.trees.dynamic.expand_candidates``.
+        """
+        span = min(span or self.capacity + 1, self.capacity + 1)
+        cfg = self.drafter.model.config
+        last = torch.clamp(prefix - 1, min=0)[:, None]  # [B, 1]: the last committed position (the root's row)
+        logits, hidden = self._forward(root[:, None], self.fused[self.rows, last], last, span)
+        rows = [torch.log_softmax(logits.float(), dim=-1)]  # [B, 1, Vd]
+        batch, size = root.shape[0], (levels - 1) * topk
+        block = self.tree_kv.get(size)
+        if block is None and size:
+            block = self.tree_kv[size] = self.kv.new_zeros(2, batch, cfg.num_key_value_heads, size, cfg.head_dim)
+        own = torch.eye(size, dtype=torch.bool, device=root.device)  # block row i is itself
+        state = {"hidden": hidden, "seen": torch.zeros(batch, 1, size, dtype=torch.bool, device=root.device)}
+
+        def step(level: int, tokens: torch.Tensor, parent_rows: torch.Tensor) -> torch.Tensor:
+            first = (level - 1) * topk
+            pick = parent_rows[..., None]
+            fed = state["hidden"].gather(1, pick.expand(-1, -1, state["hidden"].shape[-1]))
+            seen = state["seen"].gather(1, pick.expand(-1, -1, size)) | own[first : first + topk]
+            logits, state["hidden"] = self._tree_forward(tokens, fed, last, level, seen, block, first, span)
+            state["seen"] = seen
+            rows.append(torch.log_softmax(logits.float(), dim=-1))
+            return rows[-1]
+
+        proposal = expand_candidates(rows[0][:, 0], step, levels=levels, topk=topk, token_ids=self.target_ids)
+        return proposal, torch.cat(rows, 1)
 
     def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
         """The accepted path's fused target states (``hidden``: the verified slots ``[B, S, K*H_t]``) at positions

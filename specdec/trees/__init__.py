@@ -1,6 +1,6 @@
 """Draft trees: the tree policies (``Chain``, ``DDTree``, the ``TreePolicy`` protocol and its registry; the trees
 sampled from the draft distribution: ``SampledChain``, ``SampledTrees``, ``GumbelTopKTree``,
-``StochasticDDTree``) and the device
+``StochasticDDTree``; EAGLE-2's ``DynamicTree`` over a drafter's candidate tree) and the device
 builders and masks they use. Trees are parent arrays; notation in ``docs/trees.md``.
 """
 
@@ -11,6 +11,7 @@ from specdec.trees.build import (
     ddtree_device,
     trie_device,
 )
+from specdec.trees.dynamic import DynamicTree, rerank_candidates
 from specdec.trees.mask import ancestor_mask, tree_attention_bias, tree_position_ids
 from specdec.trees.policies import TREES, Chain, DDTree, TreePolicy, register_tree
 from specdec.trees.sampled import GumbelTopKTree, SampledChain, SampledTrees, StochasticDDTree
@@ -19,6 +20,7 @@ __all__ = [
     "TREES",
     "Chain",
     "DDTree",
+    "DynamicTree",
     "GumbelTopKTree",
     "SampledChain",
     "SampledTrees",
@@ -30,6 +32,7 @@ __all__ = [
     "chain_from_path",
     "ddtree_device",
     "register_tree",
+    "rerank_candidates",
     "tree_attention_bias",
     "tree_position_ids",
     "trie_device",

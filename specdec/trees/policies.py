@@ -38,7 +38,7 @@ class TreePolicy(Protocol):
         budget (int): most non-root nodes a tree holds; the round verifies ``budget + 1`` slots.
         max_depth (int): deepest node the policy can build; drafters draft at most this deep.
         reads (tuple[str, ...]): the :class:`~specdec.types.Proposal` fields the policy can build from
-            (``"logq"``, ``"paths"``); a drafter that provides none of them is refused by name.
+            (``"logq"``, ``"paths"``, ``"candidates"``); a drafter that provides none of them is refused by name.
         branching (bool): True when siblings occur (drafters may cap the depth they draft for such policies).
         stochastic (bool): True when ``build`` samples from the proposal (it then receives ``noise``).
     """
@@ -55,6 +55,11 @@ class TreePolicy(Protocol):
         that samples its tree from the draft distribution), else None."""
 
 
+# A policy over a candidate tree the drafter expands itself (``DynamicTree``, ``DDTree(candidates=True)``,
+# ``specdec.trees.dynamic``) reads ("candidates",) and adds ``candidate_topk`` (int: children per expanded node; the
+# round then calls ``state.propose_tree``) and optionally ``levels`` (int: the candidate tree's depth; else the
+# drafter's own depth for the policy).
+#
 # An adaptive policy (``DDTree(budget="auto")``) adds, and the decoding loop looks for, without the round knowing
 # which policy runs:
 #   controller(batch) -> object with next_size() -> int and observe(size, expected, accepted, ms), or None
@@ -131,12 +136,16 @@ class DDTree:
         topk (int | None): candidates per depth; ``None`` means ``budget`` (the reference behaviour).
         sizes (tuple[int, ...]): the budgets ``"auto"`` chooses among (strictly increasing), besides plain
             decoding (a round without a draft, :class:`RootOnly`). Default ``(3, 15, 31, 63)``.
+        candidates (bool): build over the candidate tree a drafter drafts itself (EAGLE-2's expansion,
+            ``specdec.trees.dynamic``: ``topk`` children per expanded node, as deep as the drafter's depth) instead
+            of per-depth log-probabilities: the ``budget`` candidates of largest cumulative log-probability in
+            best-first order. Default False.
     """
 
     budget: int | str = 15
     topk: int | None = None
     sizes: tuple[int, ...] = (3, 15, 31, 63)
-    reads = ("logq", "paths")
+    candidates: bool = False
     branching = True
     stochastic = False
 
@@ -149,10 +158,27 @@ class DDTree:
             )
         if self.topk is not None and (isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1):
             raise ValueError(f"DDTree(topk={self.topk!r}): topk must be an int >= 1, or None for topk = budget.")
+        if not isinstance(self.candidates, bool):
+            raise ValueError(f"DDTree(candidates={self.candidates!r}): candidates must be True or False.")
+        if self.candidates and self.auto:
+            raise ValueError(
+                "DDTree(budget='auto', candidates=True): the budget chooser reads per-depth log-probabilities; pass "
+                "a fixed budget with candidates=True, or candidates=False with budget='auto'."
+            )
 
     def __repr__(self) -> str:
         sizes = f", sizes={self.sizes}" if self.auto else ""
-        return f"DDTree(budget={self.budget!r}, topk={self.topk!r}{sizes})"
+        over = ", candidates=True" if self.candidates else ""
+        return f"DDTree(budget={self.budget!r}, topk={self.topk!r}{sizes}{over})"
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return ("candidates",) if self.candidates else ("logq", "paths")
+
+    @property
+    def candidate_topk(self) -> int | None:
+        """Children per expanded node of the candidate tree the drafter drafts (``candidates=True``), else None."""
+        return self.effective_topk if self.candidates else None
 
     @property
     def auto(self) -> bool:
@@ -164,7 +190,7 @@ class DDTree:
         plain decoding that still feeds the drafter, :class:`RootOnly`). For an ``"auto"`` policy the round's
         policy also computes, inside the round, the expected accepted drafts at every size (``expectations``)."""
         if not self.auto:
-            return RootOnly() if budget == 0 else DDTree(budget=budget, topk=self.topk)
+            return RootOnly() if budget == 0 else DDTree(budget=budget, topk=self.topk, candidates=self.candidates)
         if budget == 0:
             return AutoRoot(expect_sizes=self.sizes)
         if budget not in self.sizes:
@@ -191,12 +217,17 @@ class DDTree:
         return self.largest.budget
 
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
+        from specdec.trees.dynamic import rerank_candidates
+
         if self.auto:
             raise ValueError(
                 "DDTree(budget='auto') builds no tree itself: the decoding loop builds at(size) for the size it "
                 "chooses each round; build with a fixed budget."
             )
         slots = self.budget + 1
+        if self.candidates:
+            return rerank_candidates(proposal, root, budget=self.budget, topk=self.effective_topk, num_slots=slots,
+                                     order="score")  # fmt: skip
         if proposal.logq is not None:
             on_cuda = proposal.logq.device.type == "cuda"
             return ddtree_batch(proposal.logq, root.reshape(-1), budget=self.budget, topk=self.topk, num_slots=slots,

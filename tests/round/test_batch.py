@@ -219,6 +219,8 @@ def test_batch_every_policy_and_rule_greedy(policy_name, rule_name):
     policy, rule = _instantiate(TREES[policy_name]), _instantiate(RULES[rule_name])
     target = tiny_model("qwen3", scale=2.0)
     drafter = sharp_drafter(target) if "logq" in policy.reads else specdec.NGramDrafter(max_matches=4)
+    if "candidates" in policy.reads:  # a candidate tree (DynamicTree): a drafter that drafts one
+        drafter = specdec.Eagle3Drafter.for_target(target, layer_ids=(2, 1, 2), seed=1)
     rows = prompts(3, seed=4)
     ids, mask = left_pad(rows)
 
