@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.trees.build import _pad_trees
+from specdec.trees.build import pad_trees
 from specdec.trees.policies import register_tree
 from specdec.types import DeviceTree, Proposal
 
@@ -127,7 +127,7 @@ def rerank_candidates(
     parent = parents.gather(1, chosen)
     parent = torch.where(parent < 0, 0, slot.gather(1, parent.clamp(min=0)))
     depth = level_of(chosen, topk)
-    return _pad_trees(root.reshape(-1), tokens.gather(1, chosen), parent, depth, num_slots)
+    return pad_trees(root.reshape(-1), tokens.gather(1, chosen), parent, depth, num_slots)
 
 
 @dataclass(frozen=True)
