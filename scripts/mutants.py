@@ -716,6 +716,28 @@ MUTANTS += [
         EAGLE3_TRAIN_TESTS,
     ),
 ]
+# -- resuming a continued prompt in the heads with their own keys/values (multi-turn) -------------------------------
+RESUME_TESTS = ("tests/round/test_multi_turn_heads.py", "-k", "state_after_resume or chain")
+MUTANTS += [
+    Mutant(  # the continued prompt's rows written one slot late (row start - 1 keeps the earlier call's token)
+        "mtp_resume_suffix_one_slot_late",
+        ((MTP_STATIC, "positions = (start - 1 + torch.arange(n + 1, device=input_ids.device))",
+          "positions = (start + torch.arange(n + 1, device=input_ids.device))"),),  # fmt: skip
+        RESUME_TESTS,
+    ),
+    Mutant(  # the same slip in the EAGLE-3 head
+        "eagle3_resume_suffix_one_slot_late",
+        ((EAGLE3_STATIC, "positions = (start - 1 + self.slots[:n])", "positions = (start + self.slots[:n])"),),
+        RESUME_TESTS,
+    ),
+    Mutant(  # the new positions' fused target states not stored (the rows still see them once, in the resume)
+        "eagle3_resume_states_not_kept",
+        ((EAGLE3_STATIC, "self.fused[:, start : start + n] = fused\n", "states = fused\n"),
+         (EAGLE3_STATIC, "states = self.fused[:, start - 1 : start + n - 1]",
+          "states = torch.cat((self.fused[:, start - 1 : start], states[:, :-1]), 1)"),),  # fmt: skip
+        RESUME_TESTS,
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles
