@@ -440,11 +440,7 @@ def _train(cfg: MTPTrainConfig, output: StagedOutput) -> dict:
     return summary
 
 
-_DEFAULTS = {
-    f.name: list(f.default) if isinstance(f.default, tuple) else f.default
-    for f in fields(MTPTrainConfig)
-    if f.default is not MISSING
-}
+_DEFAULTS = {f.name: f.default for f in fields(MTPTrainConfig) if f.default is not MISSING}  # asdict keeps tuples
 
 
 def training_card(summary: dict) -> str:
