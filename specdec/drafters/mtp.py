@@ -198,7 +198,7 @@ class MTPDrafter(GreedySteps):
         """
         folder = Path(path)
         if checkpoint is not None:
-            shutil.copytree(resolve_path(checkpoint, what="checkpoint folder"), folder, dirs_exist_ok=True)
+            _copy_checkpoint(resolve_path(checkpoint, what="checkpoint folder"), folder)
         _add_tensors(folder, _head_tensors(self), len(self.model.layers))
 
     def bind(self, target) -> MTPDrafter:
@@ -255,6 +255,14 @@ class MTPDrafter(GreedySteps):
         """fp32 log-softmax of the target's LM head on the head's normalised output ``out [..., H]``."""
         head = self._lm_head
         return torch.log_softmax(head(out.to(head.weight.dtype)).float(), dim=-1)
+
+
+def _copy_checkpoint(source: Path, folder: Path) -> None:
+    """Copy the checkpoint folder ``source`` to ``folder``, the copy writable by its owner (a read-only source, such
+    as a shared model store, keeps its mode bits in a plain ``copytree``)."""
+    shutil.copytree(source, folder, dirs_exist_ok=True)
+    for path in (folder, *folder.rglob("*")):
+        path.chmod(path.stat().st_mode | (0o700 if path.is_dir() else 0o600))
 
 
 def _head_tensors(drafter: MTPDrafter, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -328,6 +336,6 @@ def with_mtp_head(checkpoint: str | os.PathLike, head: str | os.PathLike, out: s
     folder = Path(out)
     if folder.resolve() == source.resolve():
         raise ValueError(f"out={folder} is the checkpoint itself: give another folder for the copy.")
-    shutil.copytree(source, folder, dirs_exist_ok=True)
+    _copy_checkpoint(source, folder)
     _add_tensors(folder, tensors, len(layers) or 1)
     return folder

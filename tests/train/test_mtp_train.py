@@ -117,7 +117,10 @@ def test_head_files_round_trip_through_a_checkpoint_copy(tmp_path):
     write_mtp_head(drafter, tmp_path / "head", dtype=torch.bfloat16)
     assert [p.name for p in (tmp_path / "head").iterdir()] == ["model-mtp.safetensors"]
     assert all(k.startswith("mtp.") for k in read_mtp_tensors(tmp_path / "head"))
+    for path in (tmp_path / "ckpt", *(tmp_path / "ckpt").iterdir()):  # a read-only store (as the zoo is)
+        path.chmod(0o555 if path.is_dir() else 0o444)
     folder = with_mtp_head(tmp_path / "ckpt", tmp_path / "head", tmp_path / "copy")
+    assert all(p.stat().st_mode & 0o200 for p in (folder, *folder.iterdir()))  # the copy is writable
     index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
     assert index["mtp.fc.weight"] == "model-mtp.safetensors"
     assert json.loads((folder / "config.json").read_text())["mtp_num_hidden_layers"] == 1
