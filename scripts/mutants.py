@@ -763,6 +763,55 @@ MUTANTS += [
         EAGLE2_SELECTION,
     ),
 ]
+# -- resuming a continued prompt in the heads with their own keys/values (multi-turn) -------------------------------
+RESUME_TESTS = ("tests/round/test_multi_turn_heads.py", "-k", "state_after_resume or chain")
+MUTANTS += [
+    Mutant(  # the continued prompt's rows written one slot late (row start - 1 keeps the earlier call's token)
+        "mtp_resume_suffix_one_slot_late",
+        ((MTP_STATIC, "positions = (start - 1 + torch.arange(n + 1, device=input_ids.device))",
+          "positions = (start + torch.arange(n + 1, device=input_ids.device))"),),  # fmt: skip
+        RESUME_TESTS,
+    ),
+    Mutant(  # the same slip in the EAGLE-3 head
+        "eagle3_resume_suffix_one_slot_late",
+        ((EAGLE3_STATIC, "positions = (start - 1 + self.slots[:n])", "positions = (start + self.slots[:n])"),),
+        RESUME_TESTS,
+    ),
+    Mutant(  # the new positions' fused target states not stored (the rows still see them once, in the resume)
+        "eagle3_resume_states_not_kept",
+        ((EAGLE3_STATIC, "self.fused[:, start : start + n] = fused\n", "states = fused\n"),
+         (EAGLE3_STATIC, "states = self.fused[:, start - 1 : start + n - 1]",
+          "states = torch.cat((self.fused[:, start - 1 : start], states[:, :-1]), 1)"),),  # fmt: skip
+        RESUME_TESTS,
+    ),
+]
+MTP_TRAIN = "specdec/train/mtp.py"
+MTP_TRAIN_TESTS = ("tests/train/test_mtp_train.py::test_loss_matches_a_chain_drafting_reference",)
+MUTANTS += [
+    Mutant(  # every unrolled step fed the target's hidden state instead of the head's own previous output
+        "mtp_train_true_hidden_fed",
+        ((MTP_TRAIN, "prev = module(embeds, prev[:, :n], rotary, mask[None, None], positions, cache)",
+          "prev = module(embeds, hidden[:, :n].to(prev.dtype), rotary, mask[None, None], positions, cache)"),),
+        MTP_TRAIN_TESTS,
+    ),
+    Mutant(  # the soft target shifted by one: row t of step k scored against the target's next-token distribution
+        "mtp_train_target_shifted",  # at t + k (the token the row already holds), not at t + k + 1
+        ((MTP_TRAIN, "ce = -(logp[:, k + 1 : k + 1 + n].exp() * logq).sum(-1)",
+          "ce = -(logp[:, k : k + n].exp() * logq).sum(-1)"),),  # fmt: skip
+        MTP_TRAIN_TESTS,
+    ),
+    Mutant(  # step k weighted decay^(k+1): the first step no longer counts fully
+        "mtp_train_step_weights_shifted",
+        ((MTP_TRAIN, "loss = loss + decay**k * ce.mean()", "loss = loss + decay ** (k + 1) * ce.mean()"),),
+        MTP_TRAIN_TESTS,
+    ),
+    Mutant(  # a later step's rows see every earlier row of the steps after 0 (not only their own chain's)
+        "mtp_train_steps_see_other_chains",
+        ((MTP_TRAIN, "blocks = [cols[0] <= rows[:, None]] + [c == rows[:, None] for c in cols[1:]]",
+          "blocks = [cols[0] <= rows[:, None]] + [c <= rows[:, None] for c in cols[1:]]"),),  # fmt: skip
+        MTP_TRAIN_TESTS,
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

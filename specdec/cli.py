@@ -315,15 +315,17 @@ def bench_settings(c: Mapping) -> dict:
     return settings
 
 
-_TRAINED = ("dflash", "eagle3")
-# top-level train.yaml keys that only DFlash reads (with drafter=eagle3 the eagle3 node holds EAGLE-3's own values of
-# the names the two share, such as seq_len, lr and out_dir)
+_TRAINED = ("dflash", "eagle3", "mtp")
+_HEADS = ("eagle3", "mtp")  # trained drafters whose own settings live in a train.yaml node of their name
+# top-level train.yaml keys that only DFlash reads (with drafter=eagle3 or mtp that node holds the head's own values
+# of the names they share, such as seq_len, lr and out_dir)
 _DFLASH_ONLY = ("num_layers", "num_attention_heads", "num_key_value_heads", "num_taps", "block_size",
                 "mask_token_id", "num_anchors", "gamma")  # fmt: skip
 
 
 def train_kind(c: Mapping) -> str:
-    """The drafter a resolved ``train.yaml`` config trains (``dflash`` or ``eagle3``), its other keys checked.
+    """The drafter a resolved ``train.yaml`` config trains (``dflash``, ``eagle3`` or ``mtp``), its other keys
+    checked.
 
     The drafter group's own keys are decoding settings: they must keep their defaults (``drafter.path`` is the
     drafter generate would load, not a starting point: that is ``init_from``)."""
@@ -333,37 +335,45 @@ def train_kind(c: Mapping) -> str:
     kind = drafter.get("name")
     if kind not in _TRAINED:
         raise ValueError(
-            f"train trains drafter=dflash or drafter=eagle3, not drafter={kind}; pick one of them "
+            f"train trains drafter=dflash, drafter=eagle3 or drafter=mtp, not drafter={kind}; pick one of them "
             "(other drafters need no training or are trained elsewhere)."
         )
     defaults = OmegaConf.load(_CONF / "drafter" / f"{kind}.yaml")
     for key, value in drafter.items():
-        default = c["target"].get("dflash") if kind == "dflash" and key == "path" else defaults.get(key)
+        if key == "path" and kind in ("dflash", "mtp"):  # defaults that name the target's own files
+            default = c["target"].get("dflash") if kind == "dflash" else c["target"]["path"]
+        else:
+            default = defaults.get(key)
         if value != default:
             hint = "start from a checkpoint with init_from=<folder>" if key == "path" else "drop it"
             raise ValueError(
                 f"drafter.{key}={value!r} is a decoding setting of drafter={kind}, not one of train: {hint}; "
-                f"train writes the new drafter to {'eagle3.' if kind == 'eagle3' else ''}out_dir."
+                f"train writes the new drafter to {kind + '.' if kind in _HEADS else ''}out_dir."
             )
     primary = OmegaConf.load(_CONF / "train.yaml")
-    unknown = sorted(set(c.get("eagle3") or {}) - set(primary.eagle3))
-    if unknown:
-        raise ValueError(f"eagle3.{unknown[0]} is not a setting of train (eagle3.*: {', '.join(primary.eagle3)}).")
+    for node in _HEADS:
+        unknown = sorted(set(c.get(node) or {}) - set(primary[node]))
+        if unknown:
+            raise ValueError(f"{node}.{unknown[0]} is not a setting of train ({node}.*: {', '.join(primary[node])}).")
+        if node != kind:
+            changed = [k for k, v in (c.get(node) or {}).items() if v != primary[node][k]]
+            if changed:
+                raise ValueError(f"{node}.{changed[0]} applies to drafter={node}: add drafter={node} or drop it.")
     if kind == "dflash":
-        changed = [k for k, v in (c.get("eagle3") or {}).items() if v != primary.eagle3[k]]
-        if changed:
-            raise ValueError(f"eagle3.{changed[0]} applies to drafter=eagle3: add drafter=eagle3 or drop it.")
         return kind
-    for key in (*_DFLASH_ONLY, *primary.eagle3):
+    what = "EAGLE-3 heads" if kind == "eagle3" else "MTP heads"
+    # an MTP head's layer is the target's own: DFlash's taps and MLP width are not its settings either
+    extra = ("target_layer_ids", "intermediate_size") if kind == "mtp" else ()
+    for key in (*_DFLASH_ONLY, *extra, *primary[kind]):
         if key in c and c[key] != primary.get(key):
-            where = f"set eagle3.{key}" if key in primary.eagle3 else "drop it (EAGLE-3 heads have one layer)"
-            raise ValueError(f"{key} is a setting of drafter=dflash; for drafter=eagle3 {where}.")
+            where = f"set {kind}.{key}" if key in primary[kind] else f"drop it ({what} have one layer)"
+            raise ValueError(f"{key} is a setting of drafter=dflash; for drafter={kind} {where}.")
     return kind
 
 
 def train_settings(c: Mapping) -> dict:
     """The ``TrainConfig`` fields of a resolved ``train.yaml`` config (``Eagle3TrainConfig`` fields with
-    ``drafter=eagle3``); null keys take the defaults."""
+    ``drafter=eagle3``, ``MTPTrainConfig`` fields with ``drafter=mtp``); null keys take the defaults."""
     if c["prompts"]["text"] is not None:
         raise ValueError("train evaluates on a prompts file: use prompts=dev or prompts.path=<file.jsonl>.")
     _check_limit(c["prompts"]["limit"])
@@ -378,11 +388,13 @@ def train_settings(c: Mapping) -> dict:
             "(a list [a,b] for several), or corpus_cache=<tokens.pt>."
         )
     kind = train_kind(c)
-    skip = ("target", "prompts", "threads", "drafter", "eagle3")
+    skip = ("target", "prompts", "threads", "drafter", *_HEADS)
     raw = {k: v for k, v in c.items() if k not in skip}
-    if kind == "eagle3":
+    if kind in _HEADS:
         raw = {k: v for k, v in raw.items() if k not in _DFLASH_ONLY}
-        raw.update(c["eagle3"])
+        if kind == "mtp":  # DFlash's taps and width (checked unchanged by train_kind)
+            raw = {k: v for k, v in raw.items() if k not in ("target_layer_ids", "intermediate_size")}
+        raw.update(c[kind])
     raw["corpus"] = [corpus] if isinstance(corpus, str) else corpus  # a string is one path, not its characters
     raw.update(
         target=c["target"]["path"],
@@ -412,11 +424,14 @@ def run_command(command: str, cfg, choices: Mapping[str, str | None], output_dir
         if settings.get("out_dir") is None:  # out_dir: null = the run's own folder (outputs/bench/<date>/<time>)
             settings["out_dir"] = output_dir
         return main_bench(settings)
-    from specdec.train import Eagle3TrainConfig, TrainConfig, train_dflash, train_eagle3
+    from specdec.train import Eagle3TrainConfig, MTPTrainConfig, TrainConfig, train_dflash, train_eagle3, train_mtp
 
     settings = train_settings(c)
-    if train_kind(c) == "eagle3":
+    kind = train_kind(c)
+    if kind == "eagle3":
         return train_eagle3(Eagle3TrainConfig(**settings))
+    if kind == "mtp":
+        return train_mtp(MTPTrainConfig(**settings))
     return train_dflash(TrainConfig(**settings))
 
 

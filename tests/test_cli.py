@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf, open_dict
 
 from specdec import cli
-from specdec.train import Eagle3TrainConfig, TrainConfig
+from specdec.train import Eagle3TrainConfig, MTPTrainConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,12 +66,15 @@ def test_train_takes_target_group_and_a_string_corpus_is_one_path(zoo):
 
 def test_train_yaml_has_every_train_config_field():
     raw = OmegaConf.load(REPO / "specdec" / "conf" / "train.yaml")
-    keys = set(raw) - {"defaults", "hydra", "prompts", "threads", "eagle3"}
+    keys = set(raw) - {"defaults", "hydra", "prompts", "threads", "eagle3", "mtp"}
     mapped = {"target", "tokenizer", "eval_prompts", "eval_num_prompts"}  # from the target and prompts groups
     assert keys | mapped == {f.name for f in dataclasses.fields(TrainConfig)}
     # drafter=eagle3: the eagle3 node and the top-level keys it shares (cli.train_settings drops DFlash's own)
     shared = keys - set(cli._DFLASH_ONLY)
     assert shared | set(raw.eagle3) | mapped == {f.name for f in dataclasses.fields(Eagle3TrainConfig)}
+    # drafter=mtp: the mtp node and the shared keys without DFlash's taps and MLP width
+    shared_mtp = shared - {"target_layer_ids", "intermediate_size"}
+    assert shared_mtp | set(raw.mtp) | mapped == {f.name for f in dataclasses.fields(MTPTrainConfig)}
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ committed row ``[2, B, H_kv, capacity + 1, D]`` and the fused target state of ev
 ``[B, capacity + 1, H]`` (slot ``capacity`` is a scratch slot no query sees, where rows past the end land).
 
 - ``prefill``: rows ``0 .. T-2`` of the prompt (the last prompt row needs the root, known in the round).
+- ``resume``: a prompt continuing the kept sequence from position ``s``: rows ``s - 1 .. T-2`` (as ``prefill``).
 - ``propose``: row ``prefix - 1`` (the fused state of the last committed position with the root) gives the depth-1
   distribution; each next step pairs the head's own output with the token it drafted, at the next slot. Those
   slots past the committed rows are rewritten by the next ``commit`` before any query reads them.
@@ -115,6 +116,18 @@ class Eagle3Static:
         if n > 1:
             positions = self.slots[: n - 1][None].expand(input_ids.shape[0], -1)
             self._forward(input_ids[:, 1:], fused[:, :-1], positions, self.capacity + 1)
+
+    def resume(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, start: int) -> None:
+        """A continued prompt: its tokens ``[B, n]`` from position ``start >= 1`` on and their fused target states.
+        The states go to positions ``start ..``; rows ``start - 1 .. start + n - 2`` are written (row ``start - 1``
+        pairs the kept state of the last reused position with the first new token), as a prefill of the whole
+        sequence writes them; the rows before stay."""
+        n = input_ids.shape[1]
+        fused = self.drafter.model.fuse(hidden)
+        self.fused[:, start : start + n] = fused
+        states = self.fused[:, start - 1 : start + n - 1]
+        positions = (start - 1 + self.slots[:n])[None].expand(input_ids.shape[0], -1)
+        self._forward(input_ids, states, positions, self.capacity + 1)
 
     def logq(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int | None = None) -> torch.Tensor:
         """Per-depth log-probabilities ``[B, depth, V]`` (fp32, target vocabulary) of the greedy draft after each

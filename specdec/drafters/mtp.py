@@ -25,7 +25,7 @@ from specdec.drafters.mtp_model import MTPModule, from_checkpoint_names, hf_mode
 from specdec.paths import resolve_path
 from specdec.trees import Chain
 
-__all__ = ["MTPDrafter", "mtp_layer_count", "read_mtp_tensors"]
+__all__ = ["MTPDrafter", "mtp_layer_count", "read_mtp_tensors", "with_mtp_head", "write_mtp_head"]
 
 logger = logging.getLogger(__name__)
 
@@ -196,35 +196,10 @@ class MTPDrafter(GreedySteps):
         A single-file checkpoint gets the tensors added to ``model.safetensors``; a sharded one gets them in
         ``model-mtp.safetensors`` and its index. ``config.json`` gets the layer count if it had none.
         """
-        from safetensors.torch import load_file, save_file
-
         folder = Path(path)
         if checkpoint is not None:
-            shutil.copytree(resolve_path(checkpoint, what="checkpoint folder"), folder, dirs_exist_ok=True)
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(
-                f"{folder} has no config.json: save the target there first (model.save_pretrained(folder)) or pass "
-                "checkpoint=<its folder>."
-            )
-        state = to_checkpoint_names(self.model.state_dict())
-        tensors = {PREFIX + k: v.detach().contiguous().cpu() for k, v in state.items()}
-        index = folder / INDEX
-        if index.is_file():
-            data = json.loads(index.read_text())
-            data["weight_map"] = {k: v for k, v in data["weight_map"].items() if not k.startswith(PREFIX)}
-            data["weight_map"].update(dict.fromkeys(tensors, SHARD))
-            save_file(tensors, str(folder / SHARD), metadata={"format": "pt"})
-            index.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        elif (folder / SINGLE).is_file():
-            base = {k: v for k, v in load_file(str(folder / SINGLE)).items() if not k.startswith(PREFIX)}
-            save_file({**base, **tensors}, str(folder / SINGLE), metadata={"format": "pt"})
-        else:
-            raise FileNotFoundError(f"{folder} has neither {INDEX} nor {SINGLE}: not a safetensors checkpoint.")
-        raw = json.loads((folder / "config.json").read_text())
-        if mtp_layer_count(raw) is None:
-            key = "num_nextn_predict_layers" if raw.get("model_type") == "qwen3_next" else "mtp_num_hidden_layers"
-            raw[key] = len(self.model.layers)
-            (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+            _copy_checkpoint(resolve_path(checkpoint, what="checkpoint folder"), folder)
+        _add_tensors(folder, _head_tensors(self), len(self.model.layers))
 
     def bind(self, target) -> MTPDrafter:
         """Share ``target``'s embedding, LM head and rotary embedding; tap its last layer."""
@@ -280,3 +255,87 @@ class MTPDrafter(GreedySteps):
         """fp32 log-softmax of the target's LM head on the head's normalised output ``out [..., H]``."""
         head = self._lm_head
         return torch.log_softmax(head(out.to(head.weight.dtype)).float(), dim=-1)
+
+
+def _copy_checkpoint(source: Path, folder: Path) -> None:
+    """Copy the checkpoint folder ``source`` to ``folder``, the copy writable by its owner (a read-only source, such
+    as a shared model store, keeps its mode bits in a plain ``copytree``)."""
+    shutil.copytree(source, folder, dirs_exist_ok=True)
+    for path in (folder, *folder.rglob("*")):
+        path.chmod(path.stat().st_mode | (0o700 if path.is_dir() else 0o600))
+
+
+def _head_tensors(drafter: MTPDrafter, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The head's ``mtp.*`` tensors in the published layout (on the CPU; floating ones cast to ``dtype``)."""
+    state = to_checkpoint_names(drafter.model.state_dict())
+    cast = {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v for k, v in state.items()}
+    return {PREFIX + k: v.detach().contiguous().cpu() for k, v in cast.items()}
+
+
+def _add_tensors(folder: Path, tensors: dict[str, torch.Tensor], layers: int) -> None:
+    """Write ``tensors`` into the checkpoint ``folder``: a sharded one gets them in ``model-mtp.safetensors`` and its
+    index, a single-file one in ``model.safetensors`` (replacing any ``mtp.*`` there); ``config.json`` gets the
+    layer count if it had none."""
+    from safetensors.torch import load_file, save_file
+
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{folder} has no config.json: save the target there first (model.save_pretrained(folder)) or pass "
+            "checkpoint=<its folder>."
+        )
+    index = folder / INDEX
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {k: v for k, v in data["weight_map"].items() if not k.startswith(PREFIX)}
+        data["weight_map"].update(dict.fromkeys(tensors, SHARD))
+        save_file(tensors, str(folder / SHARD), metadata={"format": "pt"})
+        index.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    elif (folder / SINGLE).is_file():
+        base = {k: v for k, v in load_file(str(folder / SINGLE)).items() if not k.startswith(PREFIX)}
+        save_file({**base, **tensors}, str(folder / SINGLE), metadata={"format": "pt"})
+    else:
+        raise FileNotFoundError(f"{folder} has neither {INDEX} nor {SINGLE}: not a safetensors checkpoint.")
+    raw = json.loads((folder / "config.json").read_text())
+    if mtp_layer_count(raw) is None:
+        key = "num_nextn_predict_layers" if raw.get("model_type") == "qwen3_next" else "mtp_num_hidden_layers"
+        raw[key] = layers
+        (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+
+
+def write_mtp_head(drafter: MTPDrafter, path: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Path:
+    """Write only the head: ``path/model-mtp.safetensors`` with its ``mtp.*`` tensors (published names; floating
+    tensors cast to ``dtype`` if given). :func:`with_mtp_head` puts them into a copy of the target's checkpoint."""
+    from safetensors.torch import save_file
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(_head_tensors(drafter, dtype), str(folder / SHARD), metadata={"format": "pt"})
+    return folder / SHARD
+
+
+def with_mtp_head(checkpoint: str | os.PathLike, head: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """A copy of the target checkpoint folder ``checkpoint`` at ``out`` with the ``mtp.*`` tensors of ``head`` added
+    (a folder of safetensors files, e.g. one written by :func:`write_mtp_head` or a shipped head such as
+    ``assets/drafters/zoo-hybrid-mtp``): in ``model-mtp.safetensors`` and the index of a sharded checkpoint, the
+    layout of a published Qwen3.5 checkpoint, so ``MTPDrafter.from_pretrained(out, target=model)`` reads it as
+    it reads one. ``config.json`` gets the layer count. Returns ``out``.
+
+    Examples:
+        >>> folder = with_mtp_head(zoo / "target-hybrid", "assets/drafters/zoo-hybrid-mtp", "runs/hybrid-mtp")
+        >>> drafter = MTPDrafter.from_pretrained(folder, target=model)
+    """
+    source = resolve_path(checkpoint, what="checkpoint folder")
+    head_dir = resolve_path(head, what="MTP head folder")
+    tensors = read_mtp_tensors(head_dir)
+    if not tensors:
+        raise ValueError(
+            f"{head_dir} holds no mtp.* tensors: give the folder a training run wrote (model-mtp.safetensors) or a "
+            "checkpoint with an MTP head."
+        )
+    layers = {int(m.group(1)) for name in tensors if (m := re.match(r"mtp\.layers\.(\d+)\.", name))}
+    folder = Path(out)
+    if folder.resolve() == source.resolve():
+        raise ValueError(f"out={folder} is the checkpoint itself: give another folder for the copy.")
+    _copy_checkpoint(source, folder)
+    _add_tensors(folder, tensors, len(layers) or 1)
+    return folder

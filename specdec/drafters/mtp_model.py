@@ -24,7 +24,7 @@ from torch import nn
 
 from specdec.drafters.checkpoints import hf_causal_lm as hf_model
 
-__all__ = ["MTPModule", "from_checkpoint_names", "hf_model", "text_model", "to_checkpoint_names"]
+__all__ = ["MTPModule", "attention_layer_ids", "from_checkpoint_names", "hf_model", "text_model", "to_checkpoint_names"]
 
 
 def text_model(hf) -> nn.Module:
@@ -39,13 +39,23 @@ def text_model(hf) -> nn.Module:
 _RECURRENT = ("mamba", "linear_attn", "mixer", "ssm")
 
 
+def attention_layer_ids(stack: nn.Module, config) -> list[int]:
+    """Indices of the full-attention decoder layers of ``stack`` (no recurrent mixer; ``layer_types`` agrees)."""
+    types = getattr(config, "layer_types", None)
+    return [
+        i
+        for i, layer in enumerate(stack.layers)
+        if hasattr(layer, "self_attn")
+        and not any(hasattr(layer, name) for name in _RECURRENT)
+        and (types is None or types[i] == "full_attention")
+    ]
+
+
 def _attention_layer(stack: nn.Module, config) -> nn.Module:
     """The first full-attention decoder layer of ``stack`` (its class builds the MTP layer)."""
-    types = getattr(config, "layer_types", None)
-    for i, layer in enumerate(stack.layers):
-        plain = hasattr(layer, "self_attn") and not any(hasattr(layer, name) for name in _RECURRENT)
-        if plain and (types is None or types[i] == "full_attention"):
-            return layer
+    ids = attention_layer_ids(stack, config)
+    if ids:
+        return stack.layers[ids[0]]
     raise ValueError(
         f"{type(stack).__name__} has no full-attention decoder layer to build the MTP layer from; MTP heads come "
         "with Qwen3-Next / Qwen3.5 targets."

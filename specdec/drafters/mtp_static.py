@@ -6,6 +6,7 @@ layer's own attention (``StaticKVCache``). Committed rows are written for accept
 
 - ``prefill``: the prompt rows ``0 .. T-1`` (token ``x[t+1]`` from the prompt; row ``T-1`` and any padding rows
   hold a placeholder token, rewritten before they are read);
+- ``resume``: a prompt continuing the kept sequence from position ``s``: rows ``s - 1 .. T-1``, as ``prefill``;
 - ``commit``: the accepted path's rows ``prefix .. prefix + P - 1`` (hidden of the path's nodes, token the next
   accepted one, the bonus last); rows past the path land in slots the next round writes before reading;
 - ``propose``: row ``prefix - 1`` again (``h[prefix-1]`` and the root: the row the root's drafts start from),
@@ -94,6 +95,19 @@ class MTPStatic:
         tokens = torch.cat((input_ids[:, 1:], input_ids[:, -1:]), dim=1)  # x[t+1]; the last row's is rewritten
         positions = torch.arange(n, device=input_ids.device)[None].expand(batch, -1)
         self.step(tokens, self.hidden[:, :n], positions, n, shared=True)
+
+    def resume(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, start: int) -> None:
+        """A continued prompt: its tokens ``[B, n]`` from position ``start >= 1`` on and the target's last hidden
+        state ``[B, n, H]`` there. Rows ``start - 1 .. start + n - 1`` are written as a prefill of the whole sequence
+        writes them (row ``start - 1``: the kept hidden state with the first new token; the last row's token is a
+        placeholder); the rows before stay."""
+        if hidden is None:
+            raise ValueError("MTPDrafter needs the target's hidden states to resume (its target_layer_ids taps).")
+        batch, n = input_ids.shape
+        self.hidden[:, start : start + n] = hidden
+        tokens = torch.cat((input_ids, input_ids[:, -1:]), dim=1)  # x[t+1] of rows start-1 ..; the last rewritten
+        positions = (start - 1 + torch.arange(n + 1, device=input_ids.device))[None].expand(batch, -1)
+        self.step(tokens, self.hidden[:, start - 1 : start + n], positions, start + n, shared=True)
 
     def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
         """``depth`` greedy steps from row ``prefix - 1`` (its hidden state and the root): ``logq [B, depth, V]``."""

@@ -223,7 +223,7 @@ def test_cli_drafter_switch_maps_to_the_eagle3_config():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["drafter=ngram"], r"train trains drafter=dflash or drafter=eagle3, not drafter=ngram"),
+        (["drafter=ngram"], r"train trains drafter=dflash, drafter=eagle3 or drafter=mtp, not drafter=ngram"),
         (["drafter=eagle3", "block_size=4"], r"block_size is a setting of drafter=dflash.*drop it"),
         (["drafter=eagle3", "seq_len=64"], r"seq_len is a setting of drafter=dflash.*set eagle3\.seq_len"),
         (["drafter=eagle3", "out_dir=x"], r"set eagle3\.out_dir"),
