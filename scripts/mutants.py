@@ -585,18 +585,23 @@ MUTANTS += [
     ),
     Mutant(  # auto picks a size its cost model says loses: plain decoding never chosen, the smallest tree instead
         "auto_picks_a_losing_size",
-        (("specdec/budget.py", 'size, reason = next(s for s in (0, *self.sizes) if goodput[s] >= best), "model"',
-          'size, reason = next((s for s in self.sizes if goodput[s] >= best), self.sizes[0]), "model"'),),  # fmt: skip
+        (("specdec/budget.py", "size = next(o for o in attached if value[o] >= best)  # ties: the smaller",
+          "size = next((o for o in attached if value[o] >= best and o), self.sizes[0])"),),  # fmt: skip
         (AUTO_KEYS, "tests/round/test_auto_budget.py"),
+    ),
+    Mutant(  # a batch weighed by its committed tokens per ms instead of its time to finish (its slowest row)
+        "auto_batch_by_goodput",
+        (("specdec/budget.py", "if not remaining or len(remaining) < 2:", "if True:"),),
+        ("tests/unit/test_budget.py",),
     ),
     Mutant(  # a call that left the drafter behind still offers its stale state to the next call's prefix reuse
         "auto_detached_drafter_kept",
         ((GENERATE, "None if behind else drafter)", "drafter)"),),
         (AUTO_KEYS,),
     ),
-    Mutant(  # the drafter detached at the model's first plain choice, before any probe was overruled
+    Mutant(  # the drafter detached at the first model choice that detaching wins, not after four in a row
         "auto_detaches_unsettled",
-        (("specdec/budget.py", "elif self.settle and self.overruled >= self.settle:", "elif self.settle:"),),
+        (("specdec/budget.py", "if self.settle and self.votes >= self.settle:", "if self.settle and self.votes:"),),
         ("tests/round/test_auto_budget.py",),
     ),
     Mutant(  # the controller rebuilt at every call: every call measures every size again

@@ -537,33 +537,38 @@ class AutoBudget:
     The loop asks :meth:`next_size` before each launch and reports each round it reads with :meth:`observe`: the
     round's budget, its own :func:`expected_accepts` at every size (computed inside the round from its proposal and
     read with its tokens: no extra host read), the accepted drafts of each decoding row and the round's device time.
-    Budget 0 is plain decoding (a round without a proposal that still feeds the drafter, ``RootOnly``). The cost
-    model is fitted from those times (the rounds of this target, batch size and budget are their own measurements;
-    the first rounds try plain decoding and every size once, then each option's cost is the median of its last
-    ``window`` rounds), the calibration from the accepted counts; :func:`choose` picks the next option. Plain
-    decoding proposes nothing, so after ``probe`` plain rounds in a row the smallest tree runs once to refresh the
+    Budget 0 is plain decoding (a round without a proposal that still feeds the drafter, ``RootOnly``). The costs
+    are the rounds' own times (the first rounds try plain decoding and every size once, then each option's cost is
+    the median of its last ``window`` rounds), the calibration comes from the accepted counts. Plain decoding
+    proposes nothing, so after ``probe`` plain rounds in a row the smallest tree runs once to refresh the
     expectations (a probe); each probe after which the model still picks plain decoding doubles that gap (up to
     ``16 * probe``), and a tree chosen by the model resets it. Every choice is logged in ``decisions`` with its
-    reason (``"explore"``: an option's first measurements, ``"probe"``, ``"model"``: :func:`choose` on the cost
-    model and calibrated expectations, logged with them; ``"detach"`` / ``"detached"``, below), so that a test can
-    check each against the model.
+    reason (``"explore"``: an option's first measurements, ``"probe"``, ``"model"``, ``"detach"``, ``"detached"``,
+    ``"start detached"``) and, for the model's, what it was made from, so that a test can check each against it.
+
+    **What the model weighs.** One sequence: committed tokens per ms, ``(1 + scale_n E(n)) / cost(n)`` (plain
+    decoding ``1 / cost(0)``), as :func:`goodputs`. A batch: a call ends when its last row does, so the model
+    minimises the time to finish the batch, ``cost(n) * max_b remaining_b / (1 + scale_n E_b(n))`` over the decoding
+    rows ``b`` (``remaining_b`` its tokens still to generate, ``E_b`` its own expectations smoothed over this call's
+    rounds, the rows' mean before it has any): a tree that commits more tokens per ms over all rows can still lose
+    to plain decoding when it helps the slowest row less than it costs.
 
     **Detaching.** A plain round inside a drafter's loop still feeds the drafter (so that a tree can follow), which
-    makes it dearer than plain decoding itself. When the model picks plain decoding after ``settle`` probes in a row
-    were overruled, the controller returns :data:`DETACHED` (-1) for the rest of the call: the loop then runs the
-    target's own plain round and leaves the drafter behind (its state is not used again in that call, and the next
-    call prefills it anew). A call that starts settled probes once first (the drafter is fresh after the prefill);
-    while each such probe is overruled the gap between probes keeps doubling, up to ``4 * 16 * probe`` plain rounds
-    counted across calls, so a workload where trees lose decodes at plain decoding's cost.
+    makes it dearer than plain decoding itself. The target's own plain round is a further option, :data:`DETACHED`
+    (-1): it leaves the drafter behind for the rest of the call (its state is not used again in that call, and the
+    next call prefills it anew). Its cost is measured on the last rounds of a call (``final``), where leaving the
+    drafter behind costs nothing. When it beats every attached option in ``settle`` model choices in a row, the
+    controller detaches. A call after a detached one starts detached, except every ``call_gap`` calls (doubling up to
+    8 while the probe is overruled) when it starts attached to look again; a tree chosen by the model ends that.
 
     The decoding loop keeps one controller per engine (target, batch bucket), drafter and policy across calls
     (:meth:`resume` at each call): the sizes are measured once, not at every call.
 
     Choices lag the expectations by the rounds in flight (the loop launches one round ahead, and a round's
-    expectations come with its tokens), so the choice weighs the rows' mean expectation smoothed over recent tree
-    rounds (an exponential average, ``smoothing`` the weight of the past) rather than one round's: a single
-    uncertain draft two rounds back says little about the next round, and acting on it alone made the choice flap
-    between plain decoding and large trees.
+    expectations come with its tokens), so the choice weighs expectations smoothed over recent tree rounds (an
+    exponential average, ``smoothing`` the weight of the past) rather than one round's: a single uncertain draft two
+    rounds back says little about the next round, and acting on it alone made the choice flap between plain
+    decoding and large trees.
 
     Args:
         sizes (Sequence[int]): candidate budgets, strictly increasing (plain decoding is always a candidate too).
@@ -572,11 +577,11 @@ class AutoBudget:
         probe (int): plain rounds in a row before a tree round refreshes the expectations.
         smoothing (float): in [0, 1), the weight of the earlier rounds in the smoothed expectation (0: the last
             round's alone).
-        settle (int): overruled probes in a row after which a plain choice detaches the drafter (0: never detach).
+        settle (int): model choices in a row that detaching must win before the controller detaches (0: never).
     """
 
     def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 4,
-                 smoothing: float = 0.8, settle: int = 3) -> None:  # fmt: skip
+                 smoothing: float = 0.8, settle: int = 4) -> None:  # fmt: skip
         self.sizes = check_sizes(sizes)
         self.batch = _int("batch", batch, 1)
         self.window = _int("window", window, 1)
@@ -585,114 +590,181 @@ class AutoBudget:
             raise ValueError(f"smoothing={smoothing!r}: pass a float in [0, 1).")
         self.smoothing = float(smoothing)
         self.settle = _int("settle", settle, 0)
-        self.overruled = 0  # probes in a row after which the model still picked plain decoding
-        self.detached = False  # this call left the drafter behind (plain decoding to its end)
         self.rows = 0  # decoding rows at the last tree round
         # a light prior (one predicted token): a drafter whose drafts are never accepted is believed within a few
         # rounds, so the larger trees are retried rarely
         self.calib = Calibration(self.sizes, strength=1.0)
         self.times: dict[int, list[float]] = {s: [] for s in (0, *self.sizes)}  # 0: plain decoding
+        self.detached_times: list[float] = []  # the target's own plain rounds (DETACHED)
         self.expected: list[float] | None = None  # the rows' mean expectation per size, smoothed
+        self.row_expected: dict[int, list[float]] = {}  # this call: each row's own, smoothed
         self.chosen: list[int] = []
         self.in_flight: list[int] = []  # sizes launched and not observed yet
         self.probe_gap, self.probe_max = self.probe, 16 * self.probe  # plain rounds before the next probe
-        # every choice: {"size", "reason": "explore" | "probe" | "model" | "detach" | "detached"}, and for "model"
-        # and "detach" what it was made from:
-        # "costs" (ms per option, 0 = plain decoding), "expected" (the rows' smoothed mean per size), "rows",
-        # "scales" (the calibration's) and "goodput" (committed tokens per ms per option, as ``choose`` weighs them)
+        self.detached = False  # this call left the drafter behind (plain decoding to its end)
+        self.votes = 0  # model choices in a row that detaching won
+        self.start_detached = False  # a recent call detached by the model's choice: the next starts detached
+        self.verdict = False  # this call detached by the model's choice (not to measure the detached round)
+        self.call_gap, self.calls_since_look = 1, 0  # calls that start detached between two that look again
+        self.first_of_call = True
+        # every choice: {"size", "reason"}, and for "model" / "detach" what it was made from: "costs" (ms per option,
+        # 0 = plain decoding, -1 = detached), "expected" (the rows' smoothed mean per size), "rows", "scales" (the
+        # calibration's), "objective" ("goodput": committed tokens per ms, larger is better; "finish": ms to finish
+        # the batch, smaller is better), "value" (the objective per option), and for "finish" the "remaining" tokens
+        # and the "row_expected" of each decoding row
         self.decisions: list[dict] = []
 
     def resume(self) -> None:
         """A new call of the same target, batch bucket and drafter: keep the measured costs, the calibration, the
         smoothed expectations and the probe gap; forget the rounds launched and never read (the last call's round
-        launched ahead) and the last call's decisions."""
+        launched ahead), the rows' own expectations and the last call's decisions."""
         self.in_flight = []
         self.decisions = []
-        self.detached = False  # the drafter was prefilled anew
-        self.chosen = self.chosen[-4 * self.probe_max :]  # enough to count the plain rounds in a row
+        self.row_expected = {}
+        self.start_detached = self.start_detached or self.verdict
+        self.detached = self.verdict = False  # the drafter was prefilled anew
+        self.votes = 0
+        self.first_of_call = True
+        self.chosen = self.chosen[-self.probe_max :]  # enough to count the plain rounds in a row
 
     def _cost(self, size: int) -> float:
-        return statistics.median(self.times[size][-self.window :])
+        times = self.detached_times if size == DETACHED else self.times[size]
+        return statistics.median(times[-self.window :])
 
     def costs(self) -> dict[int, float]:
         """The round cost in ms of each option measured so far (budget -> median of its last ``window`` rounds;
-        0 = plain decoding)."""
-        return {s: self._cost(s) for s, t in self.times.items() if t}
+        0 = plain decoding, -1 = detached)."""
+        out = {s: self._cost(s) for s, t in self.times.items() if t}
+        if self.detached_times:
+            out[DETACHED] = self._cost(DETACHED)
+        return out
 
-    def next_size(self) -> int:
-        """The budget of the next round launched (0: plain decoding that feeds the drafter, :data:`DETACHED`: plain
-        decoding without it, to the end of the call). Each choice is logged in ``decisions``."""
+    def _values(self, costs: Mapping[int, float], scales: Sequence[float], remaining: Mapping[int, int] | None):
+        """The objective of each option: ("goodput", {option: tokens per ms}) for one sequence, ("finish", {option:
+        ms to finish the batch}) for several."""
+        options = [o for o in (0, *self.sizes, DETACHED) if o in costs]
+        if not remaining or len(remaining) < 2:
+            rows = self.rows
+            value = {o: rows / costs[o] for o in options if o <= 0}
+            for k, s in enumerate(self.sizes):
+                value[s] = rows * (1.0 + scales[k] * self.expected[k]) / costs[s]
+            return "goodput", value
+        value = {}
+        for o in options:
+            worst = 0.0
+            for row, left in remaining.items():
+                rate = 1.0
+                if o > 0:
+                    k = self.sizes.index(o)
+                    rate += scales[k] * self.row_expected.get(row, self.expected)[k]
+                worst = max(worst, left / rate)
+            value[o] = costs[o] * worst
+        return "finish", value
+
+    def next_size(self, remaining: Mapping[int, int] | None = None, final: bool = False) -> int:
+        """The budget of the next round launched: a size, 0 (plain decoding that feeds the drafter) or
+        :data:`DETACHED` (plain decoding without it, to the end of the call). ``remaining`` maps each decoding row
+        to the tokens it still has to generate (a batch's objective needs it), ``final`` says the call's last
+        tokens are being decoded (leaving the drafter behind then costs nothing). Each choice is logged in
+        ``decisions``."""
+        first, self.first_of_call = self.first_of_call, False
         untried = [s for s in self.times if not self.times[s] and s not in self.in_flight]
         last_tree = next((i + 1 for i in range(len(self.chosen) - 1, -1, -1) if self.chosen[i] > 0), 0)
-        plain_run = len(self.chosen) - last_tree  # plain rounds (fed or detached) since the last tree
+        plain_run = len(self.chosen) - last_tree  # plain rounds since the last tree
         record: dict = {}
         if self.detached:  # the drafter was left behind: plain decoding to the end of the call
             size, reason = DETACHED, "detached"
+        elif final and not self.detached_times and not untried and DETACHED not in self.in_flight:
+            size, reason = DETACHED, "explore"  # the target's own plain round, measured where it costs nothing
+        elif first and self.start_detached and self.calls_since_look < self.call_gap:
+            self.calls_since_look += 1
+            size, reason = DETACHED, "start detached"
         elif untried:  # measure every option once first
             size, reason = untried[0], "explore"
         elif self.expected is None or any(not t for t in self.times.values()):
             size, reason = self.sizes[0], "explore"  # measurements still in flight
         elif plain_run >= self.probe_gap:
             # plain rounds propose nothing: the smallest tree refreshes the expectations, ever more rarely while
-            # the model keeps choosing plain decoding after it (further apart once it detaches: up to 4x)
+            # the model keeps choosing plain decoding after it
             size, reason = self.sizes[0], "probe"
-            settled = self.settle and self.overruled >= self.settle
-            self.probe_gap = min(2 * self.probe_gap, 4 * self.probe_max if settled else self.probe_max)
-            self.overruled += 1
+            self.probe_gap = min(2 * self.probe_gap, self.probe_max)
         else:
-            # the goodput of each option (``goodputs`` on the measured costs, which the cost model returns as they
-            # are at the measured points, and the rows' common expectation), in O(sizes) host work: this runs
-            # before every round, so it must stay far below a round's time
-            costs = {s: self._cost(s) for s in self.times}
+            # the objective of each option on the measured costs (what the cost model returns at its measured
+            # points) and the calibrated expectations, in O(sizes x rows) host work: this runs before every round
+            costs = self.costs()
             scales = self.calib.scales()
-            rows = self.rows
-            goodput = {0: rows / costs[0]}
-            for k, s in enumerate(self.sizes):
-                goodput[s] = rows * (1.0 + scales[k] * self.expected[k]) / costs[s]
-            best = max(goodput.values())
-            size, reason = next(s for s in (0, *self.sizes) if goodput[s] >= best), "model"  # ties: the smaller
-            if size:
-                self.probe_gap, self.overruled = self.probe, 0
-            elif self.settle and self.overruled >= self.settle:
-                size, reason, self.detached = DETACHED, "detach", True
-            record = {"costs": costs, "expected": list(self.expected), "rows": rows, "scales": scales,
-                      "goodput": goodput}  # fmt: skip
+            objective, value = self._values(costs, scales, remaining)
+            attached = (0, *self.sizes)
+            if objective == "goodput":
+                best = max(value[o] for o in attached)
+                size = next(o for o in attached if value[o] >= best)  # ties: the smaller
+                detach_wins = DETACHED in value and value[DETACHED] > best
+            else:
+                best = min(value[o] for o in attached)
+                size = next(o for o in attached if value[o] <= best)
+                detach_wins = DETACHED in value and value[DETACHED] < best
+            reason = "model"
+            self.votes = self.votes + 1 if detach_wins else 0
+            if self.settle and self.votes >= self.settle:
+                size, reason, self.detached, self.verdict = DETACHED, "detach", True, True
+            elif size:
+                self.probe_gap = self.probe
+                if self.start_detached:  # a call that looked again found a tree worth running
+                    self.start_detached, self.call_gap, self.calls_since_look = False, 1, 0
+            record = {"costs": costs, "expected": list(self.expected), "rows": self.rows, "scales": scales,
+                      "objective": objective, "value": value}  # fmt: skip
+            if objective == "finish":
+                record["remaining"] = dict(remaining)
+                record["row_expected"] = {r: list(e) for r, e in self.row_expected.items() if r in remaining}
+        if first and self.start_detached and size != DETACHED:  # this call looks again
+            self.calls_since_look = 0
+            self.call_gap = min(2 * self.call_gap, 8)
+        if size == DETACHED and reason in ("explore", "start detached"):
+            self.detached = True
         self.decisions.append({"size": size, "reason": reason, **record})
         self.chosen.append(size)
         self.in_flight.append(size)
         return size
 
-    def observe(self, size: int, expected, accepted: Sequence[int], ms: float | None) -> None:
-        """A round read: its budget (0: plain decoding), ``expected [rows, K]`` (host floats, the decoding rows; None
-        for plain decoding), the accepted drafted tokens of each of those rows, and its device time in ms (None:
-        not timed)."""
+    def observe(self, size: int, expected, accepted: Sequence[int], ms: float | None,
+                rows: Sequence[int] | None = None) -> None:  # fmt: skip
+        """A round read: its budget (0: plain decoding, -1: detached), ``expected [rows, K]`` (host floats, the
+        decoding rows; None for plain decoding), the accepted drafted tokens of each of those rows, its device
+        time in ms (None: not timed), and which rows they are (``rows``, the batch indices; default 0, 1, ...)."""
         if size in self.in_flight:
             self.in_flight.remove(size)
         if size > 0 and expected is not None:
             index = self.sizes.index(size)
             width = len(self.sizes)
-            rows = expected if isinstance(expected, list) else _matrix(expected, width)
-            if rows:
+            matrix = expected if isinstance(expected, list) else _matrix(expected, width)
+            if matrix:
                 # the rows' column sums in one pass; a malformed or non-finite value takes the checked path's error
                 try:
-                    sums = [math.fsum(col) for col in zip(*rows, strict=True)]
-                    shaped = len(sums) == width and all(len(row) == width for row in rows)
+                    sums = [math.fsum(col) for col in zip(*matrix, strict=True)]
+                    shaped = len(sums) == width and all(len(row) == width for row in matrix)
                 except (TypeError, ValueError):
                     shaped = False
-                if not shaped or not all(_finite(v) and v >= 0 for v in sums) or min(map(min, rows)) < 0:
-                    rows = _matrix(expected, width)  # raises the clear error
-                    sums = [math.fsum(col) for col in zip(*rows, strict=True)]
+                if not shaped or not all(_finite(v) and v >= 0 for v in sums) or min(map(min, matrix)) < 0:
+                    matrix = _matrix(expected, width)  # raises the clear error
+                    sums = [math.fsum(col) for col in zip(*matrix, strict=True)]
                 self.calib.update(index, sums[index], float(sum(accepted)))
-                mean = [v / len(rows) for v in sums]
+                a = self.smoothing
+                mean = [v / len(matrix) for v in sums]
                 if self.expected is not None:
-                    mean = [self.smoothing * old + (1.0 - self.smoothing) * new
-                            for old, new in zip(self.expected, mean, strict=True)]  # fmt: skip
-                self.expected, self.rows = mean, len(rows)
-        if ms is not None and _finite(ms) and ms > 0 and size in self.times:  # detached rounds are not options
-            times = self.times[size]
-            times.append(float(ms))
-            if len(times) > 2 * self.window:  # only the last ``window`` count
-                del times[: -self.window]
+                    mean = [a * old + (1.0 - a) * new for old, new in zip(self.expected, mean, strict=True)]
+                self.expected, self.rows = mean, len(matrix)
+                ids = range(len(matrix)) if rows is None else rows
+                for row, values in zip(ids, matrix, strict=True):
+                    old = self.row_expected.get(row)
+                    if old is not None:
+                        values = [a * o + (1.0 - a) * v for o, v in zip(old, values, strict=True)]
+                    self.row_expected[row] = list(values)
+        if ms is not None and _finite(ms) and ms > 0:
+            times = self.detached_times if size == DETACHED else self.times.get(size)
+            if times is not None:
+                times.append(float(ms))
+                if len(times) > 2 * self.window:  # only the last ``window`` count
+                    del times[: -self.window]
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------

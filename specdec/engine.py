@@ -201,8 +201,10 @@ class Round:
         self.expect_sizes = expect
         self.expect = torch.zeros(batch, len(expect), dtype=torch.float64, device=device)
         self.host_expect = torch.zeros(2, batch, len(expect), dtype=torch.float64, pin_memory=cuda)
+        # every round is timed on the device (two events): an adaptive policy's options include the rounds of
+        # plain decoding without a drafter
         self.timing = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                       for _ in range(2)] if cuda and expect else None  # fmt: skip
+                       for _ in range(2)] if cuda else None  # fmt: skip
         self.elapsed_ms = [0.0, 0.0]
         self.expected: list[list[float]] | None = None  # of the round read last
         self.logits: torch.Tensor | None = None  # ``keep_logits``: the path's raw logits of the round read last

@@ -439,7 +439,10 @@ def _decode(
         round launched and not read yet."""
         committed = max(lengths[b] + len(new_tokens[b]) for b in range(batch)) - 1
         need = committed + in_flight * path_len + extent
-        size = auto.next_size() if auto is not None else None
+        size = None
+        if auto is not None:  # the tokens each decoding row still needs (the batch's time to finish)
+            left = {b: max_new_tokens - len(new_tokens[b]) for b in range(batch) if not done[b]}
+            size = auto.next_size(left, final=max(left.values(), default=0) <= path_len)
         span = engine.span_for(need)
 
         def round_at(size):
@@ -478,7 +481,7 @@ def _decode(
             live = [b for b in range(batch) if not done[b]]
             expected = rnd.expected  # None for plain rounds: they propose nothing
             auto.observe(size, expected and [expected[b] for b in live], [len(results[b][0]) - 1 for b in live],
-                         rnd.elapsed_ms[ticket])  # fmt: skip
+                         rnd.elapsed_ms[ticket], rows=live)  # fmt: skip
             stats.budgets.append(size)
         for b, (accepted, num_nodes) in enumerate(results[:batch]):
             if done[b]:

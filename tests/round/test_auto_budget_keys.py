@@ -34,13 +34,13 @@ class _Scripted:
     def __init__(self, sizes: tuple[int, ...], tail: int) -> None:
         self.sizes, self.tail, self.calls = sizes, tail, 0
 
-    def next_size(self) -> int:
+    def next_size(self, remaining=None, final=False) -> int:
         options = (0, *self.sizes)
         size = options[self.calls] if self.calls < len(options) else self.tail
         self.calls += 1
         return size
 
-    def observe(self, size, expected, accepted, ms) -> None:
+    def observe(self, size, expected, accepted, ms, rows=None) -> None:
         pass
 
 
@@ -92,29 +92,43 @@ def test_captures_counts_new_keys_of_fixed_policies():
 
 
 # -- choices against the controller's own cost model ---------------------------------------------------------
-def _goodput(decision: dict) -> dict[int, float]:
-    """Committed tokens per ms of each option, recomputed from what the decision logged (``docs/trees.md``)."""
+def _values(decision: dict) -> dict[int, float]:
+    """The objective of each option, recomputed from what the decision logged (``docs/trees.md``): one sequence,
+    committed tokens per ms (larger is better); a batch, ms until its slowest row is done (smaller is better)."""
     costs, rows, scales = decision["costs"], decision["rows"], decision["scales"]
-    out = {0: rows / costs[0]}
+    plain = [o for o in (0, DETACHED) if o in costs]
+    if decision["objective"] == "goodput":
+        out = {o: rows / costs[o] for o in plain}
+        for k, size in enumerate(SIZES):
+            out[size] = rows * (1.0 + scales[k] * decision["expected"][k]) / costs[size]
+        return out
+    remaining, own = decision["remaining"], decision["row_expected"]
+    out = {o: costs[o] * max(remaining.values()) for o in plain}
     for k, size in enumerate(SIZES):
-        out[size] = rows * (1.0 + scales[k] * decision["expected"][k]) / costs[size]
+        out[size] = costs[size] * max(left / (1.0 + scales[k] * own.get(row, decision["expected"])[k])
+                                      for row, left in remaining.items())  # fmt: skip
     return out
 
 
 def _check_model_decisions(decisions: list[dict]) -> list[int]:
-    """Every "model" choice is the smallest option of the best goodput, and never one that loses to plain
-    decoding; returns the sizes chosen by the model."""
+    """Every "model" choice is the smallest option of the best objective among the attached ones, never one that
+    its model says loses to plain decoding, and the drafter is detached only where detaching beat every attached
+    option; returns the sizes chosen by the model."""
     chosen = []
     for d in decisions:
-        if d["reason"] != "model":
+        if d["reason"] not in ("model", "detach"):
             continue
-        g = _goodput(d)
+        g = _values(d)
         for option, value in g.items():
-            assert abs(value - d["goodput"][option]) <= 1e-9 * max(1.0, value), (d, g)
-        best = max(g.values())
-        want = next(o for o in (0, *SIZES) if g[o] >= best)
+            assert abs(value - d["value"][option]) <= 1e-9 * max(1.0, value), (d, g)
+        sign = 1.0 if d["objective"] == "goodput" else -1.0  # larger is better either way after the sign
+        best = max(sign * g[o] for o in (0, *SIZES))
+        want = next(o for o in (0, *SIZES) if sign * g[o] >= best)
+        if d["reason"] == "detach":
+            assert d["size"] == DETACHED and sign * g[DETACHED] > best, (d, g)
+            continue
         assert d["size"] == want, (d, g)
-        assert g[d["size"]] >= g[0], (d, g)  # never a tree its cost model says loses to plain decoding
+        assert sign * g[d["size"]] >= sign * g[0], (d, g)  # never a tree its cost model says loses to plain decoding
         chosen.append(d["size"])
     return chosen
 
@@ -136,21 +150,18 @@ class _SpyTree(specdec.DDTree):
 class _Injected(AutoBudget):
     def __init__(self, sizes, batch, inject) -> None:
         super().__init__(sizes, batch)
-        self.inject, self.read, self.costs_seen = inject, 0, {s: [] for s in (0, *sizes)}
+        self.inject, self.read, self.costs_seen = inject, 0, {s: [] for s in (0, DETACHED, *sizes)}
         self.costs_at: list[dict] = []  # per decision: each option's injected costs observed before it
 
-    def next_size(self) -> int:
+    def next_size(self, remaining=None, final=False) -> int:
         self.costs_at.append({s: list(v) for s, v in self.costs_seen.items()})
-        return super().next_size()
+        return super().next_size(remaining, final)
 
-    def observe(self, size, expected, accepted, ms) -> None:
-        if size < 0:  # a detached round is not an option: nothing to inject
-            super().observe(size, expected, accepted, None)
-            return
+    def observe(self, size, expected, accepted, ms, rows=None) -> None:
         ms = self.inject(size, self.read)
         self.read += 1
         self.costs_seen[size].append(ms)
-        super().observe(size, expected, accepted, ms)
+        super().observe(size, expected, accepted, ms, rows)
 
 
 def test_cpu_choices_never_lose_to_plain_decoding_by_their_own_model():
@@ -172,15 +183,17 @@ def test_cpu_choices_never_lose_to_plain_decoding_by_their_own_model():
 
 def test_choices_follow_injected_costs_that_change_mid_run():
     """Injected costs: trees cheap for the first 24 rounds read (a tree wins), then ten times dearer (plain
-    decoding wins). Every model choice equals the brute-force best goodput of the test's own cost medians (the
-    last 16 injected costs of each option) with the logged expectations, and both regimes are reached."""
+    decoding wins). Every model choice equals the brute-force best of the test's own cost medians (the last 16
+    injected costs of each option) with the logged expectations, and both regimes are reached. The call's last
+    rounds measure the target's own plain round (detached, 0.6 ms); the next call, where it beats the fed plain
+    round (1 ms) in four model choices in a row, detaches the drafter to its end."""
     target = tiny_model("llama", scale=2.0)
     drafter = sharp_drafter(target)
     ids = torch.randint(4, 128, (1, 9), generator=torch.Generator().manual_seed(8))
 
     def inject(size: int, index: int) -> float:
-        if size == 0:
-            return 1.0
+        if size <= 0:
+            return 1.0 if size == 0 else 0.6
         return (0.9 + 0.01 * size) if index < 24 else (10.0 + 0.1 * size)
 
     made: list = []
@@ -188,33 +201,55 @@ def test_choices_follow_injected_costs_that_change_mid_run():
                            tree=_SpyTree(budget="auto", topk=3, sizes=SIZES, made=made, inject=inject))  # fmt: skip
     check_rows(target, [ids[0]], out, 120)
     (ctrl,) = made
-    model = 0
-    for d, seen in zip(ctrl.decisions, ctrl.costs_at, strict=False):
-        if d["reason"] != "model":
-            continue
-        model += 1
-        costs = {s: statistics.median(v[-16:]) for s, v in seen.items()}
-        assert costs == d["costs"], (costs, d["costs"])
-        g = _goodput({**d, "costs": costs})
-        best = max(g.values())
-        assert d["size"] == next(o for o in (0, *SIZES) if g[o] >= best), (d, g)
+
+    def check_against_injected(decisions, costs_at) -> int:
+        model = 0
+        for d, seen in zip(decisions, costs_at, strict=False):
+            if d["reason"] not in ("model", "detach"):
+                continue
+            model += 1
+            costs = {s: statistics.median(v[-16:]) for s, v in seen.items() if v}
+            assert costs == d["costs"], (costs, d["costs"])
+            g = _values({**d, "costs": costs})
+            best = max(g[o] for o in (0, *SIZES))  # one sequence: tokens per ms, larger is better
+            if d["reason"] == "model":
+                assert d["size"] == next(o for o in (0, *SIZES) if g[o] >= best), (d, g)
+        return model
+
+    model = check_against_injected(ctrl.decisions, ctrl.costs_at)
     chosen = _check_model_decisions(ctrl.decisions)
     assert model > 10 and any(chosen) and 0 in chosen, chosen
     # after the costs changed and the window forgot the cheap trees, plain decoding stays the model's choice
     assert chosen[-5:] == [0] * 5, chosen
-    # settled on plain decoding, it detaches the drafter: plain rounds of the target alone to the end of the call
+    # the call's last tokens measured the detached round (the drafter left behind where it costs nothing)
+    reasons = [d["reason"] for d in ctrl.decisions]
     first = out.stats.budgets.index(DETACHED)
-    assert set(out.stats.budgets[first:]) == {DETACHED} and first < len(out.stats.budgets) - 5, out.stats.budgets
+    assert set(out.stats.budgets[first:]) == {DETACHED} and reasons[first] == "explore", reasons
+    assert len(out.stats.budgets) - first <= 16, out.stats.budgets  # the call's last tokens only (path_len 13)
     # the drafter's state was left behind, so the next call (the conversation continued) prefills it anew, and
-    # its output equals HF's
+    # its output equals HF's; there, detaching wins and the drafter is detached after four model choices
     more = torch.cat([out.sequences, torch.randint(4, 128, (1, 3), generator=torch.Generator().manual_seed(9))], 1)
-    again = specdec.generate(target, more, drafter=drafter, max_new_tokens=24,
+    ctrl.costs_at = []
+    again = specdec.generate(target, more, drafter=drafter, max_new_tokens=40,
                              tree=_SpyTree(budget="auto", topk=3, sizes=SIZES, made=made, inject=inject))  # fmt: skip
-    check_rows(target, [more[0]], again, 24)
+    check_rows(target, [more[0]], again, 40)
     assert again.stats.reused_tokens == 0
+    assert len(made) == 1  # the same controller, resumed
+    check_against_injected(ctrl.decisions, ctrl.costs_at)
+    _check_model_decisions(ctrl.decisions)
+    reasons = [d["reason"] for d in ctrl.decisions]
+    first = again.stats.budgets.index(DETACHED)
+    # the fourth model choice in a row that detaching wins detaches (the first three still pick plain decoding)
+    assert reasons[first] == "detach" and reasons[first - 3 : first] == ["model"] * 3, reasons
+    assert set(again.stats.budgets[first:]) == {DETACHED}, again.stats.budgets
+    # a later call starts detached (the model's verdict stands), and equals HF
+    third = specdec.generate(target, ids, drafter=drafter, max_new_tokens=12,
+                             tree=_SpyTree(budget="auto", topk=3, sizes=SIZES, made=made, inject=inject))  # fmt: skip
+    check_rows(target, [ids[0]], third, 12)
+    assert set(third.stats.budgets) == {DETACHED} and ctrl.decisions[0]["reason"] == "start detached"
     # the call reports the controller's cost of each option: the median of its last 16 injected costs
     want = {s: statistics.median(v[-16:]) for s, v in ctrl.costs_seen.items() if v}
-    assert out.stats.budget_costs == want, (out.stats.budget_costs, want)
+    assert third.stats.budget_costs == want, (third.stats.budget_costs, want)
 
 
 def test_the_controller_and_its_costs_persist_across_calls():
