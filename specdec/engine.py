@@ -329,9 +329,13 @@ class Round:
             self.kept.copy_(raw.gather(1, accept.path[..., None].expand(-1, -1, raw.shape[-1])))
         if self.depth:
             commit_rows(target.storage.kv, prefix, accept.path)
+        # a round whose protocol check failed commits nothing its rows read later (its read raises): the committed
+        # length, root and recurrent state stay; rows it wrote past the committed length are rewritten later
+        sound = None if flags is None else flags == 0
+        active = engine.active if sound is None else engine.active & sound
         if self.hybrid is not None:
             for adapter in self.hybrid.adapters:
-                commit_recurrent(adapter, rnd, accept.path, accept.num_path)
+                commit_recurrent(adapter, rnd, accept.path, accept.num_path, keep=sound)
         if self.state is not None:
             self.state.commit(accept, hidden, prefix)
         self._record(tree.tokens.gather(1, accept.path))
@@ -340,8 +344,8 @@ class Round:
         self.out[:, self.path_len + 1] = tree.num_nodes
         # a finished sequence (``active`` False) keeps its root and length: its rounds commit nothing it reads
         choice = accept.tokens.gather(1, (accept.num_path - 1)[:, None])[:, 0]
-        engine.root.copy_(torch.where(engine.active, choice, engine.root))
-        prefix.add_(accept.num_path * engine.active)
+        engine.root.copy_(torch.where(active, choice, engine.root))
+        prefix.add_(accept.num_path * active)
 
     def _snapshot(self):
         """Save the decode state before the warm-up runs; returns the function that puts it back."""

@@ -104,7 +104,8 @@ class DeviceTopology:
         return self._conv_index[key]
 
 
-def commit_recurrent(adapter: RecurrentAdapter, rnd: VerifyRound, path: torch.Tensor, num_path: torch.Tensor) -> None:
+def commit_recurrent(adapter: RecurrentAdapter, rnd: VerifyRound, path: torch.Tensor, num_path: torch.Tensor,
+                     keep: torch.Tensor | None = None) -> None:  # fmt: skip
     """Write each row's state after its accepted path and its conv window into the layer's cache, on the device
     (tensor ops only: no host read, capturable).
 
@@ -117,6 +118,8 @@ def commit_recurrent(adapter: RecurrentAdapter, rnd: VerifyRound, path: torch.Te
         path (torch.Tensor): ``[B, P]`` int64 accepted nodes per row (indices into the row's tree), root first,
             padded by repeating the last one; ``[P]`` for one row.
         num_path (torch.Tensor): ``[B]`` int64 number of real entries per row of ``path`` (0-d for one row).
+        keep (torch.Tensor | None): ``[B]`` bool, rows whose state is committed; the others keep theirs (a round
+            whose protocol check failed). None: every row.
     """
     conv, rec = adapter.states(rnd)  # [B, C, W], [B, ...]
     path, num_path = path_rows(path, num_path)
@@ -126,9 +129,15 @@ def commit_recurrent(adapter: RecurrentAdapter, rnd: VerifyRound, path: torch.Te
     stash = rnd.stash[adapter.layer_idx]
     nodes = stash.preconv.shape[0] // rows  # the stash holds every row's nodes, flattened row-major
     flat = path + torch.arange(rows, device=path.device)[:, None] * nodes  # [B, P] into the stash
+    old = rec.clone() if keep is not None else None  # the replay may step its input in place
     state = adapter.replay(rec.float(), stash, flat, num_path)  # fixed step count: no host read
     inputs = stash.preconv[flat].transpose(1, 2).to(conv.dtype)  # [B, C, P]
     window = torch.cat([conv, inputs], dim=2)  # [B, C, W + P]: the last W columns up to the path's end
-    keep = num_path[:, None] + torch.arange(stored, device=path.device)  # [B, W]
-    conv.copy_(window.gather(2, keep[:, None, :].expand(-1, conv.shape[1], -1)))
-    rec.copy_(state.to(rec.dtype))
+    keep_cols = num_path[:, None] + torch.arange(stored, device=path.device)  # [B, W]
+    new_conv = window.gather(2, keep_cols[:, None, :].expand(-1, conv.shape[1], -1))
+    state = state.to(rec.dtype)
+    if keep is not None:  # rows of a failed round keep their state
+        new_conv = torch.where(keep.view(-1, 1, 1), new_conv, conv)
+        state = torch.where(keep.view(-1, *([1] * (rec.dim() - 1))), state, old)
+    conv.copy_(new_conv)
+    rec.copy_(state)

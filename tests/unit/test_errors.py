@@ -10,6 +10,7 @@ import specdec
 from specdec.engine import Engine
 from specdec.target import TargetModel
 from specdec.types import SamplingParams
+from specdec.validate import ProtocolError
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +139,8 @@ def test_errors_leave_the_cache_untouched(target):
 
 
 class _OutOfVocabDrafter(specdec.NGramDrafter):
-    """Proposes a path whose token is outside the vocabulary: the round's verify forward raises."""
+    """Proposes a path whose token is outside the vocabulary: a drafter of a user's, so the round checks the tree
+    made of its proposal and its read raises ``ProtocolError``."""
 
     def attach(self, target, capacity: int, batch: int = 1):
         state = super().attach(target, capacity, batch)
@@ -154,11 +156,11 @@ class _OutOfVocabDrafter(specdec.NGramDrafter):
 
 
 def test_failed_round_leaves_the_committed_state_untouched(target):
-    """A round that raises (an out-of-vocabulary draft) before its commit leaves the committed prefix, root and
-    K/V rows as they were; the next call decodes the target's greedy tokens."""
+    """A round that raises (an out-of-vocabulary draft) leaves the committed prefix, root and K/V rows as they were;
+    the next call decodes the target's greedy tokens."""
     gen(target, max_new_tokens=3)
     engine, before = _committed_state(target)
-    with pytest.raises(IndexError), torch.no_grad():
+    with pytest.raises(ProtocolError, match="_OutOfVocabDrafter .*outside the vocabulary"), torch.no_grad():
         engine.round_for(_OutOfVocabDrafter(), specdec.Chain(k=2), specdec.Greedy(), SamplingParams(),
                          graph=False)(None)  # fmt: skip
     _, after = _committed_state(target)
@@ -253,3 +255,29 @@ def test_a_target_in_training_mode_with_dropout_is_warned_about(caplog):
         if warned:
             assert "model.eval()" in got[0].getMessage()
     model.eval()
+
+
+def test_failed_round_leaves_a_hybrid_state_untouched():
+    """The same on a hybrid target: a round whose check fails commits no recurrent state (conv windows and states
+    of every linear-attention layer stay as they were), and the next call equals HF."""
+    from state.hybrid_harness import tiny_hybrid
+
+    target = TargetModel(tiny_hybrid("qwen3_5", scale=2.0))
+    gen(target, max_new_tokens=3)
+    engine = Engine.for_target(target, capacity=1)
+    layers = list(engine.target.recurrent.values())  # the engine's recurrent layers (conv windows and states)
+    assert layers
+
+    def state():
+        return [engine.prefix.clone(), engine.root.clone()] + [
+            t.clone() for layer in layers for t in (layer.conv_states, layer.recurrent_states)
+        ]
+
+    before = state()
+    with pytest.raises(ProtocolError, match="outside the vocabulary"), torch.no_grad():
+        engine.round_for(_OutOfVocabDrafter(), specdec.Chain(k=2), specdec.Greedy(), SamplingParams(),
+                         graph=False)(None)  # fmt: skip
+    changed = [i for i, (a, b) in enumerate(zip(before, state(), strict=True)) if not torch.equal(a, b)]
+    assert not changed, changed
+    ref = target.model.generate(IDS, do_sample=False, max_new_tokens=6)
+    assert torch.equal(gen(target, drafter=specdec.NGramDrafter(), max_new_tokens=6).sequences, ref)
