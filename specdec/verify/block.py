@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.types import Accept, DeviceTree, SamplingParams
-from specdec.verify.draws import WeighsQ, accept_at, categorical, uniform
+from specdec.verify.draws import WeighsQ, accept_at, categorical, uniforms
 from specdec.verify.multidraft import check_sampled_policy
 from specdec.verify.rules import register_rule
 
@@ -24,16 +24,18 @@ def block_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torc
 
     Args:
         tree (DeviceTree): chains ``[B, S]``.
-        p (torch.Tensor): ``[B, S, V]`` float64 target distribution at each node.
-        q (torch.Tensor): ``[B, S, V]`` float64 draft distribution of each node (zeros at the root).
-        noise (torch.Tensor): ``[B, S, V]`` uniforms (``draws.uniform`` 0: ``eta_i`` at slot i, 1: the final draw).
+        p (torch.Tensor): ``[B, S, V]`` float32 (or float64) target distribution at each node.
+        q (torch.Tensor): ``[B, S, V]`` draft distribution of each node, p's dtype (read at the drafts only).
+        noise (torch.Tensor): ``[B, S, >= 4]`` uniforms (``draws.uniform`` 0: ``eta_i`` at slot i, 1: the final
+            draw).
         max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
     """
     batch, slots, _ = p.shape
+    tiny = torch.finfo(p.dtype).tiny
     drafts = tree.num_nodes - 1  # [B]
     index = torch.arange(slots, device=p.device)
     tokens = tree.tokens[:, 1:, None]
-    ratio = p[:, :-1].gather(2, tokens)[..., 0] / q[:, 1:].gather(2, tokens)[..., 0].clamp(min=1e-300)  # [B, S-1]
+    ratio = p[:, :-1].gather(2, tokens)[..., 0] / q[:, 1:].gather(2, tokens)[..., 0].clamp(min=tiny)  # [B, S-1]
     weights = [torch.ones(batch, dtype=p.dtype, device=p.device)]
     for i in range(1, slots):
         weights.append(torch.where(tree.valid[:, i], (weights[-1] * ratio[:, i - 1]).clamp(max=1.0), 0.0))
@@ -41,14 +43,15 @@ def block_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torc
     q_next = torch.cat([q[:, 1:], torch.zeros_like(q[:, :1])], 1)  # q of depth i+1 at slot i
     residual = (w[..., None] * p - q_next).clamp(min=0.0)  # [B, S, V]
     mass = residual.sum(-1)
-    h = torch.where(w >= 1.0, 1.0, mass / (mass + 1.0 - w).clamp(min=1e-300))
+    h = torch.where(w >= 1.0, 1.0, mass / (mass + 1.0 - w).clamp(min=tiny))
     last = index == drafts[:, None]  # [B, S]
     h = torch.where(last, w, h)
     dist = torch.where(last[..., None], p, residual)
     # backward pass: the longest prefix whose test passes (slot 0 always passes)
-    passed = ((uniform(noise, 0) <= h) | (index == 0)) & (index <= drafts[:, None])
+    u = uniforms(noise, 2)
+    passed = ((u[..., 0] <= h) | (index == 0)) & (index <= drafts[:, None])
     tau = (passed * index).amax(1)
-    final = uniform(noise, 1).gather(1, tau[:, None])[:, 0]
+    final = u[..., 1].gather(1, tau[:, None])[:, 0]
     bonus = categorical(dist.gather(1, tau[:, None, None].expand(-1, 1, dist.shape[-1]))[:, 0], final)
     return accept_at(tree, tau, bonus, max_depth)
 

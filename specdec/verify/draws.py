@@ -2,10 +2,18 @@
 distributions, uniforms read from the round's noise, one-uniform categorical draws, and the accepted path that
 ends at a given node. Tensor ops only, shapes fixed by the tree's slots (``docs/verification.md``).
 
-Every rule here reads at most four uniforms of a slot's ``V`` (so ``V >= 4``): ``uniform(noise, 0)`` is the slot's
-acceptance test (each node is tested at most once), ``uniform(noise, 1)`` the categorical draw made at the slot
-when the walk ends there (a residual or the bonus). Two float32 uniforms make one float64 uniform with 48 random
-bits, so a token's probability is resolved to ~1e-14 instead of the 2**-24 grid of one float32 draw.
+Every rule here reads at most four uniforms of a slot (``NOISE_WIDTH``; the round draws only those, ``[B, S, 4]``):
+``uniform(noise, 0)`` is the slot's acceptance test (each node is tested at most once), ``uniform(noise, 1)`` the
+categorical draw made at the slot when the walk ends there (a residual or the bonus). Two float32 uniforms make one
+float64 uniform with 48 random bits, so a token's probability is resolved to ~1e-14 instead of the 2**-24 grid of
+one float32 draw.
+
+Precision: ``p`` and ``q`` are float32 ``[B, S, V]`` (the target's own sampling distribution is HF's float32
+softmax of its processed float32 scores, the same tensor here), the residuals and their masses too; what needs
+more than float32 is done in float64 on small tensors: the uniforms and the acceptance products ``u * q(x)``
+(``[B, S]``), and the inverse-CDF of :func:`categorical` (the cumulative sum of one row per draw, where float32 would
+round away the tokens whose probability is below half an ulp of the running sum). The argument:
+``docs/verification.md`` ("Precision").
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
 from specdec.verify.processing import process_logits
 
 __all__ = [
+    "NOISE_WIDTH",
     "WeighsQ",
     "accept_at",
     "categorical",
@@ -23,14 +32,19 @@ __all__ = [
     "node_proposals",
     "target_probs",
     "uniform",
+    "uniforms",
 ]
 
 _GRID = 2.0**-24  # spacing of torch.rand's float32 uniforms
+NOISE_WIDTH = 4
+"""The float32 uniforms per slot the rules that weigh q read (two float64 uniforms): the round draws ``[B, S, 4]``."""
+_BITS: dict[tuple[int, torch.device], torch.Tensor] = {}  # forward_path's bit masks per (steps, device)
 
 
 def target_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """The target's sampling distribution ``p`` at every node: HF's temperature / top-k / top-p (float64)."""
-    return torch.softmax(process_logits(logits, sampling).double(), dim=-1)
+    """The target's sampling distribution ``p`` at every node: HF's temperature / top-k / top-p, then HF's float32
+    softmax (the distribution HF ``generate`` samples from)."""
+    return torch.softmax(process_logits(logits, sampling), dim=-1)
 
 
 def draft_logprobs(logq: torch.Tensor, sampling: SamplingParams | None) -> torch.Tensor:
@@ -41,15 +55,21 @@ def draft_logprobs(logq: torch.Tensor, sampling: SamplingParams | None) -> torch
     return torch.log_softmax(scores, dim=-1)
 
 
+def draft_probs(logq: torch.Tensor, sampling: SamplingParams | None) -> torch.Tensor:
+    """``exp(draft_logprobs(logq, sampling))`` in one softmax (float32, zeros outside q's support)."""
+    scores = logq.float() if sampling is None else process_logits(logq, sampling)
+    return torch.softmax(scores, dim=-1)
+
+
 def node_proposals(tree: DeviceTree, proposal: Proposal | None, sampling: SamplingParams) -> torch.Tensor:
-    """The draft distribution each node was drawn from, ``[B, S, V]`` float64: row ``depth - 1`` of the processed
-    ``logq`` (DFlash-style per-depth ``q``: every depth-d node shares it); zeros at the root and padding."""
+    """The draft distribution each node was drawn from, ``[B, S, V]`` float32: row ``depth - 1`` of the processed
+    ``logq`` (DFlash-style per-depth ``q``: every depth-d node shares it). The root and padding slots hold depth 1's
+    row: no rule reads q there (a node's q is read only where it is a real child)."""
     if proposal is None or proposal.logq is None:
         raise ValueError("this rule weighs the draft distribution: the drafter must provide logq")
-    q = torch.exp(draft_logprobs(proposal.logq, sampling).double())  # [B, D, V]
+    q = draft_probs(proposal.logq, sampling)  # [B, D, V]
     rows = (tree.depth - 1).clamp(0, q.shape[1] - 1)  # [B, S]
-    per_node = q.gather(1, rows[..., None].expand(-1, -1, q.shape[-1]))
-    return per_node * (tree.valid & (tree.depth > 0))[..., None]
+    return q.gather(1, rows[..., None].expand(-1, -1, q.shape[-1]))
 
 
 def uniform(noise: torch.Tensor, k: int) -> torch.Tensor:
@@ -59,14 +79,28 @@ def uniform(noise: torch.Tensor, k: int) -> torch.Tensor:
     return u.clamp(max=1.0 - 2.0**-52)
 
 
-def categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def uniforms(noise: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` float64 uniforms of every slot at once, ``[..., n]``: ``[..., k]`` is ``uniform(noise, k)``
+    (four ops for all of them)."""
+    pairs = noise[..., : 2 * n].double().unflatten(-1, (n, 2))
+    return (pairs[..., 0] + pairs[..., 1] * _GRID).clamp(max=1.0 - 2.0**-52)
+
+
+def categorical(probs: torch.Tensor, u: torch.Tensor, *, draws: bool = False) -> torch.Tensor:
     """One draw per row of the distribution ``probs [..., V]`` (non-negative, any positive total: the mass is
-    normalised here) by inverse CDF at ``u [...]``. A zero-probability token is never drawn."""
-    cdf = probs.cumsum(-1)
+    normalised here) by inverse CDF at ``u [...]`` (``draws``: ``u [..., m]``, ``m`` draws per row from one cumulative
+    sum, ``[..., m]``). A zero-probability token is never drawn.
+
+    The cumulative sum is float64 whatever ``probs``' dtype: in float32 a token whose probability is below half an
+    ulp of the running sum (``2**-25`` once it passes 1/2) adds nothing to it, so past the first half of the mass
+    such tokens could never be drawn (a large vocabulary's tail can hold percents of the mass that way)."""
+    cdf = probs.cumsum(-1, dtype=torch.float64)
     total = cdf[..., -1:]
-    index = (cdf <= u[..., None] * total).sum(-1)
-    last = (cdf < total).sum(-1)  # the last token of positive probability (rounding of the cumulative sum)
-    return torch.minimum(index, last)
+    at = (u if draws else u[..., None]) * total
+    index = torch.searchsorted(cdf, at, right=True)  # the entries <= u * total
+    last = torch.searchsorted(cdf, total)  # the last token of positive probability (rounding of the cumulative sum)
+    out = torch.minimum(index, last)
+    return out if draws else out[..., 0]
 
 
 def accept_at(tree: DeviceTree, node: torch.Tensor, bonus: torch.Tensor, max_depth: int) -> Accept:
@@ -89,14 +123,27 @@ def forward_path(nxt: torch.Tensor, max_depth: int) -> torch.Tensor:
     By pointer doubling: the powers ``nxt^(2^j)`` (``max_depth.bit_length()`` of them, one gather each past the
     first) composed by the bits of ``d`` (a device arange), no host reads."""
     steps = max_depth + 1
-    d = torch.arange(steps, device=nxt.device)
-    path = torch.zeros(nxt.shape[0], steps, dtype=nxt.dtype, device=nxt.device)  # nxt^0(0) = the root
+    bits = _bit_masks(steps, nxt.device)  # [bits, steps]: bit j of d
+    path = None  # nxt^0(0) = the root: the first step gathers from column 0 directly
     power = nxt  # nxt^(2^j)
     for j in range(max_depth.bit_length()):
         if j:
             power = power.gather(1, power)
-        path = torch.where((d & (1 << j)) != 0, power.gather(1, path), path)
-    return path
+        if path is None:
+            path = torch.where(bits[j], power[:, :1], 0)
+        else:
+            path = torch.where(bits[j], power.gather(1, path), path)
+    return path if path is not None else torch.zeros(nxt.shape[0], steps, dtype=nxt.dtype, device=nxt.device)
+
+
+def _bit_masks(steps: int, device: torch.device) -> torch.Tensor:
+    """``[steps.bit_length(), steps]`` bool, row j: bit j of ``0 .. steps - 1``; made once per (steps, device) and
+    kept (a constant of the captured round, not re-made by it)."""
+    key = (steps, torch.device(device))
+    if key not in _BITS:
+        d = torch.arange(steps, device=device)
+        _BITS[key] = torch.stack([(d >> j) & 1 == 1 for j in range(max(steps.bit_length(), 1))])
+    return _BITS[key]
 
 
 def accept_path(tree: DeviceTree, path: torch.Tensor, bonus: torch.Tensor) -> Accept:
@@ -115,6 +162,8 @@ class WeighsQ:
     target's processed distribution ``p [B, S, V]`` and each node's ``q`` (from the proposal), handed to
     :meth:`verify` with the round's uniforms. Subclasses set ``name`` and define ``check`` and ``verify``."""
 
+    noise_width = NOISE_WIDTH  # the round draws [B, S, 4] uniforms for these rules, not [B, S, V]
+
     def uses_noise(self, sampling: SamplingParams) -> bool:
         return sampling.do_sample
 
@@ -125,7 +174,7 @@ class WeighsQ:
 
             return Greedy().accept(tree, logits, sampling, noise, max_depth)
         p = target_probs(logits, sampling)
-        q = node_proposals(tree, proposal, sampling) if tree.num_slots > 1 else torch.zeros_like(p)
+        q = node_proposals(tree, proposal, sampling) if tree.num_slots > 1 else p  # the root alone: q unread
         return self.verify(tree, p, q, noise, max_depth)
 
     def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torch.Tensor, max_depth: int) -> Accept:
