@@ -422,8 +422,8 @@ MUTANTS = [
         (
             (
                 "specdec/verify/block.py",
-                "passed = ((uniform(noise, 0) <= h) | (index == 0))",
-                "passed = ((uniform(noise, 0) <= h.roll(-1, 1)) | (index == 0))",
+                "passed = ((u[..., 0] <= h) | (index == 0))",
+                "passed = ((u[..., 0] <= h.roll(-1, 1)) | (index == 0))",
             ),
         ),
         ("tests/verify/test_block.py",),
@@ -557,8 +557,7 @@ MUTANTS += [
     ),
     Mutant(  # the first token of every row drawn with the same noise
         "return_sequences_share_first_draw",
-        ((GENERATE, "noise = torch.rand(logits.shape[0], 1, logits.shape[-1],",
-          "noise = torch.rand(1, 1, logits.shape[-1],"),  # fmt: skip
+        ((GENERATE, "noise = torch.rand(logits.shape[0], 1, width,", "noise = torch.rand(1, 1, width,"),
          (GENERATE, "device=logits.device, generator=generator)\n", "device=logits.device, generator=generator)"
           ".expand(logits.shape[0], 1, -1)\n"),),  # fmt: skip
         (NUM_RETURN,),
@@ -626,6 +625,14 @@ MUTANTS += [
           "scores = draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())",
           "scores = 1.2 * draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())"),),
         ("tests/verify/test_sampled_policies.py", "-k", "quick"),
+    ),
+]
+# -- the precision of the rules that weigh q (p, q and residuals float32; the final draw's cumulative sum float64) --
+MUTANTS += [
+    Mutant(  # the final draw's cumulative sum in the distribution's float32: tokens below half an ulp never drawn
+        "categorical_cumsum_float32",
+        (("specdec/verify/draws.py", "cdf = probs.cumsum(-1, dtype=torch.float64)", "cdf = probs.cumsum(-1)"),),
+        ("tests/verify/test_precision.py",),
     ),
 ]
 # -- the MTP drafter: the head's maths and the rows it keeps (drafts change, tokens stay exact) ------------------------

@@ -21,10 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_BLOCK", "MAX_SLOT_BLOCK", "tree_rejection_round_triton"]
+__all__ = ["MAX_BLOCK", "MAX_BLOCK_F32", "MAX_SLOT_BLOCK", "tree_rejection_round_triton"]
 
 MAX_BLOCK = 1024
-"""Vocabulary entries a program handles per block (fewer when ``V`` is smaller)."""
+"""Vocabulary entries a program handles per block in float64 (fewer when ``V`` is smaller)."""
+
+MAX_BLOCK_F32 = 4096
+"""The same in float32 (the round's dtype): half the bytes per entry, so four times the entries with eight warps;
+a rejection's two passes over ``V = 8192`` then take two blocks each instead of eight."""
 
 MAX_SLOT_BLOCK = 1024
 """Slots the fused round's setup scans per block (fewer when ``S`` is smaller)."""
@@ -171,7 +175,8 @@ def tree_rejection_round_triton(
     slot_block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A round (setup and sibling-rank loop) in one launch; arguments as ``tree_rejection_round_reference``;
-    ``block``: vocabulary entries per block, a power of two (default ``min(MAX_BLOCK, next_power_of_2(V))``);
+    ``block``: vocabulary entries per block, a power of two (default ``min(MAX_BLOCK, next_power_of_2(V))``,
+    ``MAX_BLOCK_F32`` in float32);
     ``slot_block``: slots the setup scans per block, a power of two (default ``min(MAX_SLOT_BLOCK,
     next_power_of_2(S))``).
 
@@ -182,7 +187,7 @@ def tree_rejection_round_triton(
 
     batch, slots, vocab = p.shape
     width = rank_width(slots, max_children)
-    block = _block("block", block, vocab, MAX_BLOCK)
+    block = _block("block", block, vocab, MAX_BLOCK_F32 if p.dtype == torch.float32 else MAX_BLOCK)
     slot_block = _block("slot_block", slot_block, slots, MAX_SLOT_BLOCK)
     r = torch.empty(batch, slots, vocab, dtype=p.dtype, device=p.device)
     nxt = torch.empty(batch, slots, dtype=torch.long, device=p.device)
@@ -193,7 +198,7 @@ def tree_rejection_round_triton(
         p, q, test.contiguous(), table, ranked, r, nxt,
         slots, vocab, *p.stride(), *q.stride(),
         TINY=torch.finfo(p.dtype).tiny, K=width, REPLACEMENT=bool(replacement), BLOCK=block,
-        BLOCK_S=slot_block, num_warps=4 if block >= 512 else 1,
+        BLOCK_S=slot_block, num_warps=8 if block >= 2048 else 4 if block >= 512 else 1,
     )  # fmt: skip
     return r, nxt
 
