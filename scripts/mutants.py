@@ -348,7 +348,7 @@ MUTANTS = [
         (
             (
                 "specdec/trees/sampled.py",
-                "drawn = scores.topk(k, dim=-1).indices",
+                "drawn = keys.topk(k, dim=-1, largest=False).indices",
                 "drawn = torch.multinomial(draft_logprobs(logq, self.sampling).exp().flatten(0, 1), k, "
                 "replacement=True).view(*logq.shape[:2], k)",
             ),
@@ -622,8 +622,8 @@ MUTANTS += [
     Mutant(  # the stochastic DDTree's Gumbel draws from q at 1.2x its log-probabilities (a sharper q)
         "stochastic_ddtree_sharpened",
         (("specdec/trees/sampled.py",
-          "scores = draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())",
-          "scores = 1.2 * draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())"),),
+          "keys = exponential_keys(draft_probs(logq, self.sampling), noise[:, :length])",
+          "keys = exponential_keys(draft_probs(logq, self.sampling) ** 1.2, noise[:, :length])"),),
         ("tests/verify/test_sampled_policies.py", "-k", "quick"),
     ),
 ]

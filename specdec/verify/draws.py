@@ -29,6 +29,8 @@ __all__ = [
     "accept_at",
     "categorical",
     "draft_logprobs",
+    "draft_probs",
+    "exponential_keys",
     "node_proposals",
     "target_probs",
     "uniform",
@@ -38,7 +40,7 @@ __all__ = [
 _GRID = 2.0**-24  # spacing of torch.rand's float32 uniforms
 NOISE_WIDTH = 4
 """The float32 uniforms per slot the rules that weigh q read (two float64 uniforms): the round draws ``[B, S, 4]``."""
-_BITS: dict[tuple[int, torch.device], torch.Tensor] = {}  # forward_path's bit masks per (steps, device)
+_BITS: dict[tuple[int, torch.device, bool], torch.Tensor] = {}  # forward_path's constants per (steps, device)
 
 
 def target_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -59,6 +61,15 @@ def draft_probs(logq: torch.Tensor, sampling: SamplingParams | None) -> torch.Te
     """``exp(draft_logprobs(logq, sampling))`` in one softmax (float32, zeros outside q's support)."""
     scores = logq.float() if sampling is None else process_logits(logq, sampling)
     return torch.softmax(scores, dim=-1)
+
+
+def exponential_keys(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Keys ``probs / log(u) <= 0`` whose increasing order is a Gumbel-top-k draw from ``probs`` (sampling without
+    replacement, in draw order; the first key alone a sample of ``probs``): ``-log(u)`` is a standard exponential
+    ``E``, ``probs / E`` the inverse of an exponential of rate ``probs``, and the race of those is won by token ``j``
+    with probability ``probs[j] / sum(probs)`` (the Gumbel-max trick ``log probs - log E`` in another monotone
+    form, two ops instead of six). Tokens outside the support key ``-0.0``: after every token inside it."""
+    return probs / torch.log(u)
 
 
 def node_proposals(tree: DeviceTree, proposal: Proposal | None, sampling: SamplingParams) -> torch.Tensor:
@@ -130,19 +141,19 @@ def forward_path(nxt: torch.Tensor, max_depth: int) -> torch.Tensor:
         if j:
             power = power.gather(1, power)
         if path is None:
-            path = torch.where(bits[j], power[:, :1], 0)
+            path = power[:, :1] * bits[j]  # nxt(0) where bit 0 is set, the root (0) elsewhere
         else:
             path = torch.where(bits[j], power.gather(1, path), path)
     return path if path is not None else torch.zeros(nxt.shape[0], steps, dtype=nxt.dtype, device=nxt.device)
 
 
-def _bit_masks(steps: int, device: torch.device) -> torch.Tensor:
-    """``[steps.bit_length(), steps]`` bool, row j: bit j of ``0 .. steps - 1``; made once per (steps, device) and
-    kept (a constant of the captured round, not re-made by it)."""
-    key = (steps, torch.device(device))
+def _bit_masks(steps: int, device: torch.device, arange: bool = False) -> torch.Tensor:
+    """``[steps.bit_length(), steps]`` bool, row j: bit j of ``0 .. steps - 1`` (``arange``: ``0 .. steps - 1``
+    itself, int64); made once per (steps, device) and kept (a constant of the captured round, not re-made by it)."""
+    key = (steps, torch.device(device), arange)
     if key not in _BITS:
         d = torch.arange(steps, device=device)
-        _BITS[key] = torch.stack([(d >> j) & 1 == 1 for j in range(max(steps.bit_length(), 1))])
+        _BITS[key] = d if arange else torch.stack([(d >> j) & 1 == 1 for j in range(max(steps.bit_length(), 1))])
     return _BITS[key]
 
 
@@ -151,9 +162,9 @@ def accept_path(tree: DeviceTree, path: torch.Tensor, bonus: torch.Tensor) -> Ac
     repeated, as :func:`forward_path` gives it) whose last token is ``bonus [B]``: :func:`accept_at` at the path's
     end."""
     depth = tree.depth.gather(1, path[:, -1:])  # [B, 1]
-    d = torch.arange(path.shape[1], device=path.device)[None]
+    d = _bit_masks(path.shape[1], path.device, arange=True)[None]
     after = tree.tokens.gather(1, path).roll(-1, 1)  # token of the next path node (read where d < depth only)
-    tokens = torch.where(d < depth, after, torch.where(d == depth, bonus[:, None], 0))
+    tokens = torch.where(d < depth, after, bonus[:, None] * (d == depth))
     return Accept(path=path, num_path=depth[:, 0] + 1, tokens=tokens)
 
 
