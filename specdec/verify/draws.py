@@ -92,9 +92,9 @@ def uniform(noise: torch.Tensor, k: int) -> torch.Tensor:
 
 def uniforms(noise: torch.Tensor, n: int) -> torch.Tensor:
     """The first ``n`` float64 uniforms of every slot at once, ``[..., n]``: ``[..., k]`` is ``uniform(noise, k)``
-    (four ops for all of them)."""
+    (three ops for all of them)."""
     pairs = noise[..., : 2 * n].double().unflatten(-1, (n, 2))
-    return (pairs[..., 0] + pairs[..., 1] * _GRID).clamp(max=1.0 - 2.0**-52)
+    return torch.add(pairs[..., 0], pairs[..., 1], alpha=_GRID).clamp(max=1.0 - 2.0**-52)
 
 
 def categorical(probs: torch.Tensor, u: torch.Tensor, *, draws: bool = False) -> torch.Tensor:
