@@ -28,6 +28,7 @@ __all__ = [
     "WeighsQ",
     "accept_at",
     "categorical",
+    "constant_arange",
     "draft_logprobs",
     "draft_probs",
     "exponential_keys",
@@ -99,18 +100,17 @@ def uniforms(noise: torch.Tensor, n: int) -> torch.Tensor:
 
 def categorical(probs: torch.Tensor, u: torch.Tensor, *, draws: bool = False) -> torch.Tensor:
     """One draw per row of the distribution ``probs [..., V]`` (non-negative, any positive total: the mass is
-    normalised here) by inverse CDF at ``u [...]`` (``draws``: ``u [..., m]``, ``m`` draws per row from one cumulative
-    sum, ``[..., m]``). A zero-probability token is never drawn.
+    normalised here) by inverse CDF at ``u [...]`` in ``[0, 1 - 2**-52]`` (``draws``: ``u [..., m]``, ``m`` draws per
+    row from one cumulative sum, ``[..., m]``). A zero-probability token is never drawn.
 
     The cumulative sum is float64 whatever ``probs``' dtype: in float32 a token whose probability is below half an
     ulp of the running sum (``2**-25`` once it passes 1/2) adds nothing to it, so past the first half of the mass
     such tokens could never be drawn (a large vocabulary's tail can hold percents of the mass that way)."""
     cdf = probs.cumsum(-1, dtype=torch.float64)
-    total = cdf[..., -1:]
-    at = (u if draws else u[..., None]) * total
-    index = torch.searchsorted(cdf, at, right=True)  # the entries <= u * total
-    last = torch.searchsorted(cdf, total)  # the last token of positive probability (rounding of the cumulative sum)
-    out = torch.minimum(index, last)
+    at = (u if draws else u[..., None]) * cdf[..., -1:]
+    # the entries <= u * total: the drawn token k has cdf[k - 1] <= u * total < cdf[k], so p[k] > 0, and k < V since
+    # u * total < total for u <= 1 - 2**-52 (the uniforms' bound: total (1 - 2**-52) is at least an ulp below total)
+    out = torch.searchsorted(cdf, at, right=True)
     return out if draws else out[..., 0]
 
 
@@ -135,16 +135,19 @@ def forward_path(nxt: torch.Tensor, max_depth: int) -> torch.Tensor:
     first) composed by the bits of ``d`` (a device arange), no host reads."""
     steps = max_depth + 1
     bits = _bit_masks(steps, nxt.device)  # [bits, steps]: bit j of d
-    path = None  # nxt^0(0) = the root: the first step gathers from column 0 directly
+    if not max_depth:
+        return torch.zeros(nxt.shape[0], steps, dtype=nxt.dtype, device=nxt.device)
+    path = nxt[:, :1] * bits[0]  # nxt^(d & 1)(0): nxt(0) where bit 0 is set, the root (0) elsewhere
     power = nxt  # nxt^(2^j)
-    for j in range(max_depth.bit_length()):
-        if j:
-            power = power.gather(1, power)
-        if path is None:
-            path = power[:, :1] * bits[j]  # nxt(0) where bit 0 is set, the root (0) elsewhere
-        else:
-            path = torch.where(bits[j], power.gather(1, path), path)
-    return path if path is not None else torch.zeros(nxt.shape[0], steps, dtype=nxt.dtype, device=nxt.device)
+    for j in range(1, max_depth.bit_length()):
+        power = power.gather(1, power)
+        path = torch.where(bits[j], power.gather(1, path), path)
+    return path
+
+
+def constant_arange(n: int, device: torch.device) -> torch.Tensor:
+    """``torch.arange(n)`` on ``device``, made once and kept (a constant of the captured round)."""
+    return _bit_masks(n, device, arange=True)
 
 
 def _bit_masks(steps: int, device: torch.device, arange: bool = False) -> torch.Tensor:
@@ -162,7 +165,7 @@ def accept_path(tree: DeviceTree, path: torch.Tensor, bonus: torch.Tensor) -> Ac
     repeated, as :func:`forward_path` gives it) whose last token is ``bonus [B]``: :func:`accept_at` at the path's
     end."""
     depth = tree.depth.gather(1, path[:, -1:])  # [B, 1]
-    d = _bit_masks(path.shape[1], path.device, arange=True)[None]
+    d = constant_arange(path.shape[1], path.device)[None]
     after = tree.tokens.gather(1, path).roll(-1, 1)  # token of the next path node (read where d < depth only)
     tokens = torch.where(d < depth, after, bonus[:, None] * (d == depth))
     return Accept(path=path, num_path=depth[:, 0] + 1, tokens=tokens)
