@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.types import Accept, DeviceTree, SamplingParams
-from specdec.verify.draws import WeighsQ, accept_at, categorical, constant_arange, uniforms
+from specdec.verify.draws import WeighsQ, accept_path, categorical, constant_arange, uniforms
 from specdec.verify.multidraft import check_sampled_policy
 from specdec.verify.rules import register_rule
 
@@ -59,7 +59,9 @@ def block_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torc
         dist = torch.where((tau == drafts)[:, None], p.gather(1, at)[:, 0],
                            residual.gather(1, at.clamp(max=slots - 2))[:, 0])  # fmt: skip
     bonus = categorical(dist, final)
-    return accept_at(tree, tau, bonus, max_depth)
+    # the chain's path: slot d is depth d, so the walk to slot tau is 0 .. tau (tau repeated past it)
+    path = torch.minimum(constant_arange(max_depth + 1, p.device)[None], tau[:, None])
+    return accept_path(tree, path, bonus)
 
 
 @dataclass(frozen=True)
