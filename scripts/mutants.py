@@ -629,9 +629,10 @@ MUTANTS += [
 ]
 # -- the precision of the rules that weigh q (p, q and residuals float32; the final draw's cumulative sum float64) --
 MUTANTS += [
-    Mutant(  # the final draw's cumulative sum in the distribution's float32: tokens below half an ulp never drawn
-        "categorical_cumsum_float32",
-        (("specdec/verify/draws.py", "cdf = probs.cumsum(-1, dtype=torch.float64)", "cdf = probs.cumsum(-1)"),),
+    Mutant(  # a rejection's residual drops the entries below float32's epsilon as rounding noise (a tail of tiny p)
+        "residual_tiny_entries_flushed",
+        ((REJECTION_REFERENCE, "residual = (r - qk).clamp(min=0.0)",
+          "residual = (r - qk).clamp(min=0.0) * ((r - qk) > torch.finfo(torch.float32).eps)"),),  # fmt: skip
         ("tests/verify/test_precision.py",),
     ),
 ]
