@@ -348,7 +348,7 @@ MUTANTS = [
         (
             (
                 "specdec/trees/sampled.py",
-                "drawn = scores.topk(k, dim=-1).indices",
+                "drawn = keys.topk(k, dim=-1, largest=False).indices",
                 "drawn = torch.multinomial(draft_logprobs(logq, self.sampling).exp().flatten(0, 1), k, "
                 "replacement=True).view(*logq.shape[:2], k)",
             ),
@@ -422,8 +422,8 @@ MUTANTS = [
         (
             (
                 "specdec/verify/block.py",
-                "passed = ((uniform(noise, 0) <= h) | (index == 0))",
-                "passed = ((uniform(noise, 0) <= h.roll(-1, 1)) | (index == 0))",
+                "passed = ((u[..., 0] <= h) | (index == 0))",
+                "passed = ((u[..., 0] <= h.roll(-1, 1)) | (index == 0))",
             ),
         ),
         ("tests/verify/test_block.py",),
@@ -562,8 +562,7 @@ MUTANTS += [
     ),
     Mutant(  # the first token of every row drawn with the same noise
         "return_sequences_share_first_draw",
-        ((GENERATE, "noise = torch.rand(logits.shape[0], 1, logits.shape[-1],",
-          "noise = torch.rand(1, 1, logits.shape[-1],"),  # fmt: skip
+        ((GENERATE, "noise = torch.rand(logits.shape[0], 1, width,", "noise = torch.rand(1, 1, width,"),
          (GENERATE, "device=logits.device, generator=generator)\n", "device=logits.device, generator=generator)"
           ".expand(logits.shape[0], 1, -1)\n"),),  # fmt: skip
         (NUM_RETURN,),
@@ -643,9 +642,18 @@ MUTANTS += [
     Mutant(  # the stochastic DDTree's Gumbel draws from q at 1.2x its log-probabilities (a sharper q)
         "stochastic_ddtree_sharpened",
         (("specdec/trees/sampled.py",
-          "scores = draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())",
-          "scores = 1.2 * draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())"),),
+          "keys = exponential_keys(draft_probs(logq, self.sampling), noise[:, :length])",
+          "keys = exponential_keys(draft_probs(logq, self.sampling) ** 1.2, noise[:, :length])"),),
         ("tests/verify/test_sampled_policies.py", "-k", "quick"),
+    ),
+]
+# -- the precision of the rules that weigh q (p, q and residuals float32; the final draw's cumulative sum float64) --
+MUTANTS += [
+    Mutant(  # a rejection's residual drops the entries below float32's epsilon as rounding noise (a tail of tiny p)
+        "residual_tiny_entries_flushed",
+        ((REJECTION_REFERENCE, "residual = (r - qk).clamp(min=0.0)",
+          "residual = (r - qk).clamp(min=0.0) * ((r - qk) > torch.finfo(torch.float32).eps)"),),  # fmt: skip
+        ("tests/verify/test_precision.py",),
     ),
 ]
 # -- the MTP drafter: the head's maths and the rows it keeps (drafts change, tokens stay exact) ------------------------

@@ -47,6 +47,7 @@ from specdec.validate import (
     tree_flags,
     trusted,
 )
+from specdec.verify.rules import noise_width
 
 __all__ = [
     "PREFILL_BUCKET",
@@ -176,7 +177,8 @@ class Round:
         self.arange = torch.arange(self.slots, device=device)
         vocab = engine.target.target.vocab_size
         uses_noise = rule.uses_noise(sampling)
-        self.noise = torch.rand(batch, self.slots, vocab, device=device) if uses_noise else None
+        width = noise_width(rule, vocab)  # [B, S, V], or the few uniforms per slot a rule reads
+        self.noise = torch.rand(batch, self.slots, width, device=device) if uses_noise else None
         stochastic = drafter is not None and getattr(tree, "stochastic", False)
         self.tree_noise = torch.rand(batch, self.depth, vocab, device=device) if stochastic else None
         # HF's logits processors at every node, each with the node's own history (``specdec.processors``); the

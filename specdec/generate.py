@@ -40,6 +40,7 @@ from specdec.types import Continuation, GenerateOutput, SpecStats
 from specdec.validate import ProtocolError, accept_flags, check_accept, describe_flags, trusted
 from specdec.verify import VerificationRule, default_rule
 from specdec.verify.processing import process_logits
+from specdec.verify.rules import noise_width
 
 __all__ = ["SpeculativeModel", "generate"]
 
@@ -579,7 +580,8 @@ def _first_token(rule, sampling, logits: torch.Tensor, generator) -> torch.Tenso
     tree = root_trees(torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device))
     noise = None
     if rule.uses_noise(sampling):
-        noise = torch.rand(logits.shape[0], 1, logits.shape[-1], device=logits.device, generator=generator)
+        width = noise_width(rule, logits.shape[-1])
+        noise = torch.rand(logits.shape[0], 1, width, device=logits.device, generator=generator)
     accept = rule.accept(tree, logits[:, None], sampling, noise, 0, None)
     if not trusted(rule):  # a rule of a user's: its result checked as inside the round (one read, before the loop)
         check_accept(rule, accept, logits.shape[0], 1)

@@ -21,7 +21,7 @@ import torch
 from specdec.trees.build import trie_device
 from specdec.trees.policies import DDTree, register_tree
 from specdec.types import DeviceTree, Proposal, SamplingParams
-from specdec.verify.draws import categorical, draft_logprobs, uniform
+from specdec.verify.draws import categorical, draft_logprobs, draft_probs, exponential_keys, uniforms
 from specdec.verify.processing import gumbel_from_uniform
 
 __all__ = ["GumbelTopKTree", "SampledChain", "SampledTrees", "StochasticDDTree"]
@@ -71,7 +71,8 @@ def _fixed_tree(root: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
 class SampledChain:
     """A chain of ``k`` tokens sampled from q, one per depth (speculative sampling's draft): ``SampledChain(4)``.
 
-    Depth d's token is a Gumbel-max sample of the processed ``logq[:, d-1]`` (module docstring); at
+    Depth d's token is a Gumbel-max sample of the processed ``logq[:, d-1]`` (module docstring; the smallest
+    exponential key ``q / log(u)``, ``draws.exponential_keys``, at ``noise[:, d-1]``); at
     ``do_sample=False`` it is that row's argmax (the chain of ``Chain(k)``). Reads ``logq`` only.
 
     Args:
@@ -107,12 +108,12 @@ class SampledChain:
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
         logq = _logq(proposal, "SampledChain")
         n = min(self.k, logq.shape[1])
-        if self.stochastic:
-            scores = draft_logprobs(logq[:, :n], self.sampling) + gumbel_from_uniform(noise[:, :n].float())
+        if self.stochastic:  # the smallest exponential key: a sample of q
+            drafts = exponential_keys(draft_probs(logq[:, :n], self.sampling), noise[:, :n]).argmin(-1)
         else:
-            scores = logq[:, :n].float()
+            drafts = logq[:, :n].float().argmax(-1)
         steps = torch.arange(n, device=root.device)
-        return _fixed_tree(root, scores.argmax(-1), steps, steps + 1, self.k + 1)._replace(max_children=1)
+        return _fixed_tree(root, drafts, steps, steps + 1, self.k + 1)._replace(max_children=1)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ class SampledTrees:
     siblings included): the root's children are i.i.d. draws *with* replacement, for SpecInfer's original rule.
     At ``do_sample=False`` every path is the argmax path (one chain, or ``k`` copies of it unmerged).
 
-    Path m's depth-d token is an inverse-CDF draw at uniform pair m of ``noise[:, d-1]`` (needs ``2k <= V``).
+    Path m's depth-d token is an inverse-CDF draw at uniform pair m of ``noise[:, d-1]`` (needs ``2k <= V``; the
+    ``k`` draws of a depth share one float64 cumulative sum of q).
 
     Args:
         k (int): paths, >= 1.
@@ -177,9 +179,9 @@ class SampledTrees:
         vocab = logq.shape[-1]
         if 2 * self.k > vocab:
             raise ValueError(f"SampledTrees(k={self.k}) draws k paths from 2 uniforms each: needs 2k <= V = {vocab}.")
-        probs = torch.exp(draft_logprobs(logq[:, :length], self.sampling).double())  # [B, L, V]
-        draws = [categorical(probs, uniform(noise[:, :length], m)) for m in range(self.k)]  # k x [B, L]
-        return torch.stack(draws, 1)
+        probs = draft_probs(logq[:, :length], self.sampling)  # [B, L, V]
+        draws = categorical(probs, uniforms(noise[:, :length], self.k), draws=True)  # [B, L, k]: one cumulative sum
+        return draws.transpose(1, 2)
 
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
         return self._build(proposal, root, noise)._replace(max_children=self.k)  # k paths: at most k children
@@ -313,7 +315,8 @@ class StochasticDDTree:
     The shape (how many children each node gets, and where every node sits) is the deterministic best-first
     ``DDTree(budget, topk)`` over the drafter's unperturbed ``logq``; only the tokens are drawn. Per depth d one
     Gumbel perturbation of the processed ``log q`` (``noise[:, d-1]``) is ranked (Gumbel-top-k: a sample without
-    replacement in draw order, Plackett-Luce), and the j-th child (slot order) of every depth-(d-1) node carries
+    replacement in draw order, Plackett-Luce; computed as the increasing exponential keys ``q / log(u)``,
+    ``draws.exponential_keys``, the same order), and the j-th child (slot order) of every depth-(d-1) node carries
     the j-th token of that ranking. In the deterministic DDTree a node's children are its depth's ranks
     ``0 .. c-1`` in slot order, so at ``do_sample=False`` (no perturbation: the ranking is ``logq``'s) this is
     exactly ``DDTree(budget, topk)``, which is built then.
@@ -374,16 +377,27 @@ class StochasticDDTree:
             return shape
         length, vocab = logq.shape[1], logq.shape[-1]
         k = min(self.effective_topk, vocab)
-        scores = draft_logprobs(logq, self.sampling) + gumbel_from_uniform(noise[:, :length].float())
-        drawn = scores.topk(k, dim=-1).indices  # [B, L, k]: each depth's draws without replacement, in draw order
+        keys = exponential_keys(draft_probs(logq, self.sampling), noise[:, :length])
+        drawn = keys.topk(k, dim=-1, largest=False).indices  # [B, L, k]: each depth's draws without replacement
         slots = shape.tokens.shape[1]
-        index = torch.arange(slots, device=root.device)
         real = shape.valid & (shape.depth > 0)
-        earlier = (shape.parents[:, :, None] == shape.parents[:, None, :]) & (index[None, None] < index[None, :, None])
-        sibling = (earlier & real[:, None, :]).sum(-1)  # [B, S]: the node's place among its parent's children
-        where = (shape.depth - 1).clamp(min=0) * k + sibling.clamp(max=k - 1)
+        earlier = (shape.parents[:, :, None] == shape.parents[:, None, :]) & _earlier_slots(slots, root.device)
+        sibling = (earlier & real[:, None, :]).sum(-1)  # [B, S]: the node's place among its parent's children (< k)
+        where = torch.add(sibling, shape.depth, alpha=k).sub(k).clamp(0, length * k - 1)  # (depth - 1) k + place
         tokens = torch.where(real, drawn.flatten(1).gather(1, where), shape.tokens)
         return shape._replace(tokens=tokens)
+
+
+_EARLIER: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _earlier_slots(slots: int, device: torch.device) -> torch.Tensor:
+    """``[S, S]`` bool, ``[i, j]``: slot j comes before slot i; made once per (S, device) and kept (a constant of the
+    captured round)."""
+    key = (slots, torch.device(device))
+    if key not in _EARLIER:
+        _EARLIER[key] = torch.ones(slots, slots, dtype=torch.bool, device=device).tril(-1)
+    return _EARLIER[key]
 
 
 register_tree("sampled-chain", SampledChain)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.types import Accept, DeviceTree, SamplingParams
-from specdec.verify.draws import WeighsQ, accept_at, categorical, uniform
+from specdec.verify.draws import WeighsQ, accept_path, categorical, constant_arange, uniforms
 from specdec.verify.multidraft import check_sampled_policy
 from specdec.verify.rules import register_rule
 
@@ -24,33 +24,44 @@ def block_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torc
 
     Args:
         tree (DeviceTree): chains ``[B, S]``.
-        p (torch.Tensor): ``[B, S, V]`` float64 target distribution at each node.
-        q (torch.Tensor): ``[B, S, V]`` float64 draft distribution of each node (zeros at the root).
-        noise (torch.Tensor): ``[B, S, V]`` uniforms (``draws.uniform`` 0: ``eta_i`` at slot i, 1: the final draw).
+        p (torch.Tensor): ``[B, S, V]`` float32 (or float64) target distribution at each node.
+        q (torch.Tensor): ``[B, S, V]`` draft distribution of each node, p's dtype (read at the drafts only).
+        noise (torch.Tensor): ``[B, S, >= 4]`` uniforms (``draws.uniform`` 0: ``eta_i`` at slot i, 1: the final
+            draw).
         max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
     """
-    batch, slots, _ = p.shape
+    slots, vocab = p.shape[1:]
+    tiny = torch.finfo(p.dtype).tiny
     drafts = tree.num_nodes - 1  # [B]
-    index = torch.arange(slots, device=p.device)
+    index = constant_arange(slots, p.device)
     tokens = tree.tokens[:, 1:, None]
-    ratio = p[:, :-1].gather(2, tokens)[..., 0] / q[:, 1:].gather(2, tokens)[..., 0].clamp(min=1e-300)  # [B, S-1]
-    weights = [torch.ones(batch, dtype=p.dtype, device=p.device)]
-    for i in range(1, slots):
-        weights.append(torch.where(tree.valid[:, i], (weights[-1] * ratio[:, i - 1]).clamp(max=1.0), 0.0))
-    w = torch.stack(weights, 1)  # [B, S]
-    q_next = torch.cat([q[:, 1:], torch.zeros_like(q[:, :1])], 1)  # q of depth i+1 at slot i
-    residual = (w[..., None] * p - q_next).clamp(min=0.0)  # [B, S, V]
-    mass = residual.sum(-1)
-    h = torch.where(w >= 1.0, 1.0, mass / (mass + 1.0 - w).clamp(min=1e-300))
+    ratio = p[:, :-1].gather(2, tokens)[..., 0] / q[:, 1:].gather(2, tokens)[..., 0].clamp(min=tiny)  # [B, S-1]
+    # w_i = min(1, w_{i-1} ratio_{i-1}) is exp(L_i - max_{j <= i} L_j) with L the prefix sums of log ratio (L_0 = 0):
+    # a running product capped at 1 in one cumulative sum and one cumulative max (float64, [B, S]); past the drafts
+    # (invalid slots, a suffix of the chain) log ratio is -inf, so w is 0 there as the capped product's where gave
+    steps = ratio.double().log().masked_fill(~tree.valid[:, 1:], -torch.inf)
+    logs = torch.nn.functional.pad(steps, (1, 0)).cumsum(1)  # [B, S]
+    w = torch.exp(logs - logs.cummax(1).values)  # [B, S], exactly 1 where the prefix is at its running maximum
+    residual = (w[:, :-1, None].to(p.dtype) * p[:, :-1] - q[:, 1:]).clamp(min=0.0)  # [B, S-1, V]: R_i for i < S-1
+    mass = torch.nn.functional.pad(residual.sum(-1), (0, 1))  # [B, S] (slot S-1 is never a residual's)
+    h = torch.where(w >= 1.0, 1.0, mass / (mass + 1.0 - w).clamp(min=tiny))
     last = index == drafts[:, None]  # [B, S]
     h = torch.where(last, w, h)
-    dist = torch.where(last[..., None], p, residual)
     # backward pass: the longest prefix whose test passes (slot 0 always passes)
-    passed = ((uniform(noise, 0) <= h) | (index == 0)) & (index <= drafts[:, None])
+    u = uniforms(noise, 2)
+    passed = ((u[..., 0] <= h) | (index == 0)) & (index <= drafts[:, None])
     tau = (passed * index).amax(1)
-    final = uniform(noise, 1).gather(1, tau[:, None])[:, 0]
-    bonus = categorical(dist.gather(1, tau[:, None, None].expand(-1, 1, dist.shape[-1]))[:, 0], final)
-    return accept_at(tree, tau, bonus, max_depth)
+    final = u[..., 1].gather(1, tau[:, None])[:, 0]
+    at = tau[:, None, None].expand(-1, 1, vocab)
+    if slots == 1:  # the root alone (plain decoding): the draw is p's
+        dist = p[:, 0]
+    else:
+        dist = torch.where((tau == drafts)[:, None], p.gather(1, at)[:, 0],
+                           residual.gather(1, at.clamp(max=slots - 2))[:, 0])  # fmt: skip
+    bonus = categorical(dist, final)
+    # the chain's path: slot d is depth d, so the walk to slot tau is 0 .. tau (tau repeated past it)
+    path = torch.minimum(constant_arange(max_depth + 1, p.device)[None], tau[:, None])
+    return accept_path(tree, path, bonus)
 
 
 @dataclass(frozen=True)

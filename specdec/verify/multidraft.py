@@ -11,7 +11,7 @@ import torch
 from specdec.backends import env_default
 from specdec.kernels.tree_rejection import tree_rejection_round
 from specdec.types import Accept, DeviceTree, SamplingParams
-from specdec.verify.draws import WeighsQ, accept_path, categorical, forward_path, uniform
+from specdec.verify.draws import WeighsQ, accept_path, categorical, forward_path, uniforms
 from specdec.verify.rules import register_rule
 
 __all__ = ["MultiDraftRejection", "check_sampled_policy", "recursive_rejection"]
@@ -63,20 +63,21 @@ def recursive_rejection(
 
     Args:
         tree (DeviceTree): ``[B, S]``.
-        p (torch.Tensor): ``[B, S, V]`` float64 target distribution at each node.
-        q (torch.Tensor): ``[B, S, V]`` float64 draft distribution each node was drawn from (zeros at the root).
-        noise (torch.Tensor): ``[B, S, V]`` uniforms (``draws.uniform`` 0: the node's test, 1: the final draw).
+        p (torch.Tensor): ``[B, S, V]`` float32 (or float64) target distribution at each node.
+        q (torch.Tensor): ``[B, S, V]`` draft distribution each node was drawn from, p's dtype (read at the real
+            children only).
+        noise (torch.Tensor): ``[B, S, >= 4]`` uniforms (``draws.uniform`` 0: the node's test, 1: the final draw).
         max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
     """
     vocab = p.shape[-1]
-    test = uniform(noise, 0)  # a child's test reads its own slot's uniform
-    r, nxt = tree_rejection_round(tree.tokens, tree.parents, tree.depth, tree.valid, p, q, test, tree.max_children,
-                                  replacement, impl=_REJECTION_IMPL)  # fmt: skip
+    u = uniforms(noise, 2)  # [B, S, 2]: a child's test reads its own slot's first uniform
+    r, nxt = tree_rejection_round(tree.tokens, tree.parents, tree.depth, tree.valid, p, q, u[..., 0],
+                                  tree.max_children, replacement, impl=_REJECTION_IMPL)  # fmt: skip
     path = forward_path(nxt, max_depth)  # the walk from the root along each node's accepted child
     current = path[:, -1:]
     end = r.gather(1, current[..., None].expand(-1, -1, vocab))[:, 0]
-    bonus = categorical(end, uniform(noise, 1).gather(1, current)[:, 0])
+    bonus = categorical(end, u[..., 1].gather(1, current)[:, 0])
     return accept_path(tree, path, bonus)
 
 

@@ -36,7 +36,9 @@ class VerificationRule(Protocol):
         tree policy (called once per ``generate`` call, before anything runs)."""
 
     def uses_noise(self, sampling: SamplingParams) -> bool:
-        """Whether :meth:`accept` needs ``noise`` (uniforms ``[B, S, V]`` drawn fresh before every round)."""
+        """Whether :meth:`accept` needs ``noise`` (uniforms ``[B, S, V]`` drawn fresh before every round; a rule
+        that reads only the first ``n`` of each slot may say so with a class attribute ``noise_width = n``, and the
+        round then draws ``[B, S, n]``: :func:`noise_width`)."""
 
     def accept(
         self, tree: DeviceTree, logits: torch.Tensor, sampling: SamplingParams, noise: torch.Tensor | None,
@@ -117,6 +119,17 @@ class SampleMatch:
 
     def accept(self, tree, logits, sampling, noise, max_depth, proposal=None):
         return _walk(tree, target_choices(logits, sampling, noise), max_depth)
+
+
+def noise_width(rule, vocab: int) -> int:
+    """The uniforms per slot the round draws for ``rule``: its ``noise_width`` attribute when it sets one (at most
+    ``vocab``), else ``vocab``."""
+    width = getattr(rule, "noise_width", None)
+    if width is None:
+        return vocab
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"verifier={rule!r}: noise_width={width!r} must be a positive int (uniforms per slot).")
+    return min(width, vocab)
 
 
 def default_rule(sampling: SamplingParams) -> VerificationRule:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.types import Accept, DeviceTree, SamplingParams
-from specdec.verify.draws import WeighsQ, accept_at, categorical, uniform
+from specdec.verify.draws import WeighsQ, accept_at, categorical, uniforms
 from specdec.verify.multidraft import check_sampled_policy
 from specdec.verify.rules import register_rule
 
@@ -78,15 +78,18 @@ def traversal_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: 
 
     Args:
         tree (DeviceTree): ``[B, S]``.
-        p (torch.Tensor): ``[B, S, V]`` float64 target distribution at each node.
-        q (torch.Tensor): ``[B, S, V]`` float64 draft distribution of each node's depth (zeros at the root).
-        noise (torch.Tensor): ``[B, S, V]`` uniforms (``draws.uniform`` 0: the node's test, 1: the final draw).
+        p (torch.Tensor): ``[B, S, V]`` float32 (or float64) target distribution at each node.
+        q (torch.Tensor): ``[B, S, V]`` draft distribution of each node's depth, p's dtype (read at real non-root
+            nodes only).
+        noise (torch.Tensor): ``[B, S, >= 4]`` uniforms (``draws.uniform`` 0: the node's test, 1: the final draw).
         max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
     """
     batch, slots, vocab = p.shape
     rows = torch.arange(batch, device=p.device)
-    test, final = uniform(noise, 0), uniform(noise, 1)
+    tiny = torch.finfo(p.dtype).tiny
+    u = uniforms(noise, 2)
+    test, final = u[..., 0], u[..., 1]
     drawn_from = _sibling_proposals(tree, q, replacement)  # [B, S, V]
     q_tok = drawn_from.gather(2, tree.tokens[..., None])[..., 0]  # [B, S]
     live = tree.valid & (tree.depth > 0) & (q_tok > 0)
@@ -101,7 +104,7 @@ def traversal_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: 
     def enter(w: torch.Tensor) -> torch.Tensor:
         """Weights of the subtrees not entered yet, from their parents' current state (top-down, max_depth sweeps)."""
         for _ in range(max_depth):
-            fresh = torch.where(live, (w.gather(1, parent) * p_tok / q_tok.clamp(min=1e-300)).clamp(max=1.0), 0.0)
+            fresh = torch.where(live, (w.gather(1, parent) * p_tok / q_tok.clamp(min=tiny)).clamp(max=1.0), 0.0)
             w = torch.where(~touched & (tree.depth > 0), fresh, w)
         return w
 
@@ -122,9 +125,9 @@ def traversal_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: 
         p_above = target[rows, above]
         residual = (w_above[:, None] * p_above - drawn_from[rows, node]).clamp(min=0.0)
         mass = residual.sum(-1)
-        corrected = torch.where(mass[:, None] > 0, residual / mass.clamp(min=1e-300)[:, None], p_above)
+        corrected = torch.where(mass[:, None] > 0, residual / mass.clamp(min=tiny)[:, None], p_above)
         target[rows, above] = torch.where(reject[:, None], corrected, p_above)
-        w_new = torch.where(w_above >= 1.0, 1.0, mass / (mass + 1.0 - w_above).clamp(min=1e-300))
+        w_new = torch.where(w_above >= 1.0, 1.0, mass / (mass + 1.0 - w_above).clamp(min=tiny))
         w = w.scatter(1, above[:, None], torch.where(reject, w_new, w_above)[:, None])
         touched = touched.scatter(1, up.gather(1, node[:, None, None].expand(-1, 1, up.shape[-1]))[:, 0], True)
         fresh_tok = target[rows, above].gather(1, tree.tokens)  # the corrected P_b at every node's token

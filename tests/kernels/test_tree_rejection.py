@@ -124,6 +124,11 @@ def round_args(call: dict, device: str = "cpu", max_children="stated") -> list:
     return [v.to(device) if isinstance(v, torch.Tensor) else v for v in (c[k] for k in ROUND_ARG_NAMES)]
 
 
+def round_args_f32(call: dict) -> list:
+    """The round's arguments with ``p`` and ``q`` in float32, the dtype the rules pass (the uniforms stay float64)."""
+    return [v.float() if name in ("p", "q") else v for name, v in zip(ROUND_ARG_NAMES, round_args(call), strict=True)]
+
+
 def check_round(call: dict, got: tuple[torch.Tensor, torch.Tensor], max_children="stated") -> None:
     """``got = (r, nxt)`` equals the round's reference: ``nxt`` exactly, ``r`` to 1e-12."""
     want_r, want_nxt = tree_rejection_round_reference(*round_args(call, max_children=max_children))
@@ -198,11 +203,12 @@ def _valid_round_args() -> dict:
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        (dict(p=torch.zeros(2, 7, 40)), "p must be"),
+        (dict(p=torch.zeros(2, 7, 40, dtype=torch.float16)), "p must be"),
         (dict(p=torch.zeros(7, 40, dtype=torch.float64)), "p must be"),
         (dict(p=torch.zeros(2, 7, 0, dtype=torch.float64)), "p must be"),
         (dict(q=torch.zeros(2, 7, 41, dtype=torch.float64)), "q must be"),
-        (dict(q=torch.zeros(2, 7, 40)), "q must be"),
+        (dict(q=torch.zeros(2, 7, 40)), "q must be"),  # float32 q beside float64 p
+        (dict(p=torch.zeros(2, 7, 40)), "q must be"),  # float32 p beside float64 q
         (dict(tree_tokens=torch.zeros(2, 7, dtype=torch.int32)), "tree_tokens must be"),
         (dict(tree_parents=torch.zeros(2, 6, dtype=torch.long)), "tree_parents must be"),
         (dict(tree_depth=torch.zeros(2, 7)), "tree_depth must be"),
@@ -290,6 +296,20 @@ def test_interpreted_round_equals_reference(interpreted):
 
 
 @pytest.mark.interpreter
+def test_interpreted_float32_round_equals_float32_reference(interpreted):
+    # the rules' dtype: p, q, r and the residual sums in float32 (default block, and blocks of 256 at V = 1500)
+    count = 0
+    for call, got, small in zip(interpreted["calls"], interpreted["round_f32"], interpreted["round_f32_small_block"],
+                                strict=True):  # fmt: skip
+        want_r, want_nxt = tree_rejection_round_reference(*round_args_f32(call))
+        for r, nxt in [got] + ([small] if small is not None else []):
+            assert r.dtype == torch.float32 and torch.equal(nxt, want_nxt)
+            assert torch.allclose(r, want_r, rtol=1e-5, atol=1e-9), (r - want_r).abs().max()
+            count += 1
+    assert count == len(interpreted["calls"]) * 3 // 2
+
+
+@pytest.mark.interpreter
 def test_interpreted_round_keeps_p_without_residual_mass(interpreted):
     zero, (r, nxt) = interpreted["mass_zero"], interpreted["mass_zero_out"]
     check_round(zero, (r, nxt))
@@ -331,6 +351,13 @@ def _run_interpreted(folder: Path) -> None:
         "round_small_slot_block": [
             kernels.tree_rejection_round_triton(*round_args(call), slot_block=SMALL_SLOT_BLOCK) for call in calls[::3]
         ],
+        "round_f32": [kernels.tree_rejection_round_triton(*round_args_f32(call)) for call in calls],
+        "round_f32_small_block": [
+            kernels.tree_rejection_round_triton(*round_args_f32(call), block=SMALL_BLOCK)
+            if call["p"].shape[-1] > SMALL_BLOCK
+            else None
+            for call in calls
+        ],  # fmt: skip
         "rounds": [run_round(case, "triton")[0] for case in data["cases"]],
         "mass_zero_out": kernels.tree_rejection_round_triton(*round_args(data["mass_zero"])),
     }

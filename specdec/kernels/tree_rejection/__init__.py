@@ -4,10 +4,10 @@ One entry point, ``tree_rejection_round``, what ``specdec.verify.multidraft.recu
 tree, ``p``, ``q`` and each slot's uniform, the setup (each node's children by rank, their tokens, uniforms and
 draft probabilities, without replacement the earlier siblings' removed mass) then the sibling-rank loop. The
 reference (the specification and the CPU path, ``reference.py``) is tensor ops: the setup, then ``K`` steps (one per
-sibling rank) of ~18 ops on ``[B, S, V]`` float64 tensors. The Triton version (``triton.py``) is one launch with a
-program per (row, node); like the reference it reads nothing on the host, so it can be captured in a CUDA graph.
-Its ``nxt`` equals the reference's and its ``r`` up to the order of the residual mass's float64 sum. See
-``docs/kernels.md``.
+sibling rank) of ~18 ops on ``[B, S, V]`` tensors (``p``'s dtype: float32 in the round, float64 allowed). The
+Triton version (``triton.py``) is one launch with a program per (row, node); like the reference it reads nothing on
+the host, so it can be captured in a CUDA graph. Its ``nxt`` equals the reference's and its ``r`` up to the order of
+the residual mass's sum. See ``docs/kernels.md``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def tree_rejection_round(
             imports, else the reference.
 
     Returns:
-        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` float64 and ``nxt [B, S]`` int64.
+        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` (p's dtype) and ``nxt [B, S]`` int64.
     """
     _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement)
     args = (tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement)
@@ -71,10 +71,11 @@ def tree_rejection_round(
 
 
 def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement):
-    if not isinstance(p, torch.Tensor) or p.dim() != 3 or p.dtype != torch.float64 or 0 in p.shape:
-        raise ValueError(f"p must be a non-empty [B, S, V] float64 tensor; got {_describe(p)}.")
-    if not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != torch.float64:
-        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} float64, as p; got {_describe(q)}.")
+    floats = (torch.float32, torch.float64)
+    if not isinstance(p, torch.Tensor) or p.dim() != 3 or p.dtype not in floats or 0 in p.shape:
+        raise ValueError(f"p must be a non-empty [B, S, V] float32 or float64 tensor; got {_describe(p)}.")
+    if not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != p.dtype:
+        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} {p.dtype}, as p; got {_describe(q)}.")
     if not isinstance(replacement, bool):
         raise ValueError(f"replacement={replacement!r}: pass a Python bool.")
     if max_children is not None and (not isinstance(max_children, int) or max_children < 1):

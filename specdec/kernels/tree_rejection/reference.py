@@ -88,14 +88,14 @@ def tree_rejection_round_reference(
 
     Args:
         tree_tokens, tree_parents, tree_depth, tree_valid (torch.Tensor): ``[B, S]``, the tree's fields.
-        p (torch.Tensor): ``[B, S, V]`` float64 target distribution at each node.
-        q (torch.Tensor): ``[B, S, V]`` float64 distribution each slot's token was drawn from.
+        p (torch.Tensor): ``[B, S, V]`` float32 or float64 target distribution at each node.
+        q (torch.Tensor): ``[B, S, V]`` distribution each slot's token was drawn from, p's dtype.
         test (torch.Tensor): ``[B, S]`` float64, each slot's uniform (its test as a child).
         max_children (int | None): the tree's stated bound on children (``K``; ``S - 1`` when None).
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
 
     Returns:
-        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` float64 and ``nxt [B, S]`` int64, as
+        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` (p's dtype) and ``nxt [B, S]`` int64, as
         :func:`_rank_loop`.
     """
     ranked = round_setup(tree_tokens, tree_parents, tree_depth, tree_valid, q, test, max_children, replacement)
@@ -120,18 +120,18 @@ def _rank_loop(
     earlier siblings' tokens removed, divided by ``kept``).
 
     Args:
-        p (torch.Tensor): ``[B, S, V]`` float64 target distribution at each node.
-        q (torch.Tensor): ``[B, S, V]`` float64 distribution each slot's token was drawn from.
+        p (torch.Tensor): ``[B, S, V]`` float32 or float64 target distribution at each node.
+        q (torch.Tensor): ``[B, S, V]`` distribution each slot's token was drawn from, p's dtype.
         table (torch.Tensor): ``[B, S, K]`` int64, each node's child slot by rank, ``S`` where it has none.
         tokens (torch.Tensor): ``[B, S, K]`` int64, the children's tokens.
         weighed (torch.Tensor): ``[B, S, K]`` float64, each child's uniform times ``q_c(c)``.
         drawable (torch.Tensor): ``[B, S, K]`` bool, the children tested (real, inside q's support).
-        kept (torch.Tensor | None): ``[B, S, K]`` float64, 1 minus q's mass on the earlier siblings' tokens (read
+        kept (torch.Tensor | None): ``[B, S, K]`` q's dtype, 1 minus q's mass on the earlier siblings' tokens (read
             only without replacement; None allowed with it).
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
 
     Returns:
-        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` float64, each node's target distribution reduced by its
+        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` (p's dtype), each node's target distribution reduced by its
         rejected children (``p`` where none was), and ``nxt [B, S]`` int64, each node's accepted child (the node
         itself where none was).
     """

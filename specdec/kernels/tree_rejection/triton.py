@@ -9,7 +9,9 @@ earlier siblings' drawn mass; a repeat of an earlier sibling's token is no draw)
 the residual mass ``sum(max(r - q_c, 0))``, then ``r <- max(r - q_c, 0) / mass`` (``r`` left as is when the mass is
 0). ``q_c`` is the child's row of ``q`` (without replacement: divided by ``kept``, zero at the earlier siblings'
 tokens). The row of ``r`` lives in global memory (the output itself) between passes; a barrier after each write
-makes it visible to the program's other threads. Float64 throughout. Equal to ``tree_rejection_round_reference``
+makes it visible to the program's other threads. ``p``, ``q``, ``r`` and the sums over them in ``p``'s dtype
+(float32 in the round, float64 allowed), the uniforms and ``u * q_c(c)`` in float64, as the reference computes them.
+Equal to ``tree_rejection_round_reference``
 (``nxt`` exactly, ``r`` up to the order of the mass's sum: ``tests/kernels/test_tree_rejection.py``).
 """
 
@@ -19,10 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_BLOCK", "MAX_SLOT_BLOCK", "tree_rejection_round_triton"]
+__all__ = ["MAX_BLOCK", "MAX_BLOCK_F32", "MAX_SLOT_BLOCK", "tree_rejection_round_triton"]
 
 MAX_BLOCK = 1024
-"""Vocabulary entries a program handles per block (fewer when ``V`` is smaller)."""
+"""Vocabulary entries a program handles per block in float64 (fewer when ``V`` is smaller)."""
+
+MAX_BLOCK_F32 = 4096
+"""The same in float32 (the round's dtype): half the bytes per entry, so four times the entries with eight warps;
+a rejection's two passes over ``V = 8192`` then take two blocks each instead of eight."""
 
 MAX_SLOT_BLOCK = 1024
 """Slots the fused round's setup scans per block (fewer when ``S`` is smaller)."""
@@ -34,12 +40,12 @@ def _tree_rejection_round_kernel(
     parents_ptr,  # [B, S] int64, contiguous
     depth_ptr,  # [B, S] int64, contiguous
     valid_ptr,  # [B, S] bool, contiguous
-    p_ptr,  # [B, S, V] float64, strided
-    q_ptr,  # [B, S, V] float64, strided
+    p_ptr,  # [B, S, V] float32 or float64, strided
+    q_ptr,  # [B, S, V] p's dtype, strided
     test_ptr,  # [B, S] float64, contiguous: each slot's uniform
     table_ptr,  # [B, S, K] int64 scratch: each node's child slot by rank (S where none)
     ranked_ptr,  # [B, S, K] int64 scratch: the children's tokens by rank
-    r_ptr,  # [B, S, V] float64 out
+    r_ptr,  # [B, S, V] p's dtype out
     nxt_ptr,  # [B, S] int64 out
     S,
     V,
@@ -92,7 +98,8 @@ def _tree_rejection_round_kernel(
         tl.store(r_row + cols, tl.load(p_row + cols * p_sv, mask=inside), mask=inside)
     tl.debug_barrier()  # the ranked children and r[token] below are read by every thread
     nxt = node  # the accepted child, the node itself while none is
-    total = tl.load(test_ptr + slots_row) * 0.0  # without replacement: the cumulative sum of q_c(c) over ranks
+    # without replacement: the cumulative sum of q_c(c) over ranks (q's dtype, as the reference's cumsum)
+    total = tl.load(test_ptr + slots_row).to(q_ptr.dtype.element_ty) * 0.0
     kept = total + 1.0
     for k in tl.static_range(K):
         child = tl.load(table_ptr + ranks + k)
@@ -123,7 +130,7 @@ def _reject(q_row, q_sv, r_row, ranked_row, kept, V, TINY: tl.constexpr, k: tl.c
             REPLACEMENT: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """A rejected child: ``r <- max(r - q_c, 0) / mass`` over the vocabulary in blocks, unless the mass is 0."""
     lanes = tl.arange(0, BLOCK)
-    total = tl.zeros([BLOCK], dtype=tl.float64)
+    total = tl.zeros([BLOCK], dtype=r_row.dtype.element_ty)
     for start in range(0, V, BLOCK):
         cols = start + lanes
         inside = cols < V
@@ -168,20 +175,21 @@ def tree_rejection_round_triton(
     slot_block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A round (setup and sibling-rank loop) in one launch; arguments as ``tree_rejection_round_reference``;
-    ``block``: vocabulary entries per block, a power of two (default ``min(MAX_BLOCK, next_power_of_2(V))``);
+    ``block``: vocabulary entries per block, a power of two (default ``min(MAX_BLOCK, next_power_of_2(V))``,
+    ``MAX_BLOCK_F32`` in float32);
     ``slot_block``: slots the setup scans per block, a power of two (default ``min(MAX_SLOT_BLOCK,
     next_power_of_2(S))``).
 
     Returns:
-        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` float64 and ``nxt [B, S]`` int64.
+        tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` (p's dtype) and ``nxt [B, S]`` int64.
     """
     from specdec.kernels.tree_rejection.reference import rank_width
 
     batch, slots, vocab = p.shape
     width = rank_width(slots, max_children)
-    block = _block("block", block, vocab, MAX_BLOCK)
+    block = _block("block", block, vocab, MAX_BLOCK_F32 if p.dtype == torch.float32 else MAX_BLOCK)
     slot_block = _block("slot_block", slot_block, slots, MAX_SLOT_BLOCK)
-    r = torch.empty(batch, slots, vocab, dtype=torch.float64, device=p.device)
+    r = torch.empty(batch, slots, vocab, dtype=p.dtype, device=p.device)
     nxt = torch.empty(batch, slots, dtype=torch.long, device=p.device)
     table = torch.empty(batch, slots, width, dtype=torch.long, device=p.device)
     ranked = torch.empty(batch, slots, width, dtype=torch.long, device=p.device)
@@ -189,8 +197,8 @@ def tree_rejection_round_triton(
         tree_tokens.contiguous(), tree_parents.contiguous(), tree_depth.contiguous(), tree_valid.contiguous(),
         p, q, test.contiguous(), table, ranked, r, nxt,
         slots, vocab, *p.stride(), *q.stride(),
-        TINY=torch.finfo(torch.float64).tiny, K=width, REPLACEMENT=bool(replacement), BLOCK=block,
-        BLOCK_S=slot_block, num_warps=4 if block >= 512 else 1,
+        TINY=torch.finfo(p.dtype).tiny, K=width, REPLACEMENT=bool(replacement), BLOCK=block,
+        BLOCK_S=slot_block, num_warps=8 if block >= 2048 else 4 if block >= 512 else 1,
     )  # fmt: skip
     return r, nxt
 
