@@ -8,6 +8,7 @@ makes a policy selectable by name (hydra's ``tree=`` group, the bench). See ``do
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -189,9 +190,10 @@ class DDTree:
             )
         slots = self.budget + 1
         if proposal.logq is not None:
-            on_cuda = proposal.logq.device.type == "cuda"
+            # the Triton top-k where the selection's kernels run (CUDA, or Triton's interpreter)
+            on_device = proposal.logq.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
             return ddtree_batch(proposal.logq, root.reshape(-1), budget=self.budget, topk=self.topk, num_slots=slots,
-                                impl=_DDTREE_IMPL, topk_impl=_DDTREE_TOPK if on_cuda else "torch")  # fmt: skip
+                                impl=_DDTREE_IMPL, topk_impl=_DDTREE_TOPK if on_device else "torch")  # fmt: skip
         rows = [
             trie_device(p, n, r, budget=self.budget, num_slots=slots)
             for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
