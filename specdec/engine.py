@@ -742,14 +742,16 @@ class Engine:
         ``specdec.attention.grouped_for`` says so (``compiled``: the forwards run under ``torch.compile``), and the
         linear layers through the split-K kernel with ``Backends(linear_kernel="triton")``, and in uncompiled forwards
         the RMSNorm layers (on CUDA by default, ``Backends.target_norm``) and the rotary embedding (opt-in,
-        ``Backends.target_rotary``) through one launch each."""
+        ``Backends.target_rotary``) through one launch each, and in uncompiled forwards the target's rotary modules
+        answer from their tables (``specdec.state.rope``)."""
         draft = getattr(static, "draft_model", None)
         kv = self.target.storage.kv  # [L, 2, 1, H_kv, capacity, D]: the attention's own dtype and head dim
         grouped = grouped_for(compiled, self.device, kv.dtype, kv.shape[-1])
         norms = not compiled and norm_kernel_for(self.device)
         rotary = not compiled and rotary_kernel_for(self.device)
+        rope = [] if compiled else self.target.rope.forwards()  # the rotary tables: one gather per forward
         return AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear_kernel_for(),
-                              norms=norms, rotary=rotary)  # fmt: skip
+                              norms=norms, rotary=rotary, forwards=rope)  # fmt: skip
 
     def _prefill_for(self, drafter, size: int, graph: bool) -> _Prefill:
         from specdec.backends import current
