@@ -16,7 +16,7 @@ import torch
 
 from specdec.backends import env_default
 from specdec.budget import AutoBudget, check_sizes, ddtree_scores, expected_accepts
-from specdec.trees.build import chain_device, chain_from_path, ddtree_batch, root_trees, trie_device
+from specdec.trees.build import chain_batch, chain_from_path, ddtree_batch, root_trees, trie_device
 from specdec.types import DeviceTree, Proposal
 
 __all__ = ["TREES", "Chain", "DDTree", "TreePolicy", "register_tree"]
@@ -97,12 +97,11 @@ class Chain:
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
         slots = self.k + 1
         if proposal.logq is not None:
-            rows = [chain_device(q, r, k=self.k, num_slots=slots) for q, r in zip(proposal.logq, root, strict=True)]
-        else:
-            rows = [
-                chain_from_path(p[0, : self.k], n[0].clamp(max=self.k), r, num_slots=slots)
-                for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
-            ]
+            return chain_batch(proposal.logq, root.reshape(-1), k=self.k, num_slots=slots)
+        rows = [
+            chain_from_path(p[0, : self.k], n[0].clamp(max=self.k), r, num_slots=slots)
+            for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
+        ]
         return DeviceTree.stack(rows)
 
 
