@@ -231,11 +231,14 @@ class Round:
         nodes = node_history(engine.history[:, : self.span], engine.prefix, tree, generated, self.path_len)
         return self.processors(logits, nodes)
 
-    def _record(self, tokens: torch.Tensor) -> None:
-        """The path ``tokens [B, P]`` at slots ``prefix ..`` of ``engine.history``: the accepted ones become committed
-        tokens, the rest lands past them (where the next commit writes again)."""
+    def _record(self, tokens: torch.Tensor | None = None, tree: DeviceTree | None = None, path=None) -> None:
+        """The path ``tokens [B, P]`` (or the tokens of ``tree`` at the nodes ``path``, gathered only when recorded)
+        at slots ``prefix ..`` of ``engine.history``: the accepted ones become committed tokens, the rest lands past
+        them (where the next commit writes again)."""
         if not self.records:
             return
+        if tokens is None:
+            tokens = tree.tokens.gather(1, path)
         engine = self.engine
         slots = engine.prefix[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
         engine.history.scatter_(1, slots.clamp(max=engine.history.shape[1] - 1), tokens)
@@ -309,7 +312,7 @@ class Round:
                 commit_recurrent(adapter, rnd, accept.path, accept.num_path)
         if self.state is not None:
             self.state.commit(accept, hidden, prefix)
-        self._record(tree.tokens.gather(1, accept.path))
+        self._record(tree=tree, path=accept.path)
         self.out[:, : self.path_len].copy_(accept.tokens)
         self.out[:, self.path_len] = accept.num_path
         self.out[:, self.path_len + 1] = tree.num_nodes

@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from specdec.runtime import constant
 from specdec.state.hybrid import _state_tensor
 from specdec.state.rope import RopeTables
 from specdec.state.windows import window_layout
@@ -27,7 +28,15 @@ from specdec.state.windows import window_layout
 if TYPE_CHECKING:
     from specdec.target import TargetModel
 
-__all__ = ["StaticKV", "StaticKVCache", "StaticModel", "commit_rows", "commit_rows_reference", "static_reason"]
+__all__ = [
+    "StaticKV",
+    "StaticKVCache",
+    "StaticModel",
+    "commit_rows",
+    "commit_rows_reference",
+    "mask_values",
+    "static_reason",
+]
 
 
 class StaticKV:
@@ -137,6 +146,17 @@ def write_slots(store: torch.Tensor, index: torch.Tensor, states: torch.Tensor) 
     store[rows, :, index] = states.transpose(1, 2)  # [B, N, H, D] at (row, :, slot)
 
 
+def mask_values(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """0-d ``(0, finfo(dtype).min)`` on ``device``, made once: ``torch.where(seen, *mask_values(...))`` builds an
+    additive mask in one kernel (visible 0, hidden the dtype's lowest value)."""
+
+    def make():
+        return torch.zeros((), dtype=dtype, device=device), torch.full((), torch.finfo(dtype).min, dtype=dtype,
+                                                                        device=device)  # fmt: skip
+
+    return constant(("mask_values", str(device), dtype), make)
+
+
 def commit_rows(kv: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor) -> None:
     """Move the rows of the accepted nodes in place for every layer at once (one gather, one scatter).
 
@@ -151,7 +171,9 @@ def commit_rows(kv: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor) -> N
     """
     path = path.reshape(kv.shape[2], -1)
     prefix = prefix.reshape(-1, 1)
-    dst = torch.arange(path.shape[1], device=path.device) + prefix  # [B, P]
+    length = path.shape[1]
+    steps = constant(("arange", str(path.device), length), lambda: torch.arange(length, device=path.device))
+    dst = steps + prefix  # [B, P] (the steps made once)
     if kv.shape[2] == 1:
         src = kv.index_select(4, (path + prefix)[0])
         kv.index_copy_(4, dst[0], src)
@@ -253,9 +275,7 @@ class StaticModel:
     def additive_mask(self, seen: torch.Tensor) -> torch.Tensor:
         """``[Q, K]`` (or ``[B, Q, K]``) bool (True = visible) -> the float mask ``[1, 1, Q, K]`` (``[B, 1, Q, K]``)
         HF attention adds."""
-        dtype = self.target.dtype
-        mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
-        mask = mask.masked_fill_(~seen, torch.finfo(dtype).min)
+        mask = torch.where(seen, *mask_values(self.target.dtype, seen.device))  # one kernel
         return mask[None, None] if seen.dim() == 2 else mask[:, None]
 
     def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, rows=None, span=None,
