@@ -34,7 +34,8 @@ _FREE = {
     "_unsafe_view", "view", "_reshape_alias", "as_strided", "expand", "slice", "select", "unsqueeze", "squeeze",
     "permute", "transpose", "t", "unbind", "split", "split_with_sizes", "chunk", "narrow", "view_as", "diagonal",
     "unfold", "movedim", "_to_copy_noop", "resolve_conj", "resolve_neg", "is_same_size", "sym_size", "sym_stride",
-    "sym_numel", "sym_storage_offset", "dim", "size", "stride", "is_contiguous", "numel",
+    "sym_numel", "sym_storage_offset", "dim", "size", "stride", "is_contiguous", "numel", "promote_types",
+    "result_type", "can_cast",
 }  # fmt: skip
 
 
@@ -167,14 +168,15 @@ def main() -> None:
         specdec.generate(model, ids, drafter=d, tree=tree, max_new_tokens=a.max_new, do_sample=False)
         os.environ["TRITON_INTERPRET"] = "0" if a.torch_only else "1"
         engine = engine_mod.Engine._engines[model][1]
-        rnd = next(r for r in reversed(list(engine._rounds.values())) if r.drafter is d and (d is None or r.tree == tree))
+        rounds = reversed(list(engine._rounds.values()))
+        rnd = next(r for r in rounds if r.drafter is d and (d is None or r.tree == tree))
         mark = len(patches)
         if rnd.proposes:
             patch(type(rnd.state), "propose", "draft")
             patch(type(rnd.tree), "build", "tree")
             patch(type(rnd.state), "commit", "commit")
         patch(type(rnd.rule), "accept", "accept")
-        state["counts"] = collections.Counter({s: 0 for s in STAGES})
+        state["counts"] = collections.Counter(dict.fromkeys(STAGES, 0))
         state["names"] = collections.defaultdict(collections.Counter)
         scope = engine.attention_scope(rnd.state)  # built now: the routing of the counted path
         with torch.no_grad(), scope, Counter():

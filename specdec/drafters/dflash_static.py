@@ -106,20 +106,21 @@ class DFlashStatic:
         rotated = x_rot * cos + torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1) * sin
         return rotated if rot == x.shape[-1] else torch.cat((rotated, x[..., rot:]), dim=-1)
 
-    def _rope_qk(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, table: tuple) -> tuple:
-        """Queries ``[B, S, H, D]`` and keys ``[B, S, H_kv, D]`` rotated: one ``specdec.kernels.rotary`` launch for
-        both where the target's rotary embedding takes the kernel (``Backends.target_rotary``, uncompiled) and the
-        call fits it (bf16, the whole head dim rotated: the same products and sums, bit for bit), else
-        :meth:`_rope` for each."""
+    def _rope_qk(self, q: torch.Tensor | None, k: torch.Tensor, positions: torch.Tensor, table: tuple) -> tuple:
+        """Queries ``[B, S, H, D]`` (or None: keys alone) and keys ``[B, S, H_kv, D]`` rotated: one
+        ``specdec.kernels.rotary`` launch for both where the target's rotary embedding takes the kernel
+        (``Backends.target_rotary``, uncompiled) and the call fits it (bf16, the whole head dim rotated: the same
+        products and sums, bit for bit), else :meth:`_rope` for each."""
         cos, sin = table
+        both = k if q is None else q  # keys alone: the launch rotates them as its queries too
         if (
             not torch.compiler.is_compiling()
-            and rotary_kernel_for(q.device)
-            and rotary_fits(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            and rotary_kernel_for(k.device)
+            and rotary_fits(both.transpose(1, 2), k.transpose(1, 2), cos, sin)
         ):
-            q, k = rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            q, k = rotary(both.transpose(1, 2), k.transpose(1, 2), cos, sin)
             return q.transpose(1, 2), k.transpose(1, 2)
-        return self._rope(q, positions, table), self._rope(k, positions, table)
+        return None if q is None else self._rope(q, positions, table), self._rope(k, positions, table)
 
     def ingest(self, hidden: torch.Tensor, first: torch.Tensor | int) -> None:
         """Project target features ``[B, R, K*H]`` of the tokens at positions ``first[b] .. first[b] + R - 1`` of each
@@ -140,7 +141,10 @@ class DFlashStatic:
         k, v = kv[:, :, 0], kv[:, :, 1]  # [B, R, L, H_kv, D]
         # row (b, r, layer, head) takes its layer's key-norm weight: period = heads
         k = rms_norm(k, self._k_norm, cfg.rms_norm_eps, period=k.shape[3], impl=self.norm_impl)
-        k = self._rope(k, positions)
+        table = (self.cos[positions], self.sin[positions])  # [B, R, rot]
+        flat = k.reshape(batch, rows, -1, k.shape[-1])  # [B, R, L * H_kv, D]: every layer's heads at one position
+        _, rotated = self._rope_qk(None, flat, positions, table)
+        k = rotated.view(k.shape)
         src = torch.stack((k, v), dim=3).to(self.kv.dtype)  # [B, R, L, 2, H_kv, D]
         if batch == 1:
             self.kv.index_copy_(4, positions[0], src[0].permute(1, 2, 3, 0, 4)[:, :, None])
