@@ -3,7 +3,8 @@
     SPECDEC_ZOO=/work/shared/zoo python scripts/round_ops.py [--target dense|hybrid] [--methods ar,chain,b15,b32]
         [--dtype bfloat16] [--torch-only] [--ops]
 
-Each method decodes a zoo prompt (warm-up: its round is built and run), then one more round runs under a
+Each method decodes a zoo prompt (warm-up: its round is built and run), then two more rounds run (the first warms
+the kernel path, as a capture's warm-up does; the second is counted) under a
 ``TorchDispatchMode`` that counts the ATen ops that launch work (views, ``empty`` and other metadata ops are left
 out) and, under Triton's interpreter (``TRITON_INTERPRET=1``, set here before anything imports Triton), every
 Triton kernel launch as one op: the kernels a CUDA round replays where its backends say ``auto``. The ops are
@@ -180,6 +181,7 @@ def main() -> None:
         state["names"] = collections.defaultdict(collections.Counter)
         scope = engine.attention_scope(rnd.state)  # built now: the routing of the counted path
         with torch.no_grad(), scope, Counter():
+            rnd.captured.fn()  # once on the counted path (what a capture's warm-up runs), then counted
             state["armed"] = True
             rnd.captured.fn()
             state["armed"] = False

@@ -258,7 +258,7 @@ class Round:
         self._record(engine.root[:, None])
         self.out[:, 0].copy_(choice)
         engine.root.copy_(torch.where(engine.active, choice, engine.root))
-        prefix.add_(engine.active.long())
+        prefix.add_(engine.active)  # bool into int64: +1 where active
 
     def _verify(self, tree: DeviceTree):
         """The target forward over the trees (``slots`` nodes per sequence) on top of each committed prefix; returns
