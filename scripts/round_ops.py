@@ -14,9 +14,12 @@ accept (the processors and ``rule.accept``), commit (``commit_rows``, the recurr
 bookkeeping (the rest of the round). ``--torch-only`` counts the tensor-op path instead (no interpreter: what a
 CPU round runs). ``--ops`` lists each stage's ops by name.
 
-Where this differs from the GPU's graph: the DDTree top-k runs its torch version off CUDA (``DDTree.build``);
-hybrid targets' Mamba2 scans have no Triton version to count. Each op here is one kernel launch on the GPU except
-host-side ops (none in a round: it reads nothing on the host).
+Where this differs from the GPU's graph: an ATen op is counted once where its CUDA implementation may launch more
+than one kernel (a cuBLAS product with a split-K reduction, a multi-pass ``topk`` or ``cat``) or a copy of zero
+bytes may launch none; Triton launch plans that read device properties take their CPU defaults (same launch count);
+hybrid targets' Mamba2 scans have no Triton version (tensor ops are counted). The stages are otherwise the code a
+CUDA round captures: the same functions, the same backends' choices (``auto`` resolves as on CUDA under the
+interpreter).
 """
 
 from __future__ import annotations

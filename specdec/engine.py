@@ -248,8 +248,9 @@ class Round:
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix  # [B]
         mask = target.additive_mask((self.keys <= prefix[:, None])[:, None])  # [B, 1, 1, span]
+        flat = prefix.to(torch.int32)  # the committed prefix; the step reads it and its own slot
         logits, _ = target.forward(engine.root[:, None], prefix[:, None], mask, prefix[:, None], span=self.span,
-                                   flat=prefix)  # fmt: skip
+                                   flat=flat, lengths=flat + 1)  # fmt: skip
         tree = root_trees(engine.root)
         accept = self.rule.accept(tree, self._process(logits, tree), self.sampling, self.noise, 0, None)
         if self.kept is not None:
@@ -271,14 +272,17 @@ class Round:
         mask = tree_masks(tree.parents, tree.valid, prefix, self.span, self.depth, target.target.dtype)
         write_index = prefix[:, None] + self.arange
         args = (tree.tokens, prefix[:, None] + tree.depth, mask, write_index, self.taps)
-        # the committed prefix is flat: every real node sees it whole, padding sees none of it
+        # the committed prefix is flat: every real node sees it whole, padding sees none of it; nothing past the
+        # tree's last slot is read
+        flat = prefix.to(torch.int32)
+        kw = {"span": self.span, "flat": flat, "lengths": flat + self.slots}
         if self.hybrid is None:
-            return (*target.forward(*args, span=self.span, flat=prefix), None)
+            return (*target.forward(*args, **kw), None)
         # recurrent mixers run through their adapters over the device topology
         rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
                           topo=DeviceTopology(tree, chain=not self.tree.branching if self.tree else True))  # fmt: skip
         with adapter_forwards(self.hybrid.adapters, rnd):
-            logits, hidden = target.forward(*args, span=self.span, flat=prefix)
+            logits, hidden = target.forward(*args, **kw)
         return logits, hidden, rnd
 
     def _round(self) -> None:

@@ -279,7 +279,7 @@ class StaticModel:
         return mask[None, None] if seen.dim() == 2 else mask[:, None]
 
     def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, rows=None, span=None,
-                flat=None):  # fmt: skip
+                flat=None, lengths=None):  # fmt: skip
         """Logits ``[B, N, V]`` (``[B, 1, V]`` for ``last_only``; for ``rows`` ``[B]``, one query per sequence:
         ``[B, 1, V]``) and taps ``[B, N, K*H]`` (or None) of one forward of ``ids [B, N]`` writing K/V at
         ``write_index`` (``[B, N]``, or ``[N]`` shared by every sequence) and attending over slots ``[0, span)`` (None:
@@ -288,14 +288,16 @@ class StaticModel:
         ``positions`` for the slots of ``write_index``, the slot's own index elsewhere). ``flat`` (``[B]``, or None):
         the caller's guarantee that each row of ``mask`` is, in slots ``[0, flat[b])``, its value at slot 0 (the
         committed prefix, seen whole by a tree's nodes, unseen by its padding): the attention kernel then reads
-        no mask there (dropped for models with sliding-window layers, whose masks differ per layer)."""
+        no mask there (dropped for models with sliding-window layers, whose masks differ per layer). ``lengths``
+        (``[B]`` int32, or None: computed from ``write_index``): the caller's ``write_index.amax(1) + 1``."""
         batch = self.storage.batch
         write_index = write_index.reshape(-1, write_index.shape[-1]).expand(batch, -1)
         self.storage.write_index = write_index
         self.storage.span = span or self.capacity
         # the slots each sequence may read: every visible key is committed (below this forward's first slot) or
         # written now, so nothing past the last written slot is read (the attention kernel's lengths)
-        lengths = (write_index.amax(1) + 1).to(torch.int32)
+        if lengths is None:
+            lengths = (write_index.amax(1) + 1).to(torch.int32)
         if self.windows.slides:
             query = positions.reshape(batch, -1)
             key = self.keys[: self.storage.span].expand(batch, -1).scatter(1, write_index, query)
