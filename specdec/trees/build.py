@@ -165,7 +165,7 @@ def _pad_constants(device: torch.device, batch: int, n: int, num_slots: int) -> 
         return (
             torch.full((batch, pad + 1), -1, dtype=torch.long, device=device),
             torch.zeros(batch, pad + 1, dtype=torch.long, device=device),
-            (torch.arange(num_slots, device=device) <= n).expand(batch, -1),
+            (torch.arange(num_slots, device=device) <= n).expand(batch, -1).contiguous(),  # kernels read it as is
             torch.full((batch,), n + 1, dtype=torch.long, device=device),
         )
 
@@ -223,8 +223,8 @@ def _chain_constants(device: torch.device, batch: int, length: int, num_slots: i
     def make():
         slots = torch.arange(num_slots, device=device)
         real = slots <= length
-        parents = torch.where(real, slots - 1, -1).expand(batch, -1)
-        depth = torch.where(real, slots, 0).expand(batch, -1)
+        parents = torch.where(real, slots - 1, -1).expand(batch, -1).contiguous()
+        depth = torch.where(real, slots, 0).expand(batch, -1).contiguous()
         return parents, depth
 
     return constant(("chain", str(device), batch, length, num_slots), make)
