@@ -16,10 +16,12 @@ CPU round runs). ``--ops`` lists each stage's ops by name.
 
 Where this differs from the GPU's graph: an ATen op is counted once where its CUDA implementation may launch more
 than one kernel (a cuBLAS product with a split-K reduction, a multi-pass ``topk`` or ``cat``) or a copy of zero
-bytes may launch none; Triton launch plans that read device properties take their CPU defaults (same launch count);
-hybrid targets' Mamba2 scans have no Triton version (tensor ops are counted). The stages are otherwise the code a
-CUDA round captures: the same functions, the same backends' choices (``auto`` resolves as on CUDA under the
-interpreter).
+bytes may launch none; Triton launch plans that read device properties take their CPU defaults (same launch count).
+Hybrid targets' recurrent layers run their tensor-op references (the Gated DeltaNet scans pick Triton on CUDA only,
+and their launch plans need a GPU driver; Mamba2 has no Triton version), so a hybrid's forward and commit count far
+more ops here than its CUDA graph holds; its attention, draft, tree, accept and bookkeeping stages are exact. The
+stages are otherwise the code a CUDA round captures: the same functions, the same backends' choices (``auto``
+resolves as on CUDA under the interpreter).
 """
 
 from __future__ import annotations
