@@ -716,6 +716,32 @@ MUTANTS += [
         EAGLE3_TRAIN_TESTS,
     ),
 ]
+# -- the round's kernel cuts: rotary tables, kept tree constants, the attention's lengths ------------------------------
+MUTANTS += [
+    Mutant(  # the rotary table read one position late
+        "rope_table_one_late",
+        (("specdec/state/rope.py", "rows = table.index_select(0, position_ids.reshape(-1))",
+          "rows = table.index_select(0, (position_ids.reshape(-1) + 1).clamp(max=table.shape[0] - 1))"),),  # fmt: skip
+        ("tests/round/test_rope_tables.py",),
+    ),
+    Mutant(  # kept chain depths one short (the parents right)
+        "chain_constants_depth_short",
+        (("specdec/trees/build.py", "depth = torch.where(real, slots, 0).expand(batch, -1).contiguous()",
+          "depth = torch.where(real, slots - 1, 0).clamp(min=0).expand(batch, -1).contiguous()"),),  # fmt: skip
+        ("tests/trees/test_device_trees.py", "-k", "chain_batch"),
+    ),
+    Mutant(  # kept padding constants count the root out of num_nodes
+        "pad_constants_num_nodes_short",
+        (("specdec/trees/build.py", "torch.full((batch,), n + 1, dtype=torch.long, device=device),",
+          "torch.full((batch,), n, dtype=torch.long, device=device),"),),  # fmt: skip
+        ("tests/trees/test_device_trees.py", "-k", "chain_batch"),
+    ),
+    Mutant(  # the tree verify's lengths one short: the last slot's K/V unread
+        "verify_lengths_one_short",
+        ((ENGINE, '"lengths": flat + self.slots}', '"lengths": flat + self.slots - 1}'),),
+        ("tests/round/test_grouped_attention.py", "-k", "length"),
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles
