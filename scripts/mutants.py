@@ -468,8 +468,7 @@ MUTANTS += [
     ),
     Mutant(  # the tree verify's flat prefix two slots too long: the first nodes' mask read as the prefix's
         "kv_flat_too_long",
-        (("specdec/engine.py", "return (*target.forward(*args, span=self.span, flat=prefix), None)",
-          "return (*target.forward(*args, span=self.span, flat=prefix + 2), None)"),),  # fmt: skip
+        (("specdec/engine.py", "flat = prefix.to(torch.int32)\n", "flat = prefix.to(torch.int32) + 2\n"),),
         ("tests/round/test_grouped_attention.py", "tests/e2e/test_long_prompt.py"),
     ),
     Mutant(  # the attention reference reads the mask inside the flat prefix (the kernel's contract unchecked)
@@ -614,7 +613,7 @@ REACH = "tests/round/test_batch_reach.py"
 MUTANTS += [
     Mutant(  # a finished row keeps committing: its length grows and its K/V rows keep being written
         "finished_row_still_writes",
-        ((ENGINE, "prefix.add_(accept.num_path * engine.active)", "prefix.add_(accept.num_path)"),),
+        ((ENGINE, "prefix.add_(accept.num_path * active)", "prefix.add_(accept.num_path)"),),
         (REACH, "-k", "finished"),
     ),
     Mutant(  # min_new_tokens counted from row 0's prompt length for every row
@@ -823,6 +822,32 @@ MUTANTS += [
         ((MTP_TRAIN, "blocks = [cols[0] <= rows[:, None]] + [c == rows[:, None] for c in cols[1:]]",
           "blocks = [cols[0] <= rows[:, None]] + [c <= rows[:, None] for c in cols[1:]]"),),  # fmt: skip
         MTP_TRAIN_TESTS,
+    ),
+]
+# -- the round's kernel cuts: rotary tables, kept tree constants, the attention's lengths ------------------------------
+MUTANTS += [
+    Mutant(  # the rotary table read one position late
+        "rope_table_one_late",
+        (("specdec/state/rope.py", "rows = table.index_select(0, position_ids.reshape(-1))",
+          "rows = table.index_select(0, (position_ids.reshape(-1) + 1).clamp(max=table.shape[0] - 1))"),),  # fmt: skip
+        ("tests/round/test_rope_tables.py",),
+    ),
+    Mutant(  # kept chain depths one short (the parents right)
+        "chain_constants_depth_short",
+        (("specdec/trees/build.py", "depth = torch.where(real, slots, 0).expand(batch, -1).contiguous()",
+          "depth = torch.where(real, slots - 1, 0).clamp(min=0).expand(batch, -1).contiguous()"),),  # fmt: skip
+        ("tests/trees/test_device_trees.py", "-k", "chain_batch"),
+    ),
+    Mutant(  # kept padding constants count the root out of num_nodes
+        "pad_constants_num_nodes_short",
+        (("specdec/trees/build.py", "torch.full((batch,), n + 1, dtype=torch.long, device=device),",
+          "torch.full((batch,), n, dtype=torch.long, device=device),"),),  # fmt: skip
+        ("tests/trees/test_device_trees.py", "-k", "chain_batch"),
+    ),
+    Mutant(  # the tree verify's lengths one short: the last slot's K/V unread
+        "verify_lengths_one_short",
+        ((ENGINE, '"lengths": flat + self.slots}', '"lengths": flat + self.slots - 1}'),),
+        ("tests/round/test_grouped_attention.py", "-k", "length"),
     ),
 ]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]

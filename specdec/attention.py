@@ -205,10 +205,12 @@ class AttentionScope:
         linear (bool): route the linear layers as well. Default False.
         norms (bool): route the RMSNorm layers as well. Default False.
         rotary (bool): route the rotary embedding as well. Default False.
+        forwards (list): ``(module, forward)`` pairs routed while active (``swapped_forwards``), e.g. the rotary
+            tables' lookups (``specdec.state.rope.RopeTables.forwards``). Default none.
     """
 
     def __init__(self, *models, grouped: bool = True, linear: bool = False, norms: bool = False,
-                 rotary: bool = False) -> None:  # fmt: skip
+                 rotary: bool = False, forwards: list | None = None) -> None:  # fmt: skip
         from specdec.kernels.rms_norm.routing import norm_modules
         from specdec.kernels.rotary.routing import rotary_modules
         from specdec.kernels.skinny_linear.routing import linear_modules
@@ -217,6 +219,8 @@ class AttentionScope:
         self.norms = norm_modules(*models) if norms else []
         self.rotary = rotary_modules(*models) if rotary else []
         self._rotary_routing = None
+        self.forwards = list(forwards or ())
+        self._forward_routing = None
         self._routing = None
         self._norm_routing = None
         configs: dict[int, PretrainedConfig] = {}
@@ -253,6 +257,11 @@ class AttentionScope:
 
                 self._rotary_routing = routed_rotary(self.rotary)
                 self._rotary_routing.__enter__()
+            if self.forwards:
+                from specdec.state.forwards import swapped_forwards
+
+                self._forward_routing = swapped_forwards(self.forwards)
+                self._forward_routing.__enter__()
         self._depth += 1
         return self
 
@@ -270,4 +279,7 @@ class AttentionScope:
                 routing.__exit__(*exc)
             if self._rotary_routing is not None:
                 routing, self._rotary_routing = self._rotary_routing, None
+                routing.__exit__(*exc)
+            if self._forward_routing is not None:
+                routing, self._forward_routing = self._forward_routing, None
                 routing.__exit__(*exc)

@@ -15,7 +15,7 @@ specdec reads them. What each choice measured: ``docs/kernels.md``.
 | ``attention_kernel`` | auto, triton, sdpa | the grouped case's kernel (``specdec.kernels.tree_attention``) |
 | ``linear_kernel`` | torch, triton | skinny linear layers (``specdec.kernels.skinny_linear``) |
 | ``target_norm`` | auto, torch, triton | the target's RMSNorms, uncompiled (``specdec.kernels.rms_norm.routing``) |
-| ``target_rotary`` | torch, auto, triton | the target's rotary embedding, uncompiled (``specdec.kernels.rotary``) |
+| ``target_rotary`` | torch, auto, triton | the target's and DFlash's rotary embedding, uncompiled (``rotary``) |
 | ``tree_gdn_precision`` | auto, ieee, tf32x3, tf32 | the Gated DeltaNet tree scan's matrix products |
 | ``tree_gdn_walk`` | auto, paths, chunk | the Gated DeltaNet tree scan's schedule |
 | ``tree_mamba2`` | auto, torch | the Mamba2 tree scan (``torch`` = tensor ops, not capturable) |

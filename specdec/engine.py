@@ -260,11 +260,14 @@ class Round:
         nodes = node_history(engine.history[:, : self.span], engine.prefix, tree, generated, self.path_len)
         return self.processors(logits, nodes)
 
-    def _record(self, tokens: torch.Tensor) -> None:
-        """The path ``tokens [B, P]`` at slots ``prefix ..`` of ``engine.history``: the accepted ones become committed
-        tokens, the rest lands past them (where the next commit writes again)."""
+    def _record(self, tokens: torch.Tensor | None = None, tree: DeviceTree | None = None, path=None) -> None:
+        """The path ``tokens [B, P]`` (or the tokens of ``tree`` at the nodes ``path``, gathered only when recorded)
+        at slots ``prefix ..`` of ``engine.history``: the accepted ones become committed tokens, the rest lands past
+        them (where the next commit writes again)."""
         if not self.records:
             return
+        if tokens is None:
+            tokens = tree.tokens.gather(1, path)
         engine = self.engine
         slots = engine.prefix[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
         engine.history.scatter_(1, slots.clamp(max=engine.history.shape[1] - 1), tokens)
@@ -274,8 +277,9 @@ class Round:
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix  # [B]
         mask = target.additive_mask((self.keys <= prefix[:, None])[:, None])  # [B, 1, 1, span]
+        flat = prefix.to(torch.int32)  # the committed prefix; the step reads it and its own slot
         logits, _ = target.forward(engine.root[:, None], prefix[:, None], mask, prefix[:, None], span=self.span,
-                                   flat=prefix)  # fmt: skip
+                                   flat=flat, lengths=flat + 1)  # fmt: skip
         tree = root_trees(engine.root)
         accept = self.rule.accept(tree, self._process(logits, tree), self.sampling, self.noise, 0, None)
         if self.kept is not None:
@@ -284,7 +288,7 @@ class Round:
         self._record(engine.root[:, None])
         self.out[:, 0].copy_(choice)
         engine.root.copy_(torch.where(engine.active, choice, engine.root))
-        prefix.add_(engine.active.long())
+        prefix.add_(engine.active)  # bool into int64: +1 where active
 
     def _verify(self, tree: DeviceTree):
         """The target forward over the trees (``slots`` nodes per sequence) on top of each committed prefix; returns
@@ -297,14 +301,17 @@ class Round:
         mask = tree_masks(tree.parents, tree.valid, prefix, self.span, self.depth, target.target.dtype)
         write_index = prefix[:, None] + self.arange
         args = (tree.tokens, prefix[:, None] + tree.depth, mask, write_index, self.taps)
-        # the committed prefix is flat: every real node sees it whole, padding sees none of it
+        # the committed prefix is flat: every real node sees it whole, padding sees none of it; nothing past the
+        # tree's last slot is read
+        flat = prefix.to(torch.int32)
+        kw = {"span": self.span, "flat": flat, "lengths": flat + self.slots}
         if self.hybrid is None:
-            return (*target.forward(*args, span=self.span, flat=prefix), None)
+            return (*target.forward(*args, **kw), None)
         # recurrent mixers run through their adapters over the device topology
         rnd = VerifyRound(model=target.target.model, cache=target.cache, tree=None, prefix_len=0,
                           topo=DeviceTopology(tree, chain=not self.tree.branching if self.tree else True))  # fmt: skip
         with adapter_forwards(self.hybrid.adapters, rnd):
-            logits, hidden = target.forward(*args, span=self.span, flat=prefix)
+            logits, hidden = target.forward(*args, **kw)
         return logits, hidden, rnd
 
     def _round(self) -> None:
@@ -340,7 +347,7 @@ class Round:
                 commit_recurrent(adapter, rnd, accept.path, accept.num_path, keep=sound)
         if self.state is not None:
             self.state.commit(accept, hidden, prefix)
-        self._record(tree.tokens.gather(1, accept.path))
+        self._record(tree=tree, path=accept.path)
         self.out[:, : self.path_len].copy_(accept.tokens)
         self.out[:, self.path_len] = accept.num_path
         self.out[:, self.path_len + 1] = tree.num_nodes
@@ -773,14 +780,16 @@ class Engine:
         ``specdec.attention.grouped_for`` says so (``compiled``: the forwards run under ``torch.compile``), and the
         linear layers through the split-K kernel with ``Backends(linear_kernel="triton")``, and in uncompiled forwards
         the RMSNorm layers (on CUDA by default, ``Backends.target_norm``) and the rotary embedding (opt-in,
-        ``Backends.target_rotary``) through one launch each."""
+        ``Backends.target_rotary``) through one launch each, and in uncompiled forwards the target's rotary modules
+        answer from their tables (``specdec.state.rope``)."""
         draft = getattr(static, "draft_model", None)
         kv = self.target.storage.kv  # [L, 2, 1, H_kv, capacity, D]: the attention's own dtype and head dim
         grouped = grouped_for(compiled, self.device, kv.dtype, kv.shape[-1])
         norms = not compiled and norm_kernel_for(self.device)
         rotary = not compiled and rotary_kernel_for(self.device)
+        rope = [] if compiled else self.target.rope.forwards()  # the rotary tables: one gather per forward
         return AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear_kernel_for(),
-                              norms=norms, rotary=rotary)  # fmt: skip
+                              norms=norms, rotary=rotary, forwards=rope)  # fmt: skip
 
     def _prefill_for(self, drafter, size: int, graph: bool) -> _Prefill:
         from specdec.backends import current

@@ -15,7 +15,7 @@ import torch
 
 from specdec.kernels._triton import prime_imports
 
-__all__ = ["Captured", "check_compile", "compile_fn", "compile_key"]
+__all__ = ["Captured", "check_compile", "compile_fn", "compile_key", "constant"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,22 @@ RECOMPILE_LIMIT = 4096
 
 
 MODES = ("default", "max-autotune-no-cudagraphs")
+
+
+# key -> a tensor (or tuple of tensors) that depends only on the key: shapes and device (``constant``)
+_CONSTANTS: dict = {}
+
+
+def constant(key: tuple, make: Callable):
+    """``make()``, made once per ``key`` (Python ints and the device: everything its values depend on) and kept, so
+    that a round replayed from a CUDA graph launches no kernel to fill it again. Callers never write into it. Under
+    ``torch.compile`` it is made in the traced function, where inductor folds it."""
+    if torch.compiler.is_compiling():
+        return make()
+    value = _CONSTANTS.get(key)
+    if value is None:
+        value = _CONSTANTS[key] = make()
+    return value
 
 
 def check_compile(compile) -> None:

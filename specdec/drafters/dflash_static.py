@@ -18,7 +18,11 @@ import torch.nn.functional as F
 from specdec import attention
 from specdec.backends import env_default
 from specdec.kernels.rms_norm import rms_norm
+from specdec.kernels.rotary import fits_triton as rotary_fits
+from specdec.kernels.rotary import rotary
+from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.tree_attention import tree_attention
+from specdec.state.storage import mask_values
 from specdec.types import Accept, Proposal
 
 __all__ = ["DFlashStatic"]
@@ -90,15 +94,33 @@ class DFlashStatic:
         the module's own ops bit for bit)."""
         return rms_norm(x, module.weight, module.eps, impl=self.norm_impl)
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """``x [*P, ..., D]`` rotated at ``positions [*P]`` (the position axes first)."""
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor, table: tuple | None = None) -> torch.Tensor:
+        """``x [*P, ..., D]`` rotated at ``positions [*P]`` (the position axes first); ``table``: the ``(cos, sin)``
+        rows of ``positions``, when the caller already gathered them."""
         shape = positions.shape + (1,) * (x.dim() - positions.dim() - 1) + (-1,)
-        cos, sin = self.cos[positions].view(shape), self.sin[positions].view(shape)
+        cos, sin = table if table is not None else (self.cos[positions], self.sin[positions])
+        cos, sin = cos.view(shape), sin.view(shape)
         rot = cos.shape[-1]
         x_rot = x[..., :rot]
         half = rot // 2
         rotated = x_rot * cos + torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1) * sin
         return rotated if rot == x.shape[-1] else torch.cat((rotated, x[..., rot:]), dim=-1)
+
+    def _rope_qk(self, q: torch.Tensor | None, k: torch.Tensor, positions: torch.Tensor, table: tuple) -> tuple:
+        """Queries ``[B, S, H, D]`` (or None: keys alone) and keys ``[B, S, H_kv, D]`` rotated: one
+        ``specdec.kernels.rotary`` launch for both where the target's rotary embedding takes the kernel
+        (``Backends.target_rotary``, uncompiled) and the call fits it (bf16, the whole head dim rotated: the same
+        products and sums, bit for bit), else :meth:`_rope` for each."""
+        cos, sin = table
+        both = k if q is None else q  # keys alone: the launch rotates them as its queries too
+        if (
+            not torch.compiler.is_compiling()
+            and rotary_kernel_for(k.device)
+            and rotary_fits(both.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        ):
+            q, k = rotary(both.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            return q.transpose(1, 2), k.transpose(1, 2)
+        return None if q is None else self._rope(q, positions, table), self._rope(k, positions, table)
 
     def ingest(self, hidden: torch.Tensor, first: torch.Tensor | int) -> None:
         """Project target features ``[B, R, K*H]`` of the tokens at positions ``first[b] .. first[b] + R - 1`` of each
@@ -119,7 +141,10 @@ class DFlashStatic:
         k, v = kv[:, :, 0], kv[:, :, 1]  # [B, R, L, H_kv, D]
         # row (b, r, layer, head) takes its layer's key-norm weight: period = heads
         k = rms_norm(k, self._k_norm, cfg.rms_norm_eps, period=k.shape[3], impl=self.norm_impl)
-        k = self._rope(k, positions)
+        table = (self.cos[positions], self.sin[positions])  # [B, R, rot]
+        flat = k.reshape(batch, rows, -1, k.shape[-1])  # [B, R, L * H_kv, D]: every layer's heads at one position
+        _, rotated = self._rope_qk(None, flat, positions, table)
+        k = rotated.view(k.shape)
         src = torch.stack((k, v), dim=3).to(self.kv.dtype)  # [B, R, L, 2, H_kv, D]
         if batch == 1:
             self.kv.index_copy_(4, positions[0], src[0].permute(1, 2, 3, 0, 4)[:, :, None])
@@ -142,8 +167,7 @@ class DFlashStatic:
                 keep = keep.repeat(1, self.rep, 1)  # row r*S + q: query q of the r-th head sharing a key/value head
         elif not stacked:
             keep = keep.expand(-1, self.offsets.shape[0], -1)  # a view: every block row reads the one row
-        bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
-        return bias.masked_fill_(~keep, torch.finfo(dtype).min)[:, None]
+        return torch.where(keep, *mask_values(dtype, keep.device))[:, None]  # one kernel
 
     def logq(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int | None = None) -> torch.Tensor:
         """Per-depth log-probabilities ``[B, depth, V]`` (fp32) of each block ``[root, MASK x (S-1)]`` at ``prefix``.
@@ -166,12 +190,14 @@ class DFlashStatic:
         # sequence's length as data), else SDPA on the stacked rows
         kernel = attention.triton_kernel_for(x.device, torch.compiler.is_compiling(), x.dtype, head_dim)
         lengths = (prefix + size).to(torch.int32) if kernel else None
+        table = (self.cos[positions], self.sin[positions])  # [B, S, R]: the block's rotary rows, for every layer
         for i, (layer, window) in enumerate(zip(model.layers, cfg.sliding_windows, strict=True)):
             if window not in biases:
                 biases[window] = self._bias_mask(prefix, window, x.dtype, span, stacked=not kernel)
             attn, h = layer.self_attn, self._norm(layer.input_layernorm, x)
-            q = self._rope(self._norm(attn.q_norm, attn.q_proj(h).view(batch, size, heads, head_dim)), positions)
-            k = self._rope(self._norm(attn.k_norm, attn.k_proj(h).view(batch, size, kv_heads, head_dim)), positions)
+            q = self._norm(attn.q_norm, attn.q_proj(h).view(batch, size, heads, head_dim))
+            k = self._norm(attn.k_norm, attn.k_proj(h).view(batch, size, kv_heads, head_dim))
+            q, k = self._rope_qk(q, k, positions, table)
             v = attn.v_proj(h).view(batch, size, kv_heads, head_dim)
             new = torch.stack((k, v), dim=2).to(self.kv.dtype)  # [B, S, 2, H_kv, D]
             if batch == 1:

@@ -20,13 +20,23 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from specdec.runtime import constant
 from specdec.state.hybrid import _state_tensor
+from specdec.state.rope import RopeTables
 from specdec.state.windows import window_layout
 
 if TYPE_CHECKING:
     from specdec.target import TargetModel
 
-__all__ = ["StaticKV", "StaticKVCache", "StaticModel", "commit_rows", "commit_rows_reference", "static_reason"]
+__all__ = [
+    "StaticKV",
+    "StaticKVCache",
+    "StaticModel",
+    "commit_rows",
+    "commit_rows_reference",
+    "mask_values",
+    "static_reason",
+]
 
 
 class StaticKV:
@@ -136,6 +146,17 @@ def write_slots(store: torch.Tensor, index: torch.Tensor, states: torch.Tensor) 
     store[rows, :, index] = states.transpose(1, 2)  # [B, N, H, D] at (row, :, slot)
 
 
+def mask_values(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """0-d ``(0, finfo(dtype).min)`` on ``device``, made once: ``torch.where(seen, *mask_values(...))`` builds an
+    additive mask in one kernel (visible 0, hidden the dtype's lowest value)."""
+
+    def make():
+        return torch.zeros((), dtype=dtype, device=device), torch.full((), torch.finfo(dtype).min, dtype=dtype,
+                                                                        device=device)  # fmt: skip
+
+    return constant(("mask_values", str(device), dtype), make)
+
+
 def commit_rows(kv: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor) -> None:
     """Move the rows of the accepted nodes in place for every layer at once (one gather, one scatter).
 
@@ -150,7 +171,9 @@ def commit_rows(kv: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor) -> N
     """
     path = path.reshape(kv.shape[2], -1)
     prefix = prefix.reshape(-1, 1)
-    dst = torch.arange(path.shape[1], device=path.device) + prefix  # [B, P]
+    length = path.shape[1]
+    steps = constant(("arange", str(path.device), length), lambda: torch.arange(length, device=path.device))
+    dst = steps + prefix  # [B, P] (the steps made once)
     if kv.shape[2] == 1:
         src = kv.index_select(4, (path + prefix)[0])
         kv.index_copy_(4, dst[0], src)
@@ -217,6 +240,8 @@ class StaticModel:
         self.attention_layers = attention
         self.cache = StaticKVCache(self.storage, layout)
         self.keys = torch.arange(capacity, device=target.device)
+        # the rotary modules' (cos, sin) at every slot: one gather per forward instead of HF's ~9 ops
+        self.rope = RopeTables(target.model, capacity, target.dtype)
         self.windows = window_layout(target.model)
         if self.windows.reason is not None:
             raise ValueError(f"{type(target.model).__name__}: {self.windows.reason}")
@@ -250,13 +275,11 @@ class StaticModel:
     def additive_mask(self, seen: torch.Tensor) -> torch.Tensor:
         """``[Q, K]`` (or ``[B, Q, K]``) bool (True = visible) -> the float mask ``[1, 1, Q, K]`` (``[B, 1, Q, K]``)
         HF attention adds."""
-        dtype = self.target.dtype
-        mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
-        mask = mask.masked_fill_(~seen, torch.finfo(dtype).min)
+        mask = torch.where(seen, *mask_values(self.target.dtype, seen.device))  # one kernel
         return mask[None, None] if seen.dim() == 2 else mask[:, None]
 
     def forward(self, ids, positions, mask, write_index, taps=None, *, last_only=False, rows=None, span=None,
-                flat=None):  # fmt: skip
+                flat=None, lengths=None):  # fmt: skip
         """Logits ``[B, N, V]`` (``[B, 1, V]`` for ``last_only``; for ``rows`` ``[B]``, one query per sequence:
         ``[B, 1, V]``) and taps ``[B, N, K*H]`` (or None) of one forward of ``ids [B, N]`` writing K/V at
         ``write_index`` (``[B, N]``, or ``[N]`` shared by every sequence) and attending over slots ``[0, span)`` (None:
@@ -265,14 +288,16 @@ class StaticModel:
         ``positions`` for the slots of ``write_index``, the slot's own index elsewhere). ``flat`` (``[B]``, or None):
         the caller's guarantee that each row of ``mask`` is, in slots ``[0, flat[b])``, its value at slot 0 (the
         committed prefix, seen whole by a tree's nodes, unseen by its padding): the attention kernel then reads
-        no mask there (dropped for models with sliding-window layers, whose masks differ per layer)."""
+        no mask there (dropped for models with sliding-window layers, whose masks differ per layer). ``lengths``
+        (``[B]`` int32, or None: computed from ``write_index``): the caller's ``write_index.amax(1) + 1``."""
         batch = self.storage.batch
         write_index = write_index.reshape(-1, write_index.shape[-1]).expand(batch, -1)
         self.storage.write_index = write_index
         self.storage.span = span or self.capacity
         # the slots each sequence may read: every visible key is committed (below this forward's first slot) or
         # written now, so nothing past the last written slot is read (the attention kernel's lengths)
-        lengths = (write_index.amax(1) + 1).to(torch.int32)
+        if lengths is None:
+            lengths = (write_index.amax(1) + 1).to(torch.int32)
         if self.windows.slides:
             query = positions.reshape(batch, -1)
             key = self.keys[: self.storage.span].expand(batch, -1).scatter(1, write_index, query)

@@ -19,10 +19,12 @@ import torch
 from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
 from specdec.kernels.ddtree_build.reference import key_order, pack_ranks, select_levels, topk_rows_reference
 from specdec.kernels.tree_accept.reference import ancestor_mask
+from specdec.runtime import constant
 from specdec.types import DeviceTree, TreeRow
 
 __all__ = [
     "ancestor_matrix",
+    "chain_batch",
     "chain_device",
     "chain_from_path",
     "ddtree_batch",
@@ -124,7 +126,7 @@ def ddtree_batch(
     k = min(budget if topk is None else topk, budget, vocab)
     if impl == "auto":
         impl = "triton" if triton_fits(logq[0], k) else "torch"
-    if impl != "triton" or batch == 1:
+    if impl != "triton":
         rows = [ddtree_device(q, r, budget=budget, topk=topk, num_slots=num_slots, impl=impl, topk_impl=topk_impl)
                 for q, r in zip(logq, roots, strict=True)]  # fmt: skip
         return DeviceTree.stack(rows)
@@ -140,20 +142,34 @@ def ddtree_batch(
 
 
 def pad_trees(roots, tokens, parents, depth, num_slots: int) -> DeviceTree:
-    """:func:`_pad_tree` for a batch: ``roots [B]``, non-root nodes ``[B, n]`` -> ``[B, num_slots]`` trees."""
+    """:func:`_pad_tree` for a batch: ``roots [B]``, non-root nodes ``[B, n]`` -> ``[B, num_slots]`` trees (three
+    concatenations; the padding, ``valid`` and ``num_nodes`` depend only on the shapes: made once, ``constant``)."""
     batch, n = tokens.shape
     root = roots.reshape(batch, 1).long()
     pad = num_slots - 1 - n
-    minus = torch.full((batch, pad + 1), -1, dtype=torch.long, device=tokens.device)
-    zeros = torch.zeros(batch, pad + 1, dtype=torch.long, device=tokens.device)
-    valid = (torch.arange(num_slots, device=tokens.device) <= n).expand(batch, -1)
+    minus, zeros, valid, num_nodes = _pad_constants(tokens.device, batch, n, num_slots)
     return DeviceTree(
         tokens=torch.cat([root, tokens, root.expand(batch, pad)], 1),
         parents=torch.cat([minus[:, :1], parents, minus[:, 1:]], 1),
         depth=torch.cat([zeros[:, :1], depth, zeros[:, 1:]], 1),
         valid=valid,
-        num_nodes=torch.full((batch,), n + 1, dtype=torch.long, device=tokens.device),
+        num_nodes=num_nodes,
     )
+
+
+def _pad_constants(device: torch.device, batch: int, n: int, num_slots: int) -> tuple:
+    """``(-1 [B, pad + 1], 0 [B, pad + 1], valid [B, S], num_nodes [B])`` of trees of ``n`` non-root nodes."""
+
+    def make():
+        pad = num_slots - 1 - n
+        return (
+            torch.full((batch, pad + 1), -1, dtype=torch.long, device=device),
+            torch.zeros(batch, pad + 1, dtype=torch.long, device=device),
+            (torch.arange(num_slots, device=device) <= n).expand(batch, -1).contiguous(),  # kernels read it as is
+            torch.full((batch,), n + 1, dtype=torch.long, device=device),
+        )
+
+    return constant(("pad_trees", str(device), batch, n, num_slots), make)
 
 
 def chain_device(logq: torch.Tensor, root_token: torch.Tensor, *, k: int, num_slots: int) -> TreeRow:
@@ -179,6 +195,41 @@ def chain_device(logq: torch.Tensor, root_token: torch.Tensor, *, k: int, num_sl
     return _pad_tree(root_token, tokens, steps, steps + 1, num_slots)
 
 
+def chain_batch(logq: torch.Tensor, roots: torch.Tensor, *, k: int, num_slots: int) -> DeviceTree:
+    """:func:`chain_device` for a batch: ``logq [B, D, V]``, ``roots [B]`` -> the chains ``[B, S]``, node for node
+    those of each row alone: one argmax and one concatenation (parents, depths, ``valid`` and ``num_nodes`` depend
+    only on the shapes: made once, ``constant``)."""
+    batch = logq.shape[0]
+    if logq.dim() != 3 or roots.shape != (batch,):
+        raise ValueError(f"chain_batch takes logq [B, D, V] and roots [B]; got {list(logq.shape)}, "
+                         f"{list(roots.shape)}.")  # fmt: skip
+    depth_limit, _ = _check_logq(logq[0])
+    _check_int("k", k, 1)
+    _check_int("num_slots", num_slots, 1)
+    length = min(k, depth_limit)
+    if num_slots < length + 1:
+        raise ValueError(f"num_slots={num_slots} < 1 + min(k, D) = {length + 1}: pass more slots.")
+    tokens = logq[:, :length].float().argmax(dim=-1)  # [B, length]; first maximum = smallest id among ties
+    parents, depth = _chain_constants(logq.device, batch, length, num_slots)
+    _, _, valid, num_nodes = _pad_constants(logq.device, batch, length, num_slots)
+    root = roots.reshape(batch, 1).long()
+    return DeviceTree(tokens=torch.cat([root, tokens, root.expand(batch, num_slots - 1 - length)], 1),
+                      parents=parents, depth=depth, valid=valid, num_nodes=num_nodes)  # fmt: skip
+
+
+def _chain_constants(device: torch.device, batch: int, length: int, num_slots: int) -> tuple:
+    """The padded parents and depths ``[B, S]`` of a chain of ``length`` drafts."""
+
+    def make():
+        slots = torch.arange(num_slots, device=device)
+        real = slots <= length
+        parents = torch.where(real, slots - 1, -1).expand(batch, -1).contiguous()
+        depth = torch.where(real, slots, 0).expand(batch, -1).contiguous()
+        return parents, depth
+
+    return constant(("chain", str(device), batch, length, num_slots), make)
+
+
 def root_tree_device(root_token: torch.Tensor) -> TreeRow:
     """The one-slot tree of plain decoding: the root alone."""
     none = root_token.reshape(1)[:0].long()
@@ -188,9 +239,14 @@ def root_tree_device(root_token: torch.Tensor) -> TreeRow:
 def root_trees(roots: torch.Tensor) -> DeviceTree:
     """The one-slot trees of plain decoding for a batch: ``roots [B]`` -> each root alone (``[B, 1]`` fields)."""
     tokens = roots.reshape(-1, 1).long()
-    zeros = torch.zeros_like(tokens)
-    return DeviceTree(tokens=tokens, parents=zeros - 1, depth=zeros, valid=torch.ones_like(tokens, dtype=torch.bool),
-                      num_nodes=torch.ones_like(tokens[:, 0]))  # fmt: skip
+    batch, device = tokens.shape[0], tokens.device
+
+    def make():
+        zeros = torch.zeros_like(tokens)
+        return zeros - 1, zeros, torch.ones_like(tokens, dtype=torch.bool), torch.ones_like(tokens[:, 0])
+
+    parents, depth, valid, num_nodes = constant(("root_trees", str(device), batch), make)  # made once
+    return DeviceTree(tokens=tokens, parents=parents, depth=depth, valid=valid, num_nodes=num_nodes)
 
 
 def ancestor_matrix(tree: TreeRow, max_depth: int) -> torch.Tensor:

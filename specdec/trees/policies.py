@@ -8,6 +8,7 @@ makes a policy selectable by name (hydra's ``tree=`` group, the bench). See ``do
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -17,7 +18,7 @@ from specdec.backends import env_default
 from specdec.budget import AutoBudget, check_sizes, ddtree_scores, expected_accepts
 from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
 from specdec.trees.build import (
-    chain_device,
+    chain_batch,
     chain_from_path,
     ddtree_batch,
     pad_trees,
@@ -110,12 +111,11 @@ class Chain:
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
         slots = self.k + 1
         if proposal.logq is not None:
-            rows = [chain_device(q, r, k=self.k, num_slots=slots) for q, r in zip(proposal.logq, root, strict=True)]
-        else:
-            rows = [
-                chain_from_path(p[0, : self.k], n[0].clamp(max=self.k), r, num_slots=slots)
-                for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
-            ]
+            return chain_batch(proposal.logq, root.reshape(-1), k=self.k, num_slots=slots)
+        rows = [
+            chain_from_path(p[0, : self.k], n[0].clamp(max=self.k), r, num_slots=slots)
+            for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
+        ]
         return DeviceTree.stack(rows)
 
 
@@ -229,9 +229,10 @@ class DDTree:
             return rerank_candidates(proposal, root, budget=self.budget, topk=self.effective_topk, num_slots=slots,
                                      order="score")  # fmt: skip
         if proposal.logq is not None:
-            on_cuda = proposal.logq.device.type == "cuda"
+            # the Triton top-k where the selection's kernels run (CUDA, or Triton's interpreter)
+            on_device = proposal.logq.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
             return ddtree_batch(proposal.logq, root.reshape(-1), budget=self.budget, topk=self.topk, num_slots=slots,
-                                impl=_DDTREE_IMPL, topk_impl=_DDTREE_TOPK if on_cuda else "torch")  # fmt: skip
+                                impl=_DDTREE_IMPL, topk_impl=_DDTREE_TOPK if on_device else "torch")  # fmt: skip
         rows = [
             trie_device(p, n, r, budget=self.budget, num_slots=slots)
             for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)

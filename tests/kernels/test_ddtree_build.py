@@ -116,7 +116,8 @@ def batch_cases(seed: int = 3) -> list[tuple[torch.Tensor, torch.Tensor, int, in
     """(logq [B, D, V], roots [B], budget, topk): batches of rows with ties and -inf, as the round builds them."""
     gen = torch.Generator().manual_seed(seed)
     out = []
-    shapes = [(3, 5, 12, 10, 3), (4, 15, 40, 31, 8), (2, 3, 6, 7, None), (5, 4, 9, 15, 2)]  # B, D, V, budget, topk
+    shapes = [(3, 5, 12, 10, 3), (4, 15, 40, 31, 8), (2, 3, 6, 7, None), (5, 4, 9, 15, 2), (1, 15, 40, 32, 8)]
+    # B, D, V, budget, topk (B = 1: a single sequence's round)
     for batch, depth, vocab, budget, topk in shapes:
         logq = torch.log_softmax(torch.randn(batch, depth, vocab, generator=gen), -1)
         logq = (logq * 2).round() / 2  # ties
@@ -144,6 +145,8 @@ def _check_batches(trees) -> None:
             assert torch.equal(tree.tokens[b, :n].cpu(), want.tokens.cpu()), (budget, topk, b)
             assert torch.equal(tree.parents[b, :n].cpu(), want.parents), (budget, topk, b)
             assert int(tree.num_nodes[b]) == n and bool(tree.valid[b, :n].all()) and not tree.valid[b, n:].any()
+            assert tree.tokens[b, n:].eq(roots[b]).all() and tree.parents[b, n:].eq(-1).all()
+            assert tree.depth[b, n:].eq(0).all()
 
 
 def test_batched_build_on_cpu_equals_each_row_alone():

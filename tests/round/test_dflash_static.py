@@ -93,6 +93,55 @@ def test_static_forwards_with_the_triton_norms_in_the_interpreter():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def test_block_rotary_through_the_kernel_in_the_interpreter():
+    """Where the target's rotary embedding takes the kernel (``Backends.target_rotary``), the block's queries and
+    keys are rotated by one ``specdec.kernels.rotary`` launch per layer (run by Triton's interpreter, in a
+    subprocess): the block's log-probabilities equal the tensor-op rotation's bit for bit in bf16, on the full and
+    the partial (tensor ops only) rotary variants."""
+    pytest.importorskip("triton")
+    tests = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+        "import torch\n"
+        "from models import tiny_model\n"
+        "from test_dflash_static import block_logq_by_rotary\n"
+        "target = tiny_model('qwen3', num_hidden_layers=4).to(torch.bfloat16)\n"
+        "for variant, launches in (('plain', 4), ('causal', 4), ('partial-rope-bias', 0)):\n"
+        "    (want, none), (got, calls) = (block_logq_by_rotary(target, variant, k) for k in ('torch', 'triton'))\n"
+        "    assert none == 0 and calls == launches, (variant, none, calls)\n"
+        "    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), variant\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tests), str(tests / "round")], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def block_logq_by_rotary(target, variant: str, kernel: str) -> tuple[tuple, int]:
+    """((the context after two ingests, a block's ``logq``), rotary kernel launches) of a bf16 drafter with
+    ``Backends.target_rotary = kernel``."""
+    from specdec.drafters import dflash_static
+    from specdec.kernels.rotary import routing
+
+    drafter = drafter_for(target, variant).to(dtype=torch.bfloat16)
+    cfg = drafter.config
+    gen = torch.Generator().manual_seed(0)
+    static = DFlashStatic(drafter, capacity=48, norm_impl="torch")
+    hidden = torch.randn(1, 9, len(cfg.target_layer_ids) * cfg.context_size, generator=gen).to(torch.bfloat16)
+    calls = []
+    real, before = dflash_static.rotary, routing.KERNEL
+    dflash_static.rotary = lambda *args, **kw: calls.append(1) or real(*args, **kw)
+    routing.KERNEL = kernel
+    try:
+        static.ingest(hidden[:, :7], 0)
+        static.ingest(hidden[:, 7:], torch.tensor([7]))
+        logq = static.logq(torch.tensor([5]), torch.tensor([9]), cfg.block_size - 1)
+    finally:
+        dflash_static.rotary, routing.KERNEL = real, before
+    return (static.kv[..., :9, :].clone(), logq), len(calls)
+
+
 def check_static_forwards(target, variant: str, norm_impl: str) -> None:
     """DFlashStatic's ingest and block forward against the eager oracle over a sequence of rounds."""
     drafter = drafter_for(target, variant)

@@ -14,10 +14,12 @@ from oracles.host_trees import chain_tree, paths_to_tree, to_draft_tree
 from specdec.trees import Chain, DDTree, ancestor_mask
 from specdec.trees.build import (
     ancestor_matrix,
+    chain_batch,
     chain_device,
     chain_from_path,
     ddtree_device,
     root_tree_device,
+    root_trees,
     trie_device,
 )
 from specdec.types import Proposal, TreeRow
@@ -132,6 +134,34 @@ def test_chain_device_matches_chain_from_logq(logq, k, extra):
     # topk = 1 DDTree is the same chain (both stop at depth D).
     chain = ddtree_device(logq, torch.tensor(4), budget=k, topk=1, num_slots=k + 1 + extra)
     assert to_draft_tree(chain).tokens.tolist() == expected.tokens.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 3), st.integers(1, 8), st.integers(0, 3))
+def test_chain_batch_rows_are_the_oracle_chains_padded(seed, rows, k, extra):
+    """``chain_batch`` (its padding made once and reused): row b is the argmax chain of row b, padded; a second
+    call with other log-probs (the same shapes) builds its own chains."""
+    gen = torch.Generator().manual_seed(seed)
+    depth, vocab = 5, 7
+    length = min(k, depth)
+    for _ in range(2):
+        logq = torch.log_softmax(2.0 * torch.randn(rows, depth, vocab, generator=gen), dim=-1)
+        roots = torch.randint(0, vocab, (rows,), generator=gen)
+        tree = chain_batch(logq, roots, k=k, num_slots=length + 1 + extra)
+        for b in range(rows):
+            want = chain_from_logq(logq[b], int(roots[b]), k=k)
+            got = to_draft_tree(tree.row(b))
+            assert got.tokens.tolist() == want.tokens.tolist() and got.parents.tolist() == want.parents.tolist()
+            assert tree.depth[b, : length + 1].tolist() == list(range(length + 1))
+            _assert_padded(tree.row(b), int(roots[b]), length + 1 + extra, length + 1)
+
+
+def test_root_trees_are_each_root_alone():
+    for roots in ([4, 9], [7, 7], [3]):
+        tree = root_trees(torch.tensor(roots))
+        for b, root in enumerate(roots):
+            _assert_padded(tree.row(b), root, 1, 1)
+            assert tree.tokens[b].tolist() == [root] and tree.parents[b].tolist() == [-1]
 
 
 def test_chain_device_takes_first_maximum_of_logits():

@@ -1,0 +1,94 @@
+"""The target's rotary tables: each rotary embedding module's (cos, sin) at every slot, computed once per storage.
+
+An HF model computes its rotary embedding at every forward from the positions (a float cast, a product with the
+inverse frequencies, a concatenation, cos, sin, two scalings and two casts: ~9 kernels on CUDA for a handful of
+rows). Each position's values depend on that position alone, so :class:`RopeTables` runs the module itself once
+over positions ``0 .. capacity - 1`` and, while the round's forwards run (``specdec.attention.AttentionScope``),
+answers each call with one gather of those rows: the same values bit for bit (a probe at build time checks the
+module against its table). Modules whose values depend on the sequence length (``dynamic`` or ``longrope``
+rope types) and calls with other position layouts (3D multimodal positions, another dtype) run the module's own
+forward.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from specdec.state.forwards import swappable
+
+__all__ = ["RopeTables"]
+
+logger = logging.getLogger(__name__)
+
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inverse frequencies fixed at init
+
+
+def _rotary_modules(model: nn.Module) -> list[nn.Module]:
+    """The model's rotary embedding modules whose values depend on each position alone."""
+    found = []
+    for module in model.modules():
+        name = type(module).__name__
+        if not name.endswith("RotaryEmbedding") or not hasattr(module, "inv_freq") or not swappable(module):
+            continue
+        if getattr(module, "rope_type", "default") in _STATIC_ROPE:
+            found.append(module)
+    return found
+
+
+class RopeTables:
+    """Per rotary module of ``model``, its ``(cos, sin)`` at positions ``0 .. capacity - 1`` as one ``[capacity,
+    2, D]`` tensor of ``dtype``; :meth:`forwards` gives the table-lookup forwards for ``swapped_forwards``.
+
+    Args:
+        model: the HF model (its rotary modules are called once here, outside any graph).
+        capacity (int): positions covered (the static storage's slots: every position a forward of the round uses).
+        dtype: the hidden states' dtype (HF casts cos / sin to it).
+    """
+
+    def __init__(self, model: nn.Module, capacity: int, dtype: torch.dtype) -> None:
+        self.capacity, self.dtype = capacity, dtype
+        self.tables: list[tuple[nn.Module, torch.Tensor]] = []
+        for module in _rotary_modules(model):
+            table = self._table(module, capacity, dtype)
+            if table is not None:
+                self.tables.append((module, table))
+
+    @staticmethod
+    def _table(module: nn.Module, capacity: int, dtype: torch.dtype) -> torch.Tensor | None:
+        device = module.inv_freq.device
+        x = torch.zeros(1, dtype=dtype, device=device)
+        with torch.no_grad():
+            try:
+                cos, sin = module(x, torch.arange(capacity, device=device)[None])
+                probe = torch.tensor([[capacity - 1, 0, 1, capacity // 2]], device=device)
+                probe_cos, probe_sin = module(x, probe)
+            except Exception as err:  # a module of another signature: left to its own forward
+                logger.info("specdec: %s keeps its own forward (%s)", type(module).__name__, err)
+                return None
+        if cos.dim() != 3 or cos.shape[:2] != (1, capacity) or sin.shape != cos.shape or cos.dtype != dtype:
+            return None
+        table = torch.stack((cos[0], sin[0]), dim=1)  # [capacity, 2, D]
+        if not (torch.equal(table[probe[0], 0], probe_cos[0]) and torch.equal(table[probe[0], 1], probe_sin[0])):
+            logger.info("specdec: %s depends on more than each position; it keeps its own forward",
+                        type(module).__name__)  # fmt: skip
+            return None
+        return table
+
+    def forwards(self) -> list[tuple[nn.Module, object]]:
+        """``(module, forward)`` pairs: each module's calls answered from its table (one gather)."""
+        return [(module, _lookup(module, table)) for module, table in self.tables]
+
+
+def _lookup(module: nn.Module, table: torch.Tensor):
+    own = type(module).forward.__get__(module)
+
+    def forward(x, position_ids):
+        if position_ids.dim() != 2 or x.dtype != table.dtype or x.device != table.device:
+            return own(x, position_ids)
+        rows = table.index_select(0, position_ids.reshape(-1)).view(*position_ids.shape, *table.shape[1:])
+        return rows[..., 0, :], rows[..., 1, :]
+
+    return forward
