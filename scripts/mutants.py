@@ -587,11 +587,6 @@ MUTANTS += [
           "size = next((o for o in attached if value[o] >= best and o), self.sizes[0])"),),  # fmt: skip
         (AUTO_KEYS, "tests/round/test_auto_budget.py"),
     ),
-    Mutant(  # a batch weighed by its committed tokens per ms instead of its time to finish (its slowest row)
-        "auto_batch_by_goodput",
-        (("specdec/budget.py", "if not remaining or len(remaining) < 2:", "if True:"),),
-        ("tests/unit/test_budget.py",),
-    ),
     Mutant(  # a call that left the drafter behind still offers its stale state to the next call's prefix reuse
         "auto_detached_drafter_kept",
         ((GENERATE, "None if behind else drafter)", "drafter)"),),

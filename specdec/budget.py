@@ -546,12 +546,10 @@ class AutoBudget:
     reason (``"explore"``: an option's first measurements, ``"probe"``, ``"model"``, ``"detach"``, ``"detached"``,
     ``"start detached"``) and, for the model's, what it was made from, so that a test can check each against it.
 
-    **What the model weighs.** One sequence: committed tokens per ms, ``(1 + scale_n E(n)) / cost(n)`` (plain
-    decoding ``1 / cost(0)``), as :func:`goodputs`. A batch: a call ends when its last row does, so the model
-    minimises the time to finish the batch, ``cost(n) * max_b remaining_b / (1 + scale_n E_b(n))`` over the decoding
-    rows ``b`` (``remaining_b`` its tokens still to generate, ``E_b`` its own expectations smoothed over this call's
-    rounds, the rows' mean before it has any): a tree that commits more tokens per ms over all rows can still lose
-    to plain decoding when it helps the slowest row less than it costs.
+    **What the model weighs.** Committed tokens per ms of the decoding rows, ``rows * (1 + scale_n E(n)) / cost(n)``
+    (plain decoding ``rows / cost(0)``), as :func:`goodputs`, ``E`` the rows' mean expectation smoothed over recent
+    tree rounds. A batch is not weighed by its slowest row (the time to finish the call): a round's per-row
+    expectations are too noisy for a maximum over rows, which then overrates plain decoding.
 
     **Detaching.** A plain round inside a drafter's loop still feeds the drafter (so that a tree can follow), which
     makes it dearer than plain decoding itself. The target's own plain round is a further option, :data:`DETACHED`
@@ -597,7 +595,6 @@ class AutoBudget:
         self.times: dict[int, list[float]] = {s: [] for s in (0, *self.sizes)}  # 0: plain decoding
         self.detached_times: list[float] = []  # the target's own plain rounds (DETACHED)
         self.expected: list[float] | None = None  # the rows' mean expectation per size, smoothed
-        self.row_expected: dict[int, list[float]] = {}  # this call: each row's own, smoothed
         self.chosen: list[int] = []
         self.in_flight: list[int] = []  # sizes launched and not observed yet
         self.probe_gap, self.probe_max = self.probe, 16 * self.probe  # plain rounds before the next probe
@@ -609,18 +606,15 @@ class AutoBudget:
         self.first_of_call = True
         # every choice: {"size", "reason"}, and for "model" / "detach" what it was made from: "costs" (ms per option,
         # 0 = plain decoding, -1 = detached), "expected" (the rows' smoothed mean per size), "rows", "scales" (the
-        # calibration's), "objective" ("goodput": committed tokens per ms, larger is better; "finish": ms to finish
-        # the batch, smaller is better), "value" (the objective per option), and for "finish" the "remaining" tokens
-        # and the "row_expected" of each decoding row
+        # calibration's) and "value" (committed tokens per ms per option, as ``goodputs`` weighs them)
         self.decisions: list[dict] = []
 
     def resume(self) -> None:
         """A new call of the same target, batch bucket and drafter: keep the measured costs, the calibration, the
         smoothed expectations and the probe gap; forget the rounds launched and never read (the last call's round
-        launched ahead), the rows' own expectations and the last call's decisions."""
+        launched ahead) and the last call's decisions."""
         self.in_flight = []
         self.decisions = []
-        self.row_expected = {}
         self.start_detached = self.start_detached or self.verdict
         self.detached = self.verdict = False  # the drafter was prefilled anew
         self.votes = 0
@@ -639,34 +633,20 @@ class AutoBudget:
             out[DETACHED] = self._cost(DETACHED)
         return out
 
-    def _values(self, costs: Mapping[int, float], scales: Sequence[float], remaining: Mapping[int, int] | None):
-        """The objective of each option: ("goodput", {option: tokens per ms}) for one sequence, ("finish", {option:
-        ms to finish the batch}) for several."""
-        options = [o for o in (0, *self.sizes, DETACHED) if o in costs]
-        if not remaining or len(remaining) < 2:
-            rows = self.rows
-            value = {o: rows / costs[o] for o in options if o <= 0}
-            for k, s in enumerate(self.sizes):
-                value[s] = rows * (1.0 + scales[k] * self.expected[k]) / costs[s]
-            return "goodput", value
-        value = {}
-        for o in options:
-            worst = 0.0
-            for row, left in remaining.items():
-                rate = 1.0
-                if o > 0:
-                    k = self.sizes.index(o)
-                    rate += scales[k] * self.row_expected.get(row, self.expected)[k]
-                worst = max(worst, left / rate)
-            value[o] = costs[o] * worst
-        return "finish", value
+    def _values(self, costs: Mapping[int, float], scales: Sequence[float]) -> dict[int, float]:
+        """Committed tokens per ms of each option measured (``goodputs`` on the measured costs)."""
+        rows = self.rows
+        value = {o: rows / costs[o] for o in (0, DETACHED) if o in costs}
+        for k, s in enumerate(self.sizes):
+            value[s] = rows * (1.0 + scales[k] * self.expected[k]) / costs[s]
+        return value
 
     def next_size(self, remaining: Mapping[int, int] | None = None, final: bool = False) -> int:
         """The budget of the next round launched: a size, 0 (plain decoding that feeds the drafter) or
         :data:`DETACHED` (plain decoding without it, to the end of the call). ``remaining`` maps each decoding row
-        to the tokens it still has to generate (a batch's objective needs it), ``final`` says the call's last
-        tokens are being decoded (leaving the drafter behind then costs nothing). Each choice is logged in
-        ``decisions``."""
+        to the tokens it still has to generate (part of the controller protocol; this controller does not weigh
+        it), ``final`` says the call's last tokens are being decoded (leaving the drafter behind then costs
+        nothing). Each choice is logged in ``decisions``."""
         first, self.first_of_call = self.first_of_call, False
         untried = [s for s in self.times if not self.times[s] and s not in self.in_flight]
         last_tree = next((i + 1 for i in range(len(self.chosen) - 1, -1, -1) if self.chosen[i] > 0), 0)
@@ -693,16 +673,11 @@ class AutoBudget:
             # points) and the calibrated expectations, in O(sizes x rows) host work: this runs before every round
             costs = self.costs()
             scales = self.calib.scales()
-            objective, value = self._values(costs, scales, remaining)
+            value = self._values(costs, scales)
             attached = (0, *self.sizes)
-            if objective == "goodput":
-                best = max(value[o] for o in attached)
-                size = next(o for o in attached if value[o] >= best)  # ties: the smaller
-                detach_wins = DETACHED in value and value[DETACHED] > best
-            else:
-                best = min(value[o] for o in attached)
-                size = next(o for o in attached if value[o] <= best)
-                detach_wins = DETACHED in value and value[DETACHED] < best
+            best = max(value[o] for o in attached)
+            size = next(o for o in attached if value[o] >= best)  # ties: the smaller
+            detach_wins = DETACHED in value and value[DETACHED] > best
             reason = "model"
             self.votes = self.votes + 1 if detach_wins else 0
             if self.settle and self.votes >= self.settle:
@@ -712,10 +687,7 @@ class AutoBudget:
                 if self.start_detached:  # a call that looked again found a tree worth running
                     self.start_detached, self.call_gap, self.calls_since_look = False, 1, 0
             record = {"costs": costs, "expected": list(self.expected), "rows": self.rows, "scales": scales,
-                      "objective": objective, "value": value}  # fmt: skip
-            if objective == "finish":
-                record["remaining"] = dict(remaining)
-                record["row_expected"] = {r: list(e) for r, e in self.row_expected.items() if r in remaining}
+                      "value": value}  # fmt: skip
         if first and self.start_detached and size != DETACHED:  # this call looks again
             self.calls_since_look = 0
             self.call_gap = min(2 * self.call_gap, 8)
@@ -730,7 +702,8 @@ class AutoBudget:
                 rows: Sequence[int] | None = None) -> None:  # fmt: skip
         """A round read: its budget (0: plain decoding, -1: detached), ``expected [rows, K]`` (host floats, the
         decoding rows; None for plain decoding), the accepted drafted tokens of each of those rows, its device
-        time in ms (None: not timed), and which rows they are (``rows``, the batch indices; default 0, 1, ...)."""
+        time in ms (None: not timed), and which rows they are (``rows``, the batch indices: part of the controller
+        protocol; this controller weighs the rows' mean)."""
         if size in self.in_flight:
             self.in_flight.remove(size)
         if size > 0 and expected is not None:
@@ -753,12 +726,6 @@ class AutoBudget:
                 if self.expected is not None:
                     mean = [a * old + (1.0 - a) * new for old, new in zip(self.expected, mean, strict=True)]
                 self.expected, self.rows = mean, len(matrix)
-                ids = range(len(matrix)) if rows is None else rows
-                for row, values in zip(ids, matrix, strict=True):
-                    old = self.row_expected.get(row)
-                    if old is not None:
-                        values = [a * o + (1.0 - a) * v for o, v in zip(old, values, strict=True)]
-                    self.row_expected[row] = list(values)
         if ms is not None and _finite(ms) and ms > 0:
             times = self.detached_times if size == DETACHED else self.times.get(size)
             if times is not None:

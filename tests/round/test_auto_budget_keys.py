@@ -93,20 +93,11 @@ def test_captures_counts_new_keys_of_fixed_policies():
 
 # -- choices against the controller's own cost model ---------------------------------------------------------
 def _values(decision: dict) -> dict[int, float]:
-    """The objective of each option, recomputed from what the decision logged (``docs/trees.md``): one sequence,
-    committed tokens per ms (larger is better); a batch, ms until its slowest row is done (smaller is better)."""
+    """Committed tokens per ms of each option, recomputed from what the decision logged (``docs/trees.md``)."""
     costs, rows, scales = decision["costs"], decision["rows"], decision["scales"]
-    plain = [o for o in (0, DETACHED) if o in costs]
-    if decision["objective"] == "goodput":
-        out = {o: rows / costs[o] for o in plain}
-        for k, size in enumerate(SIZES):
-            out[size] = rows * (1.0 + scales[k] * decision["expected"][k]) / costs[size]
-        return out
-    remaining, own = decision["remaining"], decision["row_expected"]
-    out = {o: costs[o] * max(remaining.values()) for o in plain}
+    out = {o: rows / costs[o] for o in (0, DETACHED) if o in costs}
     for k, size in enumerate(SIZES):
-        out[size] = costs[size] * max(left / (1.0 + scales[k] * own.get(row, decision["expected"])[k])
-                                      for row, left in remaining.items())  # fmt: skip
+        out[size] = rows * (1.0 + scales[k] * decision["expected"][k]) / costs[size]
     return out
 
 
@@ -121,14 +112,13 @@ def _check_model_decisions(decisions: list[dict]) -> list[int]:
         g = _values(d)
         for option, value in g.items():
             assert abs(value - d["value"][option]) <= 1e-9 * max(1.0, value), (d, g)
-        sign = 1.0 if d["objective"] == "goodput" else -1.0  # larger is better either way after the sign
-        best = max(sign * g[o] for o in (0, *SIZES))
-        want = next(o for o in (0, *SIZES) if sign * g[o] >= best)
+        best = max(g[o] for o in (0, *SIZES))
+        want = next(o for o in (0, *SIZES) if g[o] >= best)
         if d["reason"] == "detach":
-            assert d["size"] == DETACHED and sign * g[DETACHED] > best, (d, g)
+            assert d["size"] == DETACHED and g[DETACHED] > best, (d, g)
             continue
         assert d["size"] == want, (d, g)
-        assert sign * g[d["size"]] >= sign * g[0], (d, g)  # never a tree its cost model says loses to plain decoding
+        assert g[d["size"]] >= g[0], (d, g)  # never a tree its cost model says loses to plain decoding
         chosen.append(d["size"])
     return chosen
 
@@ -211,7 +201,7 @@ def test_choices_follow_injected_costs_that_change_mid_run():
             costs = {s: statistics.median(v[-16:]) for s, v in seen.items() if v}
             assert costs == d["costs"], (costs, d["costs"])
             g = _values({**d, "costs": costs})
-            best = max(g[o] for o in (0, *SIZES))  # one sequence: tokens per ms, larger is better
+            best = max(g[o] for o in (0, *SIZES))
             if d["reason"] == "model":
                 assert d["size"] == next(o for o in (0, *SIZES) if g[o] >= best), (d, g)
         return model

@@ -511,20 +511,3 @@ def test_controller_observe_refuses_malformed_expectations_clearly():
         assert ctrl.calib.updates == 0 and ctrl.expected is None
     ctrl.observe(size, [[1.0, 2.0], [3.0, 4.0]], [1, 1], 1.0)
     assert ctrl.expected == [2.0, 3.0] and ctrl.rows == 2 and ctrl.calib.updates == 1
-
-
-def test_a_batch_is_weighed_by_its_time_to_finish():
-    """Two rows, one the drafter serves well (3 expected drafts), one badly (0.2); the tree round costs twice a
-    plain one. Committed tokens per ms favour the tree ((4 + 1.2) / 2 = 2.6 against 2 / 1), but the batch ends
-    with its slower row: 30 tokens left each, the tree finishes in 2 * 30 / 1.2 = 50 ms, plain decoding in
-    1 * 30 = 30 ms, so a batch runs plain. One row (or no remaining counts) is weighed by tokens per ms."""
-    ctrl = budget.AutoBudget((15,), 2, probe=100, settle=0)
-    assert ctrl.next_size() == 0 and ctrl.next_size() == 15  # each option measured once
-    ctrl.observe(0, None, [0, 0], 1.0, rows=[0, 1])
-    ctrl.observe(15, [[3.0], [0.2]], [3, 0.2], 2.0, rows=[0, 1])  # observed = predicted: calibration scale 1
-    assert ctrl.calib.scales() == pytest.approx([1.0])
-    assert ctrl.next_size({0: 30, 1: 30}) == 0
-    (d,) = [d for d in ctrl.decisions if d["reason"] == "model"]
-    assert d["objective"] == "finish" and d["value"] == pytest.approx({0: 30.0, 15: 50.0})
-    assert ctrl.next_size() == 15 and ctrl.decisions[-1]["objective"] == "goodput"
-    assert ctrl.decisions[-1]["value"] == pytest.approx({0: 2.0, 15: 2.6})
