@@ -269,6 +269,7 @@ def test_help_lists_commands_and_their_keys(tmp_path):
     assert train.returncode == 0 and "corpus: null" in train.stdout and "target: dense, hybrid" in train.stdout
 
 
+@pytest.mark.slow  # about 12-30 s: in the slow tier, which CI runs
 def test_cli_bench_on_the_hybrid_target_from_another_folder(zoo, tmp_path):
     """Runs in an empty folder: the zoo paths of the config resolve independently of the working directory."""
     out = tmp_path / "bench"

@@ -483,6 +483,7 @@ def test_sampling_chi2_power():
     assert min(rates.values()) >= 0.99, rates
 
 
+@pytest.mark.slow  # about 12-30 s: in the slow tier, which CI runs
 def test_sampling_multi_round_chi2():
     """The 3rd and 4th new tokens of ``SAMPLES`` calls (top-k, top-p, temperature; a drafter equal to the target
     over a DDTree, so rounds accept 1-3 drafts) follow HF's exact marginals."""

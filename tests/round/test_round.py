@@ -99,6 +99,7 @@ def test_model_drafter_equals_hf_greedy_and_drafts_its_own_greedy_logq(arch):
                 committed, step = ref[0, : len(committed) + num].tolist(), step + 1
 
 
+@pytest.mark.slow  # about 12-30 s: in the slow tier, which CI runs
 def test_round_equals_the_eager_oracle_decode_on_the_zoo(zoo):
     """The trained zoo pair accepts long paths (tau > 2), so commits of deep paths and bonuses are exercised; the
     round builds the trees and accepts the paths an eager decode written from the oracles does (dynamic caches, the

@@ -108,6 +108,7 @@ def test_verify_scope_restores_mixer_forwards(family_model):
     manager.rollback(cache, PREFIX)
 
 
+@pytest.mark.slow  # about 12-30 s: in the slow tier, which CI runs
 def test_zoo_hybrid_tree_logits_match_path_causal(zoo):
     """The trained zoo hybrid target (fp32): random trees of 1-64 nodes on a real code prefix.
 
