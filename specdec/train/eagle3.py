@@ -157,8 +157,6 @@ class Eagle3TrainConfig:
             )
 
 
-
-
 # -- data ---------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def regenerate(target, prompts: torch.Tensor, *, new_tokens: int, batch_size: int = 64) -> torch.Tensor:
@@ -326,7 +324,11 @@ def train_eagle3(cfg: Eagle3TrainConfig) -> dict:
     return summary
 
 
-def _train(cfg: Eagle3TrainConfig, output: StagedOutput) -> dict:
+def prepare_training(cfg, output: StagedOutput) -> dict:
+    """What a head's trainer starts from (the EAGLE-3 and MTP trainers share it): the seed set, the device and
+    dtypes, an empty ``train_log.jsonl``, the target (frozen) and its tokenizer, the corpus packed into prompts
+    (or read from ``corpus_cache``), the evaluation prompts, and the training rows: the prompts continued by the
+    target to ``seq_len`` tokens. Returns those values by name."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(cfg.seed)
@@ -375,6 +377,17 @@ def _train(cfg: Eagle3TrainConfig, output: StagedOutput) -> dict:
         "data: %d corpus tokens -> %d prompts of %d, continued by the target to %d tokens (%.1fs + %.1fs)",
         stream.numel(), rows.shape[0], cfg.prompt_tokens, cfg.seq_len, t_data, t_gen,
     )  # fmt: skip
+    return {"device": device, "on_cpu": on_cpu, "amp": amp, "log_path": log_path, "tokenizer": tokenizer,
+            "target": target, "eos_id": eos_id, "stream": stream, "eval_ids": eval_ids, "gen": gen, "rows": rows,
+            "t_data": t_data, "t_gen": t_gen}  # fmt: skip
+
+
+def _train(cfg: Eagle3TrainConfig, output: StagedOutput) -> dict:
+
+    data = prepare_training(cfg, output)
+    device, on_cpu, amp, log_path = data["device"], data["on_cpu"], data["amp"], data["log_path"]
+    target, stream = data["target"], data["stream"]
+    eval_ids, gen, rows, t_data, t_gen = data["eval_ids"], data["gen"], data["rows"], data["t_data"], data["t_gen"]
 
     vocab = target.get_input_embeddings().weight.shape[0]
     if cfg.init_from:

@@ -32,17 +32,14 @@ from transformers import DynamicCache
 
 from specdec.drafters.mtp import MTPDrafter, write_mtp_head
 from specdec.drafters.mtp_model import MTPModule, attention_layer_ids, text_model
-from specdec.train.data import check_sources, iter_documents, load_eval_prompts, pack_tokens, tokenize_documents
-from specdec.train.eagle3 import eval_acceptance, regenerate
+from specdec.train.data import check_sources
+from specdec.train.eagle3 import eval_acceptance, prepare_training
 from specdec.train.plumbing import (
     Progress,
     StagedOutput,
     append_jsonl,
     cosine_lr_factor,
-    load_tokenizer,
     path_tuple,
-    pick_device,
-    resolve_local,
 )
 
 __all__ = ["MTPTrainConfig", "init_from_last_layer", "mtp_loss", "mtp_step_logits", "target_last_hidden", "train_mtp"]
@@ -286,54 +283,11 @@ def train_mtp(cfg: MTPTrainConfig) -> dict:
 
 
 def _train(cfg: MTPTrainConfig, output: StagedOutput) -> dict:
-    from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(cfg.seed)
-    device = pick_device(cfg.device)
-    on_cpu = device.type == "cpu"
-    target_dtype = (
-        getattr(torch, cfg.target_dtype) if cfg.target_dtype else (torch.float32 if on_cpu else torch.bfloat16)
-    )
-    amp = None if on_cpu or cfg.autocast_dtype is None else getattr(torch, cfg.autocast_dtype)
-    log_path = output.path / "train_log.jsonl"
-    log_path.write_text("")
-
-    t0 = time.perf_counter()
-    tokenizer = load_tokenizer(cfg.tokenizer, cfg.target)
-    target = AutoModelForCausalLM.from_pretrained(resolve_local(cfg.target), dtype=target_dtype).to(device).eval()
-    target.requires_grad_(False)
-    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else target.config.eos_token_id
-    if cfg.corpus_cache and Path(cfg.corpus_cache).is_file():
-        stream = torch.load(cfg.corpus_cache)[: cfg.max_corpus_tokens]
-    else:
-        docs = iter_documents(cfg.corpus, exclude=cfg.corpus_exclude, suffixes=cfg.corpus_suffixes)
-        stream = tokenize_documents(docs, tokenizer, eos_token_id=eos_id, max_tokens=cfg.max_corpus_tokens)
-        if cfg.corpus_cache:
-            torch.save(stream, cfg.corpus_cache)
-    prompts = pack_tokens(stream, cfg.prompt_tokens)
-    if cfg.eval_prompts:
-        eval_texts = load_eval_prompts(cfg.eval_prompts, limit=cfg.eval_num_prompts)
-        eval_ids = [
-            tokenizer(t, add_special_tokens=False, return_tensors="pt")["input_ids"][0, -cfg.eval_prompt_tokens :]
-            for t in eval_texts
-        ]
-    else:  # hold out the last corpus prompts
-        held = max(1, min(cfg.eval_num_prompts, prompts.shape[0] // 10))
-        eval_ids = [r.long() for r in prompts[-held:]]
-        prompts = prompts[:-held]
-    eval_ids = [ids.to(device) for ids in eval_ids]
-    gen = torch.Generator().manual_seed(cfg.seed)
-    prompts = prompts[torch.randperm(prompts.shape[0], generator=gen)[: cfg.num_sequences]]
-    t_data = time.perf_counter() - t0
-
-    t1 = time.perf_counter()
-    with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-        rows = regenerate(target, prompts, new_tokens=cfg.seq_len - cfg.prompt_tokens, batch_size=cfg.gen_batch_size)
-    t_gen = time.perf_counter() - t1
-    logger.info(
-        "data: %d corpus tokens -> %d prompts of %d, continued by the target to %d tokens (%.1fs + %.1fs)",
-        stream.numel(), rows.shape[0], cfg.prompt_tokens, cfg.seq_len, t_data, t_gen,
-    )  # fmt: skip
+    data = prepare_training(cfg, output)
+    device, on_cpu, amp, log_path = data["device"], data["on_cpu"], data["amp"], data["log_path"]
+    target, stream = data["target"], data["stream"]
+    eval_ids, gen, rows, t_data, t_gen = data["eval_ids"], data["gen"], data["rows"], data["t_data"], data["t_gen"]
 
     if cfg.init_from:
         drafter = MTPDrafter.from_pretrained(cfg.init_from, target=target, dtype=torch.float32)
