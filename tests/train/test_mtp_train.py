@@ -57,7 +57,9 @@ def reference_loss(drafter, target, ids, steps: int, decay: float) -> torch.Tens
         n, past = positions.shape[1], cache.get_seq_length()
         allowed = torch.arange(past + n)[None] <= positions[0, :, None]  # the cache holds positions 0 .. past - 1
         mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
-        return module(x, h, rotary(x, positions), mask, positions, cache)
+        # multimodal rotary modules (Qwen3.5's) take one position row per grid axis; text uses the same row thrice
+        rope_positions = positions[None].expand(3, -1, -1) if hasattr(rotary, "mrope_section") else positions
+        return module(x, h, rotary(x, rope_positions), mask, positions, cache)
 
     for b in range(batch):
         for t in range(seq - 1):
