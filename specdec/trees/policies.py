@@ -63,11 +63,12 @@ class TreePolicy(Protocol):
 #
 # An adaptive policy (``DDTree(budget="auto")``) adds, and the decoding loop looks for, without the round knowing
 # which policy runs:
-#   controller(batch) -> object with next_size() -> int and observe(size, expected, accepted, ms), or None
-#   sizes: tuple[int, ...]  (the budgets it may pick, plain decoding = 0 besides)
+#   controller(batch) -> object with next_size(remaining, final) -> int and observe(size, expected, accepted, ms,
+#       rows), or None (docs/extending.md)
+#   sizes: tuple[int, ...]  (the budgets it may pick; plain decoding = 0 and DETACHED = -1 besides)
 #   at(size) -> the fixed policy of one round; that policy may carry ``expect_sizes`` (a tuple) and
 #       ``expectations(proposal) -> [B, len(expect_sizes)]`` (tensor ops, computed inside the round and read
-#       with its tokens); a round whose policy has ``expect_sizes`` is timed on the device.
+#       with its tokens); every round is timed on the device.
 
 
 def _int(name: str, value: object, low: int) -> None:
