@@ -382,12 +382,126 @@ def prepare_training(cfg, output: StagedOutput) -> dict:
             "t_data": t_data, "t_gen": t_gen}  # fmt: skip
 
 
+def train_head(
+    cfg,
+    output: StagedOutput,
+    data: dict,
+    drafter,
+    *,
+    label: str,
+    batch_loss,
+    saved,
+    extra: dict,
+    log_steps: bool = False,
+) -> dict:
+    """The training loop the EAGLE-3 and MTP trainers share, over what :func:`prepare_training` returned: AdamW
+    (no weight decay on vectors, fused off the CPU), warm-up then cosine learning rate by step or by
+    ``max_time_s``, batches of ``data["rows"]`` drawn without replacement per pass, ``batch_loss(batch) -> (loss,
+    metrics)`` under autocast, gradient clipping, the log (``train_log.jsonl``), the acceptance of
+    ``Chain(eval_chain)`` at the start, every ``eval_every`` steps and at the end, and saves of ``saved``. Returns
+    the run summary (``extra`` among its facts), also written to ``train_summary.json``."""
+    model = drafter.model
+    device, on_cpu, amp, log_path = data["device"], data["on_cpu"], data["amp"], data["log_path"]
+    target, stream, eval_ids, gen, rows = data["target"], data["stream"], data["eval_ids"], data["gen"], data["rows"]
+    t_data, t_gen = data["t_data"], data["t_gen"]
+    n_params = sum(p.numel() for p in model.parameters())
+    decay_params = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay_params, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        fused=not on_cpu,
+    )
+    order = torch.randperm(rows.shape[0], generator=gen)
+    cursor, step, losses, evals = 0, 0, [], []
+    summary = {
+        "config": asdict(cfg),
+        "device": str(device),
+        "params": n_params,
+        "corpus_tokens": stream.numel(),
+        "train_sequences": rows.shape[0],
+        **extra,
+        "data_s": t_data,
+        "regenerate_s": t_gen,
+    }
+
+    def evaluate() -> None:
+        model.eval()
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            res = eval_acceptance(drafter, target, eval_ids, new_tokens=cfg.eval_new_tokens, k=cfg.eval_chain)
+        model.train()
+        res = {"step": step, **res}
+        evals.append(res)
+        append_jsonl(log_path, {"eval": res})
+        logger.info("eval step %d: tau %.3f (Chain(%d), %d rounds)", step, res["tau"], cfg.eval_chain, res["rounds"])
+
+    evaluate()
+    model.train()
+    t_start = time.perf_counter()
+    with Progress(cfg.progress, cfg.max_steps, label=label) as bar:
+        while step < cfg.max_steps:
+            elapsed = time.perf_counter() - t_start
+            progress = step / cfg.max_steps
+            if cfg.max_time_s:
+                progress = max(progress, elapsed / cfg.max_time_s)
+            if progress >= 1.0:
+                break
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr * cosine_lr_factor(progress, cfg.warmup_ratio, cfg.min_lr_ratio)
+            if cursor + cfg.batch_size > rows.shape[0]:
+                order, cursor = torch.randperm(rows.shape[0], generator=gen), 0
+            batch = rows[order[cursor : cursor + cfg.batch_size]].to(device, dtype=torch.long)
+            cursor += cfg.batch_size
+            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+                loss, metrics = batch_loss(batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            step += 1
+            info = None
+            if step % cfg.log_every == 0 or step == 1:
+                rec = {
+                    "step": step,
+                    "loss": loss.item(),
+                    "grad_norm": grad_norm.item(),
+                    "lr": opt.param_groups[0]["lr"],
+                    "elapsed_s": time.perf_counter() - t_start,
+                    **metrics,
+                }
+                losses.append(rec)
+                append_jsonl(log_path, rec)
+                info = f"loss {rec['loss']:.3f} acc0 {metrics['acc0']:.2f} accept {metrics['accept']:.2f}"
+                if log_steps:
+                    logger.info("step %d: loss %.4f acc0 %.3f accept %.2f", step, rec["loss"], metrics["acc0"],
+                                metrics["accept"])  # fmt: skip
+            bar.update(step, info)
+            if cfg.eval_every and step % cfg.eval_every == 0:
+                evaluate()
+            if cfg.save_every and step % cfg.save_every == 0:
+                output.save(saved, dtype=getattr(torch, cfg.save_dtype), step=step)
+    train_s = time.perf_counter() - t_start
+    if evals[-1]["step"] != step:
+        evaluate()
+    model.eval()
+    output.save(saved, dtype=getattr(torch, cfg.save_dtype), step=step)
+    summary.update(
+        steps=step,
+        train_s=train_s,
+        steps_per_s=step / max(train_s, 1e-9),
+        sequences_seen=step * cfg.batch_size,
+        losses=losses,
+        evals=evals,
+    )
+    (output.path / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
 def _train(cfg: Eagle3TrainConfig, output: StagedOutput) -> dict:
 
     data = prepare_training(cfg, output)
-    device, on_cpu, amp, log_path = data["device"], data["on_cpu"], data["amp"], data["log_path"]
-    target, stream = data["target"], data["stream"]
-    eval_ids, gen, rows, t_data, t_gen = data["eval_ids"], data["gen"], data["rows"], data["t_data"], data["t_gen"]
+    target, rows = data["target"], data["rows"]
 
     vocab = target.get_input_embeddings().weight.shape[0]
     if cfg.init_from:
@@ -414,97 +528,16 @@ def _train(cfg: Eagle3TrainConfig, output: StagedOutput) -> dict:
         n_params, drafter.hidden_state_ids, drafter.config.draft_vocab_size, 100 * coverage,
     )  # fmt: skip
 
-    decay_params = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay_params, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        fused=not on_cpu,
-    )
     embed = drafter._embed
-    order = torch.randperm(rows.shape[0], generator=gen)
-    cursor, step, losses, evals = 0, 0, [], []
-    summary = {
-        "config": asdict(cfg),
-        "device": str(device),
-        "params": n_params,
-        "corpus_tokens": stream.numel(),
-        "train_sequences": rows.shape[0],
-        "draft_vocab_size": drafter.config.draft_vocab_size,
-        "draft_vocab_coverage": coverage,
-        "data_s": t_data,
-        "regenerate_s": t_gen,
-    }
 
-    def evaluate() -> None:
-        model.eval()
-        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            res = eval_acceptance(drafter, target, eval_ids, new_tokens=cfg.eval_new_tokens, k=cfg.eval_chain)
-        model.train()
-        res = {"step": step, **res}
-        evals.append(res)
-        append_jsonl(log_path, {"eval": res})
-        logger.info("eval step %d: tau %.3f (Chain(%d), %d rounds)", step, res["tau"], cfg.eval_chain, res["rounds"])
+    def batch_loss(batch: torch.Tensor):
+        feats, logits = target_states(target, batch, drafter.hidden_state_ids)
+        step_logits = ttt_logits(model, embed, batch, feats, cfg.ttt_steps)
+        return eagle3_loss(step_logits, logits, target_ids, decay=cfg.step_decay)
 
-    evaluate()
-    model.train()
-    t_start = time.perf_counter()
-    with Progress(cfg.progress, cfg.max_steps, label="eagle3") as bar:
-        while step < cfg.max_steps:
-            elapsed = time.perf_counter() - t_start
-            progress = step / cfg.max_steps
-            if cfg.max_time_s:
-                progress = max(progress, elapsed / cfg.max_time_s)
-            if progress >= 1.0:
-                break
-            for group in opt.param_groups:
-                group["lr"] = cfg.lr * cosine_lr_factor(progress, cfg.warmup_ratio, cfg.min_lr_ratio)
-            if cursor + cfg.batch_size > rows.shape[0]:
-                order, cursor = torch.randperm(rows.shape[0], generator=gen), 0
-            batch = rows[order[cursor : cursor + cfg.batch_size]].to(device, dtype=torch.long)
-            cursor += cfg.batch_size
-            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                feats, logits = target_states(target, batch, drafter.hidden_state_ids)
-                step_logits = ttt_logits(model, embed, batch, feats, cfg.ttt_steps)
-                loss, metrics = eagle3_loss(step_logits, logits, target_ids, decay=cfg.step_decay)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            step += 1
-            info = None
-            if step % cfg.log_every == 0 or step == 1:
-                rec = {
-                    "step": step,
-                    "loss": loss.item(),
-                    "grad_norm": grad_norm.item(),
-                    "lr": opt.param_groups[0]["lr"],
-                    "elapsed_s": time.perf_counter() - t_start,
-                    **metrics,
-                }
-                losses.append(rec)
-                append_jsonl(log_path, rec)
-                info = f"loss {rec['loss']:.3f} acc0 {metrics['acc0']:.2f} accept {metrics['accept']:.2f}"
-            bar.update(step, info)
-            if cfg.eval_every and step % cfg.eval_every == 0:
-                evaluate()
-            if cfg.save_every and step % cfg.save_every == 0:
-                output.save(drafter, dtype=getattr(torch, cfg.save_dtype), step=step)
-    train_s = time.perf_counter() - t_start
-    if evals[-1]["step"] != step:
-        evaluate()
-    model.eval()
-    output.save(drafter, dtype=getattr(torch, cfg.save_dtype), step=step)
-    summary.update(
-        steps=step,
-        train_s=train_s,
-        steps_per_s=step / max(train_s, 1e-9),
-        sequences_seen=step * cfg.batch_size,
-        losses=losses,
-        evals=evals,
-    )
-    (output.path / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary = train_head(cfg, output, data, drafter, label="eagle3", batch_loss=batch_loss, saved=drafter,
+                         extra={"draft_vocab_size": drafter.config.draft_vocab_size,
+                                "draft_vocab_coverage": coverage})  # fmt: skip
     (output.path / "TRAINING.md").write_text(training_card(summary))
     return summary
 

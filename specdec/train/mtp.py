@@ -21,10 +21,8 @@ output is ``model-mtp.safetensors`` with the ``mtp.*`` tensors only (the publish
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -33,12 +31,9 @@ from transformers import DynamicCache
 from specdec.drafters.mtp import MTPDrafter, write_mtp_head
 from specdec.drafters.mtp_model import MTPModule, attention_layer_ids, text_model
 from specdec.train.data import check_sources
-from specdec.train.eagle3 import eval_acceptance, prepare_training
+from specdec.train.eagle3 import prepare_training, train_head
 from specdec.train.plumbing import (
-    Progress,
     StagedOutput,
-    append_jsonl,
-    cosine_lr_factor,
     path_tuple,
 )
 
@@ -285,9 +280,7 @@ def train_mtp(cfg: MTPTrainConfig) -> dict:
 def _train(cfg: MTPTrainConfig, output: StagedOutput) -> dict:
 
     data = prepare_training(cfg, output)
-    device, on_cpu, amp, log_path = data["device"], data["on_cpu"], data["amp"], data["log_path"]
-    target, stream = data["target"], data["stream"]
-    eval_ids, gen, rows, t_data, t_gen = data["eval_ids"], data["gen"], data["rows"], data["t_data"], data["t_gen"]
+    target = data["target"]
 
     if cfg.init_from:
         drafter = MTPDrafter.from_pretrained(cfg.init_from, target=target, dtype=torch.float32)
@@ -299,97 +292,13 @@ def _train(cfg: MTPTrainConfig, output: StagedOutput) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("head: %d params (init %s)", n_params, cfg.init_from or cfg.init)
 
-    decay_params = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay_params, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        fused=not on_cpu,
-    )
-    order = torch.randperm(rows.shape[0], generator=gen)
-    cursor, step, losses, evals = 0, 0, [], []
-    summary = {
-        "config": asdict(cfg),
-        "device": str(device),
-        "params": n_params,
-        "corpus_tokens": stream.numel(),
-        "train_sequences": rows.shape[0],
-        "data_s": t_data,
-        "regenerate_s": t_gen,
-    }
-    files = _HeadFiles(drafter)
+    def batch_loss(batch: torch.Tensor):
+        hidden, logits = target_last_hidden(target, batch)
+        step_logits = mtp_step_logits(drafter, batch, hidden, cfg.mtp_steps)
+        return mtp_loss(step_logits, logits, decay=cfg.step_decay)
 
-    def evaluate() -> None:
-        model.eval()
-        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            res = eval_acceptance(drafter, target, eval_ids, new_tokens=cfg.eval_new_tokens, k=cfg.eval_chain)
-        model.train()
-        res = {"step": step, **res}
-        evals.append(res)
-        append_jsonl(log_path, {"eval": res})
-        logger.info("eval step %d: tau %.3f (Chain(%d), %d rounds)", step, res["tau"], cfg.eval_chain, res["rounds"])
-
-    evaluate()
-    model.train()
-    t_start = time.perf_counter()
-    with Progress(cfg.progress, cfg.max_steps, label="mtp") as bar:
-        while step < cfg.max_steps:
-            elapsed = time.perf_counter() - t_start
-            progress = step / cfg.max_steps
-            if cfg.max_time_s:
-                progress = max(progress, elapsed / cfg.max_time_s)
-            if progress >= 1.0:
-                break
-            for group in opt.param_groups:
-                group["lr"] = cfg.lr * cosine_lr_factor(progress, cfg.warmup_ratio, cfg.min_lr_ratio)
-            if cursor + cfg.batch_size > rows.shape[0]:
-                order, cursor = torch.randperm(rows.shape[0], generator=gen), 0
-            batch = rows[order[cursor : cursor + cfg.batch_size]].to(device, dtype=torch.long)
-            cursor += cfg.batch_size
-            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                hidden, logits = target_last_hidden(target, batch)
-                step_logits = mtp_step_logits(drafter, batch, hidden, cfg.mtp_steps)
-                loss, metrics = mtp_loss(step_logits, logits, decay=cfg.step_decay)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            step += 1
-            info = None
-            if step % cfg.log_every == 0 or step == 1:
-                rec = {
-                    "step": step,
-                    "loss": loss.item(),
-                    "grad_norm": grad_norm.item(),
-                    "lr": opt.param_groups[0]["lr"],
-                    "elapsed_s": time.perf_counter() - t_start,
-                    **metrics,
-                }
-                losses.append(rec)
-                append_jsonl(log_path, rec)
-                logger.info("step %d: loss %.4f acc0 %.3f accept %.2f", step, rec["loss"], metrics["acc0"],
-                            metrics["accept"])  # fmt: skip
-                info = f"loss {rec['loss']:.3f} acc0 {metrics['acc0']:.2f} accept {metrics['accept']:.2f}"
-            bar.update(step, info)
-            if cfg.eval_every and step % cfg.eval_every == 0:
-                evaluate()
-            if cfg.save_every and step % cfg.save_every == 0:
-                output.save(files, dtype=getattr(torch, cfg.save_dtype), step=step)
-    train_s = time.perf_counter() - t_start
-    if evals[-1]["step"] != step:
-        evaluate()
-    model.eval()
-    output.save(files, dtype=getattr(torch, cfg.save_dtype), step=step)
-    summary.update(
-        steps=step,
-        train_s=train_s,
-        steps_per_s=step / max(train_s, 1e-9),
-        sequences_seen=step * cfg.batch_size,
-        losses=losses,
-        evals=evals,
-    )
-    (output.path / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary = train_head(cfg, output, data, drafter, label="mtp", batch_loss=batch_loss, saved=_HeadFiles(drafter),
+                         extra={}, log_steps=True)  # fmt: skip
     (output.path / "TRAINING.md").write_text(training_card(summary))
     return summary
 
