@@ -428,13 +428,18 @@ class Round:
             self.ready[slot].record()
         return slot
 
+    def elapsed(self, ticket: int) -> float:
+        """The device time in ms of a round already read (its timing events; on the CPU the call's wall time). Asked
+        only by an adaptive policy's loop, so the other loops pay no event query per round."""
+        if self.timing is not None:
+            return self.timing[ticket][0].elapsed_time(self.timing[ticket][1])
+        return self.elapsed_ms[ticket]
+
     def read(self, ticket: int) -> list[tuple[list[int], int]]:
         """Wait for a launched round; returns per sequence (new tokens: accepted drafts + bonus, number of real tree
         nodes)."""
         if self.ready is not None:
             self.ready[ticket].synchronize()
-        if self.timing is not None:
-            self.elapsed_ms[ticket] = self.timing[ticket][0].elapsed_time(self.timing[ticket][1])
         if self.drafter is not None:
             self.drafter.num_forwards += self.draft_forwards
         rows, flags = [], 0

@@ -482,7 +482,7 @@ def _decode(
             live = [b for b in range(batch) if not done[b]]
             expected = rnd.expected  # None for plain rounds: they propose nothing
             auto.observe(size, expected and [expected[b] for b in live], [len(results[b][0]) - 1 for b in live],
-                         rnd.elapsed_ms[ticket], rows=live)  # fmt: skip
+                         rnd.elapsed(ticket), rows=live)  # fmt: skip
             stats.budgets.append(size)
         for b, (accepted, num_nodes) in enumerate(results[:batch]):
             if done[b]:
