@@ -711,6 +711,12 @@ MUTANTS += [
         ((EAGLE3_STATIC, "position = (prefix - 1).clamp(min=0)[:, None]", "position = prefix[:, None]"),),
         EAGLE3_TESTS,
     ),
+    Mutant(  # refresh replaces the id map by a new tensor: a captured round keeps reading the freed one
+        "eagle3_refresh_replaces_ids",
+        ((EAGLE3_STATIC, "self.target_ids.copy_(self.drafter.model.target_ids())",
+          "self.target_ids = self.drafter.model.target_ids()"),),  # fmt: skip
+        ("tests/round/test_refresh_in_place.py",),
+    ),
 ]
 EAGLE3_TRAIN = "specdec/train/eagle3.py"
 EAGLE3_TRAIN_TESTS = ("tests/train/test_eagle3_train.py::test_loss_matches_a_chain_drafting_reference",)

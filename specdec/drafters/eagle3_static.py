@@ -53,11 +53,13 @@ class Eagle3Static:
         self.cos, self.sin = cos[0], sin[0]
         self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
         self.tree_kv: dict[int, torch.Tensor] = {}  # scratch keys/values of a candidate tree, by its rows
-        self.refresh()
+        self.target_ids = self.drafter.model.target_ids()
 
     def refresh(self) -> None:
-        """Before a call that reuses this storage: the draft-to-target id map (``d2t`` may have been changed)."""
-        self.target_ids = self.drafter.model.target_ids()
+        """Before a call that reuses this storage: the draft-to-target id map (``d2t`` may have been changed),
+        copied into the same tensor: a captured round reads it by address, so a new tensor would leave the graph
+        reading freed memory (ids out of the vocabulary)."""
+        self.target_ids.copy_(self.drafter.model.target_ids())
 
     def _forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, span: int):
         """Rows ``[B, L]``: tokens, their hidden ``[B, L, H]`` and positions; writes the rows' keys/values at slot =
