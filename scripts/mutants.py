@@ -702,14 +702,19 @@ MUTANTS += [
     ),
     Mutant(  # a committed row paired with its own token instead of the next one
         "eagle3_commit_tokens_unshifted",
-        ((EAGLE3_STATIC, "self._forward(accept.tokens[:, :-1], fused[:, :-1]",
-          "self._forward(torch.cat([accept.tokens[:, :1], accept.tokens[:, :-2]], 1), fused[:, :-1]"),),  # fmt: skip
+        ((EAGLE3_STATIC, "self._write(accept.tokens[:, :-1], fused[:, :-1]",
+          "self._write(torch.cat([accept.tokens[:, :1], accept.tokens[:, :-2]], 1), fused[:, :-1]"),),  # fmt: skip
         EAGLE3_TESTS,
     ),
     Mutant(  # the round's first row reads the fused state at the root's position (not yet known), not the one before
         "eagle3_first_row_at_root",
         ((EAGLE3_STATIC, "position = (prefix - 1).clamp(min=0)[:, None]", "position = prefix[:, None]"),),
         EAGLE3_TESTS,
+    ),
+    Mutant(  # the head's attention kernel reads one slot short: each draft step misses its own key
+        "eagle3_kernel_lengths_one_short",
+        ((EAGLE3_STATIC, "lengths = seen[:, -1] + 1", "lengths = seen[:, -1]"),),
+        ("tests/drafters/test_eagle3.py::test_state_over_commits_matches_the_reference",),
     ),
     Mutant(  # refresh replaces the id map by a new tensor: a captured round keeps reading the freed one
         "eagle3_refresh_replaces_ids",
@@ -757,7 +762,8 @@ MUTANTS += [
     ),
     Mutant(  # the tree's draft rows also see committed slots past the root's row (stale rows of earlier rounds)
         "eagle2_draft_sees_stale_rows",
-        ((EAGLE3_STATIC, "committed = (keys <= last[..., None])", "committed = (keys <= (last + level)[..., None])"),),
+        ((EAGLE3_STATIC, "committed = self.slots[:span] <= self._seen(last, span)",
+          "committed = self.slots[:span] <= self._seen(last + level, span)"),),  # fmt: skip
         EAGLE2_ROWS,
     ),
     Mutant(  # the candidate tree's first row read at the root's position instead of the last committed one

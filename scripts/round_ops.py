@@ -1,7 +1,10 @@
 """Count the ops of one warm round per stage, on the CPU, along the path a CUDA graph of the round captures.
 
-    SPECDEC_ZOO=/work/shared/zoo python scripts/round_ops.py [--target dense|hybrid] [--methods ar,chain,b15,b32]
+    SPECDEC_ZOO=/work/shared/zoo python scripts/round_ops.py [--target dense|hybrid] [--methods ar,chain,b15,b32,...]
         [--dtype bfloat16] [--torch-only] [--ops]
+
+Methods: ar, chain, b15 / b16 / b32 / b63 / b64 (the DFlash drafter), and on the dense target the shipped EAGLE-3
+head's e3-chain4, e3-b15 (DDTree over its per-depth q) and e3-dyn16 (EAGLE-2's DynamicTree, 16 tokens).
 
 Each method decodes a zoo prompt (warm-up: its round is built and run), then two more rounds run (the first warms
 the kernel path, as a capture's warm-up does; the second is counted) under a
@@ -89,6 +92,13 @@ def main() -> None:
         "chain": (drafter, specdec.Chain(k=block)),
         **{f"b{n}": (drafter, specdec.DDTree(budget=n, topk=8)) for n in (15, 16, 32, 63, 64)},
     }
+    if a.target == "dense":  # the shipped EAGLE-3 head: its chain, DDTree over its per-depth q, EAGLE-2's tree
+        eagle = specdec.Eagle3Drafter.from_pretrained(asset_path("drafters/zoo-dense-eagle3"), target=model)
+        methods.update({
+            "e3-chain4": (eagle, specdec.Chain(k=4)),
+            "e3-b15": (eagle, specdec.DDTree(budget=15, topk=8)),
+            "e3-dyn16": (eagle, specdec.DynamicTree(depth=5, topk=4, total_tokens=16)),
+        })  # fmt: skip
 
     state = {"stack": [], "armed": False, "counts": None, "names": None, "triton": 0}
 
@@ -178,7 +188,9 @@ def main() -> None:
         rnd = next(r for r in rounds if r.drafter is d and (d is None or r.tree == tree))
         mark = len(patches)
         if rnd.proposes:
-            patch(type(rnd.state), "propose", "draft")
+            for attr in ("propose", "propose_tree"):  # EAGLE-3 drafts a candidate tree for DynamicTree
+                if hasattr(rnd.state, attr):
+                    patch(type(rnd.state), attr, "draft")
             patch(type(rnd.tree), "build", "tree")
             patch(type(rnd.state), "commit", "commit")
         patch(type(rnd.rule), "accept", "accept")

@@ -29,6 +29,11 @@ __all__ = ["Eagle3Config", "Eagle3Model", "fused_layers"]
 LAYOUTS = ("official", "specforge", "speculators")
 
 
+def _module_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm module applied as itself (HF's ops)."""
+    return module(x)
+
+
 def fused_layers(ids, num_target_layers: int) -> tuple[int, ...]:
     """The target states an EAGLE-3 head fuses, as indices of HF's ``hidden_states`` (0 = the embedding output,
     ``i`` = the output of decoder layer ``i - 1``).
@@ -304,37 +309,44 @@ class Eagle3Model(nn.Module):
             x = self.input_norm(x)
         return self.fc(x)
 
-    def layer_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_input(self, embeds: torch.Tensor, hidden: torch.Tensor, norm=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(residual [.., H], attention input [.., 2H])`` from token embeddings and the hidden (fused or fed
-        back)."""
+        back). ``norm(module, x)``: how an RMSNorm module is applied (None: the module itself; the round passes
+        one launch per norm)."""
+        norm = norm or _module_norm
         layer = self.midlayer
-        normed = layer.hidden_norm(hidden)
+        normed = norm(layer.hidden_norm, hidden)
         residual = normed if self.config.norm_before_residual else hidden
-        return residual, torch.cat([layer.input_layernorm(embeds.to(hidden.dtype)), normed], dim=-1)
+        return residual, torch.cat([norm(layer.input_layernorm, embeds.to(hidden.dtype)), normed], dim=-1)
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """Attention input ``[B, L, 2H]`` -> rotated ``q [B, H_q, L, D]``, ``k``/``v`` ``[B, H_kv, L, D]``."""
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm=None, rope=None):
+        """Attention input ``[B, L, 2H]`` -> rotated ``q [B, H_q, L, D]``, ``k``/``v`` ``[B, H_kv, L, D]``.
+        ``norm`` as :meth:`layer_input`; ``rope(q, k, cos, sin)``: the rotation (None: HF's
+        ``apply_rotary_pos_emb``)."""
+        norm, rope = norm or _module_norm, rope or apply_rotary_pos_emb
         attn, layer = self.midlayer.self_attn, self.midlayer
         b, n, _ = x.shape
         q = attn.q_proj(x).view(b, n, layer.num_heads, layer.head_dim)
         k = attn.k_proj(x).view(b, n, layer.num_kv_heads, layer.head_dim)
         if self.config.qk_norm:
-            q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = norm(attn.q_norm, q), norm(attn.k_norm, k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = attn.v_proj(x).view(b, n, layer.num_kv_heads, layer.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q, k = rope(q, k, cos, sin)
         return q, k, v
 
-    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor, norm=None) -> torch.Tensor:
         """Residual + ``o_proj`` of the attention output ``[B, L, H_q * D]``, then the MLP block: the layer's
-        (pre-norm) output."""
+        (pre-norm) output. ``norm`` as :meth:`layer_input`."""
+        norm = norm or _module_norm
         layer = self.midlayer
         x = residual + layer.self_attn.o_proj(attn_out)
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return x + layer.mlp(norm(layer.post_attention_layernorm, x))
 
-    def head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(draft-vocabulary logits [.., Vd], the hidden fed back at the next depth)`` of the layer output."""
-        normed = self.norm(x)
+    def head(self, x: torch.Tensor, norm=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(draft-vocabulary logits [.., Vd], the hidden fed back at the next depth)`` of the layer output.
+        ``norm`` as :meth:`layer_input`."""
+        normed = (norm or _module_norm)(self.norm, x)
         return self.lm_head(normed), normed if self.config.norm_output else x
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,16 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from specdec import attention
+from specdec.drafters.dflash_static import _NORM_IMPL
+from specdec.kernels.rms_norm import rms_norm
+from specdec.kernels.rotary import fits_triton as rotary_fits
+from specdec.kernels.rotary import rotary
+from specdec.kernels.rotary.routing import rotary_kernel_for
+from specdec.kernels.tree_attention import tree_attention
+from specdec.state.storage import mask_values
 from specdec.trees.dynamic import expand_candidates
 from specdec.types import Accept, Proposal
 
@@ -44,13 +53,14 @@ class Eagle3Static:
         model, cfg = drafter.model, drafter.config
         device, dtype = model.fc.weight.device, model.fc.weight.dtype
         self.drafter, self.capacity, self.scratch = drafter, capacity, capacity
+        self.norm_impl = _NORM_IMPL  # Backends.dflash_norm: the drafters' RMSNorms
         size = capacity + 1
         self.kv = torch.zeros(2, batch, cfg.num_key_value_heads, size, cfg.head_dim, dtype=dtype, device=device)
         self.fused = torch.zeros(batch, size, cfg.hidden_size, dtype=dtype, device=device)
         self.rows = torch.arange(batch, device=device)[:, None]
         self.slots = torch.arange(size, device=device)
         cos, sin = model.rope(self.slots[None], dtype)  # rotary tables by slot (= position), computed once
-        self.cos, self.sin = cos[0], sin[0]
+        self.rope_table = torch.stack((cos[0], sin[0]), 1)  # [slots, 2, D]: one gather for both per forward
         self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
         self.tree_kv: dict[int, torch.Tensor] = {}  # scratch keys/values of a candidate tree, by its rows
         self.target_ids = self.drafter.model.target_ids()
@@ -61,29 +71,74 @@ class Eagle3Static:
         reading freed memory (ids out of the vocabulary)."""
         self.target_ids.copy_(self.drafter.model.target_ids())
 
+    def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
+        """One of the head's RMSNorm modules applied to ``x`` by ``Backends.dflash_norm`` (``auto``: one launch on
+        CUDA; the module's own ops, bit for bit, elsewhere)."""
+        return rms_norm(x, module.weight, module.variance_epsilon, impl=self.norm_impl)
+
+    def _rope(self, q, k, cos, sin):
+        """``q [B, H_q, L, D]``, ``k [B, H_kv, L, D]`` rotated by ``cos``/``sin`` ``[B, L, D]``: one
+        ``specdec.kernels.rotary`` launch where the target's rotation takes it (``Backends.target_rotary``,
+        uncompiled) and the call fits it (bf16: the same products and sums as HF's, bit for bit), else HF's
+        ``apply_rotary_pos_emb``."""
+        if not torch.compiler.is_compiling() and rotary_kernel_for(q.device) and rotary_fits(q, k, cos, sin):
+            return rotary(q, k, cos, sin)
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+    def _seen(self, positions: torch.Tensor, span: int) -> torch.Tensor:
+        """The last committed slot a row at each of ``positions`` reads: its own position, and for a row past the
+        capacity every slot in ``[0, span)`` but the scratch one."""
+        return positions.clamp(max=min(self.capacity, span) - 1)
+
     def _forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, span: int):
-        """Rows ``[B, L]``: tokens, their hidden ``[B, L, H]`` and positions; writes the rows' keys/values at slot =
-        position (past the capacity: the scratch slot) and attends over slots ``[0, span)`` up to each row's position.
-        Returns (draft logits ``[B, L, Vd]``, hidden fed back ``[B, L, H]``)."""
-        model = self.drafter.model
-        slots = torch.where(positions < self.capacity, positions, self.scratch)
-        residual, x = model.layer_input(self.drafter._embed(tokens), hidden)
-        q, k, v = model.qkv(x, self.cos[slots], self.sin[slots])
+        """Rows ``[B, L]``: tokens, their hidden ``[B, L, H]`` and positions (consecutive along ``L``); writes the
+        rows' keys/values at slot = position (past the capacity: the scratch slot) and attends over slots
+        ``[0, span)`` up to each row's position. Returns (draft logits ``[B, L, Vd]``, hidden fed back
+        ``[B, L, H]``)."""
+        model, norm = self.drafter.model, self._norm
+        residual, q = self._write(tokens, hidden, positions)
+        out = self._attend(q, self._seen(positions, span), span)
+        return model.head(model.finish(residual, out, norm), norm)
+
+    def _write(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
+        """The rows' keys/values (as :meth:`_forward`) into their slots; returns (residual, rotated queries). A row's
+        key and value depend on its own token and hidden only, so rows whose output nobody reads (prefill, resume,
+        commit) stop here."""
+        model, norm = self.drafter.model, self._norm
+        slots = positions.clamp(max=self.scratch)  # past the capacity: the scratch slot
+        residual, x = model.layer_input(self.drafter._embed(tokens), hidden, norm)
+        q, k, v = model.qkv(x, *self.rope_table[slots].unbind(-2), norm, self._rope)
         self.kv[0][self.rows, :, slots] = k.transpose(1, 2).to(self.kv.dtype)  # [B, L, H_kv, D] at (row, :, slot)
         self.kv[1][self.rows, :, slots] = v.transpose(1, 2).to(self.kv.dtype)
-        keys = self.slots[:span]
-        keep = (keys <= positions[..., None]) & (keys != self.scratch)  # [B, L, span]
-        out = self._attend(q, self.kv[0, :, :, :span], self.kv[1, :, :, :span], keep)
-        return model.head(model.finish(residual, out))
+        return residual, q
 
-    def _attend(self, q, keys, values, keep):
-        """Grouped attention of ``q [B, H_q, L, D]`` over ``keys``/``values`` ``[B, H_kv, K, D]`` where
-        ``keep [B, L, K]``; returns ``[B, L, H_q * D]``."""
+    def _attend(self, q: torch.Tensor, seen: torch.Tensor, span: int) -> torch.Tensor:
+        """Grouped attention of ``q [B, H_q, L, D]`` over the stored slots ``[0, span)``, row ``i`` reading slots
+        ``<= seen[:, i]`` (``[B, L]``, non-decreasing along ``L``); returns ``[B, L, H_q * D]``.
+
+        ``specdec.kernels.tree_attention`` where the target's attention takes it (CUDA; ``Backends.attention_kernel``):
+        each sequence reads only its slots in use, the prefix up to the first row's slot without a mask; else SDPA
+        over the span with an additive mask."""
+        keys, values = self.kv[0, :, :, :span], self.kv[1, :, :, :span]
+        batch, heads, rows, dim = q.shape
+        if attention.triton_kernel_for(q.device, torch.compiler.is_compiling(), q.dtype, dim):
+            mask = (self.slots[:span] <= seen[..., None])[:, None]  # [B, 1, L, span], True = visible
+            lengths = seen[:, -1] + 1  # the last row reads the most
+            impl = "triton" if attention.KERNEL == "auto" else "auto"
+            out = tree_attention(q, keys, values, mask, dim**-0.5, lengths, impl=impl, flat=seen[:, 0])
+            return out.reshape(batch, rows, -1)
+        # row r*L + i of a stacked group is query i of the group's r-th head (see _sdpa)
+        keep = self.slots[:span] <= seen.repeat(1, self.rep)[..., None]  # [B, rep * L, span]
+        return self._sdpa(q, keys, values, keep)
+
+    def _sdpa(self, q, keys, values, keep):
+        """Grouped attention of ``q [B, H_q, L, D]`` over ``keys``/``values`` ``[B, H_kv, K, D]`` where ``keep
+        [B, rep * L, K]`` (row ``r * L + i``: query ``i`` of the ``r``-th head of a group); returns
+        ``[B, L, H_q * D]``."""
         batch, heads, rows, dim = q.shape
         # heads g*rep .. g*rep+rep-1 share key/value head g: stacked along the query axis (no copy of the keys)
         q = q.reshape(batch, heads // self.rep, self.rep * rows, dim)
-        keep = keep.repeat(1, self.rep, 1)  # row r*L + i: query i of the r-th head of a group
-        bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, torch.finfo(q.dtype).min)
+        bias = torch.where(keep, *mask_values(q.dtype, q.device))  # one kernel
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias[:, None])
         return out.reshape(batch, heads, rows, dim).transpose(1, 2).reshape(batch, rows, -1)
 
@@ -93,20 +148,19 @@ class Eagle3Static:
         (``[2, B, H_kv, R, D]``); each row attends over the committed slots up to ``last`` and the block rows
         ``ancestors [B, k, R]`` marks (its own ancestors and itself). Returns (draft logits ``[B, k, Vd]``, hidden
         fed back ``[B, k, H]``)."""
-        model = self.drafter.model
+        model, norm = self.drafter.model, self._norm
         width = tokens.shape[1]
         position = last + level
-        slots = torch.where(position < self.capacity, position, self.scratch).expand(-1, width)
-        residual, x = model.layer_input(self.drafter._embed(tokens), hidden)
-        q, k, v = model.qkv(x, self.cos[slots], self.sin[slots])
+        slots = position.clamp(max=self.scratch).expand(-1, width)
+        residual, x = model.layer_input(self.drafter._embed(tokens), hidden, norm)
+        q, k, v = model.qkv(x, *self.rope_table[slots].unbind(-2), norm, self._rope)
         block[0, :, :, first : first + width] = k.to(block.dtype)
         block[1, :, :, first : first + width] = v.to(block.dtype)
-        keys = self.slots[:span]
-        committed = (keys <= last[..., None]) & (keys != self.scratch)  # [B, 1, span]: up to the root's row
-        keep = torch.cat([committed.expand(-1, width, -1), ancestors], dim=-1)
-        out = self._attend(q, torch.cat([self.kv[0, :, :, :span], block[0]], 2),
-                           torch.cat([self.kv[1, :, :, :span], block[1]], 2), keep)  # fmt: skip
-        return model.head(model.finish(residual, out))
+        committed = self.slots[:span] <= self._seen(last, span)[..., None]  # [B, 1, span]: up to the root's row
+        keep = torch.cat([committed.expand(-1, width, -1), ancestors], dim=-1).repeat(1, self.rep, 1)
+        out = self._sdpa(q, torch.cat([self.kv[0, :, :, :span], block[0]], 2),
+                         torch.cat([self.kv[1, :, :, :span], block[1]], 2), keep)  # fmt: skip
+        return model.head(model.finish(residual, out, norm), norm)
 
     # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
     def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
@@ -117,7 +171,7 @@ class Eagle3Static:
         self.fused[:, :n] = fused
         if n > 1:
             positions = self.slots[: n - 1][None].expand(input_ids.shape[0], -1)
-            self._forward(input_ids[:, 1:], fused[:, :-1], positions, self.capacity + 1)
+            self._write(input_ids[:, 1:], fused[:, :-1], positions)
 
     def resume(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, start: int) -> None:
         """A continued prompt: its tokens ``[B, n]`` from position ``start >= 1`` on and their fused target states.
@@ -129,7 +183,7 @@ class Eagle3Static:
         self.fused[:, start : start + n] = fused
         states = self.fused[:, start - 1 : start + n - 1]
         positions = (start - 1 + self.slots[:n])[None].expand(input_ids.shape[0], -1)
-        self._forward(input_ids, states, positions, self.capacity + 1)
+        self._write(input_ids, states, positions)
 
     def logq(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int | None = None) -> torch.Tensor:
         """Per-depth log-probabilities ``[B, depth, V]`` (fp32, target vocabulary) of the greedy draft after each
@@ -196,6 +250,6 @@ class Eagle3Static:
         path = accept.path
         fused = self.drafter.model.fuse(hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1])))
         positions = prefix[:, None] + torch.arange(path.shape[1], device=path.device)  # [B, P]
-        self.fused[self.rows, torch.where(positions < self.capacity, positions, self.scratch)] = fused
+        self.fused[self.rows, positions.clamp(max=self.scratch)] = fused
         if path.shape[1] > 1:  # the last row needs the next root: the round's first step writes it
-            self._forward(accept.tokens[:, :-1], fused[:, :-1], positions[:, :-1], self.capacity + 1)
+            self._write(accept.tokens[:, :-1], fused[:, :-1], positions[:, :-1])

@@ -17,7 +17,10 @@ from safetensors.torch import save_file
 from state.hybrid_harness import tiny_hybrid
 
 import specdec
+from specdec import attention
+from specdec.drafters import eagle3_static
 from specdec.drafters.eagle3 import Eagle3Drafter, fused_layers
+from specdec.kernels.tree_attention import tree_attention
 from specdec.trees import Chain, DDTree
 from specdec.types import Accept
 
@@ -223,10 +226,16 @@ def test_errors_name_the_problem(target, tmp_path):
 
 
 # -- the round's state: prefill, proposals and commits against the reference -----------------------------------------
-def test_state_over_commits_matches_the_reference(target, tmp_path):
+@pytest.mark.parametrize("path", ["sdpa", "kernel"])
+def test_state_over_commits_matches_the_reference(target, tmp_path, path, monkeypatch):
     """Two sequences of different prompt lengths; each round commits a random accepted path (tree node indices with
     their target states) and the next proposal equals the reference head run from scratch over everything
-    committed."""
+    committed. ``kernel``: the head's attention takes ``tree_attention`` (its reference here) with each row's
+    lengths and flat prefix, as on CUDA."""
+    if path == "kernel":
+        monkeypatch.setattr(attention, "KERNEL", "triton")  # the kernel's path; on the CPU its reference computes
+        calls = []
+        monkeypatch.setattr(eagle3_static, "tree_attention", lambda *a, **k: calls.append(1) or tree_attention(*a, **k))
     weights = described_weights(seed=6)
     drafter = Eagle3Drafter.from_pretrained(write_official(tmp_path / "o", weights), target=target)
     embed = target.get_input_embeddings().weight.detach()
@@ -252,16 +261,17 @@ def test_state_over_commits_matches_the_reference(target, tmp_path):
         # verification: ``slots`` tree nodes with their target states; an accepted path of 1..depth+1 nodes
         hidden = torch.randn(2, slots, 3 * H, generator=gen)
         num_path = torch.randint(1, depth + 2, (2,), generator=gen)
-        path = torch.zeros(2, depth + 1, dtype=torch.long)
+        acc_path = torch.zeros(2, depth + 1, dtype=torch.long)
         acc = torch.zeros(2, depth + 1, dtype=torch.long)
         for b in range(2):
             nodes = [0] + sorted(torch.randperm(slots - 1, generator=gen)[:depth].add(1).tolist())
             n = int(num_path[b])
-            path[b] = torch.tensor(nodes[:n] + [nodes[n - 1]] * (depth + 1 - n))
+            acc_path[b] = torch.tensor(nodes[:n] + [nodes[n - 1]] * (depth + 1 - n))
             acc[b, :n] = torch.randint(4, V, (n,), generator=gen)
-            feats[b] = torch.cat([feats[b], hidden[b, path[b, :n]]])
+            feats[b] = torch.cat([feats[b], hidden[b, acc_path[b, :n]]])
             tokens[b] += acc[b, :n].tolist()
-        state.commit(Accept(path=path, num_path=num_path, tokens=acc), hidden, prefix)
+        state.commit(Accept(path=acc_path, num_path=num_path, tokens=acc), hidden, prefix)
+    assert path == "sdpa" or calls, "the kernel's path was not taken"
 
 
 # -- decoding --------------------------------------------------------------------------------------------------------

@@ -24,7 +24,10 @@ def _tensors(state) -> dict[str, torch.Tensor]:
     """Every tensor the state holds: its attributes, and the entries of its tuple / list / dict attributes."""
     found = {}
     for name, value in vars(state).items():
-        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else [("", value)]
+        if isinstance(value, dict):
+            items = value.items()
+        else:
+            items = enumerate(value) if isinstance(value, (list, tuple)) else [("", value)]
         for key, item in items:
             if isinstance(item, torch.Tensor):
                 found[f"{name}[{key}]" if key != "" else name] = item
@@ -69,7 +72,7 @@ def test_dflash_refresh_takes_weights_changed_in_place_into_the_same_tensors():
     model = tiny_model("qwen3", num_hidden_layers=4, scale=2.0)
     drafter = sharp_drafter(model)
     state = drafter.attach(TargetModel(model), 32)
-    held = {key: t for key, t in _tensors(state).items()}
+    held = _tensors(state)
     k_proj = drafter.model.layers[0].self_attn.k_proj.weight
     with torch.no_grad():
         k_proj.mul_(2.0)
