@@ -33,3 +33,24 @@ def test_eagle3_round_is_captured_and_exact_on_cuda(zoo, cuda):
         out = specdec.generate(model, ids, drafter=head, tree=tree, max_new_tokens=32)
         want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32)
         assert out.stats.path == "graph" and torch.equal(out.sequences, want)
+
+
+def test_eagle3_reused_state_drafts_as_a_fresh_one_on_cuda(zoo, cuda):
+    """The head's state is reused by the next call on the same engine (``refresh`` runs before it) and the captured
+    round reads its tensors by address: a tensor replaced in ``refresh`` left the graph reading freed memory, so
+    later calls drafted wrong ids (fewer tokens accepted, then an out-of-bounds ``index_copy_``). The same prompt
+    decoded again must accept exactly what the first call accepted, with allocations in between."""
+    from specdec.loading import asset_path
+
+    model, _, prompts = load(zoo, "dense", torch.float32, cuda)
+    head = specdec.Eagle3Drafter.from_pretrained(asset_path("drafters/zoo-dense-eagle3"), target=model)
+    ids = prompts[2]
+    first = specdec.generate(model, ids, drafter=head, tree=specdec.Chain(k=4), max_new_tokens=48, reuse_prefix=False)
+    assert first.stats.path == "graph" and max(first.stats.accept_lengths) > 1, "the shipped head drafts nothing"
+    for other in prompts[3:6]:  # other calls, and memory freed and allocated between them
+        specdec.generate(model, other, drafter=head, tree=specdec.Chain(k=4), max_new_tokens=16, reuse_prefix=False)
+        junk = [torch.randint(0, 2**30, (1 << 16,), device=cuda) for _ in range(8)]
+        del junk
+    again = specdec.generate(model, ids, drafter=head, tree=specdec.Chain(k=4), max_new_tokens=48, reuse_prefix=False)
+    assert torch.equal(again.sequences, first.sequences)
+    assert again.stats.accept_lengths == first.stats.accept_lengths
