@@ -798,7 +798,7 @@ MUTANTS += [
     ),
     Mutant(  # the new positions' fused target states not stored (the rows still see them once, in the resume)
         "eagle3_resume_states_not_kept",
-        ((EAGLE3_STATIC, "self.fused[:, start : start + n] = fused\n", "states = fused\n"),
+        ((EAGLE3_STATIC, "self.fused[:, start : start + n] = fused.to(self.fused.dtype)\n", "states = fused\n"),
          (EAGLE3_STATIC, "states = self.fused[:, start - 1 : start + n - 1]",
           "states = torch.cat((self.fused[:, start - 1 : start], states[:, :-1]), 1)"),),  # fmt: skip
         RESUME_TESTS,

@@ -168,7 +168,7 @@ class Eagle3Static:
         rows ``0 .. T-2`` into the head's keys/values (rows past a shorter prompt land where the round rewrites)."""
         n = input_ids.shape[1]
         fused = self.drafter.model.fuse(hidden)
-        self.fused[:, :n] = fused
+        self.fused[:, :n] = fused.to(self.fused.dtype)
         if n > 1:
             positions = self.slots[: n - 1][None].expand(input_ids.shape[0], -1)
             self._write(input_ids[:, 1:], fused[:, :-1], positions)
@@ -180,7 +180,7 @@ class Eagle3Static:
         sequence writes them; the rows before stay."""
         n = input_ids.shape[1]
         fused = self.drafter.model.fuse(hidden)
-        self.fused[:, start : start + n] = fused
+        self.fused[:, start : start + n] = fused.to(self.fused.dtype)
         states = self.fused[:, start - 1 : start + n - 1]
         positions = (start - 1 + self.slots[:n])[None].expand(input_ids.shape[0], -1)
         self._write(input_ids, states, positions)
@@ -250,6 +250,6 @@ class Eagle3Static:
         path = accept.path
         fused = self.drafter.model.fuse(hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1])))
         positions = prefix[:, None] + torch.arange(path.shape[1], device=path.device)  # [B, P]
-        self.fused[self.rows, positions.clamp(max=self.scratch)] = fused
+        self.fused[self.rows, positions.clamp(max=self.scratch)] = fused.to(self.fused.dtype)
         if path.shape[1] > 1:  # the last row needs the next root: the round's first step writes it
             self._write(accept.tokens[:, :-1], fused[:, :-1], positions[:, :-1])

@@ -427,9 +427,8 @@ def train_head(
     }
 
     def evaluate() -> None:
-        model.eval()
-        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            res = eval_acceptance(drafter, target, eval_ids, new_tokens=cfg.eval_new_tokens, k=cfg.eval_chain)
+        model.eval()  # decoded as a user would: the head in its own dtype, no autocast (its round is captured)
+        res = eval_acceptance(drafter, target, eval_ids, new_tokens=cfg.eval_new_tokens, k=cfg.eval_chain)
         model.train()
         res = {"step": step, **res}
         evals.append(res)
