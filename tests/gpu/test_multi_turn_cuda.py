@@ -28,7 +28,9 @@ def test_a_conversation_reuses_its_prefix_on_cuda(zoo, cuda):
 def test_eagle3_round_is_captured_and_exact_on_cuda(zoo, cuda):
     model, _, prompts = load(zoo, "dense", torch.float32, cuda)
     head = specdec.Eagle3Drafter.for_target(model, seed=0)
-    for tree in (specdec.Chain(k=4), specdec.DDTree(budget=16, topk=4)):
+    trees = (specdec.Chain(k=4), specdec.DDTree(budget=16, topk=4),
+             specdec.DynamicTree(depth=5, topk=4, total_tokens=16))  # fmt: skip
+    for tree in trees:
         ids = prompts[1]
         out = specdec.generate(model, ids, drafter=head, tree=tree, max_new_tokens=32)
         want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32)
