@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.state.storage import StaticKV, StaticKVCache
+from specdec.state.storage import StaticKV, StaticKVCache, mask_values
 from specdec.types import Accept, Proposal
 
 __all__ = ["MTPStatic"]
@@ -65,10 +65,7 @@ class MTPStatic:
     def _mask(self, positions: torch.Tensor, span: int) -> torch.Tensor:
         """Additive mask ``[B, 1, N, span]``: row at position ``p`` sees slots ``<= p``."""
         seen = self.keys[:span] <= positions[..., None]
-        dtype = self.hidden.dtype
-        return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)[
-            :, None
-        ]
+        return torch.where(seen, *mask_values(self.hidden.dtype, seen.device))[:, None]  # one kernel
 
     def step(
         self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, span: int, shared: bool = False
