@@ -716,6 +716,16 @@ MUTANTS += [
         ((EAGLE3_STATIC, "lengths = seen[:, -1] + 1", "lengths = seen[:, -1]"),),
         ("tests/drafters/test_eagle3.py::test_state_over_commits_matches_the_reference",),
     ),
+    Mutant(  # the target's wrapper reused after its attention implementation changed
+        "target_wrap_ignores_attention",
+        (("specdec/target.py", 'getattr(target.config, "_attn_implementation", None),', "None,"),),
+        ("tests/unit/test_target_wrap.py",),
+    ),
+    Mutant(  # the target's wrapper reused after a cast or a replaced layer (the weights' signature not compared)
+        "target_wrap_ignores_weights",
+        (("specdec/target.py", "key = (signature, id(target.config)", "key = ((), id(target.config)"),),
+        ("tests/unit/test_target_wrap.py", "tests/test_model_changes.py"),
+    ),
     Mutant(  # refresh replaces the id map by a new tensor: a captured round keeps reading the freed one
         "eagle3_refresh_replaces_ids",
         ((EAGLE3_STATIC, "self.target_ids.copy_(self.drafter.model.target_ids())",

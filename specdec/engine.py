@@ -12,11 +12,10 @@ while its own weights do. See ``docs/round.md``.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import torch
 from transformers import DynamicCache
@@ -32,7 +31,7 @@ from specdec.runtime import Captured, compile_fn, compile_key
 from specdec.state.hybrid import HybridState, VerifyRound, adapter_forwards, hybrid_prefill
 from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.state.storage import StaticModel, commit_rows, static_reason
-from specdec.target import TargetModel
+from specdec.target import TargetModel, weights_signature, weights_state
 from specdec.trees.build import root_trees
 from specdec.types import DeviceTree, Proposal, SamplingParams
 from specdec.validate import (
@@ -105,24 +104,6 @@ def capture_reason(target: TargetModel) -> str | None:
     if target.device.type != "cuda":
         return f"the target is on {target.device.type}, CUDA graphs need a CUDA device"
     return hybrid_reason(target.state, target.device, needs_kernels=True)
-
-
-def weights_signature(modules: Iterable[torch.nn.Module]) -> tuple:
-    """(address, dtype, device) of every parameter and buffer of ``modules``, in order.
-
-    The static storage takes the weights' dtype and device; captured graphs and compiled rounds read their addresses.
-    A cast or move (``model.to(torch.bfloat16)``, ``.double()``, ``.to("cuda")``, and back) changes the signature,
-    which makes the state built for the old one stale; in-place updates of the values (``copy_``) do not.
-    """
-    tensors = itertools.chain.from_iterable(itertools.chain(m.parameters(), m.buffers()) for m in modules)
-    return tuple((_address(t), t.dtype, t.device) for t in tensors)
-
-
-def _address(t: torch.Tensor) -> int:
-    try:
-        return t.data_ptr()
-    except RuntimeError:  # a tensor subclass without storage of its own: its identity
-        return id(t)
 
 
 def tree_slots(drafter, tree) -> int:
@@ -591,7 +572,7 @@ class Engine:
         target's weights kept their dtype, device and storage since it was built, else a new one (every engine of a
         target whose weights changed is dropped). The state and rounds kept for ``drafter`` are dropped too if its
         own weights changed since their last call."""
-        signature = weights_signature([target.model])
+        signature = target.signature if target.signature is not None else weights_signature([target.model])
         engines = cls._engines.setdefault(target.model, {})
         if any(engine.signature != signature for engine in engines.values()):
             logger.info("specdec: the target was cast or moved; its static storage and rounds are rebuilt")
@@ -667,10 +648,11 @@ class Engine:
 
     def _versions(self, drafter) -> int:
         """The in-place update counters of the target's (and the drafter's) weights: an update between calls (a
-        training step's ``copy_``) makes the kept state stale."""
-        modules = [self.target.target.model, *(drafter_modules(drafter) if drafter is not None else ())]
-        tensors = itertools.chain.from_iterable(itertools.chain(m.parameters(), m.buffers()) for m in modules)
-        return sum(t._version for t in tensors)
+        training step's ``copy_``) makes the kept state stale. The target's are those ``TargetModel.wrap`` read at
+        this call (a call updates no weight), the drafter's are read here."""
+        target = self.target.target
+        versions = target.versions if target.versions is not None else weights_state([target.model])[1]
+        return versions + (weights_state(drafter_modules(drafter))[1] if drafter is not None else 0)
 
     def reusable(self, prompt: torch.Tensor, drafter, *, graph: bool = False) -> int:
         """How many leading tokens of ``prompt`` (``[T]``, one sequence, on the device) the storage already holds

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -19,11 +21,40 @@ from specdec.state import cache_kwarg, manager_for
 from specdec.state.storage import StaticKVCache
 from specdec.state.windows import WindowLayout, keep_every_key, window_layout
 
-__all__ = ["TargetModel"]
+__all__ = ["TargetModel", "weights_signature", "weights_state"]
 
 logger = logging.getLogger(__name__)
 
 _TREE_ATTN = ("sdpa", "eager")
+
+# model -> (what its wrapper was made from, the wrapper): ``TargetModel.wrap`` makes a model's wrapper once
+_WRAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def weights_state(modules: Iterable[torch.nn.Module]) -> tuple[tuple, int]:
+    """``(weights_signature(modules), the sum of their in-place update counters)`` in one pass over the tensors."""
+    signature, versions = [], 0
+    for t in itertools.chain.from_iterable(itertools.chain(m.parameters(), m.buffers()) for m in modules):
+        signature.append((_address(t), t.dtype, t.device))
+        versions += t._version
+    return tuple(signature), versions
+
+
+def weights_signature(modules: Iterable[torch.nn.Module]) -> tuple:
+    """(address, dtype, device) of every parameter and buffer of ``modules``, in order.
+
+    The static storage takes the weights' dtype and device; captured graphs and compiled rounds read their addresses.
+    A cast or move (``model.to(torch.bfloat16)``, ``.double()``, ``.to("cuda")``, and back) changes the signature,
+    which makes the state built for the old one stale; in-place updates of the values (``copy_``) do not.
+    """
+    return weights_state(modules)[0]
+
+
+def _address(t: torch.Tensor) -> int:
+    try:
+        return t.data_ptr()
+    except RuntimeError:  # a tensor subclass without storage of its own: its identity
+        return id(t)
 
 
 class TargetModel:
@@ -52,10 +83,30 @@ class TargetModel:
         self._passes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         self.cache = None
         self.length = 0  # tokens held in the cache
+        # the weights' state when last wrapped (``wrap``; None: read it when needed)
+        self.signature: tuple | None = None
+        self.versions: int | None = None
 
     @classmethod
     def wrap(cls, target, **kwargs) -> TargetModel:
-        return target if isinstance(target, TargetModel) else cls(target, **kwargs)
+        """``target`` itself if it is a ``TargetModel``, else the wrapper of the HF model ``target``: made once per
+        model and reused while what it was made from holds (the weights' addresses, dtypes and devices, the config
+        object and its attention implementation, ``kwargs``), since making one walks every module. Each call
+        refreshes ``signature`` and ``versions`` (the weights' state at this call, read once for the engine)."""
+        if isinstance(target, TargetModel):
+            target.signature, target.versions = weights_state([target.model])
+            return target
+        signature, versions = weights_state([target])
+        key = (signature, id(target.config), getattr(target.config, "_attn_implementation", None),
+               tuple(sorted(kwargs.items())))  # fmt: skip
+        hit = _WRAPPED.get(target)
+        if hit is not None and hit[0] == key:
+            wrapped = hit[1]
+        else:
+            wrapped = cls(target, **kwargs)
+            _WRAPPED[target] = (key, wrapped)
+        wrapped.signature, wrapped.versions = signature, versions
+        return wrapped
 
     # -- model facts -------------------------------------------------------------------------------------
     @property

@@ -1,0 +1,57 @@
+"""``TargetModel.wrap`` makes a model's wrapper once (making one walks every module: milliseconds per call at real
+sizes) and must make a new one whenever what it was made from changes; the weights' state it reads each call is the
+engine's staleness check (a cast, a move or an in-place update between calls)."""
+
+from __future__ import annotations
+
+import torch
+from models import tiny_model
+from state.hybrid_harness import tiny_hybrid
+
+import specdec
+from specdec.target import TargetModel
+
+
+def test_the_wrapper_is_reused_while_nothing_changes():
+    model = tiny_model("qwen3", num_hidden_layers=2)
+    first = TargetModel.wrap(model)
+    assert TargetModel.wrap(model) is first
+    assert TargetModel.wrap(first) is first
+
+
+def test_a_cast_a_new_attention_implementation_or_other_options_make_a_new_wrapper():
+    model = tiny_model("qwen3", num_hidden_layers=2)
+    first = TargetModel.wrap(model)
+    model.to(torch.float64)
+    cast = TargetModel.wrap(model)
+    assert cast is not first and cast.dtype == torch.float64
+    model.set_attn_implementation("eager")
+    eager = TargetModel.wrap(model)
+    assert eager is not cast
+    assert TargetModel.wrap(model, hybrid_mode="snapshot") is not eager
+
+
+def test_a_replaced_layer_makes_a_new_wrapper_with_its_state():
+    """A hybrid target whose recurrent layers are removed becomes attention-only: the new wrapper's state manager
+    must say so (a reused one would keep the hybrid's adapters)."""
+    model = tiny_hybrid("qwen3_5")
+    hybrid = TargetModel.wrap(model)
+    assert type(hybrid.state).__name__ == "HybridState"
+    kept = [i for i, t in enumerate(model.config.layer_types) if t == "full_attention"]
+    model.model.layers = torch.nn.ModuleList([model.model.layers[i] for i in kept])
+    model.config.layer_types = ["full_attention"] * len(kept)
+    model.config.num_hidden_layers = len(kept)
+    assert type(TargetModel.wrap(model).state).__name__ == "KVState"
+
+
+def test_each_wrap_reads_the_weights_state_of_that_call():
+    model = tiny_model("qwen3", num_hidden_layers=2)
+    before = TargetModel.wrap(model).versions
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.0)  # an in-place update: same addresses, one more version
+    wrapped = TargetModel.wrap(model)
+    assert wrapped.versions == before + 1
+    held = specdec.SpeculativeModel(model)  # holds its wrapper; each call refreshes it
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.0)
+    assert TargetModel.wrap(held.target).versions == before + 2
