@@ -550,6 +550,7 @@ class Engine:
         self._drafter_signatures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # of their own weights
         self._rounds: dict = {}
         self._prefills: dict = {}
+        self._scopes: dict = {}  # attention_scope's scopes by their settings (making one walks every module)
         # rounds and captured prefills built on this engine: each is a graph key (one CUDA graph, or one compiled
         # shape, once run); ``SpecStats.captures`` counts a call's new ones
         self.rounds_built = self.prefills_built = 0
@@ -774,9 +775,18 @@ class Engine:
         grouped = grouped_for(compiled, self.device, kv.dtype, kv.shape[-1])
         norms = not compiled and norm_kernel_for(self.device)
         rotary = not compiled and rotary_kernel_for(self.device)
+        linear = linear_kernel_for()
+        # made once per setting and draft model: this engine's target keeps its modules (another one gets another
+        # engine, ``weights_signature``), and a drafter whose weights changed gets a new state (``_check_drafter``)
+        key = (id(draft), compiled, grouped, norms, rotary, linear)
+        held = self._scopes.get(key)
+        if held is not None and held[0] is draft:
+            return held[1]
         rope = [] if compiled else self.target.rope.forwards()  # the rotary tables: one gather per forward
-        return AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear_kernel_for(),
-                              norms=norms, rotary=rotary, forwards=rope)  # fmt: skip
+        scope = AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear, norms=norms,
+                               rotary=rotary, forwards=rope)  # fmt: skip
+        self._scopes[key] = (draft, scope)
+        return scope
 
     def _prefill_for(self, drafter, size: int, graph: bool) -> _Prefill:
         from specdec.backends import current

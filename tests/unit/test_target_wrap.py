@@ -55,3 +55,24 @@ def test_each_wrap_reads_the_weights_state_of_that_call():
     with torch.no_grad():
         model.lm_head.weight.mul_(1.0)
     assert TargetModel.wrap(held.target).versions == before + 2
+
+
+def test_the_engine_makes_its_attention_scope_once_per_setting():
+    """The scope routing the forwards is made once per setting (making one walks every module); a setting that
+    routes more (the linear layers through the split-K kernel) gets its own, and the greedy tokens stay HF's."""
+    from specdec.backends import use
+    from specdec.engine import Engine
+
+    model = tiny_model("qwen3", num_hidden_layers=2)
+    ids = torch.randint(4, 100, (1, 9), generator=torch.Generator().manual_seed(0))
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6)
+    assert torch.equal(specdec.generate(model, ids, max_new_tokens=6).sequences, want)
+    engine = Engine._engines[model][1]
+    plain = engine.attention_scope(None)
+    assert engine.attention_scope(None) is plain and not plain.linears
+    with use({"linear_kernel": "triton"}):
+        routed = engine.attention_scope(None)
+        assert routed is not plain and routed.linears
+        assert torch.equal(specdec.generate(model, ids, max_new_tokens=6).sequences, want)
+    assert engine.attention_scope(None) is plain
+    assert torch.equal(specdec.generate(model, ids, max_new_tokens=6).sequences, want)
