@@ -32,16 +32,19 @@ def test_a_cast_a_new_attention_implementation_or_other_options_make_a_new_wrapp
 
 
 def test_a_replaced_layer_makes_a_new_wrapper_with_its_state():
-    """A hybrid target whose recurrent layers are removed becomes attention-only: the new wrapper's state manager
-    must say so (a reused one would keep the hybrid's adapters)."""
+    """A hybrid target whose recurrent mixer is replaced by a new module: the new wrapper's state manager must run
+    the new module (a reused one would keep an adapter over the old mixer, which no longer runs in the model)."""
+    import copy
+
     model = tiny_hybrid("qwen3_5")
-    hybrid = TargetModel.wrap(model)
-    assert type(hybrid.state).__name__ == "HybridState"
-    kept = [i for i, t in enumerate(model.config.layer_types) if t == "full_attention"]
-    model.model.layers = torch.nn.ModuleList([model.model.layers[i] for i in kept])
-    model.config.layer_types = ["full_attention"] * len(kept)
-    model.config.num_hidden_layers = len(kept)
-    assert type(TargetModel.wrap(model).state).__name__ == "KVState"
+    first = TargetModel.wrap(model)
+    layer = next(layer for layer in model.model.layers if hasattr(layer, "linear_attn"))
+    old = layer.linear_attn
+    layer.linear_attn = copy.deepcopy(old)
+    wrapped = TargetModel.wrap(model)
+    assert wrapped is not first
+    modules = [adapter.module for adapter in wrapped.state.adapters]
+    assert any(m is layer.linear_attn for m in modules) and not any(m is old for m in modules)
 
 
 def test_each_wrap_reads_the_weights_state_of_that_call():
