@@ -27,7 +27,7 @@ from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
 from specdec.kernels.tree_accept import tree_masks
 from specdec.processors import Processors, node_history
-from specdec.runtime import Captured, compile_fn, compile_key
+from specdec.runtime import Captured, OnModel, compile_fn, compile_key
 from specdec.state.hybrid import HybridState, VerifyRound, adapter_forwards, hybrid_prefill
 from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.state.storage import StaticModel, commit_rows, static_reason
@@ -533,7 +533,7 @@ class Engine:
     Use :meth:`for_target` to get the engine of a target; ``generate`` does this.
     """
 
-    _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {batch: Engine}
+    _engines = OnModel("_specdec_engines")  # model -> {batch: Engine}, kept on the model: freed with it
 
     def __init__(self, target: TargetModel, capacity: int, batch: int = 1, signature: tuple | None = None) -> None:
         self.device, self.batch = target.device, batch

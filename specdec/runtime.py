@@ -29,6 +29,68 @@ RECOMPILE_LIMIT = 4096
 MODES = ("default", "max-autotune-no-cudagraphs")
 
 
+class _Held:
+    """What ``OnModel`` keeps in one object's ``__dict__``. A copy or a pickle of that object gets none of it (a
+    copied model gets its own engines; nothing on a device is pickled)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value=None) -> None:
+        self.value = value
+
+    def __copy__(self) -> _Held:
+        return _Held()
+
+    def __deepcopy__(self, memo) -> _Held:
+        return _Held()
+
+    def __reduce__(self):
+        return (_Held, ())
+
+
+class OnModel:
+    """A map ``object -> value`` whose values live on their key (in its ``__dict__`` under ``name``), so that a value
+    referring back to its key (an engine holds its model) is freed with it: a ``WeakKeyDictionary`` would keep such
+    a key alive for ever. The dict methods used here: ``get``, ``[]``, ``in``, ``setdefault``, ``pop``, ``[] =``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _held(self, key) -> _Held | None:
+        held = key.__dict__.get(self.name)
+        return held if isinstance(held, _Held) and held.value is not None else None
+
+    def get(self, key, default=None):
+        held = self._held(key)
+        return default if held is None else held.value
+
+    def __getitem__(self, key):
+        held = self._held(key)
+        if held is None:
+            raise KeyError(key)
+        return held.value
+
+    def __contains__(self, key) -> bool:
+        return self._held(key) is not None
+
+    def __setitem__(self, key, value) -> None:
+        key.__dict__[self.name] = _Held(value)
+
+    def setdefault(self, key, default):
+        held = self._held(key)
+        if held is None:
+            self[key] = default
+            return default
+        return held.value
+
+    def pop(self, key, default=None):
+        held = self._held(key)
+        if held is None:
+            return default
+        key.__dict__.pop(self.name, None)
+        return held.value
+
+
 # key -> a tensor (or tuple of tensors) that depends only on the key: shapes and device (``constant``)
 _CONSTANTS: dict = {}
 

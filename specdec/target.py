@@ -11,12 +11,12 @@ import functools
 import inspect
 import itertools
 import logging
-import weakref
 from collections.abc import Iterable, Sequence
 
 import torch
 
 from specdec.attention import KV_FLAT, KV_LENGTHS
+from specdec.runtime import OnModel
 from specdec.state import cache_kwarg, manager_for
 from specdec.state.storage import StaticKVCache
 from specdec.state.windows import WindowLayout, keep_every_key, window_layout
@@ -27,8 +27,9 @@ logger = logging.getLogger(__name__)
 
 _TREE_ATTN = ("sdpa", "eager")
 
-# model -> (what its wrapper was made from, the wrapper): ``TargetModel.wrap`` makes a model's wrapper once
-_WRAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# model -> (what its wrapper was made from, the wrapper): ``TargetModel.wrap`` makes a model's wrapper once; kept on
+# the model, so that the wrapper (which holds the model) is freed with it
+_WRAPPED = OnModel("_specdec_wrapper")
 
 
 def weights_state(modules: Iterable[torch.nn.Module]) -> tuple[tuple, int]:

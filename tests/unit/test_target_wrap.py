@@ -79,3 +79,28 @@ def test_the_engine_makes_its_attention_scope_once_per_setting():
         assert torch.equal(specdec.generate(model, ids, max_new_tokens=6).sequences, want)
     assert engine.attention_scope(None) is plain
     assert torch.equal(specdec.generate(model, ids, max_new_tokens=6).sequences, want)
+
+
+def test_a_model_is_freed_once_its_user_drops_it():
+    """The engines (static storage, rounds) and the wrapper of a model are kept on the model, not in a map keyed by
+    it whose values point back at it (which kept every model passed to ``generate`` alive with its storage). A
+    copy of a model does not share them and decodes as HF does."""
+    import copy
+    import gc
+    import weakref
+
+    model = tiny_model("qwen3", num_hidden_layers=2)
+    ids = torch.randint(4, 100, (1, 9), generator=torch.Generator().manual_seed(1))
+    specdec.generate(model, ids, max_new_tokens=4, drafter=specdec.NGramDrafter(), tree=specdec.DDTree(budget=6))
+    held = specdec.SpeculativeModel(model)
+    held.generate(ids, max_new_tokens=4)
+    twin = copy.deepcopy(model)
+    want = twin.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=4)
+    assert torch.equal(specdec.generate(twin, ids, max_new_tokens=4).sequences, want)
+    from specdec.engine import Engine
+
+    assert Engine._engines[twin] is not Engine._engines[model]
+    gone = weakref.ref(model)
+    del model, held
+    gc.collect()
+    assert gone() is None
