@@ -95,6 +95,12 @@ def triton_kernel_for(
     return triton_picked(torch.device(device), dtype, head_dim)
 
 
+def kernel_impl() -> str:
+    """The ``impl`` to pass ``tree_attention`` once :func:`triton_kernel_for` said yes: "auto" has already picked
+    the Triton version (no second dispatch); "triton" lets the call pick (its reference off CUDA)."""
+    return "triton" if KERNEL == "auto" else "auto"
+
+
 def grouped_for(
     compiled: bool, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, head_dim: int | None = None
 ) -> bool:
@@ -156,9 +162,7 @@ def grouped_sdpa(
     if kernel:
         from specdec.kernels.tree_attention import tree_attention
 
-        # "auto" has already picked the Triton version (no second dispatch); "triton" lets the call pick (its
-        # reference off CUDA)
-        impl = "triton" if KERNEL == "auto" else "auto"
+        impl = kernel_impl()
         scale = head_dim**-0.5 if scaling is None else scaling
         if lengths is not None and (lengths.shape != (batch,) or lengths.device != query.device):
             lengths = None  # not this forward's sequences (e.g. a model inside another's forward): read the span

@@ -206,7 +206,7 @@ class DFlashStatic:
                 self.kv[i][:, self.rows, :, positions] = new
             keys, values = self.kv[i, 0, :, :, :span], self.kv[i, 1, :, :, :span]
             if kernel:  # each sequence reads its context and block once, nothing of the storage past them
-                impl = "triton" if attention.KERNEL == "auto" else "auto"
+                impl = attention.kernel_impl()
                 scale = head_dim**-0.5
                 out = tree_attention(q.transpose(1, 2), keys, values, biases[window], scale, lengths, impl=impl)
                 out = out.reshape(batch, size, -1)

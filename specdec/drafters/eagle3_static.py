@@ -29,15 +29,15 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from specdec import attention
 from specdec.drafters.dflash_static import _NORM_IMPL
 from specdec.kernels.rms_norm import rms_norm
-from specdec.kernels.rotary import fits_triton as rotary_fits
-from specdec.kernels.rotary import rotary
-from specdec.kernels.rotary.routing import rotary_kernel_for
+from specdec.kernels.rotary.routing import fused, rotary_kernel_for
 from specdec.kernels.tree_attention import tree_attention
 from specdec.state.storage import mask_values
 from specdec.trees.dynamic import expand_candidates
 from specdec.types import Accept, Proposal
 
 __all__ = ["Eagle3Static"]
+
+_FUSED = fused(apply_rotary_pos_emb)  # the rotary kernel where a call fits it, HF's rotation otherwise
 
 
 class Eagle3Static:
@@ -81,8 +81,8 @@ class Eagle3Static:
         ``specdec.kernels.rotary`` launch where the target's rotation takes it (``Backends.target_rotary``,
         uncompiled) and the call fits it (bf16: the same products and sums as HF's, bit for bit), else HF's
         ``apply_rotary_pos_emb``."""
-        if not torch.compiler.is_compiling() and rotary_kernel_for(q.device) and rotary_fits(q, k, cos, sin):
-            return rotary(q, k, cos, sin)
+        if not torch.compiler.is_compiling() and rotary_kernel_for(q.device):
+            return _FUSED(q, k, cos, sin)
         return apply_rotary_pos_emb(q, k, cos, sin)
 
     def _seen(self, positions: torch.Tensor, span: int) -> torch.Tensor:
@@ -124,8 +124,8 @@ class Eagle3Static:
         if attention.triton_kernel_for(q.device, torch.compiler.is_compiling(), q.dtype, dim):
             mask = (self.slots[:span] <= seen[..., None])[:, None]  # [B, 1, L, span], True = visible
             lengths = seen[:, -1] + 1  # the last row reads the most
-            impl = "triton" if attention.KERNEL == "auto" else "auto"
-            out = tree_attention(q, keys, values, mask, dim**-0.5, lengths, impl=impl, flat=seen[:, 0])
+            out = tree_attention(q, keys, values, mask, dim**-0.5, lengths, impl=attention.kernel_impl(),
+                                 flat=seen[:, 0])  # fmt: skip
             return out.reshape(batch, rows, -1)
         # row r*L + i of a stacked group is query i of the group's r-th head (see _sdpa)
         keep = self.slots[:span] <= seen.repeat(1, self.rep)[..., None]  # [B, rep * L, span]
