@@ -597,6 +597,17 @@ MUTANTS += [
         (("specdec/budget.py", "if self.settle and self.votes >= self.settle:", "if self.settle and self.votes:"),),
         ("tests/round/test_auto_budget.py",),
     ),
+    Mutant(  # a detach verdict made on one poorly drafted prompt starts the next calls detached
+        "auto_detach_verdict_always_carries",
+        (("specdec/budget.py", "self.start_detached or (self.verdict and self.carries)",
+          "self.start_detached or self.verdict"),),
+        ("tests/round/test_auto_budget.py",),
+    ),
+    Mutant(  # the model's choice is the plain argmax: no margin for the larger trees' overrated values
+        "auto_margin_dropped",
+        (("specdec/budget.py", "if value[o] * (1.0 + self.margin) >= best)", "if value[o] >= best)"),),
+        ("tests/round/test_auto_budget.py", AUTO_KEYS),
+    ),
     Mutant(  # the controller rebuilt at every call: every call measures every size again
         "auto_controller_not_kept",
         ((ENGINE, "ctrl = self._controllers.get(key)", "ctrl = None"),),

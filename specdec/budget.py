@@ -556,8 +556,15 @@ class AutoBudget:
     (-1): it leaves the drafter behind for the rest of the call (its state is not used again in that call, and the
     next call prefills it anew). Its cost is measured on the last rounds of a call (``final``), where leaving the
     drafter behind costs nothing. When it beats every attached option in ``settle`` model choices in a row, the
-    controller detaches. A call after a detached one starts detached, except every ``call_gap`` calls (doubling up to
-    8 while the probe is overruled) when it starts attached to look again; a tree chosen by the model ends that.
+    controller detaches. That verdict carries to the next calls only if detaching also wins at the long-run
+    expectations (``long_smoothing``, over many rounds and calls): a call whose prompt drafts poorly detaches alone,
+    and the next call starts attached. A call after one whose verdict carries starts detached, except every
+    ``call_gap`` calls (doubling up to 8 while the probe is overruled) when it starts attached to look again; a
+    tree chosen by the model ends that.
+
+    **Ties go to the smaller option.** The model picks the smallest option whose value is within ``margin`` of
+    the best: the largest of several noisy estimates is overrated (a larger tree's the most), and a round costs a
+    little more than its device time says (each call discards the round launched ahead at its end).
 
     The decoding loop keeps one controller per engine (target, batch bucket), drafter and policy across calls
     (:meth:`resume` at each call): the sizes are measured once, not at every call.
@@ -576,18 +583,29 @@ class AutoBudget:
         smoothing (float): in [0, 1), the weight of the earlier rounds in the smoothed expectation (0: the last
             round's alone).
         settle (int): model choices in a row that detaching must win before the controller detaches (0: never).
+        margin (float): >= 0, the relative value a larger option must gain over a smaller one (0: the argmax,
+            ties to the smaller).
+        long_smoothing (float): in [0, 1), the weight of the past in the long-run expectation that decides
+            whether a detach verdict carries to the next calls.
     """
 
     def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 4,
-                 smoothing: float = 0.8, settle: int = 4) -> None:  # fmt: skip
+                 smoothing: float = 0.8, settle: int = 4, margin: float = 0.03,
+                 long_smoothing: float = 0.95) -> None:  # fmt: skip
         self.sizes = check_sizes(sizes)
         self.batch = _int("batch", batch, 1)
         self.window = _int("window", window, 1)
         self.probe = _int("probe", probe, 1)
-        if not _finite(smoothing) or not 0 <= smoothing < 1:
-            raise ValueError(f"smoothing={smoothing!r}: pass a float in [0, 1).")
-        self.smoothing = float(smoothing)
+        for name, value in (("smoothing", smoothing), ("long_smoothing", long_smoothing)):
+            if not _finite(value) or not 0 <= value < 1:
+                raise ValueError(f"{name}={value!r}: pass a float in [0, 1).")
+        if not _finite(margin) or margin < 0:
+            raise ValueError(f"margin={margin!r}: pass a finite float >= 0.")
+        self.smoothing, self.long_smoothing, self.margin = float(smoothing), float(long_smoothing), float(margin)
         self.settle = _int("settle", settle, 0)
+        # the rows' mean calibrated expectation over many rounds and calls
+        self.expected_long: list[float] | None = None
+        self.carries = False  # this call's detach verdict holds at the long-run expectations too
         self.rows = 0  # decoding rows at the last tree round
         # a light prior (one predicted token): a drafter whose drafts are never accepted is believed within a few
         # rounds, so the larger trees are retried rarely
@@ -615,7 +633,10 @@ class AutoBudget:
         launched ahead) and the last call's decisions."""
         self.in_flight = []
         self.decisions = []
-        self.start_detached = self.start_detached or self.verdict
+        # a verdict made on this call's prompts alone (its drafts were poor, trees win on the usual ones) does
+        # not carry: the next call starts attached
+        self.start_detached = self.start_detached or (self.verdict and self.carries)
+        self.carries = False
         self.detached = self.verdict = False  # the drafter was prefilled anew
         self.votes = 0
         self.first_of_call = True
@@ -633,12 +654,14 @@ class AutoBudget:
             out[DETACHED] = self._cost(DETACHED)
         return out
 
-    def _values(self, costs: Mapping[int, float], scales: Sequence[float]) -> dict[int, float]:
-        """Committed tokens per ms of each option measured (``goodputs`` on the measured costs)."""
-        rows = self.rows
+    def _values(self, costs: Mapping[int, float], scales: Sequence[float],
+                expected: Sequence[float] | None = None) -> dict[int, float]:  # fmt: skip
+        """Committed tokens per ms of each option measured (``goodputs`` on the measured costs), at ``expected``
+        (default: the smoothed expectations of recent rounds)."""
+        rows, expected = self.rows, self.expected if expected is None else expected
         value = {o: rows / costs[o] for o in (0, DETACHED) if o in costs}
         for k, s in enumerate(self.sizes):
-            value[s] = rows * (1.0 + scales[k] * self.expected[k]) / costs[s]
+            value[s] = rows * (1.0 + scales[k] * expected[k]) / costs[s]
         return value
 
     def next_size(self, remaining: Mapping[int, int] | None = None, final: bool = False) -> int:
@@ -676,18 +699,23 @@ class AutoBudget:
             value = self._values(costs, scales)
             attached = (0, *self.sizes)
             best = max(value[o] for o in attached)
-            size = next(o for o in attached if value[o] >= best)  # ties: the smaller
+            # the smallest option within ``margin`` of the best: the largest of several noisy estimates is
+            # overrated (the larger trees' the most), and a larger round costs what its device time leaves out
+            # (the launch a call's end discards)
+            size = next(o for o in attached if value[o] * (1.0 + self.margin) >= best)
             detach_wins = DETACHED in value and value[DETACHED] > best
             reason = "model"
             self.votes = self.votes + 1 if detach_wins else 0
             if self.settle and self.votes >= self.settle:
                 size, reason, self.detached, self.verdict = DETACHED, "detach", True, True
+                long = self._values(costs, [1.0] * len(self.sizes), self.expected_long)  # calibrated already
+                self.carries = long[DETACHED] > max(long[o] for o in attached)
+                record["carries"] = self.carries
             elif size:
                 self.probe_gap = self.probe
                 if self.start_detached:  # a call that looked again found a tree worth running
                     self.start_detached, self.call_gap, self.calls_since_look = False, 1, 0
-            record = {"costs": costs, "expected": list(self.expected), "rows": self.rows, "scales": scales,
-                      "value": value}  # fmt: skip
+            record.update(costs=costs, expected=list(self.expected), rows=self.rows, scales=scales, value=value)
         if first and self.start_detached and size != DETACHED:  # this call looks again
             self.calls_since_look = 0
             self.call_gap = min(2 * self.call_gap, 8)
@@ -721,11 +749,11 @@ class AutoBudget:
                     matrix = _matrix(expected, width)  # raises the clear error
                     sums = [math.fsum(col) for col in zip(*matrix, strict=True)]
                 self.calib.update(index, sums[index], float(sum(accepted)))
-                a = self.smoothing
                 mean = [v / len(matrix) for v in sums]
-                if self.expected is not None:
-                    mean = [a * old + (1.0 - a) * new for old, new in zip(self.expected, mean, strict=True)]
-                self.expected, self.rows = mean, len(matrix)
+                self.expected = _smooth(self.expected, mean, self.smoothing)
+                calibrated = [k * e for k, e in zip(self.calib.scales(), mean, strict=True)]
+                self.expected_long = _smooth(self.expected_long, calibrated, self.long_smoothing)
+                self.rows = len(matrix)
         if ms is not None and _finite(ms) and ms > 0:
             times = self.detached_times if size == DETACHED else self.times.get(size)
             if times is not None:
@@ -735,6 +763,13 @@ class AutoBudget:
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
+def _smooth(past: list[float] | None, new: list[float], weight: float) -> list[float]:
+    """Exponential average: ``weight`` on the past (None: start at ``new``)."""
+    if past is None:
+        return new
+    return [weight * old + (1.0 - weight) * value for old, value in zip(past, new, strict=True)]
+
+
 def _features(names: Sequence[str], batch: int, nodes: int) -> list[float]:
     value = {"1": 1.0, "B": float(batch), "n": float(nodes), "B*n": float(batch * nodes), "T": float(nodes > 1)}
     return [value[f] for f in names]

@@ -121,8 +121,9 @@ def test_controller_falls_back_to_plain_decoding_and_probes():
 def test_controller_detaches_the_drafter_where_trees_lose_and_looks_again_ever_more_rarely():
     """Losing trees, and the target's own plain round (detached, 0.5 ms) cheaper than the fed one (0.8 ms). The
     first call measures the detached round on its last tokens (``final``); the next call detaches at the fourth
-    model choice in a row that detaching wins (``settle=4``) and stays detached to its end. Later calls start
-    detached, except the calls that look again, attached, with gaps of 1, 2, 4 and then 8 calls between them."""
+    model choice in a row that detaching wins (``settle=4``) and stays detached to its end. Once a few calls have
+    brought the long-run expectation down too, the verdict carries: later calls start detached, except the calls
+    that look again, attached, with gaps of 1, 2, 4 and then 8 calls between them."""
     sizes = (1, 15, 63)
     controller = AutoBudget(sizes, batch=4, probe=2)
     cost = {0: 0.8, 1: 1.0, 15: 1.1, 63: 1.3, DETACHED: 0.5}
@@ -145,9 +146,51 @@ def test_controller_detaches_the_drafter_where_trees_lose_and_looks_again_ever_m
     at = reasons.index("detach")
     assert reasons[at - 3 : at] == ["model"] * 3 and set(second[at:]) == {DETACHED}, (reasons, second)
     starts = []
-    for _ in range(24):
+    for _ in range(30):
         controller.resume()
         starts.append(call(20)[0] != DETACHED)
-    looked = [i for i, attached in enumerate(starts) if attached]
-    assert looked == [1, 4, 9, 18], (looked, starts)  # 1, then 2, 4, 8 detached calls between two looks
+    # the verdict carries once the long-run expectation agrees that trees lose (a few calls of this drafter)
+    first = starts.index(False)
+    assert first <= 4, starts
+    looked = [i - first for i, attached in enumerate(starts) if attached and i > first]
+    assert looked[:4] == [1, 4, 9, 18], (looked, starts)  # 1, then 2, 4, 8 detached calls between two looks
     assert controller.call_gap == 8, controller.call_gap
+
+
+def test_a_detach_on_one_poorly_drafted_prompt_does_not_carry_to_the_next_call():
+    """Trees win on the usual prompts (15 nodes: 4.0 tokens per 1.2 ms against 1 per 0.5 ms detached); then one
+    call's prompt drafts poorly (the drafter expects, and the target accepts, almost nothing), so that call
+    detaches. Its verdict does not hold at the long-run expectations, so the next call starts attached and runs
+    trees again. A drafter that stays poor makes the verdict carry: then calls start detached."""
+    sizes = (1, 15, 63)
+    good, poor = [0.9, 3.0, 3.4], [0.02, 0.05, 0.06]
+    cost = {0: 0.8, 1: 1.0, 15: 1.2, 63: 2.0, DETACHED: 0.5}
+    controller = AutoBudget(sizes, batch=1, probe=2)
+
+    def call(rounds: int, expected: list[float]) -> list[int]:
+        chosen, pending = [], [controller.next_size()]
+        for i in range(rounds):
+            pending.append(controller.next_size(final=i >= rounds - 3))
+            size = pending.pop(0)
+            accepted = round(expected[sizes.index(size)]) if size > 0 else 0
+            controller.observe(size, [expected] if size > 0 else None, [accepted], cost[size])
+            chosen.append(size)
+        return chosen
+
+    for _ in range(4):  # the usual prompts: trees win, and the detached round is measured on the calls' ends
+        assert call(40, good)[-10:-3] == [15] * 7
+        controller.resume()
+    hard = call(40, poor)
+    reasons = [d["reason"] for d in controller.decisions]
+    assert "detach" in reasons and hard[-1] == DETACHED, (reasons, hard)
+    (verdict,) = [d for d in controller.decisions if d["reason"] == "detach"]
+    assert verdict["carries"] is False, verdict
+    controller.resume()
+    after = call(40, good)
+    assert after[0] != DETACHED and after[-10:-3] == [15] * 7, after
+    # a drafter that stays poor: the long-run expectation falls, a verdict carries, and calls start detached
+    starts = []
+    for _ in range(12):
+        controller.resume()
+        starts.append(call(40, poor)[0])
+    assert starts[:2].count(DETACHED) == 0 and starts[-6:].count(DETACHED) >= 3, starts

@@ -102,7 +102,7 @@ def _values(decision: dict) -> dict[int, float]:
 
 
 def _check_model_decisions(decisions: list[dict]) -> list[int]:
-    """Every "model" choice is the smallest option of the best objective among the attached ones, never one that
+    """Every "model" choice is the smallest attached option within 3 % of the best objective, never one that
     its model says loses to plain decoding, and the drafter is detached only where detaching beat every attached
     option; returns the sizes chosen by the model."""
     chosen = []
@@ -113,7 +113,7 @@ def _check_model_decisions(decisions: list[dict]) -> list[int]:
         for option, value in g.items():
             assert abs(value - d["value"][option]) <= 1e-9 * max(1.0, value), (d, g)
         best = max(g[o] for o in (0, *SIZES))
-        want = next(o for o in (0, *SIZES) if g[o] >= best)
+        want = next(o for o in (0, *SIZES) if g[o] * 1.03 >= best)  # within the documented 3 % margin
         if d["reason"] == "detach":
             assert d["size"] == DETACHED and g[DETACHED] > best, (d, g)
             continue
@@ -203,7 +203,8 @@ def test_choices_follow_injected_costs_that_change_mid_run():
             g = _values({**d, "costs": costs})
             best = max(g[o] for o in (0, *SIZES))
             if d["reason"] == "model":
-                assert d["size"] == next(o for o in (0, *SIZES) if g[o] >= best), (d, g)
+                # the smallest option within the documented 3 % margin of the best
+                assert d["size"] == next(o for o in (0, *SIZES) if g[o] * 1.03 >= best), (d, g)
         return model
 
     model = check_against_injected(ctrl.decisions, ctrl.costs_at)
