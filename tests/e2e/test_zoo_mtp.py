@@ -44,8 +44,9 @@ def test_shipped_head_loads_through_a_checkpoint_copy_and_decodes_as_hf(zoo, tmp
     """The trained head of ``assets/drafters/zoo-hybrid-mtp`` (only its ``mtp.*`` tensors) added to a copy of the zoo's
     hybrid checkpoint loads as a Qwen3.5 checkpoint's own head does; greedy output over dev prompts equals the
     target's own ``generate`` (a dev prompt, ``Chain(3)`` and ``DDTree(8)``), and its drafts get accepted (a trained
-    head, not a random one)."""
-    assert {p.name for p in SHIPPED.iterdir()} == {"model-mtp.safetensors", "TRAINING.md"}
+    head, not a random one): on these settings the head trained on an H200 (1790 steps) reached τ 2.09 with
+    ``Chain(3)`` and 2.56 with ``DDTree(8)``, 2.3 over both; the threshold leaves a margin."""
+    assert {p.name for p in SHIPPED.iterdir()} == {"model-mtp.safetensors", "train_log.jsonl", "TRAINING.md"}
     folder = with_mtp_head(zoo / "target-hybrid", SHIPPED, tmp_path / "target-hybrid-mtp")
     assert json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]["mtp.fc.weight"] == (
         "model-mtp.safetensors"
@@ -62,4 +63,4 @@ def test_shipped_head_loads_through_a_checkpoint_copy_and_decodes_as_hf(zoo, tmp
             out = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=24)
             assert torch.equal(out.sequences, ref), (row["id"], tree)
             lengths += out.stats.accept_lengths
-    assert sum(lengths) / len(lengths) > 1.2
+    assert sum(lengths) / len(lengths) > 1.8
