@@ -1,4 +1,5 @@
-"""A zoo prompt of over 3 k tokens (fp32, CPU): every drafter with a chain and a DDTree equals the target's own
+"""A zoo prompt of over 3 k tokens (fp32, CPU): every drafter (DFlash, EAGLE-3, MTP on the hybrid, n-gram, a small
+model) with a chain and a DDTree equals the target's own
 greedy ``generate``, on the dense and the hybrid zoo targets, with the default backends and with the attention
 kernel's path forced (``attention_kernel="triton"``: its reference on CPU, which reads each sequence only up to
 its length, so the lengths handed down by the round are exercised at a long context).
@@ -15,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec
+from specdec.drafters.mtp import with_mtp_head
 from specdec.loading import asset_path
 
 PROMPT_TOKENS = 3200  # the zoo targets position 4096
@@ -35,11 +37,18 @@ def _target(zoo, name: str):
     return _CACHE[name]
 
 
-def _drafter(zoo, name: str, kind: str, model):
+def _drafter(zoo, name: str, kind: str, model, tmp_path_factory):
     if kind == "dflash":
         return specdec.DFlashDrafter.from_pretrained(asset_path("drafters") / f"zoo-{name}", target=model)
     if kind == "ngram":
         return specdec.NGramDrafter()
+    if kind == "eagle3":
+        return specdec.Eagle3Drafter.from_pretrained(asset_path("drafters") / f"zoo-{name}-eagle3", target=model)
+    if kind == "mtp":  # the head's tensors in a copy of the target's checkpoint, as a Qwen3.5 checkpoint holds them
+        if "mtp" not in _CACHE:
+            folder = tmp_path_factory.mktemp("mtp") / "target-hybrid-mtp"
+            _CACHE["mtp"] = with_mtp_head(zoo / "target-hybrid", asset_path("drafters") / "zoo-hybrid-mtp", folder)
+        return specdec.MTPDrafter.from_pretrained(_CACHE["mtp"], target=model)
     small = AutoModelForCausalLM.from_pretrained(zoo / "target-dense", dtype=torch.float32).eval()
     return specdec.ModelDrafter(small)  # the dense target drafts for either (one tokenizer)
 
@@ -50,16 +59,16 @@ CASES = [
     pytest.param(name, kind, tree, kernel, id=f"{name}-{kind}-{tree}-{kernel}",
                  marks=() if (name, kind, tree) in QUICK else pytest.mark.slow)
     for name in ("dense", "hybrid")
-    for kind in ("dflash", "ngram", "model")
+    for kind in ("dflash", "eagle3", "ngram", "model") + (("mtp",) if name == "hybrid" else ())
     for tree in TREES
     for kernel in ("auto", "triton")
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("name, kind, tree, kernel", CASES)
-def test_a_3k_token_prompt_equals_hf_greedy(zoo, name, kind, tree, kernel):
+def test_a_3k_token_prompt_equals_hf_greedy(zoo, name, kind, tree, kernel, tmp_path_factory):
     model, ids, want = _target(zoo, name)
-    drafter = _drafter(zoo, name, kind, model)
+    drafter = _drafter(zoo, name, kind, model, tmp_path_factory)
     out = specdec.generate(model, ids, drafter=drafter, tree=TREES[tree](), max_new_tokens=NEW,
                            backends={"attention_kernel": kernel})  # fmt: skip
     assert torch.equal(out.sequences, want), (name, kind, tree, kernel)
