@@ -37,6 +37,8 @@ SHIPPED = (
     "drafters/zoo-dense",
     "drafters/zoo-hybrid",
     "drafters/zoo-dense-eagle3",
+    "drafters/zoo-hybrid-eagle3",
+    "drafters/zoo-hybrid-mtp",
 )
 
 

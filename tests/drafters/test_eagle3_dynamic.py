@@ -207,17 +207,19 @@ def test_drafters_without_candidate_trees_are_refused():
         specdec.generate(target, ids, drafter=drafter, tree=DynamicTree(depth=1, topk=101), max_new_tokens=4)
 
 
-def test_cli_tree_dynamic(zoo, tmp_path):
-    """``drafter=eagle3 tree=dynamic`` in the CLI decodes the zoo dense target's greedy tokens with the shipped head."""
+@pytest.mark.parametrize("name", ["dense", "hybrid"])
+def test_cli_tree_dynamic(zoo, tmp_path, name):
+    """``drafter=eagle3 tree=dynamic`` in the CLI decodes the zoo target's greedy tokens with the head shipped for it
+    (``assets/drafters/zoo-{name}-eagle3``)."""
     from test_cli import _compose
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specdec import cli
 
-    model = AutoModelForCausalLM.from_pretrained(zoo / "target-dense", dtype=torch.float32).eval()
-    overrides = ["drafter=eagle3", "drafter.path=assets/drafters/zoo-dense-eagle3", "tree=dynamic", "tree.depth=3",
-                 "tree.topk=4", "tree.total_tokens=16", "prompts.limit=1", "max_new_tokens=12", "show_text=false",
-                 "threads=1", "device=cpu"]  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(zoo / f"target-{name}", dtype=torch.float32).eval()
+    overrides = [f"target={name}", "drafter=eagle3", f"drafter.path=assets/drafters/zoo-{name}-eagle3", "tree=dynamic",
+                 "tree.depth=3", "tree.topk=4", "tree.total_tokens=16", "prompts.limit=1", "max_new_tokens=12",
+                 "show_text=false", "threads=1", "device=cpu"]  # fmt: skip
     cfg, choices = _compose("generate", overrides)
     records = cli.run_command("generate", cfg, choices, tmp_path / "out")
     tok = AutoTokenizer.from_pretrained(zoo / "tokenizer")

@@ -1,6 +1,7 @@
 """Multi-turn reuse and the EAGLE-3 round on CUDA graphs (zoo dense target, fp32): a conversation's later turns
 prefill only their new tokens and equal HF's ``generate`` of the whole prompt; a random EAGLE-3 head's captured
-round keeps the target's greedy tokens."""
+round keeps the target's greedy tokens, and so does the head trained for the zoo hybrid target on that target, with
+drafts accepted."""
 
 from __future__ import annotations
 
@@ -35,6 +36,23 @@ def test_eagle3_round_is_captured_and_exact_on_cuda(zoo, cuda):
         out = specdec.generate(model, ids, drafter=head, tree=tree, max_new_tokens=32)
         want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32)
         assert out.stats.path == "graph" and torch.equal(out.sequences, want)
+
+
+def test_hybrid_eagle3_head_is_captured_and_exact_on_cuda(zoo, cuda):
+    """The shipped head of the zoo hybrid target (``assets/drafters/zoo-hybrid-eagle3``) on that target, fp32,
+    captured: HF's greedy tokens under ``Chain``, ``DDTree`` and ``DynamicTree``, with drafts accepted."""
+    from specdec.loading import asset_path
+
+    model, _, prompts = load(zoo, "hybrid", torch.float32, cuda)
+    head = specdec.Eagle3Drafter.from_pretrained(asset_path("drafters/zoo-hybrid-eagle3"), target=model)
+    trees = (specdec.Chain(k=4), specdec.DDTree(budget=15),
+             specdec.DynamicTree(depth=5, topk=4, total_tokens=16))  # fmt: skip
+    ids = prompts[1]
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=48)
+    for tree in trees:
+        out = specdec.generate(model, ids, drafter=head, tree=tree, max_new_tokens=48)
+        assert out.stats.path == "graph" and torch.equal(out.sequences, want), tree
+        assert max(out.stats.accept_lengths) > 1, tree
 
 
 def test_eagle3_reused_state_drafts_as_a_fresh_one_on_cuda(zoo, cuda):
