@@ -42,7 +42,9 @@ def test_candidates_and_rerank_are_the_references(case):
     proposal, root = table_candidates(case)
     assert proposal.candidates[0].tolist() == case["candidates"]
     assert proposal.parents[0].tolist() == case["parents"]
-    torch.testing.assert_close(proposal.scores[0], torch.tensor(case["scores"]), atol=0, rtol=0)
+    # the scores are float32 sums of log-softmaxes: another CPU's vector width (AVX-512 against AVX2) moves them by
+    # an ulp or so; the candidates, their parents and the reranked tree above and below stay exact
+    torch.testing.assert_close(proposal.scores[0], torch.tensor(case["scores"]), atol=1e-5, rtol=1e-6)
     policy = DynamicTree(depth=case["depth"], topk=case["top_k"], total_tokens=case["total_token"])
     tree = policy.build(proposal, root, policy.max_depth)
     assert tree.tokens.shape == (1, case["total_token"]) and bool(tree.valid.all())
