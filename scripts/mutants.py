@@ -597,6 +597,18 @@ MUTANTS += [
         (("specdec/budget.py", "if self.settle and self.votes >= self.settle:", "if self.settle and self.votes:"),),
         ("tests/round/test_auto_budget.py",),
     ),
+    Mutant(  # the MTP head's forwards outside the round's scope: its norms keep their own many-op forwards
+        "mtp_head_outside_the_scope",
+        (("specdec/drafters/mtp_static.py", "    def draft_model(self):", "    def _draft_model(self):"),),
+        ("tests/drafters/test_mtp.py",),
+    ),
+    Mutant(  # the MTP head's rotary table read at half the position (a uniform shift would be invisible: RoPE is
+        # relative)
+        "mtp_rope_table_half_position",
+        (("specdec/drafters/mtp_static.py", "self.rope_table[positions.clamp(max=self.capacity - 1)]",
+          "self.rope_table[(positions // 2).clamp(max=self.capacity - 1)]"),),
+        ("tests/drafters/test_mtp.py",),
+    ),
     Mutant(  # a detach verdict made on one poorly drafted prompt starts the next calls detached
         "auto_detach_verdict_always_carries",
         (("specdec/budget.py", "self.start_detached or (self.verdict and self.carries)",

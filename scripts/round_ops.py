@@ -4,7 +4,8 @@
         [--dtype bfloat16] [--torch-only] [--ops]
 
 Methods: ar, chain, b15 / b16 / b32 / b63 / b64 (the DFlash drafter), and on the dense target the shipped EAGLE-3
-head's e3-chain4, e3-b15 (DDTree over its per-depth q) and e3-dyn16 (EAGLE-2's DynamicTree, 16 tokens).
+head's e3-chain4, e3-b15 (DDTree over its per-depth q) and e3-dyn16 (EAGLE-2's DynamicTree, 16 tokens); on the
+hybrid target its shipped EAGLE-3 head's e3-chain4 and e3-b15 and its MTP head's mtp-chain1, mtp-chain3 and mtp-b15.
 
 Each method decodes a zoo prompt (warm-up: its round is built and run), then two more rounds run (the first warms
 the kernel path, as a capture's warm-up does; the second is counted) under a
@@ -98,6 +99,22 @@ def main() -> None:
             "e3-chain4": (eagle, specdec.Chain(k=4)),
             "e3-b15": (eagle, specdec.DDTree(budget=15, topk=8)),
             "e3-dyn16": (eagle, specdec.DynamicTree(depth=5, topk=4, total_tokens=16)),
+        })  # fmt: skip
+    else:  # the shipped hybrid heads: EAGLE-3, and MTP through a checkpoint copy holding its mtp.* tensors
+        import tempfile
+
+        from specdec.drafters.mtp import with_mtp_head
+
+        eagle = specdec.Eagle3Drafter.from_pretrained(asset_path("drafters/zoo-hybrid-eagle3"), target=model)
+        folder = with_mtp_head(target_dir, asset_path("drafters/zoo-hybrid-mtp"),
+                               Path(tempfile.mkdtemp()) / "target-hybrid-mtp")  # fmt: skip
+        mtp = specdec.MTPDrafter.from_pretrained(folder, target=model)
+        methods.update({
+            "e3-chain4": (eagle, specdec.Chain(k=4)),
+            "e3-b15": (eagle, specdec.DDTree(budget=15, topk=8)),
+            "mtp-chain1": (mtp, specdec.Chain(k=1)),
+            "mtp-chain3": (mtp, specdec.Chain(k=3)),
+            "mtp-b15": (mtp, specdec.DDTree(budget=15, topk=8)),
         })  # fmt: skip
 
     state = {"stack": [], "armed": False, "counts": None, "names": None, "triton": 0}

@@ -58,6 +58,17 @@ class MTPStatic:
         self.rows = torch.arange(batch, device=device)[:, None]
         self.keys = torch.arange(capacity, device=device)
         self.mrope = getattr(drafter._rotary, "mrope_section", None) is not None
+        # the rotary tables by slot (= position), computed once: one gather per step instead of the rotary
+        # module's ~8 ops (its values per position do not depend on the other positions of a call)
+        slots = self.keys[None]
+        cos, sin = drafter._rotary(self.hidden[:, :0], slots[None].expand(3, -1, -1) if self.mrope else slots)
+        self.rope_table = torch.stack((cos[0], sin[0]), 1)  # [capacity, 2, D]
+
+    @property
+    def draft_model(self):
+        """The head's module: its forwards run in the round's attention scope, as the target's do (its RMSNorms
+        through ``rms_norm`` where the target's are routed, its attention grouped)."""
+        return self.drafter.model
 
     def refresh(self) -> None:
         return None
@@ -78,7 +89,8 @@ class MTPStatic:
         self.storage.span = span
         embeds = drafter._embed(tokens).to(self.hidden.dtype)
         # multimodal RoPE (Qwen3.5) takes one position grid per section: a text row has the same position in all
-        rotary = drafter._rotary(embeds, positions[None].expand(3, -1, -1) if self.mrope else positions)
+        # (the table holds them so); positions past the capacity read the last slot's, as the storage writes there
+        rotary = self.rope_table[positions.clamp(max=self.capacity - 1)].unbind(-2)
         mask = self._mask(positions[:1] if shared else positions, span)
         return module(embeds, hidden.to(self.hidden.dtype), rotary, mask, positions, self.cache)
 

@@ -519,3 +519,38 @@ def test_speculative_model_drop_in(setup):
     ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
     out = spec.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("tree", [Chain(3), DDTree(budget=6, topk=2)], ids=["chain", "ddtree"])
+def test_the_heads_norms_run_in_the_rounds_scope(setup, monkeypatch, tree):
+    """The head's forwards run in the round's attention scope, as the target's do: with the target's norms routed
+    (``Backends(target_norm="triton")``: ``rms_norm``'s reference on the CPU) the head's own RMSNorms go through
+    ``rms_norm`` too, its proposals are those of its modules' own forwards (within float32 rounding: the routed
+    reference may round a row's mean in another order), and the tokens are HF's."""
+    from specdec.kernels.rms_norm import routing
+
+    model, folder, _ = setup
+    drafter = MTPDrafter.from_pretrained(folder, target=model)
+    called: set[int] = set()
+    real = routing.norm_forward
+    monkeypatch.setattr(routing, "norm_forward", lambda m, x: called.add(id(m)) or real(m, x))
+    proposals: dict[str, list] = {"triton": [], "torch": []}
+    original = MTPStatic.propose
+    ids = prompts(1, 9, seed=3)
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False)
+    for kernel, seen in proposals.items():
+
+        def spy(self, root, prefix, depth, span, seen=seen):
+            out = original(self, root, prefix, depth, span)
+            seen.append(out.logq.clone())
+            return out
+
+        monkeypatch.setattr(MTPStatic, "propose", spy)
+        out = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=10,
+                               backends={"target_norm": kernel})  # fmt: skip
+        assert torch.equal(out.sequences, want), kernel
+    head = {id(m) for m in routing.norm_modules(drafter.model)}
+    assert head and head <= called  # every norm of the head that computes the reference's formula was routed
+    assert len(proposals["triton"]) == len(proposals["torch"]) > 0
+    for a, b in zip(proposals["triton"], proposals["torch"], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
