@@ -61,7 +61,7 @@ CASES = [
     for name in ("dense", "hybrid")
     for kind in ("dflash", "eagle3", "ngram", "model") + (("mtp",) if name == "hybrid" else ())
     for tree in TREES
-    for kernel in ("auto", "triton")
+    for kernel in (("auto",) if kind in ("eagle3", "mtp") else ("auto", "triton"))  # the kernel path: the target's
 ]  # fmt: skip
 
 
