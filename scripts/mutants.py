@@ -583,8 +583,8 @@ MUTANTS += [
     ),
     Mutant(  # auto picks a size its cost model says loses: plain decoding never chosen, the smallest tree instead
         "auto_picks_a_losing_size",
-        (("specdec/budget.py", "size = next(o for o in attached if value[o] >= best)  # ties: the smaller",
-          "size = next((o for o in attached if value[o] >= best and o), self.sizes[0])"),),  # fmt: skip
+        (("specdec/budget.py", "size = next(o for o in attached if value[o] * (1.0 + self.margin) >= best)",
+          "size = next((o for o in attached if value[o] * (1.0 + self.margin) >= best and o), self.sizes[0])"),),
         (AUTO_KEYS, "tests/round/test_auto_budget.py"),
     ),
     Mutant(  # a call that left the drafter behind still offers its stale state to the next call's prefix reuse
