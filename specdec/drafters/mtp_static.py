@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.state.rope import position_table
 from specdec.state.storage import StaticKV, StaticKVCache, mask_values
 from specdec.types import Accept, Proposal
 
@@ -59,10 +60,8 @@ class MTPStatic:
         self.keys = torch.arange(capacity, device=device)
         self.mrope = getattr(drafter._rotary, "mrope_section", None) is not None
         # the rotary tables by slot (= position), computed once: one gather per step instead of the rotary
-        # module's ~8 ops (its values per position do not depend on the other positions of a call)
-        slots = self.keys[None]
-        cos, sin = drafter._rotary(self.hidden[:, :0], slots[None].expand(3, -1, -1) if self.mrope else slots)
-        self.rope_table = torch.stack((cos[0], sin[0]), 1)  # [capacity, 2, D]
+        # module's ~8 ops; None (a module whose values depend on more than each position): its own forward
+        self.rope_table = position_table(drafter._rotary, capacity, dtype, grids=3 if self.mrope else None)
 
     @property
     def draft_model(self):
@@ -88,9 +87,10 @@ class MTPStatic:
         self.storage.write_index = positions
         self.storage.span = span
         embeds = drafter._embed(tokens).to(self.hidden.dtype)
-        # multimodal RoPE (Qwen3.5) takes one position grid per section: a text row has the same position in all
-        # (the table holds them so); positions past the capacity read the last slot's, as the storage writes there
-        rotary = self.rope_table[positions.clamp(max=self.capacity - 1)].unbind(-2)
+        if self.rope_table is not None:  # positions past the capacity read the last slot's, as the storage writes
+            rotary = self.rope_table[positions.clamp(max=self.capacity - 1)].unbind(-2)
+        else:  # multimodal RoPE (Qwen3.5) takes one position grid per section: a text row's is the same in all
+            rotary = drafter._rotary(embeds, positions[None].expand(3, -1, -1) if self.mrope else positions)
         mask = self._mask(positions[:1] if shared else positions, span)
         return module(embeds, hidden.to(self.hidden.dtype), rotary, mask, positions, self.cache)
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from specdec.state.forwards import swappable
 
-__all__ = ["RopeTables"]
+__all__ = ["RopeTables", "position_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,28 +58,40 @@ class RopeTables:
 
     @staticmethod
     def _table(module: nn.Module, capacity: int, dtype: torch.dtype) -> torch.Tensor | None:
-        device = module.inv_freq.device
-        x = torch.zeros(1, dtype=dtype, device=device)
-        with torch.no_grad():
-            try:
-                cos, sin = module(x, torch.arange(capacity, device=device)[None])
-                probe = torch.tensor([[capacity - 1, 0, 1, capacity // 2]], device=device)
-                probe_cos, probe_sin = module(x, probe)
-            except Exception as err:  # a module of another signature: left to its own forward
-                logger.info("specdec: %s keeps its own forward (%s)", type(module).__name__, err)
-                return None
-        if cos.dim() != 3 or cos.shape[:2] != (1, capacity) or sin.shape != cos.shape or cos.dtype != dtype:
-            return None
-        table = torch.stack((cos[0], sin[0]), dim=1)  # [capacity, 2, D]
-        if not (torch.equal(table[probe[0], 0], probe_cos[0]) and torch.equal(table[probe[0], 1], probe_sin[0])):
-            logger.info("specdec: %s depends on more than each position; it keeps its own forward",
-                        type(module).__name__)  # fmt: skip
-            return None
-        return table
+        return position_table(module, capacity, dtype)
 
     def forwards(self) -> list[tuple[nn.Module, object]]:
         """``(module, forward)`` pairs: each module's calls answered from its table (one gather)."""
         return [(module, _lookup(module, table)) for module, table in self.tables]
+
+
+def position_table(module: nn.Module, capacity: int, dtype: torch.dtype, grids: int | None = None):
+    """``module``'s ``(cos, sin)`` at positions ``0 .. capacity - 1`` as one ``[capacity, 2, D]`` tensor of ``dtype``,
+    or None where the module does not take these calls or its values depend on more than each position (a probe
+    of a few positions against the table, bit for bit). ``grids``: the module takes one position grid per
+    multimodal RoPE section (``[grids, 1, L]``, Qwen3.5); the table is a text row's, the same position in all."""
+    device = module.inv_freq.device
+    x = torch.zeros(1, dtype=dtype, device=device)
+
+    def positions(row: torch.Tensor) -> torch.Tensor:
+        return row if grids is None else row[None].expand(grids, -1, -1)
+
+    with torch.no_grad():
+        try:
+            cos, sin = module(x, positions(torch.arange(capacity, device=device)[None]))
+            probe = torch.tensor([[capacity - 1, 0, 1, capacity // 2]], device=device)
+            probe_cos, probe_sin = module(x, positions(probe))
+        except Exception as err:  # a module of another signature: left to its own forward
+            logger.info("specdec: %s keeps its own forward (%s)", type(module).__name__, err)
+            return None
+    if cos.dim() != 3 or cos.shape[:2] != (1, capacity) or sin.shape != cos.shape or cos.dtype != dtype:
+        return None
+    table = torch.stack((cos[0], sin[0]), dim=1)  # [capacity, 2, D]
+    if not (torch.equal(table[probe[0], 0], probe_cos[0]) and torch.equal(table[probe[0], 1], probe_sin[0])):
+        logger.info("specdec: %s depends on more than each position; it keeps its own forward",
+                    type(module).__name__)  # fmt: skip
+        return None
+    return table
 
 
 def _lookup(module: nn.Module, table: torch.Tensor):
