@@ -6,13 +6,13 @@ accepted paths. The last tests run the heads trained for the two targets (``asse
 ``assets/drafters/zoo-hybrid-eagle3``) under ``Chain``, ``DDTree`` and ``DynamicTree``."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec
+from specdec.loading import asset_path
 
 TREES = {"chain": specdec.Chain(k=4), "ddtree16": specdec.DDTree(budget=16, topk=4)}
 
@@ -36,7 +36,7 @@ def test_zoo_eagle3_matches_greedy(zoo, name, tree):
         assert torch.equal(out.sequences, want), row["id"]
 
 
-HEADS = Path(__file__).resolve().parents[2] / "assets" / "drafters"
+HEADS = asset_path("drafters")  # the shipped drafters (the checkout's assets/, or the installed package's)
 
 
 def shipped_trees():
