@@ -625,6 +625,22 @@ MUTANTS += [
         ((ENGINE, "ctrl = self._controllers.get(key)", "ctrl = None"),),
         (AUTO_KEYS,),
     ),
+    Mutant(  # a cold first run counted as the option's cost
+        "auto_cold_run_counted",
+        (("specdec/budget.py", "self.timed.get(size, 0) < self.cold:", "self.timed.get(size, 0) < 0:"),),
+        ("tests/round/test_auto_budget.py", AUTO_KEYS),
+    ),
+    Mutant(  # the sizes a round did not compute extrapolated flat (the growth learned from full rows ignored)
+        "auto_growth_ignored",
+        (("specdec/budget.py", "mean.append(mean[k - 1] * (self.growth[k] or 1.0))", "mean.append(mean[k - 1])"),),
+        ("tests/unit/test_budget.py", "tests/round/test_auto_budget.py"),
+    ),
+    Mutant(  # an auto round computes its expectations only up to its own size (the next size up never known)
+        "auto_expects_only_its_own_size",
+        (("specdec/trees/policies.py", "above = [s for s in self.expect_sizes if s > self.budget]",
+          "above = [s for s in self.expect_sizes if s >= self.budget]"),),  # fmt: skip
+        ("tests/kernels/test_ddtree_build.py", "tests/unit/test_budget.py"),
+    ),
 ]
 # -- batches where bugs hide: long ragged rows, finished rows, per-row settings, per-row drafts ----------------
 REACH = "tests/round/test_batch_reach.py"

@@ -587,11 +587,14 @@ class AutoBudget:
             ties to the smaller).
         long_smoothing (float): in [0, 1), the weight of the past in the long-run expectation that decides
             whether a detach verdict carries to the next calls.
+        cold (int): >= 0, the first timed rounds of each option whose time is not counted (the first replays of a
+            freshly captured round run cold and slower: counted, they made a size look dearer until it ran again,
+            which it then never did).
     """
 
     def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 4,
                  smoothing: float = 0.8, settle: int = 4, margin: float = 0.03,
-                 long_smoothing: float = 0.95) -> None:  # fmt: skip
+                 long_smoothing: float = 0.95, cold: int = 1) -> None:  # fmt: skip
         self.sizes = check_sizes(sizes)
         self.batch = _int("batch", batch, 1)
         self.window = _int("window", window, 1)
@@ -603,6 +606,8 @@ class AutoBudget:
             raise ValueError(f"margin={margin!r}: pass a finite float >= 0.")
         self.smoothing, self.long_smoothing, self.margin = float(smoothing), float(long_smoothing), float(margin)
         self.settle = _int("settle", settle, 0)
+        self.cold = _int("cold", cold, 0)
+        self.timed: dict[int, int] = {}  # per option, its timed rounds not counted yet (``cold``)
         # the rows' mean calibrated expectation over many rounds and calls
         self.expected_long: list[float] | None = None
         self.carries = False  # this call's detach verdict holds at the long-run expectations too
@@ -613,6 +618,9 @@ class AutoBudget:
         self.times: dict[int, list[float]] = {s: [] for s in (0, *self.sizes)}  # 0: plain decoding
         self.detached_times: list[float] = []  # the target's own plain rounds (DETACHED)
         self.expected: list[float] | None = None  # the rows' mean expectation per size, smoothed
+        # per size, its expectation over the size below's (smoothed): a round computes its expectations only up to
+        # the next size above its own, and the larger ones are extrapolated from the last computed by these
+        self.growth: list[float | None] = [None] * len(self.sizes)
         self.chosen: list[int] = []
         self.in_flight: list[int] = []  # sizes launched and not observed yet
         self.probe_gap, self.probe_max = self.probe, 16 * self.probe  # plain rounds before the next probe
@@ -671,7 +679,9 @@ class AutoBudget:
         it), ``final`` says the call's last tokens are being decoded (leaving the drafter behind then costs
         nothing). Each choice is logged in ``decisions``."""
         first, self.first_of_call = self.first_of_call, False
-        untried = [s for s in self.times if not self.times[s] and s not in self.in_flight]
+        # options not timed yet, those never run first (a cold run's time is not counted: ``cold``)
+        untried = sorted((s for s in self.times if not self.times[s] and s not in self.in_flight),
+                         key=lambda s: self.timed.get(s, 0))  # fmt: skip
         last_tree = next((i + 1 for i in range(len(self.chosen) - 1, -1, -1) if self.chosen[i] > 0), 0)
         plain_run = len(self.chosen) - last_tree  # plain rounds since the last tree
         record: dict = {}
@@ -737,26 +747,52 @@ class AutoBudget:
         if size > 0 and expected is not None:
             index = self.sizes.index(size)
             width = len(self.sizes)
-            matrix = expected if isinstance(expected, list) else _matrix(expected, width)
+            matrix = expected if isinstance(expected, list) else _matrix(expected, width, partial=True)
             if matrix:
-                # the rows' column sums in one pass; a malformed or non-finite value takes the checked path's error
+                # the rows' column sums in one pass; a malformed or non-finite value takes the checked path's error.
+                # Trailing columns < 0 are sizes the round did not compute (it stops at the next size up).
+                first = matrix[0]
+                known = next((j for j, v in enumerate(first) if not (_finite(v) and v >= 0)), len(first))
                 try:
                     sums = [math.fsum(col) for col in zip(*matrix, strict=True)]
                     shaped = len(sums) == width and all(len(row) == width for row in matrix)
+                    shaped = (
+                        shaped
+                        and all(_finite(v) for v in sums)
+                        and all(
+                            (not known or min(row[:known]) >= 0) and (known == width or max(row[known:]) < 0)
+                            for row in matrix
+                        )
+                    )
                 except (TypeError, ValueError):
                     shaped = False
-                if not shaped or not all(_finite(v) and v >= 0 for v in sums) or min(map(min, matrix)) < 0:
-                    matrix = _matrix(expected, width)  # raises the clear error
+                if not shaped:
+                    matrix = _matrix(expected, width, partial=True)  # raises the clear error
+                    known = _known(matrix)
                     sums = [math.fsum(col) for col in zip(*matrix, strict=True)]
+                if known <= index:
+                    raise ValueError(
+                        f"expected has no value for the round's own size {size} (column {index}): a round computes "
+                        f"its expectations at least up to its own size."
+                    )
                 self.calib.update(index, sums[index], float(sum(accepted)))
-                mean = [v / len(matrix) for v in sums]
+                mean = [v / len(matrix) for v in sums[:known]]
+                for k in range(1, known):  # how much each size adds over the one below, smoothed
+                    if mean[k - 1] > 0:
+                        ratio = mean[k] / mean[k - 1]
+                        old = self.growth[k]
+                        self.growth[k] = ratio if old is None else self.smoothing * old + (1 - self.smoothing) * ratio
+                for k in range(known, width):  # sizes not computed: the size below times its usual growth
+                    mean.append(mean[k - 1] * (self.growth[k] or 1.0))
                 self.expected = _smooth(self.expected, mean, self.smoothing)
                 calibrated = [k * e for k, e in zip(self.calib.scales(), mean, strict=True)]
                 self.expected_long = _smooth(self.expected_long, calibrated, self.long_smoothing)
                 self.rows = len(matrix)
         if ms is not None and _finite(ms) and ms > 0:
             times = self.detached_times if size == DETACHED else self.times.get(size)
-            if times is not None:
+            if times is not None and self.timed.get(size, 0) < self.cold:  # a cold run: not its usual cost
+                self.timed[size] = self.timed.get(size, 0) + 1
+            elif times is not None:
                 times.append(float(ms))
                 if len(times) > 2 * self.window:  # only the last ``window`` count
                     del times[: -self.window]
@@ -797,8 +833,14 @@ def _floats(name: str, values) -> list[float]:
     return out
 
 
-def _matrix(expected, width: int) -> list[list[float]]:
-    """``[rows, width]`` host floats (nested sequences or a CPU tensor) -> lists, checked."""
+def _known(rows: list[list[float]]) -> int:
+    """The leading columns computed (>= 0) in checked rows (:func:`_matrix`)."""
+    return next((j for j, v in enumerate(rows[0]) if v < 0), len(rows[0])) if rows else 0
+
+
+def _matrix(expected, width: int, partial: bool = False) -> list[list[float]]:
+    """``[rows, width]`` host floats (nested sequences or a CPU tensor) -> lists, checked: finite and >= 0, except
+    (``partial``) trailing columns that are < 0 in every row (sizes a round did not compute)."""
     if isinstance(expected, torch.Tensor):
         if expected.device.type != "cpu":
             raise ValueError(f"expected is on {expected.device}: read it to the host first (one small copy per round).")
@@ -812,7 +854,19 @@ def _matrix(expected, width: int) -> list[list[float]]:
         if not isinstance(row, Sequence) or len(row) != width:
             raise ValueError(f"expected must be [rows, {width}] floats (one column per size), got a row {row!r}.")
         for v in row:
-            if not _finite(v) or v < 0:
+            if not _finite(v):
                 raise ValueError(f"expected holds {v!r}: pass finite floats >= 0 (expected accepted tokens).")
         rows.append([float(v) for v in row])
+    known = _known(rows) if partial else width
+    for row in rows:
+        if any(v < 0 for v in row[:known]) or any(v >= 0 for v in row[known:]):
+            raise ValueError(
+                f"expected holds a row {row!r}: pass finite floats >= 0 (expected accepted tokens)"
+                + (
+                    "; a column < 0 marks a size the round did not compute, and only trailing columns, the same in "
+                    "every row, may."
+                    if partial
+                    else "."
+                )
+            )
     return rows

@@ -265,36 +265,54 @@ class AutoStep(DDTree):
 
     expect_sizes: tuple[int, ...] = field(default=(), kw_only=True)
 
+    @property
+    def expect_upto(self) -> int:
+        """The largest size whose expectation this round computes: the next candidate size above its own budget
+        (its own at the largest). The heap's pops past it would cost every round for sizes the controller reaches
+        only through the next one up; ``AutoBudget`` extrapolates the larger sizes from the last computed."""
+        above = [s for s in self.expect_sizes if s > self.budget]
+        return above[0] if above else max(self.budget, *self.expect_sizes)
+
+    def _padded(self, expected: torch.Tensor) -> torch.Tensor:
+        """``[B, k]`` expectations of the first ``k`` sizes -> ``[B, len(expect_sizes)]``, -1 for the sizes not
+        computed (the controller's mark)."""
+        missing = len(self.expect_sizes) - expected.shape[-1]
+        if missing == 0:
+            return expected
+        return torch.cat([expected, expected.new_full((*expected.shape[:-1], missing), -1.0)], dim=-1)
+
     def expectations(self, proposal: Proposal) -> torch.Tensor:
-        """``[B, len(expect_sizes)]`` float64: ``E(n) = sum_{i < n} exp(score_i)`` (``specdec.budget``)."""
-        scores = ddtree_scores(proposal.logq, budget=self.expect_sizes[-1], topk=self.topk)
-        return expected_accepts(scores, self.expect_sizes)
+        """``[B, len(expect_sizes)]`` float64: ``E(n) = sum_{i < n} exp(score_i)`` (``specdec.budget``) for the
+        sizes up to :attr:`expect_upto`, -1 for the larger ones (not computed)."""
+        upto = self.expect_upto
+        scores = ddtree_scores(proposal.logq, budget=upto, topk=self.topk)
+        return self._padded(expected_accepts(scores, [s for s in self.expect_sizes if s <= upto]))
 
     def build_expecting(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None):
         """The round's tree and its expectations together: ``(build(...), expectations(proposal))``.
 
-        Where the one-launch Triton selection applies, both come from one pass: the heap's pops for the largest
-        size, with their scores, give the expectations, and their first ``budget`` nodes are this round's tree
-        (the ``n`` best prefixes are the first ``n`` pops, parents before children; see
+        Where the one-launch Triton selection applies, both come from one pass: the heap's pops up to
+        :attr:`expect_upto`, with their scores, give the expectations, and their first ``budget`` nodes are this
+        round's tree (the ``n`` best prefixes are the first ``n`` pops, parents before children; see
         :func:`specdec.budget.ddtree_scores`), so the round runs one top-k and one selection launch instead of
         two each. Equal scores may order tied nodes differently from ``DDTree(budget)`` alone, never their values,
         and every DDTree round is exact whatever its nodes. Elsewhere the two are computed apart.
         """
         logq = proposal.logq
-        largest = self.expect_sizes[-1] if self.expect_sizes else self.budget
-        fused = logq is not None and logq.dim() == 3 and _DDTREE_IMPL != "torch" and self.budget <= largest
+        upto = self.expect_upto
+        fused = logq is not None and logq.dim() == 3 and _DDTREE_IMPL != "torch" and self.budget <= upto
         if fused:
             batch, depth_limit, vocab = logq.shape
-            k = min(largest if self.topk is None else self.topk, largest, vocab)
-            fused = reachable_nodes(k, depth_limit, largest) >= largest and triton_fits(logq[0], k)
+            k = min(upto if self.topk is None else self.topk, upto, vocab)
+            fused = reachable_nodes(k, depth_limit, upto) >= upto and triton_fits(logq[0], k)
         if not fused:
             return self.build(proposal, root, depth, noise), self.expectations(proposal)
         vals, ids = topk_rows(logq.flatten(0, 1).float(), k)
         tokens, parents, depths, scores = best_first(vals.view(batch, depth_limit, k),
-                                                     ids.view(batch, depth_limit, k), largest, scores=True)  # fmt: skip
+                                                     ids.view(batch, depth_limit, k), upto, scores=True)  # fmt: skip
         n = self.budget
         tree = pad_trees(root.reshape(-1), tokens[:, :n], parents[:, :n], depths[:, :n], n + 1)
-        return tree, expected_accepts(scores, self.expect_sizes)
+        return tree, self._padded(expected_accepts(scores, [s for s in self.expect_sizes if s <= upto]))
 
     def __repr__(self) -> str:
         return f"AutoStep(budget={self.budget!r}, topk={self.topk!r}, expect_sizes={self.expect_sizes})"

@@ -18,6 +18,7 @@ from oracles.ddtree_heap import build_ddtree
 from oracles.host_trees import to_draft_tree
 
 import specdec
+from specdec.budget import ddtree_scores, expected_accepts
 from specdec.trees import ddtree_device
 from specdec.trees.build import ddtree_batch
 from specdec.types import DeviceTree, Proposal
@@ -191,6 +192,13 @@ def _check_auto_steps(out) -> None:
         for got, ref in zip(tensors, (want.tokens, want.parents, want.depth, want.num_nodes), strict=True):
             assert torch.equal(got, ref), (size, got, ref)
         torch.testing.assert_close(expected, step.expectations(Proposal(logq=logq)), rtol=1e-12, atol=1e-12)
+        # the sizes up to the next one above this round's are computed (the largest size's scores cut: the
+        # enumeration-checked reference), the larger ones are marked -1
+        upto = next((s for s in AUTO_SIZES if s > size), AUTO_SIZES[-1])
+        full = expected_accepts(ddtree_scores(logq, budget=AUTO_SIZES[-1], topk=4), AUTO_SIZES)
+        known = sum(s <= upto for s in AUTO_SIZES)
+        torch.testing.assert_close(expected[:, :known], full[:, :known], rtol=1e-12, atol=1e-12)
+        assert (expected[:, known:] == -1).all(), (size, expected)
 
 
 def test_auto_step_builds_apart_on_cpu():

@@ -511,3 +511,28 @@ def test_controller_observe_refuses_malformed_expectations_clearly():
         assert ctrl.calib.updates == 0 and ctrl.expected is None
     ctrl.observe(size, [[1.0, 2.0], [3.0, 4.0]], [1, 1], 1.0)
     assert ctrl.expected == [2.0, 3.0] and ctrl.rows == 2 and ctrl.calib.updates == 1
+
+
+def test_controller_extrapolates_the_sizes_a_round_did_not_compute():
+    """A round computes its expectations up to the next size above its own (-1 past it). The controller learns
+    each size's growth over the size below from rounds that computed both, and extends a partial row with it
+    (hand-computed, smoothing 0.5)."""
+    ctrl = budget.AutoBudget((3, 15, 31), 1, smoothing=0.5)
+    ctrl.observe(31, [[1.0, 2.0, 3.0]], [2], 1.0)
+    assert ctrl.growth == [None, 2.0, 1.5] and ctrl.expected == [1.0, 2.0, 3.0]
+    ctrl.observe(3, [[2.0, 3.0, -1.0]], [1], 1.0)
+    # growth of 15 over 3: 0.5 * 2.0 + 0.5 * 1.5; the row's 31 = its 15 times the growth of 31 over 15 (1.5)
+    assert ctrl.growth == [None, 1.75, 1.5]
+    assert ctrl.expected == pytest.approx([1.5, 2.5, 0.5 * 3.0 + 0.5 * 4.5])
+    assert ctrl.calib.updates == 2
+    with pytest.raises(ValueError, match="no value for the round's own size 15"):
+        ctrl.observe(15, [[1.0, -1.0, -1.0]], [1], 1.0)
+    with pytest.raises(ValueError, match="only trailing columns, the same in every row"):
+        ctrl.observe(3, [[1.0, 2.0, -1.0], [1.0, -1.0, 2.0]], [1, 1], 1.0)
+    with pytest.raises(ValueError, match="only trailing columns, the same in every row"):
+        ctrl.observe(3, [[1.0, 2.0, -1.0], [1.0, 2.0, 3.0]], [1, 1], 1.0)
+    assert ctrl.calib.updates == 2 and ctrl.expected == pytest.approx([1.5, 2.5, 3.75])
+    # the public goodput functions still refuse any negative expectation
+    with pytest.raises(ValueError, match="finite floats >= 0"):
+        budget.goodputs([[1.0, 2.0, -1.0]], budget.CostModel([(1, 1, 1.0), (1, 4, 1.0), (1, 16, 1.0), (1, 32, 1.0)]),
+                        None, (3, 15, 31))
