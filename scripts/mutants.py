@@ -625,6 +625,11 @@ MUTANTS += [
         ((ENGINE, "ctrl = self._controllers.get(key)", "ctrl = None"),),
         (AUTO_KEYS,),
     ),
+    Mutant(  # the checks never run: a neighbour the model does not pick is judged by a decayed calibration forever
+        "auto_checks_never_run",
+        (("specdec/budget.py", "if self.check and self.since_check >= self.check:", "if False:"),),
+        ("tests/round/test_auto_budget.py",),
+    ),
     Mutant(  # a cold first run counted as the option's cost
         "auto_cold_run_counted",
         (("specdec/budget.py", "self.timed.get(size, 0) < self.cold:", "self.timed.get(size, 0) < 0:"),),

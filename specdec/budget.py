@@ -538,13 +538,13 @@ class AutoBudget:
     round's budget, its own :func:`expected_accepts` at every size (computed inside the round from its proposal and
     read with its tokens: no extra host read), the accepted drafts of each decoding row and the round's device time.
     Budget 0 is plain decoding (a round without a proposal that still feeds the drafter, ``RootOnly``). The costs
-    are the rounds' own times (the first rounds try plain decoding and every size once, then each option's cost is
-    the median of its last ``window`` rounds), the calibration comes from the accepted counts. Plain decoding
+    are the rounds' own times (the first rounds try plain decoding and every size twice, the first run not counted,
+    then each option's cost is the median of its last ``window`` rounds), the calibration comes from the accepted counts. Plain decoding
     proposes nothing, so after ``probe`` plain rounds in a row the smallest tree runs once to refresh the
     expectations (a probe); each probe after which the model still picks plain decoding doubles that gap (up to
     ``16 * probe``), and a tree chosen by the model resets it. Every choice is logged in ``decisions`` with its
-    reason (``"explore"``: an option's first measurements, ``"probe"``, ``"model"``, ``"detach"``, ``"detached"``,
-    ``"start detached"``) and, for the model's, what it was made from, so that a test can check each against it.
+    reason (``"explore"``: an option's first measurements, ``"probe"``, ``"model"``, ``"check"`` (a close neighbour
+    of the model's size, every ``check`` model rounds), ``"detach"``, ``"detached"``, ``"start detached"``) and, for the model's, what it was made from, so that a test can check each against it.
 
     **What the model weighs.** Committed tokens per ms of the decoding rows, ``rows * (1 + scale_n E(n)) / cost(n)``
     (plain decoding ``rows / cost(0)``), as :func:`goodputs`, ``E`` the rows' mean expectation smoothed over recent
@@ -590,11 +590,17 @@ class AutoBudget:
         cold (int): >= 0, the first timed rounds of each option whose time is not counted (the first replays of a
             freshly captured round run cold and slower: counted, they made a size look dearer until it ran again,
             which it then never did).
+        check (int): >= 0, model rounds between two runs of a close neighbour of the chosen size (``"check"``; 0:
+            never). A size the model does not run keeps a calibration that decays to the shared ratio, which
+            misjudges it where the drafter's ratio differs by size; one round in ``check`` keeps it current.
+        check_within (float): >= 0, how far below the chosen size's value (relative) a neighbour may be and still
+            be checked.
     """
 
     def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 4,
                  smoothing: float = 0.8, settle: int = 4, margin: float = 0.03,
-                 long_smoothing: float = 0.95, cold: int = 1) -> None:  # fmt: skip
+                 long_smoothing: float = 0.95, cold: int = 1, check: int = 16,
+                 check_within: float = 0.2) -> None:  # fmt: skip
         self.sizes = check_sizes(sizes)
         self.batch = _int("batch", batch, 1)
         self.window = _int("window", window, 1)
@@ -607,6 +613,10 @@ class AutoBudget:
         self.smoothing, self.long_smoothing, self.margin = float(smoothing), float(long_smoothing), float(margin)
         self.settle = _int("settle", settle, 0)
         self.cold = _int("cold", cold, 0)
+        self.check = _int("check", check, 0)
+        if not _finite(check_within) or check_within < 0:
+            raise ValueError(f"check_within={check_within!r}: pass a finite float >= 0.")
+        self.check_within, self.since_check = float(check_within), 0
         self.timed: dict[int, int] = {}  # per option, its timed rounds not counted yet (``cold``)
         # the rows' mean calibrated expectation over many rounds and calls
         self.expected_long: list[float] | None = None
@@ -725,6 +735,15 @@ class AutoBudget:
                 self.probe_gap = self.probe
                 if self.start_detached:  # a call that looked again found a tree worth running
                     self.start_detached, self.call_gap, self.calls_since_look = False, 1, 0
+                self.since_check += 1
+                if self.check and self.since_check >= self.check:
+                    # a size the model does not run is judged by a calibration that decays to the shared ratio:
+                    # every ``check`` model rounds a close neighbour runs once, so its own ratio stays current
+                    i = self.sizes.index(size)
+                    near = [self.sizes[j] for j in (i - 1, i + 1) if 0 <= j < len(self.sizes)]
+                    near = [o for o in near if value[o] * (1.0 + self.check_within) >= value[size]]
+                    if near:
+                        size, reason, self.since_check = max(near, key=value.__getitem__), "check", 0
             record.update(costs=costs, expected=list(self.expected), rows=self.rows, scales=scales, value=value)
         if first and self.start_detached and size != DETACHED:  # this call looks again
             self.calls_since_look = 0

@@ -57,17 +57,30 @@ def _run(controller: AutoBudget, rounds: int, accepted_at: dict, cost_ms: dict, 
     return chosen
 
 
+def _logged(controller: AutoBudget) -> list[tuple[int, str]]:
+    return [(d["size"], d["reason"]) for d in controller.decisions]
+
+
+def _model(controller: AutoBudget) -> list[int]:
+    """The sizes the model chose (not the rounds that explore, probe or check)."""
+    return [size for size, reason in _logged(controller) if reason == "model"]
+
+
 def test_controller_picks_the_best_goodput():
     sizes = (1, 15, 63)
     expected = [0.9, 3.0, 3.4]  # calibrated drafter: what it predicts is what it accepts
     accepted = {0: 0, 1: 0.9, 15: 3.0, 63: 3.4}
     # goodput (1 + E) / ms: plain 1 / 0.9 = 1.11, size 1 -> 1.9 / 1.0, size 15 -> 4.0 / 1.2 = 3.33,
     # size 63 -> 4.4 / 2.0 = 2.2
-    chosen = _run(AutoBudget(sizes, batch=1), 30, accepted, {0: 0.9, 1: 1.0, 15: 1.2, 63: 2.0}, expected)
-    assert chosen[:4] == [0, 1, 15, 63] and chosen[-20:] == [15] * 20
+    controller = AutoBudget(sizes, batch=1)
+    chosen = _run(controller, 40, accepted, {0: 0.9, 1: 1.0, 15: 1.2, 63: 2.0}, expected)
+    assert chosen[:4] == [0, 1, 15, 63] and _model(controller)[-20:] == [15] * 20
+    # a neighbour is checked only within 20 % of the chosen size's value: 1 (1.9) and 63 (2.2) are far below 3.33
+    assert "check" not in {r for _, r in _logged(controller)}, _logged(controller)
     # the same drafter on a target whose verify is flat in the node count: the largest tree wins
-    chosen = _run(AutoBudget(sizes, batch=1), 30, accepted, {0: 1.0, 1: 1.0, 15: 1.0, 63: 1.0}, expected)
-    assert chosen[-20:] == [63] * 20
+    controller = AutoBudget(sizes, batch=1)
+    chosen = _run(controller, 40, accepted, {0: 1.0, 1: 1.0, 15: 1.0, 63: 1.0}, expected)
+    assert _model(controller)[-20:] == [63] * 20
 
 
 def test_a_cold_first_run_does_not_price_a_size_out():
@@ -96,14 +109,35 @@ def test_a_cold_first_run_does_not_price_a_size_out():
     assert 15 not in drive(AutoBudget(sizes, batch=1, cold=0), 40)[-20:]
 
 
+def test_a_neighbour_that_got_better_is_found_by_the_checks():
+    """Size 3 wins while 15's drafts are accepted at the drafter's word (3: 2.3 tokens per 1.0 ms against 15: 2.3
+    per 1.2); from round 100 the target accepts 1.8 times what the drafter predicts at 15 (3.34 per 1.2 ms, 21 %
+    above 3). The model, never running 15, judges it by the shared ratio; the checks (a round of the neighbour
+    every 16 model rounds) learn its own ratio, and the model moves to 15. Without checks it stays on 3."""
+    sizes = (3, 15)
+
+    def drive(controller: AutoBudget) -> list[int]:
+        pending = [controller.next_size()]
+        for i in range(300):
+            pending.append(controller.next_size())
+            size = pending.pop(0)
+            accepted = {0: 0, 3: 1.3, 15: 1.3 if i < 100 else 2.34}[size]
+            controller.observe(size, [[1.0, 1.3]] if size > 0 else None, [accepted], {0: 0.9, 3: 1.0, 15: 1.2}[size])
+        return _model(controller)
+
+    assert drive(AutoBudget(sizes, batch=1, settle=0, cold=0, check=0))[-50:] == [3] * 50
+    model = drive(AutoBudget(sizes, batch=1, settle=0, cold=0))
+    assert model[-50:] == [15] * 50, model
+
+
 def test_controller_calibrates_an_overconfident_drafter():
     """The drafter predicts 3.4 accepted drafts at 63 nodes but the target accepts 0.5 there (1 at 15 nodes):
     with the observed counts, 15 nodes is the better round (2 / 1.2 against 1.5 / 1.4), though the prediction says
     63 (4.4 / 1.4)."""
     sizes = (1, 15, 63)
-    chosen = _run(AutoBudget(sizes, batch=1), 80, {0: 0, 1: 0.5, 15: 1.0, 63: 0.5},
-                  {0: 1.0, 1: 1.0, 15: 1.2, 63: 1.4}, [0.9, 3.0, 3.4])  # fmt: skip
-    assert chosen[-20:] == [15] * 20
+    controller = AutoBudget(sizes, batch=1)
+    _run(controller, 80, {0: 0, 1: 0.5, 15: 1.0, 63: 0.5}, {0: 1.0, 1: 1.0, 15: 1.2, 63: 1.4}, [0.9, 3.0, 3.4])
+    assert _model(controller)[-20:] == [15] * 20
 
 
 def test_controller_is_steady_under_noisy_expectations():
