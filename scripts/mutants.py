@@ -630,6 +630,12 @@ MUTANTS += [
         (("specdec/budget.py", "if self.check and self.since_check >= self.check:", "if False:"),),
         ("tests/round/test_auto_budget.py",),
     ),
+    Mutant(  # a batch weighed by the sum over its rows (its slowest row ignored)
+        "auto_finish_ignored",
+        (("specdec/budget.py", "if self.finish and remaining and len(remaining) > 1",
+          "if False and remaining and len(remaining) > 1"),),  # fmt: skip
+        ("tests/round/test_auto_budget.py", AUTO_KEYS),
+    ),
     Mutant(  # a cold first run counted as the option's cost
         "auto_cold_run_counted",
         (("specdec/budget.py", "self.timed.get(size, 0) < self.cold:", "self.timed.get(size, 0) < 0:"),),

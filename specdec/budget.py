@@ -535,21 +535,28 @@ class AutoBudget:
     """Chooses the budget of each round of one ``generate`` call (``DDTree(budget="auto")``).
 
     The loop asks :meth:`next_size` before each launch and reports each round it reads with :meth:`observe`: the
-    round's budget, its own :func:`expected_accepts` at every size (computed inside the round from its proposal and
-    read with its tokens: no extra host read), the accepted drafts of each decoding row and the round's device time.
-    Budget 0 is plain decoding (a round without a proposal that still feeds the drafter, ``RootOnly``). The costs
-    are the rounds' own times (the first rounds try plain decoding and every size twice, the first run not counted,
-    then each option's cost is the median of its last ``window`` rounds), the calibration comes from the accepted counts. Plain decoding
-    proposes nothing, so after ``probe`` plain rounds in a row the smallest tree runs once to refresh the
-    expectations (a probe); each probe after which the model still picks plain decoding doubles that gap (up to
-    ``16 * probe``), and a tree chosen by the model resets it. Every choice is logged in ``decisions`` with its
-    reason (``"explore"``: an option's first measurements, ``"probe"``, ``"model"``, ``"check"`` (a close neighbour
-    of the model's size, every ``check`` model rounds), ``"detach"``, ``"detached"``, ``"start detached"``) and, for the model's, what it was made from, so that a test can check each against it.
+    round's budget, its own :func:`expected_accepts` up to the next size above its own (computed inside the round
+    from its proposal and read with its tokens: no extra host read; the larger sizes extrapolated), the accepted
+    drafts of each decoding row and the round's device time. Budget 0 is plain decoding (a round without a proposal
+    that still feeds the drafter, ``RootOnly``). The costs are the rounds' own times (the first rounds try plain
+    decoding and every size twice, the first run not counted, then each option's cost is the median of its last
+    ``window`` rounds), the calibration comes from the accepted counts. Plain decoding proposes nothing, so after
+    ``probe`` plain rounds in a row the smallest tree runs once to refresh the expectations (a probe); each probe
+    after which the model still picks plain decoding doubles that gap (up to ``16 * probe``), and a tree chosen by
+    the model resets it. Every choice is logged in ``decisions`` with its reason (``"explore"``: an option's first
+    measurements, ``"probe"``, ``"model"``, ``"check"``: a close neighbour of the model's size, every ``check``
+    model rounds, ``"detach"``, ``"detached"``, ``"start detached"``) and, for the model's, what it was made from,
+    so that a test can check each against it.
 
-    **What the model weighs.** Committed tokens per ms of the decoding rows, ``rows * (1 + scale_n E(n)) / cost(n)``
-    (plain decoding ``rows / cost(0)``), as :func:`goodputs`, ``E`` the rows' mean expectation smoothed over recent
-    tree rounds. A batch is not weighed by its slowest row (the time to finish the call): a round's per-row
-    expectations are too noisy for a maximum over rows, which then overrates plain decoding.
+    **What the model weighs.** One row: committed tokens per ms, ``(1 + scale_n E(n)) / cost(n)`` (plain decoding
+    ``1 / cost(0)``), as :func:`goodputs`, ``E`` the expectation smoothed over recent tree rounds. A batch
+    (``finish=True``, ``remaining`` given for more than one row): its rows' remaining tokens over the time to
+    finish the call, which the slowest row sets, ``sum_b left_b / (max_b left_b / (1 + scale_n E_b(n)) *
+    cost(n))`` (plain decoding: ``sum_b left_b / (max_b left_b * cost(0))``); a static batch runs every row until
+    the last is done, so a tree that speeds up the average row but not the slowest one gains nothing, and the sum
+    over rows (``finish=False``) kept trees where plain decoding finished sooner. ``E_b`` is row ``b``'s own
+    smoothed expectation shrunk halfway to the rows' mean: one row's recent rounds alone overrate how slow it
+    stays.
 
     **Detaching.** A plain round inside a drafter's loop still feeds the drafter (so that a tree can follow), which
     makes it dearer than plain decoding itself. The target's own plain round is a further option, :data:`DETACHED`
@@ -595,12 +602,14 @@ class AutoBudget:
             misjudges it where the drafter's ratio differs by size; one round in ``check`` keeps it current.
         check_within (float): >= 0, how far below the chosen size's value (relative) a neighbour may be and still
             be checked.
+        finish (bool): weigh a batch by the time to finish the call (its slowest row) rather than by the sum over
+            its rows of tokens per ms.
     """
 
     def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 4,
                  smoothing: float = 0.8, settle: int = 4, margin: float = 0.03,
                  long_smoothing: float = 0.95, cold: int = 1, check: int = 16,
-                 check_within: float = 0.2) -> None:  # fmt: skip
+                 check_within: float = 0.2, finish: bool = True) -> None:  # fmt: skip
         self.sizes = check_sizes(sizes)
         self.batch = _int("batch", batch, 1)
         self.window = _int("window", window, 1)
@@ -617,6 +626,10 @@ class AutoBudget:
         if not _finite(check_within) or check_within < 0:
             raise ValueError(f"check_within={check_within!r}: pass a finite float >= 0.")
         self.check_within, self.since_check = float(check_within), 0
+        if not isinstance(finish, bool):
+            raise ValueError(f"finish={finish!r}: pass True or False.")
+        self.finish = finish
+        self.row_expected: dict[int, list[float]] = {}  # per batch row of this call, its smoothed expectations
         self.timed: dict[int, int] = {}  # per option, its timed rounds not counted yet (``cold``)
         # the rows' mean calibrated expectation over many rounds and calls
         self.expected_long: list[float] | None = None
@@ -651,6 +664,7 @@ class AutoBudget:
         launched ahead) and the last call's decisions."""
         self.in_flight = []
         self.decisions = []
+        self.row_expected = {}  # the rows are the new call's
         # a verdict made on this call's prompts alone (its drafts were poor, trees win on the usual ones) does
         # not carry: the next call starts attached
         self.start_detached = self.start_detached or (self.verdict and self.carries)
@@ -682,11 +696,32 @@ class AutoBudget:
             value[s] = rows * (1.0 + scales[k] * expected[k]) / costs[s]
         return value
 
+    def _finish_values(self, costs: Mapping[int, float], scales: Sequence[float], remaining: Mapping[int, int],
+                       level: Sequence[float] | None = None) -> dict[int, float]:  # fmt: skip
+        """A batch's committed tokens per ms of each option measured, over the time to finish the call: the rows'
+        remaining tokens over the slowest row's rounds times the round's cost. Each row's rate is ``1 + scale *
+        E``, ``E`` its own smoothed expectation shrunk halfway to the rows' mean (one row's recent rounds overrate
+        how slow it stays). ``level``: the rows' mean taken as that instead, each row scaled with it (the long-run
+        check of a detach verdict)."""
+        total = float(sum(remaining.values()))
+        longest = max(remaining.values())
+        value = {o: total / (longest * costs[o]) for o in (0, DETACHED) if o in costs}
+        mean = self.expected
+        for k, s in enumerate(self.sizes):
+            times = 1.0 if level is None or mean[k] <= 0 else level[k] / mean[k]
+            rounds = 0.0
+            for row, left in remaining.items():
+                own = self.row_expected.get(row)
+                e = times * (mean[k] if own is None else 0.5 * (own[k] + mean[k]))
+                rounds = max(rounds, left / (1.0 + scales[k] * e))
+            value[s] = total / (rounds * costs[s])
+        return value
+
     def next_size(self, remaining: Mapping[int, int] | None = None, final: bool = False) -> int:
         """The budget of the next round launched: a size, 0 (plain decoding that feeds the drafter) or
         :data:`DETACHED` (plain decoding without it, to the end of the call). ``remaining`` maps each decoding row
-        to the tokens it still has to generate (part of the controller protocol; this controller does not weigh
-        it), ``final`` says the call's last tokens are being decoded (leaving the drafter behind then costs
+        to the tokens it still has to generate (a batch's time to finish: ``finish``), ``final`` says the call's
+        last tokens are being decoded (leaving the drafter behind then costs
         nothing). Each choice is logged in ``decisions``."""
         first, self.first_of_call = self.first_of_call, False
         # options not timed yet, those never run first (a cold run's time is not counted: ``cold``)
@@ -716,7 +751,13 @@ class AutoBudget:
             # points) and the calibrated expectations, in O(sizes x rows) host work: this runs before every round
             costs = self.costs()
             scales = self.calib.scales()
-            value = self._values(costs, scales)
+            if self.finish and remaining and len(remaining) > 1 and max(remaining.values()) > 0:
+                value = self._finish_values(costs, scales, remaining)
+                record["finish"] = {"remaining": dict(remaining),
+                                    "row_expected": {r: list(self.row_expected[r]) for r in remaining
+                                                     if r in self.row_expected}}  # fmt: skip
+            else:
+                value = self._values(costs, scales)
             attached = (0, *self.sizes)
             best = max(value[o] for o in attached)
             # the smallest option within ``margin`` of the best: the largest of several noisy estimates is
@@ -728,7 +769,10 @@ class AutoBudget:
             self.votes = self.votes + 1 if detach_wins else 0
             if self.settle and self.votes >= self.settle:
                 size, reason, self.detached, self.verdict = DETACHED, "detach", True, True
-                long = self._values(costs, [1.0] * len(self.sizes), self.expected_long)  # calibrated already
+                if "finish" in record:  # each row as fast relative to the rows' mean as now, at the long-run mean
+                    long = self._finish_values(costs, [1.0] * len(self.sizes), remaining, self.expected_long)
+                else:
+                    long = self._values(costs, [1.0] * len(self.sizes), self.expected_long)  # calibrated already
                 self.carries = long[DETACHED] > max(long[o] for o in attached)
                 record["carries"] = self.carries
             elif size:
@@ -759,8 +803,8 @@ class AutoBudget:
                 rows: Sequence[int] | None = None) -> None:  # fmt: skip
         """A round read: its budget (0: plain decoding, -1: detached), ``expected [rows, K]`` (host floats, the
         decoding rows; None for plain decoding), the accepted drafted tokens of each of those rows, its device
-        time in ms (None: not timed), and which rows they are (``rows``, the batch indices: part of the controller
-        protocol; this controller weighs the rows' mean)."""
+        time in ms (None: not timed), and which rows they are (``rows``, the batch indices that ``remaining`` uses:
+        each row's own smoothed expectations for ``finish``)."""
         if size in self.in_flight:
             self.in_flight.remove(size)
         if size > 0 and expected is not None:
@@ -804,6 +848,12 @@ class AutoBudget:
                 for k in range(known, width):  # sizes not computed: the size below times its usual growth
                     mean.append(mean[k - 1] * (self.growth[k] or 1.0))
                 self.expected = _smooth(self.expected, mean, self.smoothing)
+                if rows is not None and self.finish and len(rows) == len(matrix) > 1:
+                    for row, values in zip(rows, matrix, strict=True):
+                        own = list(values[:known])
+                        for k in range(known, width):
+                            own.append(own[k - 1] * (self.growth[k] or 1.0))
+                        self.row_expected[row] = _smooth(self.row_expected.get(row), own, self.smoothing)
                 calibrated = [k * e for k, e in zip(self.calib.scales(), mean, strict=True)]
                 self.expected_long = _smooth(self.expected_long, calibrated, self.long_smoothing)
                 self.rows = len(matrix)

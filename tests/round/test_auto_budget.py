@@ -254,3 +254,29 @@ def test_a_detach_on_one_poorly_drafted_prompt_does_not_carry_to_the_next_call()
         controller.resume()
         starts.append(call(40, poor)[0])
     assert starts[:2].count(DETACHED) == 0 and starts[-6:].count(DETACHED) >= 3, starts
+
+
+def test_a_batch_is_weighed_by_its_slowest_row():
+    """Two rows: one drafts well (3 accepted per round of 15 nodes), one poorly (0.2). Summed over the rows a tree
+    round commits 5.2 tokens per 1.2 ms (4.3 per ms) against 2 per 0.5 ms detached (4.0): trees. But the batch
+    runs until its slowest row is done: that row commits 1 + 0.9 per round (its expectation shrunk halfway to the
+    rows' mean 1.6), so 200 tokens take 100 / 1.9 rounds of 1.2 ms (3.2 tokens per ms) against 100 rounds of 0.5
+    ms detached (4.0): the controller detaches (``finish=True``), and stays on trees with ``finish=False``."""
+    cost = {0: 0.9, 15: 1.2, DETACHED: 0.5}
+
+    def second_call(controller: AutoBudget) -> list[int]:
+        for call in range(2):
+            left = {0: 100, 1: 100}
+            pending = [controller.next_size(left)]
+            for i in range(30):
+                pending.append(controller.next_size(left, final=call == 0 and i >= 27))
+                size = pending.pop(0)
+                expected = [[3.0], [0.2]] if size > 0 else None
+                controller.observe(size, expected, [3.0, 0.2] if size > 0 else [0, 0], cost[size], rows=[0, 1])
+                left = {0: left[0] - 1, 1: left[1] - 1}  # the rows' remaining tokens (equal here)
+            if call == 0:
+                controller.resume()
+        return [d["size"] for d in controller.decisions]
+
+    assert second_call(AutoBudget((15,), batch=2, cold=0, check=0))[-10:] == [DETACHED] * 10
+    assert DETACHED not in second_call(AutoBudget((15,), batch=2, cold=0, check=0, finish=False))

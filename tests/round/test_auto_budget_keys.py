@@ -95,6 +95,15 @@ def test_captures_counts_new_keys_of_fixed_policies():
 def _values(decision: dict) -> dict[int, float]:
     """Committed tokens per ms of each option, recomputed from what the decision logged (``docs/trees.md``)."""
     costs, rows, scales = decision["costs"], decision["rows"], decision["scales"]
+    if "finish" in decision:  # a batch: the rows' remaining tokens over the time the slowest row takes
+        left, own = decision["finish"]["remaining"], decision["finish"]["row_expected"]
+        total, longest = sum(left.values()), max(left.values())
+        out = {o: total / (longest * costs[o]) for o in (0, DETACHED) if o in costs}
+        for k, size in enumerate(SIZES):
+            mean = decision["expected"][k]
+            rates = {r: 1.0 + scales[k] * (mean if r not in own else (own[r][k] + mean) / 2) for r in left}
+            out[size] = total / (max(left[r] / rates[r] for r in left) * costs[size])
+        return out
     out = {o: rows / costs[o] for o in (0, DETACHED) if o in costs}
     for k, size in enumerate(SIZES):
         out[size] = rows * (1.0 + scales[k] * decision["expected"][k]) / costs[size]
