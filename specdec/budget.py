@@ -659,15 +659,22 @@ class AutoBudget:
         self.decisions: list[dict] = []
 
     def resume(self) -> None:
-        """A new call of the same target, batch bucket and drafter: keep the measured costs, the calibration, the
-        smoothed expectations and the probe gap; forget the rounds launched and never read (the last call's round
-        launched ahead) and the last call's decisions."""
+        """A new call of the same target, batch bucket and drafter: keep the measured costs and the calibration;
+        unless a detach verdict carries, start the expectations from the long-run ones (the last call's last rounds
+        say nothing of the new prompt: after a poorly drafted call, its expectations made the next call open with
+        plain rounds, which propose nothing, and detach whatever its own drafts were) with the probe gap at its
+        shortest; forget the rounds launched and never read (the last call's round launched ahead) and the last
+        call's decisions."""
         self.in_flight = []
         self.decisions = []
         self.row_expected = {}  # the rows are the new call's
         # a verdict made on this call's prompts alone (its drafts were poor, trees win on the usual ones) does
         # not carry: the next call starts attached
         self.start_detached = self.start_detached or (self.verdict and self.carries)
+        if self.expected_long is not None and not self.start_detached:
+            scales = self.calib.scales()
+            self.expected = [e / k if k > 0 else e for e, k in zip(self.expected_long, scales, strict=True)]
+            self.probe_gap = self.probe
         self.carries = False
         self.detached = self.verdict = False  # the drafter was prefilled anew
         self.votes = 0

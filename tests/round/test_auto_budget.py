@@ -256,6 +256,35 @@ def test_a_detach_on_one_poorly_drafted_prompt_does_not_carry_to_the_next_call()
     assert starts[:2].count(DETACHED) == 0 and starts[-6:].count(DETACHED) >= 3, starts
 
 
+def test_a_call_after_a_poorly_drafted_one_opens_with_trees():
+    """The fed plain round costs about what the detached one does (0.52 against 0.5 ms), so after a call whose
+    drafts were poor, that call's last expectations would make the next call open with plain rounds (which propose
+    nothing) until a probe. Each call not detached by a verdict that carries starts from the long-run
+    expectations instead: the next call's first model choice is a tree."""
+    sizes = (1, 15, 63)
+    good, poor = [0.9, 3.0, 3.4], [0.02, 0.05, 0.06]
+    cost = {0: 0.52, 1: 1.0, 15: 1.2, 63: 2.0, DETACHED: 0.5}
+    controller = AutoBudget(sizes, batch=1, cold=0)
+
+    def call(rounds: int, expected: list[float]) -> list[tuple[int, str]]:
+        pending = [controller.next_size()]
+        for i in range(rounds):
+            pending.append(controller.next_size(final=i >= rounds - 3))
+            size = pending.pop(0)
+            accepted = round(expected[sizes.index(size)]) if size > 0 else 0
+            controller.observe(size, [expected] if size > 0 else None, [accepted], cost[size])
+        logged = _logged(controller)
+        controller.resume()
+        return logged
+
+    for _ in range(6):
+        call(40, good)
+    assert ("detach" in {r for _, r in call(40, poor)}) and not controller.start_detached
+    after = call(40, good)
+    first = next(size for size, reason in after if reason == "model")
+    assert first == 15, after
+
+
 def test_a_batch_is_weighed_by_its_slowest_row():
     """Two rows: one drafts well (3 accepted per round of 15 nodes), one poorly (0.2). Summed over the rows a tree
     round commits 5.2 tokens per 1.2 ms (4.3 per ms) against 2 per 0.5 ms detached (4.0): trees. But the batch
