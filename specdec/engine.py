@@ -409,12 +409,6 @@ class Round:
             self.ready[slot].record()
         return slot
 
-    @property
-    def overlaps(self) -> bool:
-        """Its launch returns before the device has run it (CUDA), so the host's work overlaps the device's; on
-        the CPU a round runs inside its launch."""
-        return self.timing is not None
-
     def elapsed(self, ticket: int) -> float:
         """The device time in ms of a round already read (its timing events; on the CPU the call's wall time). Asked
         only by an adaptive policy's loop, so the other loops pay no event query per round."""

@@ -465,33 +465,24 @@ def _decode(
         return rnd, rnd.launch(generator), size
 
     pending = None  # a launched round not read yet
-    overlapped = False  # the pending round was launched ahead, before the previous read
-    last_read = None  # when the previous round's read returned
     while not all(done):
         remaining = [max_new_tokens - len(new_tokens[b]) for b in range(batch)]
         with timer("round"):
             if pending is None:
-                pending, overlapped = launch(0), False
+                pending = launch(0)
             # Launch the next round before reading this one (the host's work overlaps the device's) unless this
             # one may finish the call; a next round that EOS makes unneeded is dropped.
             longest_left = max(r for r, d in zip(remaining, done, strict=True) if not d)
             ahead = launch(1) if longest_left > path_len else None
             rnd, ticket, size = pending
             results = rnd.read(ticket)
-            pending, was_overlapped, overlapped = ahead, overlapped, ahead is not None
+            pending = ahead
         stats.target_forwards += 1
         if auto is not None:
             live = [b for b in range(batch) if not done[b]]
             expected = rnd.expected  # None for plain rounds: they propose nothing
-            # a round's cost is its device time, or, launched ahead in a loop whose host work takes longer than
-            # the device (small models), the time between two reads: what a round really adds to the call (on
-            # the CPU a round runs inside its launch, so the device time is its wall time already)
-            read_at, ms = time.perf_counter(), rnd.elapsed(ticket)
-            if was_overlapped and last_read is not None and ms is not None and rnd.overlaps:
-                ms = max(ms, (read_at - last_read) * 1e3)
-            last_read = read_at
             auto.observe(size, expected and [expected[b] for b in live], [len(results[b][0]) - 1 for b in live],
-                         ms, rows=live)  # fmt: skip
+                         rnd.elapsed(ticket), rows=live)  # fmt: skip
             stats.budgets.append(size)
         for b, (accepted, num_nodes) in enumerate(results[:batch]):
             if done[b]:
