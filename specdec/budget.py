@@ -604,12 +604,14 @@ class AutoBudget:
             be checked.
         finish (bool): weigh a batch by the time to finish the call (its slowest row) rather than by the sum over
             its rows of tokens per ms.
+        row_weight (float): in [0, 1], the weight of a row's own smoothed expectation against the rows' mean in
+            that time (the rest on the mean).
     """
 
     def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 4,
                  smoothing: float = 0.8, settle: int = 4, margin: float = 0.03,
                  long_smoothing: float = 0.95, cold: int = 1, check: int = 16,
-                 check_within: float = 0.2, finish: bool = True) -> None:  # fmt: skip
+                 check_within: float = 0.2, finish: bool = True, row_weight: float = 0.5) -> None:  # fmt: skip
         self.sizes = check_sizes(sizes)
         self.batch = _int("batch", batch, 1)
         self.window = _int("window", window, 1)
@@ -629,6 +631,9 @@ class AutoBudget:
         if not isinstance(finish, bool):
             raise ValueError(f"finish={finish!r}: pass True or False.")
         self.finish = finish
+        if not _finite(row_weight) or not 0 <= row_weight <= 1:
+            raise ValueError(f"row_weight={row_weight!r}: pass a float in [0, 1].")
+        self.row_weight = float(row_weight)
         self.row_expected: dict[int, list[float]] = {}  # per batch row of this call, its smoothed expectations
         self.timed: dict[int, int] = {}  # per option, its timed rounds not counted yet (``cold``)
         # the rows' mean calibrated expectation over many rounds and calls
@@ -719,7 +724,7 @@ class AutoBudget:
             rounds = 0.0
             for row, left in remaining.items():
                 own = self.row_expected.get(row)
-                e = times * (mean[k] if own is None else 0.5 * (own[k] + mean[k]))
+                e = times * (mean[k] if own is None else self.row_weight * own[k] + (1 - self.row_weight) * mean[k])
                 rounds = max(rounds, left / (1.0 + scales[k] * e))
             value[s] = total / (rounds * costs[s])
         return value

@@ -536,3 +536,16 @@ def test_controller_extrapolates_the_sizes_a_round_did_not_compute():
     with pytest.raises(ValueError, match="finite floats >= 0"):
         budget.goodputs([[1.0, 2.0, -1.0]], budget.CostModel([(1, 1, 1.0), (1, 4, 1.0), (1, 16, 1.0), (1, 32, 1.0)]),
                         None, (3, 15, 31))
+
+
+def test_finish_values_weigh_each_rows_own_expectation_by_row_weight():
+    """Two rows with 10 tokens left; row 0 expects 3.0, row 1 1.0 accepted drafts at size 15 (scale 1, cost 2 ms,
+    detached 1 ms). The slowest row's rate is 1 + (w * 1.0 + (1 - w) * 2.0): w = 1 -> 2 per round, 5 rounds,
+    20 tokens / 10 ms; w = 0 -> the mean, 3 per round, 20 / (10 / 3 * 2) = 3 tokens per ms; detached: 20 / 10."""
+    for weight, want in ((1.0, 2.0), (0.0, 3.0), (0.5, 20 / (10 / 2.5 * 2))):
+        ctrl = budget.AutoBudget((15,), 2, row_weight=weight)
+        ctrl.observe(15, [[3.0], [1.0]], [3, 1], 2.0, rows=[0, 1])
+        values = ctrl._finish_values({15: 2.0, budget.DETACHED: 1.0}, [1.0], {0: 10, 1: 10})
+        assert values[15] == pytest.approx(want) and values[budget.DETACHED] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="row_weight"):
+        budget.AutoBudget((15,), 2, row_weight=1.5)
