@@ -642,6 +642,12 @@ MUTANTS += [
           "if False:"),),  # fmt: skip
         ("tests/round/test_auto_budget.py",),
     ),
+    Mutant(  # the expectations written to a buffer of their own, not into the round's output copy
+        "auto_expectations_outside_the_output",
+        ((ENGINE, "self.expect = self.out[:, self.fields :].view(torch.float64)",
+          "self.expect = self.out[:, self.fields :].view(torch.float64).clone()"),),  # fmt: skip
+        (AUTO_KEYS,),
+    ),
     Mutant(  # a cold first run counted as the option's cost
         "auto_cold_run_counted",
         (("specdec/budget.py", "self.timed.get(size, 0) < self.cold:", "self.timed.get(size, 0) < 0:"),),

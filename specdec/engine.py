@@ -148,9 +148,15 @@ class Round:
         self.proposes = drafter is not None and tree.budget > 0
         self.draft_forwards = drafter.forwards_per_round(tree) if self.proposes else 0
         batch = self.batch = engine.batch
-        # per sequence: the accepted tokens (drafts + bonus), the accepted count, the real tree nodes
-        # and the protocol bitmask of a policy or rule not specdec's own (specdec.validate; 0 = sound)
-        self.out = torch.zeros(batch, self.path_len + 3, dtype=torch.long, device=device)
+        # an adaptive policy's round (``DDTree(budget="auto")``): its expectations, whatever the policy computes from
+        # the proposal (``tree.expectations``), ride in the round's one output copy (float64 bits in int64 columns)
+        expect = tuple(getattr(tree, "expect_sizes", ())) if self.proposes else ()
+        self.expect_sizes = expect
+        # per sequence: the accepted tokens (drafts + bonus), the accepted count, the real tree nodes, the protocol
+        # bitmask of a policy or rule not specdec's own (specdec.validate; 0 = sound), then the expectations
+        self.fields = self.path_len + 3
+        self.out = torch.zeros(batch, self.fields + len(expect), dtype=torch.long, device=device)
+        self.expect = self.out[:, self.fields :].view(torch.float64)  # a view: written inside the round
         # a drafter of the user's: its proposal's shapes on the host, and the tree built from it on the device
         self.check_proposal = self.proposes and not trusted(drafter)
         self.check_tree = self.proposes and (not trusted(tree) or self.check_proposal)
@@ -178,12 +184,6 @@ class Round:
         cuda = device.type == "cuda"
         self.host = torch.zeros(2, *self.out.shape, dtype=torch.long, pin_memory=cuda)
         self.ready = [torch.cuda.Event() for _ in range(2)] if cuda else None
-        # an adaptive policy's round (``DDTree(budget="auto")``): its expectations, whatever the policy computes from
-        # the proposal (``tree.expectations``, read with the tokens), and its device time, for the loop's choice
-        expect = tuple(getattr(tree, "expect_sizes", ())) if drafter is not None else ()
-        self.expect_sizes = expect
-        self.expect = torch.zeros(batch, len(expect), dtype=torch.float64, device=device)
-        self.host_expect = torch.zeros(2, batch, len(expect), dtype=torch.float64, pin_memory=cuda)
         # every round is timed on the device (two events): an adaptive policy's options include the rounds of
         # plain decoding without a drafter
         self.timing = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -403,8 +403,6 @@ class Round:
         self.host[slot].copy_(self.out, non_blocking=True)
         if self.kept is not None:
             self.host_kept[slot].copy_(self.kept, non_blocking=True)
-        if self.expect_sizes and self.proposes:
-            self.host_expect[slot].copy_(self.expect, non_blocking=True)
         if self.ready is not None:
             self.ready[slot].record()
         return slot
@@ -424,14 +422,15 @@ class Round:
         if self.drafter is not None:
             self.drafter.num_forwards += self.draft_forwards
         rows, flags = [], 0
-        for out in self.host[ticket].tolist():
+        host = self.host[ticket]
+        for out in host[:, : self.fields].tolist():
             num_path = out[self.path_len]
             rows.append((out[:num_path], out[self.path_len + 1]))
             flags |= out[self.path_len + 2]
         if flags:
             raise ProtocolError(describe_flags(flags, self.tree, self.rule, self.drafter))
-        # ``DDTree(budget="auto")``: the round's expectations, copied with its tokens (no second wait)
-        self.expected = self.host_expect[ticket].tolist() if self.expect_sizes and self.proposes else None
+        # ``DDTree(budget="auto")``: the round's expectations, copied with its tokens (no second copy or wait)
+        self.expected = host[:, self.fields :].view(torch.float64).tolist() if self.expect_sizes else None
         # ``output_scores`` / ``output_logits``: the raw logits of the path's nodes, [B, P, V] on the host
         self.logits = self.host_kept[ticket].clone() if self.kept is not None else None
         return rows

@@ -18,6 +18,7 @@ from test_round import sharp_drafter
 
 import specdec
 from specdec.budget import DETACHED, AutoBudget
+from specdec.trees.policies import AutoStep
 
 SIZES = (2, 6, 12)
 SPAN_LENGTHS = (236, 241, 230)  # + 40 new tokens: every row crosses the first span bucket (256 slots)
@@ -273,3 +274,53 @@ def test_the_controller_and_its_costs_persist_across_calls():
     reasons = [d["reason"] for d in made[0].decisions]
     assert reasons and "explore" not in reasons and len(reasons) <= len(second.stats.budgets) + 1, reasons
 
+
+
+_COMPUTED: list = []  # the expectations each auto round computed, in launch order
+
+
+@dataclass(frozen=True, repr=False)
+class _RecordingStep(AutoStep):
+    def build_expecting(self, proposal, root, depth, noise=None):
+        tree, expected = super().build_expecting(proposal, root, depth, noise)
+        _COMPUTED.append(expected.clone())
+        return tree, expected
+
+
+@dataclass(frozen=True, repr=False)
+class _RecordingTree(_SpyTree):
+    def at(self, budget: int):
+        step = super().at(budget)
+        return _RecordingStep(budget=budget, topk=self.topk, expect_sizes=self.sizes) if budget else step
+
+
+def test_the_controller_reads_the_expectations_each_round_computed():
+    """The expectations ride in the round's one output copy (float64 bits in int64 columns): each one the
+    controller observes equals, bit for bit, what that round's policy computed, rows in batch order."""
+    _COMPUTED.clear()
+    target = tiny_model("llama", scale=2.0)
+    drafter = sharp_drafter(target)
+    rows = [torch.randint(4, 128, (n,), generator=torch.Generator().manual_seed(n)) for n in (6, 10)]
+    ids, mask = left_pad(rows)
+    made: list = []
+    seen: list = []
+
+    class Observed(AutoBudget):
+        def observe(self, size, expected, accepted, ms, rows=None):
+            if size > 0:
+                seen.append((expected, rows))
+            super().observe(size, expected, accepted, ms, rows)
+
+    @dataclass(frozen=True, repr=False)
+    class Tree(_RecordingTree):
+        def controller(self, batch):
+            ctrl = Observed(self.sizes, batch)
+            self.made.append(ctrl)
+            return ctrl
+
+    out = specdec.generate(target, ids, attention_mask=mask, drafter=drafter, max_new_tokens=32,
+                           tree=Tree(budget="auto", topk=3, sizes=SIZES, made=made))  # fmt: skip
+    check_rows(target, rows, out, 32)
+    assert seen and len(_COMPUTED) >= len(seen)
+    for (expected, live), computed in zip(seen, _COMPUTED, strict=False):
+        assert expected == computed[live].tolist(), (expected, computed)

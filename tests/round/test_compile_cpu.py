@@ -252,3 +252,32 @@ def test_generate_when_compiling_fails_runs_the_rounds_uncompiled_and_equals_hf_
     )  # fmt: skip
     assert torch.equal(again.sequences, ref) and again.stats.compile_fallbacks == len(rounds)  # still uncompiled
     torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_compiled_auto_rounds_equal_hf_greedy_and_deliver_their_expectations():
+    """``DDTree(budget="auto")`` with ``compile=True``: the expectations that a compiled round writes into its output
+    copy (float64 columns viewed from the int64 output) reach the controller: every tree round's are those of a
+    drafter that predicts something (not the zeros of a write lost to the compiled graph), and tokens are HF's."""
+    from specdec.budget import AutoBudget
+
+    target = tiny_model("llama", scale=2.0)
+    drafter = sharp_drafter(target)
+    ids = prompt()
+    ref = target.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    seen: list = []
+
+    class Observed(AutoBudget):
+        def observe(self, size, expected, accepted, ms, rows=None):
+            if size > 0:
+                seen.append(expected)
+            super().observe(size, expected, accepted, ms, rows)
+
+    class Tree(specdec.DDTree):
+        def controller(self, batch):
+            return Observed(self.sizes, batch)
+
+    tree = Tree(budget="auto", topk=3, sizes=(2, 6, 12))
+    out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=24, compile=True)
+    assert torch.equal(out.sequences, ref)
+    assert seen and all(row[0] > 0 for expected in seen for row in expected), seen
