@@ -655,7 +655,7 @@ MUTANTS += [
     ),
     Mutant(  # the sizes a round did not compute extrapolated flat (the growth learned from full rows ignored)
         "auto_growth_ignored",
-        (("specdec/budget.py", "mean.append(mean[k - 1] * (self.growth[k] or 1.0))", "mean.append(mean[k - 1])"),),
+        (("specdec/budget.py", "out.append(out[k - 1] * (self.growth[k] or 1.0))", "out.append(out[k - 1])"),),
         ("tests/unit/test_budget.py", "tests/round/test_auto_budget.py"),
     ),
     Mutant(  # an auto round computes its expectations only up to its own size (the next size up never known)

@@ -555,8 +555,8 @@ class AutoBudget:
     cost(n))`` (plain decoding: ``sum_b left_b / (max_b left_b * cost(0))``); a static batch runs every row until
     the last is done, so a tree that speeds up the average row but not the slowest one gains nothing, and the sum
     over rows (``finish=False``) kept trees where plain decoding finished sooner. ``E_b`` is row ``b``'s own
-    smoothed expectation shrunk halfway to the rows' mean: one row's recent rounds alone overrate how slow it
-    stays.
+    smoothed expectation weighed by ``row_weight`` (0.5: halfway) against the rows' mean: one row's recent rounds
+    alone overrate how slow it stays.
 
     **Detaching.** A plain round inside a drafter's loop still feeds the drafter (so that a tree can follow), which
     makes it dearer than plain decoding itself. The target's own plain round is a further option, :data:`DETACHED`
@@ -708,13 +708,21 @@ class AutoBudget:
             value[s] = rows * (1.0 + scales[k] * expected[k]) / costs[s]
         return value
 
+    def _extend(self, values: Sequence[float]) -> list[float]:
+        """The expectations of the first sizes -> every size's: each size not computed is the size below times its
+        learned growth (1 before any round computed both)."""
+        out = list(values)
+        for k in range(len(out), len(self.sizes)):
+            out.append(out[k - 1] * (self.growth[k] or 1.0))
+        return out
+
     def _finish_values(self, costs: Mapping[int, float], scales: Sequence[float], remaining: Mapping[int, int],
                        level: Sequence[float] | None = None) -> dict[int, float]:  # fmt: skip
         """A batch's committed tokens per ms of each option measured, over the time to finish the call: the rows'
         remaining tokens over the slowest row's rounds times the round's cost. Each row's rate is ``1 + scale *
-        E``, ``E`` its own smoothed expectation shrunk halfway to the rows' mean (one row's recent rounds overrate
-        how slow it stays). ``level``: the rows' mean taken as that instead, each row scaled with it (the long-run
-        check of a detach verdict)."""
+        E``, ``E`` its own smoothed expectation weighed by ``row_weight`` against the rows' mean (one row's recent
+        rounds alone overrate how slow it stays). ``level``: the rows' mean taken as that instead, each row
+        scaled with it (the long-run check of a detach verdict)."""
         total = float(sum(remaining.values()))
         longest = max(remaining.values())
         value = {o: total / (longest * costs[o]) for o in (0, DETACHED) if o in costs}
@@ -826,8 +834,7 @@ class AutoBudget:
             if matrix:
                 # the rows' column sums in one pass; a malformed or non-finite value takes the checked path's error.
                 # Trailing columns < 0 are sizes the round did not compute (it stops at the next size up).
-                first = matrix[0]
-                known = next((j for j, v in enumerate(first) if not (_finite(v) and v >= 0)), len(first))
+                known = _known(matrix)
                 try:
                     sums = [math.fsum(col) for col in zip(*matrix, strict=True)]
                     shaped = len(sums) == width and all(len(row) == width for row in matrix)
@@ -857,14 +864,11 @@ class AutoBudget:
                         ratio = mean[k] / mean[k - 1]
                         old = self.growth[k]
                         self.growth[k] = ratio if old is None else self.smoothing * old + (1 - self.smoothing) * ratio
-                for k in range(known, width):  # sizes not computed: the size below times its usual growth
-                    mean.append(mean[k - 1] * (self.growth[k] or 1.0))
+                mean = self._extend(mean)
                 self.expected = _smooth(self.expected, mean, self.smoothing)
                 if rows is not None and self.finish and len(rows) == len(matrix) > 1:
                     for row, values in zip(rows, matrix, strict=True):
-                        own = list(values[:known])
-                        for k in range(known, width):
-                            own.append(own[k - 1] * (self.growth[k] or 1.0))
+                        own = self._extend(values[:known])
                         self.row_expected[row] = _smooth(self.row_expected.get(row), own, self.smoothing)
                 calibrated = [k * e for k, e in zip(self.calib.scales(), mean, strict=True)]
                 self.expected_long = _smooth(self.expected_long, calibrated, self.long_smoothing)
@@ -914,9 +918,9 @@ def _floats(name: str, values) -> list[float]:
     return out
 
 
-def _known(rows: list[list[float]]) -> int:
-    """The leading columns computed (>= 0) in checked rows (:func:`_matrix`)."""
-    return next((j for j, v in enumerate(rows[0]) if v < 0), len(rows[0])) if rows else 0
+def _known(rows: Sequence[Sequence[float]]) -> int:
+    """The leading columns computed (finite and >= 0) in the first of ``rows``."""
+    return next((j for j, v in enumerate(rows[0]) if not (_finite(v) and v >= 0)), len(rows[0])) if rows else 0
 
 
 def _matrix(expected, width: int, partial: bool = False) -> list[list[float]]:
