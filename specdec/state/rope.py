@@ -52,13 +52,9 @@ class RopeTables:
         self.capacity, self.dtype = capacity, dtype
         self.tables: list[tuple[nn.Module, torch.Tensor]] = []
         for module in _rotary_modules(model):
-            table = self._table(module, capacity, dtype)
+            table = position_table(module, capacity, dtype)
             if table is not None:
                 self.tables.append((module, table))
-
-    @staticmethod
-    def _table(module: nn.Module, capacity: int, dtype: torch.dtype) -> torch.Tensor | None:
-        return position_table(module, capacity, dtype)
 
     def forwards(self) -> list[tuple[nn.Module, object]]:
         """``(module, forward)`` pairs: each module's calls answered from its table (one gather)."""

@@ -273,9 +273,11 @@ class AutoStep(DDTree):
         above = [s for s in self.expect_sizes if s > self.budget]
         return above[0] if above else max(self.budget, *self.expect_sizes)
 
-    def _padded(self, expected: torch.Tensor) -> torch.Tensor:
-        """``[B, k]`` expectations of the first ``k`` sizes -> ``[B, len(expect_sizes)]``, -1 for the sizes not
-        computed (the controller's mark)."""
+    def _expected(self, scores: torch.Tensor) -> torch.Tensor:
+        """Best-first scores up to :attr:`expect_upto` -> ``[B, len(expect_sizes)]`` expectations, -1 for the sizes
+        not computed (the controller's mark)."""
+        upto = self.expect_upto
+        expected = expected_accepts(scores, [s for s in self.expect_sizes if s <= upto])
         missing = len(self.expect_sizes) - expected.shape[-1]
         if missing == 0:
             return expected
@@ -284,9 +286,7 @@ class AutoStep(DDTree):
     def expectations(self, proposal: Proposal) -> torch.Tensor:
         """``[B, len(expect_sizes)]`` float64: ``E(n) = sum_{i < n} exp(score_i)`` (``specdec.budget``) for the
         sizes up to :attr:`expect_upto`, -1 for the larger ones (not computed)."""
-        upto = self.expect_upto
-        scores = ddtree_scores(proposal.logq, budget=upto, topk=self.topk)
-        return self._padded(expected_accepts(scores, [s for s in self.expect_sizes if s <= upto]))
+        return self._expected(ddtree_scores(proposal.logq, budget=self.expect_upto, topk=self.topk))
 
     def build_expecting(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None):
         """The round's tree and its expectations together: ``(build(...), expectations(proposal))``.
@@ -312,7 +312,7 @@ class AutoStep(DDTree):
                                                      ids.view(batch, depth_limit, k), upto, scores=True)  # fmt: skip
         n = self.budget
         tree = pad_trees(root.reshape(-1), tokens[:, :n], parents[:, :n], depths[:, :n], n + 1)
-        return tree, self._padded(expected_accepts(scores, [s for s in self.expect_sizes if s <= upto]))
+        return tree, self._expected(scores)
 
     def __repr__(self) -> str:
         return f"AutoStep(budget={self.budget!r}, topk={self.topk!r}, expect_sizes={self.expect_sizes})"
