@@ -665,6 +665,20 @@ MUTANTS += [
         ("tests/kernels/test_ddtree_build.py", "tests/unit/test_budget.py"),
     ),
 ]
+# -- the host's work per call ----------------------------------------------------------------------------------
+MUTANTS += [
+    Mutant(  # the weights' state walks parameters only: a buffer's cast or move goes unseen
+        "weights_state_skips_buffers",
+        (("specdec/target.py", "for tensors in (module._parameters, module._buffers):",
+          "for tensors in (module._parameters,):"),),  # fmt: skip
+        ("tests/unit/test_target_wrap.py",),
+    ),
+    Mutant(  # the tail of a call waits for each read again (the last D + 1 tokens' rounds not launched ahead)
+        "tail_not_launched_ahead",
+        ((GENERATE, "    if rounds < 4:\n        return path_len", "    if True:\n        return path_len"),),
+        ("tests/round/test_round.py", "-k", "tail_of_a_call"),
+    ),
+]
 # -- batches where bugs hide: long ragged rows, finished rows, per-row settings, per-row drafts ----------------
 REACH = "tests/round/test_batch_reach.py"
 MUTANTS += [

@@ -27,7 +27,7 @@ from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
 from specdec.kernels.tree_accept import tree_masks
 from specdec.processors import Processors, node_history
-from specdec.runtime import Captured, OnModel, compile_fn, compile_key
+from specdec.runtime import Captured, OnModel, compile_fn, compile_key, to_device
 from specdec.state.hybrid import HybridState, VerifyRound, adapter_forwards, hybrid_prefill
 from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.state.storage import StaticModel, commit_rows, static_reason
@@ -50,10 +50,12 @@ from specdec.verify.rules import noise_width
 
 __all__ = [
     "PREFILL_BUCKET",
+    "PREFILL_CAPTURE_MAX",
     "SPAN_MIN",
     "Engine",
     "Round",
     "capture_reason",
+    "prefill_size",
     "round_reason",
     "tree_slots",
     "weights_signature",
@@ -61,8 +63,17 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PREFILL_BUCKET = 64  # prompts are padded to a multiple of this many tokens for the captured prefill
-PREFILL_CAPTURE_MAX = 512  # longer prompts are prefilled eagerly (their compute hides the kernel launches)
+PREFILL_BUCKET = 64  # prompts of up to PREFILL_WHOLE tokens are padded to a multiple of this for the captured prefill
+PREFILL_WHOLE = 512  # a conversation's next prompt up to this long is prefilled whole (one replay), not extended
+PREFILL_COARSE_BUCKET = 256  # longer prompts are padded to a multiple of this
+PREFILL_CAPTURE_MAX = 2048  # longer prompts are prefilled eagerly (their compute hides the kernel launches)
+
+
+def prefill_size(n: int) -> int:
+    """The padded length a prompt of ``n`` tokens is prefilled at: a multiple of ``PREFILL_BUCKET`` up to
+    ``PREFILL_WHOLE``, of ``PREFILL_COARSE_BUCKET`` past it (at most 14 captured prefills up to the maximum)."""
+    bucket = PREFILL_BUCKET if n <= PREFILL_WHOLE else PREFILL_COARSE_BUCKET
+    return -(-n // bucket) * bucket
 SPAN_MIN = 256  # rounds attend over the first SPAN_MIN * 2**k slots of the storage (one graph per span in use)
 _CAPACITY_STEP = 256
 SINGLE_RESERVE = 4096  # slots a single-sequence engine holds at least (capped by the target's positions)
@@ -381,22 +392,25 @@ class Round:
                     torch.cuda.synchronize(cap.device)
                     cap.use_graph = False
 
-    def launch(self, generator: torch.Generator | None) -> int:
+    def launch(self, generator: torch.Generator | None, stream=None) -> int:
         """Enqueue one round (after any launched before) and the copy of its result to the host; no host wait.
 
-        Returns the ticket to pass to :meth:`read`. At most two rounds may be launched and not yet read.
+        Returns the ticket to pass to :meth:`read`. At most two rounds may be launched and not yet read. ``stream``:
+        the current CUDA stream, if the caller has it (asking for it costs more host time than recording an event).
         """
+        if self.ready is not None and stream is None:
+            stream = torch.cuda.current_stream(self.engine.device)
         if self.noise is not None:
             self.noise.uniform_(generator=generator)
         if self.tree_noise is not None:
             self.tree_noise.uniform_(generator=generator)
         slot = self.launched % 2
         if self.timing is not None:
-            self.timing[slot][0].record()
+            self.timing[slot][0].record(stream)
         start = time.perf_counter()
         self.captured()
         if self.timing is not None:
-            self.timing[slot][1].record()
+            self.timing[slot][1].record(stream)
         else:  # the CPU runs the round before returning
             self.elapsed_ms[slot] = (time.perf_counter() - start) * 1e3
         self.launched += 1
@@ -404,7 +418,7 @@ class Round:
         if self.kept is not None:
             self.host_kept[slot].copy_(self.kept, non_blocking=True)
         if self.ready is not None:
-            self.ready[slot].record()
+            self.ready[slot].record(stream)
         return slot
 
     def elapsed(self, ticket: int) -> float:
@@ -519,7 +533,7 @@ class _Prefill:
         n = prompts.shape[1]
         self.ids[:, :n].copy_(prompts)
         self.ids[:, n:].zero_()
-        self.last.copy_(torch.tensor(lengths, device=self.last.device) - 1)
+        self.last.copy_(to_device(lengths, self.last.device) - 1)
         if self.hybrid is not None:
             self.length.copy_(self.last + 1)
         self.captured()
@@ -560,6 +574,7 @@ class Engine:
         self.kept: torch.Tensor | None = None  # [n] on the device
         self.kept_drafter = None  # weakref of that drafter (None: plain decoding)
         self.kept_versions = 0
+        self._drafter_versions = (lambda: None, 0)  # (weakref of a drafter, its update counters read this call)
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
 
     @property
@@ -604,7 +619,8 @@ class Engine:
         reallocated since they were built (``weights_signature``)."""
         if drafter is None:
             return
-        signature = weights_signature(drafter_modules(drafter))
+        signature, versions = weights_state(drafter_modules(drafter))
+        self._drafter_versions = (weakref.ref(drafter), versions)  # this call's: a call updates no weight
         if self._drafter_signatures.get(drafter, signature) != signature:
             logger.info("specdec: the drafter was cast or moved; its state and rounds are rebuilt")
             self._drafters.pop(drafter, None)
@@ -652,20 +668,23 @@ class Engine:
         this call (a call updates no weight), the drafter's are read here."""
         target = self.target.target
         versions = target.versions if target.versions is not None else weights_state([target.model])[1]
-        return versions + (weights_state(drafter_modules(drafter))[1] if drafter is not None else 0)
+        if drafter is None:
+            return versions
+        ref, read = self._drafter_versions
+        return versions + (read if ref() is drafter else weights_state(drafter_modules(drafter))[1])
 
     def reusable(self, prompt: torch.Tensor, drafter, *, graph: bool = False) -> int:
         """How many leading tokens of ``prompt`` (``[T]``, one sequence, on the device) the storage already holds
         from the last call: the common prefix with that call's sequence, within what it committed, short of the
         prompt's last token (its logits are needed); 0 when the drafter differs, its state cannot resume or the
         weights changed in place, and for hybrid targets all of the committed tokens or none (the recurrent state
-        cannot step back). With ``graph``, prompts short enough for a captured prefill are prefilled whole (one
-        replay beats the uncaptured forward of their rest). One host read, only when there is something to compare.
+        cannot step back). With ``graph``, prompts of up to ``PREFILL_WHOLE`` tokens are prefilled whole (one replay
+        beats the uncaptured forward of their rest). One host read, only when there is something to compare.
         """
         length = prompt.shape[0]
         if self.batch != 1 or self.kept is None or length < 2:
             return 0
-        if graph and -(-length // PREFILL_BUCKET) * PREFILL_BUCKET <= min(PREFILL_CAPTURE_MAX, self.capacity):
+        if graph and prefill_size(length) <= min(PREFILL_WHOLE, self.capacity):
             return 0  # a captured prefill of the whole prompt costs about one round: less than the eager rest
         kept_drafter = self.kept_drafter() if self.kept_drafter is not None else None
         if kept_drafter is not drafter or (drafter is not None and not hasattr(self._drafters.get(drafter), "resume")):
@@ -722,14 +741,14 @@ class Engine:
         """Run the prompts into the static caches; returns the logits ``[B, V]`` at each one's last position.
 
         ``prompts [B, n]``: sequence b's tokens are its first ``lengths[b]`` (right-padded to the longest). Prompts
-        of up to ``PREFILL_CAPTURE_MAX`` tokens are padded to a multiple of ``PREFILL_BUCKET`` and run through a
-        captured forward per padded length (``graph``); longer prompts run uncaptured. Hybrid targets prefill as
+        of up to ``PREFILL_CAPTURE_MAX`` tokens are padded (``prefill_size``) and run through a captured forward per
+        padded length (``graph``); longer prompts run uncaptured. Hybrid targets prefill as
         ``specdec.state.hybrid_prefill`` says: the model's own forward, copied into static storage, or (``scan``,
         the default on CUDA for prompts up to 4096 tokens) the chain-tree verify of ``_Prefill`` (prompts over
         ``PREFILL_CAPTURE_MAX`` run it uncaptured, at their padded size).
         """
         n = prompts.shape[1]
-        size = -(-n // PREFILL_BUCKET) * PREFILL_BUCKET
+        size = prefill_size(n)
         scan = bool(self.target.recurrent) and hybrid_prefill(self.device, n) == "scan"
         if self.target.recurrent and not scan:
             with self.attention_scope(self._static(drafter)):
@@ -740,7 +759,7 @@ class Engine:
             else:  # a long prompt: the same forward, not captured and not kept
                 pre = _Prefill(self, drafter, self._static(drafter), min(size, self.capacity), graph=False)
             logits = pre(prompts, lengths)
-        self.prefix.copy_(torch.tensor(lengths, device=self.device))
+        self.prefix.copy_(to_device(lengths, self.device))
         self.history[:, : prompts.shape[1]].copy_(prompts)
         return logits
 
@@ -801,8 +820,8 @@ class Engine:
     def start(self, roots: torch.Tensor, prompt_lengths: list[int], active: list[bool]) -> None:
         """Set each sequence's first root token ``[B]``, prompt length and whether it decodes at all."""
         self.root.copy_(roots)
-        self.prompt_len.copy_(torch.tensor(prompt_lengths, device=self.device))
-        self.active.copy_(torch.tensor(active, device=self.device))
+        self.prompt_len.copy_(to_device(prompt_lengths, self.device))
+        self.active.copy_(to_device(active, self.device, torch.bool))
 
     def finish(self, row: int) -> None:
         """Sequence ``row`` is done: later rounds commit nothing for it (enqueued, no host wait)."""

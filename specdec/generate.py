@@ -8,6 +8,7 @@ same loop runs plain autoregressive decoding. See ``docs/api.md``.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from specdec.hf_args import (
     resolve_generation_args,
 )
 from specdec.processors import chain_nodes, node_history
-from specdec.runtime import check_compile
+from specdec.runtime import check_compile, to_device
 from specdec.stopping import Stopping, check_stopping
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
@@ -401,8 +402,10 @@ def _decode(
     # an adaptive policy (``DDTree(budget="auto")``) chooses each round's budget through its own controller
     make = getattr(tree, "controller", None) if drafter is not None else None
     fixed = getattr(tree, "largest", tree) if callable(make) else tree
+    path_len = (0 if drafter is None else drafter.draft_depth(fixed)) + 1
+    # room for a round launched ahead of one that reaches ``max_new_tokens`` (its path may run past it)
     engine = Engine.for_target(
-        tgt, capacity=longest + max_new_tokens + tree_slots(drafter, fixed) + 1, batch=rows, drafter=drafter
+        tgt, capacity=longest + max_new_tokens + path_len + tree_slots(drafter, fixed), batch=rows, drafter=drafter
     )
     auto = engine.controller_for(drafter, tree, make) if callable(make) else None
     if streamer is not None:
@@ -429,7 +432,6 @@ def _decode(
     if streamer is not None:
         streamer.put(first[:1].cpu())
     engine.start(first, lengths, [not d for d in done] + [False] * (rows - batch))
-    path_len = (0 if drafter is None else drafter.draft_depth(fixed)) + 1
     extent = tree_slots(drafter, fixed)  # slots a round writes and attends to past its root
     used: dict = {}  # the rounds (one per span bucket) this call launched
     prepared: set[int] = set()  # span buckets whose every size the adaptive policy has built and captured
@@ -462,22 +464,25 @@ def _decode(
                 used[id(option_round)] = option_round
         rnd = round_at(size)
         used[id(rnd)] = rnd
-        return rnd, rnd.launch(generator), size
+        return rnd, rnd.launch(generator, timer.stream), size
 
     pending = None  # a launched round not read yet
+    rounds_read = 0
     while not all(done):
         remaining = [max_new_tokens - len(new_tokens[b]) for b in range(batch)]
         with timer("round"):
             if pending is None:
                 pending = launch(0)
             # Launch the next round before reading this one (the host's work overlaps the device's) unless this
-            # one may finish the call; a next round that EOS makes unneeded is dropped.
+            # one may well finish the call: a next round that EOS or the last round makes unneeded is dropped,
+            # and its device time is lost.
             longest_left = max(r for r, d in zip(remaining, done, strict=True) if not d)
-            ahead = launch(1) if longest_left > path_len else None
+            ahead = launch(1) if longest_left > _may_finish(path_len, new_tokens, rounds_read) else None
             rnd, ticket, size = pending
             results = rnd.read(ticket)
             pending = ahead
         stats.target_forwards += 1
+        rounds_read += 1
         if auto is not None:
             live = [b for b in range(batch) if not done[b]]
             expected = rnd.expected  # None for plain rounds: they propose nothing
@@ -514,7 +519,7 @@ def _decode(
         streamer.end()
     if rows == 1:  # the sequence the storage now holds, for the next call (no read: ``Engine.reusable`` reads)
         behind = auto is not None and auto.detached  # the drafter was left behind: its state cannot be reused
-        engine.keep(torch.cat([prompts[0, : lengths[0]], torch.tensor(new_tokens[0], device=prompts.device)]),
+        engine.keep(torch.cat([prompts[0, : lengths[0]], to_device(new_tokens[0], prompts.device)]),
                     None if behind else drafter)  # fmt: skip
     stats.new_tokens = sum(len(t) for t in new_tokens)
     stats.target_forwards += 1  # the prefill
@@ -543,6 +548,16 @@ def _decode(
     past = Continuation(engine.kept) if rows == 1 and engine.kept is not None else None
     return GenerateOutput(sequences=sequences, stats=stats, scores=scores if args.output_scores else None,
                           logits=logits if args.output_logits else None, past_key_values=past)  # fmt: skip
+
+
+def _may_finish(path_len: int, new_tokens: list[list[int]], rounds: int) -> int:
+    """How many tokens left (in the row with most left) a round may finish: its whole path until a few rounds were
+    read, then twice the tokens per round the rows committed so far (rarely reached in one round; the rounds of a
+    call's tail then overlap the host's work too)."""
+    if rounds < 4:
+        return path_len
+    per_round = (sum(len(t) for t in new_tokens) / len(new_tokens) - 1) / rounds
+    return min(path_len, math.ceil(2 * per_round))
 
 
 def _step_scores(kept, new_tokens, args, steps: int, prompts: torch.Tensor, lengths: list[int]) -> tuple[tuple, tuple]:

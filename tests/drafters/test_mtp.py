@@ -315,12 +315,13 @@ def test_accepted_drafts_commit_the_right_rows(setup, monkeypatch):
     for seed in (1, 2, 3, 4, 5):
         seen.clear()
         ids = prompts(1, 9, seed=seed)
-        ref = model.generate(ids, max_new_tokens=30, do_sample=False)
+        # HF's tokens past the output too: a round launched ahead of the last one drafts from there (and is dropped)
+        ref = model.generate(ids, max_new_tokens=40, do_sample=False)
         out = specdec.generate(model, ids, drafter=drafter, tree=Chain(k=4), max_new_tokens=30)
-        assert torch.equal(out.sequences, ref)
+        assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
         long_runs += sum(out.stats.accept_hist[2:])
         for prefix, logq in seen:
-            want = reference_logq(model, tensors, out.sequences[0, : prefix + 1], 4)
+            want = reference_logq(model, tensors, ref[0, : prefix + 1], 4)
             torch.testing.assert_close(logq, want, rtol=1e-5, atol=1e-5)  # (log-probs down to -1e3: relative too)
     assert long_runs >= 1  # some round accepted two or more drafts
 

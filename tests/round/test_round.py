@@ -148,10 +148,11 @@ def test_eos_in_the_round_matches_hf():
 @pytest.mark.parametrize("arch", ["qwen3", "gpt2"])
 def test_padded_and_uncaptured_prefills_equal_hf_greedy(arch):
     """Prompts at the edges of the prefill buckets run padded (pads after the prompt, masked until overwritten);
-    a prompt past PREFILL_CAPTURE_MAX runs the uncaptured prefill. Both give HF's tokens, for both drafter kinds."""
-    from specdec.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX
+    a prompt past PREFILL_WHOLE the coarse buckets, one past PREFILL_CAPTURE_MAX the uncaptured prefill. Both give
+    HF's tokens, for both drafter kinds."""
+    from specdec.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX, PREFILL_COARSE_BUCKET, PREFILL_WHOLE
 
-    positions = {"n_positions": 1024} if arch == "gpt2" else {"max_position_embeddings": 1024}
+    positions = {"n_positions": 4096} if arch == "gpt2" else {"max_position_embeddings": 4096}
     target = tiny_model(arch, scale=2.0, **positions)
     drafters = [(sharp_drafter(target), specdec.DDTree(budget=12, topk=3)),
                 (specdec.ModelDrafter(perturbed_copy(target, noise=0.3)), specdec.Chain(k=3))]  # fmt: skip
@@ -159,7 +160,7 @@ def test_padded_and_uncaptured_prefills_equal_hf_greedy(arch):
     def engine():
         return Engine.for_target(TargetModel.wrap(target), capacity=1)
 
-    for n in (1, PREFILL_BUCKET - 1, PREFILL_BUCKET, PREFILL_BUCKET + 1, PREFILL_CAPTURE_MAX + 7):
+    for n in (1, PREFILL_BUCKET - 1, PREFILL_BUCKET, PREFILL_BUCKET + 1, PREFILL_WHOLE + 1, PREFILL_CAPTURE_MAX + 7):
         ids = prompt(n=n, seed=n)
         ref = target.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
         for drafter, tree in [(None, None), *drafters]:
@@ -168,6 +169,8 @@ def test_padded_and_uncaptured_prefills_equal_hf_greedy(arch):
         sizes = {key[1] for key in engine()._prefills}
         if n <= PREFILL_BUCKET + 1:
             assert sizes == {PREFILL_BUCKET} | ({2 * PREFILL_BUCKET} if n > PREFILL_BUCKET else set())
+        elif n <= PREFILL_CAPTURE_MAX:  # past PREFILL_WHOLE: the coarse buckets
+            assert max(sizes) == PREFILL_WHOLE + PREFILL_COARSE_BUCKET
         else:  # the long prompt took the uncaptured prefill
             assert max(sizes, default=0) <= PREFILL_CAPTURE_MAX
 
@@ -343,3 +346,35 @@ def test_a_call_reads_the_host_once_per_round(monkeypatch, do_sample):
         again = specdec.generate(target, out.sequences, drafter=d, tree=tree, max_new_tokens=20, do_sample=do_sample,
                                  pad_token_id=10_000, generator=torch.Generator().manual_seed(0))  # fmt: skip
         assert again.stats.reused_tokens > 0 and len(reads) == again.stats.rounds + 3, reads
+
+
+def test_the_tail_of_a_call_is_launched_ahead_and_at_most_one_round_is_dropped(monkeypatch):
+    """The loop launches round t + 1 before reading round t unless round t may well finish the call: with a drafter
+    that gets about one token per round, only the last two rounds wait for the read before them (not the last
+    ``D + 1``, the most a round can commit), at most one launched round is never read, and the tokens are HF's."""
+    import specdec.engine as engine_module
+
+    target = tiny_model("qwen3", scale=2.0)
+    drafter = DFlashDrafter.for_target(target, mask_token_id=3, num_layers=1, block_size=6, target_layer_ids=(0, 1),
+                                       intermediate_size=128, seed=5)  # fmt: skip
+    events: list[str] = []
+    launch, read = engine_module.Round.launch, engine_module.Round.read
+    monkeypatch.setattr(engine_module.Round, "launch", lambda self, *a, **k: events.append("L") or launch(self, *a, **k))
+    monkeypatch.setattr(engine_module.Round, "read", lambda self, t: events.append("R") or read(self, t))
+    for max_new in (17, 30, 41):
+        ids = prompt(seed=max_new)
+        ref = target.generate(ids, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False)
+        events.clear()
+        out = specdec.generate(target, ids, drafter=drafter, tree=specdec.Chain(k=5), max_new_tokens=max_new,
+                               min_new_tokens=max_new)  # fmt: skip
+        assert torch.equal(out.sequences, ref)
+        assert out.stats.rounds > max_new / 2  # a poor drafter: about one token per round
+        in_flight, waited = 0, 0
+        for event in events:
+            if event == "L":
+                waited += in_flight == 0
+                in_flight += 1
+            else:
+                in_flight -= 1
+        assert in_flight <= 1 and events.count("R") == out.stats.rounds
+        assert waited <= 3, "".join(events)  # the first round and the last two

@@ -169,11 +169,11 @@ def graph_prefill(monkeypatch):
 @torch.no_grad()
 def test_padded_prefill_equals_the_models_own_forward(family, graph_prefill):
     """The padded chain-tree prefill leaves the static conv windows, recurrent states and K/V rows, and returns the
-    last logits, that the model's own forward over the unpadded prompt gives (lengths around a bucket edge, and
-    one past the captured maximum, which prefills uncaptured)."""
+    last logits, that the model's own forward over the unpadded prompt gives (lengths around a bucket edge, one in
+    the coarse buckets, and one past the captured maximum, which prefills uncaptured)."""
     from transformers import DynamicCache
 
-    from specdec.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX, Engine
+    from specdec.engine import PREFILL_BUCKET, PREFILL_CAPTURE_MAX, PREFILL_WHOLE, Engine
     from specdec.state.hybrid import _state_tensor
     from specdec.state.storage import StaticModel
     from specdec.target import TargetModel
@@ -181,7 +181,7 @@ def test_padded_prefill_equals_the_models_own_forward(family, graph_prefill):
     target = _target(family)
     tgt = TargetModel(target)
     gen = torch.Generator().manual_seed(3)
-    lengths = [1, PREFILL_BUCKET - 1, PREFILL_BUCKET + 1, PREFILL_CAPTURE_MAX + 1]
+    lengths = [1, PREFILL_BUCKET - 1, PREFILL_BUCKET + 1, PREFILL_WHOLE + 1, PREFILL_CAPTURE_MAX + 1]
     engine = Engine(tgt, capacity=PREFILL_CAPTURE_MAX + 64)
     for n in lengths:
         ids = torch.randint(0, VOCAB, (1, n), generator=gen)

@@ -104,3 +104,26 @@ def test_a_model_is_freed_once_its_user_drops_it():
     del model, held
     gc.collect()
     assert gone() is None
+
+
+def test_weights_state_reads_the_tensors_torch_lists():
+    """The weights' state (read on every call) holds each tensor ``Module.parameters()`` and ``buffers()`` list, once
+    each (tied embeddings, a module held twice), with its address, dtype and device, and sums their update counters;
+    a cast, a replaced parameter and an in-place update each change what it reads."""
+    from specdec.target import weights_state
+
+    for model in (tiny_model("qwen3"), tiny_model("gpt2"), tiny_hybrid("qwen3_next")):
+        model.extra = torch.nn.ModuleList([model.get_input_embeddings()])  # one module reached twice
+        tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+        signature, versions = weights_state([model, model.get_output_embeddings()])
+        assert sorted(signature, key=str) == sorted(((t.data_ptr(), t.dtype, t.device) for t in tensors.values()),
+                                                    key=str)  # fmt: skip
+        assert versions == sum(t._version for t in tensors.values())
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)
+        assert weights_state([model])[1] == versions + 1
+        layer = model.get_output_embeddings()
+        layer.weight = torch.nn.Parameter(layer.weight.detach().clone())  # replaced (and untied, if it was tied)
+        replaced = weights_state([model])[0]
+        assert replaced != signature and len(replaced) == len({id(t) for t in (*model.parameters(), *model.buffers())})
+        assert weights_state([model.double()])[0] != replaced
