@@ -825,7 +825,7 @@ class Engine:
 
     def finish(self, row: int) -> None:
         """Sequence ``row`` is done: later rounds commit nothing for it (enqueued, no host wait)."""
-        self.active[row] = False
+        self.active.narrow(0, row, 1).fill_(False)  # a fill launch: indexed assignment copies and waits
 
     def span_for(self, need: int) -> int:
         """The span bucket of a round that must see slots ``[0, need)``: the smallest ``SPAN_MIN * 2**k`` that holds
