@@ -15,7 +15,7 @@ specdec reads them. What each choice measured: ``docs/kernels.md``.
 | ``attention_kernel`` | auto, triton, sdpa | the grouped case's kernel (``specdec.kernels.tree_attention``) |
 | ``linear_kernel`` | torch, triton | skinny linear layers (``specdec.kernels.skinny_linear``) |
 | ``target_norm`` | auto, torch, triton | the target's RMSNorms, uncompiled (``specdec.kernels.rms_norm.routing``) |
-| ``target_rotary`` | torch, auto, triton | the target's and DFlash's rotary embedding, uncompiled (``rotary``) |
+| ``target_rotary`` | auto, torch, triton | the target's and DFlash's rotary embedding, uncompiled (``rotary``) |
 | ``tree_gdn_precision`` | auto, ieee, tf32x3, tf32 | the Gated DeltaNet tree scan's matrix products |
 | ``tree_gdn_walk`` | auto, paths, chunk | the Gated DeltaNet tree scan's schedule |
 | ``tree_mamba2`` | auto, torch | the Mamba2 tree scan (``torch`` = tensor ops, not capturable) |
@@ -43,7 +43,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
     "attention_kernel": (("auto", "triton", "sdpa"), "auto", "specdec.attention", "KERNEL"),
     "linear_kernel": (("torch", "triton"), "torch", "specdec.kernels.skinny_linear.routing", "KERNEL"),
     "target_norm": (("auto", "torch", "triton"), "auto", "specdec.kernels.rms_norm.routing", "KERNEL"),
-    "target_rotary": (("torch", "auto", "triton"), "auto", "specdec.kernels.rotary.routing", "KERNEL"),
+    "target_rotary": (("auto", "torch", "triton"), "auto", "specdec.kernels.rotary.routing", "KERNEL"),
     "tree_gdn_precision": (
         ("auto", "ieee", "tf32x3", "tf32"),
         "auto",

@@ -359,7 +359,7 @@ def test_the_tail_of_a_call_is_launched_ahead_and_at_most_one_round_is_dropped(m
                                        intermediate_size=128, seed=5)  # fmt: skip
     events: list[str] = []
     launch, read = engine_module.Round.launch, engine_module.Round.read
-    monkeypatch.setattr(engine_module.Round, "launch", lambda self, *a, **k: events.append("L") or launch(self, *a, **k))
+    monkeypatch.setattr(engine_module.Round, "launch", lambda self, *a: events.append("L") or launch(self, *a))
     monkeypatch.setattr(engine_module.Round, "read", lambda self, t: events.append("R") or read(self, t))
     for max_new in (17, 30, 41):
         ids = prompt(seed=max_new)
