@@ -19,7 +19,7 @@ EXTRA_PINS := transformers==$(TRANSFORMERS) triton==3.6.0 "numpy<2.4"
 endif
 GPU_PY ?= $(PY)
 GPU_TEST_BUDGET ?= 120
-GPU_SUITE_BUDGET ?= 600
+GPU_SUITE_BUDGET ?= 720
 GPU_WORKERS ?= 4
 # pytest-xdist processes for make test (each test file stays in one process)
 TEST_WORKERS ?= 2
