@@ -673,6 +673,17 @@ MUTANTS += [
           "for tensors in (module._parameters,):"),),  # fmt: skip
         ("tests/unit/test_target_wrap.py",),
     ),
+    Mutant(  # a round that captured its graph or replayed it first is timed: that option is priced by a cold run
+        "first_replay_timed",
+        ((ENGINE, "        if not self.warm[ticket]:\n            return None\n", ""),),
+        ("tests/round/test_auto_budget.py", "-k", "captures_or_replays"),
+    ),
+    Mutant(  # a graph's replays not counted: it never counts as warm, and no replayed round is timed
+        "graph_replays_not_counted",
+        (("specdec/runtime.py", "            self.graph.replay()\n            self.replays += 1\n            return",
+          "            self.graph.replay()\n            return"),),  # fmt: skip
+        ("tests/round/test_auto_budget.py", "-k", "captures_or_replays"),
+    ),
     Mutant(  # the tail of a call waits for each read again (the last D + 1 tokens' rounds not launched ahead)
         "tail_not_launched_ahead",
         ((GENERATE, "    if rounds < 4:\n        return path_len", "    if True:\n        return path_len"),),

@@ -596,7 +596,8 @@ class AutoBudget:
             whether a detach verdict carries to the next calls.
         cold (int): >= 0, the first timed rounds of each option whose time is not counted (the first replays of a
             freshly captured round run cold and slower: counted, they made a size look dearer until it ran again,
-            which it then never did).
+            which it then never did). The loop itself passes no time for a round whose launch captured its graph
+            or replayed it for the first time (``Round.elapsed``).
         check (int): >= 0, model rounds between two runs of a close neighbour of the chosen size (``"check"``; 0:
             never). A size the model does not run keeps a calibration that decays to the shared ratio, which
             misjudges it where the drafter's ratio differs by size; one round in ``check`` keeps it current.

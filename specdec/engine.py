@@ -194,6 +194,7 @@ class Round:
         # Two host copies of ``out`` so that the next round can be launched before this one is read.
         cuda = device.type == "cuda"
         self.host = torch.zeros(2, *self.out.shape, dtype=torch.long, pin_memory=cuda)
+        self.warm = [True, True]  # per ticket: whether its launch ran as usual (``Captured.warm``)
         self.ready = [torch.cuda.Event() for _ in range(2)] if cuda else None
         # every round is timed on the device (two events): an adaptive policy's options include the rounds of
         # plain decoding without a drafter
@@ -405,6 +406,7 @@ class Round:
         if self.tree_noise is not None:
             self.tree_noise.uniform_(generator=generator)
         slot = self.launched % 2
+        self.warm[slot] = self.captured.warm
         if self.timing is not None:
             self.timing[slot][0].record(stream)
         start = time.perf_counter()
@@ -421,9 +423,12 @@ class Round:
             self.ready[slot].record(stream)
         return slot
 
-    def elapsed(self, ticket: int) -> float:
-        """The device time in ms of a round already read (its timing events; on the CPU the call's wall time). Asked
+    def elapsed(self, ticket: int) -> float | None:
+        """The device time in ms of a round already read (its timing events; on the CPU the call's wall time); None
+        for a round whose launch captured its graph or replayed it for the first time (not its usual cost). Asked
         only by an adaptive policy's loop, so the other loops pay no event query per round."""
+        if not self.warm[ticket]:
+            return None
         if self.timing is not None:
             return self.timing[ticket][0].elapsed_time(self.timing[ticket][1])
         return self.elapsed_ms[ticket]

@@ -227,10 +227,18 @@ class Captured:
         self.first_run_s = 0.0  # the first warm-up run (where compilation happens), seconds
         # None until the first call; True when that call ran uncaptured (its time is then first_run_s)
         self.first_call_uncaptured: bool | None = None if not self.use_graph else False
+        self.replays = 0  # of the captured graph: its first replay also uploads it to the device
+
+    @property
+    def warm(self) -> bool:
+        """Whether the next call runs as it usually does: called eagerly, or replayed from a graph that already ran
+        once (a call that captures runs the warm-up and the capture first; a graph's first replay uploads it)."""
+        return not self.use_graph or self.replays > 0
 
     def __call__(self) -> None:
         if self.graph is not None:
             self.graph.replay()
+            self.replays += 1
             return
         with self.scope:
             self._run()
@@ -274,6 +282,7 @@ class Captured:
                 self.fn()
                 return
         self.graph.replay()
+        self.replays += 1
 
     def _capture(self) -> None:
         start = time.perf_counter()

@@ -309,3 +309,54 @@ def test_a_batch_is_weighed_by_its_slowest_row():
 
     assert second_call(AutoBudget((15,), batch=2, cold=0, check=0))[-10:] == [DETACHED] * 10
     assert DETACHED not in second_call(AutoBudget((15,), batch=2, cold=0, check=0, finish=False))
+
+
+def test_a_round_that_captures_or_replays_its_graph_first_is_not_timed():
+    """A launch that captures its round's graph (warm-up runs and the capture) or replays it for the first time (the
+    replay also uploads it) does not run at its usual cost, so the adaptive loop is told nothing of its time: each
+    span bucket has graphs of its own, and an option priced by such a run would be chosen against for the call.
+    Graphs are stood in for on the CPU by a replay that counts, around the round's own eager run."""
+    from specdec.engine import Engine
+    from specdec.runtime import Captured
+    from specdec.target import TargetModel
+
+    calls = []
+    cap = Captured(lambda: calls.append(1), device=torch.device("cpu"), graph=False)
+    assert cap.warm  # called eagerly: every call is as usual
+
+    class Graph:
+        def replay(self):
+            calls.append(2)
+
+    cap.use_graph, cap.graph = True, Graph()
+    assert not cap.warm
+    cap()
+    assert cap.warm and cap.replays == 1 and calls == [2]
+
+    target = tiny_model("qwen3", scale=2.0)
+    drafter = sharp_drafter(target)
+    ids = prompts(1, seed=3)[0][None]
+    specdec.generate(target, ids, drafter=drafter, tree=specdec.DDTree(budget=6), max_new_tokens=8)
+    engine = Engine.for_target(TargetModel.wrap(target), capacity=1)
+    rnd = next(r for r in engine._rounds.values() if r.drafter is drafter)
+    eager = rnd.captured
+
+    class PretendGraph:  # the round's eager run, counted as replays of a captured graph
+        use_graph, replays = True, 0
+        warm = property(lambda self: self.replays > 0)
+
+        def __call__(self):
+            eager()
+            self.replays += 1
+
+    rnd.captured = PretendGraph()
+    try:
+        times = []
+        with torch.no_grad():  # as generate runs its rounds
+            for _ in range(3):
+                ticket = rnd.launch(None)
+                rnd.read(ticket)
+                times.append(rnd.elapsed(ticket))
+    finally:
+        rnd.captured = eager
+    assert times[0] is None and all(t is not None and t > 0 for t in times[1:]), times
