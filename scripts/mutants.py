@@ -800,8 +800,31 @@ MUTANTS += [
     ),
     Mutant(  # the head's attention kernel reads one slot short: each draft step misses its own key
         "eagle3_kernel_lengths_one_short",
-        ((EAGLE3_STATIC, "lengths = seen[:, -1] + 1", "lengths = seen[:, -1]"),),
+        ((EAGLE3_STATIC, "lengths = flat + 1", "lengths = flat"),),
         ("tests/drafters/test_eagle3.py::test_state_over_commits_matches_the_reference",),
+    ),
+    Mutant(  # every chain step reads the attention extent computed for the first step (a slice index frozen)
+        "eagle3_steps_share_first_extent",
+        ((EAGLE3_STATIC, "(mask[:, :, j : j + 1], lengths[j], flat[j])", "(mask[:, :, :1], lengths[0], flat[0])"),),
+        ("tests/drafters/test_eagle3.py::test_state_over_commits_matches_the_reference",),
+    ),
+    Mutant(  # the stacked MLP projection split in the wrong order (up taken for gate)
+        "eagle3_gate_up_swapped",
+        ((EAGLE3_MODEL, "gate, up = F.linear(normed, *packed).chunk(2, dim=-1)",
+          "up, gate = F.linear(normed, *packed).chunk(2, dim=-1)"),),  # fmt: skip
+        EAGLE3_TESTS,
+    ),
+    Mutant(  # refresh stacks the changed weights anew but never writes them where the captured round reads
+        "eagle3_stacked_weights_not_refreshed",
+        ((EAGLE3_STATIC, "self.drafter.model.packed_weights(out=self.packed)",
+          "self.drafter.model.packed_weights()"),),  # fmt: skip
+        ("tests/round/test_refresh_in_place.py",),
+    ),
+    Mutant(  # refresh replaces the stacked weights by new tensors: a captured round keeps reading the freed ones
+        "eagle3_stacked_weights_replaced",
+        ((EAGLE3_STATIC, "self.drafter.model.packed_weights(out=self.packed)",
+          "self.packed = self.drafter.model.packed_weights()"),),  # fmt: skip
+        ("tests/round/test_refresh_in_place.py",),
     ),
     Mutant(  # the target's wrapper reused after its attention implementation changed
         "target_wrap_ignores_attention",

@@ -319,29 +319,59 @@ class Eagle3Model(nn.Module):
         residual = normed if self.config.norm_before_residual else hidden
         return residual, torch.cat([norm(layer.input_layernorm, embeds.to(hidden.dtype)), normed], dim=-1)
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm=None, rope=None):
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm=None, rope=None, packed=None):
         """Attention input ``[B, L, 2H]`` -> rotated ``q [B, H_q, L, D]``, ``k``/``v`` ``[B, H_kv, L, D]``.
         ``norm`` as :meth:`layer_input`; ``rope(q, k, cos, sin)``: the rotation (None: HF's
-        ``apply_rotary_pos_emb``)."""
+        ``apply_rotary_pos_emb``); ``packed``: the three projections as one (:meth:`packed_weights`' ``qkv``),
+        one product instead of three."""
         norm, rope = norm or _module_norm, rope or apply_rotary_pos_emb
         attn, layer = self.midlayer.self_attn, self.midlayer
         b, n, _ = x.shape
-        q = attn.q_proj(x).view(b, n, layer.num_heads, layer.head_dim)
-        k = attn.k_proj(x).view(b, n, layer.num_kv_heads, layer.head_dim)
+        heads, kv_heads, dim = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        if packed is None:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        else:
+            q, k, v = F.linear(x, *packed).split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
+        q, k = q.view(b, n, heads, dim), k.view(b, n, kv_heads, dim)
         if self.config.qk_norm:
             q, k = norm(attn.q_norm, q), norm(attn.k_norm, k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = attn.v_proj(x).view(b, n, layer.num_kv_heads, layer.head_dim).transpose(1, 2)
+        v = v.view(b, n, kv_heads, dim).transpose(1, 2)
         q, k = rope(q, k, cos, sin)
         return q, k, v
 
-    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor, norm=None) -> torch.Tensor:
+    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor, norm=None, packed=None) -> torch.Tensor:
         """Residual + ``o_proj`` of the attention output ``[B, L, H_q * D]``, then the MLP block: the layer's
-        (pre-norm) output. ``norm`` as :meth:`layer_input`."""
+        (pre-norm) output. ``norm`` as :meth:`layer_input`; ``packed``: the MLP's gate and up projections as one
+        (:meth:`packed_weights`' ``gate_up``)."""
         norm = norm or _module_norm
         layer = self.midlayer
         x = residual + layer.self_attn.o_proj(attn_out)
-        return x + layer.mlp(norm(layer.post_attention_layernorm, x))
+        normed = norm(layer.post_attention_layernorm, x)
+        if packed is None:
+            return x + layer.mlp(normed)
+        gate, up = F.linear(normed, *packed).chunk(2, dim=-1)
+        return x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+
+    def packed_weights(self, out: dict | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """The layer's projections that read the same input, stacked: ``qkv`` (``q_proj``, ``k_proj``, ``v_proj``)
+        and ``gate_up`` (the MLP's ``gate_proj``, ``up_proj``), each ``(weight, bias or None)``: a copy of the
+        layer's weights (the module keeps its own). ``out``: an earlier result whose tensors are written in place
+        (a captured round reads them by address)."""
+        attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
+        groups = {"qkv": (attn.q_proj, attn.k_proj, attn.v_proj), "gate_up": (mlp.gate_proj, mlp.up_proj)}
+        result = {}
+        with torch.no_grad():
+            for name, linears in groups.items():
+                weight = torch.cat([m.weight for m in linears])
+                bias = None if linears[0].bias is None else torch.cat([m.bias for m in linears])
+                if out is not None:
+                    out[name][0].copy_(weight)
+                    if bias is not None:
+                        out[name][1].copy_(bias)
+                    weight, bias = out[name]
+                result[name] = (weight, bias)
+        return result
 
     def head(self, x: torch.Tensor, norm=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(draft-vocabulary logits [.., Vd], the hidden fed back at the next depth)`` of the layer output.

@@ -64,12 +64,27 @@ class Eagle3Static:
         self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
         self.tree_kv: dict[int, torch.Tensor] = {}  # scratch keys/values of a candidate tree, by its rows
         self.target_ids = self.drafter.model.target_ids()
+        # q/k/v and gate/up stacked: two products per step fewer (a copy of those weights, refreshed when they change)
+        self.packed = model.packed_weights()
+        self._packed_from = self._weights_key()
+
+    def _weights_key(self) -> tuple:
+        """Where the head's stacked projections are and how often they were written: changes when any of them is
+        updated in place (training, ``load_state_dict``) or replaced."""
+        attn, mlp = self.drafter.model.midlayer.self_attn, self.drafter.model.midlayer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
+        return tuple((p.data_ptr(), p._version) for m in linears for p in m.parameters())
 
     def refresh(self) -> None:
-        """Before a call that reuses this storage: the draft-to-target id map (``d2t`` may have been changed),
-        copied into the same tensor: a captured round reads it by address, so a new tensor would leave the graph
-        reading freed memory (ids out of the vocabulary)."""
+        """Before a call that reuses this storage: the draft-to-target id map (``d2t`` may have been changed) and,
+        where the head's weights changed since they were stacked, the stacked projections, copied into the same
+        tensors: a captured round reads them by address, so new tensors would leave the graph reading freed memory
+        (ids out of the vocabulary, stale weights)."""
         self.target_ids.copy_(self.drafter.model.target_ids())
+        key = self._weights_key()
+        if key != self._packed_from:  # the head's weights changed since the copy: rewrite it in place
+            self.drafter.model.packed_weights(out=self.packed)
+            self._packed_from = key
 
     def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
         """One of the head's RMSNorm modules applied to ``x`` by ``Backends.dflash_norm`` (``auto``: one launch on
@@ -90,31 +105,57 @@ class Eagle3Static:
         capacity every slot in ``[0, span)`` but the scratch one."""
         return positions.clamp(max=min(self.capacity, span) - 1)
 
-    def _forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, span: int):
-        """Rows ``[B, L]``: tokens, their hidden ``[B, L, H]`` and positions (consecutive along ``L``); writes the
-        rows' keys/values at slot = position (past the capacity: the scratch slot) and attends over slots
-        ``[0, span)`` up to each row's position. Returns (draft logits ``[B, L, Vd]``, hidden fed back
-        ``[B, L, H]``)."""
-        model, norm = self.drafter.model, self._norm
-        residual, q = self._write(tokens, hidden, positions)
-        out = self._attend(q, self._seen(positions, span), span)
-        return model.head(model.finish(residual, out, norm), norm)
+    def _steps(self, positions: torch.Tensor, span: int) -> list[tuple]:
+        """What ``L`` one-row steps at ``positions [B, L]`` (one column each) need, computed for all of them at once
+        (a chain's steps then slice it, launching nothing): per step ``(slots [B, 1]`` (past the capacity: the
+        scratch slot), the rotary tables ``(cos, sin)`` ``[B, 1, D]``, the last committed slot it reads ``seen
+        [B, 1]``, and for the attention kernel (None where SDPA runs) its mask ``[B, 1, 1, span]``, the slots each
+        sequence reads and its flat prefix ``[B]``)."""
+        slots, (cos, sin) = self._place(positions)
+        seen = self._seen(positions, span)
+        kernel = attention.triton_kernel_for(self.kv.device, torch.compiler.is_compiling(), self.kv.dtype,
+                                             self.kv.shape[-1])  # fmt: skip
+        if kernel:
+            mask = (self.slots[:span] <= seen[..., None])[:, None]  # [B, 1, L, span], True = visible
+            flat = seen.t().contiguous()  # [L, B]: a step's row is one contiguous [B]
+            lengths = flat + 1
+        steps = []
+        for j in range(positions.shape[1]):
+            visible = (mask[:, :, j : j + 1], lengths[j], flat[j]) if kernel else None
+            steps.append((slots[:, j : j + 1], (cos[:, j : j + 1], sin[:, j : j + 1]), seen[:, j : j + 1], visible))
+        return steps
 
-    def _write(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
-        """The rows' keys/values (as :meth:`_forward`) into their slots; returns (residual, rotated queries). A row's
-        key and value depend on its own token and hidden only, so rows whose output nobody reads (prefill, resume,
-        commit) stop here."""
+    def _forward(self, tokens: torch.Tensor, hidden: torch.Tensor, step: tuple, span: int):
+        """One row per sequence: ``tokens [B, 1]`` and their hidden ``[B, 1, H]`` at the step's position (a
+        :meth:`_steps` entry); writes the row's keys/values at its slot and attends over slots ``[0, span)`` up to
+        its position. Returns (draft logits ``[B, 1, Vd]``, hidden fed back ``[B, 1, H]``)."""
         model, norm = self.drafter.model, self._norm
-        slots = positions.clamp(max=self.scratch)  # past the capacity: the scratch slot
+        slots, rotary, seen, visible = step
+        residual, q = self._write(tokens, hidden, slots, rotary)
+        out = self._attend(q, seen, span, visible)
+        return model.head(model.finish(residual, out, norm, self.packed["gate_up"]), norm)
+
+    def _place(self, positions: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Rows at ``positions [B, L]``: their slots (past the capacity: the scratch slot) and rotary tables
+        ``(cos, sin)`` ``[B, L, D]``."""
+        slots = positions.clamp(max=self.scratch)
+        return slots, self.rope_table[slots].unbind(-2)
+
+    def _write(self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor, rotary):
+        """The rows' keys/values (``tokens [B, L]``, their hidden ``[B, L, H]``) into ``slots [B, L]``, rotated by
+        ``rotary`` (``(cos, sin)`` ``[B, L, D]``); returns (residual, rotated queries). A row's key and value depend
+        on its own token and hidden only, so rows whose output nobody reads (prefill, resume, commit) stop here."""
+        model, norm = self.drafter.model, self._norm
         residual, x = model.layer_input(self.drafter._embed(tokens), hidden, norm)
-        q, k, v = model.qkv(x, *self.rope_table[slots].unbind(-2), norm, self._rope)
+        q, k, v = model.qkv(x, *rotary, norm, self._rope, self.packed["qkv"])
         self.kv[0][self.rows, :, slots] = k.transpose(1, 2).to(self.kv.dtype)  # [B, L, H_kv, D] at (row, :, slot)
         self.kv[1][self.rows, :, slots] = v.transpose(1, 2).to(self.kv.dtype)
         return residual, q
 
-    def _attend(self, q: torch.Tensor, seen: torch.Tensor, span: int) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, seen: torch.Tensor, span: int, visible: tuple | None = None) -> torch.Tensor:
         """Grouped attention of ``q [B, H_q, L, D]`` over the stored slots ``[0, span)``, row ``i`` reading slots
-        ``<= seen[:, i]`` (``[B, L]``, non-decreasing along ``L``); returns ``[B, L, H_q * D]``.
+        ``<= seen[:, i]`` (``[B, L]``, non-decreasing along ``L``); returns ``[B, L, H_q * D]``. ``visible``: the
+        kernel's mask, lengths and flat prefix for these rows, computed ahead (:meth:`_steps`).
 
         ``specdec.kernels.tree_attention`` where the target's attention takes it (CUDA; ``Backends.attention_kernel``):
         each sequence reads only its slots in use, the prefix up to the first row's slot without a mask; else SDPA
@@ -122,10 +163,11 @@ class Eagle3Static:
         keys, values = self.kv[0, :, :, :span], self.kv[1, :, :, :span]
         batch, heads, rows, dim = q.shape
         if attention.triton_kernel_for(q.device, torch.compiler.is_compiling(), q.dtype, dim):
-            mask = (self.slots[:span] <= seen[..., None])[:, None]  # [B, 1, L, span], True = visible
-            lengths = seen[:, -1] + 1  # the last row reads the most
-            out = tree_attention(q, keys, values, mask, dim**-0.5, lengths, impl=attention.kernel_impl(),
-                                 flat=seen[:, 0])  # fmt: skip
+            if visible is None:
+                mask = (self.slots[:span] <= seen[..., None])[:, None]  # [B, 1, L, span], True = visible
+                visible = (mask, seen[:, -1] + 1, seen[:, 0])  # the last row reads the most
+            mask, lengths, flat = visible
+            out = tree_attention(q, keys, values, mask, dim**-0.5, lengths, impl=attention.kernel_impl(), flat=flat)
             return out.reshape(batch, rows, -1)
         # row r*L + i of a stacked group is query i of the group's r-th head (see _sdpa)
         keep = self.slots[:span] <= seen.repeat(1, self.rep)[..., None]  # [B, rep * L, span]
@@ -153,14 +195,14 @@ class Eagle3Static:
         position = last + level
         slots = position.clamp(max=self.scratch).expand(-1, width)
         residual, x = model.layer_input(self.drafter._embed(tokens), hidden, norm)
-        q, k, v = model.qkv(x, *self.rope_table[slots].unbind(-2), norm, self._rope)
+        q, k, v = model.qkv(x, *self.rope_table[slots].unbind(-2), norm, self._rope, self.packed["qkv"])
         block[0, :, :, first : first + width] = k.to(block.dtype)
         block[1, :, :, first : first + width] = v.to(block.dtype)
         committed = self.slots[:span] <= self._seen(last, span)[..., None]  # [B, 1, span]: up to the root's row
         keep = torch.cat([committed.expand(-1, width, -1), ancestors], dim=-1).repeat(1, self.rep, 1)
         out = self._sdpa(q, torch.cat([self.kv[0, :, :, :span], block[0]], 2),
                          torch.cat([self.kv[1, :, :, :span], block[1]], 2), keep)  # fmt: skip
-        return model.head(model.finish(residual, out, norm), norm)
+        return model.head(model.finish(residual, out, norm, self.packed["gate_up"]), norm)
 
     # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
     def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
@@ -171,7 +213,7 @@ class Eagle3Static:
         self.fused[:, :n] = fused.to(self.fused.dtype)
         if n > 1:
             positions = self.slots[: n - 1][None].expand(input_ids.shape[0], -1)
-            self._write(input_ids[:, 1:], fused[:, :-1], positions)
+            self._write(input_ids[:, 1:], fused[:, :-1], *self._place(positions))
 
     def resume(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, start: int) -> None:
         """A continued prompt: its tokens ``[B, n]`` from position ``start >= 1`` on and their fused target states.
@@ -183,21 +225,25 @@ class Eagle3Static:
         self.fused[:, start : start + n] = fused.to(self.fused.dtype)
         states = self.fused[:, start - 1 : start + n - 1]
         positions = (start - 1 + self.slots[:n])[None].expand(input_ids.shape[0], -1)
-        self._write(input_ids, states, positions)
+        self._write(input_ids, states, *self._place(positions))
 
     def logq(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int | None = None) -> torch.Tensor:
         """Per-depth log-probabilities ``[B, depth, V]`` (fp32, target vocabulary) of the greedy draft after each
-        ``root [B]`` at position ``prefix [B]``."""
+        ``root [B]`` at position ``prefix [B]``.
+
+        The steps' slots, rotary tables and attention masks are computed once for all ``depth`` steps; each step
+        feeds its logits' first maximum (a draft id, mapped to a target id) to the next, and one log-softmax over
+        every step's logits ends the chain."""
         span = min(span or self.capacity + 1, self.capacity + 1)
         position = (prefix - 1).clamp(min=0)[:, None]  # [B, 1]: the last committed position
         hidden = self.fused[self.rows, position]  # [B, 1, H]
         token = root[:, None]
-        rows = []
-        for step in range(depth):
-            logits, hidden = self._forward(token, hidden, position + step, span)
-            rows.append(torch.log_softmax(logits.float(), dim=-1))
-            token = self.target_ids[rows[-1].argmax(dim=-1)]  # [B, 1]: first maximum, mapped to a target id
-        draft = torch.cat(rows, dim=1)  # [B, depth, Vd]
+        logits = []
+        for step in self._steps(position + self.slots[:depth], span):
+            out, hidden = self._forward(token, hidden, step, span)
+            logits.append(out)
+            token = self.target_ids[out.argmax(dim=-1)]  # [B, 1]: first maximum, mapped to a target id
+        draft = torch.log_softmax(torch.cat(logits, dim=1).float(), dim=-1)  # [B, depth, Vd]
         full = draft.new_full((*draft.shape[:2], self.drafter.config.vocab_size), float("-inf"))
         return full.index_copy_(2, self.target_ids, draft)
 
@@ -222,7 +268,7 @@ class Eagle3Static:
         span = min(span or self.capacity + 1, self.capacity + 1)
         cfg = self.drafter.model.config
         last = torch.clamp(prefix - 1, min=0)[:, None]  # [B, 1]: the last committed position (the root's row)
-        logits, hidden = self._forward(root[:, None], self.fused[self.rows, last], last, span)
+        logits, hidden = self._forward(root[:, None], self.fused[self.rows, last], self._steps(last, span)[0], span)
         rows = [torch.log_softmax(logits.float(), dim=-1)]  # [B, 1, Vd]
         batch, size = root.shape[0], (levels - 1) * topk
         block = self.tree_kv.get(size)
@@ -252,4 +298,4 @@ class Eagle3Static:
         positions = prefix[:, None] + torch.arange(path.shape[1], device=path.device)  # [B, P]
         self.fused[self.rows, positions.clamp(max=self.scratch)] = fused.to(self.fused.dtype)
         if path.shape[1] > 1:  # the last row needs the next root: the round's first step writes it
-            self._write(accept.tokens[:, :-1], fused[:, :-1], positions[:, :-1])
+            self._write(accept.tokens[:, :-1], fused[:, :-1], *self._place(positions[:, :-1]))

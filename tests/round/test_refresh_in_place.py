@@ -29,8 +29,11 @@ def _tensors(state) -> dict[str, torch.Tensor]:
         else:
             items = enumerate(value) if isinstance(value, (list, tuple)) else [("", value)]
         for key, item in items:
+            label = f"{name}[{key}]" if key != "" else name
             if isinstance(item, torch.Tensor):
-                found[f"{name}[{key}]" if key != "" else name] = item
+                found[label] = item
+            elif isinstance(item, tuple):  # e.g. (weight, bias) pairs
+                found.update({f"{label}[{i}]": t for i, t in enumerate(item) if isinstance(t, torch.Tensor)})
     return found
 
 
@@ -80,3 +83,22 @@ def test_dflash_refresh_takes_weights_changed_in_place_into_the_same_tensors():
     assert all(_tensors(state)[key] is t for key, t in held.items())
     stacked = state._weight[: k_proj.shape[0]]
     assert torch.equal(stacked, k_proj.detach())
+
+
+def test_eagle3_refresh_takes_weights_changed_in_place_into_the_stacked_projections():
+    """The head's q/k/v and gate/up projections run as two stacked products: a copy of those weights, which must
+    follow the module's own weights when they change (a training step, ``load_state_dict``) and stay put otherwise."""
+    model = tiny_model("qwen3", num_hidden_layers=4, scale=2.0)
+    drafter = Eagle3Drafter.for_target(model, layer_ids=(2, 1, 3), seed=1)
+    state = drafter.attach(TargetModel(model), 32)
+    held = _tensors(state)
+    attn, mlp = drafter.model.midlayer.self_attn, drafter.model.midlayer.mlp
+    with torch.no_grad():
+        attn.v_proj.weight.mul_(2.0)
+    drafter.model.load_state_dict({**drafter.model.state_dict(), "midlayer.mlp.up_proj.weight": -mlp.up_proj.weight})
+    state.refresh()
+    assert all(_tensors(state)[key] is t for key, t in held.items())
+    for name, linears in (("qkv", (attn.q_proj, attn.k_proj, attn.v_proj)), ("gate_up", (mlp.gate_proj, mlp.up_proj))):
+        rows = state.packed[name][0].split([m.weight.shape[0] for m in linears])
+        for got, linear in zip(rows, linears, strict=True):
+            assert torch.equal(got, linear.weight.detach()), name
