@@ -758,6 +758,16 @@ MUTANTS += [
         ((MTP_STATIC, "position = (prefix - 1)[:, None]  # [B, 1]", "position = prefix[:, None]  # [B, 1]"),),
         MTP_TESTS,
     ),
+    Mutant(  # each MTP draft step's attention kernel reads one slot short: it misses its own key
+        "mtp_step_extent_one_short",
+        ((MTP_STATIC, "lengths = (positions + 1).clamp(max=span)", "lengths = positions.clamp(max=span)"),),
+        ("tests/drafters/test_mtp.py::test_propose_matches_reference",),
+    ),
+    Mutant(  # every MTP draft step reads the extent computed for the first step (a slice index frozen)
+        "mtp_steps_share_first_extent",
+        ((MTP_STATIC, "(lengths[k], flat[k])", "(lengths[0], flat[0])"),),
+        ("tests/drafters/test_mtp.py::test_propose_matches_reference",),
+    ),
     Mutant(  # a committed row joins its hidden state with its own token instead of the next accepted one
         "mtp_commit_token_not_shifted",
         ((MTP_STATIC, "self.step(accept.tokens, rows, positions, span)",

@@ -22,6 +22,7 @@ import inspect
 import torch
 from torch import nn
 
+from specdec.attention import KV_FLAT, KV_LENGTHS
 from specdec.drafters.checkpoints import hf_causal_lm as hf_model
 
 __all__ = ["MTPModule", "attention_layer_ids", "from_checkpoint_names", "hf_model", "text_model", "to_checkpoint_names"]
@@ -95,6 +96,8 @@ class MTPModule(nn.Module):
         self.norm = norm(width, eps=eps)
         params = inspect.signature(self.layers[0].forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"  # the name differs across releases
+        # a layer whose forward takes keyword arguments passes them to its attention function (the extent to read)
+        self._passes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         weight = next(stack.parameters())
         self.to(device=weight.device, dtype=weight.dtype)
 
@@ -103,17 +106,24 @@ class MTPModule(nn.Module):
         embeds as ``embeds`` and whose target hidden state is ``hidden`` (both ``[..., H]``)."""
         return self.fc(torch.cat((self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)), dim=-1))
 
-    def forward(self, embeds, hidden, position_embeddings, attention_mask, position_ids, cache, layer: int = 0):
+    def forward(
+        self, embeds, hidden, position_embeddings, attention_mask, position_ids, cache, layer: int = 0, extent=None
+    ):
         """One pass of MTP layer ``layer`` over rows ``[B, N]``; returns the normalised output ``[B, N, H]`` (its
-        logits are the target's LM head of it, and it is the next step's ``hidden``)."""
+        logits are the target's LM head of it, and it is the next step's ``hidden``). ``extent``: ``(lengths,
+        flat)`` (``[B]`` each) for the round's attention kernel, the slots each sequence reads and its flat prefix
+        (``specdec.attention.KV_LENGTHS`` / ``KV_FLAT``), passed where the layer passes keyword arguments down."""
         x = self.combine(embeds, hidden)
+        kwargs = {self._cache_kw: cache}
+        if extent is not None and self._passes_kwargs:
+            kwargs[KV_LENGTHS], kwargs[KV_FLAT] = extent
         x = self.layers[layer](
             x,
             position_embeddings=position_embeddings,
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=cache is not None,
-            **{self._cache_kw: cache},
+            **kwargs,
         )
         return self.norm(x[0] if isinstance(x, tuple) else x)
 

@@ -77,22 +77,42 @@ class MTPStatic:
         seen = self.keys[:span] <= positions[..., None]
         return torch.where(seen, *mask_values(self.hidden.dtype, seen.device))[:, None]  # one kernel
 
+    def _rotary(self, embeds: torch.Tensor, positions: torch.Tensor):
+        """The rotary ``(cos, sin)`` of rows at ``positions [B, N]``."""
+        if self.rope_table is not None:  # positions past the capacity read the last slot's, as the storage writes
+            return self.rope_table[positions.clamp(max=self.capacity - 1)].unbind(-2)
+        # multimodal RoPE (Qwen3.5) takes one position grid per section: a text row's is the same in all
+        return self.drafter._rotary(embeds, positions[None].expand(3, -1, -1) if self.mrope else positions)
+
+    def _extent(self, positions: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """For the attention kernel, rows at ``positions [B, N]`` (non-decreasing along ``N``, each seeing the slots
+        up to its own): the slots each sequence reads, ``[B]`` int32 (up to its last row's position, within the
+        span), and its flat prefix (the slots before its first row's, which every row sees)."""
+        return (positions[:, -1] + 1).clamp(max=span).int(), positions[:, 0].clamp(max=span)
+
     def step(
-        self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, span: int, shared: bool = False
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        span: int,
+        shared: bool = False,
+        ahead: tuple | None = None,
     ) -> torch.Tensor:
         """One pass of the head over rows ``[B, N]`` (``tokens``, ``hidden [B, N, H]``) at ``positions [B, N]``,
-        writing their keys/values at those slots and attending over slots ``[0, span)``; returns the normalised
-        output ``[B, N, H]``. ``shared``: every sequence has row 0's positions (one mask row set for the batch)."""
+        writing their keys/values at those slots and attending over slots ``[0, span)`` (each sequence reading only
+        up to its last row's slot); returns the normalised output ``[B, N, H]``. ``shared``: every sequence has row
+        0's positions (one mask row set for the batch). ``ahead``: the rows' ``(rotary, mask, extent)`` computed
+        ahead (:meth:`propose` computes its steps' at once)."""
         drafter, module = self.drafter, self.drafter.model
         self.storage.write_index = positions
         self.storage.span = span
         embeds = drafter._embed(tokens).to(self.hidden.dtype)
-        if self.rope_table is not None:  # positions past the capacity read the last slot's, as the storage writes
-            rotary = self.rope_table[positions.clamp(max=self.capacity - 1)].unbind(-2)
-        else:  # multimodal RoPE (Qwen3.5) takes one position grid per section: a text row's is the same in all
-            rotary = drafter._rotary(embeds, positions[None].expand(3, -1, -1) if self.mrope else positions)
-        mask = self._mask(positions[:1] if shared else positions, span)
-        return module(embeds, hidden.to(self.hidden.dtype), rotary, mask, positions, self.cache)
+        if ahead is None:
+            rows = positions[:1] if shared else positions
+            ahead = (self._rotary(embeds, positions), self._mask(rows, span), self._extent(positions, span))
+        rotary, mask, extent = ahead
+        return module(embeds, hidden.to(self.hidden.dtype), rotary, mask, positions, self.cache, extent=extent)
 
     # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
     def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
@@ -119,16 +139,27 @@ class MTPStatic:
         self.step(tokens, self.hidden[:, start - 1 : start + n], positions, start + n, shared=True)
 
     def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:
-        """``depth`` greedy steps from row ``prefix - 1`` (its hidden state and the root): ``logq [B, depth, V]``."""
+        """``depth`` greedy steps from row ``prefix - 1`` (its hidden state and the root): ``logq [B, depth, V]``.
+
+        The steps' rotary tables, masks and attention extents are computed once for all of them; each step feeds
+        its logits' first maximum to the next, and one log-softmax over every step's logits ends the chain."""
         position = (prefix - 1)[:, None]  # [B, 1]
         hidden = self.hidden[self.rows, position]  # [B, 1, H]
         token = root[:, None]
-        rows = []
+        positions = position + self.keys[:depth]  # [B, depth]: step k's row
+        rotary = self._rotary(self.hidden[:, :depth], positions)
+        mask = self._mask(positions, span)  # [B, 1, depth, span]
+        lengths = (positions + 1).clamp(max=span).int().t().contiguous()  # [depth, B]: a step's row is one [B]
+        flat = positions.clamp(max=span).t().contiguous()
+        head = self.drafter._lm_head
+        logits = []
         for k in range(depth):
-            hidden = self.step(token, hidden, position + k, span)
-            rows.append(self.drafter.logq(hidden))
-            token = rows[-1].argmax(dim=-1)  # [B, 1], the first maximum
-        return Proposal(logq=torch.cat(rows, dim=1))
+            one = slice(k, k + 1)
+            ahead = (tuple(t[:, one] for t in rotary), mask[:, :, one], (lengths[k], flat[k]))
+            hidden = self.step(token, hidden, positions[:, one], span, ahead=ahead)
+            logits.append(head(hidden.to(head.weight.dtype)))
+            token = logits[-1].argmax(dim=-1)  # [B, 1], the first maximum
+        return Proposal(logq=torch.log_softmax(torch.cat(logits, dim=1).float(), dim=-1))
 
     def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
         """The accepted path's rows: the target's hidden state at each path node and the token accepted after it."""

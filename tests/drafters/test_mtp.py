@@ -4,6 +4,7 @@ round's proposals inside ``generate`` against the same reference, and errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -214,18 +215,37 @@ def test_last_tap_is_the_final_normed_hidden_state(setup):
     torch.testing.assert_close(out.hidden_states[layer + 1], base, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "kernel"])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_propose_matches_reference(setup, batch):
-    """Prefill, propose D steps, commit a path, propose again: every depth's log-probs as the reference's."""
+def test_propose_matches_reference(setup, batch, attn, monkeypatch):
+    """Prefill, propose D steps, commit a path, propose again: every depth's log-probs as the reference's.
+    ``kernel``: in the round's attention scope the head's attention takes ``tree_attention`` (its reference here)
+    with the extent each pass reads (lengths, flat prefix), as on CUDA."""
+    calls = []
+    scope = contextlib.nullcontext()
+    if attn == "kernel":
+        from specdec import attention
+        from specdec.kernels import tree_attention as kernel
+
+        monkeypatch.setattr(attention, "KERNEL", "triton")  # the kernel's path; on the CPU its reference computes
+        original = kernel.tree_attention
+
+        def spy(*args, **kwargs):
+            calls.append(kwargs.get("flat") is not None and args[5] is not None)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(kernel, "tree_attention", spy)
     model, folder, tensors = setup
     drafter = MTPDrafter.from_pretrained(folder, target=model)
+    if attn == "kernel":
+        scope = attention.AttentionScope(drafter.model)
     n, depth = 9, 4
     ids = prompts(batch, n + 6, seed=batch)
     with torch.no_grad():
         hidden = model.model(ids).last_hidden_state
     state = drafter.attach(model, 64, batch)
     assert isinstance(state, MTPStatic)
-    with torch.no_grad():
+    with torch.no_grad(), scope:
         state.prefill(ids[:, :n], hidden[:, :n])
         prefix = torch.full((batch,), n)
         got = state.propose(ids[:, n], prefix, depth, 64).logq
@@ -249,6 +269,8 @@ def test_propose_matches_reference(setup, batch):
             torch.testing.assert_close(
                 got[b], reference_logq(model, tensors, ids[b, : p + 1], depth), rtol=0, atol=1e-5
             )
+    if attn == "kernel":  # every pass (prefill, steps, commit) read a bounded extent with a flat prefix
+        assert len(calls) == 2 * depth + 2 and all(calls), calls
 
 
 @pytest.mark.parametrize("tree", [Chain(k=3), DDTree(budget=5, topk=2)], ids=["chain", "ddtree"])
