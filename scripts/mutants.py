@@ -572,6 +572,23 @@ MUTANTS += [
           "return torch.cat((x[..., half:], -x[..., :half]), dim=-1)"),),  # fmt: skip
         ("tests/kernels/test_rotary.py",),
     ),
+    Mutant(  # partial rotary: the kernel copies the head's first dims where the unrotated rest belongs
+        "rotary_partial_rest_from_the_start",
+        (("specdec/kernels/rotary/triton.py", "rest = tl.load(src + 2 * HALF + j,", "rest = tl.load(src + j,"),),
+        ("tests/kernels/test_rotary.py", "-m", "interpreter"),
+    ),
+    Mutant(  # partial rotary: the reference rotates the part but drops the rest of the head
+        "rotary_partial_rest_dropped",
+        (("specdec/kernels/rotary/reference.py", "_rotate_half(part) * sin, x[..., rot:]), dim=-1)",
+          "_rotate_half(part) * sin, 0 * x[..., rot:]), dim=-1)"),),  # fmt: skip
+        ("tests/kernels/test_rotary.py",),
+    ),
+    Mutant(  # a partial cos sent to the kernel for a function that rotates whole heads only (Llama's)
+        "rotary_partial_routed_unprobed",
+        (("specdec/kernels/rotary/routing.py", "or (cos.shape[-1] != q.shape[-1] and not _partial(original))",
+          "or False"),),  # fmt: skip
+        ("tests/kernels/test_rotary.py",),
+    ),
 ]
 # -- the auto budget: its bounded graph keys and its choices -----------------------------------------------------
 AUTO_KEYS = "tests/round/test_auto_budget_keys.py"

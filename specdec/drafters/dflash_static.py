@@ -109,8 +109,8 @@ class DFlashStatic:
     def _rope_qk(self, q: torch.Tensor | None, k: torch.Tensor, positions: torch.Tensor, table: tuple) -> tuple:
         """Queries ``[B, S, H, D]`` (or None: keys alone) and keys ``[B, S, H_kv, D]`` rotated: one
         ``specdec.kernels.rotary`` launch for both where the target's rotary embedding takes the kernel
-        (``Backends.target_rotary``, uncompiled) and the call fits it (bf16, the whole head dim rotated: the same
-        products and sums, bit for bit), else :meth:`_rope` for each."""
+        (``Backends.target_rotary``, uncompiled) and the call fits it (bf16; the whole head or, for partial rotary, its
+        first dims rotated: the same products and sums, bit for bit), else :meth:`_rope` for each."""
         cos, sin = table
         both = k if q is None else q  # keys alone: the launch rotates them as its queries too
         if (

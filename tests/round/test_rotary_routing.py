@@ -11,7 +11,9 @@ import pytest
 import torch
 import transformers.models.llama.modeling_llama as llama
 import transformers.models.qwen3.modeling_qwen3 as qwen3
+import transformers.models.qwen3_next.modeling_qwen3_next as qwen3_next
 from models import tiny_model
+from state.hybrid_harness import tiny_hybrid
 
 import specdec
 from specdec.kernels.rotary import routing
@@ -52,24 +54,27 @@ def test_rotary_kernel_choice(monkeypatch):
         routing.rotary_kernel_for("cpu")
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_next"])
 def test_routed_rounds_keep_the_tokens_and_restore_the_module(arch, monkeypatch):
-    module = {"qwen3": qwen3, "llama": llama}[arch]
+    """``qwen3_next``: a hybrid whose attention layers rotate a quarter of each head (partial rotary)."""
+    module = {"qwen3": qwen3, "llama": llama, "qwen3_next": qwen3_next}[arch]
     original = module.apply_rotary_pos_emb
     from specdec.kernels import rotary as package
 
     calls = []
     real = package.rotary
-    monkeypatch.setattr(package, "rotary", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    widths = lambda q, k, cos, sin: (q.shape[-1], cos.shape[-1])  # noqa: E731 - (head dim, rotated dims)
+    monkeypatch.setattr(package, "rotary", lambda *a, **k: calls.append(widths(*a)) or real(*a, **k))
     ids = torch.tensor([[5, 9, 2, 77, 31, 8, 40]])
     tree = specdec.DDTree(budget=6, topk=2)
     # fp32: the call does not fit the kernel, HF's function runs; the tokens are HF's
-    model = tiny_model(arch, scale=4.0)
+    make = (lambda: tiny_hybrid(arch, scale=4.0)) if arch == "qwen3_next" else (lambda: tiny_model(arch, scale=4.0))
+    model = make()
     want = model.generate(ids, max_new_tokens=10, do_sample=False)
     out = specdec.generate(model, ids, max_new_tokens=10, backends={"target_rotary": "triton"})
     assert torch.equal(out.sequences, want) and calls == []
     # bf16: routed through rotary (its reference here), the same tokens as the unrouted round
-    model = tiny_model(arch, scale=4.0).to(torch.bfloat16)  # a model of its own: engines are kept per model
+    model = make().to(torch.bfloat16)  # a model of its own: engines are kept per model
     drafter = specdec.NGramDrafter()
     unrouted = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=10,
                                 backends={"target_rotary": "torch"})  # fmt: skip
@@ -77,6 +82,8 @@ def test_routed_rounds_keep_the_tokens_and_restore_the_module(arch, monkeypatch)
     routed = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=10,
                               backends={"target_rotary": "triton"})  # fmt: skip
     assert calls and torch.equal(routed.sequences, unrouted.sequences)
+    if arch == "qwen3_next":
+        assert all(rotated < dim for dim, rotated in calls), calls  # the partial calls took the kernel's path
     assert module.apply_rotary_pos_emb is original  # restored
 
 

@@ -3,7 +3,8 @@
 On CUDA HF's function is ~10 small kernels per attention layer (two products, a negation, a concatenation and a
 sum, for the queries and again for the keys), a few microseconds each however small the tensors. The Triton
 version (``triton.py``) is one launch and equals the reference bit for bit (each product and the sum rounded to
-the inputs' half dtype as PyTorch rounds them). The round uses it through ``routing.py``.
+the inputs' half dtype as PyTorch rounds them), also for partial rotary (the first ``R`` of ``D`` dims rotated, the
+rest passed on, as Qwen3-Next and Qwen3.5 attention layers do). The round uses it through ``routing.py``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ fp16-subnormal, which a GPU conversion compiled to flush subnormals would change
 
 
 def fits_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """Whether the Triton version takes the call: bf16, ``[B, H, N, D]`` / ``[B or 1, N, D]`` shapes with the
-    full, even head dim rotated, last dims contiguous."""
+    """Whether the Triton version takes the call: bf16, ``[B, H, N, D]`` / ``[B or 1, N, R]`` shapes with ``R <= D``
+    even (``R < D``: partial rotary), last dims contiguous."""
     return (
         q.dtype in TRITON_DTYPES
         and k.dtype == cos.dtype == sin.dtype == q.dtype
@@ -37,7 +38,8 @@ def fits_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
         and cos.dim() == sin.dim() == 3
         and cos.shape == sin.shape
         and q.shape[-1] % 2 == 0
-        and k.shape[-1] == cos.shape[-1] == q.shape[-1]
+        and cos.shape[-1] % 2 == 0
+        and 0 < cos.shape[-1] <= q.shape[-1] == k.shape[-1]
         and q.shape[0] == k.shape[0]
         and cos.shape[0] in (1, q.shape[0])
         and q.shape[2] == k.shape[2] == cos.shape[1]
@@ -57,7 +59,7 @@ def rotary(
     fits = fits_triton(q, k, cos, sin)
     if impl == "triton" and not fits:
         raise ValueError(f"impl='triton' takes bf16 q [B, H, N, D], k [B, H_kv, N, D] and cos / sin "
-                         f"[B or 1, N, D] of the full, even head dim; got q {q.dtype} {list(q.shape)}, k "
+                         f"[B or 1, N, R] with R <= D even; got q {q.dtype} {list(q.shape)}, k "
                          f"{list(k.shape)}, cos {cos.dtype} {list(cos.shape)}: use impl='torch'.")  # fmt: skip
     if pick_impl(impl, q.device, _MODULE, fits=fits) == "torch":
         return rotary_reference(q, k, cos, sin)

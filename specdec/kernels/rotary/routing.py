@@ -44,13 +44,15 @@ def rotary_kernel_for(device: torch.device | str) -> bool:
     return pick_impl("auto", torch.device(device), "specdec.kernels.rotary.triton") == "triton"
 
 
-def _probe(function: Callable) -> bool:
+def _probe(function: Callable, rotated: int = 16) -> bool:
+    """Whether ``function(q, k, cos, sin)`` equals ``rotary_reference`` bit for bit on random half-precision inputs
+    of head dim 16 whose ``cos`` / ``sin`` cover ``rotated`` dims (16: the whole head; fewer: partial rotary)."""
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float16):
         # [B, H, N, D] views of [B, N, H, D] buffers, as the attention layers pass them
         q = (torch.randn(2, 3, 4, 16, generator=gen) * 3).to(dtype).transpose(1, 2)
         k = (torch.randn(2, 3, 1, 16, generator=gen) * 3).to(dtype).transpose(1, 2)
-        angle = torch.rand(2, 3, 8, generator=gen) * 50
+        angle = torch.rand(2, 3, rotated // 2, generator=gen) * 50
         angle = torch.cat([angle, angle], dim=-1)
         cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
         try:
@@ -84,13 +86,32 @@ def rotary_modules(*models) -> list[types.ModuleType]:
     return list(found.values())
 
 
+# function -> whether it rotates a partial ``cos`` / ``sin`` as the reference does (probed on first such call)
+_PARTIAL: dict[Callable, bool] = {}
+
+
+def _partial(function: Callable) -> bool:
+    known = _PARTIAL.get(function)
+    if known is None:
+        known = _PARTIAL[function] = _probe(function, rotated=8)
+    return known
+
+
 def fused(original: Callable) -> Callable:
-    """``apply_rotary_pos_emb`` through ``rotary`` where the call fits it, ``original`` otherwise."""
+    """``apply_rotary_pos_emb`` through ``rotary`` where the call fits it, ``original`` otherwise. A call with a
+    partial ``cos`` / ``sin`` (narrower than the head) is routed only if ``original`` is probed to rotate the first
+    dims and pass the rest as the reference does (Qwen3-Next / Qwen3.5); elsewhere it stays the original's."""
     from specdec.kernels.rotary import fits_triton, rotary
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         unsqueeze = args[0] if args else kwargs.get("unsqueeze_dim", 1)
-        if unsqueeze != 1 or len(args) > 1 or set(kwargs) - {"unsqueeze_dim"} or not fits_triton(q, k, cos, sin):
+        if (
+            unsqueeze != 1
+            or len(args) > 1
+            or set(kwargs) - {"unsqueeze_dim"}
+            or not fits_triton(q, k, cos, sin)
+            or (cos.shape[-1] != q.shape[-1] and not _partial(original))
+        ):
             return original(q, k, cos, sin, *args, **kwargs)
         return rotary(q, k, cos, sin)
 

@@ -1,7 +1,8 @@
 """HF's rotary embedding of the queries and keys in one Triton launch (capture-safe: no host reads).
 
 A program per (sequence, position, head of ``H + H_kv``): it loads the head's row of ``D`` values and the
-position's ``cos`` / ``sin`` rows, and writes ``x * cos + rotate_half(x) * sin`` with each product and the sum
+position's ``cos`` / ``sin`` rows, and writes ``x * cos + rotate_half(x) * sin`` (partial rotary: over the first
+``R`` dims, the rest copied) with each product and the sum
 rounded to the inputs' dtype as PyTorch's separate kernels round them (a product of two bf16 values is
 exact in fp32; the roundings are explicit, so no fused multiply-add can change a result): equal to
 ``rotary_reference`` bit for bit. Half dtypes only (bf16, fp16): fp32 would need products rounded without
@@ -37,6 +38,8 @@ def _rotary_kernel(
     HALF: tl.constexpr,
     BLOCK: tl.constexpr,
     BF16: tl.constexpr,
+    PASS: tl.constexpr,  # dims past the rotated ones (partial rotary), copied unchanged
+    BLOCK_PASS: tl.constexpr,
 ):
     pid = tl.program_id(0)  # (b * N + n) * (H + HK) + head
     heads = H + HK
@@ -62,20 +65,25 @@ def _rotary_kernel(
     y2 = _round(_round(x2 * c2, BF16) + _round(x1 * s2, BF16), BF16)
     tl.store(dst + i, y1.to(qo_ptr.dtype.element_ty), mask=ok)
     tl.store(dst + HALF + i, y2.to(qo_ptr.dtype.element_ty), mask=ok)
+    if PASS > 0:
+        j = tl.arange(0, BLOCK_PASS)
+        rest = tl.load(src + 2 * HALF + j, mask=j < PASS, other=0.0)
+        tl.store(dst + 2 * HALF + j, rest, mask=j < PASS)
 
 
 def rotary_triton(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Arguments as ``rotary_reference`` (not checked here: bf16 (fp16 compiles too), ``D`` even, last dims
-    contiguous).
+    """Arguments as ``rotary_reference`` (not checked here: bf16 (fp16 compiles too), ``D`` and ``R`` even, last
+    dims contiguous).
     Returns outputs laid out as the inputs (``torch.empty_like``)."""
     batch, heads, num, dim = q.shape
     kv_heads = k.shape[1]
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     if q.numel() == 0:
         return q_out, k_out
-    half = dim // 2
+    half = cos.shape[-1] // 2  # the rotated dims' half (partial rotary: fewer than the head's)
+    rest = dim - 2 * half
     scb = cos.stride(0) if cos.shape[0] > 1 else 0
     ssb = sin.stride(0) if sin.shape[0] > 1 else 0
     _rotary_kernel[(batch * num * (heads + kv_heads),)](
@@ -83,6 +91,7 @@ def rotary_triton(
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
         scb, cos.stride(1), ssb, sin.stride(1),
-        HALF=half, BLOCK=triton.next_power_of_2(half), BF16=q.dtype == torch.bfloat16, num_warps=1,
+        HALF=half, BLOCK=triton.next_power_of_2(half), BF16=q.dtype == torch.bfloat16, PASS=rest,
+        BLOCK_PASS=triton.next_power_of_2(max(rest, 1)), num_warps=1,
     )  # fmt: skip
     return q_out, k_out
