@@ -461,6 +461,17 @@ MUTANTS += [
         (("specdec/validate.py", "flags |= (drafts & (tokens != tree_tokens)).any(1).long() * 1024", "pass"),),
         ("tests/test_protocol_validation.py",),
     ),
+    Mutant(  # the root slot's token not compared with the round's root: a policy may verify another root
+        "validator_root_unchecked",
+        (("specdec/validate.py", "flags |= (tree.tokens[:, 0] != root).long() * 128", "pass"),),
+        ("tests/test_protocol_validation.py",),
+    ),
+    Mutant(  # a broken tree sanitised with its parents clamped into the slots only: a hybrid's walk raises first
+        "sanitized_parents_after_child",
+        (("specdec/validate.py", "parents=torch.minimum(tree.parents.clamp(min=-1), before),",
+          "parents=tree.parents.clamp(-1, slots - 1),"),),  # fmt: skip
+        ("tests/test_protocol_validation.py",),
+    ),
     Mutant(  # a user's drafter trusted as specdec's own: its proposals go unchecked
         "drafter_proposal_unchecked",
         ((ENGINE, "self.check_proposal = self.proposes and not trusted(drafter)", "self.check_proposal = False"),),

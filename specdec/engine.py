@@ -315,7 +315,7 @@ class Round:
         flags = None
         if self.check_tree:
             check_tree(self.tree, tree, self.batch, self.slots)
-            flags = tree_flags(tree, vocab)
+            flags = tree_flags(tree, vocab, engine.root)
             tree = sanitized_tree(tree, vocab, self.depth)  # the round runs to its read, which raises
         raw, hidden, rnd = self._verify(tree)
         logits = self._process(raw, tree)

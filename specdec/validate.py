@@ -46,6 +46,8 @@ TREE_BITS = {
     16: ("tokens", "a real node's token is outside the vocabulary", "draft tokens in [0, vocab_size)"),
     32: ("padding", "a padding slot has a parent or a depth", "padding slots carry parent -1 and depth 0"),
     64: ("parents", "a real node's parent is a padding slot", "parents must be real nodes"),
+    128: ("tokens", "slot 0 does not hold the round's root token (tokens[:, 0] != root)",
+          "put the root passed to build() in slot 0"),
 }  # fmt: skip
 ACCEPT_BITS = {
     256: ("num_path", "num_path is outside [1, max_depth + 1] or beyond the tree's real nodes",
@@ -139,8 +141,9 @@ def check_accept(rule, accept, batch: int, steps: int) -> None:
     _check_tensor(owner, "num_path", accept.num_path, (batch,), (torch.int64,))
 
 
-def tree_flags(tree: DeviceTree, vocab: int) -> torch.Tensor:
-    """``[B]`` int64: the :data:`TREE_BITS` each sequence's tree breaks (0: none). Tensor ops only."""
+def tree_flags(tree: DeviceTree, vocab: int, root: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B]`` int64: the :data:`TREE_BITS` each sequence's tree breaks (0: none), ``root`` (``[B]``) the token slot 0
+    must hold. Tensor ops only."""
     parents, depth, valid = tree.parents, tree.depth, tree.valid
     slots = parents.shape[1]
     index = torch.arange(slots, device=parents.device)[None]
@@ -158,6 +161,8 @@ def tree_flags(tree: DeviceTree, vocab: int) -> torch.Tensor:
     flags |= (valid & ((tree.tokens < 0) | (tree.tokens >= vocab))).any(1).long() * 16
     flags |= (~valid & ((parents != -1) | (depth != 0))).any(1).long() * 32
     flags |= (real_child & ~valid.gather(1, safe)).any(1).long() * 64
+    if root is not None:
+        flags |= (tree.tokens[:, 0] != root).long() * 128
     return flags
 
 
@@ -187,12 +192,14 @@ def accept_flags(accept: Accept, tree: DeviceTree, vocab: int) -> torch.Tensor:
 
 
 def sanitized_tree(tree: DeviceTree, vocab: int, depth: int) -> DeviceTree:
-    """``tree`` with every index clamped into range (tokens, parents, depth), so that a round over a tree that
-    breaks the protocol runs to its read (where the flags raise) instead of failing inside a kernel."""
+    """``tree`` with every index clamped into range (tokens, parents before their child, depth), so that a round
+    over a tree that breaks the protocol runs to its read (where the flags raise) instead of failing inside a kernel
+    or a recurrent layer's tree walk."""
     slots = tree.parents.shape[1]
+    before = torch.arange(slots, device=tree.parents.device) - 1  # a parent comes before its child (hybrid walks check)
     return tree._replace(
         tokens=tree.tokens.clamp(0, vocab - 1),
-        parents=tree.parents.clamp(-1, slots - 1),
+        parents=torch.minimum(tree.parents.clamp(min=-1), before),
         depth=tree.depth.clamp(0, depth),
         num_nodes=tree.num_nodes.clamp(1, slots),
     )

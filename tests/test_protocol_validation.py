@@ -60,6 +60,8 @@ class Broken:
             t["num_nodes"] = t["num_nodes"] + 1
         elif self.how == "token-range":
             t["tokens"][:, 1] = VOCAB + 5
+        elif self.how == "root-token":  # slot 0 holds another token than the round's root
+            t["tokens"][:, 0] = (t["tokens"][:, 0] + 1) % VOCAB
         elif self.how == "padding":  # the last slot made padding, its parent and depth kept
             t["valid"][:, -1] = False
             t["num_nodes"] = t["valid"].sum(1)
@@ -108,6 +110,7 @@ POLICY_CASES = {
     "parent-after-child": "parents: a node's parent is not an earlier slot",
     "num_nodes": "num_nodes: num_nodes is not the number of real slots",
     "token-range": "tokens: a real node's token is outside the vocabulary",
+    "root-token": r"tokens: slot 0 does not hold the round's root token",
     "padding": "padding: a padding slot has a parent or a depth",
     "list": "returned tokens as list: return a torch.Tensor",
     "columns": r"returned tokens of shape \[1, 8\]; the round needs \[1, 9\]",
@@ -130,6 +133,21 @@ def test_a_broken_policy_is_named_and_the_next_call_is_exact(pair, how):
         specdec.generate(model, IDS, drafter=drafter, tree=Broken(how), max_new_tokens=12)
     out = specdec.generate(model, IDS, drafter=drafter, tree=Broken("none"), max_new_tokens=12)
     assert torch.equal(out.sequences, want)  # a sound policy of a user's passes the checks; nothing was left stale
+
+
+@pytest.mark.parametrize("how", ["parent-after-child", "depth", "root-token"])
+def test_a_broken_policy_on_a_hybrid_is_named_and_the_next_call_is_exact(how):
+    """On a hybrid target the recurrent layers walk the tree too: a broken tree reaches them sanitised (every parent
+    before its child), so the round runs to its read and the error names the policy, as on a dense target."""
+    from state.hybrid_harness import tiny_hybrid
+
+    model = tiny_hybrid("qwen3_next")
+    drafter = specdec.ModelDrafter(tiny_model("qwen3", scale=4.0))  # an attention model of the same vocabulary
+    want = model.generate(IDS, max_new_tokens=10, do_sample=False)
+    with pytest.raises(ProtocolError, match=rf"tree policy .*Broken.*{POLICY_CASES[how]}"):
+        specdec.generate(model, IDS, drafter=drafter, tree=Broken(how), max_new_tokens=10)
+    out = specdec.generate(model, IDS, drafter=drafter, tree=Broken("none"), max_new_tokens=10)
+    assert torch.equal(out.sequences, want)
 
 
 @pytest.mark.parametrize("how", list(RULE_CASES))
@@ -192,6 +210,8 @@ def test_the_checks_catch_what_they_name():
     assert tree_flags(sound._replace(num_nodes=torch.tensor([4])), VOCAB).item() & 8
     assert tree_flags(sound._replace(tokens=torch.tensor([[3, -1, 5, 6]])), VOCAB).item() & 16
     assert tree_flags(sound._replace(parents=torch.tensor([[-1, 0, 1, 0]])), VOCAB).item() & 32
+    assert tree_flags(sound, VOCAB, torch.tensor([3])).item() == 0
+    assert tree_flags(sound, VOCAB, torch.tensor([7])).item() == 128
     good = Accept(path=torch.tensor([[0, 1, 2]]), num_path=torch.tensor([3]), tokens=torch.tensor([[4, 5, 9]]))
     assert accept_flags(good, sound, VOCAB).item() == 0
     assert accept_flags(good._replace(num_path=torch.tensor([4])), sound, VOCAB).item() & 256
