@@ -461,6 +461,11 @@ MUTANTS += [
         (("specdec/validate.py", "flags |= (drafts & (tokens != tree_tokens)).any(1).long() * 1024", "pass"),),
         ("tests/test_protocol_validation.py",),
     ),
+    Mutant(  # the weights' fingerprint not compared: an edit through .data leaves stale K/V reused
+        "reuse_ignores_data_edits",
+        ((ENGINE, "        if not unchanged:  # the weights were edited", "        if False:  # the weights were edited"),),
+        ("tests/round/test_multi_turn.py",),
+    ),
     Mutant(  # the root slot's token not compared with the round's root: a policy may verify another root
         "validator_root_unchecked",
         (("specdec/validate.py", "flags |= (tree.tokens[:, 0] != root).long() * 128", "pass"),),

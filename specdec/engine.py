@@ -579,6 +579,7 @@ class Engine:
         self.kept: torch.Tensor | None = None  # [n] on the device
         self.kept_drafter = None  # weakref of that drafter (None: plain decoding)
         self.kept_versions = 0
+        self.kept_weights: torch.Tensor | None = None  # the target's weights' fingerprint at that call
         self._drafter_versions = (lambda: None, 0)  # (weakref of a drafter, its update counters read this call)
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
 
@@ -666,6 +667,15 @@ class Engine:
         self.kept = tokens
         self.kept_drafter = None if drafter is None else weakref.ref(drafter)
         self.kept_versions = self._versions(drafter)
+        self.kept_weights = self._fingerprint()
+
+    def _fingerprint(self) -> torch.Tensor:
+        """``[N]`` float32: the norm of each of the target's parameters, on the device (launched, not read). An edit
+        that the update counters miss (through ``.data``, as adapter merges write) changes it, so the kept K/V is
+        not reused with weights it was not computed with. It reads every weight once (one fused multi-tensor
+        pass)."""
+        params = [p.detach() for p in self.target.target.model.parameters()]
+        return torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32))
 
     def _versions(self, drafter) -> int:
         """The in-place update counters of the target's (and the drafter's) weights: an update between calls (a
@@ -682,7 +692,8 @@ class Engine:
         """How many leading tokens of ``prompt`` (``[T]``, one sequence, on the device) the storage already holds
         from the last call: the common prefix with that call's sequence, within what it committed, short of the
         prompt's last token (its logits are needed); 0 when the drafter differs, its state cannot resume or the
-        weights changed in place, and for hybrid targets all of the committed tokens or none (the recurrent state
+        weights changed in place (seen by their update counters, or by their norms for an edit through ``.data``),
+        and for hybrid targets all of the committed tokens or none (the recurrent state
         cannot step back). With ``graph``, prompts of up to ``PREFILL_WHOLE`` tokens are prefilled whole (one replay
         beats the uncaptured forward of their rest). One host read, only when there is something to compare.
         """
@@ -700,7 +711,13 @@ class Engine:
         span = min(kept_len, length - 1)
         differ = self.kept[:span] != prompt[:span]
         first = torch.where(differ.any(), differ.long().argmax(), span)
-        committed, first = torch.stack([self.prefix[0], first]).tolist()  # the one read
+        now = self._fingerprint()
+        if self.kept_weights is None or now.shape != self.kept_weights.shape:
+            return 0
+        weights = (now == self.kept_weights).all().long()
+        committed, first, unchanged = torch.stack([self.prefix[0], first, weights]).tolist()  # the one read
+        if not unchanged:  # the weights were edited where no update counter sees it (``.data``)
+            return 0
         if self.target.recurrent:  # the state sits after ``committed`` tokens: all of them or nothing
             return committed if committed <= min(first, kept_len) else 0
         return min(first, committed)

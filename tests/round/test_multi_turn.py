@@ -118,6 +118,21 @@ def test_no_reuse_after_weights_change_in_place_or_when_turned_off():
     assert off.stats.reused_tokens == 0 and torch.equal(off.sequences, hf(target, ids))
 
 
+@pytest.mark.parametrize("how", ["data", "data-same-prompt"])
+def test_no_reuse_after_weights_edited_through_data(how):
+    """An edit through ``.data`` (as adapter merges write) bumps no update counter; the weights' fingerprint still
+    tells the kept K/V stale: the next turn, or the same prompt again, equals HF with the edited weights."""
+    target = tiny_model("qwen3", scale=2.0, seed=5)
+    ids = turn_tokens(10, 20)
+    first = specdec.generate(target, ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, eos_token_id=[])
+    again = specdec.generate(target, ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, eos_token_id=[])
+    assert again.stats.reused_tokens > 0  # unedited: the kept rows serve the same prompt
+    target.model.embed_tokens.weight.data.mul_(1.7)  # no version bump
+    ids = ids if how == "data-same-prompt" else torch.cat([first.sequences, turn_tokens(11)], 1)
+    out = specdec.generate(target, ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, eos_token_id=[])
+    assert out.stats.reused_tokens == 0 and torch.equal(out.sequences, hf(target, ids))
+
+
 def test_another_drafter_or_a_batch_in_between_prefills_from_scratch():
     target = model("dense")
     ngram, tree = drafters("dense")["ngram"]
