@@ -461,6 +461,12 @@ MUTANTS += [
         (("specdec/validate.py", "flags |= (drafts & (tokens != tree_tokens)).any(1).long() * 1024", "pass"),),
         ("tests/test_protocol_validation.py",),
     ),
+    Mutant(  # positions not capped for a learned position table: tree nodes past the last position index past it
+        "learned_positions_uncapped",
+        (("specdec/state/storage.py", "        self.position_cap = learned_position_cap(target)\n",
+          "        self.position_cap = None\n"),),  # fmt: skip
+        ("tests/unit/test_generate_greedy.py",),
+    ),
     Mutant(  # the weights' fingerprint not compared: an edit through .data leaves stale K/V reused
         "reuse_ignores_data_edits",
         ((ENGINE, "        if not unchanged:  # the weights were edited", "        if False:  # the weights were edited"),),

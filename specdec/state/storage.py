@@ -245,6 +245,7 @@ class StaticModel:
         self.windows = window_layout(target.model)
         if self.windows.reason is not None:
             raise ValueError(f"{type(target.model).__name__}: {self.windows.reason}")
+        self.position_cap = learned_position_cap(target)
 
     def load(self, cache, length: int, row: int = 0) -> None:
         """Copy an HF cache of one sequence that holds ``length`` prefilled tokens into sequence ``row`` of the static
@@ -298,6 +299,10 @@ class StaticModel:
         # written now, so nothing past the last written slot is read (the attention kernel's lengths)
         if lengths is None:
             lengths = (write_index.amax(1) + 1).to(torch.int32)
+        if self.position_cap is not None:
+            # a learned position table ends at the target's last position: rows past it (tree nodes past the call's
+            # last token, prompt padding) are never committed, and only they are moved onto it
+            positions = positions.clamp(max=self.position_cap)
         if self.windows.slides:
             query = positions.reshape(batch, -1)
             key = self.keys[: self.storage.span].expand(batch, -1).scatter(1, write_index, query)
@@ -318,6 +323,21 @@ class StaticModel:
             pick = torch.arange(batch, device=logits.device)
             logits = logits[pick, pick][:, None]
         return logits, hidden
+
+
+_LEARNED_POSITIONS = ("wpe", "embed_positions", "position_embeddings")
+
+
+def learned_position_cap(target: TargetModel) -> int | None:
+    """The last position ``target`` can embed when it looks positions up in a learned table (GPT-2's ``wpe``,
+    OPT's ``embed_positions``, ...): its ``max_length - 1``; None for rotary and other schemes that take any
+    position. A call never commits a token past ``max_length`` (``generate`` refuses such a call), so a row
+    positioned past the table is one whose output no committed token depends on."""
+    limit = target.max_length
+    if not limit:
+        return None
+    learned = any(name.rsplit(".", 1)[-1] in _LEARNED_POSITIONS for name, _ in target.model.named_modules())
+    return limit - 1 if learned else None
 
 
 def static_reason(target: TargetModel) -> str | None:

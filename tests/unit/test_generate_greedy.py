@@ -51,6 +51,21 @@ def test_generate_greedy_accepts_long_paths(kind):
         assert out.stats.tau > 2.0, out.stats.accept_hist
 
 
+@pytest.mark.parametrize("tree", [specdec.Chain(4), specdec.DDTree(budget=12, topk=3)], ids=["chain", "ddtree"])
+def test_learned_positions_up_to_the_last_one(tree):
+    """GPT-2 looks positions up in a learned table (``wpe``); asked for exactly as many tokens as its positions
+    hold, tree nodes past the last position (never committed) must not index past the table; the tokens are
+    HF's."""
+    limit = 64
+    model = tiny_model("gpt2", scale=3.0, n_positions=limit)
+    drafter = specdec.ModelDrafter(perturbed_copy(model, noise=0.01))
+    ids = torch.randint(4, 100, (1, limit - 9), generator=torch.Generator().manual_seed(5))
+    want = model.generate(ids, max_new_tokens=9, do_sample=False)
+    out = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=9, do_sample=False)
+    assert torch.equal(out.sequences, want)
+    assert out.stats.rounds < 9  # drafts were accepted: rounds reached past the last position
+
+
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_generate_greedy_attention_implementations(attn):
     target = tiny_model("llama", scale=2.0, attn=attn)
