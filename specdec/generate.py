@@ -204,8 +204,9 @@ def _graphs(tgt: TargetModel, cuda_graphs: bool | None) -> bool:
 @torch.no_grad()
 def generate(
     target,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | None = None,
     *,
+    inputs: torch.Tensor | None = None,
     drafter: Drafter | None = None,
     tree: TreePolicy | None = None,
     verifier: VerificationRule | None = None,
@@ -244,7 +245,7 @@ def generate(
     Args:
         target: an HF causal LM (or a ``specdec.target.TargetModel``).
         input_ids (torch.Tensor): ``[B, T]`` integer prompts on the target's device; shorter rows left-padded (with
-            ``attention_mask``). Every row decodes as it would alone.
+            ``attention_mask``). Every row decodes as it would alone. ``inputs=`` is HF's other name for it.
         drafter (Drafter | None): a drafter instance (e.g. ``NGramDrafter()``); ``None`` runs plain autoregressive
             decoding in the same loop.
         tree (TreePolicy | None): tree policy (``Chain``, ``DDTree`` or your own); default the drafter's
@@ -300,6 +301,11 @@ def generate(
         >>> out.stats.tau, out.stats.accept_lengths
     """
     start = time.time()  # HF's max_time counts from the start of the call
+    if input_ids is not None and inputs is not None:
+        raise ValueError("Pass the prompt once: input_ids or inputs, not both.")
+    input_ids = inputs if input_ids is None else input_ids
+    if input_ids is None:
+        raise ValueError("specdec.generate needs the prompt: input_ids (or inputs=), a [B, T] LongTensor.")
     tgt = TargetModel.wrap(target)
     _warn_training(tgt.model)
     check_drafter_and_tree(drafter, tree)
@@ -719,11 +725,6 @@ class SpeculativeModel:
         Returns:
             torch.Tensor | GenerateOutput: ``[B, T + n_new]`` sequences, or the output with ``.stats``.
         """
-        if input_ids is not None and inputs is not None:
-            raise ValueError("Pass the prompt once: input_ids or inputs, not both.")
-        input_ids = inputs if input_ids is None else input_ids
-        if input_ids is None:
-            raise ValueError("SpeculativeModel.generate needs input_ids (a [B, T] LongTensor).")
         kwargs.setdefault("drafter", self.drafter)
         kwargs.setdefault("tree", self.tree)
         kwargs.setdefault("verifier", self.verifier)
@@ -736,9 +737,8 @@ class SpeculativeModel:
                 "at a time (its storage is shared). Use one SpeculativeModel per thread."
             )
         try:
-            out = generate(
-                self.target, input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
-            )
+            out = generate(self.target, input_ids, inputs=inputs, attention_mask=attention_mask,
+                           generation_config=generation_config, **kwargs)  # fmt: skip
         finally:
             self._lock.release()
         self.last_stats = out.stats

@@ -110,6 +110,21 @@ def test_speculative_model_is_drop_in():
     assert model.last_stats.new_tokens == 20
 
 
+def test_the_prompt_as_inputs_as_hf_names_it():
+    """``inputs=`` is HF's other name for the prompt, in ``specdec.generate`` as in ``SpeculativeModel.generate``;
+    both names, or neither, is a clear error."""
+    target = tiny_model("llama", scale=2.0)
+    ids = prompt()
+    want = target.generate(inputs=ids, do_sample=False, max_new_tokens=8)
+    out = specdec.generate(target, inputs=ids, drafter=specdec.NGramDrafter(), max_new_tokens=8, do_sample=False)
+    assert torch.equal(out.sequences, want)
+    assert torch.equal(specdec.SpeculativeModel(target).generate(inputs=ids, max_new_tokens=8, do_sample=False), want)
+    with pytest.raises(ValueError, match="Pass the prompt once"):
+        specdec.generate(target, ids, inputs=ids, max_new_tokens=8)
+    with pytest.raises(ValueError, match="needs the prompt"):
+        specdec.generate(target, max_new_tokens=8)
+
+
 def test_generate_streamer_receives_committed_tokens():
     class Collect:
         def __init__(self):
