@@ -106,10 +106,12 @@ class Eagle3Drafter(GreedySteps):
         emb = hf.get_input_embeddings().weight
         vocab, width = emb.shape
         heads = tc.num_attention_heads
+        # the MLP width: GPT-2-style configs name it n_inner (None: 4 x the width)
+        mlp = getattr(tc, "intermediate_size", None) or getattr(tc, "n_inner", None) or 4 * width
         rope = dict(getattr(tc, "rope_parameters", None) or {})
         cfg = Eagle3Config(
             hidden_size=width,
-            intermediate_size=intermediate_size or tc.intermediate_size,
+            intermediate_size=intermediate_size or mlp,
             num_attention_heads=heads,
             num_key_value_heads=getattr(tc, "num_key_value_heads", None) or heads,
             head_dim=getattr(tc, "head_dim", None) or width // heads,
