@@ -221,6 +221,10 @@ class GenerationArgs:
     processors: Processors = field(default_factory=Processors)
 
 
+_DRAFTER_METHODS = ("validate", "draft_depth", "window", "forwards_per_round", "attach", "reset")
+_DRAFTER_ATTRIBUTES = ("provides", "target_layer_ids", "num_forwards")
+
+
 def check_drafter_and_tree(drafter, tree) -> None:
     """``TypeError`` naming what to pass when ``drafter`` or ``tree`` is a class, a name or another object."""
     if isinstance(drafter, type):
@@ -238,6 +242,16 @@ def check_drafter_and_tree(drafter, tree) -> None:
             f"drafter must implement the Drafter protocol (specdec/drafters/base.py), got {type(drafter).__name__}; "
             "pass e.g. specdec.NGramDrafter()."
         )
+    if drafter is not None:
+        missing = [name for name in _DRAFTER_METHODS if not callable(getattr(drafter, name, None))]
+        missing += [name for name in _DRAFTER_ATTRIBUTES if not hasattr(drafter, name)]
+        if missing:
+            raise TypeError(
+                f"drafter {type(drafter).__module__}.{type(drafter).__qualname__} lacks {missing} of the Drafter "
+                "protocol (docs/extending.md, specdec/drafters/base.py): add them (num_forwards = 0, reset() doing "
+                "nothing and target_layer_ids = None where it keeps no count, no state outside attach() and taps "
+                "no target layer)."
+            )
     if isinstance(tree, type):
         raise TypeError(
             f"tree={tree.__name__} is a class: pass an instance, e.g. specdec.DDTree(15) or specdec.Chain(4)."

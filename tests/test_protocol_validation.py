@@ -150,6 +150,33 @@ def test_a_broken_policy_on_a_hybrid_is_named_and_the_next_call_is_exact(how):
     assert torch.equal(out.sequences, want)
 
 
+def test_a_drafter_missing_protocol_members_is_refused_by_name():
+    """A drafter of a user's written from the protocol table but without ``reset`` and ``num_forwards`` is refused
+    before anything runs, naming both."""
+
+    class Partial:
+        provides, target_layer_ids = ("paths",), None
+
+        def validate(self, target, tree):
+            return None
+
+        def draft_depth(self, tree):
+            return tree.max_depth
+
+        def window(self, tree):
+            return 1
+
+        def forwards_per_round(self, tree):
+            return 0
+
+        def attach(self, target, capacity, batch=1):
+            raise AssertionError("never reached")
+
+    model = tiny_model("qwen3", scale=2.0)
+    with pytest.raises(TypeError, match=r"lacks \['reset', 'num_forwards'\]"):
+        specdec.generate(model, IDS, drafter=Partial(), tree=specdec.Chain(3), max_new_tokens=4)
+
+
 @pytest.mark.parametrize("how", list(RULE_CASES))
 def test_a_broken_rule_is_named_and_the_next_call_is_exact(pair, how):
     model, drafter, want = pair
