@@ -580,6 +580,7 @@ class Engine:
         self.kept_drafter = None  # weakref of that drafter (None: plain decoding)
         self.kept_versions = 0
         self.kept_weights: torch.Tensor | None = None  # the target's weights' fingerprint at that call
+        self._params: list | None = None  # the target's parameters, listed once
         self._drafter_versions = (lambda: None, 0)  # (weakref of a drafter, its update counters read this call)
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
 
@@ -670,12 +671,14 @@ class Engine:
         self.kept_weights = self._fingerprint()
 
     def _fingerprint(self) -> torch.Tensor:
-        """``[N]`` float32: the norm of each of the target's parameters, on the device (launched, not read). An edit
+        """``[N]`` float64: the norm of each of the target's parameters, on the device (launched, not read). An edit
         that the update counters miss (through ``.data``, as adapter merges write) changes it, so the kept K/V is
         not reused with weights it was not computed with. It reads every weight once (one fused multi-tensor
         pass)."""
-        params = [p.detach() for p in self.target.target.model.parameters()]
-        return torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32))
+        if self._params is None:  # this engine's target keeps its parameters (a replaced one gets another engine)
+            self._params = [p for p in self.target.target.model.parameters() if p.is_floating_point()]
+        with torch.no_grad():  # float64 sums: no narrowing of any float dtype, and an edit's change is not rounded away
+            return torch.stack(torch._foreach_norm(self._params, 2, dtype=torch.float64))
 
     def _versions(self, drafter) -> int:
         """The in-place update counters of the target's (and the drafter's) weights: an update between calls (a
