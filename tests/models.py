@@ -34,16 +34,9 @@ def tiny_model(arch: str, *, seed: int = 0, scale: float = 1.0, attn: str = "sdp
     """Build a tiny ``arch`` model; ``scale`` multiplies weights to make logits sharper (fewer near-ties)."""
     torch.manual_seed(seed)
     if arch == "gpt2":
-        cfg = tf.GPT2Config(
-            vocab_size=VOCAB,
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            bos_token_id=1,
-            eos_token_id=None,
-            attn_implementation=attn,
-            **{"n_positions": 512, **overrides},
-        )
+        defaults = dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512, bos_token_id=1,
+                        eos_token_id=None)  # fmt: skip
+        cfg = tf.GPT2Config(**{**defaults, **overrides}, attn_implementation=attn)
         model = tf.GPT2LMHeadModel(cfg)
     else:
         config_cls, model_cls, extra = ARCHS[arch]

@@ -316,16 +316,7 @@ def test_generate_greedy_is_lossless_dense(arch, lengths):
 def test_a_head_for_a_gpt2_target():
     """GPT-2's config names the MLP width ``n_inner`` (None: four times the width) and has no rotary settings: a
     head is still shaped for it, and decodes losslessly (the head's own rotation; the target's learned positions)."""
-    import transformers as tf
-
-    cfg = tf.GPT2Config(vocab_size=V, n_embd=64, n_layer=6, n_head=4, n_positions=256, bos_token_id=1,
-                        eos_token_id=None, attn_implementation="sdpa")  # fmt: skip
-    torch.manual_seed(0)
-    target = tf.GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():
-        for p in target.parameters():
-            if p.dim() >= 2:
-                p.mul_(2.0)
+    target = tiny_model("gpt2", n_layer=6, scale=2.0)
     head = sharp_head(target, draft_vocab_size=VD)
     assert head.config.intermediate_size == 4 * 64
     check_greedy(target, head, (6, 10))
