@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec.attention import AttentionScope, grouped_for
+from specdec.distributed import _is_dtensor
 from specdec.drafters.follow import drafter_modules
 from specdec.kernels.rms_norm.routing import norm_kernel_for
 from specdec.kernels.rotary.routing import rotary_kernel_for
@@ -581,6 +582,7 @@ class Engine:
         self.kept_versions = 0
         self.kept_weights: torch.Tensor | None = None  # the target's weights' fingerprint at that call
         self._params: list | None = None  # the target's parameters, listed once
+        self._sharded = False  # some of them are DTensor shards (tensor parallel)
         self._drafter_versions = (lambda: None, 0)  # (weakref of a drafter, its update counters read this call)
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
 
@@ -676,7 +678,10 @@ class Engine:
         not reused with weights it was not computed with. It reads every weight once (one fused multi-tensor
         pass)."""
         if self._params is None:  # this engine's target keeps its parameters (a replaced one gets another engine)
-            self._params = [p for p in self.target.target.model.parameters() if p.is_floating_point()]
+            params = [p for p in self.target.target.model.parameters() if p.is_floating_point()]
+            self._sharded = any(_is_dtensor(p) for p in params)
+            # a tensor-parallel target: each rank's own shard (the ranks' verdicts are combined in ``reusable``)
+            self._params = [p.to_local() if _is_dtensor(p) else p for p in params]
         with torch.no_grad():  # float64 sums: no narrowing of any float dtype, and an edit's change is not rounded away
             return torch.stack(torch._foreach_norm(self._params, 2, dtype=torch.float64))
 
@@ -718,6 +723,8 @@ class Engine:
         if self.kept_weights is None or now.shape != self.kept_weights.shape:
             return 0
         weights = (now == self.kept_weights).all().long()
+        if self._sharded:  # every rank reuses or none does: a shard edited on one rank counts for all
+            torch.distributed.all_reduce(weights, op=torch.distributed.ReduceOp.MIN)
         committed, first, unchanged = torch.stack([self.prefix[0], first, weights]).tolist()  # the one read
         if not unchanged:  # the weights were edited where no update counter sees it (``.data``)
             return 0
