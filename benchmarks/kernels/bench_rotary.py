@@ -2,10 +2,10 @@
 
 Shapes: the Qwen3-8B attention (32 query and 8 key heads of 128) at 1, 16, 32 and 64 positions (a decode step and
 verify trees), the zoo target's (6 and 2 heads of 64) and a Qwen3.5-style layer with partial rotary (16 and 2
-heads of 256, the first 64 dims rotated; HF's function is Qwen3-Next's there), bf16, q / k as ``[B, H, N, D]`` views of ``[B, N, H, D]``
-projections as the attention layers pass them. Providers: ``hf`` (HF's function, eager launches), ``hf-graph``
-(replayed from a CUDA graph: GPU time without launch overhead), ``triton`` and ``triton-graph``; all but ``hf``
-need CUDA.
+heads of 256, the first 64 dims rotated; HF's function is Qwen3-Next's there), bf16, q / k as ``[B, H, N, D]``
+views of ``[B, N, H, D]`` projections as the attention layers pass them. Providers: ``hf`` (HF's function, eager
+launches), ``hf-graph`` (replayed from a CUDA graph: GPU time without launch overhead), ``triton`` and
+``triton-graph``; all but ``hf`` need CUDA.
 
     python benchmarks/kernels/bench_rotary.py [--device cuda] [--out bench_out/kernels]
 
@@ -59,7 +59,8 @@ def run(device: torch.device) -> list[dict]:
 def main() -> None:
     args, device, name = bench_args(__doc__.splitlines()[0])
     print(f"rotary, bf16, median ms per call on {name} (torch {torch.__version__}); warm")
-    report(run(device), ["shape", "H", "H_kv", "D", "R", "N", *PROVIDERS, "graph speedup"], args.out, "rotary.csv", device)
+    columns = ["shape", "H", "H_kv", "D", "R", "N", *PROVIDERS, "graph speedup"]
+    report(run(device), columns, args.out, "rotary.csv", device)
 
 
 if __name__ == "__main__":
