@@ -23,6 +23,7 @@ from torch import nn
 __all__ = [
     "check_tp_plan",
     "full_tensor",
+    "is_dtensor",
     "is_sharded",
     "rank",
     "replicated",
@@ -49,7 +50,8 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _is_dtensor(t) -> bool:
+def is_dtensor(t) -> bool:
+    """Whether ``t`` is a ``DTensor`` (a shard of a tensor-parallel model's parameter)."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a torch built without distributed
@@ -60,12 +62,12 @@ def _is_dtensor(t) -> bool:
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a plain tensor holding all of it: a ``DTensor``'s ``full_tensor()`` (a collective: every rank must
     call it), anything else as is."""
-    return t.full_tensor() if _is_dtensor(t) else t
+    return t.full_tensor() if is_dtensor(t) else t
 
 
 def is_sharded(model: nn.Module) -> bool:
     """Whether any parameter of ``model`` is a ``DTensor`` (a model loaded with a tensor-parallel plan)."""
-    return any(_is_dtensor(p) for p in model.parameters())
+    return any(is_dtensor(p) for p in model.parameters())
 
 
 def replicated(module: nn.Module | None) -> nn.Module | None:
@@ -73,7 +75,7 @@ def replicated(module: nn.Module | None) -> nn.Module | None:
     parameters is a ``DTensor``, else a copy (made once per set of weights, a collective on first use) whose
     parameters are the full tensors — e.g. a sharded model's embedding or LM head for a drafter replicated on every
     rank. The copy drops the module's hooks (HF's tensor-parallel hooks expect sharded weights)."""
-    if module is None or not any(_is_dtensor(p) for p in module.parameters()):
+    if module is None or not any(is_dtensor(p) for p in module.parameters()):
         return module
     key = tuple(id(p) for p in module.parameters())
     cached = _REPLICAS.get(module)

@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec.attention import AttentionScope, grouped_for
-from specdec.distributed import _is_dtensor
+from specdec.distributed import is_dtensor
 from specdec.drafters.follow import drafter_modules
 from specdec.kernels.rms_norm.routing import norm_kernel_for
 from specdec.kernels.rotary.routing import rotary_kernel_for
@@ -679,9 +679,9 @@ class Engine:
         pass)."""
         if self._params is None:  # this engine's target keeps its parameters (a replaced one gets another engine)
             params = [p for p in self.target.target.model.parameters() if p.is_floating_point()]
-            self._sharded = any(_is_dtensor(p) for p in params)
+            self._sharded = any(is_dtensor(p) for p in params)
             # a tensor-parallel target: each rank's own shard (the ranks' verdicts are combined in ``reusable``)
-            self._params = [p.to_local() if _is_dtensor(p) else p for p in params]
+            self._params = [p.to_local() if is_dtensor(p) else p for p in params]
         with torch.no_grad():  # float64 sums: no narrowing of any float dtype, and an edit's change is not rounded away
             return torch.stack(torch._foreach_norm(self._params, 2, dtype=torch.float64))
 

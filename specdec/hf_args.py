@@ -221,8 +221,12 @@ class GenerationArgs:
     processors: Processors = field(default_factory=Processors)
 
 
-_DRAFTER_METHODS = ("validate", "draft_depth", "window", "forwards_per_round", "attach", "reset")
-_DRAFTER_ATTRIBUTES = ("provides", "target_layer_ids", "num_forwards")
+def _drafter_members() -> tuple[list[str], list[str]]:
+    """(methods, attributes) of the ``Drafter`` protocol (``specdec/drafters/base.py``), read from it."""
+    from specdec.drafters.base import Drafter
+
+    methods = [name for name, value in vars(Drafter).items() if callable(value) and not name.startswith("_")]
+    return methods, list(Drafter.__annotations__)
 
 
 def check_drafter_and_tree(drafter, tree) -> None:
@@ -243,8 +247,9 @@ def check_drafter_and_tree(drafter, tree) -> None:
             "pass e.g. specdec.NGramDrafter()."
         )
     if drafter is not None:
-        missing = [name for name in _DRAFTER_METHODS if not callable(getattr(drafter, name, None))]
-        missing += [name for name in _DRAFTER_ATTRIBUTES if not hasattr(drafter, name)]
+        methods, attributes = _drafter_members()
+        missing = [name for name in methods if not callable(getattr(drafter, name, None))]
+        missing += [name for name in attributes if not hasattr(drafter, name)]
         if missing:
             raise TypeError(
                 f"drafter {type(drafter).__module__}.{type(drafter).__qualname__} lacks {missing} of the Drafter "

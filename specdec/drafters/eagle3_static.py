@@ -32,6 +32,7 @@ from specdec.kernels.rms_norm import rms_norm
 from specdec.kernels.rotary.routing import fused, rotary_kernel_for
 from specdec.kernels.tree_attention import tree_attention
 from specdec.state.storage import mask_values
+from specdec.target import weights_state
 from specdec.trees.dynamic import expand_candidates
 from specdec.types import Accept, Proposal
 
@@ -69,11 +70,10 @@ class Eagle3Static:
         self._packed_from = self._weights_key()
 
     def _weights_key(self) -> tuple:
-        """Where the head's stacked projections are and how often they were written: changes when any of them is
-        updated in place (training, ``load_state_dict``) or replaced."""
+        """Where the head's stacked projections are and how often they were written (``weights_state``): changes
+        when any of them is updated in place (training, ``load_state_dict``) or replaced."""
         attn, mlp = self.drafter.model.midlayer.self_attn, self.drafter.model.midlayer.mlp
-        linears = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
-        return tuple((p.data_ptr(), p._version) for m in linears for p in m.parameters())
+        return weights_state([attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj])
 
     def refresh(self) -> None:
         """Before a call that reuses this storage: the draft-to-target id map (``d2t`` may have been changed) and,
@@ -152,20 +152,17 @@ class Eagle3Static:
         self.kv[1][self.rows, :, slots] = v.transpose(1, 2).to(self.kv.dtype)
         return residual, q
 
-    def _attend(self, q: torch.Tensor, seen: torch.Tensor, span: int, visible: tuple | None = None) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, seen: torch.Tensor, span: int, visible: tuple | None) -> torch.Tensor:
         """Grouped attention of ``q [B, H_q, L, D]`` over the stored slots ``[0, span)``, row ``i`` reading slots
         ``<= seen[:, i]`` (``[B, L]``, non-decreasing along ``L``); returns ``[B, L, H_q * D]``. ``visible``: the
-        kernel's mask, lengths and flat prefix for these rows, computed ahead (:meth:`_steps`).
+        kernel's mask, lengths and flat prefix for these rows, computed ahead (:meth:`_steps`; None: SDPA).
 
         ``specdec.kernels.tree_attention`` where the target's attention takes it (CUDA; ``Backends.attention_kernel``):
         each sequence reads only its slots in use, the prefix up to the first row's slot without a mask; else SDPA
         over the span with an additive mask."""
         keys, values = self.kv[0, :, :, :span], self.kv[1, :, :, :span]
         batch, heads, rows, dim = q.shape
-        if attention.triton_kernel_for(q.device, torch.compiler.is_compiling(), q.dtype, dim):
-            if visible is None:
-                mask = (self.slots[:span] <= seen[..., None])[:, None]  # [B, 1, L, span], True = visible
-                visible = (mask, seen[:, -1] + 1, seen[:, 0])  # the last row reads the most
+        if visible is not None:  # the kernel's path (``_steps`` sets it where the attention takes the kernel)
             mask, lengths, flat = visible
             out = tree_attention(q, keys, values, mask, dim**-0.5, lengths, impl=attention.kernel_impl(), flat=flat)
             return out.reshape(batch, rows, -1)
