@@ -2,7 +2,7 @@
 
 One program per (row, node). The setup: it scans its row's parents in blocks of slots and writes the node's
 children by rank (a cumulative sum of the matches) and their tokens to scratch rows, then copies the node's ``p``
-into its row of ``r``. The loop: it tests the node's children in rank order (``K`` unrolled steps) until one is
+into its row of ``r``. The loop: it tests the node's children in rank order (a loop of ``K`` steps) until one is
 accepted, loading each child's token, uniform and ``q_c(c)`` (without replacement: divided by ``kept``, 1 minus the
 earlier siblings' drawn mass; a repeat of an earlier sibling's token is no draw). A drawable child is accepted iff
 ``u * q_c(c) < r(token)``; a rejected one reduces ``r`` (``_reject``) in two passes over the vocabulary in blocks:
@@ -55,8 +55,8 @@ def _tree_rejection_round_kernel(
     q_sb,
     q_ss,
     q_sv,
+    K,
     TINY: tl.constexpr,
-    K: tl.constexpr,
     REPLACEMENT: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -101,14 +101,14 @@ def _tree_rejection_round_kernel(
     # without replacement: the cumulative sum of q_c(c) over ranks (q's dtype, as the reference's cumsum)
     total = tl.load(test_ptr + slots_row).to(q_ptr.dtype.element_ty) * 0.0
     kept = total + 1.0
-    for k in tl.static_range(K):
+    for k in range(K):  # a loop, not unrolled: compiling stays one kernel's work whatever the tree's width
         child = tl.load(table_ptr + ranks + k)
         slot = tl.minimum(child, S - 1)
         token = tl.load(ranked_ptr + ranks + k)
         q_tok = tl.load(q_ptr + seq * q_sb + slot * q_ss + token * q_sv)  # q_c(c), before removal
         if not REPLACEMENT:  # weighed against q without the earlier siblings' tokens; a repeat is no draw
             repeat = child < 0
-            for j in tl.static_range(k):
+            for j in range(k):
                 repeat = repeat | (tl.load(ranked_ptr + ranks + j) == token)
             drawn = tl.where(repeat, 0.0, q_tok)
             total += drawn
@@ -126,7 +126,7 @@ def _tree_rejection_round_kernel(
 
 
 @triton.jit
-def _reject(q_row, q_sv, r_row, ranked_row, kept, V, TINY: tl.constexpr, k: tl.constexpr,
+def _reject(q_row, q_sv, r_row, ranked_row, kept, V, TINY: tl.constexpr, k,
             REPLACEMENT: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """A rejected child: ``r <- max(r - q_c, 0) / mass`` over the vocabulary in blocks, unless the mass is 0."""
     lanes = tl.arange(0, BLOCK)
@@ -149,13 +149,13 @@ def _reject(q_row, q_sv, r_row, ranked_row, kept, V, TINY: tl.constexpr, k: tl.c
 
 
 @triton.jit
-def _child_q(q_row, q_sv, ranked_row, kept, cols, inside, k: tl.constexpr, REPLACEMENT: tl.constexpr):
+def _child_q(q_row, q_sv, ranked_row, kept, cols, inside, k, REPLACEMENT: tl.constexpr):
     """A block of the rejected child's ``q_c``: its row of ``q`` (without replacement: divided by ``kept``, zero at
     the earlier siblings' tokens, which are no draw now)."""
     qk = tl.load(q_row + cols * q_sv, mask=inside, other=0.0)
     if not REPLACEMENT:
         qk = qk / kept
-        for j in tl.static_range(k):
+        for j in range(k):
             qk = tl.where(cols == tl.load(ranked_row + j), 0.0, qk)
     return qk
 
@@ -196,8 +196,8 @@ def tree_rejection_round_triton(
     _tree_rejection_round_kernel[(batch * slots,)](
         tree_tokens.contiguous(), tree_parents.contiguous(), tree_depth.contiguous(), tree_valid.contiguous(),
         p, q, test.contiguous(), table, ranked, r, nxt,
-        slots, vocab, *p.stride(), *q.stride(),
-        TINY=torch.finfo(p.dtype).tiny, K=width, REPLACEMENT=bool(replacement), BLOCK=block,
+        slots, vocab, *p.stride(), *q.stride(), width,
+        TINY=torch.finfo(p.dtype).tiny, REPLACEMENT=bool(replacement), BLOCK=block,
         BLOCK_S=slot_block, num_warps=8 if block >= 2048 else 4 if block >= 512 else 1,
     )  # fmt: skip
     return r, nxt
