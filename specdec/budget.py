@@ -607,12 +607,17 @@ class AutoBudget:
             its rows of tokens per ms.
         row_weight (float): in [0, 1], the weight of a row's own smoothed expectation against the rows' mean in
             that time (the rest on the mean).
+        spread (float): >= 0, how many of its deviations the slowest row's rounds lie beyond their mean, in units
+            of the expected largest of the decoding rows' standard normal draws (0: the rows' expected rounds alone).
+            A row's accepted drafts vary from round to round while plain decoding's do not, so the last row of a
+            large batch to finish takes more rounds than its expectation says.
     """
 
     def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 4,
                  smoothing: float = 0.8, settle: int = 4, margin: float = 0.03,
                  long_smoothing: float = 0.95, cold: int = 1, check: int = 16,
-                 check_within: float = 0.2, finish: bool = True, row_weight: float = 0.5) -> None:  # fmt: skip
+                 check_within: float = 0.2, finish: bool = True, row_weight: float = 0.5,
+                 spread: float = 0.0) -> None:  # fmt: skip
         self.sizes = check_sizes(sizes)
         self.batch = _int("batch", batch, 1)
         self.window = _int("window", window, 1)
@@ -635,6 +640,12 @@ class AutoBudget:
         if not _finite(row_weight) or not 0 <= row_weight <= 1:
             raise ValueError(f"row_weight={row_weight!r}: pass a float in [0, 1].")
         self.row_weight = float(row_weight)
+        if not _finite(spread) or spread < 0:
+            raise ValueError(f"spread={spread!r}: pass a finite float >= 0.")
+        self.spread = float(spread)
+        # per size, smoothed moments of a row's committed tokens per round: the squared miss of its own prediction
+        # and the squared prediction (their ratio: the relative variance of one round's yield)
+        self.miss: list[list[float] | None] = [None] * len(self.sizes)
         self.row_expected: dict[int, list[float]] = {}  # per batch row of this call, its smoothed expectations
         self.timed: dict[int, int] = {}  # per option, its timed rounds not counted yet (``cold``)
         # the rows' mean calibrated expectation over many rounds and calls
@@ -728,15 +739,31 @@ class AutoBudget:
         longest = max(remaining.values())
         value = {o: total / (longest * costs[o]) for o in (0, DETACHED) if o in costs}
         mean = self.expected
+        live = sum(1 for left in remaining.values() if left > 0)
+        z = _expected_max_normal(live) * self.spread if live > 1 else 0.0
         for k, s in enumerate(self.sizes):
             times = 1.0 if level is None or mean[k] <= 0 else level[k] / mean[k]
+            spread = self._relative_variance(k) if z else 0.0
             rounds = 0.0
             for row, left in remaining.items():
                 own = self.row_expected.get(row)
                 e = times * (mean[k] if own is None else self.row_weight * own[k] + (1 - self.row_weight) * mean[k])
-                rounds = max(rounds, left / (1.0 + scales[k] * e))
+                rate = 1.0 + scales[k] * e
+                # a row's rounds to commit ``left`` tokens: ``left / rate`` on average, with variance ``left * c /
+                # rate`` (``c`` one round's relative variance); the slowest of ``live`` rows lies ``z`` deviations
+                # out (plain decoding's rounds vary not at all)
+                rounds = max(rounds, left / rate + z * math.sqrt(left * spread / rate))
             value[s] = total / (rounds * costs[s])
         return value
+
+    def _relative_variance(self, index: int) -> float:
+        """One round's relative variance of a row's committed tokens at size ``index`` (the nearest size measured
+        where this one was not; 0 before any)."""
+        for j in sorted(range(len(self.sizes)), key=lambda j: abs(j - index)):
+            m = self.miss[j]
+            if m is not None and m[1] > 0:
+                return m[0] / m[1]
+        return 0.0
 
     def next_size(self, remaining: Mapping[int, int] | None = None, final: bool = False) -> int:
         """The budget of the next round launched: a size, 0 (plain decoding that feeds the drafter) or
@@ -867,6 +894,13 @@ class AutoBudget:
                         self.growth[k] = ratio if old is None else self.smoothing * old + (1 - self.smoothing) * ratio
                 mean = self._extend(mean)
                 self.expected = _smooth(self.expected, mean, self.smoothing)
+                scale, miss, square = self.calib.scale(index), 0.0, 0.0
+                for row, got in zip(matrix, accepted, strict=False):
+                    miss += (got - scale * row[index]) ** 2
+                    square += (1.0 + scale * row[index]) ** 2
+                if matrix:
+                    moments = [miss / len(matrix), square / len(matrix)]
+                    self.miss[index] = _smooth(self.miss[index], moments, self.smoothing)
                 if rows is not None and self.finish and len(rows) == len(matrix) > 1:
                     for row, values in zip(rows, matrix, strict=True):
                         own = self._extend(values[:known])
@@ -885,6 +919,11 @@ class AutoBudget:
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
+def _expected_max_normal(n: int) -> float:
+    """The expected largest of ``n`` standard normal draws (Blom's approximation)."""
+    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
 def _smooth(past: list[float] | None, new: list[float], weight: float) -> list[float]:
     """Exponential average: ``weight`` on the past (None: start at ``new``)."""
     if past is None:
