@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from specdec.kernels import gdn_path_replay
+from specdec.kernels.gdn_gates import gdn_gates
 from specdec.kernels.tree_gdn import chain_walk, tree_gdn_rows
 from specdec.kernels.tree_gdn.reference import gdn_step
 from specdec.state.hybrid import RecurrentAdapter, VerifyRound, _row_tables, path_rows, tree_conv
@@ -47,10 +47,6 @@ class GDNStash:
     heads_per_key: int
 
 
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
-
-
 class GatedDeltaNetAdapter(RecurrentAdapter):
     """Tree forward of a Qwen3.5-layout Gated DeltaNet (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``,
     ``in_proj_a``)."""
@@ -74,14 +70,12 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
         weight = m.conv1d.weight[:, 0, :]  # [C, W]
         index = _row_tables(topo.conv_index(weight.shape[-1], conv.shape[-1]))  # [B, N, W]
         x = tree_conv(mixed, conv, weight, m.conv1d.bias, index, ACT2FN[m.activation]).reshape(total, -1)
-        q, k, v = x.split([m.key_dim, m.key_dim, m.value_dim], dim=-1)
         rep = m.num_v_heads // m.num_k_heads  # grouped value heads: value head h reads key head h // rep
-        q = _l2norm(q.float().reshape(total, m.num_k_heads, m.head_k_dim)).repeat_interleave(rep, dim=1)
-        q = q / (m.head_k_dim**0.5)
-        k = _l2norm(k.float().reshape(total, m.num_k_heads, m.head_k_dim))
-        v = v.reshape(total, m.num_v_heads, m.head_v_dim)
-        beta = b.reshape(total, -1).sigmoid().float()
-        g = -m.A_log.float().exp() * F.softplus(a.reshape(total, -1).float() + m.dt_bias)
+        # L2-normalised q (repeated per value head, over sqrt(K)) and k, beta = sigmoid(b), g = -exp(A_log)
+        # softplus(a + dt_bias): one launch on CUDA (gdn_gates), the former tensor ops elsewhere
+        q, k, beta, g = gdn_gates(x, b.reshape(total, -1), a.reshape(total, -1), m.A_log, m.dt_bias,
+                                  num_k_heads=m.num_k_heads, head_k_dim=m.head_k_dim, num_v_heads=m.num_v_heads)
+        v = x[:, 2 * m.key_dim : 2 * m.key_dim + m.value_dim].reshape(total, m.num_v_heads, m.head_v_dim)
         # contiguous copies: the stash outlives this forward and must not pin the whole projections
         stash = GDNStash(
             preconv=mixed.reshape(total, -1).contiguous(),
