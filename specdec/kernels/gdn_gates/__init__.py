@@ -13,6 +13,7 @@ from typing import Literal
 
 import torch
 
+from specdec.backends import env_default
 from specdec.kernels._triton import pick_impl
 from specdec.kernels.gdn_gates.reference import gdn_gates_reference, l2norm
 
@@ -21,6 +22,9 @@ __all__ = ["fits_triton", "gdn_gates", "gdn_gates_reference", "l2norm"]
 _MODULE = "specdec.kernels.gdn_gates.triton"
 
 Impl = Literal["auto", "torch", "triton"]
+
+# ``Backends.gdn_gates`` (``SPECDEC_GDN_GATES``): what a call without ``impl`` uses
+IMPL = env_default("gdn_gates")
 
 
 def fits_triton(x: torch.Tensor, b: torch.Tensor, a: torch.Tensor, *, num_k_heads: int, head_k_dim: int,
@@ -49,14 +53,16 @@ def gdn_gates(
     num_k_heads: int,
     head_k_dim: int,
     num_v_heads: int,
-    impl: Impl = "auto",
+    impl: Impl | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q, k, beta, g)`` of ``T`` nodes. Arguments and results as :func:`gdn_gates_reference`.
 
     Args:
-        impl (str): ``"triton"`` (one launch: CUDA or Triton's interpreter; ``fits_triton`` must hold), ``"torch"``
-            (the reference) or ``"auto"``: Triton where it runs and the call fits, else the reference.
+        impl (str | None): ``"triton"`` (one launch: CUDA or Triton's interpreter; ``fits_triton`` must hold),
+            ``"torch"`` (the reference) or ``"auto"``: Triton where it runs and the call fits, else the reference;
+            None: ``Backends.gdn_gates`` (default ``"auto"``).
     """
+    impl = IMPL if impl is None else impl
     shape = {"num_k_heads": num_k_heads, "head_k_dim": head_k_dim, "num_v_heads": num_v_heads}
     fits = fits_triton(x, b, a, **shape)
     if impl == "triton" and not fits:
