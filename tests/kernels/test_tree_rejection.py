@@ -377,12 +377,10 @@ def _needs_cuda() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.budget(240)
 @pytest.mark.parametrize("group", ["rounds-0", "rounds-1", "rounds-2", "rounds-3", "full-vocab"])
 def test_compiled_equals_reference_on_cuda(group):
-    # five groups; each compiles the kernel for new shapes and bounds, which took 60-160 s per group on an H200
-    # (alone: 159 s for the first group, which compiles the most, 120 s for another), over the suite's 120 s
-    # per-test budget: these state 240 s
+    # five groups; each compiles the kernel for new vocabulary blocks and dtypes (the tree's width is a loop bound,
+    # not a compiled constant): 3-47 s per group on an H200 in the suite (78-228 s while the width was unrolled)
     _needs_cuda()
     if group.startswith("rounds"):
         cases = rounds(seed=1, per_setting=4)[int(group[-1]) :: 4]
