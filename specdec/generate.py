@@ -7,6 +7,7 @@ same loop runs plain autoregressive decoding. See ``docs/api.md``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -201,7 +202,20 @@ def _graphs(tgt: TargetModel, cuda_graphs: bool | None) -> bool:
     return False
 
 
-@torch.no_grad()
+def _outside_inference_mode(fn):
+    """``fn`` under ``no_grad`` and outside inference mode, whatever the caller's mode: the storage, graphs and drafter
+    state a call builds are kept for later calls, and tensors made under ``torch.inference_mode()`` can never be
+    updated in place outside it (a first call there made every later plain call fail)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with torch.inference_mode(False), torch.no_grad():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_outside_inference_mode
 def generate(
     target,
     input_ids: torch.Tensor | None = None,

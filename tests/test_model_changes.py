@@ -174,3 +174,20 @@ def test_drafter_that_cannot_follow_gets_an_error():
     target.double()
     with pytest.raises(ValueError, match=r"must follow, but Pinned has no to\(\): move its weights to torch.float64"):
         specdec.generate(target, ids, drafter=drafter, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("first", ["inference_mode", "plain"])
+def test_calls_under_inference_mode_and_outside_it_mix(first):
+    """A call under ``torch.inference_mode()`` and one outside it, in either order, on the same target and drafter:
+    both equal HF (state built under inference mode would be inference tensors, which a later call outside it
+    cannot update in place)."""
+    target = tiny_model("llama", scale=2.0)
+    drafter, tree = METHODS["dflash"](target)
+    ids = prompt()
+    ref = hf_greedy(target, ids)
+    order = [True, False] if first == "inference_mode" else [False, True]
+    for inference in order:
+        with torch.inference_mode(inference):
+            out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=MAX_NEW, do_sample=False)
+        assert torch.equal(out.sequences, ref), inference
+        assert not out.sequences.is_inference()
