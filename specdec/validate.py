@@ -123,9 +123,10 @@ def check_proposal(drafter, proposal, batch: int, vocab: int) -> None:
         paths, lengths = proposal.paths, proposal.path_lengths
         _check_tensor(owner, "paths", paths, (batch, *tuple(getattr(paths, "shape", (0, 0, 0)))[1:3]),
                       (torch.int64,))  # fmt: skip
-        if paths.dim() != 3:
+        if paths.dim() != 3 or paths.shape[1] < 1:
             raise ProtocolError(f"{owner} returned paths of shape {list(paths.shape)}; the round needs "
-                                f"[{batch}, M, L] int64.")  # fmt: skip
+                                f"[{batch}, M, L] int64 with M >= 1 (a round without a draft: one path of length "
+                                "0, path_lengths 0).")  # fmt: skip
         _check_tensor(owner, "path_lengths", lengths, (batch, paths.shape[1]), (torch.int64,))
 
 

@@ -266,6 +266,9 @@ class _BrokenDrafter(specdec.ModelDrafter):
                 return p._replace(logq=p.logq.tolist())
             if how == "int":
                 return p._replace(logq=p.logq.long())
+            if how == "no-paths":  # no match this round, said as zero paths
+                empty = torch.zeros(p.logq.shape[0], 0, 1, dtype=torch.long, device=p.logq.device)
+                return Proposal(paths=empty, path_lengths=empty[..., 0])
             # paths whose first token lies outside the vocabulary
             top = p.logq.argmax(-1)  # [B, D]
             paths = top[:, None, :].clone()
@@ -284,6 +287,9 @@ class _BrokenDrafter(specdec.ModelDrafter):
          r"the round needs \[1, D, 128\]"),
         ("list", specdec.Chain(4), r"drafter .*_BrokenDrafter returned logq as list"),
         ("int", specdec.DDTree(budget=8, topk=3), r"returned logq as torch.int64: return float log-probabilities"),
+        ("no-paths", specdec.DDTree(budget=8), r"returned paths of shape \[1, 0, 1\]; the round needs \[1, M, L\] "
+         r"int64 with M >= 1 \(a round without a draft: one path of length 0"),
+        ("no-paths", specdec.Chain(4), r"returned paths of shape \[1, 0, 1\]"),
         ("paths", specdec.DDTree(budget=8), r"drafter .*_BrokenDrafter \(its proposal, through tree policy "
          r"specdec.trees.policies.DDTree\): tokens: a real node's token is outside the vocabulary"),
     ],
