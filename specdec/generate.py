@@ -26,6 +26,7 @@ from specdec.drafters.follow import follow_target
 from specdec.engine import Engine, capture_reason, round_reason, tree_slots
 from specdec.hf_args import (
     check_drafter_and_tree,
+    check_hashable,
     check_input_ids,
     generation_value,
     infer_attention_mask,
@@ -152,6 +153,7 @@ def _check_rule(rule, sampling, tree) -> VerificationRule:
         raise TypeError(
             f"verifier={rule!r} does not implement specdec.verify.VerificationRule (name, check, uses_noise, accept)."
         )
+    check_hashable("verification rule", rule)
     rule.check(sampling, tree)
     return rule
 

@@ -22,6 +22,7 @@ from specdec.types import SamplingParams
 __all__ = [
     "GenerationArgs",
     "check_drafter_and_tree",
+    "check_hashable",
     "check_input_ids",
     "generation_value",
     "infer_attention_mask",
@@ -266,6 +267,8 @@ def check_drafter_and_tree(drafter, tree) -> None:
             f"tree must implement the TreePolicy protocol (budget, max_depth, reads, branching, build), got {tree!r}; "
             "pass e.g. specdec.DDTree(budget) or specdec.Chain(k)."
         )
+    if tree is not None:
+        check_hashable("tree policy", tree)
     if tree is not None and not type(tree).__module__.startswith("specdec."):
         budget, depth = getattr(tree, "budget", None), getattr(tree, "max_depth", None)
         for name, value in (("budget", budget), ("max_depth", depth)):
@@ -276,6 +279,19 @@ def check_drafter_and_tree(drafter, tree) -> None:
                     f"tree policy {type(tree).__name__}: {name}={value!r} must be an int >= 1 ({name} of the trees "
                     "it builds); for plain decoding pass no drafter and no tree."
                 )
+
+
+def check_hashable(kind: str, obj) -> None:
+    """``TypeError`` naming the fix when a tree policy or verification rule cannot be hashed: the round built for
+    it is cached by its value, so it must be a value (a frozen dataclass of hashable fields, as the built-in ones)."""
+    try:
+        hash(obj)
+    except TypeError as err:
+        raise TypeError(
+            f"{kind} {type(obj).__module__}.{type(obj).__qualname__} is not hashable ({err}): the round built for it "
+            "is cached by its value; make it a frozen dataclass (@dataclass(frozen=True)) whose fields are hashable "
+            "(tuples, not lists), and pass a new object to change a setting."
+        ) from None
 
 
 def check_input_ids(

@@ -79,7 +79,8 @@ def _check_tensor(owner: str, name: str, t, shape: tuple[int, ...], dtypes: tupl
                             f"{list(shape)} ({', '.join(str(d) for d in dtypes)}) on the round's device.")  # fmt: skip
     if tuple(t.shape) != shape:
         raise ProtocolError(f"{owner} returned {name} of shape {list(t.shape)}; the round needs {list(shape)}: "
-                            "one row per sequence, one column per slot.")  # fmt: skip
+                            "one row per sequence, one column per slot (a round is built once per policy value: "
+                            "a policy whose settings changed since must be a new object).")  # fmt: skip
     if t.dtype not in dtypes:
         raise ProtocolError(f"{owner} returned {name} as {t.dtype}; the round needs "
                             f"{' or '.join(str(d) for d in dtypes)}: convert it (e.g. .long()).")  # fmt: skip

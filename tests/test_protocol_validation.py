@@ -304,3 +304,28 @@ def test_a_users_drafter_with_a_broken_proposal_fails_loudly(pair, how, tree, ma
         specdec.generate(model, IDS, max_new_tokens=12, drafter=bad, tree=tree)
     out = specdec.generate(model, IDS, max_new_tokens=12, drafter=drafter, tree=tree)
     assert torch.equal(out.sequences, want)
+
+
+class _EqChain(specdec.Chain):
+    """A user's policy that defines ``__eq__`` without ``__hash__`` (Python then makes it unhashable)."""
+
+    def __eq__(self, other):
+        return isinstance(other, _EqChain) and self.k == other.k
+
+
+class _EqGreedy(specdec.Greedy):
+    def __eq__(self, other):
+        return isinstance(other, _EqGreedy)
+
+
+@pytest.mark.parametrize("what", ["tree", "verifier"])
+def test_an_unhashable_policy_or_rule_is_refused_before_the_prefill_with_the_fix(pair, what):
+    """Rounds are cached by the policy's and rule's value: one that cannot be hashed is refused by name, with the
+    fix, before anything is built; the next call equals HF."""
+    model, drafter, want = pair
+    kwargs = {"tree": _EqChain(4)} if what == "tree" else {"tree": specdec.Chain(4), "verifier": _EqGreedy()}
+    kind = "tree policy" if what == "tree" else "verification rule"
+    with pytest.raises(TypeError, match=rf"{kind} .*_Eq\w+ is not hashable .*frozen dataclass"):
+        specdec.generate(model, IDS, max_new_tokens=12, drafter=drafter, **kwargs)
+    out = specdec.generate(model, IDS, max_new_tokens=12, drafter=drafter, tree=specdec.Chain(4))
+    assert torch.equal(out.sequences, want)
