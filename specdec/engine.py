@@ -77,6 +77,7 @@ def prefill_size(n: int) -> int:
     return -(-n // bucket) * bucket
 SPAN_MIN = 256  # rounds attend over the first SPAN_MIN * 2**k slots of the storage (one graph per span in use)
 _CAPACITY_STEP = 256
+_SAMPLES = 8  # elements of each weight in the reuse fingerprint (besides its norm)
 SINGLE_RESERVE = 4096  # slots a single-sequence engine holds at least (capped by the target's positions)
 
 
@@ -581,6 +582,7 @@ class Engine:
         self.kept_drafter = None  # weakref of that drafter (None: plain decoding)
         self.kept_versions = 0
         self.kept_weights: torch.Tensor | None = None  # the target's weights' fingerprint at that call
+        self.kept_modules: int | None = None  # the target's hooks and plain module attributes at that call
         self._params: list | None = None  # the target's parameters, listed once
         self._sharded = False  # some of them are DTensor shards (tensor parallel)
         self._drafter_versions = (lambda: None, 0)  # (weakref of a drafter, its update counters read this call)
@@ -615,6 +617,8 @@ class Engine:
             engine = cls(target, need, batch, signature)
             engines[batch] = engine
         engine.target.target = target
+        if engine.target.rope.refresh():  # the target's rotary frequencies were rewritten since the last call
+            logger.info("specdec: the target's rotary frequencies changed; its position tables were remade")
         engine._check_drafter(drafter)
         return engine
 
@@ -671,19 +675,43 @@ class Engine:
         self.kept_drafter = None if drafter is None else weakref.ref(drafter)
         self.kept_versions = self._versions(drafter)
         self.kept_weights = self._fingerprint()
+        self.kept_modules = self._module_signature()
 
     def _fingerprint(self) -> torch.Tensor:
-        """``[N]`` float64: the norm of each of the target's parameters, on the device (launched, not read). An edit
-        that the update counters miss (through ``.data``, as adapter merges write) changes it, so the kept K/V is
-        not reused with weights it was not computed with. It reads every weight once (one fused multi-tensor
-        pass)."""
+        """``[N]`` float64, on the device (launched, not read): the norm of each of the target's floating parameters
+        and buffers, then a few of each one's elements at fixed, evenly spread places. An edit that the update
+        counters miss (through ``.data``, as adapter merges write; a buffer such as a rotary ``inv_freq`` rewritten)
+        changes it, so the kept K/V is not reused with weights it was not computed with: the norms see a scaled or
+        replaced tensor, the elements one whose norm an edit kept (a sign flip, a permutation). It reads every
+        weight once (one fused multi-tensor pass) and gathers the elements through views (a few launches)."""
         if self._params is None:  # this engine's target keeps its parameters (a replaced one gets another engine)
             params = [p for p in self.target.target.model.parameters() if p.is_floating_point()]
             self._sharded = any(is_dtensor(p) for p in params)
             # a tensor-parallel target: each rank's own shard (the ranks' verdicts are combined in ``reusable``)
             self._params = [p.to_local() if is_dtensor(p) else p for p in params]
+        buffers = [b for b in self.target.target.model.buffers() if b.is_floating_point() and not is_dtensor(b)]
+        tensors = self._params + buffers
         with torch.no_grad():  # float64 sums: no narrowing of any float dtype, and an edit's change is not rounded away
-            return torch.stack(torch._foreach_norm(self._params, 2, dtype=torch.float64))
+            parts = [torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))]
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for i, t in enumerate(tensors):
+                if t.is_contiguous() and t.numel():
+                    flat = t.view(-1)
+                    step = max(1, flat.numel() // _SAMPLES)
+                    by_dtype.setdefault(t.dtype, []).append(flat[(i * 7919) % step :: step][:_SAMPLES])
+            parts += [torch.cat(views).double() for views in by_dtype.values()]
+            return torch.cat(parts)
+
+    def _module_signature(self) -> int:
+        """A hash of what the target's forward depends on besides its tensors: each module's hooks and its plain
+        attributes (numbers, flags, strings: an ``eps``, a scaling), and which buffers it holds. A hook added or an
+        attribute changed between calls means the kept K/V was computed by another forward."""
+        plain = (int, float, bool, str)
+        return hash(tuple(
+            (tuple(m._forward_hooks), tuple(m._forward_pre_hooks), tuple(map(id, m._buffers.values())),
+             tuple(v for k, v in m.__dict__.items() if type(v) in plain and k != "training"))
+            for m in self.target.target.model.modules()
+        ))  # fmt: skip
 
     def _versions(self, drafter) -> int:
         """The in-place update counters of the target's (and the drafter's) weights: an update between calls (a
@@ -713,7 +741,7 @@ class Engine:
         kept_drafter = self.kept_drafter() if self.kept_drafter is not None else None
         if kept_drafter is not drafter or (drafter is not None and not hasattr(self._drafters.get(drafter), "resume")):
             return 0
-        if self._versions(drafter) != self.kept_versions:
+        if self._versions(drafter) != self.kept_versions or self._module_signature() != self.kept_modules:
             return 0
         kept_len = self.kept.shape[0]
         span = min(kept_len, length - 1)

@@ -51,14 +51,46 @@ class RopeTables:
     def __init__(self, model: nn.Module, capacity: int, dtype: torch.dtype) -> None:
         self.capacity, self.dtype = capacity, dtype
         self.tables: list[tuple[nn.Module, torch.Tensor]] = []
+        self.made_from: list[tuple[torch.Tensor, object]] = []  # per table: the inv_freq and scaling it was made of
         for module in _rotary_modules(model):
             table = position_table(module, capacity, dtype)
             if table is not None:
                 self.tables.append((module, table))
+                self.made_from.append(_source(module))
+
+    def refresh(self) -> int:
+        """Recompute, in place (captured rounds keep reading the same tensors), each table whose module's
+        ``inv_freq`` or ``attention_scaling`` changed since it was made (a RoPE-scaling experiment rewriting them
+        between calls); returns how many. One comparison per rotary module."""
+        changed = 0
+        for k, (module, table) in enumerate(self.tables):
+            freq, scaling = self.made_from[k]
+            now = module.inv_freq
+            if now.shape == freq.shape and torch.equal(now, freq) and _scaling(module) == scaling:
+                continue
+            fresh = position_table(module, self.capacity, self.dtype)
+            if fresh is None or fresh.shape != table.shape:
+                got = None if fresh is None else list(fresh.shape)
+                raise ValueError(f"the rotary module {type(module).__name__} changed so that its table of "
+                                 f"{list(table.shape)} cannot be remade ({got}): change only its frequencies' "
+                                 "values, or load the model anew.")  # fmt: skip
+            table.copy_(fresh)
+            self.made_from[k] = _source(module)
+            changed += 1
+        return changed
 
     def forwards(self) -> list[tuple[nn.Module, object]]:
         """``(module, forward)`` pairs: each module's calls answered from its table (one gather)."""
         return [(module, _lookup(module, table)) for module, table in self.tables]
+
+
+def _scaling(module: nn.Module):
+    return getattr(module, "attention_scaling", None)
+
+
+def _source(module: nn.Module) -> tuple[torch.Tensor, object]:
+    """What a module's table is made of: a copy of its ``inv_freq`` and its ``attention_scaling``."""
+    return module.inv_freq.detach().clone(), _scaling(module)
 
 
 def position_table(module: nn.Module, capacity: int, dtype: torch.dtype, grids: int | None = None):

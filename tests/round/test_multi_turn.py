@@ -118,16 +118,35 @@ def test_no_reuse_after_weights_change_in_place_or_when_turned_off():
     assert off.stats.reused_tokens == 0 and torch.equal(off.sequences, hf(target, ids))
 
 
+def _layer_hook(module, args, out):
+    return (out[0] * 1.1, *out[1:]) if isinstance(out, tuple) else out * 1.1
+
+
+EDITS = {  # an edit between calls that no update counter sees
+    "data": lambda t: t.model.embed_tokens.weight.data.mul_(1.7),
+    "sign": lambda t: t.model.layers[0].mlp.down_proj.weight.data.neg_(),  # the weight's norm kept
+    "permute": lambda t: t.model.layers[0].mlp.down_proj.weight.data.copy_(
+        t.model.layers[0].mlp.down_proj.weight.data.roll(1, 0)
+    ),  # its norm kept
+    "buffer": lambda t: t.model.rotary_emb.inv_freq.data.mul_(1.5),  # a RoPE-scaling experiment
+    "attribute": lambda t: setattr(t.model.layers[0].input_layernorm, "variance_epsilon", 0.5),
+    "hook": lambda t: t.model.layers[1].register_forward_hook(_layer_hook),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
 @pytest.mark.parametrize("how", ["data", "data-same-prompt"])
-def test_no_reuse_after_weights_edited_through_data(how):
-    """An edit through ``.data`` (as adapter merges write) bumps no update counter; the weights' fingerprint still
-    tells the kept K/V stale: the next turn, or the same prompt again, equals HF with the edited weights."""
+def test_no_reuse_after_weights_edited_through_data(how, edit):
+    """An edit that bumps no update counter (through ``.data``, as adapter merges write; one that keeps a weight's
+    norm; a buffer, a module attribute, a hook): the fingerprint of the weights and buffers and the signature of the
+    modules tell the kept K/V stale, and the rotary tables follow new frequencies: the next turn, or the same prompt
+    again, equals HF on the edited model."""
     target = tiny_model("qwen3", scale=2.0, seed=5)
     ids = turn_tokens(10, 20)
     first = specdec.generate(target, ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, eos_token_id=[])
     again = specdec.generate(target, ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, eos_token_id=[])
     assert again.stats.reused_tokens > 0  # unedited: the kept rows serve the same prompt
-    target.model.embed_tokens.weight.data.mul_(1.7)  # no version bump
+    EDITS[edit](target)
     ids = ids if how == "data-same-prompt" else torch.cat([first.sequences, turn_tokens(11)], 1)
     out = specdec.generate(target, ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, eos_token_id=[])
     assert out.stats.reused_tokens == 0 and torch.equal(out.sequences, hf(target, ids))
