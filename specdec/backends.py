@@ -16,7 +16,7 @@ specdec reads them. What each choice measured: ``docs/kernels.md``.
 | ``linear_kernel`` | torch, triton | skinny linear layers (``specdec.kernels.skinny_linear``) |
 | ``target_norm`` | auto, torch, triton | the target's RMSNorms, uncompiled (``specdec.kernels.rms_norm.routing``) |
 | ``target_rotary`` | auto, torch, triton | the target's and DFlash's rotary embedding, uncompiled (``rotary``) |
-| ``gdn_gates`` | auto, torch, triton | a Gated DeltaNet layer's q / k norms, beta and g (``specdec.kernels.gdn_gates``) |
+| ``gdn_gates`` | auto, torch, triton | a Gated DeltaNet layer's q / k norms, beta and g (``gdn_gates``) |
 | ``tree_gdn_precision`` | auto, ieee, tf32x3, tf32 | the Gated DeltaNet tree scan's matrix products |
 | ``tree_gdn_walk`` | auto, paths, chunk | the Gated DeltaNet tree scan's schedule |
 | ``tree_mamba2`` | auto, torch | the Mamba2 tree scan (``torch`` = tensor ops, not capturable) |

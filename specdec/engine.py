@@ -252,7 +252,10 @@ class Round:
             return logits
         engine = self.engine
         generated = engine.prefix + 1 - engine.prompt_len  # [B] tokens generated before the root's choice
-        nodes = node_history(engine.history[:, : self.span], engine.prefix, tree, generated, self.path_len)
+        # the caller's left padding only for processors that read on the host (a captured round keeps no per-call
+        # tensor): a user's processor sees HF's input_ids as they are
+        pad = None if self.processors.capturable else engine.left_pad
+        nodes = node_history(engine.history[:, : self.span], engine.prefix, tree, generated, self.path_len, pad)
         return self.processors(logits, nodes)
 
     def _record(self, tokens: torch.Tensor | None = None, tree: DeviceTree | None = None, path=None) -> None:
@@ -563,6 +566,7 @@ class Engine:
         self.prefix = torch.zeros(batch, dtype=torch.long, device=self.device)  # each sequence's committed length
         self.root = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.prompt_len = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.left_pad: tuple[torch.Tensor, torch.Tensor] | None = None  # this call's left padding (NodeHistory.pad)
         self.active = torch.ones(batch, dtype=torch.bool, device=self.device)  # False: finished, commits nothing
         # each sequence's committed tokens (prompt, then what rounds with history-reading processors committed)
         self.history = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)

@@ -421,6 +421,12 @@ def _decode(
     prompts = torch.zeros(rows, longest, dtype=torch.long, device=input_ids.device)
     for b, n in enumerate(lengths):
         prompts[b, :n] = input_ids[b if b < batch else 0, width - n :]
+    # the caller's left padding, for the processors that see HF's input_ids as they are (a user's processor)
+    counts = [width - n for n in lengths]
+    left_pad = None
+    if max(counts):
+        source = torch.cat([input_ids, input_ids[:1].expand(rows - batch, -1)]) if rows > batch else input_ids
+        left_pad = (source[:, : max(counts)].long(), torch.tensor(counts, device=input_ids.device))
     # an adaptive policy (``DDTree(budget="auto")``) chooses each round's budget through its own controller
     make = getattr(tree, "controller", None) if drafter is not None else None
     fixed = getattr(tree, "largest", tree) if callable(make) else tree
@@ -429,6 +435,7 @@ def _decode(
     engine = Engine.for_target(
         tgt, capacity=longest + max_new_tokens + path_len + tree_slots(drafter, fixed), batch=rows, drafter=drafter
     )
+    engine.left_pad = left_pad
     auto = engine.controller_for(drafter, tree, make) if callable(make) else None
     if streamer is not None:
         streamer.put(input_ids.cpu())
@@ -442,7 +449,8 @@ def _decode(
             logits = engine.extend(prompts, reused, drafter)
         else:
             logits = engine.prefill(prompts, lengths, drafter, graph=graph)
-        first = _first_token(rule, sampling, _first_scores(args.processors, logits, prompts, lengths), generator)
+        scores = _first_scores(args.processors, logits, prompts, lengths, left_pad)
+        first = _first_token(rule, sampling, scores, generator)
     stats.reused_tokens = reused
     new_tokens = [[tok] for tok in first.tolist()[:batch]]
     keep = args.output_scores or args.output_logits
@@ -566,7 +574,7 @@ def _decode(
     sequences = torch.cat([input_ids, new.to(input_ids.device)], 1)
     scores = logits = None
     if kept is not None:
-        logits, scores = _step_scores(kept, new_tokens, args, out_len, prompts[:batch], lengths)
+        logits, scores = _step_scores(kept, new_tokens, args, out_len, prompts[:batch], lengths, left_pad)
     past = Continuation(engine.kept) if rows == 1 and engine.kept is not None else None
     return GenerateOutput(sequences=sequences, stats=stats, scores=scores if args.output_scores else None,
                           logits=logits if args.output_logits else None, past_key_values=past)  # fmt: skip
@@ -582,7 +590,8 @@ def _may_finish(path_len: int, new_tokens: list[list[int]], rounds: int) -> int:
     return min(path_len, math.ceil(2 * per_round))
 
 
-def _step_scores(kept, new_tokens, args, steps: int, prompts: torch.Tensor, lengths: list[int]) -> tuple[tuple, tuple]:
+def _step_scores(kept, new_tokens, args, steps: int, prompts: torch.Tensor, lengths: list[int],
+                 left_pad: tuple | None = None) -> tuple[tuple, tuple]:  # fmt: skip
     """HF's ``logits`` and ``scores`` (one ``[B, V]`` fp32 tensor per generated position) from each row's raw
     logits per new token: the scores are the logits through the same processors (each position with its own
     history) and, when sampling, the warpers. A row that ended before a step holds zeros there."""
@@ -596,18 +605,21 @@ def _step_scores(kept, new_tokens, args, steps: int, prompts: torch.Tensor, leng
         if args.processors:  # new token j continues the prompt and new tokens 0 .. j-1
             history = torch.cat([prompts[b, : lengths[b]], torch.tensor(new_tokens[b], device=device)])
             path = [int(prompts[b, lengths[b] - 1])] + new_tokens[b][: n - 1]
-            row = args.processors(row[None], chain_nodes(history, lengths[b] - 1, path, 0))[0]
+            pad = None if left_pad is None else left_pad[0][b, : int(left_pad[1][b])]
+            row = args.processors(row[None], chain_nodes(history, lengths[b] - 1, path, 0, pad))[0]
         processed[b, :n] = process_logits(row, args.sampling) if args.sampling.do_sample else row
     return tuple(raw.unbind(1)), tuple(processed.unbind(1))
 
 
-def _first_scores(processors, logits: torch.Tensor, prompts: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """The prefill's logits ``[B, V]`` through the call's processors: each row's choice continues its prompt."""
+def _first_scores(processors, logits: torch.Tensor, prompts: torch.Tensor, lengths: list[int],
+                  left_pad: tuple | None = None) -> torch.Tensor:  # fmt: skip
+    """The prefill's logits ``[B, V]`` through the call's processors: each row's choice continues its prompt (after
+    its left padding ``left_pad``, ``NodeHistory.pad``)."""
     if not processors:
         return logits
     last = torch.tensor(lengths, device=prompts.device) - 1
     tree = root_trees(prompts.gather(1, last[:, None])[:, 0])
-    nodes = node_history(prompts, last, tree, torch.zeros_like(last), 1)
+    nodes = node_history(prompts, last, tree, torch.zeros_like(last), 1, left_pad)
     return processors(logits[:, None], nodes)[:, 0]
 
 

@@ -64,6 +64,9 @@ class NodeHistory(NamedTuple):
         depth (torch.Tensor): ``[B, S]`` int64 node depths (0 = the root).
         generated (torch.Tensor): ``[B, S]`` int64 tokens generated before the node's choice (HF's ``cur_len`` minus
             the prompt length): the node chooses new token ``generated + 1``.
+        pad (tuple | None): the caller's left padding, for processors that see HF's ``input_ids`` as it is (a user's
+            processor, ``PerNode``): ``(tokens [B, W], count [B])``, row ``b``'s padding being ``tokens[b,
+            :count[b]]`` (the pad tokens as the caller's ``input_ids`` held them); None when no row is padded.
     """
 
     history: torch.Tensor
@@ -71,6 +74,7 @@ class NodeHistory(NamedTuple):
     paths: torch.Tensor
     depth: torch.Tensor
     generated: torch.Tensor
+    pad: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def tail(self, k: int) -> torch.Tensor:
         """``[B, S, k]`` the last ``k`` tokens of each node's sequence (the node's own token last); ``-1`` where the
@@ -90,7 +94,7 @@ class NodeHistory(NamedTuple):
 
 
 def node_history(history: torch.Tensor, length: torch.Tensor, tree: DeviceTree, generated: torch.Tensor,
-                 path_len: int) -> NodeHistory:  # fmt: skip
+                 path_len: int, pad: tuple[torch.Tensor, torch.Tensor] | None = None) -> NodeHistory:  # fmt: skip
     """The :class:`NodeHistory` of a round's trees.
 
     Args:
@@ -99,8 +103,9 @@ def node_history(history: torch.Tensor, length: torch.Tensor, tree: DeviceTree, 
         tree (DeviceTree): the round's trees (``parents[i] < i``; padding slots have depth 0).
         generated (torch.Tensor): ``[B]`` tokens generated before each root's choice.
         path_len (int): ``P``, one more than the deepest node the trees may hold.
+        pad (tuple | None): the caller's left padding (:class:`NodeHistory`).
     """
-    return NodeHistory(history, length, tree_paths(tree, path_len), tree.depth, generated[:, None] + tree.depth)
+    return NodeHistory(history, length, tree_paths(tree, path_len), tree.depth, generated[:, None] + tree.depth, pad)
 
 
 def tree_paths(tree: DeviceTree, path_len: int) -> torch.Tensor:
@@ -120,17 +125,21 @@ def tree_paths(tree: DeviceTree, path_len: int) -> torch.Tensor:
     return torch.where(columns <= depth[..., None], paths, -1)
 
 
-def chain_nodes(history: torch.Tensor, length: int, tokens: Sequence[int], generated: int) -> NodeHistory:
+def chain_nodes(history: torch.Tensor, length: int, tokens: Sequence[int], generated: int,
+                pad: torch.Tensor | None = None) -> NodeHistory:  # fmt: skip
     """The :class:`NodeHistory` of one chain: a batch of one, the committed ``history[:length]`` then ``tokens``
-    (node ``j`` is ``tokens[j]``, ``generated + j`` tokens generated before its choice). For the first token and for
-    the scores returned with ``output_scores``."""
+    (node ``j`` is ``tokens[j]``, ``generated + j`` tokens generated before its choice), after the row's left
+    padding ``pad`` (``[W]``, None: none). For the first token and for the scores returned with ``output_scores``."""
     n = len(tokens)
     device = history.device
     ids = torch.tensor(list(tokens), dtype=torch.long, device=device)
     depth = torch.arange(n, device=device)
     paths = torch.where(depth[None] <= depth[:, None], ids[None], -1)  # [n, n]: node j's path is tokens[: j + 1]
+    padding = None
+    if pad is not None and pad.numel():
+        padding = (pad.reshape(1, -1), torch.tensor([pad.numel()], device=device))
     return NodeHistory(history.reshape(1, -1), torch.tensor([length], device=device), paths[None], depth[None],
-                       generated + depth[None])  # fmt: skip
+                       generated + depth[None], padding)  # fmt: skip
 
 
 def _token_mask(ids: torch.Tensor, valid: torch.Tensor | None, vocab: int) -> torch.Tensor:
@@ -362,16 +371,22 @@ class PerNode:
 
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
         out = scores.clone()
-        # the round's one host read here: each row's committed length and its nodes' depths, together
-        rows = torch.cat([nodes.length[:, None], nodes.depth], 1).tolist()
-        for b, (length, *depths) in enumerate(rows):
+        # the round's one host read here: each row's committed length, its left padding and its nodes' depths
+        pad = nodes.pad
+        count = pad[1][:, None] if pad is not None else torch.zeros_like(nodes.length)[:, None]
+        rows = torch.cat([nodes.length[:, None], count, nodes.depth], 1).tolist()
+        for b, (length, padded, *depths) in enumerate(rows):
             by_depth: dict[int, list[int]] = {}
             for i, d in enumerate(depths):
                 by_depth.setdefault(d, []).append(i)
+            # HF's input_ids of that row: its left padding as the caller gave it, then its tokens
+            before = nodes.history[b, :length]
+            if padded:
+                before = torch.cat([pad[0][b, :padded], before])
             for d, slots in by_depth.items():
                 index = torch.tensor(slots, device=scores.device)
                 path = nodes.paths[b, index, : d + 1]
-                ids = torch.cat([nodes.history[b, :length].expand(len(slots), -1), path], 1)
+                ids = torch.cat([before.expand(len(slots), -1), path], 1)
                 out[b, index] = self.processor(ids, scores[b, index])
         return out
 

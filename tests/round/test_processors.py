@@ -280,3 +280,38 @@ def test_tree_paths_equal_a_walk_up_each_tree():
                     path.append(int(tokens[b, j]))
                     j = int(parents[b, j])
                 assert got[b, i].tolist() == path[::-1] + [-1] * (width - len(path)), (b, i)
+
+
+class BanGenerated(LogitsProcessor):
+    """A user processor that reads the generated part as ``input_ids[:, width:]`` (``width``: the padded prompt's),
+    as HF's batch makes it: it bans every token generated so far; and one that records the shapes it sees."""
+
+    def __init__(self, width: int) -> None:
+        self.width, self.seen = width, []
+
+    def __call__(self, input_ids, scores):
+        self.seen.append((input_ids[:, : self.width] == 0).sum(-1).tolist())  # pad tokens (id 0) it sees per row
+        if input_ids.shape[1] <= self.width:
+            return scores
+        return scores.scatter(1, input_ids[:, self.width :], -float("inf"))
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_a_users_processor_sees_each_row_with_its_left_padding(kind):
+    """A left-padded batch: the user's processor sees each row as HF's ``input_ids`` holds it (its pad tokens
+    first), so one that indexes by the padded width equals HF, with and without a drafter; ``output_scores`` too."""
+    target, small = model(kind)
+    a, b = prompt(3, 10), prompt(5, 6)
+    batch = torch.cat([a, torch.cat([torch.zeros(1, 4, dtype=torch.long), b], 1)])
+    mask = (torch.arange(10) >= torch.tensor([[0], [4]])).long()
+    options = dict(max_new_tokens=12, pad_token_id=0, eos_token_id=[], attention_mask=mask)
+    ref = target.generate(batch, do_sample=False, logits_processor=LogitsProcessorList([BanGenerated(10)]),
+                          return_dict_in_generate=True, output_scores=True, **options)  # fmt: skip
+    for drafter, tree in ((None, None), (small, specdec.DDTree(budget=8, topk=3))):
+        processor = BanGenerated(10)
+        out = specdec.generate(target, batch, drafter=drafter, tree=tree, logits_processor=[processor],
+                               output_scores=True, **options)  # fmt: skip
+        assert torch.equal(out.sequences, ref.sequences)
+        assert {row for seen in processor.seen for row in seen} >= {4}  # row 1's four pad tokens were seen
+        for j, (x, y) in enumerate(zip(out.scores, ref.scores, strict=True)):
+            assert torch.equal(torch.isinf(x), torch.isinf(y)), j
