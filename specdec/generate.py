@@ -158,6 +158,21 @@ def _check_rule(rule, sampling, tree) -> VerificationRule:
     return rule
 
 
+def _check_token_range(input_ids: torch.Tensor, lengths: list[int], tgt: TargetModel) -> None:
+    """Every prompt token (padding aside) is a row of the target's input embedding: one read of the smallest and
+    largest, before anything is built (an id past the table fails inside the embedding, on CUDA as a device assert
+    that ends the process)."""
+    rows = tgt.model.get_input_embeddings().weight.shape[0]
+    width, device = input_ids.shape[1], input_ids.device
+    starts = width - torch.tensor(lengths, device=device)
+    ids = input_ids.masked_fill(torch.arange(width, device=device)[None] < starts[:, None], 0)  # padding: id 0
+    low, high = torch.stack([ids.min(), ids.max()]).tolist()
+    if low < 0 or high >= rows:
+        bad = low if low < 0 else high
+        raise ValueError(f"input_ids holds token id {bad}, outside the target's embedding of {rows} rows: encode the "
+                         f"prompts with the target's own tokenizer (ids 0 .. {rows - 1}).")  # fmt: skip
+
+
 def _check_continuation(past, input_ids: torch.Tensor) -> None:
     """``past_key_values``: a ``Continuation`` must be a prefix of the one prompt (HF's rule: the whole sequence is
     passed again); another cache object (HF's) is accepted and not read."""
@@ -359,6 +374,7 @@ def generate(
         inferred, pad = infer_attention_mask(input_ids, args.pad_token_id, args.eos_token_ids)
         if inferred is not None:
             input_ids, lengths = check_input_ids(input_ids, inferred, tgt.device, pad_token_id=pad)
+    _check_token_range(input_ids, lengths, tgt)
     copies = args.num_return_sequences
     if copies > 1:  # HF's expansion: each prompt repeated in place; every row samples independently
         if streamer is not None:

@@ -218,3 +218,17 @@ def test_zoo_tokenizer_batch_without_mask_equals_hf(zoo):
     drafter = specdec.DFlashDrafter.from_pretrained(ZOO_DRAFTER, target=model)
     out = specdec.generate(model, ids, drafter=drafter, tree=specdec.DDTree(budget=8, topk=4), max_new_tokens=10)
     assert torch.equal(out.sequences, ref)
+
+
+@pytest.mark.parametrize("bad", [-3, 128, 10**6])
+def test_token_ids_outside_the_embedding_are_refused_before_anything_is_built(target, bad):
+    """A prompt id past the embedding (or negative) is named with the fix before the prefill (it would fail inside
+    the embedding, on CUDA as a device assert); an id at a padding position is not read; the next call equals HF."""
+    rows = target.get_input_embeddings().weight.shape[0]
+    ids = torch.tensor([[5, 6, bad, 8]])
+    with pytest.raises(ValueError, match=rf"token id {bad}, outside the target's embedding of {rows} rows"):
+        specdec.generate(target, ids, max_new_tokens=4)
+    padded = torch.tensor([[bad, 6, 7, 8]])  # the bad id sits in the padding
+    out = specdec.generate(target, padded, attention_mask=torch.tensor([[0, 1, 1, 1]]), max_new_tokens=4)
+    want = target.generate(padded[:, 1:], max_new_tokens=4, do_sample=False)
+    assert torch.equal(out.sequences[:, 1:], want)
