@@ -42,6 +42,7 @@ from specdec.validate import (
     check_proposal,
     check_tree,
     describe_flags,
+    proposal_flags,
     sanitized_accept,
     sanitized_tree,
     tree_flags,
@@ -321,6 +322,8 @@ class Round:
         if self.check_tree:
             check_tree(self.tree, tree, self.batch, self.slots)
             flags = tree_flags(tree, vocab, engine.root)
+            if self.check_proposal:  # a user's drafter: its scores must be log-probabilities
+                flags = flags | proposal_flags(proposal, self.batch, flags.device)
             tree = sanitized_tree(tree, vocab, self.depth)  # the round runs to its read, which raises
         raw, hidden, rnd = self._verify(tree)
         logits = self._process(raw, tree)

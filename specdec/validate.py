@@ -28,6 +28,7 @@ __all__ = [
     "check_proposal",
     "check_tree",
     "describe_flags",
+    "proposal_flags",
     "sanitized_accept",
     "sanitized_tree",
     "tree_flags",
@@ -58,6 +59,18 @@ ACCEPT_BITS = {
            "tokens[d] = tree.tokens[path[d + 1]] for the accepted drafts"),
     2048: ("tokens", "the bonus token is outside the vocabulary", "the bonus is a token id in [0, vocab_size)"),
 }  # fmt: skip
+PROPOSAL_BITS = {
+    4096: ("logq", "a drafted log-probability is above 0 (not a log-probability: the trees are built from scores "
+           "<= 0)", "return log_softmax over the vocabulary (torch.log_softmax(logits, -1))"),
+}  # fmt: skip
+LOGQ_SLACK = 1e-3  # a log-probability this far above 0 is rounding, not a broken drafter
+
+
+def proposal_flags(proposal: Proposal, batch: int, device: torch.device) -> torch.Tensor:
+    """``[B]`` int64: the :data:`PROPOSAL_BITS` each sequence's proposal breaks (0: none). Tensor ops only."""
+    if proposal.logq is None:
+        return torch.zeros(batch, dtype=torch.long, device=device)
+    return (proposal.logq.float() > LOGQ_SLACK).flatten(1).any(1).long() * 4096
 
 
 class ProtocolError(ValueError):
@@ -224,7 +237,10 @@ def describe_flags(flags: int, policy, rule, drafter=None) -> str:
     tree_owner = f"tree policy {_where(policy)}"
     if drafter is not None and trusted(policy) and not trusted(drafter):
         tree_owner = f"drafter {_where(drafter)} (its proposal, through {tree_owner})"
-    for bits, owner in ((TREE_BITS, tree_owner), (ACCEPT_BITS, f"verification rule {_where(rule)}")):
+    owners = [(TREE_BITS, tree_owner), (ACCEPT_BITS, f"verification rule {_where(rule)}")]
+    if drafter is not None:
+        owners.insert(0, (PROPOSAL_BITS, f"drafter {_where(drafter)}"))
+    for bits, owner in owners:
         for bit, (field, wrong, fix) in bits.items():
             if flags & bit:
                 parts.append(f"{owner}: {field}: {wrong}; fix: {fix}")

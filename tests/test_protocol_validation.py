@@ -266,6 +266,8 @@ class _BrokenDrafter(specdec.ModelDrafter):
                 return p._replace(logq=p.logq.tolist())
             if how == "int":
                 return p._replace(logq=p.logq.long())
+            if how == "positive":  # scores, not log-probabilities
+                return p._replace(logq=p.logq + 5.0)
             if how == "no-paths":  # no match this round, said as zero paths
                 empty = torch.zeros(p.logq.shape[0], 0, 1, dtype=torch.long, device=p.logq.device)
                 return Proposal(paths=empty, path_lengths=empty[..., 0])
@@ -290,6 +292,9 @@ class _BrokenDrafter(specdec.ModelDrafter):
         ("no-paths", specdec.DDTree(budget=8), r"returned paths of shape \[1, 0, 1\]; the round needs \[1, M, L\] "
          r"int64 with M >= 1 \(a round without a draft: one path of length 0"),
         ("no-paths", specdec.Chain(4), r"returned paths of shape \[1, 0, 1\]"),
+        ("positive", specdec.DDTree(budget=8, topk=3), r"drafter .*_BrokenDrafter: logq: a drafted log-probability is "
+         r"above 0 .*fix: return log_softmax over the vocabulary"),
+        ("positive", specdec.Chain(4), r"logq: a drafted log-probability is above 0"),
         ("paths", specdec.DDTree(budget=8), r"drafter .*_BrokenDrafter \(its proposal, through tree policy "
          r"specdec.trees.policies.DDTree\): tokens: a real node's token is outside the vocabulary"),
     ],
