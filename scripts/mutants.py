@@ -1026,6 +1026,71 @@ MUTANTS += [
         ("tests/round/test_grouped_attention.py", "-k", "length"),
     ),
 ]
+# -- trust: what the model may change between calls, a user's processors and drafters, Gated DeltaNet gates --------
+GATES = "specdec/kernels/gdn_gates"
+MUTANTS += [
+    Mutant(  # the Triton gates leave the keys unnormalised
+        "gdn_gates_keys_unnormalised",
+        ((f"{GATES}/triton.py", "kk = kk * tl.rsqrt(tl.sum(kk * kk, axis=1) + 1e-6)[:, None]", "kk = kk * 1.0"),),
+        ("tests/kernels/test_gdn_gates.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the Triton gates read x's columns as contiguous (a tree's transposed rows read wrongly)
+        "gdn_gates_column_stride_ignored",
+        ((f"{GATES}/triton.py", "*x.stride(), *b.stride()", "x.stride(0), 1, *b.stride()"),),
+        ("tests/kernels/test_gdn_gates.py", "-m", "interpreter"),
+    ),
+    Mutant(  # softplus as log(1 + e): a small e loses its digits
+        "gdn_gates_softplus_plain_log",
+        ((f"{GATES}/triton.py", "tl.log(u) * (e / (u - 1.0))", "tl.log(1.0 + e)"),),
+        ("tests/kernels/test_gdn_gates.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the reference's beta not rounded to b's dtype (the layer's sigmoid runs in it)
+        "gdn_gates_reference_beta_widened_first",
+        ((f"{GATES}/reference.py", "beta = b.reshape(total, -1).sigmoid().float()",
+          "beta = b.reshape(total, -1).float().sigmoid()"),),  # fmt: skip
+        ("tests/kernels/test_gdn_gates.py", "-k", "own_formulas"),
+    ),
+    Mutant(  # the reuse fingerprint without the sampled elements (norms only)
+        "reuse_fingerprint_norms_only",
+        ((ENGINE, "            parts += [torch.cat(views).double() for views in by_dtype.values()]\n", ""),),
+        ("tests/round/test_multi_turn.py", "-k", "edited_through"),
+    ),
+    Mutant(  # the module signature not compared (hooks and attributes unseen)
+        "reuse_module_signature_ignored",
+        ((ENGINE, "self._versions(drafter) != self.kept_versions or self._module_signature() != self.kept_modules",
+          "self._versions(drafter) != self.kept_versions"),),  # fmt: skip
+        ("tests/round/test_multi_turn.py", "-k", "edited_through"),
+    ),
+    Mutant(  # the rotary tables never remade
+        "rope_tables_never_refreshed",
+        (("specdec/state/rope.py", "            if now.shape == freq.shape and torch.equal(now, freq) and "
+          "_scaling(module) == scaling:", "            if True:"),),  # fmt: skip
+        ("tests/round/test_multi_turn.py", "-k", "edited_through and buffer"),
+    ),
+    Mutant(  # a call under inference mode builds inference tensors again
+        "generate_inside_inference_mode",
+        ((GENERATE, "        with torch.inference_mode(False), torch.no_grad():",
+          "        with torch.no_grad():"),),  # fmt: skip
+        ("tests/test_model_changes.py", "-k", "inference_mode"),
+    ),
+    Mutant(  # a user's processor sees rows without their left padding
+        "user_processor_padding_dropped",
+        ((PROCESSORS, "            if padded:\n                before = torch.cat([pad[0][b, :padded], before])\n",
+          ""),),  # fmt: skip
+        ("tests/round/test_processors.py", "-k", "left_padding"),
+    ),
+    Mutant(  # a drafter's positive scores not flagged
+        "proposal_logq_flag_disabled",
+        (("specdec/validate.py", "(proposal.logq.float() > LOGQ_SLACK)", "(proposal.logq.float() > float('inf'))"),),
+        ("tests/test_protocol_validation.py", "-k", "broken_proposal"),
+    ),
+    Mutant(  # the rejection kernel's earlier-sibling check one short (a repeated token drawn twice)
+        "rejection_triton_repeat_check_short",
+        ((REJECTION_TRITON, "            for j in range(k):\n                repeat = repeat |",
+          "            for j in range(k - 1):\n                repeat = repeat |"),),  # fmt: skip
+        ("tests/kernels/test_tree_rejection.py", "-m", "interpreter"),
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

@@ -28,9 +28,11 @@ from specdec.hf_args import (
     check_drafter_and_tree,
     check_hashable,
     check_input_ids,
+    check_token_range,
     generation_value,
     infer_attention_mask,
     resolve_generation_args,
+    token_bounds,
 )
 from specdec.processors import chain_nodes, node_history
 from specdec.runtime import check_compile, to_device
@@ -156,21 +158,6 @@ def _check_rule(rule, sampling, tree) -> VerificationRule:
     check_hashable("verification rule", rule)
     rule.check(sampling, tree)
     return rule
-
-
-def _check_token_range(input_ids: torch.Tensor, lengths: list[int], tgt: TargetModel) -> None:
-    """Every prompt token (padding aside) is a row of the target's input embedding: one read of the smallest and
-    largest, before anything is built (an id past the table fails inside the embedding, on CUDA as a device assert
-    that ends the process)."""
-    rows = tgt.model.get_input_embeddings().weight.shape[0]
-    width, device = input_ids.shape[1], input_ids.device
-    starts = width - torch.tensor(lengths, device=device)
-    ids = input_ids.masked_fill(torch.arange(width, device=device)[None] < starts[:, None], 0)  # padding: id 0
-    low, high = torch.stack([ids.min(), ids.max()]).tolist()
-    if low < 0 or high >= rows:
-        bad = low if low < 0 else high
-        raise ValueError(f"input_ids holds token id {bad}, outside the target's embedding of {rows} rows: encode the "
-                         f"prompts with the target's own tokenizer (ids 0 .. {rows - 1}).")  # fmt: skip
 
 
 def _check_continuation(past, input_ids: torch.Tensor) -> None:
@@ -370,11 +357,19 @@ def generate(
     )
     stopping = Stopping(criteria, args.stop_strings, tokenizer, args.max_time, input_ids, start)
     max_new_tokens, sampling = args.max_new_tokens, args.sampling
+    rows = tgt.model.get_input_embeddings().weight.shape[0]
+    checked = False
     if attention_mask is None:  # HF's rule: the mask from pad_token_id where the prompts hold it (docs/api.md)
-        inferred, pad = infer_attention_mask(input_ids, args.pad_token_id, args.eos_token_ids)
+        inferred, pad = infer_attention_mask(input_ids, args.pad_token_id, args.eos_token_ids, rows)
+        checked = pad is not None and pad not in args.eos_token_ids  # that read checked the ids' range too
         if inferred is not None:
             input_ids, lengths = check_input_ids(input_ids, inferred, tgt.device, pad_token_id=pad)
-    _check_token_range(input_ids, lengths, tgt)
+    if not checked:  # the prompt's one read: its ids' range (an id past the embedding fails inside it)
+        width = input_ids.shape[1]
+        tokens = torch.arange(width, device=input_ids.device)[None] >= width - torch.tensor(lengths)[:, None].to(
+            input_ids.device
+        )
+        check_token_range(*token_bounds(input_ids, tokens).tolist(), rows)
     copies = args.num_return_sequences
     if copies > 1:  # HF's expansion: each prompt repeated in place; every row samples independently
         if streamer is not None:

@@ -24,10 +24,12 @@ __all__ = [
     "check_drafter_and_tree",
     "check_hashable",
     "check_input_ids",
+    "check_token_range",
     "generation_value",
     "infer_attention_mask",
     "normalize_eos_token_id",
     "resolve_generation_args",
+    "token_bounds",
 ]
 
 logger = logging.getLogger(__name__)
@@ -377,7 +379,7 @@ _warned_once: set[str] = set()  # HF logs PAD_IS_EOS_WARNING once per process (`
 
 
 def infer_attention_mask(
-    input_ids: torch.Tensor, pad_token_id: int | None, eos_token_ids: tuple[int, ...]
+    input_ids: torch.Tensor, pad_token_id: int | None, eos_token_ids: tuple[int, ...], token_rows: int | None = None
 ) -> tuple[torch.Tensor | None, int | None]:
     """The mask HF's ``generate`` infers for prompts passed without ``attention_mask``, and the pad id it used.
 
@@ -391,6 +393,8 @@ def infer_attention_mask(
         input_ids (torch.Tensor): ``[B, T]`` integer prompts.
         pad_token_id (int | None): the resolved pad id (None: unset everywhere).
         eos_token_ids (tuple[int, ...]): the resolved stop tokens, in HF's order.
+        token_rows (int | None): the target's input embedding rows: where the prompt is read here, its other ids are
+            checked against them in the same read (``check_token_range``).
 
     Returns:
         tuple: (``[B, T]`` bool mask, or None where every token counts; the pad id, or None where there is none).
@@ -410,9 +414,28 @@ def infer_attention_mask(
         return None, pad
     mask = input_ids != pad  # [B, T]
     width = input_ids.shape[1]
-    if all(n == width for n in mask.sum(-1).tolist()):  # the call's one read of the prompt: no pad token anywhere
+    # the call's one read of the prompt: its pad tokens per row, and the range of its other ids (``check_token_range``)
+    *counts, low, high = torch.cat([mask.sum(-1), token_bounds(input_ids, mask)]).tolist()
+    if token_rows is not None:
+        check_token_range(low, high, token_rows)
+    if all(n == width for n in counts):  # no pad token anywhere
         return None, pad
     return mask, pad
+
+
+def token_bounds(input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[2]``: the smallest and largest id of ``input_ids`` where ``mask`` (elsewhere read as 0). On the device."""
+    ids = input_ids.masked_fill(~mask, 0)
+    return torch.stack([ids.min(), ids.max()]).to(input_ids.dtype)
+
+
+def check_token_range(low: int, high: int, rows: int) -> None:
+    """``ValueError`` naming an id outside the target's input embedding (``rows`` ids): inside the embedding it
+    would be an ``IndexError``, on CUDA a device assert that ends the process."""
+    if low < 0 or high >= rows:
+        bad = low if low < 0 else high
+        raise ValueError(f"input_ids holds token id {bad}, outside the target's embedding of {rows} rows: encode the "
+                         f"prompts with the target's own tokenizer (ids 0 .. {rows - 1}).")  # fmt: skip
 
 
 def normalize_eos_token_id(value) -> tuple[int, ...]:

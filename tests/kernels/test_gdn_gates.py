@@ -1,6 +1,6 @@
 """``gdn_gates``: the reference against the Gated DeltaNet layer's own formulas (HF's ``l2norm``, ``sigmoid``,
 ``softplus`` of the Qwen3.5 module), the Triton version through the interpreter and compiled on CUDA against the
-reference (fp32 within a few ulps: the sums' order and the GPU's ``exp`` / ``log`` differ; ``beta`` in bf16 within
+reference (contiguous and strided inputs, as a tree's post-conv rows arrive) (fp32 within a few ulps: the sums' order and the GPU's ``exp`` / ``log`` differ; ``beta`` in bf16 within
 one bf16 ulp), softplus across its whole range (the tiny-``exp`` series and the threshold), the argument checks, and
 a planted bug (keys not normalised) that the comparison catches."""
 
@@ -36,6 +36,8 @@ def make_case(seed: int, total, heads, vheads, kdim, vdim, dtype) -> dict:
     )
     a_log = torch.randn(vheads, generator=gen)
     dt_bias = torch.randn(vheads, generator=gen).to(dtype)
+    if seed % 2:  # strided as a tree's rows arrive (the post-conv rows a transposed view; b / a column-major)
+        x, b, a = (t.t().contiguous().t() for t in (x, b, a))
     return dict(x=x, b=b, a=a, a_log=a_log, dt_bias=dt_bias, shape=dict(num_k_heads=heads, head_k_dim=kdim,
                 num_v_heads=vheads))  # fmt: skip
 
@@ -92,7 +94,7 @@ def test_fits_and_refusals():
     x, b, a, a_log, dt_bias = args(case)
     assert fits_triton(x, b, a, **case["shape"])
     assert not fits_triton(x.double(), b, a, **case["shape"])
-    assert not fits_triton(x, b.t().contiguous().t(), a, **case["shape"])  # b's last dim strided
+    assert fits_triton(x.t().contiguous().t(), b.t().contiguous().t(), a, **case["shape"])  # any strides
     assert not fits_triton(x, b, a, **{**case["shape"], "num_v_heads": 6})
     assert not fits_triton(x[:, :10], b, a, **case["shape"])  # too few columns for q and k
     got = gdn_gates(x, b, a, a_log, dt_bias, **case["shape"])  # CPU auto: the reference

@@ -29,8 +29,9 @@ IMPL = env_default("gdn_gates")
 
 def fits_triton(x: torch.Tensor, b: torch.Tensor, a: torch.Tensor, *, num_k_heads: int, head_k_dim: int,
                 num_v_heads: int) -> bool:  # fmt: skip
-    """Whether the Triton version takes the call: 2-D ``x [T, C]``, ``b`` / ``a [T, HV]`` with contiguous last
-    dims, float dtypes other than fp64, ``HV`` a multiple of ``H``, ``C >= 2 H K``."""
+    """Whether the Triton version takes the call: 2-D ``x [T, C]``, ``b`` / ``a [T, HV]`` (any strides: a tree's
+    post-conv rows are a transposed view), float dtypes other than fp64, ``HV`` a multiple of ``H``, ``C >= 2 H
+    K``."""
     return (
         x.dim() == b.dim() == a.dim() == 2
         and x.shape[0] == b.shape[0] == a.shape[0]
@@ -39,7 +40,6 @@ def fits_triton(x: torch.Tensor, b: torch.Tensor, a: torch.Tensor, *, num_k_head
         and num_v_heads % num_k_heads == 0
         and x.shape[1] >= 2 * num_k_heads * head_k_dim
         and all(t.dtype in (torch.float32, torch.bfloat16, torch.float16) for t in (x, b, a))
-        and all(t.stride(-1) == 1 for t in (x, b, a))
     )
 
 
@@ -66,7 +66,7 @@ def gdn_gates(
     shape = {"num_k_heads": num_k_heads, "head_k_dim": head_k_dim, "num_v_heads": num_v_heads}
     fits = fits_triton(x, b, a, **shape)
     if impl == "triton" and not fits:
-        raise ValueError(f"impl='triton' takes x [T, C], b / a [T, HV] (last dims contiguous, fp32 / bf16 / fp16) "
+        raise ValueError(f"impl='triton' takes x [T, C], b / a [T, HV] (fp32 / bf16 / fp16) "
                          f"with HV a multiple of H and C >= 2 H K; got x {x.dtype} {list(x.shape)}, b "
                          f"{list(b.shape)}, a {list(a.shape)}, {shape}: use impl='torch'.")  # fmt: skip
     if pick_impl(impl, x.device, _MODULE, fits=fits) == "torch":

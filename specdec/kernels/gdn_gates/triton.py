@@ -23,9 +23,9 @@ __all__ = ["gdn_gates_triton"]
 
 @triton.jit
 def _gdn_gates_kernel(
-    x_ptr,  # [T, C] rows stride_x apart, the last dim contiguous
-    b_ptr,  # [T, HV] rows stride_b apart
-    a_ptr,  # [T, HV] rows stride_a apart
+    x_ptr,  # [T, C] strided (a tree's post-conv rows are a transposed view)
+    b_ptr,  # [T, HV] strided
+    a_ptr,  # [T, HV] strided
     alog_ptr,  # [HV]
     dt_ptr,  # [HV]
     q_ptr,  # [T, HV, K] fp32 out
@@ -33,8 +33,11 @@ def _gdn_gates_kernel(
     beta_ptr,  # [T, HV] fp32 out
     g_ptr,  # [T, HV] fp32 out
     stride_x,
+    stride_xc,
     stride_b,
+    stride_bc,
     stride_a,
+    stride_ac,
     H,
     HV,
     K,
@@ -53,26 +56,28 @@ def _gdn_gates_kernel(
     # keys: one row per key head
     heads = tl.arange(0, BLOCK_H)
     mask = (heads < H)[:, None] & (cols < K)[None, :]
-    kk = tl.load(row + key_dim + heads[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    kk = tl.load(row + (key_dim + heads[:, None] * K + cols[None, :]) * stride_xc, mask=mask, other=0.0)
+    kk = kk.to(tl.float32)
     kk = kk * tl.rsqrt(tl.sum(kk * kk, axis=1) + 1e-6)[:, None]
     tl.store(k_ptr + t * H * K + heads[:, None] * K + cols[None, :], kk, mask=mask)
     # queries: one row per value head, read from its key head
     vheads = tl.arange(0, BLOCK_HV)
     inside = vheads < HV
     mask = inside[:, None] & (cols < K)[None, :]
-    qq = tl.load(row + (vheads // REP)[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    qq = tl.load(row + ((vheads // REP)[:, None] * K + cols[None, :]) * stride_xc, mask=mask, other=0.0)
+    qq = qq.to(tl.float32)
     qq = qq * tl.rsqrt(tl.sum(qq * qq, axis=1) + 1e-6)[:, None]
     qq = tl.div_rn(qq, tl.full([BLOCK_HV, BLOCK_K], scale, tl.float32))
     tl.store(q_ptr + t * HV * K + vheads[:, None] * K + cols[None, :], qq, mask=mask)
     # write strengths and log decays
-    bb = tl.load(b_ptr + t * stride_b + vheads, mask=inside, other=0.0).to(tl.float32)
+    bb = tl.load(b_ptr + t * stride_b + vheads * stride_bc, mask=inside, other=0.0).to(tl.float32)
     beta = 1.0 / (1.0 + tl.exp(-bb))
     if B_BF16:
         beta = to_bf16(beta).to(tl.float32)
     elif B_HALF:
         beta = beta.to(tl.float16).to(tl.float32)
     tl.store(beta_ptr + t * HV + vheads, beta, mask=inside)
-    y = tl.load(a_ptr + t * stride_a + vheads, mask=inside, other=0.0).to(tl.float32)
+    y = tl.load(a_ptr + t * stride_a + vheads * stride_ac, mask=inside, other=0.0).to(tl.float32)
     y = y + tl.load(dt_ptr + vheads, mask=inside, other=0.0).to(tl.float32)
     e = tl.exp(tl.minimum(y, 20.0))
     # log1p(e) as log(u) * e / (u - 1), u = 1 + e: the rounding of 1 + e cancels (log(1 + e) alone loses all of a
@@ -94,7 +99,7 @@ def gdn_gates_triton(
     head_k_dim: int,
     num_v_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``gdn_gates_reference`` in one launch (arguments as there; last dims contiguous, not checked here)."""
+    """``gdn_gates_reference`` in one launch (arguments as there, any strides; not checked here)."""
     total = x.shape[0]
     dev = x.device
     q = torch.empty(total, num_v_heads, head_k_dim, dtype=torch.float32, device=dev)
@@ -106,7 +111,7 @@ def gdn_gates_triton(
     block_hv = triton.next_power_of_2(num_v_heads)
     block_k = triton.next_power_of_2(head_k_dim)
     _gdn_gates_kernel[(total,)](
-        x, b, a, a_log, dt_bias, q, k, beta, g, x.stride(0), b.stride(0), a.stride(0), num_k_heads, num_v_heads,
+        x, b, a, a_log, dt_bias, q, k, beta, g, *x.stride(), *b.stride(), *a.stride(), num_k_heads, num_v_heads,
         head_k_dim, num_k_heads * head_k_dim, float(head_k_dim**0.5), REP=num_v_heads // num_k_heads,
         BLOCK_H=triton.next_power_of_2(num_k_heads), BLOCK_HV=block_hv, BLOCK_K=block_k,
         B_BF16=b.dtype == torch.bfloat16, B_HALF=b.dtype == torch.float16,
