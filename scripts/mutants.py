@@ -1079,6 +1079,11 @@ MUTANTS += [
           ""),),  # fmt: skip
         ("tests/round/test_processors.py", "-k", "left_padding"),
     ),
+    Mutant(  # a padded batch's history-reading processors left as the captured ones (the pad tokens unseen)
+        "padded_processors_not_swapped",
+        ((GENERATE, "        args = dataclasses.replace(args, processors=args.processors.padded())\n", ""),),
+        ("tests/round/test_processors.py", "-k", "padding_counts"),
+    ),
     Mutant(  # a drafter's positive scores not flagged
         "proposal_logq_flag_disabled",
         (("specdec/validate.py", "(proposal.logq.float() > LOGQ_SLACK)", "(proposal.logq.float() > float('inf'))"),),

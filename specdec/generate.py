@@ -7,6 +7,7 @@ same loop runs plain autoregressive decoding. See ``docs/api.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -364,6 +365,11 @@ def generate(
         checked = pad is not None and pad not in args.eos_token_ids  # that read checked the ids' range too
         if inferred is not None:
             input_ids, lengths = check_input_ids(input_ids, inferred, tgt.device, pad_token_id=pad)
+    if max(input_ids.shape[1] - n for n in lengths) and args.processors.padded() != args.processors:
+        # HF's processors that read input_ids count a padded row's pad tokens as its tokens: run those as HF's own
+        args = dataclasses.replace(args, processors=args.processors.padded())
+        logger.info("specdec: a padded batch with repetition_penalty / no_repeat_ngram_size / sequence_bias / "
+                    "bad_words_ids: those run per node as HF's own processors, with each row's padding (uncaptured)")
     if not checked:  # the prompt's one read: its ids' range (an id past the embedding fails inside it)
         width = input_ids.shape[1]
         tokens = torch.arange(width, device=input_ids.device)[None] >= width - torch.tensor(lengths)[:, None].to(

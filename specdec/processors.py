@@ -20,6 +20,7 @@ sets ``tree_aware = True`` and defines ``process_tree(scores, nodes)`` (``scores
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -192,6 +193,12 @@ class SequenceBias:
         for seq, _ in self.biases:
             _vocab_ids(seq, self.vocab, "sequence_bias / bad_words_ids")
 
+    def hf(self):
+        """HF's own processor of these biases (``Processors.padded``; a bad word is a bias of ``-inf``)."""
+        from transformers.generation import logits_process as hf
+
+        return hf.SequenceBiasLogitsProcessor(sequence_bias=[[list(seq), bias] for seq, bias in self.biases])
+
     def _tensors(self, device: torch.device):
         """The bias of one-token sequences ``[V]`` and, per prefix length k, (prefixes ``[G, k]``, last tokens
         ``[G]``, biases ``[G]``): HF's grouping (``SequenceBiasLogitsProcessor._prepare_bias_variables``)."""
@@ -228,6 +235,16 @@ class RepetitionPenalty:
     penalty: float
     needs_history = True
 
+    def hf(self):
+        """HF's own processor of this setting where HF counts a padded row's pad tokens (``Processors.padded``);
+        None where HF's generate leaves the padding out (releases whose generate passes each row's padding as the
+        processor's ``prompt_ignore_length``): this processor reads no padding either."""
+        from transformers.generation import logits_process as hf
+
+        if _hf_penalty_skips_padding():
+            return None
+        return hf.RepetitionPenaltyLogitsProcessor(self.penalty)
+
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
         vocab = scores.shape[-1]
         positions = torch.arange(nodes.history.shape[1], device=scores.device)
@@ -245,6 +262,12 @@ class NGramBan:
 
     n: int
     needs_history = True
+
+    def hf(self):
+        """HF's own processor of this setting (``Processors.padded``)."""
+        from transformers.generation import logits_process as hf
+
+        return hf.NoRepeatNGramLogitsProcessor(self.n)
 
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
         n, vocab = self.n, scores.shape[-1]
@@ -391,6 +414,34 @@ class PerNode:
         return out
 
 
+_SKIPS_PADDING: list[bool] = []  # read once per process
+
+
+def _hf_penalty_skips_padding() -> bool:
+    """Whether this transformers' ``generate`` leaves a row's left padding out of its repetition penalty (newer
+    releases pass the padding as ``prompt_ignore_length``; 5.17 counts the pad tokens)."""
+    if not _SKIPS_PADDING:
+        from transformers.generation.utils import GenerationMixin
+
+        try:
+            source = inspect.getsource(GenerationMixin._get_logits_processor)
+            _SKIPS_PADDING.append("prompt_ignore_length=" in source)
+        except (OSError, TypeError):  # no source to read: the newer rule
+            _SKIPS_PADDING.append(True)
+    return _SKIPS_PADDING[0]
+
+
+_TWINS: dict = {}  # built-in processor -> its ``PerNode`` over HF's class, one per setting (a stable round key)
+
+
+def _per_node_twin(processor) -> PerNode | None:
+    """``PerNode`` over HF's class of ``processor`` (None where HF reads no padding there either)."""
+    if processor not in _TWINS:
+        made = processor.hf()
+        _TWINS[processor] = None if made is None else PerNode(made)
+    return _TWINS[processor]
+
+
 class Processors:
     """The processors of one ``generate`` call, in HF's order (hashable: part of a round's key).
 
@@ -422,6 +473,13 @@ class Processors:
     def capturable(self) -> bool:
         """Whether every processor runs inside a captured round (no host reads)."""
         return all(getattr(p, "capturable", True) for p in self.items)
+
+    def padded(self) -> Processors:
+        """For a call whose prompts hold left padding: the processors that read the committed tokens as HF's
+        ``input_ids`` (n-gram ban, sequence bias and bad words, whose HF classes count the pad tokens as tokens of
+        the row, and the repetition penalty where this transformers counts them too) as HF's own classes, run per
+        node with the row's padding (``PerNode``); the others as they are. Exact as HF, uncaptured."""
+        return Processors([_per_node_twin(p) or p if hasattr(p, "hf") else p for p in self.items])
 
     def captured(self) -> Processors:
         """The processors that run inside a captured round (all but the per-node ones of a ``logits_processor``)."""

@@ -315,3 +315,25 @@ def test_a_users_processor_sees_each_row_with_its_left_padding(kind):
         assert {row for seen in processor.seen for row in seen} >= {4}  # row 1's four pad tokens were seen
         for j, (x, y) in enumerate(zip(out.scores, ref.scores, strict=True)):
             assert torch.equal(torch.isinf(x), torch.isinf(y)), j
+
+
+@pytest.mark.parametrize("option", [{"repetition_penalty": 3.0}, {"no_repeat_ngram_size": 1},
+                                    {"bad_words_ids": "pad-then-next"}])  # fmt: skip
+def test_padding_counts_as_hf_counts_it_for_the_processors_that_read_input_ids(option):
+    """A padded row whose pad token is the token it would generate next: HF's n-gram ban and bad words count the
+    pad tokens as the row's tokens (and its repetition penalty too in releases whose generate does not pass the
+    padding as ``prompt_ignore_length``), so the row's output depends on them; specdec equals HF, with and without a
+    drafter, on whichever transformers runs."""
+    target, small = model("dense")
+    a, b = prompt(3, 10), prompt(5, 6)
+    alone = target.generate(b, max_new_tokens=2, do_sample=False)[0, 6:].tolist()
+    pad = alone[0]
+    batch = torch.cat([a, torch.cat([torch.full((1, 4), pad), b], 1)])
+    mask = (torch.arange(10) >= torch.tensor([[0], [4]])).long()
+    if option.get("bad_words_ids") == "pad-then-next":  # a two-token bad word that starts in the padding
+        option = {"bad_words_ids": [[pad, int(b[0, 0])]]}
+    options = dict(max_new_tokens=10, pad_token_id=pad, eos_token_id=[], attention_mask=mask, **option)
+    ref = target.generate(batch, do_sample=False, **options)
+    for drafter, tree in ((None, None), (small, specdec.DDTree(budget=8, topk=3))):
+        out = specdec.generate(target, batch, drafter=drafter, tree=tree, **options)
+        assert torch.equal(out.sequences, ref), (option, out.sequences[:, 10:], ref[:, 10:])
