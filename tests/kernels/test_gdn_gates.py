@@ -1,8 +1,9 @@
 """``gdn_gates``: the reference against the Gated DeltaNet layer's own formulas (HF's ``l2norm``, ``sigmoid``,
 ``softplus`` of the Qwen3.5 module), the Triton version through the interpreter and compiled on CUDA against the
-reference (contiguous and strided inputs, as a tree's post-conv rows arrive) (fp32 within a few ulps: the sums' order and the GPU's ``exp`` / ``log`` differ; ``beta`` in bf16 within
-one bf16 ulp), softplus across its whole range (the tiny-``exp`` series and the threshold), the argument checks, and
-a planted bug (keys not normalised) that the comparison catches."""
+reference (contiguous and strided inputs, as a tree's post-conv rows arrive; fp32 within a few ulps: the sums'
+order and the GPU's ``exp`` / ``log`` differ; ``beta`` in bf16 within one bf16 ulp), softplus across its whole
+range (the tiny-``exp`` end and the threshold), the argument checks, and a planted bug (keys not normalised) that
+the comparison catches."""
 
 from __future__ import annotations
 
