@@ -179,9 +179,11 @@ class Round:
         vocab = engine.target.target.vocab_size
         uses_noise = rule.uses_noise(sampling)
         width = noise_width(rule, vocab)  # [B, S, V], or the few uniforms per slot a rule reads
-        self.noise = torch.rand(batch, self.slots, width, device=device) if uses_noise else None
+        # filled from the call's generator at each launch: made without drawing, so building a round consumes none
+        # of the global generator's numbers (a call seeded with torch.manual_seed then samples as the next one does)
+        self.noise = torch.zeros(batch, self.slots, width, device=device) if uses_noise else None
         stochastic = drafter is not None and getattr(tree, "stochastic", False)
-        self.tree_noise = torch.rand(batch, self.depth, vocab, device=device) if stochastic else None
+        self.tree_noise = torch.zeros(batch, self.depth, vocab, device=device) if stochastic else None
         # HF's logits processors at every node, each with the node's own history (``specdec.processors``); the
         # committed tokens are then recorded in ``engine.history`` as the round commits them
         self.processors = processors or Processors()

@@ -700,6 +700,16 @@ class SpeculativeModel:
         self.last_stats: SpecStats | None = None
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        """For ``copy.deepcopy`` / ``pickle``: everything but the call lock (a copy gets its own)."""
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @property
     def dtype(self) -> torch.dtype:
         """The target's dtype."""

@@ -191,3 +191,32 @@ def test_calls_under_inference_mode_and_outside_it_mix(first):
             out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=MAX_NEW, do_sample=False)
         assert torch.equal(out.sequences, ref), inference
         assert not out.sequences.is_inference()
+
+
+@pytest.mark.parametrize("method", ["plain", "dflash"])
+def test_a_global_seed_gives_the_same_sample_on_the_first_call_and_later_ones(method):
+    """``torch.manual_seed(s)`` before each sampling call (no ``generator``), as with HF: the first call, which builds
+    the rounds, samples what the later ones do (building a round draws nothing from the global generator)."""
+    target = tiny_model("llama", scale=2.0)
+    drafter, tree = METHODS["dflash"](target) if method == "dflash" else (None, None)
+    ids = prompt()
+    outs = []
+    for _ in range(3):
+        torch.manual_seed(0)
+        out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=MAX_NEW, do_sample=True)
+        outs.append(out.sequences)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_a_deep_copy_of_a_speculative_model_decodes_as_the_original():
+    """``copy.deepcopy`` of a wrapper (a copy of the target and drafter with it) decodes as HF on the copied target."""
+    import copy
+
+    target = tiny_model("llama", scale=2.0)
+    spec = specdec.SpeculativeModel(target, drafter=specdec.NGramDrafter())
+    ids = prompt()
+    spec.generate(ids, max_new_tokens=MAX_NEW)
+    twin = copy.deepcopy(spec)
+    assert twin.target.model is not target
+    assert torch.equal(twin.generate(ids, max_new_tokens=MAX_NEW), hf_greedy(twin.target.model, ids))
+    assert torch.equal(spec.generate(ids, max_new_tokens=MAX_NEW), hf_greedy(target, ids))
