@@ -895,10 +895,10 @@ class AutoBudget:
                 mean = self._extend(mean)
                 self.expected = _smooth(self.expected, mean, self.smoothing)
                 scale, miss, square = self.calib.scale(index), 0.0, 0.0
-                for row, got in zip(matrix, accepted, strict=False):
+                for row, got in zip(matrix, accepted, strict=False) if self.spread else ():
                     miss += (got - scale * row[index]) ** 2
                     square += (1.0 + scale * row[index]) ** 2
-                if matrix:
+                if matrix and self.spread:  # only ``spread`` reads these moments
                     moments = [miss / len(matrix), square / len(matrix)]
                     self.miss[index] = _smooth(self.miss[index], moments, self.smoothing)
                 if rows is not None and self.finish and len(rows) == len(matrix) > 1:

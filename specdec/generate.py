@@ -622,7 +622,8 @@ def _step_scores(kept, new_tokens, args, steps: int, prompts: torch.Tensor, leng
         if args.processors:  # new token j continues the prompt and new tokens 0 .. j-1
             history = torch.cat([prompts[b, : lengths[b]], torch.tensor(new_tokens[b], device=device)])
             path = [int(prompts[b, lengths[b] - 1])] + new_tokens[b][: n - 1]
-            pad = None if left_pad is None else left_pad[0][b, : int(left_pad[1][b])]
+            # row b's padding: the widest row's (the pad tensor's width) less how much longer its prompt is (no read)
+            pad = None if left_pad is None else left_pad[0][b, : left_pad[0].shape[1] - (lengths[b] - min(lengths))]
             row = args.processors(row[None], chain_nodes(history, lengths[b] - 1, path, 0, pad))[0]
         processed[b, :n] = process_logits(row, args.sampling) if args.sampling.do_sample else row
     return tuple(raw.unbind(1)), tuple(processed.unbind(1))

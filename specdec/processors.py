@@ -20,6 +20,7 @@ sets ``tree_aware = True`` and defines ``process_tree(scores, nodes)`` (``scores
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Sequence
@@ -414,21 +415,16 @@ class PerNode:
         return out
 
 
-_SKIPS_PADDING: list[bool] = []  # read once per process
-
-
+@functools.cache
 def _hf_penalty_skips_padding() -> bool:
     """Whether this transformers' ``generate`` leaves a row's left padding out of its repetition penalty (newer
-    releases pass the padding as ``prompt_ignore_length``; 5.17 counts the pad tokens)."""
-    if not _SKIPS_PADDING:
-        from transformers.generation.utils import GenerationMixin
+    releases pass the padding as ``prompt_ignore_length``; 5.17 counts the pad tokens). Read once per process."""
+    from transformers.generation.utils import GenerationMixin
 
-        try:
-            source = inspect.getsource(GenerationMixin._get_logits_processor)
-            _SKIPS_PADDING.append("prompt_ignore_length=" in source)
-        except (OSError, TypeError):  # no source to read: the newer rule
-            _SKIPS_PADDING.append(True)
-    return _SKIPS_PADDING[0]
+    try:
+        return "prompt_ignore_length=" in inspect.getsource(GenerationMixin._get_logits_processor)
+    except (OSError, TypeError):  # no source to read: the newer rule
+        return True
 
 
 _TWINS: dict = {}  # built-in processor -> its ``PerNode`` over HF's class, one per setting (a stable round key)
