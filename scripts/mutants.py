@@ -1096,6 +1096,29 @@ MUTANTS += [
         ("tests/kernels/test_tree_rejection.py", "-m", "interpreter"),
     ),
 ]
+GATED = "specdec/kernels/gated_rms_norm"
+MUTANTS += [
+    Mutant(  # the Triton gated norm leaves the recurrence's fp32 output unrounded
+        "gated_norm_input_not_rounded",
+        ((f"{GATED}/triton.py", "    x = _round(tl.load(", "    x = (tl.load("),),
+        ("tests/kernels/test_gated_rms_norm.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the weight product not rounded to the model dtype
+        "gated_norm_product_not_rounded",
+        ((f"{GATED}/triton.py", "y = _round(normed * w[None, :], PROD)", "y = normed * w[None, :]"),),
+        ("tests/kernels/test_gated_rms_norm.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the probe skipped: any gated norm (Mamba2's gate-first one) routed to the kernel
+        "gated_norm_probe_skipped",
+        ((f"{GATED}/__init__.py", "    if key not in _PROBED:\n", "    _PROBED[key] = True\n    if key not in _PROBED:\n"),),
+        ("tests/kernels/test_gated_rms_norm.py", "-k", "probe"),
+    ),
+    Mutant(  # the reference widens x without its rounding to the model dtype
+        "gated_norm_reference_input_unrounded",
+        ((f"{GATED}/reference.py", "h = x.to(dtype).to(torch.float32)", "h = x.to(torch.float32)"),),
+        ("tests/kernels/test_gated_rms_norm.py", "-k", "own_norm"),
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

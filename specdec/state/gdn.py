@@ -15,6 +15,7 @@ import torch
 from transformers.activations import ACT2FN
 
 from specdec.kernels import gdn_path_replay
+from specdec.kernels.gated_rms_norm import gated_norm
 from specdec.kernels.gdn_gates import gdn_gates
 from specdec.kernels.tree_gdn import chain_walk, tree_gdn_rows
 from specdec.kernels.tree_gdn.reference import gdn_step
@@ -98,8 +99,10 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
         # one scan for the batch (one launch on CUDA): row r's nodes from row r's committed state and tree
         out = tree_gdn_rows(rec.float(), per_row(q), per_row(k), per_row(v), per_row(g), per_row(beta), parents,
                             impl="auto", walk=walk)  # fmt: skip
-        out = out.reshape(total, *out.shape[2:]).to(hidden_states.dtype)  # [B * N, HV, V]
-        out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim)).reshape(rows, n, -1)
+        # the gated norm on the fp32 output (rounded to the model dtype first, as the layer's cast does): one launch
+        # on CUDA (gated_rms_norm), the layer's own norm elsewhere
+        out = gated_norm(m.norm, out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim), hidden_states.dtype)
+        out = out.reshape(rows, n, -1)
         return m.out_proj(out)
 
     def replay(self, state: torch.Tensor, stash: GDNStash, path: torch.Tensor, num_path: torch.Tensor) -> torch.Tensor:
