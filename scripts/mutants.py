@@ -1119,6 +1119,23 @@ MUTANTS += [
         ("tests/kernels/test_gated_rms_norm.py", "-k", "own_norm"),
     ),
 ]
+MUTANTS += [
+    Mutant(  # the Triton tree conv reads the committed window one column off
+        "tree_conv_window_column_off",
+        (("specdec/kernels/tree_conv/triton.py", "tl.minimum(idx, S - 1) * sw_s", "tl.minimum(idx + 1, S - 1) * sw_s"),),
+        ("tests/kernels/test_tree_conv.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the Triton tree conv drops the bias
+        "tree_conv_bias_dropped",
+        (("specdec/kernels/tree_conv/triton.py", "        acc += tl.load(b_ptr + cols", "        acc -= 0 * tl.load(b_ptr + cols"),),
+        ("tests/kernels/test_tree_conv.py", "-m", "interpreter"),
+    ),
+    Mutant(  # a failed round's rows commit their recurrent state anyway
+        "commit_plan_keep_ignored",
+        (("specdec/state/recurrent.py", "            num_path = torch.where(keep, num_path, 0)\n", ""),),
+        ("tests/test_protocol_validation.py", "-k", "hybrid"),
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

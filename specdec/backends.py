@@ -18,6 +18,7 @@ specdec reads them. What each choice measured: ``docs/kernels.md``.
 | ``target_rotary`` | auto, torch, triton | the target's and DFlash's rotary embedding, uncompiled (``rotary``) |
 | ``gdn_gates`` | auto, torch, triton | a Gated DeltaNet layer's q / k norms, beta and g (``gdn_gates``) |
 | ``gated_norm`` | auto, torch, triton | a Gated DeltaNet layer's gated output norm (``gated_rms_norm``) |
+| ``tree_conv`` | auto, torch, triton | a recurrent layer's conv over each node's path (``tree_conv``) |
 | ``tree_gdn_precision`` | auto, ieee, tf32x3, tf32 | the Gated DeltaNet tree scan's matrix products |
 | ``tree_gdn_walk`` | auto, paths, chunk | the Gated DeltaNet tree scan's schedule |
 | ``tree_mamba2`` | auto, torch | the Mamba2 tree scan (``torch`` = tensor ops, not capturable) |
@@ -48,6 +49,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
     "target_rotary": (("auto", "torch", "triton"), "auto", "specdec.kernels.rotary.routing", "KERNEL"),
     "gdn_gates": (("auto", "torch", "triton"), "auto", "specdec.kernels.gdn_gates", "IMPL"),
     "gated_norm": (("auto", "torch", "triton"), "auto", "specdec.kernels.gated_rms_norm", "IMPL"),
+    "tree_conv": (("auto", "torch", "triton"), "auto", "specdec.kernels.tree_conv", "IMPL"),
     "tree_gdn_precision": (
         ("auto", "ieee", "tf32x3", "tf32"),
         "auto",
@@ -88,6 +90,7 @@ class Backends:
     target_rotary: str = "auto"
     gdn_gates: str = "auto"
     gated_norm: str = "auto"
+    tree_conv: str = "auto"
     tree_gdn_precision: str = "auto"
     tree_gdn_walk: str = "auto"
     tree_mamba2: str = "auto"

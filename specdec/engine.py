@@ -30,7 +30,7 @@ from specdec.kernels.tree_accept import tree_masks
 from specdec.processors import Processors, node_history
 from specdec.runtime import Captured, OnModel, compile_fn, compile_key, to_device
 from specdec.state.hybrid import HybridState, VerifyRound, adapter_forwards, hybrid_prefill
-from specdec.state.recurrent import DeviceTopology, commit_recurrent, hybrid_reason
+from specdec.state.recurrent import CommitPlan, DeviceTopology, commit_recurrent, hybrid_reason
 from specdec.state.storage import StaticModel, commit_rows, static_reason
 from specdec.target import TargetModel, weights_signature, weights_state
 from specdec.trees.build import root_trees
@@ -346,8 +346,9 @@ class Round:
         sound = None if flags is None else flags == 0
         active = engine.active if sound is None else engine.active & sound
         if self.hybrid is not None:
+            plan = CommitPlan(accept.path, accept.num_path, keep=sound)  # shared by the layers: built once
             for adapter in self.hybrid.adapters:
-                commit_recurrent(adapter, rnd, accept.path, accept.num_path, keep=sound)
+                commit_recurrent(adapter, rnd, accept.path, accept.num_path, plan=plan)
         if self.state is not None:
             self.state.commit(accept, hidden, prefix)
         self._record(tree=tree, path=accept.path)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.backends import env_default
+from specdec.kernels.tree_conv import tree_conv
 from specdec.state.forwards import swapped_forwards
 from specdec.types import DraftTree
 
@@ -72,39 +73,6 @@ def hybrid_prefill(device: torch.device | str | None = None, num_tokens: int | N
 
 
 _CACHE_KWARGS = ("cache", "past_key_values", "cache_params")  # newest name first (5.24: cache; 5.17: the others)
-
-
-def tree_conv(
-    inputs: torch.Tensor,
-    window: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    index: torch.Tensor,
-    activation: Callable[[torch.Tensor], torch.Tensor],
-) -> torch.Tensor:
-    """Depthwise causal conv of every tree node over its own ancestor path, for one row or a batch of rows.
-
-    Args:
-        inputs (torch.Tensor): ``[B, N, C]`` pre-conv inputs of the nodes (or ``[N, C]``: one row).
-        window (torch.Tensor): ``[B, C, S]`` committed conv windows (newest column last; ``[C, S]`` for one row).
-        weight (torch.Tensor): ``[C, W]`` depthwise kernel; bias ``[C]`` or None.
-        index (torch.Tensor): ``[B, N, W]`` from the round's topology, ``conv_index(W, S)`` (``[N, W]`` for one
-            row); row b's taps index row b's ``cat(window, inputs)``.
-        activation: applied to the conv output (fp32).
-
-    Returns:
-        ``[B, N, C]`` (``[N, C]`` for one row) in the dtype of ``inputs``.
-    """
-    if inputs.dim() == 2:
-        return tree_conv(inputs[None], window[None], weight, bias, index[None], activation)[0]
-    rows, n, channels = inputs.shape
-    src = torch.cat([window, inputs.transpose(1, 2)], dim=2).float()  # [B, C, S + N]
-    taps = index.reshape(rows, 1, -1).expand(rows, channels, -1)  # [B, C, N * W]: row b gathers from row b only
-    taps = src.gather(2, taps).reshape(rows, channels, n, -1)  # [B, C, N, W]
-    out = (taps * weight.float()[None, :, None, :]).sum(-1)  # [B, C, N]
-    if bias is not None:
-        out = out + bias.float()[None, :, None]
-    return activation(out).transpose(1, 2).to(inputs.dtype)
 
 
 def _state_tensor(layer, name: str) -> torch.Tensor | None:

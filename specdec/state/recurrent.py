@@ -21,7 +21,7 @@ from specdec.state.hybrid import HybridState, RecurrentAdapter, VerifyRound, pat
 from specdec.state.mamba2 import Mamba2Adapter
 from specdec.types import DeviceTree, TreeRow
 
-__all__ = ["DeviceTopology", "commit_recurrent", "hybrid_reason"]
+__all__ = ["CommitPlan", "DeviceTopology", "commit_recurrent", "hybrid_reason"]
 
 # Adapters whose tree forward reads only ``conv_index`` and the parent array (both built on the device here).
 _DEVICE_ADAPTERS = (GatedDeltaNetAdapter, Mamba2Adapter)
@@ -104,8 +104,43 @@ class DeviceTopology:
         return self._conv_index[key]
 
 
+class CommitPlan:
+    """What the commits of one round's recurrent layers share, computed once per round instead of once per layer:
+    each row's accepted path and its length, with the rows that ``keep`` leaves out given length 0 (their masked
+    replay steps nowhere and their conv window keeps its columns: state and window stay as they were, without a
+    copy to restore them), the path's offsets into the flattened stash, and the window columns that remain.
+
+    Args:
+        path (torch.Tensor): ``[B, P]`` int64 accepted nodes per row (``[P]`` for one row), as
+            :func:`commit_recurrent`'s.
+        num_path (torch.Tensor): ``[B]`` int64 real entries per row (0-d for one row).
+        keep (torch.Tensor | None): ``[B]`` bool, rows whose state is committed; None: every row.
+    """
+
+    def __init__(self, path: torch.Tensor, num_path: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        path, num_path = path_rows(path, num_path)
+        if keep is not None:
+            num_path = torch.where(keep, num_path, 0)
+        self.path, self.num_path = path, num_path
+        self._flat: dict[int, torch.Tensor] = {}
+        self._columns: dict[int, torch.Tensor] = {}
+
+    def flat(self, nodes: int) -> torch.Tensor:
+        """``[B, P]`` indices into a stash of ``nodes`` slots per row, flattened row-major."""
+        if nodes not in self._flat:
+            rows = self.path.shape[0]
+            self._flat[nodes] = self.path + torch.arange(rows, device=self.path.device)[:, None] * nodes
+        return self._flat[nodes]
+
+    def columns(self, stored: int) -> torch.Tensor:
+        """``[B, stored]``: the columns of ``cat(window, path inputs)`` that form each row's new window."""
+        if stored not in self._columns:
+            self._columns[stored] = self.num_path[:, None] + torch.arange(stored, device=self.path.device)
+        return self._columns[stored]
+
+
 def commit_recurrent(adapter: RecurrentAdapter, rnd: VerifyRound, path: torch.Tensor, num_path: torch.Tensor,
-                     keep: torch.Tensor | None = None) -> None:  # fmt: skip
+                     keep: torch.Tensor | None = None, *, plan: CommitPlan | None = None) -> None:  # fmt: skip
     """Write each row's state after its accepted path and its conv window into the layer's cache, on the device
     (tensor ops only: no host read, capturable).
 
@@ -120,24 +155,19 @@ def commit_recurrent(adapter: RecurrentAdapter, rnd: VerifyRound, path: torch.Te
         num_path (torch.Tensor): ``[B]`` int64 number of real entries per row of ``path`` (0-d for one row).
         keep (torch.Tensor | None): ``[B]`` bool, rows whose state is committed; the others keep theirs (a round
             whose protocol check failed). None: every row.
+        plan (CommitPlan | None): the round's shared part, made once for all its layers (``CommitPlan(path,
+            num_path, keep)``); None: made here.
     """
+    plan = CommitPlan(path, num_path, keep) if plan is None else plan
     conv, rec = adapter.states(rnd)  # [B, C, W], [B, ...]
-    path, num_path = path_rows(path, num_path)
     rows, stored = conv.shape[0], conv.shape[-1]
-    if path.shape[0] != rows:
-        raise ValueError(f"commit_recurrent: path has {path.shape[0]} rows, the layer's cache {rows}.")
+    if plan.path.shape[0] != rows:
+        raise ValueError(f"commit_recurrent: path has {plan.path.shape[0]} rows, the layer's cache {rows}.")
     stash = rnd.stash[adapter.layer_idx]
-    nodes = stash.preconv.shape[0] // rows  # the stash holds every row's nodes, flattened row-major
-    flat = path + torch.arange(rows, device=path.device)[:, None] * nodes  # [B, P] into the stash
-    old = rec.clone() if keep is not None else None  # the replay may step its input in place
-    state = adapter.replay(rec.float(), stash, flat, num_path)  # fixed step count: no host read
+    flat = plan.flat(stash.preconv.shape[0] // rows)  # the stash holds every row's nodes, flattened row-major
+    state = adapter.replay(rec.float(), stash, flat, plan.num_path)  # fixed step count: no host read
     inputs = stash.preconv[flat].transpose(1, 2).to(conv.dtype)  # [B, C, P]
     window = torch.cat([conv, inputs], dim=2)  # [B, C, W + P]: the last W columns up to the path's end
-    keep_cols = num_path[:, None] + torch.arange(stored, device=path.device)  # [B, W]
-    new_conv = window.gather(2, keep_cols[:, None, :].expand(-1, conv.shape[1], -1))
-    state = state.to(rec.dtype)
-    if keep is not None:  # rows of a failed round keep their state
-        new_conv = torch.where(keep.view(-1, 1, 1), new_conv, conv)
-        state = torch.where(keep.view(-1, *([1] * (rec.dim() - 1))), state, old)
-    conv.copy_(new_conv)
-    rec.copy_(state)
+    conv.copy_(window.gather(2, plan.columns(stored)[:, None, :].expand(-1, conv.shape[1], -1)))
+    if state is not rec:  # the replay stepped a copy (a state kept in another dtype, or a closed form)
+        rec.copy_(state.to(rec.dtype))
