@@ -88,8 +88,10 @@ class GatedDeltaNetAdapter(RecurrentAdapter):
         )
         rnd.stash[self.layer_idx] = stash
 
-        # conv tap W-2 is the parent's column (stored - 1 above the root): the parent arrays already on the device
-        parents = index[..., -2] - conv.shape[-1]  # [B, N]
+        # [B, N], -1 above the root: the device topology's own (no launch), else from conv tap W-2 (the parent's
+        # column, stored - 1 above the root)
+        parents = topo.parents if isinstance(topo.parents, torch.Tensor) and topo.parents.shape == index.shape[:2] \
+            else index[..., -2] - conv.shape[-1]
         # the prompt's chain: one walk over the nodes (replaying every node's path would cost N (N + 1) / 2 steps);
         # a drafted chain: by its size and the layer's heads; other trees: by their size (tree_gdn's "auto")
         walk = "nodes" if rnd.prompt else chain_walk(n, m.num_v_heads) if topo.is_chain else "auto"

@@ -86,8 +86,10 @@ class Mamba2Adapter(RecurrentAdapter):
         )
         rnd.stash[self.layer_idx] = stash
 
-        # conv tap W-2 is the parent's column (stored - 1 above the root): the parent arrays already on the device
-        parents = index[..., -2] - conv.shape[-1]  # [B, N]
+        # [B, N], -1 above the root: the device topology's own (no launch), else from conv tap W-2 (the parent's
+        # column, stored - 1 above the root)
+        parents = topo.parents if isinstance(topo.parents, torch.Tensor) and topo.parents.shape == index.shape[:2] \
+            else index[..., -2] - conv.shape[-1]
         C = C.reshape(total, m.n_groups, m.ssm_state_size)
         def per_row(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(rows, n, *t.shape[1:])
