@@ -592,6 +592,9 @@ class Engine:
         self.kept_drafter = None  # weakref of that drafter (None: plain decoding)
         self.kept_versions = 0
         self.kept_weights: torch.Tensor | None = None  # the target's weights' fingerprint at that call
+        # the fingerprint the current call's ``reusable`` took (None: it took none): ``keep`` stores it instead of
+        # reading every weight again (a call updates no weight); ``generate`` clears it as a call starts
+        self.call_weights: torch.Tensor | None = None
         self.kept_modules: int | None = None  # the target's hooks and plain module attributes at that call
         self._params: list | None = None  # the target's parameters, listed once
         self._sharded = False  # some of them are DTensor shards (tensor parallel)
@@ -684,7 +687,8 @@ class Engine:
         self.kept = tokens
         self.kept_drafter = None if drafter is None else weakref.ref(drafter)
         self.kept_versions = self._versions(drafter)
-        self.kept_weights = self._fingerprint()
+        self.kept_weights = self._fingerprint() if self.call_weights is None else self.call_weights
+        self.call_weights = None
         self.kept_modules = self._module_signature()
 
     def _fingerprint(self) -> torch.Tensor:
@@ -757,7 +761,7 @@ class Engine:
         span = min(kept_len, length - 1)
         differ = self.kept[:span] != prompt[:span]
         first = torch.where(differ.any(), differ.long().argmax(), span)
-        now = self._fingerprint()
+        now = self.call_weights = self._fingerprint()
         if self.kept_weights is None or now.shape != self.kept_weights.shape:
             return 0
         weights = (now == self.kept_weights).all().long()

@@ -459,6 +459,7 @@ def _decode(
 
     keys_before = engine.rounds_built + engine.prefills_built  # graph keys (rounds, captured prefills) so far
     # one sequence that continues the last call's (a conversation): only the new part of the prompt is prefilled
+    engine.call_weights = None  # this call's weight fingerprint, once the reuse check takes one (``keep`` reuses it)
     reused = engine.reusable(prompts[0, : lengths[0]], drafter, graph=graph) if rows == 1 and reuse_prefix else 0
     engine.kept = None  # the storage is rewritten from here on
     with timer("prefill"):

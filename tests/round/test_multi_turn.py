@@ -152,6 +152,29 @@ def test_no_reuse_after_weights_edited_through_data(how, edit):
     assert out.stats.reused_tokens == 0 and torch.equal(out.sequences, hf(target, ids))
 
 
+def test_a_reused_turn_reads_the_weights_once(monkeypatch):
+    """The fingerprint that the reuse check takes at a call's start is the one kept at its end (a call updates no
+    weight): a continued turn reads every weight once, a first turn (no check) once, and an edit between two turns
+    is still seen (the kept fingerprint is the one taken before it)."""
+    from specdec.engine import Engine
+
+    passes = []
+    fingerprint = Engine._fingerprint
+    monkeypatch.setattr(Engine, "_fingerprint", lambda self: (passes.append(1), fingerprint(self))[1])
+    target = tiny_model("qwen3", scale=2.0, seed=6)
+    ids = turn_tokens(12, 20)
+    first = specdec.generate(target, ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, eos_token_id=[])
+    assert len(passes) == 1
+    ids = torch.cat([first.sequences, turn_tokens(13)], 1)
+    second = specdec.generate(target, ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, eos_token_id=[])
+    assert second.stats.reused_tokens > 0 and len(passes) == 2
+    with torch.no_grad():
+        target.model.layers[0].mlp.up_proj.weight.data.mul_(1.5)
+    ids = torch.cat([second.sequences, turn_tokens(14)], 1)
+    out = specdec.generate(target, ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, eos_token_id=[])
+    assert out.stats.reused_tokens == 0 and torch.equal(out.sequences, hf(target, ids))
+
+
 def test_another_drafter_or_a_batch_in_between_prefills_from_scratch():
     target = model("dense")
     ngram, tree = drafters("dense")["ngram"]
