@@ -36,33 +36,38 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 # --- cases -------------------------------------------------------------------------------------------------------
 
 
-def make_case(seed, rows, k, n, dtype, *, bias=True, x_layout="2d", w_layout="contig", sms=None, block_k=None):
+def make_case(seed, rows, k, n, dtype, *, bias=True, x_layout="2d", w_layout="contig", sms=None, block_k=None,
+              device="cpu"):  # fmt: skip
     """One case. ``x_layout``: ``"2d"`` ``[M, K]``, ``"3d"`` ``[1, M, K]``, ``"sliced"`` ``[M, K]`` view of a
     ``[M, K + 5]`` buffer; ``w_layout``: ``"contig"``, ``"sliced"`` (``[N, K]`` view of a NaN-padded ``[N + 3,
     K + 7]`` buffer), ``"transposed"`` (``.t()`` of a ``[K, N]`` buffer). ``sms`` / ``block_k``: the plan's SM count
-    and ``K`` tile (``None``: the wrapper's defaults, ``impl="triton"`` through the public function)."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, k, generator=gen, dtype=torch.float64).to(dtype)
+    and ``K`` tile (``None``: the wrapper's defaults, ``impl="triton"`` through the public function). ``device``:
+    where the case is drawn and kept (the 8 B shapes on the GPU: a 151936-row weight drawn in float64 on the host
+    took a minute)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen, dtype=torch.float64, device=device).to(dtype)
     if x_layout == "sliced":
-        x_base = torch.full((rows, k + 5), float("nan"), dtype=dtype)
+        x_base = torch.full((rows, k + 5), float("nan"), dtype=dtype, device=device)
         x_base[:, :k] = x
     else:
         x_base = x[None] if x_layout == "3d" else x
-    w = torch.randn(n, k, generator=gen, dtype=torch.float64).to(dtype)
+    w = torch.randn(n, k, generator=gen, dtype=torch.float64, device=device).to(dtype)
     if w_layout == "sliced":
-        w_base = torch.full((n + 3, k + 7), float("nan"), dtype=dtype)
+        w_base = torch.full((n + 3, k + 7), float("nan"), dtype=dtype, device=device)
         w_base[:n, :k] = w
     else:
         w_base = w.t().contiguous() if w_layout == "transposed" else w
-    b = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype) if bias else None
+    b = torch.randn(n, generator=gen, dtype=torch.float64, device=device).to(dtype) if bias else None
     return dict(x_base=x_base, w_base=w_base, bias=b, rows=rows, k=k, n=n, x_layout=x_layout, w_layout=w_layout,
                 sms=sms, block_k=block_k,
                 info=(rows, k, n, str(dtype), bias, x_layout, w_layout, sms, block_k))  # fmt: skip
 
 
-def case_args(case: dict, device: str = "cpu") -> tuple:
-    """``(x [..., K], weight [N, K], bias [N] or None)`` as views of the case's buffers."""
+def case_args(case: dict, device: str | None = None) -> tuple:
+    """``(x [..., K], weight [N, K], bias [N] or None)`` as views of the case's buffers, on ``device`` (None: where
+    the case is)."""
     k, n = case["k"], case["n"]
+    device = case["x_base"].device if device is None else device
     x = case["x_base"].to(device)
     x = x[:, :k] if case["x_layout"] == "sliced" else x
     w = case["w_base"].to(device)
@@ -141,9 +146,9 @@ def dense_args(args: tuple) -> tuple:
 
 
 def brute64(x, weight, bias) -> torch.Tensor:
-    """``[..., N]`` float64: one dot product per output element, in float64."""
-    out = x.cpu().double() @ weight.cpu().double().T
-    return out if bias is None else out + bias.cpu().double()
+    """``[..., N]`` float64: one dot product per output element, in float64 (on ``x``'s device)."""
+    out = x.double() @ weight.double().T
+    return out if bias is None else out + bias.double()
 
 
 def _tolerance(dtype: torch.dtype) -> dict:
@@ -161,7 +166,7 @@ def check_kernel(case: dict, got: torch.Tensor) -> None:
     x = args[0]
     want = brute64(*args)
     assert got.shape == (*x.shape[:-1], case["n"]) and got.dtype == x.dtype, case["info"]
-    got = got.cpu().double()
+    got = got.to(want.device).double()
     assert not got.isnan().any(), case["info"]
     torch.testing.assert_close(got, want, **_tolerance(x.dtype), msg=lambda m: f"{case['info']}: {m}")
     if x.dtype in HALF:
@@ -372,7 +377,7 @@ SHAPES_8B = [(4096, 4096), (4096, 12288), (12288, 4096), (4096, 1024)]  # (K, N)
 
 
 def cuda_case(seed: int, rows: int, k: int, n: int, *, bias: bool = False, x_layout: str = "3d") -> dict:
-    return make_case(seed, rows, k, n, BF16, bias=bias, x_layout=x_layout)
+    return make_case(seed, rows, k, n, BF16, bias=bias, x_layout=x_layout, device="cuda")
 
 
 @pytest.mark.gpu

@@ -506,15 +506,22 @@ def _run_interpreted(folder: Path) -> None:
 
 
 @pytest.mark.gpu
-def test_compiled_equals_reference_on_cuda():
-    masks, accepts = mask_cases(), accept_cases()
-    check_masks(masks, [tree_mask(*_mask_args(c, "cuda"), impl="triton") for c in masks])
-    check_accepts(accepts, [accept_path(*_accept_args(c, "cuda"), impl="triton") for c in accepts])
-    longs = long_accept_cases()  # walks that run all max_depth steps
-    check_accepts(longs, [accept_path(*_accept_args(c, "cuda"), impl="triton") for c in longs])
-    # the CUDA reference (the eager round's ops) agrees too
-    check_masks(masks[:40], [tree_mask(*_mask_args(c, "cuda"), impl="torch") for c in masks[:40]])
-    check_accepts(accepts[:60], [accept_path(*_accept_args(c, "cuda"), impl="torch") for c in accepts[:60]])
+@pytest.mark.parametrize("part", ["masks", "accepts", "long-walks", "cuda-reference"])
+def test_compiled_equals_reference_on_cuda(part):
+    # one part per test: their compiles (one per launch specialisation) run on parallel workers
+    if part == "masks":
+        masks = mask_cases()
+        check_masks(masks, [tree_mask(*_mask_args(c, "cuda"), impl="triton") for c in masks])
+    elif part == "accepts":
+        accepts = accept_cases()
+        check_accepts(accepts, [accept_path(*_accept_args(c, "cuda"), impl="triton") for c in accepts])
+    elif part == "long-walks":
+        longs = long_accept_cases()  # walks that run all max_depth steps
+        check_accepts(longs, [accept_path(*_accept_args(c, "cuda"), impl="triton") for c in longs])
+    else:  # the CUDA reference (the eager round's ops) agrees too
+        masks, accepts = mask_cases()[:40], accept_cases()[:60]
+        check_masks(masks, [tree_mask(*_mask_args(c, "cuda"), impl="torch") for c in masks])
+        check_accepts(accepts, [accept_path(*_accept_args(c, "cuda"), impl="torch") for c in accepts])
 
 
 @pytest.mark.gpu
