@@ -1136,6 +1136,19 @@ MUTANTS += [
         ("tests/test_protocol_validation.py", "-k", "hybrid"),
     ),
 ]
+MUTANTS += [
+    Mutant(  # the Triton K/V write stores every sequence's rows at sequence 0's slots
+        "kv_write_row_slots_of_row_zero",
+        (("specdec/kernels/kv_write/triton.py", "slot = tl.load(index_ptr + b * s_ib + n * s_in)",
+          "slot = tl.load(index_ptr + n * s_in)"),),  # fmt: skip
+        ("tests/kernels/test_kv_write.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the Triton K/V write writes the keys into the values too
+        "kv_write_values_from_keys",
+        (("specdec/kernels/kv_write/triton.py", "value = tl.load(v_ptr + b * s_yb", "value = tl.load(k_ptr + b * s_yb"),),
+        ("tests/kernels/test_kv_write.py", "-m", "interpreter"),
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

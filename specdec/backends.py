@@ -19,6 +19,7 @@ specdec reads them. What each choice measured: ``docs/kernels.md``.
 | ``gdn_gates`` | auto, torch, triton | a Gated DeltaNet layer's q / k norms, beta and g (``gdn_gates``) |
 | ``gated_norm`` | auto, torch, triton | a Gated DeltaNet layer's gated output norm (``gated_rms_norm``) |
 | ``tree_conv`` | auto, torch, triton | a recurrent layer's conv over each node's path (``tree_conv``) |
+| ``kv_write`` | auto, torch, triton | an attention layer's new keys and values into the static storage (``kv_write``) |
 | ``tree_gdn_precision`` | auto, ieee, tf32x3, tf32 | the Gated DeltaNet tree scan's matrix products |
 | ``tree_gdn_walk`` | auto, paths, chunk | the Gated DeltaNet tree scan's schedule |
 | ``tree_mamba2`` | auto, torch | the Mamba2 tree scan (``torch`` = tensor ops, not capturable) |
@@ -50,6 +51,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
     "gdn_gates": (("auto", "torch", "triton"), "auto", "specdec.kernels.gdn_gates", "IMPL"),
     "gated_norm": (("auto", "torch", "triton"), "auto", "specdec.kernels.gated_rms_norm", "IMPL"),
     "tree_conv": (("auto", "torch", "triton"), "auto", "specdec.kernels.tree_conv", "IMPL"),
+    "kv_write": (("auto", "torch", "triton"), "auto", "specdec.kernels.kv_write", "IMPL"),
     "tree_gdn_precision": (
         ("auto", "ieee", "tf32x3", "tf32"),
         "auto",
@@ -91,6 +93,7 @@ class Backends:
     gdn_gates: str = "auto"
     gated_norm: str = "auto"
     tree_conv: str = "auto"
+    kv_write: str = "auto"
     tree_gdn_precision: str = "auto"
     tree_gdn_walk: str = "auto"
     tree_mamba2: str = "auto"

@@ -28,6 +28,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specdec import attention
 from specdec.drafters.dflash_static import _NORM_IMPL
+from specdec.kernels.kv_write import kv_write
 from specdec.kernels.rms_norm import rms_norm
 from specdec.kernels.rotary.routing import fused, rotary_kernel_for
 from specdec.kernels.tree_attention import tree_attention
@@ -148,8 +149,7 @@ class Eagle3Static:
         model, norm = self.drafter.model, self._norm
         residual, x = model.layer_input(self.drafter._embed(tokens), hidden, norm)
         q, k, v = model.qkv(x, *rotary, norm, self._rope, self.packed["qkv"])
-        self.kv[0][self.rows, :, slots] = k.transpose(1, 2).to(self.kv.dtype)  # [B, L, H_kv, D] at (row, :, slot)
-        self.kv[1][self.rows, :, slots] = v.transpose(1, 2).to(self.kv.dtype)
+        kv_write(self.kv[0], self.kv[1], slots, k, v)  # [B, H_kv, L, D] at (row, :, slot): one launch on CUDA
         return residual, q
 
     def _attend(self, q: torch.Tensor, seen: torch.Tensor, span: int, visible: tuple | None) -> torch.Tensor:

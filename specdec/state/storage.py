@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from specdec.kernels.kv_write import kv_write
 from specdec.runtime import constant
 from specdec.state.hybrid import _state_tensor
 from specdec.state.rope import RopeTables
@@ -79,8 +80,7 @@ class _StaticLayer(CacheLayerMixin):
 
     def update(self, key_states, value_states, *args, **kwargs):
         index, span = self.storage.write_index, self.storage.span
-        write_slots(self.keys, index, key_states)
-        write_slots(self.values, index, value_states)
+        kv_write(self.keys, self.values, index, key_states, value_states)  # one launch on CUDA
         return self.keys[:, :, :span], self.values[:, :, :span]
 
     def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
@@ -133,17 +133,6 @@ class StaticKVCache(Cache):
         layout = list(range(storage.kv.shape[0])) if layers is None else layers
         super().__init__(layers=[_StaticLayer(storage, x) if isinstance(x, int) else x for x in layout])
         self.storage = storage
-
-
-def write_slots(store: torch.Tensor, index: torch.Tensor, states: torch.Tensor) -> None:
-    """Write ``states [B, H, N, D]`` into ``store [B, H, capacity, D]`` at the slots ``index [B, N]`` of each row
-    (one ``index_copy_`` for one row, one ``index_put_`` for several)."""
-    states = states.to(store.dtype)
-    if store.shape[0] == 1:
-        store.index_copy_(2, index.reshape(-1), states)
-        return
-    rows = torch.arange(store.shape[0], device=index.device)[:, None]
-    store[rows, :, index] = states.transpose(1, 2)  # [B, N, H, D] at (row, :, slot)
 
 
 def mask_values(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
