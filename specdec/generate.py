@@ -34,6 +34,7 @@ from specdec.hf_args import (
     infer_attention_mask,
     resolve_generation_args,
     token_bounds,
+    UNSET,
 )
 from specdec.processors import chain_nodes, node_history
 from specdec.runtime import check_compile, to_device
@@ -229,21 +230,21 @@ def generate(
     drafter: Drafter | None = None,
     tree: TreePolicy | None = None,
     verifier: VerificationRule | None = None,
-    max_new_tokens: int | None = None,
-    do_sample: bool | None = None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
+    max_new_tokens: int | None = UNSET,
+    do_sample: bool | None = UNSET,
+    temperature: float | None = UNSET,
+    top_k: int | None = UNSET,
+    top_p: float | None = UNSET,
+    eos_token_id: int | Sequence[int] | None = UNSET,
     generator: torch.Generator | None = None,
     streamer=None,
     attention_mask: torch.Tensor | None = None,
     generation_config: GenerationConfig | None = None,
-    max_length: int | None = None,
-    min_new_tokens: int | None = None,
-    min_length: int | None = None,
-    pad_token_id: int | None = None,
-    use_cache: bool | None = None,
+    max_length: int | None = UNSET,
+    min_new_tokens: int | None = UNSET,
+    min_length: int | None = UNSET,
+    pad_token_id: int | None = UNSET,
+    use_cache: bool | None = UNSET,
     cuda_graphs: bool | None = None,
     compile: bool | str | Mapping = False,
     backends: Backends | Mapping | None = None,
@@ -257,7 +258,8 @@ def generate(
     """Speculative generation, lossless with respect to the target's own ``generate``.
 
     Generation arguments take HF's names and semantics (call > ``generation_config`` > the target's
-    ``generation_config`` > HF defaults); options specdec cannot honour exactly raise ``ValueError`` naming
+    ``generation_config`` > HF defaults; an argument passed as None overrides the configs' value with None, one left
+    out takes it); options specdec cannot honour exactly raise ``ValueError`` naming
     them (table in ``docs/api.md``). Every call runs the same round (``docs/round.md``); ``cuda_graphs`` and
     ``compile`` only choose how it runs.
 
@@ -766,7 +768,7 @@ class SpeculativeModel:
         *,
         inputs: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        return_dict_in_generate: bool | None = None,
+        return_dict_in_generate: bool | None = UNSET,
         **kwargs,
     ) -> torch.Tensor | GenerateOutput:
         """``model.generate`` with speculative decoding; arguments as :func:`specdec.generate`.
@@ -784,9 +786,9 @@ class SpeculativeModel:
         kwargs.setdefault("drafter", self.drafter)
         kwargs.setdefault("tree", self.tree)
         kwargs.setdefault("verifier", self.verifier)
-        as_dict, _ = generation_value(
-            "return_dict_in_generate", return_dict_in_generate, generation_config, self.target.model
-        )
+        as_dict = bool(return_dict_in_generate) if return_dict_in_generate is not UNSET else generation_value(
+            "return_dict_in_generate", None, generation_config, self.target.model
+        )[0]
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(
                 "SpeculativeModel.generate is already running in another thread: one SpeculativeModel runs one call "

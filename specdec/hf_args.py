@@ -30,9 +30,26 @@ __all__ = [
     "normalize_eos_token_id",
     "resolve_generation_args",
     "token_bounds",
+    "UNSET",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class _Unset:
+    """The default of ``generate``'s generation arguments: not passed. HF tells the two apart: an argument passed as
+    None overrides a ``generation_config``'s (or the target's) value with None (off), one not passed takes it."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __reduce__(self):
+        return "UNSET"
+
+
+UNSET = _Unset()
+# What a generation field passed as None means where None itself cannot be used downstream (HF skips the step).
+_NONE_MEANS = {"temperature": 1.0}
 
 # HF's global defaults (``GenerationConfig._get_default_generation_params``) of the fields specdec reads.
 _DEFAULTS = {
@@ -538,7 +555,10 @@ def _check_call_args(kwargs: dict) -> None:
 def _check_refused(kwargs: dict, generation_config, model, do_sample: bool) -> None:
     refused = {**REFUSED, **(REFUSED_WHEN_SAMPLING if do_sample else {})}
     for name, neutral in refused.items():
-        value, source = generation_value(name, kwargs.get(name), generation_config, model)
+        if name in kwargs:  # passed, None included: it overrides the generation_configs, as in HF
+            value, source = kwargs[name], "argument"
+        else:
+            value, source = generation_value(name, None, generation_config, model)
         if _is_neutral(value, neutral):
             continue
         fix = f"pass {name}={neutral!r} to override it" if source != "argument" else "drop it"
@@ -584,8 +604,13 @@ def resolve_generation_args(
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
         vocab_size = int(getattr(config, "vocab_size", 0) or 0) or None
 
+    kwargs = {name: value for name, value in kwargs.items() if value is not UNSET}
+
     def get(name):
-        return generation_value(name, kwargs.get(name), generation_config, model)[0]
+        if name in kwargs:  # passed, None included: HF's call arguments override both generation_configs
+            value = kwargs[name]
+            return _NONE_MEANS.get(name) if value is None else value
+        return generation_value(name, None, generation_config, model)[0]
 
     do_sample = bool(get("do_sample"))
     _check_refused(kwargs, generation_config, model, do_sample)
@@ -648,9 +673,12 @@ def _pad_token_id(value) -> int | None:
 def _max_new_from_length(model, prompt_length: int, max_length, kwargs: dict, generation_config) -> int:
     """HF's rule: ``max_length`` is the total length; unset everywhere, 20 new tokens capped by the positions."""
     max_length = _int_arg("max_length", max_length, 1)
-    is_default = kwargs.get("max_length") is None and all(
-        getattr(c, "max_length", None) is None for c in (generation_config, _model_config(model))
+    is_default = max_length is None or (
+        "max_length" not in kwargs
+        and all(getattr(c, "max_length", None) is None for c in (generation_config, _model_config(model)))
     )
+    if max_length is None:  # passed as None: HF's default (HF itself fails on max_length=None without max_new_tokens)
+        max_length = _DEFAULTS["max_length"]
     if is_default:
         max_length += prompt_length
         positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)

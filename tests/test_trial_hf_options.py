@@ -1,0 +1,88 @@
+"""HF ``generate`` options a drop-in call passes in less common ways, each compared with HF's own ``generate`` of the
+same call: an argument passed as None (which in HF overrides the target's ``generation_config``), ``renormalize_logits``
+with ``output_scores``, ``forced_bos_token_id``, and ``SpeculativeModel`` used where an HF model is expected. CPU,
+fp32, a tiny random target.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from models import tiny_model
+
+import specdec
+
+NEW = 8
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", scale=2.0)
+
+
+def prompt(n: int = 7, seed: int = 0) -> torch.Tensor:
+    return torch.randint(4, 128, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def drafted(target):
+    """A drafter and tree policy: an MTP head over a DDTree (every option runs through the tree's nodes)."""
+    return specdec.MTPDrafter.random(target, seed=1, std=0.3), specdec.DDTree(budget=8, topk=3)
+
+
+@pytest.fixture(scope="module")
+def configured(target):
+    """The target with a generation_config that sets lengths, an EOS, a minimum length and top-k (as shipped models'
+    configs do)."""
+    model = copy.deepcopy(target)
+    ids = prompt()
+    greedy = target.generate(ids, do_sample=False, max_new_tokens=12)[0, ids.shape[1] :].tolist()
+    config = model.generation_config
+    config.max_new_tokens, config.max_length, config.min_length = 6, 12, 3
+    config.eos_token_id, config.min_new_tokens, config.top_k = greedy[8], 10, 3
+    return model
+
+
+@pytest.mark.parametrize("name", ["max_new_tokens", "eos_token_id", "min_new_tokens"])
+def test_an_argument_passed_as_none_overrides_the_targets_generation_config(configured, name):
+    """HF: ``generate(max_new_tokens=None)`` sets None over the target's value (then ``max_length`` rules); left out,
+    the target's value holds. Each with its own tokens here."""
+    ids = prompt()
+    ref = configured.generate(ids, do_sample=False, **{name: None})
+    assert not torch.equal(ref, configured.generate(ids, do_sample=False))  # the None changes HF's output
+    drafter, tree = drafted(configured)
+    out = specdec.generate(configured, ids, drafter=drafter, tree=tree, do_sample=False, **{name: None})
+    assert torch.equal(out.sequences, ref)
+
+
+def test_top_k_passed_as_none_samples_from_the_whole_vocabulary(configured):
+    """The target's ``top_k=3``, the call's ``top_k=None``: HF applies no top-k; the first step's scores (before any
+    sample is drawn) equal HF's."""
+    ids = prompt()
+    ref = configured.generate(ids, do_sample=True, top_k=None, output_scores=True, return_dict_in_generate=True)
+    out = specdec.generate(configured, ids, do_sample=True, top_k=None, output_scores=True,
+                           generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert int(torch.isfinite(ref.scores[0]).sum()) > 3
+    assert torch.allclose(out.scores[0], ref.scores[0], atol=1e-5)
+
+
+def test_a_refused_option_of_the_target_is_overridden_by_passing_none(target):
+    """The refusal names ``dola_layers=None`` as the fix; passing it must work (HF decodes without DoLa then)."""
+    model = copy.deepcopy(target)
+    model.generation_config.dola_layers = "high"
+    ids = prompt()
+    with pytest.raises(ValueError, match="dola_layers=None"):
+        specdec.generate(model, ids, max_new_tokens=NEW)
+    out = specdec.generate(model, ids, max_new_tokens=NEW, dola_layers=None)
+    assert torch.equal(out.sequences, model.generate(ids, max_new_tokens=NEW, dola_layers=None))
+
+
+def test_speculative_model_return_dict_passed_as_none(target):
+    model = copy.deepcopy(target)
+    model.generation_config.return_dict_in_generate = True
+    wrapped = specdec.SpeculativeModel(model)
+    ids = prompt()
+    assert isinstance(model.generate(ids, max_new_tokens=NEW, return_dict_in_generate=None), torch.Tensor)
+    assert isinstance(wrapped.generate(ids, max_new_tokens=NEW, return_dict_in_generate=None), torch.Tensor)
+    assert not isinstance(wrapped.generate(ids, max_new_tokens=NEW), torch.Tensor)
