@@ -26,6 +26,7 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.follow import follow_target
 from specdec.engine import Engine, capture_reason, round_reason, tree_slots
 from specdec.hf_args import (
+    UNSET,
     check_drafter_and_tree,
     check_hashable,
     check_input_ids,
@@ -34,7 +35,6 @@ from specdec.hf_args import (
     infer_attention_mask,
     resolve_generation_args,
     token_bounds,
-    UNSET,
 )
 from specdec.processors import chain_nodes, node_history
 from specdec.runtime import check_compile, to_device

@@ -20,6 +20,7 @@ from specdec.trees import TreePolicy
 from specdec.types import SamplingParams
 
 __all__ = [
+    "UNSET",
     "GenerationArgs",
     "check_drafter_and_tree",
     "check_hashable",
@@ -30,7 +31,6 @@ __all__ = [
     "normalize_eos_token_id",
     "resolve_generation_args",
     "token_bounds",
-    "UNSET",
 ]
 
 logger = logging.getLogger(__name__)
