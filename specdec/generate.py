@@ -613,7 +613,8 @@ def _step_scores(kept, new_tokens, args, steps: int, prompts: torch.Tensor, leng
                  left_pad: tuple | None = None) -> tuple[tuple, tuple]:  # fmt: skip
     """HF's ``logits`` and ``scores`` (one ``[B, V]`` fp32 tensor per generated position) from each row's raw
     logits per new token: the scores are the logits through the same processors (each position with its own
-    history) and, when sampling, the warpers. A row that ended before a step holds zeros there."""
+    history), when sampling the warpers, and with ``renormalize_logits`` a log-softmax. A row that ended before a
+    step holds zeros there."""
     batch, vocab, device = len(kept), kept[0][0].shape[-1], prompts.device
     raw = torch.zeros(batch, steps, vocab, device=device)
     processed = torch.zeros(batch, steps, vocab, device=device)
@@ -627,7 +628,8 @@ def _step_scores(kept, new_tokens, args, steps: int, prompts: torch.Tensor, leng
             # row b's padding: the widest row's (the pad tensor's width) less how much longer its prompt is (no read)
             pad = None if left_pad is None else left_pad[0][b, : left_pad[0].shape[1] - (lengths[b] - min(lengths))]
             row = args.processors(row[None], chain_nodes(history, lengths[b] - 1, path, 0, pad))[0]
-        processed[b, :n] = process_logits(row, args.sampling) if args.sampling.do_sample else row
+        row = process_logits(row, args.sampling) if args.sampling.do_sample else row
+        processed[b, :n] = row.log_softmax(-1) if args.renormalize_logits else row  # HF's LogitNormalization, last
     return tuple(raw.unbind(1)), tuple(processed.unbind(1))
 
 

@@ -84,6 +84,7 @@ SUPPORTED = (
     "output_scores",
     "pad_token_id",
     "remove_invalid_values",
+    "renormalize_logits",
     "repetition_penalty",
     "return_dict_in_generate",
     "sequence_bias",
@@ -186,7 +187,6 @@ IGNORED = frozenset(
         "num_assistant_tokens",
         "num_assistant_tokens_schedule",
         "prefill_chunk_size",
-        "renormalize_logits",
         "target_lookbehind",
         "transformers_version",
     }
@@ -222,6 +222,8 @@ class GenerationArgs:
         max_time (float | None): HF's wall-clock limit in seconds.
         output_scores, output_logits (bool): return the processed scores / raw logits of every generated position
             (with ``return_dict_in_generate``, as HF).
+        renormalize_logits (bool): the returned scores are log-softmaxed after every processor and warper (HF's
+            ``LogitNormalization``); the tokens do not change.
         num_return_sequences (int): independent samples per prompt (sampling only, as in HF).
         processors (Processors): HF's logits processors of the call (``specdec.processors``), applied at every tree
             node with the node's own history, in HF's order; the sampling warpers live in ``sampling``.
@@ -237,6 +239,7 @@ class GenerationArgs:
     max_time: float | None = None
     output_scores: bool = False
     output_logits: bool = False
+    renormalize_logits: bool = False
     num_return_sequences: int = 1
     processors: Processors = field(default_factory=Processors)
 
@@ -649,6 +652,7 @@ def resolve_generation_args(
         max_time=max_time,
         output_scores=bool(get("output_scores")),
         output_logits=bool(get("output_logits")),
+        renormalize_logits=bool(get("renormalize_logits")),
         num_return_sequences=_num_return_sequences(get("num_return_sequences"), do_sample),
     )
 

@@ -86,3 +86,22 @@ def test_speculative_model_return_dict_passed_as_none(target):
     assert isinstance(model.generate(ids, max_new_tokens=NEW, return_dict_in_generate=None), torch.Tensor)
     assert isinstance(wrapped.generate(ids, max_new_tokens=NEW, return_dict_in_generate=None), torch.Tensor)
     assert not isinstance(wrapped.generate(ids, max_new_tokens=NEW), torch.Tensor)
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_renormalized_scores_equal_hfs(target, sampling):
+    """``renormalize_logits=True``: HF log-softmaxes the scores after every processor and warper (tokens unchanged).
+    Greedy: every step; sampling: the first step (later ones follow the token each drew)."""
+    ids = prompt()
+    options = dict(max_new_tokens=NEW, renormalize_logits=True, output_scores=True, suppress_tokens=[5],
+                   do_sample=sampling, **({"top_k": 10} if sampling else {}))  # fmt: skip
+    ref = target.generate(ids, return_dict_in_generate=True, **options)
+    drafter, tree = drafted(target)
+    out = specdec.generate(target, ids, drafter=drafter, tree=tree, generator=torch.Generator().manual_seed(0),
+                           **options)  # fmt: skip
+    steps = range(NEW) if not sampling else range(1)
+    if not sampling:
+        assert torch.equal(out.sequences, ref.sequences)
+    for j in steps:
+        assert torch.equal(torch.isinf(out.scores[j]), torch.isinf(ref.scores[j])), j
+        assert torch.allclose(out.scores[j], ref.scores[j], atol=1e-4), (j, (out.scores[j] - ref.scores[j]).abs().max())
