@@ -70,6 +70,7 @@ SUPPORTED = (
     "epsilon_cutoff",
     "eta_cutoff",
     "exponential_decay_length_penalty",
+    "forced_bos_token_id",
     "forced_eos_token_id",
     "logits_processor",
     "max_length",
@@ -105,6 +106,7 @@ _PROCESSOR_FIELDS = (
     "repetition_penalty",
     "no_repeat_ngram_size",
     "bad_words_ids",
+    "forced_bos_token_id",
     "forced_eos_token_id",
     "remove_invalid_values",
     "exponential_decay_length_penalty",
@@ -121,7 +123,6 @@ REFUSED = {
     "encoder_no_repeat_ngram_size": 0,
     "encoder_repetition_penalty": 1.0,
     "force_words_ids": None,
-    "forced_bos_token_id": None,
     "guidance_scale": 1.0,
     "num_beam_groups": 1,
     "num_beams": 1,
@@ -149,7 +150,6 @@ REFUSED_WHY = {
     "guidance_scale": "classifier-free guidance runs a second, unconditional forward at every step",
     "encoder_repetition_penalty": _ENCODER,
     "encoder_no_repeat_ngram_size": _ENCODER,
-    "forced_bos_token_id": _ENCODER,
     "token_healing": "token healing rewrites the prompt's last tokens before decoding",
     "watermarking_config": "the watermark is applied after the sampling warpers, which specdec's rules apply inside "
     "verification",
@@ -639,6 +639,7 @@ def resolve_generation_args(
         eos_token_ids=eos,
         max_new_tokens=max_new,
         min_new_tokens=min_new,
+        prompt_width=prompt_length,
     )
     return GenerationArgs(
         processors=processors,

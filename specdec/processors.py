@@ -320,6 +320,13 @@ class ForcedEOS:
 
 
 @dataclass(frozen=True)
+class ForcedBOS(ForcedEOS):
+    """HF's ``forced_bos_token_id``: HF forces it where its ``input_ids`` are one token wide, so a one-token prompt's
+    first new token is this id (``-inf`` everywhere else, 0 there); a wider prompt (padding included) is never
+    forced, and the processor is not built for it."""
+
+
+@dataclass(frozen=True)
 class RemoveInvalid:
     """HF's ``remove_invalid_values``: NaN becomes 0, +-inf the largest / smallest finite float."""
 
@@ -516,19 +523,22 @@ def build_processors(
     eos_token_ids: Sequence[int],
     max_new_tokens: int,
     min_new_tokens: int,
+    prompt_width: int | None = None,
 ) -> Processors:
     """The processors of a call, in HF's order, from its resolved ``GenerationConfig`` fields.
 
     Args:
         options (dict): ``sequence_bias``, ``repetition_penalty``, ``no_repeat_ngram_size``, ``bad_words_ids``,
             ``forced_eos_token_id``, ``remove_invalid_values``, ``exponential_decay_length_penalty``,
-            ``suppress_tokens``, ``begin_suppress_tokens`` (None or HF's neutral value = off). Values are checked by
-            HF's own processor classes, so bad ones raise HF's errors.
+            ``suppress_tokens``, ``begin_suppress_tokens``, ``forced_bos_token_id`` (None or HF's neutral value =
+            off). Values are checked by HF's own processor classes, so bad ones raise HF's errors.
         logits_processor: the call's own list (HF's ``(input_ids, scores)`` protocol), or None.
         vocab_size (int | None): the target's logits width (token ids must be below it).
         eos_token_ids (Sequence[int]): the resolved stop tokens.
         max_new_tokens (int): the call's limit (``forced_eos_token_id`` acts at its last token).
         min_new_tokens (int): EOS is suppressed until this many tokens are generated (0 = never).
+        prompt_width (int | None): the width of the call's ``input_ids``, padding included (``forced_bos_token_id``
+            acts only at a width of 1, as in HF).
     """
     from transformers.generation import logits_process as hf
 
@@ -555,6 +565,10 @@ def build_processors(
             items.append(SequenceBias(bad, vocab))
     if min_new_tokens and eos:
         items.append(MinNewTokens(min_new_tokens, eos))
+    value = options.get("forced_bos_token_id")
+    if not _off(value) and prompt_width == 1:  # HF: only while input_ids are one token wide
+        bos = hf.ForcedBOSTokenLogitsProcessor(value).bos_token_id
+        items.append(ForcedBOS(0, _vocab_ids([int(bos)], vocab, "forced_bos_token_id")))
     value = options.get("forced_eos_token_id")
     if not _off(value):
         forced = hf.ForcedEOSTokenLogitsProcessor(max_new_tokens, value).eos_token_id

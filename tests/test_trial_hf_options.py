@@ -105,3 +105,19 @@ def test_renormalized_scores_equal_hfs(target, sampling):
     for j in steps:
         assert torch.equal(torch.isinf(out.scores[j]), torch.isinf(ref.scores[j])), j
         assert torch.allclose(out.scores[j], ref.scores[j], atol=1e-4), (j, (out.scores[j] - ref.scores[j]).abs().max())
+
+
+@pytest.mark.parametrize("width", [1, 7])
+def test_forced_bos_token_id_equals_hf(target, width):
+    """HF applies ``forced_bos_token_id`` to causal LMs too, where ``input_ids`` are one token wide (the first new
+    token is forced); a wider prompt is never forced. Tokens and scores equal HF's, rows of a batch included."""
+    ids = torch.cat([prompt(width, seed=0), prompt(width, seed=1)])
+    options = dict(max_new_tokens=NEW, forced_bos_token_id=9, output_scores=True, do_sample=False)
+    ref = target.generate(ids, return_dict_in_generate=True, **options)
+    assert torch.equal(ref.sequences[:, width], torch.tensor([9, 9])) == (width == 1)
+    drafter, tree = drafted(target)
+    out = specdec.generate(target, ids, drafter=drafter, tree=tree, **options)
+    assert torch.equal(out.sequences, ref.sequences)
+    for j in range(NEW):
+        assert torch.equal(torch.isinf(out.scores[j]), torch.isinf(ref.scores[j])), j
+        assert torch.allclose(out.scores[j], ref.scores[j], atol=1e-4), j
