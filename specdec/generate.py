@@ -327,6 +327,11 @@ def generate(
     input_ids = inputs if input_ids is None else input_ids
     if input_ids is None:
         raise ValueError("specdec.generate needs the prompt: input_ids (or inputs=), a [B, T] LongTensor.")
+    if isinstance(target, SpeculativeModel):
+        raise TypeError(
+            "target is a SpeculativeModel: call its own generate (model.generate(input_ids, ...), with its drafter and "
+            "tree), or pass the HF model it wraps (its .target.model) to specdec.generate."
+        )
     tgt = TargetModel.wrap(target)
     _warn_training(tgt.model)
     check_drafter_and_tree(drafter, tree)
@@ -736,6 +741,43 @@ class SpeculativeModel:
             move(device=device, dtype=dtype)
         Engine.forget(self.target)
         return self
+
+    def train(self, mode: bool = True) -> SpeculativeModel:
+        """Put the target in training mode (``mode=False``: eval mode); returns self, as ``nn.Module.train`` does."""
+        self.target.model.train(mode)
+        return self
+
+    def half(self) -> SpeculativeModel:
+        """``to(torch.float16)``; returns self (the wrapper, not the target)."""
+        return self.to(torch.float16)
+
+    def float(self) -> SpeculativeModel:
+        """``to(torch.float32)``; returns self."""
+        return self.to(torch.float32)
+
+    def double(self) -> SpeculativeModel:
+        """``to(torch.float64)``; returns self."""
+        return self.to(torch.float64)
+
+    def bfloat16(self) -> SpeculativeModel:
+        """``to(torch.bfloat16)``; returns self."""
+        return self.to(torch.bfloat16)
+
+    def cpu(self) -> SpeculativeModel:
+        """``to("cpu")``; returns self."""
+        return self.to("cpu")
+
+    def cuda(self, device=None) -> SpeculativeModel:
+        """``to("cuda")`` (or the given CUDA device); returns self."""
+        return self.to(torch.device("cuda", device) if isinstance(device, int) else device or "cuda")
+
+    def __getattr__(self, name: str):
+        """Any other attribute is the target's (``parameters()``, ``get_input_embeddings()``, ``name_or_path``, ...),
+        as code written for the HF model reads it."""
+        target = self.__dict__.get("target")
+        if target is None or name.startswith("_"):  # unpickling, copying (no target yet); private names
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(target.model, name)
 
     def __call__(self, *args, **kwargs):
         """The target's forward (``model(input_ids)`` -> its ``CausalLMOutput``), as wrapped code expects."""

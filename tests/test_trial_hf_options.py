@@ -121,3 +121,31 @@ def test_forced_bos_token_id_equals_hf(target, width):
     for j in range(NEW):
         assert torch.equal(torch.isinf(out.scores[j]), torch.isinf(ref.scores[j])), j
         assert torch.allclose(out.scores[j], ref.scores[j], atol=1e-4), j
+
+
+def test_speculative_model_reads_as_the_hf_model(target):
+    """Code written for the HF model: its other attributes and methods are the target's, ``train``/``half``-style
+    casts return the wrapper (not the bare model, which would drop the speculation), and the wrapper keeps
+    decoding as HF after them."""
+    model = copy.deepcopy(target)
+    wrapped = specdec.SpeculativeModel(model, drafter=specdec.NGramDrafter(), tree=specdec.Chain(3))
+    assert list(wrapped.parameters()) == list(model.parameters())
+    assert wrapped.get_input_embeddings() is model.get_input_embeddings()
+    assert wrapped.can_generate() and wrapped.main_input_name == "input_ids"
+    assert wrapped.train() is wrapped and model.training
+    assert wrapped.train(False) is wrapped and not model.training
+    assert wrapped.double() is wrapped and model.dtype == torch.float64
+    assert wrapped.float() is wrapped and model.dtype == torch.float32
+    assert wrapped.cpu() is wrapped
+    ids = prompt()
+    assert torch.equal(wrapped.generate(ids, max_new_tokens=NEW), target.generate(ids, max_new_tokens=NEW))
+    with pytest.raises(AttributeError, match="no_such_attribute"):
+        wrapped.no_such_attribute  # noqa: B018
+    copied = copy.deepcopy(wrapped)
+    assert torch.equal(copied.generate(ids, max_new_tokens=NEW), target.generate(ids, max_new_tokens=NEW))
+
+
+def test_a_speculative_model_passed_to_specdec_generate_is_named(target):
+    wrapped = specdec.SpeculativeModel(target)
+    with pytest.raises(TypeError, match=r"SpeculativeModel.*its own generate.*\.target\.model"):
+        specdec.generate(wrapped, prompt(), max_new_tokens=NEW)
