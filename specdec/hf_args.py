@@ -7,6 +7,7 @@ the returned object) and that specdec cannot honour exactly is refused by name. 
 
 from __future__ import annotations
 
+import copy
 import logging
 import numbers
 from dataclasses import dataclass, field
@@ -615,6 +616,7 @@ def resolve_generation_args(
             return _NONE_MEANS.get(name) if value is None else value
         return generation_value(name, None, generation_config, model)[0]
 
+    _log_hf_config_warnings(model, generation_config, kwargs)
     do_sample = bool(get("do_sample"))
     _check_refused(kwargs, generation_config, model, do_sample)
     sampling = SamplingParams(
@@ -631,6 +633,7 @@ def resolve_generation_args(
     min_new = _int_arg("min_new_tokens", get("min_new_tokens"), 0)
     if min_new is None:
         min_new = max((_int_arg("min_length", get("min_length"), 0) or 0) - prompt_length, 0)
+    _log_length_warnings(model, generation_config, kwargs, get)
     eos = normalize_eos_token_id(get("eos_token_id"))
     processors = build_processors(
         {name: get(name) for name in _PROCESSOR_FIELDS},
@@ -656,6 +659,38 @@ def resolve_generation_args(
         renormalize_logits=bool(get("renormalize_logits")),
         num_return_sequences=_num_return_sequences(get("num_return_sequences"), do_sample),
     )
+
+
+def _log_hf_config_warnings(model, generation_config, kwargs: dict) -> None:
+    """HF's own warnings about the call's settings (e.g. a sampling flag with ``do_sample=False``: "The following
+    generation flags are not valid and may be ignored"), logged by HF's ``GenerationConfig`` as ``model.generate``
+    logs them: HF's merge (a ``generation_config`` over the target's and HF's defaults, then the call's arguments),
+    whose steps validate what each sets. Errors are left to specdec's own checks, which name the fix."""
+    config = copy.deepcopy(generation_config) if generation_config is not None else GenerationConfig()
+    own = _model_config(model)
+    try:
+        if own is not None:
+            config.update(**own.to_dict(), defaults_only=True, allow_custom_entries=True)
+            defaults = getattr(own, "_get_default_generation_params", None)
+            if callable(defaults):
+                config.update(**defaults(), defaults_only=True)
+        config.update(**kwargs)
+    except (TypeError, ValueError, RuntimeError, AttributeError):  # a value HF's checks reject: specdec's name it
+        pass
+
+
+def _log_length_warnings(model, generation_config, kwargs: dict, get) -> None:
+    """HF's warnings (``_prepare_generated_length``, verbatim) where ``max_new_tokens`` / ``min_new_tokens`` win over
+    a ``max_length`` / ``min_length`` set by the call or a ``generation_config``."""
+    for new, total in (("max_new_tokens", "max_length"), ("min_new_tokens", "min_length")):
+        configs = (generation_config, _model_config(model))
+        set_anywhere = kwargs.get(total) is not None or any(getattr(c, total, None) is not None for c in configs)
+        if get(new) is not None and set_anywhere and get(total) is not None:
+            logger.warning(
+                f"Both `{new}` (={get(new)}) and `{total}`(={get(total)}) seem to have been set. `{new}` will take "
+                "precedence. Please refer to the documentation for more information. "
+                "(https://huggingface.co/docs/transformers/main/en/main_classes/text_generation)"
+            )
 
 
 def _num_return_sequences(value, do_sample: bool) -> int:

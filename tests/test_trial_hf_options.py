@@ -7,6 +7,7 @@ fp32, a tiny random target.
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -149,3 +150,43 @@ def test_a_speculative_model_passed_to_specdec_generate_is_named(target):
     wrapped = specdec.SpeculativeModel(target)
     with pytest.raises(TypeError, match=r"SpeculativeModel.*its own generate.*\.target\.model"):
         specdec.generate(wrapped, prompt(), max_new_tokens=NEW)
+
+
+def _warnings(call) -> list[str]:
+    """Warning records of transformers' and specdec's loggers while ``call()`` runs (HF's do not propagate)."""
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = Collect(level=logging.WARNING)
+    loggers = [logging.getLogger(name) for name in ("transformers", "specdec")]
+    for each in loggers:
+        each.addHandler(handler)
+    try:
+        call()
+    finally:
+        for each in loggers:
+            each.removeHandler(handler)
+    return records
+
+
+@pytest.mark.parametrize("options", [dict(max_new_tokens=4, max_length=9),
+                                     dict(max_new_tokens=4, min_new_tokens=2, min_length=9, eos_token_id=3),
+                                     dict(max_new_tokens=4, top_p=0.8)])  # fmt: skip
+def test_hfs_warnings_about_the_settings_are_given(target, options, monkeypatch):
+    """HF warns where ``max_new_tokens`` wins over ``max_length`` (and ``min_new_tokens`` over ``min_length``) and
+    where a sampling flag is set without ``do_sample``; specdec gives the same words. HF's flag warning is logged once
+    per process, so its once-cache is emptied before each call."""
+    from transformers.utils import logging as hf_logging
+
+    ids = prompt()
+
+    def words(call) -> set[str]:
+        monkeypatch.setattr(hf_logging.logging.Logger, "warning_once", hf_logging.logging.Logger.warning, raising=False)
+        return {m for m in _warnings(call) if "seem to have been set" in m or "generation flags" in m}
+
+    ref = words(lambda: target.generate(ids, **options))
+    assert ref  # HF warns
+    assert words(lambda: specdec.generate(target, ids, **options)) == ref
