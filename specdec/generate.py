@@ -725,10 +725,20 @@ class SpeculativeModel:
         """The target's dtype."""
         return self.target.dtype
 
+    def _drafter_modules(self) -> list[torch.nn.Module]:
+        """The drafter's own modules (a draft LM, a DFlash / EAGLE-3 / MTP head), as ``nn.Module.train`` reaches a
+        module's children."""
+        found = []
+        for value in vars(self.drafter).values() if self.drafter is not None else ():
+            module = value.model if isinstance(value, TargetModel) else value
+            if isinstance(module, torch.nn.Module):
+                found.append(module)
+        return found
+
     def eval(self) -> SpeculativeModel:
-        """Put the target (and a model drafter's LM) in eval mode; returns self, as ``nn.Module.eval`` does."""
-        self.target.model.eval()
-        return self
+        """Put the target and the drafter's modules (a draft LM left in training mode drafts with dropout) in eval
+        mode; returns self, as ``nn.Module.eval`` does."""
+        return self.train(False)
 
     def to(self, *args, **kwargs) -> SpeculativeModel:
         """Move the target (and the drafter, where it can move) like ``nn.Module.to``; returns self. Decoding state
@@ -743,8 +753,11 @@ class SpeculativeModel:
         return self
 
     def train(self, mode: bool = True) -> SpeculativeModel:
-        """Put the target in training mode (``mode=False``: eval mode); returns self, as ``nn.Module.train`` does."""
+        """Put the target and the drafter's modules in training mode (``mode=False``: eval mode); returns self, as
+        ``nn.Module.train`` does."""
         self.target.model.train(mode)
+        for module in self._drafter_modules():
+            module.train(mode)
         return self
 
     def half(self) -> SpeculativeModel:

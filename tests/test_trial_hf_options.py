@@ -190,3 +190,16 @@ def test_hfs_warnings_about_the_settings_are_given(target, options, monkeypatch)
     ref = words(lambda: target.generate(ids, **options))
     assert ref  # HF warns
     assert words(lambda: specdec.generate(target, ids, **options)) == ref
+
+
+def test_speculative_model_eval_reaches_the_drafters_modules(target):
+    """``eval()`` as ``nn.Module.eval`` reaches children: a draft LM left in training mode would draft with dropout
+    (a random acceptance from call to call)."""
+    draft = copy.deepcopy(target).train()
+    drafter = specdec.ModelDrafter(draft)
+    wrapped = specdec.SpeculativeModel(target, drafter=drafter, tree=specdec.Chain(3))
+    assert wrapped.eval() is wrapped and not draft.training and not target.training
+    head = specdec.MTPDrafter.random(target, seed=1, std=0.3)
+    head.model.train()
+    specdec.SpeculativeModel(target, drafter=head).eval()
+    assert not head.model.training
