@@ -853,7 +853,8 @@ class SpeculativeModel:
             )
         try:
             out = generate(self.target, input_ids, inputs=inputs, attention_mask=attention_mask,
-                           generation_config=generation_config, **kwargs)  # fmt: skip
+                           generation_config=generation_config, return_dict_in_generate=as_dict,
+                           **kwargs)  # fmt: skip
         finally:
             self._lock.release()
         self.last_stats = out.stats

@@ -665,7 +665,9 @@ def _log_hf_config_warnings(model, generation_config, kwargs: dict) -> None:
     """HF's own warnings about the call's settings (e.g. a sampling flag with ``do_sample=False``: "The following
     generation flags are not valid and may be ignored"), logged by HF's ``GenerationConfig`` as ``model.generate``
     logs them: HF's merge (a ``generation_config`` over the target's and HF's defaults, then the call's arguments),
-    whose steps validate what each sets. Errors are left to specdec's own checks, which name the fix."""
+    whose steps validate what each sets. ``specdec.generate`` returns its output object (``output_scores`` is not
+    ignored) unless ``return_dict_in_generate=False`` is passed (``SpeculativeModel.generate`` passes its own).
+    Errors are left to specdec's own checks, which name the fix."""
     config = copy.deepcopy(generation_config) if generation_config is not None else GenerationConfig()
     own = _model_config(model)
     try:
@@ -674,7 +676,7 @@ def _log_hf_config_warnings(model, generation_config, kwargs: dict) -> None:
             defaults = getattr(own, "_get_default_generation_params", None)
             if callable(defaults):
                 config.update(**defaults(), defaults_only=True)
-        config.update(**kwargs)
+        config.update(**{"return_dict_in_generate": True, **kwargs})  # specdec.generate returns the output object
     except (TypeError, ValueError, RuntimeError, AttributeError):  # a value HF's checks reject: specdec's name it
         pass
 

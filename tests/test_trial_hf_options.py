@@ -203,3 +203,21 @@ def test_speculative_model_eval_reaches_the_drafters_modules(target):
     head.model.train()
     specdec.SpeculativeModel(target, drafter=head).eval()
     assert not head.model.training
+
+
+def test_output_scores_is_not_called_ignored_where_it_is_returned(target, monkeypatch):
+    """HF warns that ``output_scores`` without ``return_dict_in_generate`` is ignored: true of ``model.generate`` and
+    of ``SpeculativeModel.generate``, not of ``specdec.generate``, which returns the scores."""
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.setattr(hf_logging.logging.Logger, "warning_once", hf_logging.logging.Logger.warning, raising=False)
+    ids = prompt()
+
+    def flags(call) -> list[str]:
+        return [m for m in _warnings(call) if "generation flags" in m and "output_scores" in m]
+
+    assert flags(lambda: target.generate(ids, max_new_tokens=3, output_scores=True))
+    assert flags(lambda: specdec.SpeculativeModel(target).generate(ids, max_new_tokens=3, output_scores=True))
+    assert not flags(lambda: specdec.generate(target, ids, max_new_tokens=3, output_scores=True))
+    wrapped = specdec.SpeculativeModel(target)
+    assert not flags(lambda: wrapped.generate(ids, max_new_tokens=3, output_scores=True, return_dict_in_generate=True))
