@@ -636,7 +636,8 @@ def resolve_generation_args(
     _log_length_warnings(model, generation_config, kwargs, get)
     eos = normalize_eos_token_id(get("eos_token_id"))
     processors = build_processors(
-        {name: get(name) for name in _PROCESSOR_FIELDS},
+        {**{name: get(name) for name in _PROCESSOR_FIELDS}, "min_length": get("min_length"),
+         "min_new_tokens": get("min_new_tokens")},  # fmt: skip
         kwargs.get("logits_processor"),
         vocab_size=vocab_size,
         eos_token_ids=eos,

@@ -12,6 +12,7 @@ import logging
 import pytest
 import torch
 from models import tiny_model
+from transformers import LogitsProcessorList
 
 import specdec
 
@@ -221,3 +222,43 @@ def test_output_scores_is_not_called_ignored_where_it_is_returned(target, monkey
     assert not flags(lambda: specdec.generate(target, ids, max_new_tokens=3, output_scores=True))
     wrapped = specdec.SpeculativeModel(target)
     assert not flags(lambda: wrapped.generate(ids, max_new_tokens=3, output_scores=True, return_dict_in_generate=True))
+
+
+def _custom_cases():
+    from transformers.generation import logits_process as hp
+
+    eos = 81  # a token of the greedy continuation of prompt() (its 6th), so that the minimum lengths show
+    return {
+        # repetition_penalty builds HF's RepetitionPenaltyLogitsProcessor; the call's own of that class replaces it
+        "repetition": (lambda: [hp.RepetitionPenaltyLogitsProcessor(1.5)], dict(repetition_penalty=1.2)),
+        "ngram": (lambda: [hp.NoRepeatNGramLogitsProcessor(3)], dict(no_repeat_ngram_size=2)),
+        # HF builds MinLength (16) only; the custom MinLength (9) replaces it, at HF's place (before forced EOS)
+        "min_length": (lambda: [hp.MinLengthLogitsProcessor(9, eos)], dict(min_length=16, eos_token_id=eos)),
+        "min_length_before_forced_eos": (lambda: [hp.MinLengthLogitsProcessor(30, eos)],
+                                         dict(forced_eos_token_id=eos, eos_token_id=eos, min_length=3)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_custom_cases()))
+def test_a_custom_processor_of_a_class_hf_builds_takes_its_place(target, case):
+    """HF's merge (``_merge_criteria_processor_list``): a ``logits_processor`` entry of the class HF builds from the
+    settings replaces HF's own at its place (with HF's warning), rather than running after it."""
+    make, options = _custom_cases()[case]
+    ids = prompt()
+    options = dict(max_new_tokens=14, do_sample=False, **options)
+    ref = target.generate(ids, logits_processor=LogitsProcessorList(make()), **options)
+    for drafter, tree in ((None, None), drafted(target)):
+        out = specdec.generate(target, ids, drafter=drafter, tree=tree, logits_processor=make(), **options)
+        assert torch.equal(out.sequences, ref), (case, drafter)
+
+
+def test_begin_suppress_tokens_after_a_forced_bos(target):
+    """A one-token prompt with ``forced_bos_token_id``: HF suppresses ``begin_suppress_tokens`` at the second new
+    token (its ``begin_index`` moves past the forced one)."""
+    ids = prompt(1)
+    second = target.generate(ids, max_new_tokens=2, forced_bos_token_id=9)[0, 2].item()
+    options = dict(max_new_tokens=6, do_sample=False, forced_bos_token_id=9, begin_suppress_tokens=[9, second])
+    ref = target.generate(ids, **options)
+    assert ref[0, 1] == 9 and ref[0, 2] != second
+    drafter, tree = drafted(target)
+    assert torch.equal(specdec.generate(target, ids, drafter=drafter, tree=tree, **options).sequences, ref)
