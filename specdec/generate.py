@@ -38,7 +38,7 @@ from specdec.hf_args import (
 )
 from specdec.processors import chain_nodes, node_history
 from specdec.runtime import check_compile, to_device
-from specdec.stopping import Stopping, check_stopping
+from specdec.stopping import Stopping, check_stopping, replaced_defaults
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
 from specdec.trees import Chain, TreePolicy
@@ -363,6 +363,17 @@ def generate(
         tokenizer=tokenizer,
         **kwargs,
     )
+    replaced = replaced_defaults(criteria, stop_strings=bool(args.stop_strings), max_time=args.max_time is not None,
+                                 eos=bool(args.eos_token_ids))  # fmt: skip
+    if replaced:  # HF's merge: the custom criterion of that kind is the limit, not the call's own
+        limit = replaced.get("max_length")
+        args = dataclasses.replace(
+            args,
+            max_new_tokens=args.max_new_tokens if limit is None else max(1, int(limit.max_length) - input_ids.shape[1]),
+            max_time=None if "max_time" in replaced else args.max_time,
+            stop_strings=() if "stop_strings" in replaced else args.stop_strings,
+            eos_stops=args.eos_stops and "eos" not in replaced,
+        )
     stopping = Stopping(criteria, args.stop_strings, tokenizer, args.max_time, input_ids, start)
     max_new_tokens, sampling = args.max_new_tokens, args.sampling
     rows = tgt.model.get_input_embeddings().weight.shape[0]
@@ -432,7 +443,8 @@ def _decode(
     """The decoding loop: prefill, then rounds until every sequence has its EOS or ``max_new_tokens`` (one host read
     per round for the whole batch). A finished sequence stays in the batch, masked: its rows still run (the round's
     shapes are fixed, so it can be replayed from one graph) but commit nothing, and its output is done."""
-    max_new_tokens, sampling, eos = args.max_new_tokens, args.sampling, set(args.eos_token_ids)
+    max_new_tokens, sampling = args.max_new_tokens, args.sampling
+    eos = set(args.eos_token_ids) if args.eos_stops else set()  # a custom EosTokenCriteria replaces them (HF)
     draft_forwards_before = drafter.num_forwards if drafter is not None else 0
     stats, timer = SpecStats(path="graph" if graph else "eager"), PhaseTimer(tgt.device)
     if not args.processors.capturable:

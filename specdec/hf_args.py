@@ -226,6 +226,7 @@ class GenerationArgs:
         renormalize_logits (bool): the returned scores are log-softmaxed after every processor and warper (HF's
             ``LogitNormalization``); the tokens do not change.
         num_return_sequences (int): independent samples per prompt (sampling only, as in HF).
+        eos_stops (bool): a row ends at an EOS id (False where a custom ``EosTokenCriteria`` replaces HF's own).
         processors (Processors): HF's logits processors of the call (``specdec.processors``), applied at every tree
             node with the node's own history, in HF's order; the sampling warpers live in ``sampling``.
     """
@@ -242,6 +243,7 @@ class GenerationArgs:
     output_logits: bool = False
     renormalize_logits: bool = False
     num_return_sequences: int = 1
+    eos_stops: bool = True
     processors: Processors = field(default_factory=Processors)
 
 

@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 from models import tiny_model
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, StoppingCriteriaList
 
 import specdec
 
@@ -262,3 +262,30 @@ def test_begin_suppress_tokens_after_a_forced_bos(target):
     assert ref[0, 1] == 9 and ref[0, 2] != second
     drafter, tree = drafted(target)
     assert torch.equal(specdec.generate(target, ids, drafter=drafter, tree=tree, **options).sequences, ref)
+
+
+def _criteria_cases():
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
+
+    greedy = [12, 12, 121, 51, 21, 81, 21, 81]  # prompt()'s greedy continuation (checked in the test)
+    return greedy, {
+        "max_length_beyond_max_new_tokens": (lambda: [MaxLengthCriteria(max_length=26)], dict(max_new_tokens=10)),
+        "max_length_beyond_the_default": (lambda: [MaxLengthCriteria(max_length=33)], dict()),
+        # HF stops at the custom EosTokenCriteria's id only, not at the call's eos_token_id (51)
+        "eos": (lambda: [EosTokenCriteria(eos_token_id=81)], dict(max_new_tokens=20, eos_token_id=51)),
+        "max_time": (lambda: [MaxTimeCriteria(600.0)], dict(max_new_tokens=12, max_time=0.0)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_criteria_cases()[1]))
+def test_a_custom_criterion_of_a_class_hf_builds_takes_its_place(target, case):
+    """HF's merge of ``stopping_criteria``: an entry of the class HF builds from the settings replaces HF's own
+    (``MaxLengthCriteria`` the length limit, ``EosTokenCriteria`` the stop tokens, ``MaxTimeCriteria`` max_time)."""
+    greedy, cases = _criteria_cases()
+    make, options = cases[case]
+    ids = prompt()
+    assert target.generate(ids, do_sample=False, max_new_tokens=8)[0, ids.shape[1] :].tolist() == greedy
+    ref = target.generate(ids, do_sample=False, stopping_criteria=StoppingCriteriaList(make()), **options)
+    for drafter, tree in ((None, None), drafted(target)):
+        out = specdec.generate(target, ids, drafter=drafter, tree=tree, stopping_criteria=make(), **options)
+        assert torch.equal(out.sequences, ref), (case, drafter)
