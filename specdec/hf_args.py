@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 import numbers
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -635,7 +636,7 @@ def resolve_generation_args(
     min_new = _int_arg("min_new_tokens", get("min_new_tokens"), 0)
     if min_new is None:
         min_new = max((_int_arg("min_length", get("min_length"), 0) or 0) - prompt_length, 0)
-    _log_length_warnings(model, generation_config, kwargs, get)
+    _log_length_warnings(model, generation_config, kwargs, get, prompt_length, max_new)
     eos = normalize_eos_token_id(get("eos_token_id"))
     processors = build_processors(
         {**{name: get(name) for name in _PROCESSOR_FIELDS}, "min_length": get("min_length"),
@@ -684,18 +685,48 @@ def _log_hf_config_warnings(model, generation_config, kwargs: dict) -> None:
         pass
 
 
-def _log_length_warnings(model, generation_config, kwargs: dict, get) -> None:
-    """HF's warnings (``_prepare_generated_length``, verbatim) where ``max_new_tokens`` / ``min_new_tokens`` win over
-    a ``max_length`` / ``min_length`` set by the call or a ``generation_config``."""
+def _log_length_warnings(model, generation_config, kwargs: dict, get, prompt_length: int, max_new: int) -> None:
+    """HF's warnings about the lengths, verbatim: ``max_new_tokens`` / ``min_new_tokens`` winning over a
+    ``max_length`` / ``min_length`` that was set (``_prepare_generated_length``, HF's logger), HF's default length
+    used, and minimum lengths past the maximum (``_validate_generated_length``, ``UserWarning``)."""
+    configs = (generation_config, _model_config(model))
+    default = {}
     for new, total in (("max_new_tokens", "max_length"), ("min_new_tokens", "min_length")):
-        configs = (generation_config, _model_config(model))
-        set_anywhere = kwargs.get(total) is not None or any(getattr(c, total, None) is not None for c in configs)
-        if get(new) is not None and set_anywhere and get(total) is not None:
+        default[total] = kwargs.get(total) is None and all(getattr(c, total, None) is None for c in configs)
+        if get(new) is not None and not default[total] and get(total) is not None:
             logger.warning(
                 f"Both `{new}` (={get(new)}) and `{total}`(={get(total)}) seem to have been set. `{new}` will take "
                 "precedence. Please refer to the documentation for more information. "
                 "(https://huggingface.co/docs/transformers/main/en/main_classes/text_generation)"
             )
+    max_length = prompt_length + max_new  # HF's generation_config.max_length once prepared
+    min_new = get("min_new_tokens")
+    min_length = min_new + prompt_length if min_new is not None else get("min_length")
+    if default["max_length"] and get("max_new_tokens") is None:
+        warnings.warn(
+            f"Using the model-agnostic default `max_length` (={max_length}) to control the generation length. We "
+            "recommend setting `max_new_tokens` to control the maximum length of the generation.",
+            UserWarning,
+            stacklevel=4,
+        )
+    suffix = (" Generation will stop at the defined maximum length. You should decrease the minimum length and/or "
+              "increase the maximum length.")  # fmt: skip
+    if default["max_length"]:
+        suffix += f" Note that `max_length` is set to {max_length}, its default value."
+    if min_length is not None and min_length > max_length:
+        warnings.warn(
+            f"Unfeasible length constraints: `min_length` ({min_length}) is larger than the maximum possible length "
+            f"({max_length})." + suffix,
+            UserWarning,
+            stacklevel=4,
+        )
+    if min_new is not None and min_new + prompt_length > max_length:
+        warnings.warn(
+            f"Unfeasible length constraints: `min_new_tokens` ({min_new}), when added to the prompt length "
+            f"({prompt_length}), is larger than the maximum possible length ({max_length})." + suffix,
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _num_return_sequences(value, do_sample: bool) -> int:

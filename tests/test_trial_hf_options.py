@@ -175,18 +175,28 @@ def _warnings(call) -> list[str]:
 
 @pytest.mark.parametrize("options", [dict(max_new_tokens=4, max_length=9),
                                      dict(max_new_tokens=4, min_new_tokens=2, min_length=9, eos_token_id=3),
-                                     dict(max_new_tokens=4, top_p=0.8)])  # fmt: skip
+                                     dict(max_new_tokens=4, top_p=0.8),
+                                     dict(),  # HF's default length
+                                     dict(max_new_tokens=4, min_new_tokens=9, eos_token_id=3),
+                                     dict(max_new_tokens=4, min_length=30, eos_token_id=3)])  # fmt: skip
 def test_hfs_warnings_about_the_settings_are_given(target, options, monkeypatch):
-    """HF warns where ``max_new_tokens`` wins over ``max_length`` (and ``min_new_tokens`` over ``min_length``) and
-    where a sampling flag is set without ``do_sample``; specdec gives the same words. HF's flag warning is logged once
-    per process, so its once-cache is emptied before each call."""
+    """HF warns where ``max_new_tokens`` wins over ``max_length`` (and ``min_new_tokens`` over ``min_length``), where
+    a sampling flag is set without ``do_sample``, where its default length is used and where a minimum length is past
+    the maximum; specdec gives the same words. HF's flag warning is logged once per process, so its once-cache is
+    emptied before each call."""
+    import warnings
+
     from transformers.utils import logging as hf_logging
 
     ids = prompt()
+    topics = ("seem to have been set", "generation flags", "model-agnostic default", "Unfeasible length")
 
     def words(call) -> set[str]:
         monkeypatch.setattr(hf_logging.logging.Logger, "warning_once", hf_logging.logging.Logger.warning, raising=False)
-        return {m for m in _warnings(call) if "seem to have been set" in m or "generation flags" in m}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            logged = _warnings(call)
+        return {m for m in logged + [str(w.message) for w in caught] if any(t in m for t in topics)}
 
     ref = words(lambda: target.generate(ids, **options))
     assert ref  # HF warns
