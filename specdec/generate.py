@@ -26,6 +26,7 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.follow import follow_target
 from specdec.engine import Engine, capture_reason, round_reason, tree_slots
 from specdec.hf_args import (
+    UNSET,
     check_drafter_and_tree,
     check_hashable,
     check_input_ids,
@@ -37,7 +38,7 @@ from specdec.hf_args import (
 )
 from specdec.processors import chain_nodes, node_history
 from specdec.runtime import check_compile, to_device
-from specdec.stopping import Stopping, check_stopping
+from specdec.stopping import Stopping, check_stopping, replaced_defaults
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
 from specdec.trees import Chain, TreePolicy
@@ -229,21 +230,21 @@ def generate(
     drafter: Drafter | None = None,
     tree: TreePolicy | None = None,
     verifier: VerificationRule | None = None,
-    max_new_tokens: int | None = None,
-    do_sample: bool | None = None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
+    max_new_tokens: int | None = UNSET,
+    do_sample: bool | None = UNSET,
+    temperature: float | None = UNSET,
+    top_k: int | None = UNSET,
+    top_p: float | None = UNSET,
+    eos_token_id: int | Sequence[int] | None = UNSET,
     generator: torch.Generator | None = None,
     streamer=None,
     attention_mask: torch.Tensor | None = None,
     generation_config: GenerationConfig | None = None,
-    max_length: int | None = None,
-    min_new_tokens: int | None = None,
-    min_length: int | None = None,
-    pad_token_id: int | None = None,
-    use_cache: bool | None = None,
+    max_length: int | None = UNSET,
+    min_new_tokens: int | None = UNSET,
+    min_length: int | None = UNSET,
+    pad_token_id: int | None = UNSET,
+    use_cache: bool | None = UNSET,
     cuda_graphs: bool | None = None,
     compile: bool | str | Mapping = False,
     backends: Backends | Mapping | None = None,
@@ -257,7 +258,8 @@ def generate(
     """Speculative generation, lossless with respect to the target's own ``generate``.
 
     Generation arguments take HF's names and semantics (call > ``generation_config`` > the target's
-    ``generation_config`` > HF defaults); options specdec cannot honour exactly raise ``ValueError`` naming
+    ``generation_config`` > HF defaults; an argument passed as None overrides the configs' value with None, one left
+    out takes it); options specdec cannot honour exactly raise ``ValueError`` naming
     them (table in ``docs/api.md``). Every call runs the same round (``docs/round.md``); ``cuda_graphs`` and
     ``compile`` only choose how it runs.
 
@@ -325,6 +327,11 @@ def generate(
     input_ids = inputs if input_ids is None else input_ids
     if input_ids is None:
         raise ValueError("specdec.generate needs the prompt: input_ids (or inputs=), a [B, T] LongTensor.")
+    if isinstance(target, SpeculativeModel):
+        raise TypeError(
+            "target is a SpeculativeModel: call its own generate (model.generate(input_ids, ...), with its drafter and "
+            "tree), or pass the HF model it wraps (its .target.model) to specdec.generate."
+        )
     tgt = TargetModel.wrap(target)
     _warn_training(tgt.model)
     check_drafter_and_tree(drafter, tree)
@@ -356,6 +363,17 @@ def generate(
         tokenizer=tokenizer,
         **kwargs,
     )
+    replaced = replaced_defaults(criteria, stop_strings=bool(args.stop_strings), max_time=args.max_time is not None,
+                                 eos=bool(args.eos_token_ids))  # fmt: skip
+    if replaced:  # HF's merge: the custom criterion of that kind is the limit, not the call's own
+        limit = replaced.get("max_length")
+        args = dataclasses.replace(
+            args,
+            max_new_tokens=args.max_new_tokens if limit is None else max(1, int(limit.max_length) - input_ids.shape[1]),
+            max_time=None if "max_time" in replaced else args.max_time,
+            stop_strings=() if "stop_strings" in replaced else args.stop_strings,
+            eos_stops=args.eos_stops and "eos" not in replaced,
+        )
     stopping = Stopping(criteria, args.stop_strings, tokenizer, args.max_time, input_ids, start)
     max_new_tokens, sampling = args.max_new_tokens, args.sampling
     rows = tgt.model.get_input_embeddings().weight.shape[0]
@@ -425,7 +443,8 @@ def _decode(
     """The decoding loop: prefill, then rounds until every sequence has its EOS or ``max_new_tokens`` (one host read
     per round for the whole batch). A finished sequence stays in the batch, masked: its rows still run (the round's
     shapes are fixed, so it can be replayed from one graph) but commit nothing, and its output is done."""
-    max_new_tokens, sampling, eos = args.max_new_tokens, args.sampling, set(args.eos_token_ids)
+    max_new_tokens, sampling = args.max_new_tokens, args.sampling
+    eos = set(args.eos_token_ids) if args.eos_stops else set()  # a custom EosTokenCriteria replaces them (HF)
     draft_forwards_before = drafter.num_forwards if drafter is not None else 0
     stats, timer = SpecStats(path="graph" if graph else "eager"), PhaseTimer(tgt.device)
     if not args.processors.capturable:
@@ -612,7 +631,8 @@ def _step_scores(kept, new_tokens, args, steps: int, prompts: torch.Tensor, leng
                  left_pad: tuple | None = None) -> tuple[tuple, tuple]:  # fmt: skip
     """HF's ``logits`` and ``scores`` (one ``[B, V]`` fp32 tensor per generated position) from each row's raw
     logits per new token: the scores are the logits through the same processors (each position with its own
-    history) and, when sampling, the warpers. A row that ended before a step holds zeros there."""
+    history), when sampling the warpers, and with ``renormalize_logits`` a log-softmax. A row that ended before a
+    step holds zeros there."""
     batch, vocab, device = len(kept), kept[0][0].shape[-1], prompts.device
     raw = torch.zeros(batch, steps, vocab, device=device)
     processed = torch.zeros(batch, steps, vocab, device=device)
@@ -626,7 +646,8 @@ def _step_scores(kept, new_tokens, args, steps: int, prompts: torch.Tensor, leng
             # row b's padding: the widest row's (the pad tensor's width) less how much longer its prompt is (no read)
             pad = None if left_pad is None else left_pad[0][b, : left_pad[0].shape[1] - (lengths[b] - min(lengths))]
             row = args.processors(row[None], chain_nodes(history, lengths[b] - 1, path, 0, pad))[0]
-        processed[b, :n] = process_logits(row, args.sampling) if args.sampling.do_sample else row
+        row = process_logits(row, args.sampling) if args.sampling.do_sample else row
+        processed[b, :n] = row.log_softmax(-1) if args.renormalize_logits else row  # HF's LogitNormalization, last
     return tuple(raw.unbind(1)), tuple(processed.unbind(1))
 
 
@@ -717,10 +738,20 @@ class SpeculativeModel:
         """The target's dtype."""
         return self.target.dtype
 
+    def _drafter_modules(self) -> list[torch.nn.Module]:
+        """The drafter's own modules (a draft LM, a DFlash / EAGLE-3 / MTP head), as ``nn.Module.train`` reaches a
+        module's children."""
+        found = []
+        for value in vars(self.drafter).values() if self.drafter is not None else ():
+            module = value.model if isinstance(value, TargetModel) else value
+            if isinstance(module, torch.nn.Module):
+                found.append(module)
+        return found
+
     def eval(self) -> SpeculativeModel:
-        """Put the target (and a model drafter's LM) in eval mode; returns self, as ``nn.Module.eval`` does."""
-        self.target.model.eval()
-        return self
+        """Put the target and the drafter's modules (a draft LM left in training mode drafts with dropout) in eval
+        mode; returns self, as ``nn.Module.eval`` does."""
+        return self.train(False)
 
     def to(self, *args, **kwargs) -> SpeculativeModel:
         """Move the target (and the drafter, where it can move) like ``nn.Module.to``; returns self. Decoding state
@@ -733,6 +764,46 @@ class SpeculativeModel:
             move(device=device, dtype=dtype)
         Engine.forget(self.target)
         return self
+
+    def train(self, mode: bool = True) -> SpeculativeModel:
+        """Put the target and the drafter's modules in training mode (``mode=False``: eval mode); returns self, as
+        ``nn.Module.train`` does."""
+        self.target.model.train(mode)
+        for module in self._drafter_modules():
+            module.train(mode)
+        return self
+
+    def half(self) -> SpeculativeModel:
+        """``to(torch.float16)``; returns self (the wrapper, not the target)."""
+        return self.to(torch.float16)
+
+    def float(self) -> SpeculativeModel:
+        """``to(torch.float32)``; returns self."""
+        return self.to(torch.float32)
+
+    def double(self) -> SpeculativeModel:
+        """``to(torch.float64)``; returns self."""
+        return self.to(torch.float64)
+
+    def bfloat16(self) -> SpeculativeModel:
+        """``to(torch.bfloat16)``; returns self."""
+        return self.to(torch.bfloat16)
+
+    def cpu(self) -> SpeculativeModel:
+        """``to("cpu")``; returns self."""
+        return self.to("cpu")
+
+    def cuda(self, device=None) -> SpeculativeModel:
+        """``to("cuda")`` (or the given CUDA device); returns self."""
+        return self.to(torch.device("cuda", device) if isinstance(device, int) else device or "cuda")
+
+    def __getattr__(self, name: str):
+        """Any other attribute is the target's (``parameters()``, ``get_input_embeddings()``, ``name_or_path``, ...),
+        as code written for the HF model reads it."""
+        target = self.__dict__.get("target")
+        if target is None or name.startswith("_"):  # unpickling, copying (no target yet); private names
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(target.model, name)
 
     def __call__(self, *args, **kwargs):
         """The target's forward (``model(input_ids)`` -> its ``CausalLMOutput``), as wrapped code expects."""
@@ -767,7 +838,7 @@ class SpeculativeModel:
         *,
         inputs: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        return_dict_in_generate: bool | None = None,
+        return_dict_in_generate: bool | None = UNSET,
         **kwargs,
     ) -> torch.Tensor | GenerateOutput:
         """``model.generate`` with speculative decoding; arguments as :func:`specdec.generate`.
@@ -785,9 +856,9 @@ class SpeculativeModel:
         kwargs.setdefault("drafter", self.drafter)
         kwargs.setdefault("tree", self.tree)
         kwargs.setdefault("verifier", self.verifier)
-        as_dict, _ = generation_value(
-            "return_dict_in_generate", return_dict_in_generate, generation_config, self.target.model
-        )
+        as_dict = bool(return_dict_in_generate) if return_dict_in_generate is not UNSET else generation_value(
+            "return_dict_in_generate", None, generation_config, self.target.model
+        )[0]
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(
                 "SpeculativeModel.generate is already running in another thread: one SpeculativeModel runs one call "
@@ -795,7 +866,8 @@ class SpeculativeModel:
             )
         try:
             out = generate(self.target, input_ids, inputs=inputs, attention_mask=attention_mask,
-                           generation_config=generation_config, **kwargs)  # fmt: skip
+                           generation_config=generation_config, return_dict_in_generate=as_dict,
+                           **kwargs)  # fmt: skip
         finally:
             self._lock.release()
         self.last_stats = out.stats

@@ -7,8 +7,10 @@ the returned object) and that specdec cannot honour exactly is refused by name. 
 
 from __future__ import annotations
 
+import copy
 import logging
 import numbers
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +22,7 @@ from specdec.trees import TreePolicy
 from specdec.types import SamplingParams
 
 __all__ = [
+    "UNSET",
     "GenerationArgs",
     "check_drafter_and_tree",
     "check_hashable",
@@ -33,6 +36,22 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class _Unset:
+    """The default of ``generate``'s generation arguments: not passed. HF tells the two apart: an argument passed as
+    None overrides a ``generation_config``'s (or the target's) value with None (off), one not passed takes it."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __reduce__(self):
+        return "UNSET"
+
+
+UNSET = _Unset()
+# What a generation field passed as None means where None itself cannot be used downstream (HF skips the step).
+_NONE_MEANS = {"temperature": 1.0}
 
 # HF's global defaults (``GenerationConfig._get_default_generation_params``) of the fields specdec reads.
 _DEFAULTS = {
@@ -53,6 +72,7 @@ SUPPORTED = (
     "epsilon_cutoff",
     "eta_cutoff",
     "exponential_decay_length_penalty",
+    "forced_bos_token_id",
     "forced_eos_token_id",
     "logits_processor",
     "max_length",
@@ -67,6 +87,7 @@ SUPPORTED = (
     "output_scores",
     "pad_token_id",
     "remove_invalid_values",
+    "renormalize_logits",
     "repetition_penalty",
     "return_dict_in_generate",
     "sequence_bias",
@@ -87,6 +108,7 @@ _PROCESSOR_FIELDS = (
     "repetition_penalty",
     "no_repeat_ngram_size",
     "bad_words_ids",
+    "forced_bos_token_id",
     "forced_eos_token_id",
     "remove_invalid_values",
     "exponential_decay_length_penalty",
@@ -103,7 +125,6 @@ REFUSED = {
     "encoder_no_repeat_ngram_size": 0,
     "encoder_repetition_penalty": 1.0,
     "force_words_ids": None,
-    "forced_bos_token_id": None,
     "guidance_scale": 1.0,
     "num_beam_groups": 1,
     "num_beams": 1,
@@ -131,7 +152,6 @@ REFUSED_WHY = {
     "guidance_scale": "classifier-free guidance runs a second, unconditional forward at every step",
     "encoder_repetition_penalty": _ENCODER,
     "encoder_no_repeat_ngram_size": _ENCODER,
-    "forced_bos_token_id": _ENCODER,
     "token_healing": "token healing rewrites the prompt's last tokens before decoding",
     "watermarking_config": "the watermark is applied after the sampling warpers, which specdec's rules apply inside "
     "verification",
@@ -169,7 +189,6 @@ IGNORED = frozenset(
         "num_assistant_tokens",
         "num_assistant_tokens_schedule",
         "prefill_chunk_size",
-        "renormalize_logits",
         "target_lookbehind",
         "transformers_version",
     }
@@ -205,7 +224,10 @@ class GenerationArgs:
         max_time (float | None): HF's wall-clock limit in seconds.
         output_scores, output_logits (bool): return the processed scores / raw logits of every generated position
             (with ``return_dict_in_generate``, as HF).
+        renormalize_logits (bool): the returned scores are log-softmaxed after every processor and warper (HF's
+            ``LogitNormalization``); the tokens do not change.
         num_return_sequences (int): independent samples per prompt (sampling only, as in HF).
+        eos_stops (bool): a row ends at an EOS id (False where a custom ``EosTokenCriteria`` replaces HF's own).
         processors (Processors): HF's logits processors of the call (``specdec.processors``), applied at every tree
             node with the node's own history, in HF's order; the sampling warpers live in ``sampling``.
     """
@@ -220,7 +242,9 @@ class GenerationArgs:
     max_time: float | None = None
     output_scores: bool = False
     output_logits: bool = False
+    renormalize_logits: bool = False
     num_return_sequences: int = 1
+    eos_stops: bool = True
     processors: Processors = field(default_factory=Processors)
 
 
@@ -538,7 +562,10 @@ def _check_call_args(kwargs: dict) -> None:
 def _check_refused(kwargs: dict, generation_config, model, do_sample: bool) -> None:
     refused = {**REFUSED, **(REFUSED_WHEN_SAMPLING if do_sample else {})}
     for name, neutral in refused.items():
-        value, source = generation_value(name, kwargs.get(name), generation_config, model)
+        if name in kwargs:  # passed, None included: it overrides the generation_configs, as in HF
+            value, source = kwargs[name], "argument"
+        else:
+            value, source = generation_value(name, None, generation_config, model)
         if _is_neutral(value, neutral):
             continue
         fix = f"pass {name}={neutral!r} to override it" if source != "argument" else "drop it"
@@ -584,9 +611,15 @@ def resolve_generation_args(
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
         vocab_size = int(getattr(config, "vocab_size", 0) or 0) or None
 
-    def get(name):
-        return generation_value(name, kwargs.get(name), generation_config, model)[0]
+    kwargs = {name: value for name, value in kwargs.items() if value is not UNSET}
 
+    def get(name):
+        if name in kwargs:  # passed, None included: HF's call arguments override both generation_configs
+            value = kwargs[name]
+            return _NONE_MEANS.get(name) if value is None else value
+        return generation_value(name, None, generation_config, model)[0]
+
+    _log_hf_config_warnings(model, generation_config, kwargs)
     do_sample = bool(get("do_sample"))
     _check_refused(kwargs, generation_config, model, do_sample)
     sampling = SamplingParams(
@@ -603,14 +636,17 @@ def resolve_generation_args(
     min_new = _int_arg("min_new_tokens", get("min_new_tokens"), 0)
     if min_new is None:
         min_new = max((_int_arg("min_length", get("min_length"), 0) or 0) - prompt_length, 0)
+    _log_length_warnings(model, generation_config, kwargs, get, prompt_length, max_new)
     eos = normalize_eos_token_id(get("eos_token_id"))
     processors = build_processors(
-        {name: get(name) for name in _PROCESSOR_FIELDS},
+        {**{name: get(name) for name in _PROCESSOR_FIELDS}, "min_length": get("min_length"),
+         "min_new_tokens": get("min_new_tokens")},  # fmt: skip
         kwargs.get("logits_processor"),
         vocab_size=vocab_size,
         eos_token_ids=eos,
         max_new_tokens=max_new,
         min_new_tokens=min_new,
+        prompt_width=prompt_length,
     )
     return GenerationArgs(
         processors=processors,
@@ -624,8 +660,73 @@ def resolve_generation_args(
         max_time=max_time,
         output_scores=bool(get("output_scores")),
         output_logits=bool(get("output_logits")),
+        renormalize_logits=bool(get("renormalize_logits")),
         num_return_sequences=_num_return_sequences(get("num_return_sequences"), do_sample),
     )
+
+
+def _log_hf_config_warnings(model, generation_config, kwargs: dict) -> None:
+    """HF's own warnings about the call's settings (e.g. a sampling flag with ``do_sample=False``: "The following
+    generation flags are not valid and may be ignored"), logged by HF's ``GenerationConfig`` as ``model.generate``
+    logs them: HF's merge (a ``generation_config`` over the target's and HF's defaults, then the call's arguments),
+    whose steps validate what each sets. ``specdec.generate`` returns its output object (``output_scores`` is not
+    ignored) unless ``return_dict_in_generate=False`` is passed (``SpeculativeModel.generate`` passes its own).
+    Errors are left to specdec's own checks, which name the fix."""
+    config = copy.deepcopy(generation_config) if generation_config is not None else GenerationConfig()
+    own = _model_config(model)
+    try:
+        if own is not None:
+            config.update(**own.to_dict(), defaults_only=True, allow_custom_entries=True)
+            defaults = getattr(own, "_get_default_generation_params", None)
+            if callable(defaults):
+                config.update(**defaults(), defaults_only=True)
+        config.update(**{"return_dict_in_generate": True, **kwargs})  # specdec.generate returns the output object
+    except (TypeError, ValueError, RuntimeError, AttributeError):  # a value HF's checks reject: specdec's name it
+        pass
+
+
+def _log_length_warnings(model, generation_config, kwargs: dict, get, prompt_length: int, max_new: int) -> None:
+    """HF's warnings about the lengths, verbatim: ``max_new_tokens`` / ``min_new_tokens`` winning over a
+    ``max_length`` / ``min_length`` that was set (``_prepare_generated_length``, HF's logger), HF's default length
+    used, and minimum lengths past the maximum (``_validate_generated_length``, ``UserWarning``)."""
+    configs = (generation_config, _model_config(model))
+    default = {}
+    for new, total in (("max_new_tokens", "max_length"), ("min_new_tokens", "min_length")):
+        default[total] = kwargs.get(total) is None and all(getattr(c, total, None) is None for c in configs)
+        if get(new) is not None and not default[total] and get(total) is not None:
+            logger.warning(
+                f"Both `{new}` (={get(new)}) and `{total}`(={get(total)}) seem to have been set. `{new}` will take "
+                "precedence. Please refer to the documentation for more information. "
+                "(https://huggingface.co/docs/transformers/main/en/main_classes/text_generation)"
+            )
+    max_length = prompt_length + max_new  # HF's generation_config.max_length once prepared
+    min_new = get("min_new_tokens")
+    min_length = min_new + prompt_length if min_new is not None else get("min_length")
+    if default["max_length"] and get("max_new_tokens") is None:
+        warnings.warn(
+            f"Using the model-agnostic default `max_length` (={max_length}) to control the generation length. We "
+            "recommend setting `max_new_tokens` to control the maximum length of the generation.",
+            UserWarning,
+            stacklevel=4,
+        )
+    suffix = (" Generation will stop at the defined maximum length. You should decrease the minimum length and/or "
+              "increase the maximum length.")  # fmt: skip
+    if default["max_length"]:
+        suffix += f" Note that `max_length` is set to {max_length}, its default value."
+    if min_length is not None and min_length > max_length:
+        warnings.warn(
+            f"Unfeasible length constraints: `min_length` ({min_length}) is larger than the maximum possible length "
+            f"({max_length})." + suffix,
+            UserWarning,
+            stacklevel=4,
+        )
+    if min_new is not None and min_new + prompt_length > max_length:
+        warnings.warn(
+            f"Unfeasible length constraints: `min_new_tokens` ({min_new}), when added to the prompt length "
+            f"({prompt_length}), is larger than the maximum possible length ({max_length})." + suffix,
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _num_return_sequences(value, do_sample: bool) -> int:
@@ -648,9 +749,12 @@ def _pad_token_id(value) -> int | None:
 def _max_new_from_length(model, prompt_length: int, max_length, kwargs: dict, generation_config) -> int:
     """HF's rule: ``max_length`` is the total length; unset everywhere, 20 new tokens capped by the positions."""
     max_length = _int_arg("max_length", max_length, 1)
-    is_default = kwargs.get("max_length") is None and all(
-        getattr(c, "max_length", None) is None for c in (generation_config, _model_config(model))
+    is_default = max_length is None or (
+        "max_length" not in kwargs
+        and all(getattr(c, "max_length", None) is None for c in (generation_config, _model_config(model)))
     )
+    if max_length is None:  # passed as None: HF's default (HF itself fails on max_length=None without max_new_tokens)
+        max_length = _DEFAULTS["max_length"]
     if is_default:
         max_length += prompt_length
         positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,9 +32,12 @@ import torch
 
 from specdec.types import DeviceTree
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "BeginSuppressTokens",
     "ExponentialDecayLength",
+    "ForcedBOS",
     "ForcedEOS",
     "MinNewTokens",
     "NGramBan",
@@ -320,6 +324,13 @@ class ForcedEOS:
 
 
 @dataclass(frozen=True)
+class ForcedBOS(ForcedEOS):
+    """HF's ``forced_bos_token_id``: HF forces it where its ``input_ids`` are one token wide, so a one-token prompt's
+    first new token is this id (``-inf`` everywhere else, 0 there); a wider prompt (padding included) is never
+    forced, and the processor is not built for it."""
+
+
+@dataclass(frozen=True)
 class RemoveInvalid:
     """HF's ``remove_invalid_values``: NaN becomes 0, +-inf the largest / smallest finite float."""
 
@@ -363,14 +374,16 @@ class SuppressTokens:
 
 @dataclass(frozen=True)
 class BeginSuppressTokens:
-    """HF's ``begin_suppress_tokens``: these tokens get ``-inf`` at the choice of the first new token."""
+    """HF's ``begin_suppress_tokens``: these tokens get ``-inf`` at the choice of the first new token (the second
+    where ``forced_bos_token_id`` forces the first: ``at=1``, as HF's ``begin_index``)."""
 
     tokens: tuple[int, ...]
+    at: int = 0
     needs_history = False
 
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
         cols = _ids_mask(self, self.tokens, scores.shape[-1], scores.device)
-        return scores.masked_fill((nodes.generated == 0)[..., None] & cols, -math.inf)
+        return scores.masked_fill((nodes.generated == self.at)[..., None] & cols, -math.inf)
 
 
 class PerNode:
@@ -516,52 +529,71 @@ def build_processors(
     eos_token_ids: Sequence[int],
     max_new_tokens: int,
     min_new_tokens: int,
+    prompt_width: int | None = None,
 ) -> Processors:
     """The processors of a call, in HF's order, from its resolved ``GenerationConfig`` fields.
 
     Args:
         options (dict): ``sequence_bias``, ``repetition_penalty``, ``no_repeat_ngram_size``, ``bad_words_ids``,
             ``forced_eos_token_id``, ``remove_invalid_values``, ``exponential_decay_length_penalty``,
-            ``suppress_tokens``, ``begin_suppress_tokens`` (None or HF's neutral value = off). Values are checked by
-            HF's own processor classes, so bad ones raise HF's errors.
+            ``suppress_tokens``, ``begin_suppress_tokens``, ``forced_bos_token_id`` (None or HF's neutral value =
+            off). Values are checked by HF's own processor classes, so bad ones raise HF's errors.
         logits_processor: the call's own list (HF's ``(input_ids, scores)`` protocol), or None.
         vocab_size (int | None): the target's logits width (token ids must be below it).
         eos_token_ids (Sequence[int]): the resolved stop tokens.
         max_new_tokens (int): the call's limit (``forced_eos_token_id`` acts at its last token).
         min_new_tokens (int): EOS is suppressed until this many tokens are generated (0 = never).
+        prompt_width (int | None): the width of the call's ``input_ids``, padding included (``forced_bos_token_id``
+            acts only at a width of 1, as in HF).
     """
     from transformers.generation import logits_process as hf
 
     vocab = vocab_size or 2**62
     eos = tuple(eos_token_ids)
-    items: list = []
+    # HF's list in HF's order: (the HF class HF builds there, or None where it builds none; specdec's item or None)
+    slots: list[tuple[type | None, object]] = []
+
+    def add(built: bool, cls: type, item=None) -> None:
+        slots.append((cls if built else None, item))
 
     def bias_items(processor) -> tuple:
         return tuple((tuple(int(t) for t in seq), float(b)) for seq, b in processor.sequence_bias.items())
 
     value = options.get("sequence_bias")
-    if not _off(value):
-        items.append(SequenceBias(bias_items(hf.SequenceBiasLogitsProcessor(sequence_bias=value)), vocab))
+    add(value is not None, hf.SequenceBiasLogitsProcessor, None if _off(value) else SequenceBias(
+        bias_items(hf.SequenceBiasLogitsProcessor(sequence_bias=value)), vocab))  # fmt: skip
     value = options.get("repetition_penalty")
-    if not _off(value, 1.0):
-        items.append(RepetitionPenalty(hf.RepetitionPenaltyLogitsProcessor(value).penalty))
+    penalty = not _off(value, 1.0)
+    add(penalty, hf.RepetitionPenaltyLogitsProcessor,
+        RepetitionPenalty(hf.RepetitionPenaltyLogitsProcessor(value).penalty) if penalty else None)  # fmt: skip
     value = options.get("no_repeat_ngram_size")
-    if not _off(value, 0):
-        items.append(NGramBan(hf.NoRepeatNGramLogitsProcessor(value).ngram_size))
+    ngram = not _off(value, 0)
+    add(ngram, hf.NoRepeatNGramLogitsProcessor,
+        NGramBan(hf.NoRepeatNGramLogitsProcessor(value).ngram_size) if ngram else None)  # fmt: skip
     value = options.get("bad_words_ids")
-    if not _off(value):
-        bad = bias_items(hf.NoBadWordsLogitsProcessor(value, list(eos) or None))
-        if bad:
-            items.append(SequenceBias(bad, vocab))
-    if min_new_tokens and eos:
-        items.append(MinNewTokens(min_new_tokens, eos))
+    bad = () if _off(value) else bias_items(hf.NoBadWordsLogitsProcessor(value, list(eos) or None))
+    add(value is not None, hf.NoBadWordsLogitsProcessor, SequenceBias(bad, vocab) if bad else None)
+    # HF's two minimum-length processors (``min_length`` counts the prompt; ``min_new_tokens`` sets it): one item here
+    minimum = MinNewTokens(min_new_tokens, eos) if min_new_tokens and eos else None
+    given_new, given_total = options.get("min_new_tokens"), options.get("min_length")
+    total = given_new + (prompt_width or 0) if given_new is not None else given_total or 0
+    add(bool(eos) and total > 0, hf.MinLengthLogitsProcessor, minimum)
+    add(bool(eos) and (given_new or 0) > 0, hf.MinNewTokensLengthLogitsProcessor, minimum)
+    value = options.get("forced_bos_token_id")
+    forced_bos = not _off(value) and prompt_width == 1  # HF: only while input_ids are one token wide
+    if forced_bos:
+        bos = hf.ForcedBOSTokenLogitsProcessor(value).bos_token_id
+        forced_bos = ForcedBOS(0, _vocab_ids([int(bos)], vocab, "forced_bos_token_id"))
+    add(value is not None, hf.ForcedBOSTokenLogitsProcessor, forced_bos or None)
     value = options.get("forced_eos_token_id")
     if not _off(value):
         forced = hf.ForcedEOSTokenLogitsProcessor(max_new_tokens, value).eos_token_id
-        items.append(ForcedEOS(max_new_tokens - 1, _vocab_ids(forced.tolist(), vocab, "forced_eos_token_id")))
-    if options.get("remove_invalid_values") is True:
-        items.append(RemoveInvalid())
+        forced = ForcedEOS(max_new_tokens - 1, _vocab_ids(forced.tolist(), vocab, "forced_eos_token_id"))
+    add(value is not None, hf.ForcedEOSTokenLogitsProcessor, None if _off(value) else forced)
+    remove = options.get("remove_invalid_values") is True
+    add(remove, hf.InfNanRemoveLogitsProcessor, RemoveInvalid() if remove else None)
     value = options.get("exponential_decay_length_penalty")
+    decay = None
     if not _off(value):
         if not eos:
             raise ValueError(
@@ -569,20 +601,48 @@ def build_processors(
                 "pass eos_token_id, or drop exponential_decay_length_penalty."
             )
         hf_penalty = hf.ExponentialDecayLengthPenalty(tuple(value), list(eos), 0)
-        items.append(ExponentialDecayLength(int(hf_penalty.regulation_start), float(hf_penalty.regulation_factor),
-                                            _vocab_ids(eos, vocab, "eos_token_id")))  # fmt: skip
+        decay = ExponentialDecayLength(int(hf_penalty.regulation_start), float(hf_penalty.regulation_factor),
+                                       _vocab_ids(eos, vocab, "eos_token_id"))  # fmt: skip
+    add(value is not None, hf.ExponentialDecayLengthPenalty, decay)
     value = options.get("suppress_tokens")
-    if not _off(value):
-        items.append(SuppressTokens(_vocab_ids([int(t) for t in value], vocab, "suppress_tokens")))
+    add(value is not None, hf.SuppressTokensLogitsProcessor,
+        None if _off(value) else SuppressTokens(_vocab_ids([int(t) for t in value], vocab, "suppress_tokens")))
     value = options.get("begin_suppress_tokens")
-    if not _off(value):
-        items.append(BeginSuppressTokens(_vocab_ids([int(t) for t in value], vocab, "begin_suppress_tokens")))
-    for processor in logits_processor or ():
+    begin = None
+    if not _off(value):  # HF's begin_index: one later where forced_bos_token_id forces the first token
+        begin = BeginSuppressTokens(_vocab_ids([int(t) for t in value], vocab, "begin_suppress_tokens"),
+                                    1 if forced_bos else 0)  # fmt: skip
+    add(value is not None, hf.SuppressTokensAtBeginLogitsProcessor, begin)
+
+    custom = list(logits_processor or ())
+    for processor in custom:
         if not callable(processor) and not callable(getattr(processor, "process_tree", None)):
             raise TypeError(
                 f"logits_processor holds {processor!r}, which is not callable: pass HF LogitsProcessor objects "
                 "(called as processor(input_ids, scores)) or tree-aware ones (tree_aware = True, process_tree)."
             )
+
+    def wrap(processor):
         tree_aware = getattr(processor, "tree_aware", False) and callable(getattr(processor, "process_tree", None))
-        items.append(processor if tree_aware else PerNode(processor))
+        return processor if tree_aware else PerNode(processor)
+
+    # HF's merge (``_merge_criteria_processor_list``): a custom processor of the class HF builds at a place takes
+    # that place instead of HF's own; the other custom processors follow HF's list
+    items: list = []
+    used: list = []
+    for cls, item in slots:
+        if cls is None:  # HF builds nothing here
+            continue
+        same = next((p for p in custom if type(p) is cls), None)
+        if same is not None:
+            logger.warning(
+                f"A custom logits processor of type {type(same)} has been passed to `.generate()`, but it was also "
+                f"created in `.generate()`, given its parameterization. The custom {type(same)} will take "
+                f"precedence. Please check the docstring of {type(same)} to see related `.generate()` flags."
+            )
+            used.append(same)
+            items.append(wrap(same))
+        elif item is not None and not any(item is i for i in items):  # the minimum-length item fills two places
+            items.append(item)
+    items += [wrap(p) for p in custom if not any(p is u for u in used)]
     return Processors(items)

@@ -12,13 +12,41 @@ See ``docs/api.md``.
 
 from __future__ import annotations
 
+import logging
 import numbers
 import time
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCriteria
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
-__all__ = ["Stopping", "check_stopping"]
+__all__ = ["Stopping", "check_stopping", "replaced_defaults"]
+
+logger = logging.getLogger(__name__)
+
+
+def replaced_defaults(criteria, *, stop_strings: bool, max_time: bool, eos: bool) -> dict:
+    """HF's merge of a ``stopping_criteria`` list (``_merge_criteria_processor_list``): an entry of a class HF builds
+    from the settings (``MaxLengthCriteria`` always, ``MaxTimeCriteria`` with ``max_time``, ``StopStringCriteria``
+    with ``stop_strings``, ``EosTokenCriteria`` with an EOS id) replaces HF's own, with HF's warning.
+
+    Returns:
+        dict: ``{"max_length" | "max_time" | "stop_strings" | "eos": the custom criterion}`` for each one replaced:
+        the call's own limit of that kind is then not applied (the custom criterion, checked per token, is).
+    """
+    built = {"max_length": MaxLengthCriteria, "max_time": MaxTimeCriteria if max_time else None,
+             "stop_strings": StopStringCriteria if stop_strings else None, "eos": EosTokenCriteria if eos else None}
+    replaced = {}
+    for kind, cls in built.items():
+        same = next((c for c in criteria or () if cls is not None and type(c) is cls), None)
+        if same is not None:
+            logger.warning(
+                f"A custom stopping criteria of type {type(same)} has been passed to `.generate()`, but it was also "
+                f"created in `.generate()`, given its parameterization. The custom {type(same)} will take "
+                f"precedence. Please check the docstring of {type(same)} to see related `.generate()` flags."
+            )
+            replaced[kind] = same
+    return replaced
 
 
 def check_stopping(stopping_criteria, stop_strings, tokenizer, max_time):
