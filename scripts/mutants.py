@@ -1149,6 +1149,20 @@ MUTANTS += [
         ("tests/kernels/test_kv_write.py", "-m", "interpreter"),
     ),
 ]
+MUTANTS += [
+    Mutant(  # the Triton silu_mul skips the rounding of the SiLU to the gate's dtype
+        "silu_mul_silu_not_rounded",
+        (("specdec/kernels/silu_mul/triton.py", "y = _round(tl.div_rn(g, 1.0 + tl.exp(-g)), GATE) * u",
+          "y = tl.div_rn(g, 1.0 + tl.exp(-g)) * u"),),  # fmt: skip
+        ("tests/kernels/test_silu_mul.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the MLP probe keyed by the module type only (a GELU MLP of a routed class is routed too)
+        "silu_mul_probe_ignores_the_activation",
+        (("specdec/kernels/silu_mul/__init__.py", "    key = (type(module), act, weight.dtype, weight.device)",
+          "    key = (type(module), weight.dtype, weight.device)"),),  # fmt: skip
+        ("tests/kernels/test_silu_mul.py", "-k", "probe"),
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

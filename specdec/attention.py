@@ -201,7 +201,9 @@ class AttentionScope:
     models' ``nn.Linear`` layers through ``specdec.kernels.skinny_linear.routing.skinny_forward``
     while active (the engine's whole forward scope, ``Backends.linear_kernel``), and with ``norms`` their RMSNorm
     layers through ``specdec.kernels.rms_norm.routing.norm_forward`` (``Backends.target_norm``), and with ``rotary``
-    their modeling modules' ``apply_rotary_pos_emb`` through ``specdec.kernels.rotary`` (``Backends.target_rotary``).
+    their modeling modules' ``apply_rotary_pos_emb`` through ``specdec.kernels.rotary`` (``Backends.target_rotary``),
+    and with ``mlps`` their gated MLPs' activation and product through ``specdec.kernels.silu_mul``
+    (``Backends.silu_mul``).
 
     Args:
         models: HF models (None entries are skipped).
@@ -209,19 +211,23 @@ class AttentionScope:
         linear (bool): route the linear layers as well. Default False.
         norms (bool): route the RMSNorm layers as well. Default False.
         rotary (bool): route the rotary embedding as well. Default False.
+        mlps (bool): route the gated MLPs as well. Default False.
         forwards (list): ``(module, forward)`` pairs routed while active (``swapped_forwards``), e.g. the rotary
             tables' lookups (``specdec.state.rope.RopeTables.forwards``). Default none.
     """
 
     def __init__(self, *models, grouped: bool = True, linear: bool = False, norms: bool = False,
-                 rotary: bool = False, forwards: list | None = None) -> None:  # fmt: skip
+                 rotary: bool = False, mlps: bool = False, forwards: list | None = None) -> None:  # fmt: skip
         from specdec.kernels.rms_norm.routing import norm_modules
         from specdec.kernels.rotary.routing import rotary_modules
+        from specdec.kernels.silu_mul import mlp_modules
         from specdec.kernels.skinny_linear.routing import linear_modules
 
         self.linears = linear_modules(*models) if linear else []
         self.norms = norm_modules(*models) if norms else []
         self.rotary = rotary_modules(*models) if rotary else []
+        self.mlps = mlp_modules(*models) if mlps else []
+        self._mlp_routing = None
         self._rotary_routing = None
         self.forwards = list(forwards or ())
         self._forward_routing = None
@@ -261,6 +267,11 @@ class AttentionScope:
 
                 self._rotary_routing = routed_rotary(self.rotary)
                 self._rotary_routing.__enter__()
+            if self.mlps:
+                from specdec.kernels.silu_mul import routed as routed_mlps
+
+                self._mlp_routing = routed_mlps(self.mlps)
+                self._mlp_routing.__enter__()
             if self.forwards:
                 from specdec.state.forwards import swapped_forwards
 
@@ -283,6 +294,9 @@ class AttentionScope:
                 routing.__exit__(*exc)
             if self._rotary_routing is not None:
                 routing, self._rotary_routing = self._rotary_routing, None
+                routing.__exit__(*exc)
+            if self._mlp_routing is not None:
+                routing, self._mlp_routing = self._mlp_routing, None
                 routing.__exit__(*exc)
             if self._forward_routing is not None:
                 routing, self._forward_routing = self._forward_routing, None

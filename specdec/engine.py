@@ -25,6 +25,7 @@ from specdec.distributed import is_dtensor
 from specdec.drafters.follow import drafter_modules
 from specdec.kernels.rms_norm.routing import norm_kernel_for
 from specdec.kernels.rotary.routing import rotary_kernel_for
+from specdec.kernels.silu_mul import mlp_kernel_for
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
 from specdec.kernels.tree_accept import tree_masks
 from specdec.processors import Processors, node_history
@@ -859,24 +860,26 @@ class Engine:
         drafter state with a ``draft_model``): grouped-query attention without K/V expansion where
         ``specdec.attention.grouped_for`` says so (``compiled``: the forwards run under ``torch.compile``), and the
         linear layers through the split-K kernel with ``Backends(linear_kernel="triton")``, and in uncompiled forwards
-        the RMSNorm layers (on CUDA by default, ``Backends.target_norm``) and the rotary embedding (opt-in,
-        ``Backends.target_rotary``) through one launch each, and in uncompiled forwards the target's rotary modules
-        answer from their tables (``specdec.state.rope``)."""
+        the RMSNorm layers (on CUDA by default, ``Backends.target_norm``), the rotary embedding
+        (``Backends.target_rotary``) and the gated MLPs' activation and product (``Backends.silu_mul``) through one
+        launch each, and in uncompiled forwards the target's rotary modules answer from their tables
+        (``specdec.state.rope``)."""
         draft = getattr(static, "draft_model", None)
         kv = self.target.storage.kv  # [L, 2, 1, H_kv, capacity, D]: the attention's own dtype and head dim
         grouped = grouped_for(compiled, self.device, kv.dtype, kv.shape[-1])
         norms = not compiled and norm_kernel_for(self.device)
         rotary = not compiled and rotary_kernel_for(self.device)
+        mlps = not compiled and mlp_kernel_for(self.device)
         linear = linear_kernel_for()
         # made once per setting and draft model: this engine's target keeps its modules (another one gets another
         # engine, ``weights_signature``), and a drafter whose weights changed gets a new state (``_check_drafter``)
-        key = (id(draft), compiled, grouped, norms, rotary, linear)
+        key = (id(draft), compiled, grouped, norms, rotary, mlps, linear)
         held = self._scopes.get(key)
         if held is not None and held[0] is draft:
             return held[1]
         rope = [] if compiled else self.target.rope.forwards()  # the rotary tables: one gather per forward
         scope = AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear, norms=norms,
-                               rotary=rotary, forwards=rope)  # fmt: skip
+                               rotary=rotary, mlps=mlps, forwards=rope)  # fmt: skip
         self._scopes[key] = (draft, scope)
         return scope
 

@@ -24,6 +24,9 @@ from transformers.models.llama.modeling_llama import (
     repeat_kv,
 )
 
+from specdec.kernels.silu_mul import silu_mul
+from specdec.kernels.tree_conv import activation_kind
+
 __all__ = ["Eagle3Config", "Eagle3Model", "fused_layers"]
 
 LAYOUTS = ("official", "specforge", "speculators")
@@ -351,6 +354,8 @@ class Eagle3Model(nn.Module):
         if packed is None:
             return x + layer.mlp(normed)
         gate, up = F.linear(normed, *packed).chunk(2, dim=-1)
+        if activation_kind(layer.mlp.act_fn) == "silu":  # one launch on CUDA (silu_mul)
+            return x + layer.mlp.down_proj(silu_mul(gate, up))
         return x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
     def packed_weights(self, out: dict | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
