@@ -7,16 +7,19 @@ python -m specdec bench target=hybrid num_prompts=5   |   python -m specdec trai
 Every command composes the same config groups (``target``, ``prompts``; ``generate`` also ``drafter``, ``tree``,
 ``sampling``, ``verifier``); a key that the chosen group option does not define is an error, never silently ignored.
 
-A user error (a bad key or value, a missing file) prints one ``error: ...`` line and exits with status 2;
-``SPECDEC_DEBUG=1`` (or hydra's ``HYDRA_FULL_ERROR=1``) shows the traceback instead. torch and transformers load
-only when a command runs, so ``--help`` stays fast.
+A user error (a bad key or value, a missing file) prints one ``error: ...`` line that names the key, the value given
+and what to use instead, and exits with status 2; ``SPECDEC_DEBUG=1`` (or hydra's ``HYDRA_FULL_ERROR=1``) shows the
+traceback instead. The values are checked (:func:`check_values`) before any model loads. torch and transformers
+load only when a command runs, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -87,6 +90,13 @@ def check_keys(cfg: Mapping, choices: Mapping[str, str | None], command: str) ->
     """
     from omegaconf import OmegaConf
 
+    experiment = choices.get("experiment")
+    if experiment is not None and command != "bench":
+        this = "python -m specdec" + ("" if command == "generate" else f" {command}")
+        raise ValueError(
+            f"experiment={experiment} is an experiment of bench, not of `{this}`: run `python -m specdec bench "
+            f"+experiment={experiment}`."
+        )
     for group in _GROUPS:
         if group in cfg and group not in _COMMAND_GROUPS[command]:
             option = choices.get(group)
@@ -134,6 +144,203 @@ def _check_batch_size(batch_size) -> None:
         raise ValueError(f"prompts.batch_size = {batch_size!r}: give an int >= 1 (prompts per generate call).")
 
 
+_NO_TOKENIZER = object()  # stands for the tokenizer generate gets (sampling.stop_strings needs one)
+
+
+def check_values(c: Mapping, choices: Mapping[str, str | None], command: str) -> None:
+    """Refuse bad values of a composed config before anything heavy loads.
+
+    The library's own checks give the messages (``specdec.generate``'s arguments, the tree policies, the drafters,
+    the verification rules, ``BenchConfig``, ``resolve_device``); this step runs them before any model loads and
+    names each value by its config key (``tree.budget=0: ...`` for ``DDTree(budget=0): ...``). What only the CLI
+    has (``seed``, ``show_text``, ``prompts.text``, ``SPECDEC_ZOO``, ...) is checked here.
+
+    Args:
+        c (Mapping): the resolved config (without the ``hydra`` node), as plain containers.
+        choices (Mapping[str, str | None]): group -> chosen option.
+        command (str): ``generate``, ``bench`` or ``train``.
+
+    Raises:
+        ValueError: one message naming the key, the value given and what to use instead.
+        FileNotFoundError: a path that does not exist (``target.path``, ``prompts.path``, ``drafter.path``, ...),
+            naming the key and the paths tried.
+    """
+    from specdec.loading import check_device, check_dtype, load_prompts, resolve_device, resolve_model_path
+
+    zoo = os.environ.get("SPECDEC_ZOO")
+    if zoo and not Path(zoo).expanduser().is_dir():
+        raise ValueError(
+            f"SPECDEC_ZOO={zoo} is not a folder: export SPECDEC_ZOO=<the zoo folder> (it holds target-hybrid, "
+            "tokenizer, prompts_dev.jsonl), or unset it (then ../shared/zoo beside the project, else the shipped "
+            "assets/zoo)."
+        )
+    resolve_threads(c["threads"])
+    prompts, target = c["prompts"], c["target"]
+    _check_limit(prompts["limit"])
+    if command == "generate":
+        _check_batch_size(prompts.get("batch_size", 1))
+    text = prompts.get("text")
+    if text is not None and (not isinstance(text, str) or not text):
+        raise ValueError(
+            f"prompts.text={text!r}: give the prompt as a non-empty string, e.g. \"prompts.text='def f(x):'\"."
+        )
+    if text is None:
+        load_prompts(prompts["path"], limit=1)  # the file exists and its lines have a prompt
+    if target.get("tp_plan") not in (None, "auto") and not isinstance(target.get("tp_plan"), Mapping):
+        raise ValueError(f"target.tp_plan={target['tp_plan']!r}: use auto (HF's tensor-parallel plan, under torchrun) "
+                         "or null (one full copy per process).")  # fmt: skip
+    if command != "bench" or c.get("random_target") is None:  # a random target loads no checkpoint
+        resolve_model_path(target["path"], what="target model folder (target.path)")
+        resolve_model_path(target["tokenizer"], what="tokenizer folder (target.tokenizer)")
+    if command == "generate":
+        _check_int("seed", c["seed"], "the run's torch.Generator is seeded with it")
+        _check_bool("show_text", c["show_text"])
+        resolve_device(c["device"], c["dtype"])
+        _check_generate(c, choices)
+    elif command == "bench":
+        from specdec.bench.config import BenchConfig, check_method_specs
+
+        settings = bench_settings(c)
+        BenchConfig(**{k: v for k, v in settings.items() if k != "threads"})
+        resolve_device(settings["device"], settings["dtype"])
+        check_method_specs(settings["methods"], custom_drafters=())  # no drafter kinds beyond the built-in ones
+        for i, spec in enumerate(settings["methods"]):  # the checkpoints the methods load
+            drafter = spec.get("drafter")
+            drafter = {"kind": drafter} if isinstance(drafter, str) else drafter or {}
+            if drafter.get("init") == "random" or drafter.get("kind") not in ("model", "dflash", "eagle3"):
+                continue  # an mtp head's default checkpoint is the target's own
+            if drafter.get("path"):
+                resolve_model_path(drafter["path"], what=f"checkpoint folder (methods[{i}].drafter.path)")
+            elif drafter["kind"] == "dflash" and settings.get("dflash"):
+                resolve_model_path(settings["dflash"], what="DFlash checkpoint folder (target.dflash)")
+    else:
+        _check_int("seed", c["seed"], "the training run is seeded with it")
+        if c["device"] is not None:
+            check_device(c["device"])
+        for key in ("target_dtype", "autocast_dtype", "save_dtype"):
+            if c[key] is not None:
+                check_dtype(c[key], key, unset="null")
+        _train_config(c)
+
+
+def _train_config(c: Mapping):
+    """The training config of a resolved ``train.yaml`` config, built (its own checks run); a message about a key of
+    the ``eagle3`` / ``mtp`` node names it so (``eagle3.lr='abc': ...``)."""
+    from specdec.train import Eagle3TrainConfig, MTPTrainConfig, TrainConfig
+
+    settings = train_settings(c)
+    kind = train_kind(c)
+    cls = {"eagle3": Eagle3TrainConfig, "mtp": MTPTrainConfig}.get(kind, TrainConfig)
+    try:
+        return cls(**settings)
+    except ValueError as err:
+        found = re.match(r"(\w+)=", str(err))
+        if kind in _HEADS and found and (c.get(kind) or {}).get(found[1]) is not None:
+            raise ValueError(f"{kind}.{err}") from err
+        raise
+
+
+def _check_generate(c: Mapping, choices: Mapping[str, str | None]) -> None:
+    """The values of generate's groups and its keys that ``specdec.generate`` takes, by the library's checks."""
+    from specdec.loading import build_tree, check_drafter
+    from specdec.runtime import check_compile
+    from specdec.state.hybrid import check_hybrid_mode
+
+    check_hybrid_mode(c["hybrid_mode"])
+    if c.get("cuda_graphs") is not None:
+        _check_bool("cuda_graphs", c["cuda_graphs"], "or null (the library's default)")
+    _named(lambda: check_compile(c.get("compile")), None, {"compile": c.get("compile")})
+    drafter = {k: v for k, v in c["drafter"].items() if k != "name"}
+    _named(lambda: check_drafter(c["drafter"]["name"], **drafter), "drafter", c["drafter"], choices.get("drafter"))
+    tree_cfg = {k: v for k, v in c["tree"].items() if k != "name"}
+    tree = _named(lambda: build_tree(c["tree"]["name"], **tree_cfg), "tree", c["tree"], choices.get("tree"))
+    sampling = _check_sampling(c["sampling"], c["max_new_tokens"], choices.get("sampling"))
+    verifier = c["verifier"]
+    rule = _named(lambda: build_rule(**verifier), "verifier", verifier, choices.get("verifier"))
+    if rule is not None:  # the rule exact for the sampling settings and the tree (generate's own check)
+        fixed = tree.largest if getattr(tree, "auto", False) else tree  # as generate checks budget=auto
+        drafted = fixed if c["drafter"]["name"] != "none" else None
+        _named(lambda: rule.check(sampling, drafted), "verifier", verifier, choices.get("verifier"))
+
+
+def _check_sampling(sampling: Mapping, max_new_tokens, option: str | None):
+    """``max_new_tokens`` and the sampling group by ``specdec.generate``'s own argument checks (each key alone
+    first, so that the message can name it), then HF's warpers; returns the resolved ``SamplingParams``."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from specdec.hf_args import resolve_generation_args
+    from specdec.types import SamplingParams
+    from specdec.verify.processing import process_logits
+
+    do_sample = sampling.get("do_sample")
+    _check_bool("sampling.do_sample", do_sample)
+    base = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "tokenizer": _NO_TOKENIZER}
+    resolve_generation_args(None, 1, **base)  # max_new_tokens, by its own message
+    path = _CONF / "sampling" / f"{option}.yaml"
+    defaults = OmegaConf.to_container(OmegaConf.load(path)) if option and path.is_file() else {}
+    sampling_only = {f.name for f in dataclasses.fields(SamplingParams)} - {"do_sample"}
+    for key, value in sampling.items():
+        if key == "do_sample" or value is None:
+            continue
+        if not do_sample and key in sampling_only and value != defaults.get(key):
+            raise ValueError(
+                f"sampling.{key}={value!r} is a sampling setting, but sampling.do_sample=false decodes greedily and "
+                "never reads it: add sampling=sample to sample with it, or drop it."
+            )
+
+        def one(key=key, value=value):
+            args = resolve_generation_args(None, 1, **base, **{key: value})
+            if do_sample:
+                process_logits(torch.zeros(1, 4), args.sampling)  # HF's warpers check their values
+
+        _named(one, "sampling", {key: value})
+    rest = {k: v for k, v in sampling.items() if k != "do_sample"}
+    return _named(lambda: resolve_generation_args(None, 1, **base, **rest).sampling, "sampling", rest, option)
+
+
+def _named(fn, group: str | None, values: Mapping, option: str | None = None):
+    """``fn()``, its ``ValueError`` / ``TypeError`` re-raised as a ``ValueError`` whose message names the config key
+    (see :func:`_qualify`)."""
+    try:
+        return fn()
+    except (ValueError, TypeError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise ValueError(_qualify(str(err), group, values, option)) from err
+
+
+def _qualify(message: str, group: str | None, values: Mapping, option: str | None = None) -> str:
+    """A library message with its value named by the config key: ``DDTree(budget=0): ...`` -> ``tree.budget=0:
+    ...``, ``NGramDrafter: max_ngram=...`` -> ``drafter.max_ngram=...``, ``top_k=...`` -> ``sampling.top_k=...``,
+    HF's ``min_p has to be ...`` -> ``sampling.min_p=5: min_p has to be ...``; a message that names no key of
+    ``values`` is prefixed with ``group=option`` (or the one key of ``values``)."""
+    prefix = f"{group}." if group else ""
+    if group and message.startswith((f"{group}.", f"{group}=")):
+        return message
+    found = re.match(r"\w+\((\w+)=(.*?)\): ", message)  # Class(key=value): ...
+    if found and found[1] in values:
+        return f"{prefix}{found[1]}={found[2]}: {message[found.end() :]}"
+    found = re.match(r"(?:\w+: )?(\w+)=", message)  # key=value ... or Class: key=value ...
+    if found and found[1] in values:
+        return prefix + message[found.start(1) :]
+    found = re.match(r"`?(\w+)\b`?", message)  # `key` has to be ... / key needs ...
+    key = found[1] if found and found[1] in values else next(iter(values)) if len(values) == 1 else None
+    if key is not None:
+        return f"{prefix}{key}={values[key]!r}: {message}"
+    return f"{group}={option}: {message}" if option else message
+
+
+def _check_int(key: str, value, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key}={value!r}: give an int ({what}), e.g. {key}=0.")
+
+
+def _check_bool(key: str, value, also: str = "") -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}={value!r}: give true or false{' ' + also if also else ''}.")
+
+
 def left_pad(tokenizer) -> None:
     """Make ``tokenizer`` pad batches on the left (as ``generate`` takes them); a tokenizer without a pad token pads
     with its EOS token, as HF does."""
@@ -153,7 +360,8 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
     """Decode the configured prompts; print a table; write ``generations.jsonl`` and ``stats.jsonl``.
 
     Args:
-        c (dict): the resolved generate config (``config.yaml`` plus its groups) as plain containers.
+        c (dict): the resolved generate config (``config.yaml`` plus its groups) as plain containers, its values
+            checked (:func:`run_command` runs :func:`check_values` first).
         output_dir (str | PathLike | None): where the JSONL files go (the hydra run folder); None writes none.
 
     Returns:
@@ -165,20 +373,21 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
 
     import specdec
     from specdec.distributed import rank
-    from specdec.loading import build_drafter, build_tree, load_prompts, load_target, resolve_device
+    from specdec.loading import build_drafter, build_tree, load_prompts, load_target, resolve_device, resolve_model_path
 
-    _check_limit(c["prompts"]["limit"])
-    _check_batch_size(c["prompts"].get("batch_size", 1))
     torch.set_num_threads(resolve_threads(c["threads"]))
     device, dtype = resolve_device(c["device"], c["dtype"])
     target = c["target"]
-    model = load_target(target["path"], device=device, dtype=dtype, attn_implementation=target["attn_implementation"],
-                        tp_plan=target.get("tp_plan"))  # fmt: skip
+    model = _loading("target.path", target["path"], lambda: load_target(
+        target["path"], device=device, dtype=dtype, attn_implementation=target["attn_implementation"],
+        tp_plan=target.get("tp_plan")))  # fmt: skip
     device = model.get_input_embeddings().weight.device  # a sharded target sits on its rank's device
     lead = rank() == 0  # under torchrun every rank decodes; the first one reports and writes
-    tok = AutoTokenizer.from_pretrained(target["tokenizer"])
+    path = resolve_model_path(target["tokenizer"], what="tokenizer folder (target.tokenizer)")
+    tok = _loading("target.tokenizer", target["tokenizer"], lambda: AutoTokenizer.from_pretrained(path))
     drafter_cfg, tree_cfg = dict(c["drafter"]), dict(c["tree"])
-    drafter = build_drafter(drafter_cfg.pop("name"), model, **drafter_cfg)
+    name = drafter_cfg.pop("name")
+    drafter = _loading("drafter.path", drafter_cfg.get("path"), lambda: build_drafter(name, model, **drafter_cfg))
     tree = build_tree(tree_cfg.pop("name"), **tree_cfg)
     verifier = build_rule(**c["verifier"])
     spec = specdec.SpeculativeModel(model, drafter=drafter, tree=tree, verifier=verifier, hybrid_mode=c["hybrid_mode"])
@@ -225,6 +434,18 @@ def run_generate(c: dict, output_dir: str | os.PathLike | None = None) -> list[d
         _write_jsonl(Path(output_dir) / "generations.jsonl", [{k: r[k] for k in r if k != "stats"} for r in records])
         _write_jsonl(Path(output_dir) / "stats.jsonl", [{"id": r["id"], **r["stats"]} for r in records])
     return records
+
+
+def _loading(key: str, value, load):
+    """``load()``; an ``OSError`` of the hub (an id it cannot reach or does not have) or of the files names ``key``."""
+    try:
+        return load()
+    except OSError as err:
+        if isinstance(err, FileNotFoundError) and key.split(".")[0] in str(err):  # resolve_model_path named it
+            raise
+        first = " ".join(str(err).split())
+        raise ValueError(f"{key}={value!r} could not be loaded: {first} Give a local folder, or a hub id that this "
+                         "machine can download (or has in its cache).") from err  # fmt: skip
 
 
 def build_rule(name: str | None = None, **settings):
@@ -406,12 +627,20 @@ def train_settings(c: Mapping) -> dict:
 
 
 def run_command(command: str, cfg, choices: Mapping[str, str | None], output_dir: str | None = None):
-    """Check the keys of a composed config and run ``command`` on it (the body of every hydra entry point)."""
+    """Check the keys and values of a composed config (:func:`check_keys`, :func:`check_values`) and run
+    ``command`` on it (the body of every hydra entry point)."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
-    c = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        c = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:  # e.g. seed=${nope}: an interpolation that does not resolve
+        key = getattr(err, "full_key", None) or "a value"
+        what = str(getattr(err, "msg", None) or err).splitlines()[0]  # without omegaconf's full_key / object_type
+        raise ValueError(f"{key}: {what}; give a plain value or an interpolation that resolves.") from err
     c.pop("hydra", None)
     check_keys(c, choices, command)
+    check_values(c, choices, command)
     if command == "generate":
         return run_generate(c, output_dir)
     import torch
@@ -424,15 +653,10 @@ def run_command(command: str, cfg, choices: Mapping[str, str | None], output_dir
         if settings.get("out_dir") is None:  # out_dir: null = the run's own folder (outputs/bench/<date>/<time>)
             settings["out_dir"] = output_dir
         return main_bench(settings)
-    from specdec.train import Eagle3TrainConfig, MTPTrainConfig, TrainConfig, train_dflash, train_eagle3, train_mtp
+    from specdec.train import train_dflash, train_eagle3, train_mtp
 
-    settings = train_settings(c)
     kind = train_kind(c)
-    if kind == "eagle3":
-        return train_eagle3(Eagle3TrainConfig(**settings))
-    if kind == "mtp":
-        return train_mtp(MTPTrainConfig(**settings))
-    return train_dflash(TrainConfig(**settings))
+    return {"eagle3": train_eagle3, "mtp": train_mtp}.get(kind, train_dflash)(_train_config(c))
 
 
 class _UserError(BaseException):
@@ -474,7 +698,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in _COMMANDS:
         command = sys.argv.pop(1)
     _register_resolvers()
-    user_errors = (ValueError, FileNotFoundError, FileExistsError)
+    user_errors = (ValueError, OSError)  # bad values; missing, unreadable or unreachable files and hub ids
     debug = _debug()
 
     def task(cfg) -> None:

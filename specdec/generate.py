@@ -693,7 +693,8 @@ class SpeculativeModel:
         drafter (Drafter | None): a drafter instance; None = plain autoregressive decoding.
         tree (TreePolicy | None): tree policy; default the drafter's ``default_tree`` or ``Chain(4)``.
         verifier (VerificationRule | None): verification rule; default as in :func:`specdec.generate`.
-        hybrid_mode (str): how recurrent layers are verified, "exact" (default) or "snapshot" (``docs/hybrid.md``).
+        hybrid_mode (str): how recurrent layers are verified: "exact" (default; the one mode the round runs,
+            "snapshot" is refused by it: ``docs/hybrid.md``).
 
     Examples:
         >>> model = specdec.SpeculativeModel(target, drafter=specdec.NGramDrafter(), tree=specdec.Chain(4))

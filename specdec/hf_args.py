@@ -624,7 +624,7 @@ def resolve_generation_args(
     _check_refused(kwargs, generation_config, model, do_sample)
     sampling = SamplingParams(
         do_sample=do_sample,
-        temperature=float(get("temperature")),
+        temperature=get("temperature"),  # a number: SamplingParams checks and converts it
         top_k=get("top_k"),
         top_p=get("top_p"),
         **({name: get(name) for name in _WARPERS} if do_sample else {}),

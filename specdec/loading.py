@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -26,6 +27,10 @@ __all__ = [
     "asset_path",
     "build_drafter",
     "build_tree",
+    "check_device",
+    "check_drafter",
+    "check_drafter_settings",
+    "check_dtype",
     "load_prompts",
     "load_target",
     "load_tokenizer",
@@ -132,16 +137,66 @@ def resolve_model_path(path: str | Path, *, what: str = "model folder") -> str:
     return str(path)
 
 
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+"""The dtype names a model loads in (``dtype=``); ``auto`` picks bfloat16 on an accelerator, float32 on CPU."""
+
+
+def check_dtype(dtype, key: str = "dtype", unset: str = "auto") -> torch.dtype:
+    """The torch dtype ``dtype`` names (one of ``DTYPES``, or its alias such as ``half``); ``key`` and ``unset`` (the
+    value that picks the default) word the error.
+
+    Raises:
+        ValueError: naming ``key``, the value given and the names to use.
+    """
+    found = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if isinstance(found, torch.dtype) and found in {getattr(torch, name) for name in DTYPES}:
+        return found
+    what = "a floating-point dtype for the weights" if isinstance(found, torch.dtype) else "a torch dtype name"
+    raise ValueError(f"{key}={dtype!r} is not {what}: use {unset} or one of {', '.join(DTYPES)}.")
+
+
+def check_device(device) -> torch.device:
+    """The torch device ``device`` names, refused unless this process can place a model there: ``cpu``, or the
+    current accelerator (``cuda``, ``cuda:N``, ...; ``torch.accelerator``) with index below its device count.
+
+    Raises:
+        ValueError: naming ``device``, the value given and the devices to use.
+    """
+    fix = "use device=auto (the current accelerator, else cpu) or device=cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is not a torch device: {fix} (or cuda:N).") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "meta":
+        raise ValueError(f"device={device!r} holds shapes without data (nothing can be decoded there): {fix}.")
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if accelerator is None or accelerator.type != dev.type:
+        sees = f"a {accelerator.type} device" if accelerator is not None else "no accelerator"
+        raise ValueError(f"device={device!r} but torch sees {sees} (torch {torch.__version__}): {fix}.")
+    count = torch.accelerator.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"device={device!r} but torch sees {count} {dev.type} device(s) ({dev.type}:0 to "
+                         f"{dev.type}:{count - 1}): pick one of them, or {fix}.")  # fmt: skip
+    return dev
+
+
 def resolve_device(device: str | None = "auto", dtype: str | None = "auto") -> tuple[torch.device, torch.dtype]:
     """``"auto"`` (or ``None``) = the current accelerator if there is one, else CPU; ``"auto"`` (or ``None``)
-    dtype = bf16 on an accelerator, fp32 on CPU."""
+    dtype = bf16 on an accelerator, fp32 on CPU.
+
+    Raises:
+        ValueError: a device this process cannot use (:func:`check_device`) or a dtype name that is not one of
+            ``DTYPES`` (:func:`check_dtype`), naming ``device=`` / ``dtype=`` and what to use instead.
+    """
     if device in (None, "auto"):
         accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
         device = accelerator if accelerator is not None else "cpu"
-    dev = torch.device(device)
+    dev = check_device(device)
     if dtype in (None, "auto"):
         return dev, torch.float32 if dev.type == "cpu" else torch.bfloat16
-    return dev, getattr(torch, dtype)
+    return dev, check_dtype(dtype)
 
 
 def load_target(
@@ -184,9 +239,10 @@ def load_prompts(path: str | Path | None = None, *, limit: int | None = None, te
     literal ``text``; ``limit`` keeps the first prompts."""
     if text is not None:
         return [{"id": "text", "prompt": text}]
-    path = zoo_path("prompts_dev.jsonl") if path is None else _resolve_local(path, what="prompts file")
+    what = "prompts file (prompts.path)"
+    path = zoo_path("prompts_dev.jsonl") if path is None else _resolve_local(path, what=what)
     if not Path(path).is_file():
-        raise FileNotFoundError(f"No prompts file at {path}; give prompts.path (JSONL with a 'prompt' field).")
+        raise FileNotFoundError(f"No prompts file at {path}: give prompts.path=<a JSONL file with a 'prompt' field>.")
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     for i, row in enumerate(rows):
         row.setdefault("id", str(i))
@@ -217,7 +273,7 @@ def build_tree(name: str, **kw) -> TreeSpec:
         sizes = tuple(_whole(s, "sizes") for s in kw.get("sizes", DDTree.sizes))
         budget = budget if budget == "auto" else _whole(budget, "budget", " or auto")
         return DDTree(budget=budget, topk=None if topk is None else _whole(topk, "topk"), sizes=sizes,
-                      candidates=bool(kw.get("candidates", False)))  # fmt: skip
+                      candidates=kw.get("candidates", False))  # fmt: skip
     from specdec.trees import TREES
 
     if name in TREES:  # a registered policy takes its settings as keyword arguments
@@ -225,50 +281,97 @@ def build_tree(name: str, **kw) -> TreeSpec:
     raise ValueError(f"Unknown tree {name!r}; choose one of {', '.join(sorted(TREES))}.")
 
 
+DRAFTERS = ("none", "ngram", "model", "dflash", "eagle3", "mtp")
+_DRAFTER_INTS = {"truncate_layers": 1, "tree_depth": 1, "seed": 0}  # NGramDrafter checks its own settings
+_CHECKPOINTS = {"model": "draft model folder", "dflash": "DFlash checkpoint folder",
+                "eagle3": "EAGLE-3 checkpoint folder", "mtp": "checkpoint folder with mtp.* tensors"}  # fmt: skip
+_NEEDS_PATH = {
+    "dflash": "drafter=dflash needs a checkpoint: drafter.path=<folder or hub id owner/name>.",
+    "eagle3": "drafter=eagle3 needs a checkpoint: drafter.path=<folder or hub id owner/name>.",
+    "mtp": "drafter=mtp needs the checkpoint holding mtp.* tensors: drafter.path=<folder or hub id>.",
+}
+
+
+def check_drafter_settings(name: str, settings: Mapping) -> None:
+    """Refuse an unknown drafter or a setting of the wrong type or range, without loading or reading anything.
+
+    Raises:
+        ValueError: naming ``drafter.<key>``, the value given and what to use instead.
+    """
+    if name not in DRAFTERS:
+        raise ValueError(f"Unknown drafter {name!r}; choose {', '.join(DRAFTERS[:-1])} or {DRAFTERS[-1]}.")
+    if name == "ngram":  # NGramDrafter checks its own settings
+        from specdec.drafters.ngram import NGramDrafter
+
+        NGramDrafter(**{k: v for k, v in settings.items() if k in ("max_ngram", "min_ngram", "max_matches")})
+        return
+    for key, low in _DRAFTER_INTS.items():
+        value = settings.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ValueError(f"drafter.{key}={value!r}: give an int >= {low}.")
+    if settings.get("init") not in (None, "random"):
+        raise ValueError(f"drafter.init={settings['init']!r}: use null (the checkpoint's head) or random.")
+    path = settings.get("path")
+    if path is not None and not isinstance(path, str | os.PathLike):
+        raise ValueError(f"drafter.path={path!r}: give a folder or a hub id owner/name.")
+
+
+def check_drafter(name: str, **kw) -> str | None:
+    """Check a drafter's settings (:func:`check_drafter_settings`) and find its checkpoint, without loading it
+    (what :func:`build_drafter` does first).
+
+    Returns:
+        str | None: the resolved checkpoint the drafter loads (see :func:`resolve_model_path`), None when it loads
+        none (``none``, ``ngram``, ``model`` without ``path``, ``mtp`` with ``init: random``).
+
+    Raises:
+        ValueError: an unknown drafter, a bad setting, or a drafter that needs ``drafter.path`` without one.
+        FileNotFoundError: a local-looking ``path`` that does not exist, naming the paths tried.
+    """
+    check_drafter_settings(name, kw)
+    if name in ("none", "ngram") or (name == "mtp" and kw.get("init") == "random"):
+        return None
+    if not kw.get("path"):
+        if name == "model":
+            return None
+        raise ValueError(_NEEDS_PATH[name])
+    return resolve_model_path(kw["path"], what=f"{_CHECKPOINTS[name]} (drafter.path)")
+
+
 def build_drafter(name: str, target, **kw):
     """A drafter by name: ``none``, ``ngram``, ``model`` (``path`` or ``truncate_layers``), ``dflash`` (``path``,
     ``strict``), ``eagle3`` (``path``, ``tree_depth``) or ``mtp`` (``path``: the checkpoint holding the ``mtp.*``
     tensors, ``tree_depth``; ``init: random`` for a random head). Paths resolve as in :func:`resolve_model_path`
-    (``assets/drafters/zoo-dense`` from any folder)."""
+    (``assets/drafters/zoo-dense`` from any folder); the settings are checked first (:func:`check_drafter`)."""
+    path = check_drafter(name, **kw)
     if name == "none":
         return None
     if name == "ngram":
         from specdec.drafters.ngram import NGramDrafter
 
-        return NGramDrafter(**{k: int(v) for k, v in kw.items() if k in ("max_ngram", "min_ngram", "max_matches")})
+        return NGramDrafter(**{k: v for k, v in kw.items() if k in ("max_ngram", "min_ngram", "max_matches")})
+    depth = kw.get("tree_depth", 8)
     if name == "model":
         from specdec.drafters.model import ModelDrafter
 
-        depth = int(kw.get("tree_depth", 8))
-        if kw.get("path"):
-            device, dtype = target.device, target.dtype
-            draft = load_target(kw["path"], device=device, dtype=dtype, attn_implementation="sdpa")
+        if path is not None:
+            draft = load_target(path, device=target.device, dtype=target.dtype, attn_implementation="sdpa")
             return ModelDrafter(draft, tree_depth=depth)
-        return ModelDrafter.from_target_layers(target, int(kw.get("truncate_layers", 2)), tree_depth=depth)
+        layers = kw.get("truncate_layers", 2)
+        try:
+            return ModelDrafter.from_target_layers(target, layers, tree_depth=depth)
+        except ValueError as err:  # the layer count the target has: known only now
+            raise ValueError(f"drafter.truncate_layers={layers!r}: {err}") from err
     if name == "dflash":
         from specdec.drafters.dflash import DFlashDrafter
 
-        if not kw.get("path"):
-            raise ValueError("drafter=dflash needs a checkpoint: drafter.path=<folder or hub id owner/name>.")
-        path = resolve_model_path(kw["path"], what="DFlash checkpoint folder")
         return DFlashDrafter.from_pretrained(path, target=target, strict=bool(kw.get("strict", False)))
     if name == "eagle3":
         from specdec.drafters.eagle3 import Eagle3Drafter
 
-        if not kw.get("path"):
-            raise ValueError("drafter=eagle3 needs a checkpoint: drafter.path=<folder or hub id owner/name>.")
-        path = resolve_model_path(kw["path"], what="EAGLE-3 checkpoint folder")
-        return Eagle3Drafter.from_pretrained(path, target=target, tree_depth=int(kw.get("tree_depth", 8)))
-    if name == "mtp":
-        from specdec.drafters.mtp import MTPDrafter
+        return Eagle3Drafter.from_pretrained(path, target=target, tree_depth=depth)
+    from specdec.drafters.mtp import MTPDrafter
 
-        depth = int(kw.get("tree_depth", 8))
-        if kw.get("init") == "random":
-            return MTPDrafter.random(target, seed=int(kw.get("seed", 0)), tree_depth=depth)
-        if kw.get("init") is not None:
-            raise ValueError(f"drafter.init={kw['init']!r}: use null (the checkpoint's head) or random.")
-        if not kw.get("path"):
-            raise ValueError("drafter=mtp needs the checkpoint holding mtp.* tensors: drafter.path=<folder or hub id>.")
-        path = resolve_model_path(kw["path"], what="checkpoint folder with mtp.* tensors")
-        return MTPDrafter.from_pretrained(path, target=target, tree_depth=depth)
-    raise ValueError(f"Unknown drafter {name!r}; choose none, ngram, model, dflash, eagle3 or mtp.")
+    if kw.get("init") == "random":
+        return MTPDrafter.random(target, seed=kw.get("seed", 0), tree_depth=depth)
+    return MTPDrafter.from_pretrained(path, target=target, tree_depth=depth)

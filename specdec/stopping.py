@@ -67,7 +67,8 @@ def check_stopping(stopping_criteria, stop_strings, tokenizer, max_time):
         criteria = list(stopping_criteria) or None
     strings: tuple[str, ...] = ()
     if stop_strings is not None:
-        strings = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
+        is_list = isinstance(stop_strings, list | tuple)
+        strings = (stop_strings,) if isinstance(stop_strings, str) or not is_list else tuple(stop_strings)
         if not all(isinstance(s, str) and s for s in strings):
             raise TypeError(f"stop_strings={stop_strings!r} must be a non-empty string or a list of them.")
         if strings and tokenizer is None:

@@ -79,7 +79,8 @@ class TargetModel:
 
     Args:
         model: the HF causal LM (eval mode is set by the caller; weights are never modified).
-        hybrid_mode (str): ``"exact"`` (default) or ``"snapshot"``, passed to ``specdec.state.manager_for``.
+        hybrid_mode (str): ``"exact"`` (default) or ``"snapshot"`` (a name the round refuses), passed to
+            ``specdec.state.manager_for``.
     """
 
     def __init__(self, model, *, hybrid_mode: str = "exact") -> None:

@@ -7,6 +7,7 @@ the batch dimension ``B`` first. Notation and conventions: ``docs/trees.md``.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -198,12 +199,23 @@ class SamplingParams:
     top_h: float | None = None
 
     def __post_init__(self) -> None:
-        if self.do_sample and not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature} must be > 0 when do_sample=True (use do_sample=False).")
-        if self.top_k is not None and self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 or None disables it).")
-        if self.top_p is not None and not 0.0 <= self.top_p <= 1.0:  # HF's range: 0 keeps the top token alone
-            raise ValueError(f"top_p={self.top_p} must be in [0, 1] (1.0 or None disables it).")
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if not _real(t):
+            raise ValueError(f"temperature={t!r} must be a number (> 0 when do_sample=True).")
+        object.__setattr__(self, "temperature", float(t))
+        if self.do_sample and not t > 0:
+            raise ValueError(f"temperature={float(t)} must be > 0 when do_sample=True (use do_sample=False).")
+        whole = isinstance(k, numbers.Integral) or hasattr(k, "__index__")  # numpy / 0-d torch ints too
+        if k is not None and (isinstance(k, bool) or not whole or k < 0):
+            raise ValueError(f"top_k={k!r} must be an int >= 0 (0 or None disables it).")
+        if p is not None and (not _real(p) or not 0.0 <= p <= 1.0):  # HF's range: 0 keeps the top token alone
+            raise ValueError(f"top_p={p!r} must be in [0, 1] (1.0 or None disables it).")
+
+
+def _real(value) -> bool:
+    """A number (numpy and 0-d torch numbers too), not a bool or a string."""
+    number = isinstance(value, numbers.Real) or hasattr(value, "__float__")
+    return number and not isinstance(value, bool | str | bytes)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -477,3 +478,249 @@ def test_tp_plan_reaches_the_bench_and_is_refused_by_train():
     cfg, _ = _compose("train", ["target.tp_plan=auto"])
     with pytest.raises(ValueError, match=r"target\.tp_plan shards the target of generate and bench"):
         cli.train_settings(_plain(cfg))
+
+
+# -- bad values: one error line naming the key and the fix, before anything loads -----------------------------
+def _main(args: list[str], tmp_path: Path, monkeypatch, capsys) -> tuple[int | str | None, str]:
+    """``python -m specdec ARGS`` in this process, as a user runs it (no HYDRA_FULL_ERROR / SPECDEC_DEBUG): its exit
+    status and what it printed to stderr. A call that does not exit fails the test."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.delenv("SPECDEC_DEBUG", raising=False)
+    hydra_args = [f"hydra.run.dir={tmp_path / 'run'}", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    monkeypatch.setattr(sys, "argv", ["specdec", *args, *hydra_args])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    return exited.value.code, capsys.readouterr().err
+
+
+def _error_line(args: list[str], tmp_path: Path, monkeypatch, capsys) -> str:
+    """The one ``error:`` line of a user error (status 2, no traceback)."""
+    code, err = _main(args, tmp_path, monkeypatch, capsys)
+    assert code == 2, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    return line
+
+
+_NO_ACCELERATOR = pytest.mark.skipif(torch.accelerator.is_available(), reason="this machine has an accelerator")
+
+# (arguments, the key as the message names it, the fix it gives): about 90 bad values of the three commands
+BAD_VALUES = [
+    # generate: top-level keys
+    (["dtype=float13"], "dtype='float13'", "use auto or one of float32, bfloat16"),
+    (["dtype=int8"], "dtype='int8'", "use auto or one of float32, bfloat16"),
+    (["device=xyz"], "device='xyz'", "device=auto"),
+    (["device=meta"], "device='meta'", "device=cpu"),
+    pytest.param(["device=cuda"], "device='cuda'", "device=cpu", marks=_NO_ACCELERATOR),
+    (["seed=null"], "seed=None", "give an int"),
+    (["seed=abc"], "seed='abc'", "give an int"),
+    (["seed=${nope}"], "seed:", "give a plain value"),
+    (["max_new_tokens=0"], "max_new_tokens=0", "int >= 1"),
+    (["max_new_tokens=-5"], "max_new_tokens=-5", "int >= 1"),
+    (["max_new_tokens=abc"], "max_new_tokens='abc'", "int >= 1"),
+    (["max_new_tokens=1.5"], "max_new_tokens=1.5", "int >= 1"),
+    (["threads=0"], "threads=0", "int >= 1 or auto"),
+    (["threads=abc"], "threads='abc'", "int >= 1 or auto"),
+    (["show_text=maybe"], "show_text='maybe'", "true or false"),
+    (["hybrid_mode=foo"], "hybrid_mode='foo'", "'exact'"),
+    (["cuda_graphs=maybe"], "cuda_graphs='maybe'", "true or false"),
+    (["compile=foo"], "compile='foo'", "'max-autotune-no-cudagraphs'"),
+    (["+experiment=smoke"], "experiment=smoke", "python -m specdec bench +experiment=smoke"),
+    # groups: unknown options (hydra lists the options)
+    (["drafter=nope"], "drafter/nope", "ngram, none"),
+    (["tree=nope"], "tree/nope", "chain, ddtree"),
+    (["target=nope"], "target/nope", "dense, hybrid"),
+    (["verifier=nope"], "verifier/nope", "sample-match"),
+    (["sampling=nope"], "sampling/nope", "greedy, sample"),
+    (["drafter.name=nope"], "drafter 'nope'", "ngram"),
+    # sampling
+    (["sampling.top_k=abc"], "sampling.top_k='abc'", "add sampling=sample"),
+    (["sampling.temperature=-1"], "sampling.temperature=-1", "add sampling=sample"),
+    (["sampling=sample", "sampling.temperature=-1"], "sampling.temperature=-1.0", "must be > 0"),
+    (["sampling=sample", "sampling.temperature=abc"], "sampling.temperature='abc'", "must be a number"),
+    (["sampling=sample", "sampling.top_k=abc"], "sampling.top_k='abc'", "int >= 0"),
+    (["sampling=sample", "sampling.top_k=-3"], "sampling.top_k=-3", "int >= 0"),
+    (["sampling=sample", "sampling.top_p=2"], "sampling.top_p=2", "in [0, 1]"),
+    (["sampling=sample", "sampling.top_p=abc"], "sampling.top_p='abc'", "in [0, 1]"),
+    (["sampling=sample", "sampling.min_p=5"], "sampling.min_p=5", "[0, 1]"),
+    (["sampling.do_sample=maybe"], "sampling.do_sample='maybe'", "true or false"),
+    (["sampling.repetition_penalty=-1"], "sampling.repetition_penalty=-1", "strictly positive"),
+    (["sampling.no_repeat_ngram_size=-2"], "sampling.no_repeat_ngram_size=-2", "strictly positive integer"),
+    (["sampling.stop_strings=5"], "sampling.stop_strings=5", "non-empty string or a list"),
+    (["sampling.max_time=-1"], "sampling.max_time=-1", ">= 0"),
+    # trees
+    (["tree.k=0"], "tree.k=0", "int >= 1"),
+    (["tree.k=abc"], "tree.k='abc'", "whole number >= 1"),
+    (["tree=ddtree", "tree.budget=0"], "tree.budget=0", "int >= 1"),
+    (["tree=ddtree", "tree.budget=abc"], "tree.budget='abc'", "or auto"),
+    (["tree=ddtree", "tree.topk=0"], "tree.topk=0", "int >= 1"),
+    (["tree=ddtree", "tree.candidates=maybe"], "tree.candidates='maybe'", "True or False"),
+    (["tree=sampled-trees", "tree.merge=maybe"], "tree.merge='maybe'", "True or False"),
+    (["tree=gumbel-topk", "tree.widths=abc"], "tree.widths='abc'", "ints >= 1"),
+    (["tree=dynamic", "tree.depth=0"], "tree.depth=0", "int >= 1"),
+    # drafters and verifiers
+    (["drafter.max_ngram=abc"], "drafter.max_ngram='abc'", "int >= 1"),
+    (["drafter.min_ngram=5"], "min_ngram (5) <= max_ngram (3)", "drafter=ngram"),
+    (["drafter=model", "drafter.truncate_layers=0"], "drafter.truncate_layers=0", "int >= 1"),
+    (["drafter=model", "drafter.tree_depth=abc"], "drafter.tree_depth='abc'", "int >= 1"),
+    (["drafter=mtp", "drafter.init=foo"], "drafter.init='foo'", "random"),
+    (["drafter=eagle3"], "drafter=eagle3", "drafter.path=<folder"),
+    (["drafter=dflash", "drafter.path=/no/such/dflash"], "(drafter.path)", "Give an existing path"),
+    (["verifier=multi-draft", "verifier.replacement=maybe"], "verifier.replacement='maybe'", "True"),
+    (["verifier=speculative-sampling"], "verifier=SpeculativeSampling()", "Pass one of those trees"),
+    # prompts and target
+    (["prompts.limit=-1"], "prompts.limit", "int >= 1"),
+    (["prompts.limit=abc"], "prompts.limit", "int >= 1"),
+    (["prompts.batch_size=0"], "prompts.batch_size", "int >= 1"),
+    (["prompts.path=/no/such/prompts.jsonl"], "(prompts.path)", "Give an existing path"),
+    (["prompts=text", "prompts.text=''"], "prompts.text=''", "non-empty string"),
+    (["prompts=text", "prompts.text=5"], "prompts.text=5", "non-empty string"),
+    (["target.path=/no/such/model"], "(target.path)", "Give an existing path"),
+    (["target.tokenizer=/no/such/tokenizer"], "(target.tokenizer)", "Give an existing path"),
+    (["target.tp_plan=foo"], "target.tp_plan='foo'", "use auto"),
+    # bench, as it is usually run
+    (["bench", "num_prompts=0"], "num_prompts", "int >= 1"),
+    (["bench", "max_new_tokens=0"], "max_new_tokens=0", "int >= 1"),
+    (["bench", "temperatures=[abc]"], "temperatures=['abc']", "number >= 0"),
+    (["bench", "temperatures=[-1]"], "temperatures=[-1]", "number >= 0"),
+    (["bench", "temperatures=0.5"], "temperatures=0.5", "e.g. [0.0, 1.0]"),
+    (["bench", "top_k=abc"], "top_k='abc'", "int >= 0"),
+    (["bench", "seed=null"], "seed=None", "give an int"),
+    (["bench", "dtype=float13"], "dtype='float13'", "use auto or one of"),
+    (["bench", "device=xyz"], "device='xyz'", "device=cpu"),
+    (["bench", "progress=maybe"], "progress='maybe'", "true or false"),
+    (["bench", "hybrid_mode=foo"], "hybrid_mode='foo'", "'exact'"),
+    (["bench", "batch_sizes=[0]"], "batch_sizes=[0]", "int >= 1"),
+    (["bench", "methods=[{drafter: {kind: nope}}]"], "methods[0]: Unknown drafter 'nope'", "ngram"),
+    (["bench", "methods=[{drafter: dflash, tree: {kind: nope}}]"], "methods[0]: Unknown tree kind 'nope'", "ddtree"),
+    (["bench", "methods=[{drafter: dflash, tree: {kind: ddtree, budget: [0]}}]"], "methods[0]: DDTree(budget=0)",
+     "int >= 1"),  # fmt: skip
+    (["bench", "methods=[{drafter: {kind: ngram, max_ngram: abc}}]"], "methods[0]", "max_ngram='abc' must be"),
+    (["bench", "methods=[{drafter: {kind: mtp, init: foo}}]"], "methods[0]: drafter.init='foo'", "random"),
+    (["bench", "methods=[{name: ar}, {drafter: ngram, verifier: nope}]"], "methods[1]: Unknown verifier", "greedy"),
+    (["bench", "methods=[{drafter: {kind: dflash, path: /no/such/d}}]"], "(methods[0].drafter.path)",
+     "Give an existing path"),  # fmt: skip
+    (["bench", "prompts.path=/no/such/prompts.jsonl"], "(prompts.path)", "Give an existing path"),
+    # train
+    (["train", "corpus=x", "device=xyz"], "device='xyz'", "device=cpu"),
+    (["train", "corpus=x", "seed=abc"], "seed='abc'", "give an int"),
+    (["train", "corpus=x", "autocast_dtype=float13"], "autocast_dtype='float13'", "use null or one of"),
+    (["train", "corpus=x", "lr=abc"], "lr='abc'", "give a number"),
+    (["train", "corpus=x", "batch_size=abc"], "batch_size='abc'", "give an int"),
+    (["train", "corpus=x", "drafter=eagle3", "eagle3.lr=abc"], "eagle3.lr='abc'", "give a number"),
+    (["train", "corpus=x", "+experiment=smoke"], "experiment=smoke", "python -m specdec bench"),
+]
+
+
+@pytest.mark.parametrize(("args", "key", "fix"), BAD_VALUES)
+def test_a_bad_value_is_one_error_line_naming_the_key_and_the_fix(args, key, fix, tmp_path, monkeypatch, capsys):
+    line = _error_line(args, tmp_path, monkeypatch, capsys)
+    assert key in line and fix in line, line
+
+
+def test_the_bad_values_fail_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    import specdec.loading
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the values were checked")
+
+    monkeypatch.setattr(specdec.loading, "load_target", no_load)
+    for args in (["max_new_tokens=0"], ["tree=ddtree", "tree.budget=0"], ["sampling.stop_strings=5"],
+                 ["verifier=speculative-sampling"], ["drafter=eagle3"], ["prompts.path=/no/such/p.jsonl"]):  # fmt: skip
+        _error_line(args, tmp_path, monkeypatch, capsys)
+
+
+def test_a_missing_zoo_folder_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_ZOO", str(tmp_path / "no-zoo"))
+    for args in (["target=hybrid"], ["bench", "num_prompts=1"]):
+        line = _error_line(args, tmp_path, monkeypatch, capsys)
+        assert f"SPECDEC_ZOO={tmp_path / 'no-zoo'} is not a folder" in line and "export SPECDEC_ZOO=" in line
+
+
+def test_a_hub_id_that_cannot_be_loaded_names_its_key(tmp_path, monkeypatch, capsys):
+    import specdec.loading
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.")
+
+    monkeypatch.setattr(specdec.loading, "load_target", offline)
+    line = _error_line(["target.path=nobody/nothing"], tmp_path, monkeypatch, capsys)
+    assert "target.path='nobody/nothing' could not be loaded: We couldn't connect" in line and "local folder" in line
+
+
+def test_the_help_lists_the_groups_and_defaults_of_the_code():
+    """The group lists of each command's help template are the options in specdec/conf; the generate help's footer
+    names the options that define tree.budget and drafter.path, and its examples keep hybrid_mode at the one mode
+    the round runs."""
+    conf = REPO / "specdec" / "conf"
+    for command, name in cli._COMMANDS.items():
+        template = OmegaConf.to_container(OmegaConf.load(conf / f"{name}.yaml").hydra.help)["template"]
+        groups = template.split("== Config groups")[1].split("== Config (")[0]
+        listed = dict(re.findall(r"^(\w+)(?: \(\+experiment=NAME\))?: (.+(?:\n  .+)*)$", groups, flags=re.M))
+        assert set(listed) == set(cli._COMMAND_GROUPS[command]) | ({"experiment"} if command == "bench" else set())
+        for group, options in listed.items():
+            shown = {o.strip() for o in options.split(",")}
+            expected = {p.stem for p in (conf / group).glob("*.yaml")}
+            if (command, group) == ("train", "drafter"):
+                expected = set(cli._TRAINED)  # the drafters train trains
+            assert shown == expected, (command, group)
+    footer = OmegaConf.load(conf / "config.yaml").hydra.help.footer
+    for group, key in (("tree", "budget"), ("drafter", "path")):
+        owners = {p.stem for p in (conf / group).glob("*.yaml") if key in OmegaConf.load(p)}
+        (claim,) = re.findall(rf"{group}\.{key} needs ([^;)]*)", footer)
+        assert set(re.findall(r"[\w-]+", claim.replace(f"{group}=", ""))) - {"or"} == owners, claim
+    header = OmegaConf.load(conf / "config.yaml").hydra.help.header
+    assert "hybrid_mode=snapshot" not in header
+    assert OmegaConf.load(conf / "config.yaml").hybrid_mode == "exact" == specdec_default_hybrid_mode()
+
+
+def specdec_default_hybrid_mode() -> str:
+    import inspect
+
+    import specdec
+
+    return inspect.signature(specdec.SpeculativeModel).parameters["hybrid_mode"].default
+
+
+def test_every_example_of_docs_cli_and_the_help_passes_the_value_check():
+    import shlex
+
+    from specdec.paths import zoo_dir
+
+    header = OmegaConf.load(REPO / "specdec" / "conf" / "config.yaml").hydra.help.header
+    commands = _doc_commands(REPO / "docs" / "cli.md")
+    commands += [ln.strip() for ln in header.splitlines() if ln.strip().startswith("python -m specdec")]
+    for command in commands:
+        words = [w for w in shlex.split(command, comments=True)[3:] if not w.startswith("-")]
+        name = words.pop(0) if words[:1] and words[0] in cli._COMMANDS else "generate"
+        no_hybrid = "target=hybrid" in words and not (zoo_dir() / "target-hybrid").is_dir()  # the shipped zoo alone
+        if no_hybrid or re.search(r"=(N|PATH|NAME)\b|<|\.\.\.|\[[A-Z]", command):
+            continue  # a placeholder (threads=N, [COMMAND]) is not a value
+        overrides = []
+        for word in words:  # a sweep (key=a,b,c) checked at its first value
+            key, _, value = word.partition("=")
+            sweep = "," in value and not value.startswith(("[", "{", "'", '"'))
+            overrides.append(f"{key}={value.split(',')[0]}" if sweep else word)
+        cfg, choices = _compose(name, overrides)
+        cli.check_keys(_plain(cfg), choices, name)
+        cli.check_values(_plain(cfg), choices, name)
+
+
+def test_device_is_checked_against_the_accelerator_torch_sees(monkeypatch):
+    """As on a machine with two CUDA devices (``torch.accelerator`` stubbed): cuda and cuda:1 pass, cuda:2 and mps
+    are refused naming what torch sees; without an accelerator only cpu passes."""
+    from specdec.loading import check_device, resolve_device
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 2)
+    assert check_device("cuda") == torch.device("cuda") and check_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_device("auto", "auto") == (torch.device("cuda"), torch.bfloat16)
+    with pytest.raises(ValueError, match=r"device='cuda:2' but torch sees 2 cuda device\(s\) \(cuda:0 to cuda:1\)"):
+        check_device("cuda:2")
+    with pytest.raises(ValueError, match=r"device='mps' but torch sees a cuda device .*device=cpu"):
+        check_device("mps")
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    assert resolve_device("auto", "auto") == (torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match=r"device='cuda' but torch sees no accelerator .*device=cpu"):
+        check_device("cuda")

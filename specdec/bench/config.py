@@ -21,7 +21,18 @@ import specdec
 from specdec.bench.harness import Method, run_bench
 from specdec.bench.hf import HF_KINDS
 from specdec.distributed import rank
-from specdec.loading import load_prompts, load_target, resolve_device, resolve_model_path, zoo_dir
+from specdec.loading import (
+    check_drafter_settings,
+    check_dtype,
+    load_prompts,
+    load_target,
+    resolve_device,
+    resolve_model_path,
+    zoo_dir,
+)
+from specdec.runtime import check_compile
+from specdec.state.hybrid import check_hybrid_mode
+from specdec.types import SamplingParams
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -29,6 +40,7 @@ __all__ = [
     "check_backends_setting",
     "check_compile_setting",
     "check_method_specs",
+    "check_temperatures",
     "default_out_dir",
     "main_bench",
     "methods_from_specs",
@@ -45,7 +57,7 @@ DEFAULT_METHODS: tuple[dict, ...] = (
     {"name": "ddtree", "drafter": {"kind": "dflash"}, "tree": {"kind": "ddtree", "budget": [15, 32], "topk": [8]}},
 )
 
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+BOOL_SETTINGS = ("interleave", "graph_floor", "tau_reference", "profile", "ignore_eos", "hf_baseline", "progress")
 METHOD_KEYS = ("name", "hf", "drafter", "tree", "verifier", "cuda_graphs", "compile", "backends", "generation")
 # and every other policy of specdec.TREES (its fields)
 TREE_FIELDS = {"chain": {"k"}, "ddtree": {"budget", "topk", "candidates"}}
@@ -86,7 +98,8 @@ class BenchConfig:
         interleave (bool): pass p of every method before pass p + 1 of any (warm-up passes too). Default `false`.
         device (str): "auto" = the current accelerator if there is one, else CPU. Default `auto`.
         dtype (str): torch dtype name, or "auto" = bfloat16 on an accelerator, float32 on CPU. Default `auto`.
-        hybrid_mode (str): ``exact`` or ``snapshot`` state handling of hybrid targets. Default `exact`.
+        hybrid_mode (str): state handling of hybrid targets: ``exact`` (the round's; ``snapshot`` is refused by
+            the round, ``docs/hybrid.md``). Default `exact`.
         cuda_graphs (bool | None): passed to ``generate`` when set. Default `null`.
         compile (bool | str | dict | None): passed to ``generate`` when set (``true``, a mode name or a dict of
             inductor options). Default `null`.
@@ -180,11 +193,19 @@ class BenchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}={value!r} must be an int >= {low}.")
-        if not self.temperatures:
-            raise ValueError("temperatures is empty: give at least one, e.g. [0.0].")
+        check_temperatures(self.temperatures)
+        SamplingParams(do_sample=True, top_k=self.top_k, top_p=self.top_p)  # its messages name top_k= and top_p=
         check_batch_sizes(self.batch_sizes)
-        if self.hybrid_mode not in ("exact", "snapshot"):
-            raise ValueError(f"hybrid_mode={self.hybrid_mode!r}: use exact or snapshot.")
+        check_hybrid_mode(self.hybrid_mode)
+        if self.dtype != "auto":
+            check_dtype(self.dtype)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r}: give an int (the prompts' generators are seeded from it).")
+        for name in BOOL_SETTINGS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: give true or false.")
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs={self.cuda_graphs!r}: give true, false or null (the library's default).")
         if not isinstance(self.eager_compare, bool) and not (
             isinstance(self.eager_compare, list | tuple) and all(isinstance(n, str) for n in self.eager_compare)
         ):
@@ -200,6 +221,19 @@ class BenchConfig:
         check_method_specs(self.methods, custom_drafters=None)  # main_bench may add drafter kinds
 
 
+def check_temperatures(temperatures) -> None:
+    """Refuse ``temperatures`` other than a non-empty list of numbers >= 0 (0 = greedy)."""
+    if not isinstance(temperatures, list | tuple) or not temperatures:
+        raise ValueError(
+            f"temperatures={temperatures!r}: give a non-empty list of numbers >= 0 (0 = greedy), e.g. [0.0, 1.0]."
+        )
+    for t in temperatures:
+        if isinstance(t, bool) or not isinstance(t, int | float) or t < 0:
+            raise ValueError(
+                f"temperatures={list(temperatures)!r}: {t!r} is not a number >= 0 (0 = greedy), e.g. [0.0, 1.0]."
+            )
+
+
 def check_batch_sizes(batch_sizes) -> None:
     """Refuse ``batch_sizes`` other than a non-empty list of distinct ints >= 1."""
     if not isinstance(batch_sizes, list | tuple) or not batch_sizes:
@@ -212,29 +246,12 @@ def check_batch_sizes(batch_sizes) -> None:
 
 
 def check_compile_setting(compile) -> None:
-    """Refuse a ``compile`` setting ``generate`` cannot use, before anything is loaded: a bool or None, a mode of
-    ``COMPILE_MODES`` (specdec captures the CUDA graphs itself) or a non-empty dict of inductor options."""
-    if compile is None or isinstance(compile, bool):
-        return
-    if isinstance(compile, str):
-        if compile not in COMPILE_MODES:
-            raise ValueError(
-                f"compile={compile!r}: use true, {' or '.join(repr(m) for m in COMPILE_MODES)} (specdec captures "
-                "the CUDA graphs itself, so no cudagraph mode), or a dict of inductor options."
-            )
-        return
-    if isinstance(compile, Mapping):
-        if not compile:
-            raise ValueError("compile={}: use true for inductor's defaults, or name the options to set.")
-        if compile.get("triton.cudagraphs"):
-            raise ValueError("compile={'triton.cudagraphs': True}: specdec captures the CUDA graphs itself.")
-        import torch._inductor
-
-        unknown = [k for k in compile if k not in torch._inductor.list_options()]
-        if unknown:
-            raise ValueError(f"compile options {unknown!r} are not inductor options (torch._inductor.list_options()).")
-        return
-    raise ValueError(f"compile={compile!r}: use a bool, a mode name or a dict of inductor options.")
+    """Refuse a ``compile`` setting ``generate`` cannot use, before anything is loaded (``specdec.runtime.
+    check_compile``'s rules and messages: a bool or None, a mode name, or a non-empty dict of inductor options)."""
+    try:
+        check_compile(compile)
+    except TypeError as err:  # a value of the wrong type: a bad setting, as the others
+        raise ValueError(str(err)) from err
 
 
 def check_backends_setting(backends) -> None:
@@ -400,37 +417,44 @@ def check_method_specs(specs: Sequence[Mapping], *, custom_drafters: Sequence[st
     """
     if not isinstance(specs, list | tuple) or not specs:
         raise ValueError("methods is empty: give at least one method spec, e.g. [{name: ar}].")
-    for spec in specs:
-        if not isinstance(spec, Mapping):
-            raise ValueError(f"Method spec {spec!r} is not a mapping; e.g. {{name: ar}}.")
-        unknown = set(spec) - set(METHOD_KEYS)
-        if unknown:
+    for i, spec in enumerate(specs):
+        try:
+            _check_method_spec(spec, custom_drafters)
+        except (ValueError, TypeError) as err:  # a policy's or rule's TypeError is a bad setting here too
+            raise ValueError(f"methods[{i}]: {err}") from err
+
+
+def _check_method_spec(spec, custom_drafters: Sequence[str] | None) -> None:
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"Method spec {spec!r} is not a mapping; e.g. {{name: ar}}.")
+    unknown = set(spec) - set(METHOD_KEYS)
+    if unknown:
+        raise ValueError(f"Method spec {dict(spec)} has unknown keys {sorted(unknown)}; use {', '.join(METHOD_KEYS)}.")
+    if spec.get("hf") is not None and spec["hf"] not in HF_KINDS:
+        raise ValueError(f"Method spec {dict(spec)}: hf={spec['hf']!r}; choose one of {HF_KINDS}.")
+    drafter = _drafter_spec(spec.get("drafter"))
+    if drafter is not None:
+        kind = drafter.pop("kind")
+        custom = kind in (custom_drafters or ())
+        if kind not in DRAFTER_KEYS and not custom and custom_drafters is not None:
+            check_drafter_settings(kind, drafter)  # raises the unknown drafter's message
+        extra = set(drafter) - DRAFTER_KEYS[kind] if kind in DRAFTER_KEYS and not custom else set()
+        if extra:
             raise ValueError(
-                f"Method spec {dict(spec)} has unknown keys {sorted(unknown)}; use {', '.join(METHOD_KEYS)}."
+                f"drafter {{kind: {kind}}} has unknown settings {sorted(extra)}; it takes "
+                f"{sorted(DRAFTER_KEYS[kind]) or 'none'}."
             )
-        if spec.get("hf") is not None and spec["hf"] not in HF_KINDS:
-            raise ValueError(f"Method spec {dict(spec)}: hf={spec['hf']!r}; choose one of {HF_KINDS}.")
-        drafter = _drafter_spec(spec.get("drafter"))
-        if drafter is not None:
-            kind = drafter.pop("kind")
-            custom = kind in (custom_drafters or ())
-            if kind not in DRAFTER_KEYS and not custom and custom_drafters is not None:
-                raise ValueError(f"Unknown drafter {kind!r}; choose none, ngram, model, dflash, eagle3 or mtp.")
-            extra = set(drafter) - DRAFTER_KEYS[kind] if kind in DRAFTER_KEYS and not custom else set()
-            if extra:
-                raise ValueError(
-                    f"drafter {{kind: {kind}}} has unknown settings {sorted(extra)}; it takes "
-                    f"{sorted(DRAFTER_KEYS[kind]) or 'none'}."
-                )
-        trees = _tree_specs(spec.get("tree"))
-        rule = _rule_spec(spec.get("verifier"))
-        if rule is not None:
-            if spec.get("hf"):
-                raise ValueError(f"Method spec {dict(spec)}: an hf row runs HF's own generate; drop verifier there.")
-            _check_pair(spec, *rule, trees)
-        check_compile_setting(spec.get("compile"))
-        check_backends_setting(spec.get("backends"))
-        generation_kwargs(spec.get("generation"))
+        if kind in DRAFTER_KEYS and not custom:
+            check_drafter_settings(kind, drafter)
+    trees = _tree_specs(spec.get("tree"))
+    rule = _rule_spec(spec.get("verifier"))
+    if rule is not None:
+        if spec.get("hf"):
+            raise ValueError(f"Method spec {dict(spec)}: an hf row runs HF's own generate; drop verifier there.")
+        _check_pair(spec, *rule, trees)
+    check_compile_setting(spec.get("compile"))
+    check_backends_setting(spec.get("backends"))
+    generation_kwargs(spec.get("generation"))
 
 
 def generation_kwargs(spec: Mapping | None) -> dict:
@@ -640,9 +664,7 @@ def main_bench(
         cfg = BenchConfig(**cfg)
     if cfg.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cfg.inductor_cache_dir).expanduser().resolve())
-    device, dtype = resolve_device(cfg.device, cfg.dtype)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda but torch sees no CUDA device; use device=auto or device=cpu.")
+    device, dtype = resolve_device(cfg.device, cfg.dtype)  # refuses a device this process cannot use
     out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir()
     if cfg.tp_plan is not None and cfg.random_target is not None:
         raise ValueError("tp_plan shards a loaded checkpoint; random_target builds one model per process: use one.")

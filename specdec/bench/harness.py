@@ -461,7 +461,8 @@ def run_bench(
         ignore_eos (bool): decode exactly ``max_new_tokens`` tokens. Default False.
         top_k, top_p: HF sampling filters for temperatures > 0 (HF semantics when None).
         hf_baseline (bool): add an ``hf-generate`` method if ``methods`` has none. Default False.
-        hybrid_mode (str): ``exact`` or ``snapshot`` (hybrid targets, ``specdec.SpeculativeModel``). Default exact.
+        hybrid_mode (str): hybrid targets, ``specdec.SpeculativeModel``: ``exact`` (the round refuses
+            ``snapshot``). Default exact.
         cuda_graphs (bool | None), compile (bool | str | dict | None): passed to ``generate`` when not None (a
             method's own setting wins). Default None.
         backends (Mapping[str, str] | None): ``specdec.Backends`` fields passed to ``generate`` (a method's own

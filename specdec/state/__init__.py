@@ -12,7 +12,7 @@ import re
 from torch import nn
 
 from specdec.state.gdn import GDN_ADAPTERS
-from specdec.state.hybrid import HYBRID_MODES, HybridState, RecurrentAdapter, cache_kwarg
+from specdec.state.hybrid import HybridState, RecurrentAdapter, cache_kwarg, check_hybrid_mode
 from specdec.state.kv import KVState
 from specdec.state.mamba2 import MAMBA2_ADAPTERS
 from specdec.state.snapshot import Snapshot, restore, snapshot
@@ -75,8 +75,7 @@ def manager_for(model: nn.Module, *, hybrid_mode: str = "exact"):
         >>> [type(a).__name__ for a in manager.adapters]  # a hybrid target: one adapter per recurrent mixer
         ['GatedDeltaNetAdapter', 'GatedDeltaNetAdapter', 'GatedDeltaNetAdapter']
     """
-    if hybrid_mode not in HYBRID_MODES:
-        raise ValueError(f"hybrid_mode={hybrid_mode!r}: choose one of {HYBRID_MODES}.")
+    check_hybrid_mode(hybrid_mode)
     adapters, unsupported, inside = [], {}, set()
     for name, module in model.named_modules():
         if any(name.startswith(prefix + ".") for prefix in inside):

@@ -32,6 +32,7 @@ __all__ = [
     "VerifyRound",
     "adapter_forwards",
     "cache_kwarg",
+    "check_hybrid_mode",
     "hybrid_prefill",
     "is_recurrent_cache_layer",
     "path_rows",
@@ -43,6 +44,12 @@ HYBRID_MODES = ("exact", "snapshot")
 """Names ``hybrid_mode`` accepts. The round runs ``"exact"`` (the adapters, any tree) only; ``"snapshot"`` (restore a
 whole-cache snapshot and re-run the accepted tokens through the model) is refused by it with a reason
 (``specdec.engine.round_reason``)."""
+
+
+def check_hybrid_mode(mode) -> None:
+    """Refuse a ``hybrid_mode`` that is not one of ``HYBRID_MODES`` (the one message every entry point gives)."""
+    if not isinstance(mode, str) or mode not in HYBRID_MODES:
+        raise ValueError(f"hybrid_mode={mode!r}: choose one of {HYBRID_MODES} (the round runs 'exact').")
 HYBRID_PREFILLS = ("auto", "model", "scan")
 """How hybrid targets run the prompt (``SPECDEC_HYBRID_PREFILL``): ``"model"``, the model's own forward (HF's
 chunked or fused kernels); ``"scan"``, the prompt as a chain tree through specdec's adapters and tree scans, then
@@ -277,8 +284,7 @@ class HybridState:
     name = "hybrid"
 
     def __init__(self, adapters: Sequence[RecurrentAdapter], *, mode: str = "exact") -> None:
-        if mode not in HYBRID_MODES:
-            raise ValueError(f"hybrid_mode={mode!r}: choose one of {HYBRID_MODES}.")
+        check_hybrid_mode(mode)
         if not adapters:
             raise ValueError("HybridState needs at least one recurrent adapter (use KVState for attention-only).")
         self.adapters = tuple(adapters)

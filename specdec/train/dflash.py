@@ -22,6 +22,7 @@ from specdec.train.plumbing import (
     Progress,
     StagedOutput,
     append_jsonl,
+    check_field_types,
     cosine_lr_factor,
     load_tokenizer,
     path_tuple,
@@ -131,6 +132,7 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        check_field_types(self, skip=("max_steps",))  # checked below, with its range
         for name in ("corpus", "corpus_exclude", "corpus_suffixes"):
             object.__setattr__(self, name, path_tuple(getattr(self, name)))
         if self.target_layer_ids is not None:

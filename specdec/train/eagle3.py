@@ -30,6 +30,7 @@ from specdec.train.plumbing import (
     Progress,
     StagedOutput,
     append_jsonl,
+    check_field_types,
     cosine_lr_factor,
     load_tokenizer,
     path_tuple,
@@ -48,6 +49,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_WHOLE = ("max_steps", "ttt_steps", "draft_vocab_size", "prompt_tokens", "batch_size", "gen_batch_size")  # ints >= 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +134,7 @@ class Eagle3TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        check_field_types(self, skip=_WHOLE)  # checked below, with their ranges
         for name in ("corpus", "corpus_exclude", "corpus_suffixes"):
             object.__setattr__(self, name, path_tuple(getattr(self, name)))
         if self.target_layer_ids is not None:
@@ -142,7 +146,7 @@ class Eagle3TrainConfig:
             )
         if not str(self.out_dir):
             raise ValueError("out_dir is required: the folder the EAGLE-3 head is written to.")
-        for name in ("max_steps", "ttt_steps", "draft_vocab_size", "prompt_tokens", "batch_size", "gen_batch_size"):
+        for name in _WHOLE:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: give an int >= 1.")

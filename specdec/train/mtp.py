@@ -34,12 +34,15 @@ from specdec.train.data import check_sources
 from specdec.train.eagle3 import prepare_training, train_head
 from specdec.train.plumbing import (
     StagedOutput,
+    check_field_types,
     path_tuple,
 )
 
 __all__ = ["MTPTrainConfig", "init_from_last_layer", "mtp_loss", "mtp_step_logits", "target_last_hidden", "train_mtp"]
 
 logger = logging.getLogger(__name__)
+
+_WHOLE = ("max_steps", "mtp_steps", "prompt_tokens", "batch_size", "gen_batch_size", "eval_chain")  # ints >= 1
 
 _INITS = ("last_layer", "random")
 
@@ -116,6 +119,7 @@ class MTPTrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        check_field_types(self, skip=_WHOLE)  # checked below, with their ranges
         for name in ("corpus", "corpus_exclude", "corpus_suffixes"):
             object.__setattr__(self, name, path_tuple(getattr(self, name)))
         if not self.corpus and not self.corpus_cache:
@@ -127,7 +131,7 @@ class MTPTrainConfig:
             raise ValueError("out_dir is required: the folder the mtp.* tensors are written to.")
         if self.init not in _INITS:
             raise ValueError(f"init={self.init!r}: give one of {_INITS} (or init_from=<folder with mtp.* tensors>).")
-        for name in ("max_steps", "mtp_steps", "prompt_tokens", "batch_size", "gen_batch_size", "eval_chain"):
+        for name in _WHOLE:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: give an int >= 1.")

@@ -9,6 +9,7 @@ under 022), like any file the run writes, not the private ones of temporary file
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -25,6 +26,7 @@ __all__ = [
     "Progress",
     "StagedOutput",
     "append_jsonl",
+    "check_field_types",
     "cosine_lr_factor",
     "load_tokenizer",
     "path_tuple",
@@ -42,6 +44,30 @@ def path_tuple(value) -> tuple[str, ...]:
     if isinstance(value, str | os.PathLike):
         return (os.fspath(value),) if os.fspath(value) else ()
     return tuple(os.fspath(v) for v in value)
+
+
+_SCALARS = {"int": ("an int", int), "float": ("a number", int | float), "bool": ("true or false", bool)}
+
+
+def check_field_types(config, skip: tuple[str, ...] = ()) -> None:
+    """Refuse a value of the wrong type in a training config's int, float and bool fields (``lr='abc'``), before
+    anything runs: ``ValueError`` naming the field, the value given and the kind of value to give. ``skip``: the
+    fields the config checks itself (with their ranges)."""
+    for f in dataclasses.fields(config):
+        if f.name in skip:
+            continue
+        text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        kind, _, optional = text.partition(" | ")
+        if kind not in _SCALARS or optional not in ("", "None"):
+            continue
+        value = getattr(config, f.name)
+        what, types = _SCALARS[kind]
+        if value is None and optional:
+            continue
+        if not isinstance(value, types) or (isinstance(value, bool) and kind != "bool"):
+            example = f", e.g. {f.name}={f.default!r}" if isinstance(f.default, types) else ""
+            null = " or null (the default)" if optional else ""
+            raise ValueError(f"{f.name}={value!r}: give {what}{null}{example}.")
 
 
 def cosine_lr_factor(progress: float, warmup: float, min_ratio: float) -> float:
