@@ -1100,12 +1100,12 @@ GATED = "specdec/kernels/gated_rms_norm"
 MUTANTS += [
     Mutant(  # the Triton gated norm leaves the recurrence's fp32 output unrounded
         "gated_norm_input_not_rounded",
-        ((f"{GATED}/triton.py", "    x = _round(tl.load(", "    x = (tl.load("),),
+        ((f"{GATED}/triton.py", "    x = round_to(tl.load(", "    x = (tl.load("),),
         ("tests/kernels/test_gated_rms_norm.py", "-m", "interpreter"),
     ),
     Mutant(  # the weight product not rounded to the model dtype
         "gated_norm_product_not_rounded",
-        ((f"{GATED}/triton.py", "y = _round(normed * w[None, :], PROD)", "y = normed * w[None, :]"),),
+        ((f"{GATED}/triton.py", "y = round_to(normed * w[None, :], PROD)", "y = normed * w[None, :]"),),
         ("tests/kernels/test_gated_rms_norm.py", "-m", "interpreter"),
     ),
     Mutant(  # the probe skipped: any gated norm (Mamba2's gate-first one) routed to the kernel
@@ -1152,7 +1152,7 @@ MUTANTS += [
 MUTANTS += [
     Mutant(  # the Triton silu_mul skips the rounding of the SiLU to the gate's dtype
         "silu_mul_silu_not_rounded",
-        (("specdec/kernels/silu_mul/triton.py", "y = _round(tl.div_rn(g, 1.0 + tl.exp(-g)), GATE) * u",
+        (("specdec/kernels/silu_mul/triton.py", "y = round_to(tl.div_rn(g, 1.0 + tl.exp(-g)), GATE) * u",
           "y = tl.div_rn(g, 1.0 + tl.exp(-g)) * u"),),  # fmt: skip
         ("tests/kernels/test_silu_mul.py", "-m", "interpreter"),
     ),

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-__all__ = ["dot_fp32", "to_bf16"]
+__all__ = ["FLOAT_KIND", "dot_fp32", "round_to", "to_bf16"]
 
 
 @triton.jit
@@ -15,6 +16,21 @@ def to_bf16(x):
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     high = tl.where(x != x, (bits >> 16) | 0x40, rounded)
     return high.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+FLOAT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+"""The ``KIND`` code of a dtype for :func:`round_to`."""
+
+
+@triton.jit
+def round_to(x, KIND: tl.constexpr):
+    """fp32 ``x`` rounded to bf16 (KIND 1, round to nearest even), fp16 (KIND 2) or kept (KIND 0), widened back to
+    fp32: the value a tensor of that dtype would hold."""
+    if KIND == 1:
+        x = to_bf16(x).to(tl.float32)
+    elif KIND == 2:
+        x = x.to(tl.float16).to(tl.float32)
+    return x
 
 
 @triton.jit

@@ -18,22 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.kernels.triton_ops import to_bf16
+from specdec.kernels.triton_ops import FLOAT_KIND, round_to, to_bf16
 
 __all__ = ["gated_rms_norm_triton"]
 
 _BLOCK_ELEMENTS = 2048
 """Elements per program that several short rows are batched up to."""
-
-
-@triton.jit
-def _round(x, KIND: tl.constexpr):
-    """fp32 ``x`` rounded to bf16 (KIND 1), fp16 (KIND 2) or kept (KIND 0), widened back to fp32."""
-    if KIND == 1:
-        x = to_bf16(x).to(tl.float32)
-    elif KIND == 2:
-        x = x.to(tl.float16).to(tl.float32)
-    return x
 
 
 @triton.jit
@@ -56,19 +46,18 @@ def _gated_rms_norm_kernel(
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
     offs = rows.to(tl.int64)[:, None]
-    x = _round(tl.load(x_ptr + offs * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32), DTYPE)
+    x = round_to(tl.load(x_ptr + offs * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32), DTYPE)
     mean = tl.div_rn(tl.sum(x * x, axis=1), tl.full([ROWS], D, tl.float32))
     rstd = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.sqrt_rn(mean + tl.cast(eps, tl.float32)))
-    normed = _round(x * rstd[:, None], DTYPE)
+    normed = round_to(x * rstd[:, None], DTYPE)
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-    y = _round(normed * w[None, :], PROD)
+    y = round_to(normed * w[None, :], PROD)
     gate = tl.load(g_ptr + offs * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     y = y * tl.div_rn(gate, 1.0 + tl.exp(-gate))
     y = to_bf16(y) if DTYPE == 1 else y.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + offs * D + cols[None, :], y, mask=mask)
 
 
-_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def gated_rms_norm_triton(
@@ -84,7 +73,7 @@ def gated_rms_norm_triton(
     block = max(1, min(_BLOCK_ELEMENTS // block_d, triton.next_power_of_2(rows)))
     _gated_rms_norm_kernel[(triton.cdiv(rows, block),)](
         x, gate, weight, out, rows, dim, x.stride(0), gate.stride(0), float(eps), ROWS=block, BLOCK_D=block_d,
-        DTYPE=_KIND[dtype], PROD=_KIND[torch.promote_types(weight.dtype, dtype)],
+        DTYPE=FLOAT_KIND[dtype], PROD=FLOAT_KIND[torch.promote_types(weight.dtype, dtype)],
         num_warps=min(max(block * block_d // 256, 1), 16),
     )  # fmt: skip
     return out

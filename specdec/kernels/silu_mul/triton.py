@@ -13,21 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.kernels.triton_ops import to_bf16
+from specdec.kernels.triton_ops import FLOAT_KIND, round_to, to_bf16
 
 __all__ = ["silu_mul_triton"]
 
 _BLOCK = 1024
-
-
-@triton.jit
-def _round(x, KIND: tl.constexpr):
-    """fp32 ``x`` rounded to bf16 (KIND 1), fp16 (KIND 2) or kept (KIND 0), widened back to fp32."""
-    if KIND == 1:
-        x = to_bf16(x).to(tl.float32)
-    elif KIND == 2:
-        x = x.to(tl.float16).to(tl.float32)
-    return x
 
 
 @triton.jit
@@ -47,12 +37,11 @@ def _silu_mul_kernel(
     mask = cols < F
     g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
-    y = _round(tl.div_rn(g, 1.0 + tl.exp(-g)), GATE) * u
+    y = round_to(tl.div_rn(g, 1.0 + tl.exp(-g)), GATE) * u
     y = to_bf16(y) if OUT == 1 else y.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * F + cols, y, mask=mask)
 
 
-_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -66,7 +55,7 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     g, u = gate.reshape(-1, width), up.reshape(-1, width)
     block = min(_BLOCK, triton.next_power_of_2(width))
     _silu_mul_kernel[(g.shape[0], triton.cdiv(width, block))](
-        g, u, out, width, g.stride(0), u.stride(0), BLOCK=block, GATE=_KIND[gate.dtype], OUT=_KIND[out_dtype],
+        g, u, out, width, g.stride(0), u.stride(0), BLOCK=block, GATE=FLOAT_KIND[gate.dtype], OUT=FLOAT_KIND[out_dtype],
         num_warps=4 if block >= 512 else 1,
     )  # fmt: skip
     return out
