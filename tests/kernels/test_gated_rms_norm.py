@@ -105,7 +105,12 @@ class _EpsOutside(_GateFirst):
 
 def test_probe_refuses_other_formulas():
     mamba = pytest.importorskip("transformers.models.mamba2.modeling_mamba2")
-    assert not probe(mamba.Mamba2RMSNormGated(64, group_size=64, eps=1e-6))  # gate first, then the norm
+    # gate first, then the norm (named MambaRMSNormGated before transformers 5.18)
+    if hasattr(mamba, "Mamba2RMSNormGated"):
+        norm = mamba.Mamba2RMSNormGated(64, group_size=64, eps=1e-6)
+    else:
+        norm = mamba.MambaRMSNormGated(64, eps=1e-6)
+    assert not probe(norm)
     assert not probe(_GateFirst(64))
     assert not probe(_EpsOutside(64))
     assert not probe(nn.LayerNorm(64))  # no variance_epsilon / a bias
