@@ -3,18 +3,36 @@ linear-layer routing), hook-safe and always restored."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from torch import nn
 
-__all__ = ["swappable", "swapped_forwards"]
+__all__ = ["hook_free_copy", "swappable", "swapped_forwards"]
 
 
 def swappable(module: nn.Module) -> bool:
     """Whether :func:`swapped_forwards` can route ``module`` without dropping a forward set on the instance: it has
     none, or an accelerate hook's (which keeps the class forward in ``_old_forward`` and calls it)."""
     return "forward" not in module.__dict__ or "_old_forward" in module.__dict__
+
+
+def hook_free_copy(module: nn.Module, **replace) -> nn.Module:
+    """A shallow copy of ``module`` for probing its forward without side effects: no hooks, no instance forward, its
+    own parameter and submodule dicts, with ``replace``'s entries (a parameter or a submodule by name) swapped in.
+    The user's module is never touched."""
+    clone = copy.copy(module)
+    clone._parameters, clone._modules = dict(module._parameters), dict(module._modules)
+    clone._forward_hooks, clone._forward_pre_hooks = {}, {}
+    clone.__dict__.pop("forward", None)
+    clone.__dict__.pop("_old_forward", None)
+    for name, value in replace.items():
+        if isinstance(value, nn.Module):
+            clone._modules[name] = value
+        else:
+            clone._parameters[name] = nn.Parameter(value, requires_grad=False)
+    return clone
 
 
 @contextmanager

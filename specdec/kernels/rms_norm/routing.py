@@ -20,7 +20,6 @@ is made by :class:`specdec.attention.AttentionScope` (``norms=True``) through th
 
 from __future__ import annotations
 
-import copy
 import types
 
 import torch
@@ -29,7 +28,7 @@ from torch import nn
 from specdec.backends import env_default
 from specdec.kernels._triton import pick_impl
 from specdec.kernels.rms_norm.reference import rms_norm_reference
-from specdec.state.forwards import swappable, swapped_forwards
+from specdec.state.forwards import hook_free_copy, swappable, swapped_forwards
 
 __all__ = ["KERNEL", "norm_forward", "norm_kernel_for", "norm_modules", "routed"]
 
@@ -86,7 +85,8 @@ def _formula(module: nn.Module) -> str | None:
         try:
             # a copy with a random weight (the norms' own, often ones or zeros at init, could hide 1 + w): the user's
             # module is never touched
-            clone = _copy(module, torch.randn(weight.shape, generator=gen).to(device=weight.device, dtype=weight.dtype))
+            clone = hook_free_copy(module, weight=torch.randn(weight.shape, generator=gen).to(device=weight.device,
+                                                                                          dtype=weight.dtype))
             got = clone(x)
             for name, offset in _FORMULAS.items():
                 want = rms_norm_reference(x, clone.weight, _eps(clone), unit_offset=offset)
@@ -97,16 +97,6 @@ def _formula(module: nn.Module) -> str | None:
             found = None
         _PROBED[key] = found
     return _PROBED[key]
-
-
-def _copy(module: nn.Module, weight: torch.Tensor) -> nn.Module:
-    """A shallow copy of ``module`` holding ``weight``, without hooks or an instance forward (no side effects)."""
-    clone = copy.copy(module)
-    clone._parameters = {**module._parameters, "weight": nn.Parameter(weight, requires_grad=False)}
-    clone._forward_hooks, clone._forward_pre_hooks = {}, {}
-    clone.__dict__.pop("forward", None)
-    clone.__dict__.pop("_old_forward", None)
-    return clone
 
 
 def norm_modules(*models) -> list[nn.Module]:

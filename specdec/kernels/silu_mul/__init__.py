@@ -15,7 +15,6 @@ elsewhere) or ``torch`` (never).
 
 from __future__ import annotations
 
-import copy
 import types
 from typing import Literal
 
@@ -25,7 +24,7 @@ from torch import nn
 from specdec.backends import env_default
 from specdec.kernels._triton import pick_impl
 from specdec.kernels.silu_mul.reference import silu_mul_reference
-from specdec.state.forwards import swappable, swapped_forwards
+from specdec.state.forwards import hook_free_copy, swappable, swapped_forwards
 
 __all__ = ["IMPL", "fits_triton", "mlp_forward", "mlp_kernel_for", "mlp_modules", "routed", "silu_mul",
            "silu_mul_reference"]  # fmt: skip
@@ -109,14 +108,9 @@ def _computes_the_formula(module: nn.Module) -> bool:
                 layer.bias.copy_(torch.randn(n_out, generator=gen).to(**kind))
             return layer
 
-        clone = copy.copy(module)  # a shallow copy with small random projections, without hooks: no side effects
-        clone._modules = dict(module._modules)
-        clone._forward_hooks, clone._forward_pre_hooks = {}, {}
-        clone.__dict__.pop("forward", None)
-        clone.__dict__.pop("_old_forward", None)
-        biased = {name: getattr(module, name).bias is not None for name in _PROJECTIONS}
-        for name, (n_in, n_out) in zip(_PROJECTIONS, ((16, 24), (16, 24), (24, 16)), strict=True):
-            clone._modules[name] = linear(n_in, n_out, biased[name])
+        shapes = ((16, 24), (16, 24), (24, 16))
+        clone = hook_free_copy(module, **{name: linear(n_in, n_out, getattr(module, name).bias is not None)
+                                          for name, (n_in, n_out) in zip(_PROJECTIONS, shapes, strict=True)})
         x = (torch.randn(3, 16, generator=gen) * 3).to(**kind)
         try:
             got = clone(x)
