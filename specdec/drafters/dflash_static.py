@@ -17,10 +17,12 @@ import torch.nn.functional as F
 
 from specdec import attention
 from specdec.backends import env_default
+from specdec.kernels.kv_write import kv_write
 from specdec.kernels.rms_norm import rms_norm
 from specdec.kernels.rotary import fits_triton as rotary_fits
 from specdec.kernels.rotary import rotary
 from specdec.kernels.rotary.routing import rotary_kernel_for
+from specdec.kernels.silu_mul import silu_mul
 from specdec.kernels.tree_attention import tree_attention
 from specdec.state.storage import mask_values
 from specdec.types import Accept, Proposal
@@ -199,11 +201,8 @@ class DFlashStatic:
             k = self._norm(attn.k_norm, attn.k_proj(h).view(batch, size, kv_heads, head_dim))
             q, k = self._rope_qk(q, k, positions, table)
             v = attn.v_proj(h).view(batch, size, kv_heads, head_dim)
-            new = torch.stack((k, v), dim=2).to(self.kv.dtype)  # [B, S, 2, H_kv, D]
-            if batch == 1:
-                self.kv[i].index_copy_(3, positions[0], new[0].permute(1, 2, 0, 3)[:, None])
-            else:
-                self.kv[i][:, self.rows, :, positions] = new
+            # the block's keys / values at slots prefix .. prefix + S - 1: one launch on CUDA (kv_write)
+            kv_write(self.kv[i, 0], self.kv[i, 1], positions, k.transpose(1, 2), v.transpose(1, 2))
             keys, values = self.kv[i, 0, :, :, :span], self.kv[i, 1, :, :, :span]
             if kernel:  # each sequence reads its context and block once, nothing of the storage past them
                 impl = attention.kernel_impl()
@@ -216,7 +215,8 @@ class DFlashStatic:
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=biases[window], scale=head_dim**-0.5)
                 out = out.reshape(batch, heads, size, head_dim).transpose(1, 2).reshape(batch, size, -1)
             x = x + attn.o_proj(out)
-            x = x + layer.mlp(self._norm(layer.post_attention_layernorm, x))
+            h, mlp = self._norm(layer.post_attention_layernorm, x), layer.mlp
+            x = x + mlp.down_proj(silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))  # one launch for the gate on CUDA
         return drafter.block_logq(self._norm(model.norm, x), depth)
 
     # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
