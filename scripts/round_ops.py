@@ -93,6 +93,12 @@ def main() -> None:
         "chain": (drafter, specdec.Chain(k=block)),
         **{f"b{n}": (drafter, specdec.DDTree(budget=n, topk=8)) for n in (15, 16, 32, 63, 64)},
     }
+    # T = 1: sample-and-match over DDTree against RSD (multi-draft rejection without replacement) over the stochastic
+    # DDTree, at equal nodes (the rules' round cost)
+    rules = {f"sm-b{n}": (drafter, specdec.DDTree(budget=n, topk=8), specdec.SampleMatch()) for n in (15, 32)}
+    rules.update({f"rsd-b{n}": (drafter, specdec.StochasticDDTree(n, 8), specdec.MultiDraftRejection(replacement=False))
+                  for n in (15, 32)})  # fmt: skip
+    methods.update({name: (d, tree) for name, (d, tree, _) in rules.items()})
     if a.target == "dense":  # the shipped EAGLE-3 head: its chain, DDTree over its per-depth q, EAGLE-2's tree
         eagle = specdec.Eagle3Drafter.from_pretrained(asset_path("drafters/zoo-dense-eagle3"), target=model)
         methods.update({
@@ -198,11 +204,14 @@ def main() -> None:
         d, tree = methods[name]
         # warm-up on the tensor-op path (Triton's interpreter is slow); the counted round takes the kernels
         os.environ["TRITON_INTERPRET"] = "0"
-        specdec.generate(model, ids, drafter=d, tree=tree, max_new_tokens=a.max_new, do_sample=False)
+        sampling = dict(do_sample=True, temperature=1.0, verifier=rules[name][2]) if name in rules else {}
+        specdec.generate(model, ids, drafter=d, tree=tree, max_new_tokens=a.max_new, **{"do_sample": False, **sampling})
         os.environ["TRITON_INTERPRET"] = "0" if a.torch_only else "1"
         engine = engine_mod.Engine._engines[model][1]
         rounds = reversed(list(engine._rounds.values()))
-        rnd = next(r for r in rounds if r.drafter is d and (d is None or r.tree == tree))
+        rule = type(rules[name][2]) if name in rules else specdec.Greedy
+        rnd = next(r for r in rounds if r.drafter is d and type(r.rule) is rule
+                   and (d is None or r.tree == tree or (name in rules and type(r.tree) is type(tree))))
         mark = len(patches)
         if rnd.proposes:
             for attr in ("propose", "propose_tree"):  # EAGLE-3 drafts a candidate tree for DynamicTree
