@@ -322,6 +322,8 @@ class Round:
         tree, proposal = self._build()
         vocab = engine.target.target.vocab_size
         flags = None
+        if tree.draft_probs is not None and not trusted(self.tree):  # q for the rules: from specdec's policies only
+            tree = tree._replace(draft_probs=None)
         if self.check_tree:
             check_tree(self.tree, tree, self.batch, self.slots)
             flags = tree_flags(tree, vocab, engine.root)

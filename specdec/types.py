@@ -80,7 +80,10 @@ class DeviceTree(NamedTuple):
     dimension (``tokens``, ``parents``, ``depth``, ``valid`` ``[B, S]``; ``num_nodes`` ``[B]``). Padding slots
     carry the root token, parent -1 and depth 0; they see only themselves and are never accepted.
     ``max_children`` is a bound on any node's number of children that the policy states (a Python int, None when
-    unknown); rules that visit siblings rank by rank take that many steps (``S - 1`` without it)."""
+    unknown); rules that visit siblings rank by rank take that many steps (``S - 1`` without it).
+    ``draft_probs`` (optional, ``[B, L, V]`` float32): the processed draft distribution a sampled policy drew the
+    depth-d nodes from (row d - 1), which the rules that weigh q then read instead of processing ``logq`` again; the
+    round keeps it only from specdec's own policies."""
 
     tokens: torch.Tensor
     parents: torch.Tensor
@@ -88,6 +91,7 @@ class DeviceTree(NamedTuple):
     valid: torch.Tensor
     num_nodes: torch.Tensor
     max_children: int | None = None
+    draft_probs: torch.Tensor | None = None
 
     @classmethod
     def stack(cls, rows) -> DeviceTree:

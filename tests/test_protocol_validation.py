@@ -201,6 +201,31 @@ def test_a_policy_of_budget_zero_is_refused(pair):
         specdec.generate(model, IDS, drafter=drafter, tree=Empty("none"), max_new_tokens=4)
 
 
+def test_a_users_policy_cannot_hand_the_rules_its_own_q(pair, monkeypatch):
+    """``DeviceTree.draft_probs`` (the q a sampled policy drew from, read by the rules that weigh q) is kept only
+    from specdec's own policies: a user's policy that carries a wrong one decodes as the built-in policy with the
+    same seed. Kept (the trust check planted away), the wrong q changes the tokens: the comparison can fail."""
+    model, drafter, _ = pair
+
+    @dataclass(frozen=True)
+    class StochasticDDTree(specdec.StochasticDDTree):  # a user's subclass: its trees are checked
+        def build(self, proposal, root, depth, noise=None):
+            tree = super().build(proposal, root, depth, noise)
+            q = tree.draft_probs
+            return tree if q is None else tree._replace(draft_probs=torch.full_like(q, 1.0 / q.shape[-1]))
+
+    def run(policy):
+        out = specdec.generate(model, IDS, drafter=drafter, tree=policy, do_sample=True, temperature=1.0, top_k=0,
+                               verifier=specdec.MultiDraftRejection(replacement=False), max_new_tokens=24,
+                               generator=torch.Generator().manual_seed(7))  # fmt: skip
+        return out.sequences if hasattr(out, "sequences") else out
+
+    want = run(specdec.StochasticDDTree(8, 3))
+    assert torch.equal(run(StochasticDDTree(8, 3)), want)
+    monkeypatch.setattr("specdec.engine.trusted", lambda obj: True)
+    assert not torch.equal(run(StochasticDDTree(8, 3)), want)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_built_in_policies_and_rules_keep_the_invariants(seed):
     """Property test: random proposals (peaked or flat), every built-in policy, greedy and sampled rules."""

@@ -108,12 +108,14 @@ class SampledChain:
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
         logq = _logq(proposal, "SampledChain")
         n = min(self.k, logq.shape[1])
+        probs = None
         if self.stochastic:  # the smallest exponential key: a sample of q
-            drafts = exponential_keys(draft_probs(logq[:, :n], self.sampling), noise[:, :n]).argmin(-1)
+            probs = draft_probs(logq[:, :n], self.sampling)  # [B, n, V]: also the rules' q (draft_probs)
+            drafts = exponential_keys(probs, noise[:, :n]).argmin(-1)
         else:
             drafts = logq[:, :n].float().argmax(-1)
         steps = torch.arange(n, device=root.device)
-        return _fixed_tree(root, drafts, steps, steps + 1, self.k + 1)._replace(max_children=1)
+        return _fixed_tree(root, drafts, steps, steps + 1, self.k + 1)._replace(max_children=1, draft_probs=probs)
 
 
 @dataclass(frozen=True)
@@ -377,7 +379,8 @@ class StochasticDDTree:
             return shape
         length, vocab = logq.shape[1], logq.shape[-1]
         k = min(self.effective_topk, vocab)
-        keys = exponential_keys(draft_probs(logq, self.sampling), noise[:, :length])
+        probs = draft_probs(logq, self.sampling)  # [B, L, V]: also the rules' q (the tree's draft_probs)
+        keys = exponential_keys(probs, noise[:, :length])
         drawn = keys.topk(k, dim=-1, largest=False).indices  # [B, L, k]: each depth's draws without replacement
         slots = shape.tokens.shape[1]
         real = shape.valid & (shape.depth > 0)
@@ -385,7 +388,7 @@ class StochasticDDTree:
         sibling = (earlier & real[:, None, :]).sum(-1)  # [B, S]: the node's place among its parent's children (< k)
         where = torch.add(sibling, shape.depth, alpha=k).sub(k).clamp(0, length * k - 1)  # (depth - 1) k + place
         tokens = torch.where(real, drawn.flatten(1).gather(1, where), shape.tokens)
-        return shape._replace(tokens=tokens)
+        return shape._replace(tokens=tokens, draft_probs=probs)
 
 
 _EARLIER: dict[tuple[int, torch.device], torch.Tensor] = {}

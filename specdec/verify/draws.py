@@ -76,10 +76,13 @@ def exponential_keys(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def node_proposals(tree: DeviceTree, proposal: Proposal | None, sampling: SamplingParams) -> torch.Tensor:
     """The draft distribution each node was drawn from, ``[B, S, V]`` float32: row ``depth - 1`` of the processed
     ``logq`` (DFlash-style per-depth ``q``: every depth-d node shares it). The root and padding slots hold depth 1's
-    row: no rule reads q there (a node's q is read only where it is a real child)."""
-    if proposal is None or proposal.logq is None:
-        raise ValueError("this rule weighs the draft distribution: the drafter must provide logq")
-    q = draft_probs(proposal.logq, sampling)  # [B, D, V]
+    row: no rule reads q there (a node's q is read only where it is a real child). A tree that carries the
+    distribution its policy drew from (``tree.draft_probs``) gives it as is: the same rows, processed once."""
+    q = tree.draft_probs
+    if q is None:
+        if proposal is None or proposal.logq is None:
+            raise ValueError("this rule weighs the draft distribution: the drafter must provide logq")
+        q = draft_probs(proposal.logq, sampling)  # [B, D, V]
     rows = (tree.depth - 1).clamp(0, q.shape[1] - 1)  # [B, S]
     return q.gather(1, rows[..., None].expand(-1, -1, q.shape[-1]))
 

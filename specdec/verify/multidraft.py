@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 
 from specdec.backends import env_default
-from specdec.kernels.tree_rejection import tree_rejection_round
+from specdec.kernels.tree_rejection import rejection_walk, tree_rejection_round
 from specdec.types import Accept, DeviceTree, SamplingParams
-from specdec.verify.draws import WeighsQ, accept_path, categorical, forward_path, uniforms
+from specdec.verify.draws import WeighsQ, uniforms
 from specdec.verify.rules import register_rule
 
 __all__ = ["MultiDraftRejection", "check_sampled_policy", "recursive_rejection"]
@@ -70,15 +70,11 @@ def recursive_rejection(
         max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
     """
-    vocab = p.shape[-1]
     u = uniforms(noise, 2)  # [B, S, 2]: a child's test reads its own slot's first uniform
     r, nxt = tree_rejection_round(tree.tokens, tree.parents, tree.depth, tree.valid, p, q, u[..., 0],
                                   tree.max_children, replacement, impl=_REJECTION_IMPL)  # fmt: skip
-    path = forward_path(nxt, max_depth)  # the walk from the root along each node's accepted child
-    current = path[:, -1:]
-    end = r.gather(1, current[..., None].expand(-1, -1, vocab))[:, 0]
-    bonus = categorical(end, u[..., 1].gather(1, current)[:, 0])
-    return accept_path(tree, path, bonus)
+    # the walk from the root along each node's accepted child, and the bonus from where it ends
+    return rejection_walk(tree.tokens, tree.depth, nxt, r, u[..., 1], max_depth, impl=_REJECTION_IMPL)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from sampled_rounds import ROOT, Table, V, assert_fits, draft_logq, planted
 import specdec
 from specdec.trees.build import chain_device, ddtree_device, trie_device
 from specdec.types import DeviceTree, Proposal, SamplingParams
+from specdec.verify.draws import node_proposals
 
 SAMPLING = SamplingParams(do_sample=True, temperature=0.8, top_k=10, top_p=0.9)
 LOGQ = draft_logq(Table(), noise=0.3)
@@ -183,3 +184,21 @@ def test_registered_by_name():
     assert specdec.TREES["gumbel-topk"] is specdec.GumbelTopKTree
     assert specdec.TREES["stochastic-ddtree"] is specdec.StochasticDDTree
     assert specdec.GumbelTopKTree([3, 2]).widths == (3, 2)  # a list (from a config file) becomes a tuple
+
+
+@pytest.mark.parametrize("make", [lambda: specdec.SampledChain(3), lambda: specdec.StochasticDDTree(6, 3)],
+                         ids=["sampled-chain", "stochastic-ddtree"])  # fmt: skip
+def test_the_q_a_sampled_tree_carries_is_hf_processed_q_at_each_nodes_depth(make):
+    """A sampled policy hands the rules the distribution it drew from (``tree.draft_probs``), so that the round
+    processes q once: at every real node that is HF's warpers on ``logq``'s row of the node's depth, the q the
+    rule computed itself before (``node_proposals`` reads the tree's)."""
+    tree = build(make(), 4, seed=40)
+    assert tree.draft_probs is not None
+    q = node_proposals(tree, None, SAMPLING)
+    nodes = 0
+    for b in range(4):
+        for s in range(1, tree.tokens.shape[1]):
+            if tree.valid[b, s]:
+                torch.testing.assert_close(q[b, s].double(), q_of(int(tree.depth[b, s])), rtol=1e-5, atol=1e-7)
+                nodes += 1
+    assert nodes >= 4 * 3

@@ -1,4 +1,4 @@
-"""``tree_rejection``: a round of recursive rejection sampling in one Triton launch.
+"""``tree_rejection``: a round of recursive rejection sampling in one Triton launch, and its walk in another.
 
 One entry point, ``tree_rejection_round``, what ``specdec.verify.multidraft.recursive_rejection`` calls: from the
 tree, ``p``, ``q`` and each slot's uniform, the setup (each node's children by rank, their tokens, uniforms and
@@ -7,7 +7,10 @@ reference (the specification and the CPU path, ``reference.py``) is tensor ops: 
 sibling rank) of ~18 ops on ``[B, S, V]`` tensors (``p``'s dtype: float32 in the round, float64 allowed). The
 Triton version (``triton.py``) is one launch with a program per (row, node); like the reference it reads nothing on
 the host, so it can be captured in a CUDA graph. Its ``nxt`` equals the reference's and its ``r`` up to the order of
-the residual mass's sum. See ``docs/kernels.md``.
+the residual mass's sum. ``rejection_walk`` follows each node's accepted child from the root and draws the bonus
+from the end node's ``r``: the reference (pointer doubling, a gather, a float64 cumulative sum, ~20 launches on
+CUDA) or one Triton launch with a program per sequence, equal to it (the bonus up to the order of the float64
+sums, a tie at a token's boundary being the only difference). See ``docs/kernels.md``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from specdec.kernels._triton import importable, pick_impl
 from specdec.kernels.tree_rejection.reference import (
     children_by_rank,
     rank_width,
+    rejection_walk_reference,
     round_setup,
     tree_rejection_round_reference,
 )
@@ -27,6 +31,8 @@ from specdec.kernels.tree_rejection.reference import (
 __all__ = [
     "children_by_rank",
     "rank_width",
+    "rejection_walk",
+    "rejection_walk_reference",
     "round_setup",
     "tree_rejection_round",
     "tree_rejection_round_reference",
@@ -68,6 +74,50 @@ def tree_rejection_round(
     from specdec.kernels.tree_rejection.triton import tree_rejection_round_triton
 
     return tree_rejection_round_triton(*args)
+
+
+def rejection_walk(
+    tokens: torch.Tensor,
+    depth: torch.Tensor,
+    nxt: torch.Tensor,
+    r: torch.Tensor,
+    u: torch.Tensor,
+    max_depth: int,
+    *,
+    impl: Impl = "auto",
+):
+    """The accepted path after a round (:func:`rejection_walk_reference`): from the root along ``nxt [B, S]``, the
+    bonus drawn from the end node's ``r [B, S, V]`` at its uniform ``u [B, S]`` (float64, any strides).
+
+    Args:
+        impl (str): ``"triton"`` (one launch; CUDA or Triton's interpreter), ``"torch"`` (the reference) or
+            ``"auto"``: Triton where it runs and ``S <= MAX_WALK_SLOTS``, else the reference.
+
+    Returns:
+        Accept: ``path`` / ``tokens [B, max_depth + 1]`` and ``num_path [B]``, int64.
+    """
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
+        raise ValueError(f"max_depth={max_depth!r}: pass a Python int >= 0 (the deepest node's depth).")
+    batch, slots = nxt.shape
+    for name, tensor, dtype in (("tokens", tokens, torch.long), ("depth", depth, torch.long), ("nxt", nxt, torch.long),
+                                ("u", u, torch.float64)):  # fmt: skip
+        if not isinstance(tensor, torch.Tensor) or tensor.shape != (batch, slots) or tensor.dtype != dtype:
+            raise ValueError(f"{name} must be [{batch}, {slots}] {dtype}; got {_describe(tensor)}.")
+    if not isinstance(r, torch.Tensor) or r.shape[:2] != (batch, slots) or r.dim() != 3 or r.dtype not in (
+            torch.float32, torch.float64):  # fmt: skip
+        raise ValueError(f"r must be [{batch}, {slots}, V] float32 or float64; got {_describe(r)}.")
+    fits = slots <= _max_walk_slots()
+    if impl == "triton" and not fits:
+        raise ValueError(f"impl='triton' walks at most {_max_walk_slots()} slots, got {slots}; use impl='torch'.")
+    if pick_impl(impl, r.device, _MODULE, fits=fits) == "torch":
+        return rejection_walk_reference(tokens, depth, nxt, r, u, max_depth)
+    from specdec.kernels.tree_rejection.triton import rejection_walk_triton
+
+    return rejection_walk_triton(tokens, depth, nxt, r, u, max_depth)
+
+
+def _max_walk_slots() -> int:
+    return 1024  # triton.MAX_WALK_SLOTS (not imported here: the CPU path imports no Triton)
 
 
 def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement):

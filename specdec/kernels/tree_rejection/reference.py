@@ -13,6 +13,7 @@ import torch
 __all__ = [
     "children_by_rank",
     "rank_width",
+    "rejection_walk_reference",
     "round_setup",
     "tree_rejection_round_reference",
 ]
@@ -154,3 +155,22 @@ def _rank_loop(
         r = torch.where(correct, residual / mass.clamp(min=tiny), r)
         nxt = torch.where(accept, table[..., k], nxt)
     return r, nxt
+
+
+def rejection_walk_reference(
+    tokens: torch.Tensor, depth: torch.Tensor, nxt: torch.Tensor, r: torch.Tensor, u: torch.Tensor, max_depth: int
+):
+    """The accepted path after a round: from the root along each node's accepted child ``nxt [B, S]`` (pointer
+    doubling, ``specdec.verify.draws.forward_path``), then the bonus drawn from the end node's ``r [B, S, V]`` by
+    inverse CDF at its uniform ``u [B, S]`` float64 (``categorical``: a float64 cumulative sum), as an
+    :class:`~specdec.types.Accept` of ``max_depth + 1`` slots (``accept_path``). ``tokens`` / ``depth``: the tree's
+    ``[B, S]`` int64."""
+    from specdec.types import DeviceTree
+    from specdec.verify.draws import accept_path, categorical, forward_path
+
+    path = forward_path(nxt, max_depth)
+    current = path[:, -1:]
+    end = r.gather(1, current[..., None].expand(-1, -1, r.shape[-1]))[:, 0]
+    bonus = categorical(end, u.gather(1, current)[:, 0])
+    # accept_path reads the tokens and depths only: the other fields are placeholder views (no kernel)
+    return accept_path(DeviceTree(tokens=tokens, parents=nxt, depth=depth, valid=nxt, num_nodes=nxt[:, 0]), path, bonus)

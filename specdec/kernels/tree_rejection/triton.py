@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_BLOCK", "MAX_BLOCK_F32", "MAX_SLOT_BLOCK", "tree_rejection_round_triton"]
+__all__ = ["MAX_BLOCK", "MAX_BLOCK_F32", "MAX_SLOT_BLOCK", "MAX_WALK_SLOTS", "rejection_walk_triton",
+           "tree_rejection_round_triton"]
 
 MAX_BLOCK = 1024
 """Vocabulary entries a program handles per block in float64 (fewer when ``V`` is smaller)."""
@@ -32,6 +33,9 @@ a rejection's two passes over ``V = 8192`` then take two blocks each instead of 
 
 MAX_SLOT_BLOCK = 1024
 """Slots the fused round's setup scans per block (fewer when ``S`` is smaller)."""
+
+MAX_WALK_SLOTS = 1024
+"""The most slots the walk's program holds in registers (``rejection_walk``; more: the reference)."""
 
 
 @triton.jit
@@ -201,6 +205,89 @@ def tree_rejection_round_triton(
         BLOCK_S=slot_block, num_warps=8 if block >= 2048 else 4 if block >= 512 else 1,
     )  # fmt: skip
     return r, nxt
+
+
+@triton.jit
+def _walk_kernel(
+    tokens_ptr,  # [B, S] int64, contiguous
+    depth_ptr,  # [B, S] int64, contiguous
+    nxt_ptr,  # [B, S] int64, contiguous: each node's accepted child (the node itself where none)
+    r_ptr,  # [B, S, V] float32 / float64, strided
+    u_ptr,  # [B, S] float64, strided: each slot's bonus uniform
+    path_ptr,  # [B, P] int64 out
+    num_ptr,  # [B] int64 out
+    new_ptr,  # [B, P] int64 out
+    S,
+    V,
+    r_sb,
+    r_ss,
+    r_sv,
+    u_sb,
+    u_ss,
+    P: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    slot = tl.arange(0, BLOCK_S)
+    nxt = tl.load(nxt_ptr + seq * S + slot, mask=slot < S, other=0)
+    step = tl.arange(0, BLOCK_P)
+    cur = tl.zeros([], dtype=tl.int64)  # the root
+    path = tl.zeros([BLOCK_P], dtype=tl.int64)
+    drafts = tl.zeros([BLOCK_P], dtype=tl.int64)
+    for h in range(P - 1):  # slot h + 1 of the path: nxt^(h+1)(0); past the walk's end the end node repeats
+        cur = tl.sum(tl.where(slot == cur, nxt, 0), axis=0)
+        path = tl.where(step == h + 1, cur, path)
+        drafts = tl.where(step == h, tl.load(tokens_ptr + seq * S + cur), drafts)  # read only below the end's depth
+    end_depth = tl.load(depth_ptr + seq * S + cur)
+    # the bonus: the end node's r by inverse CDF, its float64 cumulative sum over blocks of the vocabulary run
+    # twice in one order (so the second run's last value is the first's total exactly and u * total falls inside)
+    at = tl.load(u_ptr + seq * u_sb + cur * u_ss)
+    row = r_ptr + seq * r_sb + cur * r_ss
+    lanes = tl.arange(0, BLOCK_V)
+    total = tl.zeros([], dtype=tl.float64)
+    for start in range(0, V, BLOCK_V):
+        cols = start + lanes
+        x = tl.load(row + cols * r_sv, mask=cols < V, other=0.0).to(tl.float64)
+        total = tl.max(total + tl.cumsum(x, 0), axis=0)  # the block's last running value (non-decreasing)
+    at = at * total
+    running = tl.zeros([], dtype=tl.float64)
+    bonus = tl.zeros([], dtype=tl.int64)
+    for start in range(0, V, BLOCK_V):
+        cols = start + lanes
+        x = tl.load(row + cols * r_sv, mask=cols < V, other=0.0).to(tl.float64)
+        cdf = running + tl.cumsum(x, 0)
+        bonus += tl.sum(((cdf <= at) & (cols < V)).to(tl.int64), axis=0)  # searchsorted(cdf, at, right=True)
+        running = tl.max(cdf, axis=0)
+    new = tl.where(step < end_depth, drafts, tl.where(step == end_depth, bonus, 0))
+    tl.store(path_ptr + seq * P + step, path, mask=step < P)
+    tl.store(new_ptr + seq * P + step, new, mask=step < P)
+    tl.store(num_ptr + seq, end_depth + 1)
+
+
+def rejection_walk_triton(tokens, depth, nxt, r, u, max_depth: int, *, block: int | None = None):
+    """``rejection_walk_reference`` in one launch, a program per sequence (arguments as there, ``S <=
+    MAX_WALK_SLOTS``; not checked here); ``block``: vocabulary entries per block of the bonus's cumulative sum.
+
+    Returns:
+        Accept: ``path`` / ``tokens [B, P]`` and ``num_path [B]``, int64, ``P = max_depth + 1``.
+    """
+    from specdec.types import Accept
+
+    batch, slots = tokens.shape
+    vocab = r.shape[-1]
+    steps = max_depth + 1
+    block = _block("block", block, vocab, 2048)
+    path = torch.empty(batch, steps, dtype=torch.long, device=tokens.device)
+    num_path = torch.empty(batch, dtype=torch.long, device=tokens.device)
+    new = torch.empty(batch, steps, dtype=torch.long, device=tokens.device)
+    _walk_kernel[(batch,)](
+        tokens.contiguous(), depth.contiguous(), nxt.contiguous(), r, u, path, num_path, new, slots, vocab,
+        *r.stride(), *u.stride(), P=steps, BLOCK_S=max(triton.next_power_of_2(slots), 2),
+        BLOCK_P=max(triton.next_power_of_2(steps), 2), BLOCK_V=block, num_warps=4,
+    )  # fmt: skip
+    return Accept(path=path, num_path=num_path, tokens=new)
 
 
 def _block(name: str, given: int | None, extent: int, most: int) -> int:
