@@ -1162,6 +1162,30 @@ MUTANTS += [
           "    key = (type(module), weight.dtype, weight.device)"),),  # fmt: skip
         ("tests/kernels/test_silu_mul.py", "-k", "probe"),
     ),
+    Mutant(  # the walk's bonus counts the entries strictly below u * T (draws a token of probability 0 at a tie)
+        "rejection_walk_strict_boundary",
+        (("specdec/kernels/tree_rejection/triton.py", "bonus += tl.sum(((cdf <= at) & (cols < V))",
+          "bonus += tl.sum(((cdf < at) & (cols < V))"),),  # fmt: skip
+        ("tests/kernels/test_rejection_walk.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the walk stops a step early (the last step's child never followed)
+        "rejection_walk_one_step_short",
+        (("specdec/kernels/tree_rejection/triton.py", "    for h in range(P - 1):  # slot h + 1 of the path",
+          "    for h in range(P - 2):  # slot h + 1 of the path"),),  # fmt: skip
+        ("tests/kernels/test_rejection_walk.py", "-m", "interpreter"),
+    ),
+    Mutant(  # a user's policy may hand the rules its own q (the round keeps any tree's draft_probs)
+        "draft_probs_kept_from_any_policy",
+        ((ENGINE, "if tree.draft_probs is not None and not trusted(self.tree):",
+          "if tree.draft_probs is not None and False:"),),  # fmt: skip
+        ("tests/test_protocol_validation.py", "-k", "own_q"),
+    ),
+    Mutant(  # the stochastic DDTree hands over q one depth off (depth d's nodes weighed against depth d + 1's q)
+        "draft_probs_one_depth_off",
+        (("specdec/trees/sampled.py", "return shape._replace(tokens=tokens, draft_probs=probs)",
+          "return shape._replace(tokens=tokens, draft_probs=probs.roll(-1, 1))"),),  # fmt: skip
+        ("tests/verify/test_sampled_policies.py", "-k", "carries"),
+    ),
 ]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
