@@ -98,6 +98,8 @@ def main() -> None:
     rules = {f"sm-b{n}": (drafter, specdec.DDTree(budget=n, topk=8), specdec.SampleMatch()) for n in (15, 32)}
     rules.update({f"rsd-b{n}": (drafter, specdec.StochasticDDTree(n, 8), specdec.MultiDraftRejection(replacement=False))
                   for n in (15, 32)})  # fmt: skip
+    rules["specinfer"] = (drafter, specdec.SampledTrees(4, 8, merge=False), specdec.MultiDraftRejection(replacement=True))
+    rules["spec-sampling"] = (drafter, specdec.SampledChain(15), specdec.SpeculativeSampling())
     methods.update({name: (d, tree) for name, (d, tree, _) in rules.items()})
     if a.target == "dense":  # the shipped EAGLE-3 head: its chain, DDTree over its per-depth q, EAGLE-2's tree
         eagle = specdec.Eagle3Drafter.from_pretrained(asset_path("drafters/zoo-dense-eagle3"), target=model)

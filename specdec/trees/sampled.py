@@ -174,22 +174,27 @@ class SampledTrees:
 
     def paths(self, proposal: Proposal, noise=None) -> torch.Tensor:
         """The drawn paths ``[B, k, L]`` (``L = min(depth, D)``)."""
+        return self._draws(proposal, noise)[0]
+
+    def _draws(self, proposal: Proposal, noise) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drawn paths and the processed q they were drawn from (``[B, L, V]``; None at ``do_sample=False``)."""
         logq = _logq(proposal, "SampledTrees")
         length = min(self.depth, logq.shape[1])
         if not self.stochastic:
-            return logq[:, None, :length].float().argmax(-1).expand(-1, self.k, -1)
+            return logq[:, None, :length].float().argmax(-1).expand(-1, self.k, -1), None
         vocab = logq.shape[-1]
         if 2 * self.k > vocab:
             raise ValueError(f"SampledTrees(k={self.k}) draws k paths from 2 uniforms each: needs 2k <= V = {vocab}.")
         probs = draft_probs(logq[:, :length], self.sampling)  # [B, L, V]
         draws = categorical(probs, uniforms(noise[:, :length], self.k), draws=True)  # [B, L, k]: one cumulative sum
-        return draws.transpose(1, 2)
+        return draws.transpose(1, 2), probs
 
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
-        return self._build(proposal, root, noise)._replace(max_children=self.k)  # k paths: at most k children
+        paths, probs = self._draws(proposal, noise)  # probs: also the rules' q (the tree's draft_probs)
+        # k paths: at most k children
+        return self._build(paths, root)._replace(max_children=self.k, draft_probs=probs)
 
-    def _build(self, proposal: Proposal, root: torch.Tensor, noise) -> DeviceTree:
-        paths = self.paths(proposal, noise)
+    def _build(self, paths: torch.Tensor, root: torch.Tensor) -> DeviceTree:
         batch, k, length = paths.shape
         slots = self.budget + 1
         if self.merge:

@@ -186,8 +186,9 @@ def test_registered_by_name():
     assert specdec.GumbelTopKTree([3, 2]).widths == (3, 2)  # a list (from a config file) becomes a tuple
 
 
-@pytest.mark.parametrize("make", [lambda: specdec.SampledChain(3), lambda: specdec.StochasticDDTree(6, 3)],
-                         ids=["sampled-chain", "stochastic-ddtree"])  # fmt: skip
+@pytest.mark.parametrize("make", [lambda: specdec.SampledChain(3), lambda: specdec.StochasticDDTree(6, 3),
+                                  lambda: specdec.SampledTrees(3, 3), lambda: specdec.SampledTrees(3, 3, merge=False)],
+                         ids=["sampled-chain", "stochastic-ddtree", "trie", "paths"])  # fmt: skip
 def test_the_q_a_sampled_tree_carries_is_hf_processed_q_at_each_nodes_depth(make):
     """A sampled policy hands the rules the distribution it drew from (``tree.draft_probs``), so that the round
     processes q once: at every real node that is HF's warpers on ``logq``'s row of the node's depth, the q the
