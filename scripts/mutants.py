@@ -1174,6 +1174,12 @@ MUTANTS += [
           "    for h in range(P - 2):  # slot h + 1 of the path"),),  # fmt: skip
         ("tests/kernels/test_rejection_walk.py", "-m", "interpreter"),
     ),
+    Mutant(  # the fused residual add normalises the exact fp32 sum, not the sum rounded to x's dtype
+        "add_rms_norm_sum_not_rounded",
+        (("specdec/kernels/rms_norm/triton.py",
+          "        x = (to_bf16(x) if X_BF16 else x.to(x_ptr.dtype.element_ty)).to(tl.float32)\n", ""),),  # fmt: skip
+        ("tests/kernels/test_add_rms_norm.py", "-m", "interpreter"),
+    ),
     Mutant(  # a user's policy may hand the rules its own q (the round keeps any tree's draft_probs)
         "draft_probs_kept_from_any_policy",
         ((ENGINE, "if tree.draft_probs is not None and not trusted(self.tree):",

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from specdec import attention
 from specdec.backends import env_default
 from specdec.kernels.kv_write import kv_write
-from specdec.kernels.rms_norm import rms_norm
+from specdec.kernels.rms_norm import add_rms_norm, rms_norm
 from specdec.kernels.rotary import fits_triton as rotary_fits
 from specdec.kernels.rotary import rotary
 from specdec.kernels.rotary.routing import rotary_kernel_for
@@ -95,6 +95,11 @@ class DFlashStatic:
         """One of the drafter's ``_RMSNorm`` modules applied to ``x``, by ``norm_impl`` (``"torch"``: the reference,
         the module's own ops bit for bit)."""
         return rms_norm(x, module.weight, module.eps, impl=self.norm_impl)
+
+    def _add_norm(self, module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(residual + x, module's norm of it)``: a layer's residual add and the norm after it, one launch where
+        the norms take the kernel (``add_rms_norm``), else the tensor add and :meth:`_norm`, bit for bit."""
+        return add_rms_norm(x, residual, module.weight, module.eps, impl=self.norm_impl)
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor, table: tuple | None = None) -> torch.Tensor:
         """``x [*P, ..., D]`` rotated at ``positions [*P]`` (the position axes first); ``table``: the ``(cos, sin)``
@@ -193,10 +198,15 @@ class DFlashStatic:
         kernel = attention.triton_kernel_for(x.device, torch.compiler.is_compiling(), x.dtype, head_dim)
         lengths = (prefix + size).to(torch.int32) if kernel else None
         table = (self.cos[positions], self.sin[positions])  # [B, S, R]: the block's rotary rows, for every layer
+        pending = None  # the last MLP's output, added to x with the next norm (one launch on CUDA: add_rms_norm)
         for i, (layer, window) in enumerate(zip(model.layers, cfg.sliding_windows, strict=True)):
             if window not in biases:
                 biases[window] = self._bias_mask(prefix, window, x.dtype, span, stacked=not kernel)
-            attn, h = layer.self_attn, self._norm(layer.input_layernorm, x)
+            if pending is None:
+                h = self._norm(layer.input_layernorm, x)
+            else:
+                x, h = self._add_norm(layer.input_layernorm, pending, x)
+            attn = layer.self_attn
             q = self._norm(attn.q_norm, attn.q_proj(h).view(batch, size, heads, head_dim))
             k = self._norm(attn.k_norm, attn.k_proj(h).view(batch, size, kv_heads, head_dim))
             q, k = self._rope_qk(q, k, positions, table)
@@ -214,10 +224,11 @@ class DFlashStatic:
                 q = q.transpose(1, 2).reshape(batch, kv_heads, self.rep * size, head_dim)
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=biases[window], scale=head_dim**-0.5)
                 out = out.reshape(batch, heads, size, head_dim).transpose(1, 2).reshape(batch, size, -1)
-            x = x + attn.o_proj(out)
-            h, mlp = self._norm(layer.post_attention_layernorm, x), layer.mlp
-            x = x + mlp.down_proj(silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))  # one launch for the gate on CUDA
-        return drafter.block_logq(self._norm(model.norm, x), depth)
+            x, h = self._add_norm(layer.post_attention_layernorm, attn.o_proj(out), x)
+            mlp = layer.mlp
+            pending = mlp.down_proj(silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))  # one launch for the gate on CUDA
+        _, last = self._add_norm(model.norm, pending, x)
+        return drafter.block_logq(last, depth)
 
     # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
     def refresh(self) -> None:

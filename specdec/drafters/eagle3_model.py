@@ -358,6 +358,21 @@ class Eagle3Model(nn.Module):
             return x + layer.mlp.down_proj(silu_mul(gate, up))
         return x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
+    def finish_head(self, residual: torch.Tensor, attn_out: torch.Tensor, add_norm, packed=None):
+        """:meth:`finish` then :meth:`head`, each residual add done with the norm after it: ``add_norm(module, x,
+        residual) -> (residual + x, module's norm of it)`` (the round passes one launch for both, ``add_rms_norm``);
+        the same values as ``head(finish(...))`` with those norms. ``packed`` as :meth:`finish`."""
+        layer = self.midlayer
+        x, normed = add_norm(layer.post_attention_layernorm, layer.self_attn.o_proj(attn_out), residual)
+        if packed is None:
+            mlp = layer.mlp(normed)
+        else:
+            gate, up = F.linear(normed, *packed).chunk(2, dim=-1)
+            act = silu_mul(gate, up) if activation_kind(layer.mlp.act_fn) == "silu" else layer.mlp.act_fn(gate) * up
+            mlp = layer.mlp.down_proj(act)
+        x, normed = add_norm(self.norm, mlp, x)
+        return self.lm_head(normed), normed if self.config.norm_output else x
+
     def packed_weights(self, out: dict | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
         """The layer's projections that read the same input, stacked: ``qkv`` (``q_proj``, ``k_proj``, ``v_proj``)
         and ``gate_up`` (the MLP's ``gate_proj``, ``up_proj``), each ``(weight, bias or None)``: a copy of the

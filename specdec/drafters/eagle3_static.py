@@ -29,7 +29,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from specdec import attention
 from specdec.drafters.dflash_static import _NORM_IMPL
 from specdec.kernels.kv_write import kv_write
-from specdec.kernels.rms_norm import rms_norm
+from specdec.kernels.rms_norm import add_rms_norm, rms_norm
 from specdec.kernels.rotary.routing import fused, rotary_kernel_for
 from specdec.kernels.tree_attention import tree_attention
 from specdec.state.storage import mask_values
@@ -92,6 +92,11 @@ class Eagle3Static:
         CUDA; the module's own ops, bit for bit, elsewhere)."""
         return rms_norm(x, module.weight, module.variance_epsilon, impl=self.norm_impl)
 
+    def _add_norm(self, module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(residual + x, module's norm of it)``: one launch where the norms take the kernel (``add_rms_norm``),
+        else the tensor add and :meth:`_norm`, bit for bit."""
+        return add_rms_norm(x, residual, module.weight, module.variance_epsilon, impl=self.norm_impl)
+
     def _rope(self, q, k, cos, sin):
         """``q [B, H_q, L, D]``, ``k [B, H_kv, L, D]`` rotated by ``cos``/``sin`` ``[B, L, D]``: one
         ``specdec.kernels.rotary`` launch where the target's rotation takes it (``Backends.target_rotary``,
@@ -130,11 +135,11 @@ class Eagle3Static:
         """One row per sequence: ``tokens [B, 1]`` and their hidden ``[B, 1, H]`` at the step's position (a
         :meth:`_steps` entry); writes the row's keys/values at its slot and attends over slots ``[0, span)`` up to
         its position. Returns (draft logits ``[B, 1, Vd]``, hidden fed back ``[B, 1, H]``)."""
-        model, norm = self.drafter.model, self._norm
+        model = self.drafter.model
         slots, rotary, seen, visible = step
         residual, q = self._write(tokens, hidden, slots, rotary)
         out = self._attend(q, seen, span, visible)
-        return model.head(model.finish(residual, out, norm, self.packed["gate_up"]), norm)
+        return model.finish_head(residual, out, self._add_norm, self.packed["gate_up"])
 
     def _place(self, positions: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Rows at ``positions [B, L]``: their slots (past the capacity: the scratch slot) and rotary tables
@@ -199,7 +204,7 @@ class Eagle3Static:
         keep = torch.cat([committed.expand(-1, width, -1), ancestors], dim=-1).repeat(1, self.rep, 1)
         out = self._sdpa(q, torch.cat([self.kv[0, :, :, :span], block[0]], 2),
                          torch.cat([self.kv[1, :, :, :span], block[1]], 2), keep)  # fmt: skip
-        return model.head(model.finish(residual, out, norm, self.packed["gate_up"]), norm)
+        return model.finish_head(residual, out, self._add_norm, self.packed["gate_up"])
 
     # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
     def prefill(self, input_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:

@@ -16,9 +16,9 @@ from typing import Literal
 import torch
 
 from specdec.kernels._triton import importable, pick_impl
-from specdec.kernels.rms_norm.reference import rms_norm_reference
+from specdec.kernels.rms_norm.reference import add_rms_norm_reference, rms_norm_reference
 
-__all__ = ["FLOAT_DTYPES", "rms_norm", "rms_norm_reference"]
+__all__ = ["FLOAT_DTYPES", "add_rms_norm", "add_rms_norm_reference", "rms_norm", "rms_norm_reference"]
 
 _MODULE = "specdec.kernels.rms_norm.triton"
 
@@ -54,6 +54,32 @@ def rms_norm(
     from specdec.kernels.rms_norm.triton import rms_norm_triton
 
     return rms_norm_triton(x, weight, eps, period, unit_offset=unit_offset)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, impl: Impl = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm layer's residual add and the RMSNorm after it (:func:`add_rms_norm_reference`): ``(residual + x,
+    its norm)``, in one launch where Triton runs (``x`` and ``residual`` of one shape and dtype, a ``[D]`` weight),
+    else the two tensor ops.
+
+    Args:
+        impl (str): ``"triton"`` (no autograd, as :func:`rms_norm`'s), ``"torch"`` (the reference) or ``"auto"``
+            (as :func:`rms_norm`; a call the kernel does not take, e.g. mixed dtypes, or one that needs gradients,
+            runs the reference).
+    """
+    _check_args(x, weight, eps, 1)
+    fits = isinstance(residual, torch.Tensor) and residual.shape == x.shape and residual.dtype == x.dtype \
+        and residual.device == x.device and weight.dim() == 1  # fmt: skip
+    if impl == "triton" and not fits:
+        raise ValueError("impl='triton' takes x and residual of one shape, dtype and device and a [D] weight: use "
+                         "impl='torch'.")  # fmt: skip
+    grads = torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or weight.requires_grad)
+    if pick_impl(impl, x.device, _MODULE, fits=fits and not (impl == "auto" and grads)) == "torch":
+        return add_rms_norm_reference(x, residual, weight, eps)
+    from specdec.kernels.rms_norm.triton import add_rms_norm_triton
+
+    return add_rms_norm_triton(x, residual, weight, eps)
 
 
 def _triton_available() -> bool:

@@ -48,3 +48,12 @@ def _unit_offset_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return (h * (1.0 + weight.float())).type_as(x)
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A residual add and the RMSNorm after it, as a pre-norm layer runs them: ``s = residual + x`` (the tensor
+    add, in ``x``'s dtype) and ``rms_norm_reference(s, weight, eps)``. Returns ``(s, norm of s)``."""
+    total = residual + x
+    return total, rms_norm_reference(total, weight, eps)

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from specdec.kernels.triton_ops import to_bf16
 
-__all__ = ["block_rows", "rms_norm_triton"]
+__all__ = ["add_rms_norm_triton", "block_rows", "rms_norm_triton"]
 
 _BLOCK_ELEMENTS = 2048
 """Elements per program that several short rows are batched up to."""
@@ -30,9 +30,12 @@ def _rms_norm_kernel(
     x_ptr,  # [R, D] rows stride_x apart, the last dim contiguous
     w_ptr,  # [G, D] with strides (stride_wg, stride_wd)
     out_ptr,  # [R, D] contiguous
+    res_ptr,  # [R, D] rows stride_r apart, x's dtype (HAS_RES), else unused
+    sum_ptr,  # [R, D] contiguous, x's dtype: residual + x (HAS_RES), else unused
     R,
     D,
     stride_x,
+    stride_r,
     stride_wg,
     stride_wd,
     period,
@@ -44,12 +47,17 @@ def _rms_norm_kernel(
     OUT_BF16: tl.constexpr,  # the output is bf16: round the product with to_bf16
     WIDE: tl.constexpr,  # the output is fp64: multiply in fp64
     UNIT_OFFSET: tl.constexpr,  # Gemma / Qwen3-Next: (x / rms) * (1 + w) in fp32, rounded once to x's dtype
+    HAS_RES: tl.constexpr,  # normalise residual + x (rounded to x's dtype, as the tensor add), stored to sum_ptr
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # int32 (R < 2**31): the group is a 32-bit division
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
     offs = rows.to(tl.int64)[:, None]
     x = tl.load(x_ptr + offs * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:  # the residual add first, rounded to x's dtype as the tensor op rounds it
+        x = x + tl.load(res_ptr + offs * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = (to_bf16(x) if X_BF16 else x.to(x_ptr.dtype.element_ty)).to(tl.float32)
+        tl.store(sum_ptr + offs * D + cols[None, :], x.to(sum_ptr.dtype.element_ty), mask=mask)
     # rsqrt(sum / D + eps) with IEEE division and square root (Triton's `/` and `rsqrt` are approximate on GPUs)
     mean = tl.div_rn(tl.sum(x * x, axis=1), tl.full([ROWS], D, tl.float32))
     # eps arrives as fp32 from a plain launch and as fp64 from torch.compile: the sum is fp32 either way
@@ -83,20 +91,43 @@ def rms_norm_triton(
         torch.Tensor: ``x``'s shape, dtype ``torch.promote_types(x.dtype, weight.dtype)`` (``unit_offset``:
         ``x.dtype``), contiguous.
     """
+    return _launch(x, None, weight, eps, period, unit_offset)[0]
+
+
+def add_rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = residual + x`` and RMSNorm of ``s`` in one launch (arguments as ``add_rms_norm_reference``: ``x`` and
+    ``residual`` of one shape and dtype; not checked here).
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``s`` (x's dtype) and its norm, both contiguous.
+    """
+    normed, total = _launch(x, residual, weight, eps, 1, False)
+    return total, normed
+
+
+def _launch(x, residual, weight, eps, period, unit_offset):
     dim = x.shape[-1]
     out_dtype = x.dtype if unit_offset else torch.promote_types(x.dtype, weight.dtype)
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    total = None if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out.numel() == 0:
-        return out
+        return out, total
     rows = x.reshape(-1, dim)
     if rows.stride(1) != 1:
         rows = rows.contiguous()
+    res = rows if residual is None else residual.reshape(-1, dim)
+    if res.stride(1) != 1:
+        res = res.contiguous()
     w = weight if weight.dim() == 2 else weight[None]
     num_rows = rows.shape[0]
     block, block_d = block_rows(num_rows, dim)
     _rms_norm_kernel[(triton.cdiv(num_rows, block),)](
-        rows, w, out, num_rows, dim, rows.stride(0), w.stride(0), w.stride(1), period, w.shape[0], float(eps),
+        rows, w, out, res, out if total is None else total, num_rows, dim, rows.stride(0), res.stride(0),
+        w.stride(0), w.stride(1), period, w.shape[0], float(eps),
         ROWS=block, BLOCK_D=block_d, X_BF16=x.dtype == torch.bfloat16, OUT_BF16=out_dtype == torch.bfloat16,
-        WIDE=out_dtype == torch.float64, UNIT_OFFSET=unit_offset, num_warps=min(max(block * block_d // 256, 1), 16),
+        WIDE=out_dtype == torch.float64, UNIT_OFFSET=unit_offset, HAS_RES=residual is not None,
+        num_warps=min(max(block * block_d // 256, 1), 16),
     )  # fmt: skip
-    return out
+    return out, total
