@@ -5,8 +5,8 @@ zoo drafter, and ``[16, 4096]``, the 8 B shape), the per-head query / key norms 
 and D in {64, 128}, and the stacked key norm of ``DFlashStatic.ingest`` (``[16, L, H_kv, D]`` with per-layer
 weights ``[L, D]``, ``period = H_kv``; L = 5, H_kv = 8, D = 128, the 8 B drafter), and ``add_rms_norm`` (the
 residual add and the norm after it, ``add+hidden`` rows: reference = two ops, Triton = one launch). Providers:
-``torch`` (eager launches), ``torch-graph`` (the same ops replayed from a CUDA graph: GPU time without launch overhead), ``triton``
-and ``triton-graph``; the graph and Triton providers need CUDA.
+``torch`` (eager launches), ``torch-graph`` (the same ops replayed from a CUDA graph: GPU time without launch
+overhead), ``triton`` and ``triton-graph``; the graph and Triton providers need CUDA.
 
     python benchmarks/kernels/bench_rms_norm.py [--device cuda] [--out bench_out/kernels]
 
