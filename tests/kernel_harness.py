@@ -50,6 +50,16 @@ def run_interpreted(script: str | Path, folder: Path, *, timeout: int = 600) -> 
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+def run_code_interpreted(code: str, *paths: Path, timeout: int = 600) -> None:
+    """Run the Python ``code`` with ``TRITON_INTERPRET=1``, ``paths`` first on ``sys.path`` (given to it as
+    ``sys.argv[1:]``), and assert that it succeeds (its stderr's tail otherwise)."""
+    prelude = "import sys; sys.path[:0] = sys.argv[1:]\n"
+    proc = subprocess.run([sys.executable, "-c", prelude + code, *map(str, paths)],
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def interpreted_outputs(script: str | Path, folder: Path, data: dict) -> dict:
     """Save ``data`` (the cases) to ``folder/cases.pt``, run ``script`` on it under the interpreter
     (:func:`run_interpreted`; the script writes ``folder/outputs.pt``) and return ``data`` merged with those

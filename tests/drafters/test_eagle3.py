@@ -310,25 +310,19 @@ def test_generate_greedy_is_lossless_with_the_kernels_in_the_interpreter():
     """The head's round with every kernel the GPU path takes (its norms and residual adds through ``rms_norm`` /
     ``add_rms_norm``, the MLP's ``silu_mul``, the K/V write, the attention) run by Triton's interpreter, in a
     subprocess: greedy output equal to HF's for a left-padded batch, chain and DDTree."""
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
+
+    from kernel_harness import run_code_interpreted
 
     pytest.importorskip("triton")
     tests = Path(__file__).resolve().parents[1]
     code = (
-        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
         "from models import tiny_model\n"
         "from test_eagle3 import check_greedy, sharp_head\n"
         "target = tiny_model('qwen3', num_hidden_layers=4, scale=2.0)\n"
-        "drafter = sharp_head(target)\n"
-        "check_greedy(target, drafter, (6, 10), max_new=5)\n"
+        "check_greedy(target, sharp_head(target), (6, 10), max_new=5)\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", code, str(tests), str(tests / "drafters")], env=env,
-                          capture_output=True, text=True)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_code_interpreted(code, tests, tests / "drafters")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

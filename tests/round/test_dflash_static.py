@@ -6,13 +6,11 @@ own forward), over the config variants the drafter supports."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from kernel_harness import run_code_interpreted
 from models import tiny_model
 from oracles.dflash_eager import DecodeContext, EagerDFlash
 
@@ -79,18 +77,13 @@ def test_static_forwards_with_the_triton_norms_in_the_interpreter():
     pytest.importorskip("triton")
     tests = Path(__file__).resolve().parents[1]
     code = (
-        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
         "from models import tiny_model\n"
         "from test_dflash_static import VARIANTS, check_static_forwards\n"
         "target = tiny_model('qwen3', num_hidden_layers=4)\n"
         "for variant in VARIANTS:\n"
         "    check_static_forwards(target, variant, 'triton')\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(tests), str(tests / "round")], env=env, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_code_interpreted(code, tests, tests / "round")
 
 
 def test_block_rotary_through_the_kernel_in_the_interpreter():
@@ -101,7 +94,6 @@ def test_block_rotary_through_the_kernel_in_the_interpreter():
     pytest.importorskip("triton")
     tests = Path(__file__).resolve().parents[1]
     code = (
-        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
         "import torch\n"
         "from models import tiny_model\n"
         "from test_dflash_static import block_logq_by_rotary\n"
@@ -111,11 +103,7 @@ def test_block_rotary_through_the_kernel_in_the_interpreter():
         "    assert none == 0 and calls == launches, (variant, none, calls)\n"
         "    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), variant\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(tests), str(tests / "round")], env=env, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_code_interpreted(code, tests, tests / "round")
 
 
 def block_logq_by_rotary(target, variant: str, kernel: str) -> tuple[tuple, int]:
