@@ -117,6 +117,7 @@ class TargetModel:
                 'attn_implementation="sdpa" (or "eager").'
             )
         self.state = manager_for(model, hybrid_mode=hybrid_mode)
+        self.hybrid_mode = hybrid_mode
         params = inspect.signature(type(model).forward).parameters
         self.cache_kw = cache_kwarg(model)
         self._has_logits_to_keep = "logits_to_keep" in params
