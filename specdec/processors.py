@@ -567,7 +567,8 @@ def build_processors(
     add(penalty, hf.RepetitionPenaltyLogitsProcessor,
         RepetitionPenalty(hf.RepetitionPenaltyLogitsProcessor(value).penalty) if penalty else None)  # fmt: skip
     value = options.get("no_repeat_ngram_size")
-    ngram = not _off(value, 0)
+    # HF builds the ban only for a size > 0 (0 or a negative size is off); other values reach HF's class and its error
+    ngram = not _off(value, 0) and not (isinstance(value, int | float) and not isinstance(value, bool) and value <= 0)
     add(ngram, hf.NoRepeatNGramLogitsProcessor,
         NGramBan(hf.NoRepeatNGramLogitsProcessor(value).ngram_size) if ngram else None)  # fmt: skip
     value = options.get("bad_words_ids")
