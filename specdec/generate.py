@@ -341,6 +341,7 @@ def generate(
     _check_continuation(past_key_values, input_ids)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("A streamer takes one sequence (as in HF): pass a batch of one row, or no streamer.")
+    check_streamer(streamer)
     if tree is None:
         tree = getattr(drafter, "default_tree", None) or Chain(k=4)
     args = resolve_generation_args(
@@ -678,6 +679,24 @@ def _first_token(rule, sampling, logits: torch.Tensor, generator) -> torch.Tenso
         if flags:
             raise ProtocolError(describe_flags(flags, None, rule))
     return accept.tokens[:, 0]
+
+
+def check_streamer(streamer) -> None:
+    """Refuse a streamer that lacks HF's protocol (``put(tokens)``, ``end()``) before anything runs: the call would
+    otherwise fail at its first ``put`` or, worse, at ``end`` after decoding the whole sequence."""
+    if streamer is None:
+        return
+    if isinstance(streamer, type):
+        raise TypeError(
+            f"streamer={streamer.__name__} is a class: pass an instance, e.g. streamer={streamer.__name__}(tokenizer)."
+        )
+    missing = [name for name in ("put", "end") if not callable(getattr(streamer, name, None))]
+    if missing:
+        raise TypeError(
+            f"streamer={type(streamer).__name__} has no {' or '.join(f'{m}()' for m in missing)}: a streamer follows "
+            "HF's protocol, put(token_ids) for the prompt and each batch of new tokens, then end() (e.g. "
+            "transformers.TextStreamer(tokenizer), or transformers.generation.BaseStreamer's subclasses)."
+        )
 
 
 class SpeculativeModel:
