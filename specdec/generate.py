@@ -168,6 +168,13 @@ def _check_continuation(past, input_ids: torch.Tensor) -> None:
     if past is None:
         return
     if not isinstance(past, Continuation):
+        from transformers.cache_utils import Cache
+
+        if not isinstance(past, Cache | tuple | list):  # HF's caches, and the legacy tuple of (key, value) per layer
+            raise TypeError(
+                f"past_key_values={past!r} ({type(past).__name__}) is no cache: pass the previous output's "
+                "past_key_values (with the whole sequence as input_ids), an HF cache (not read), or None."
+            )
         logger.info("specdec: past_key_values=%s is not specdec's; the prompt is prefilled from scratch (same tokens)",
                     type(past).__name__)  # fmt: skip
         return
@@ -196,6 +203,11 @@ def _check_generator(generator, device: torch.device) -> None:
 
 def _graphs(tgt: TargetModel, cuda_graphs: bool | None) -> bool:
     """Whether the round is replayed from CUDA graphs (it is called otherwise; same tokens either way)."""
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise TypeError(
+            f"cuda_graphs={cuda_graphs!r} ({type(cuda_graphs).__name__}): pass True, False or None (replay where the "
+            "device allows)."
+        )
     if cuda_graphs is False:
         return False
     reason = capture_reason(tgt)
