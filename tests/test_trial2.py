@@ -142,3 +142,54 @@ def test_training_settings_that_train_nothing_are_refused(field, value, least):
     with pytest.raises(ValueError, match=rf"{field}={value}: give an int >= {least}"):
         TrainConfig(target="t", corpus="c", out_dir="o", **{field: value})
     TrainConfig(target="t", corpus="c", out_dir="o", eval_every=0, save_every=0)  # 0 = only at the end, documented
+
+
+def test_a_single_logits_processor_is_named_with_the_fix(target):
+    """HF's protocol is a list; one processor used to be a ``TypeError: ... object is not iterable`` inside the
+    library (as ``stopping_criteria`` already names it)."""
+    from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+    with pytest.raises(TypeError, match=r"logits_processor must be a list.*LogitsProcessorList\(\[processor\]\)"):
+        specdec.generate(target, prompt(), max_new_tokens=NEW, logits_processor=RepetitionPenaltyLogitsProcessor(1.3))
+    ids = prompt()
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3)])
+    ref = target.generate(ids, do_sample=False, max_new_tokens=NEW, logits_processor=processors)
+    out = specdec.generate(target, ids, drafter=specdec.NGramDrafter(), tree=specdec.Chain(3), max_new_tokens=NEW,
+                           logits_processor=list(processors))  # fmt: skip
+    assert torch.equal(out.sequences, ref)
+
+
+@pytest.mark.parametrize(
+    ("processor", "given"),
+    [(lambda ids, scores: None, "NoneType"), (lambda ids, scores: scores[:, :5], r"\(1, 5\)")],
+)
+def test_a_logits_processor_that_returns_no_scores_is_named(target, processor, given):
+    """Used to be ``can't assign a NoneType to a torch.FloatTensor`` or a shape mismatch inside the round."""
+    drafter, tree = specdec.NGramDrafter(), specdec.Chain(3)
+    with pytest.raises(ValueError, match=rf"returned {given} for scores of shape \(1, 128\).*same shape"):
+        specdec.generate(target, prompt(), drafter=drafter, tree=tree, max_new_tokens=NEW, logits_processor=[processor])
+    assert_next_call_equals_hf(target)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        (dict(past_key_values=5), r"past_key_values=5 \(int\) is no cache"),
+        (dict(cuda_graphs="yes"), r"cuda_graphs='yes' \(str\): pass True, False or None"),
+    ],
+)
+def test_options_of_the_wrong_type_are_named(target, options, match):
+    """``past_key_values=5`` and ``cuda_graphs="yes"`` used to be accepted without a word."""
+    with pytest.raises(TypeError, match=match):
+        specdec.generate(target, prompt(), max_new_tokens=NEW, **options)
+    assert_next_call_equals_hf(target)
+
+
+def test_an_hf_cache_as_past_key_values_is_still_accepted(target):
+    """docs/api.md: an HF cache is accepted and not read (the prompt is prefilled from scratch, same tokens)."""
+    ids = prompt()
+    first = target.generate(ids, do_sample=False, max_new_tokens=3, return_dict_in_generate=True)
+    whole = torch.cat([first.sequences, prompt(3, seed=5)], 1)
+    ref = target.generate(whole, do_sample=False, max_new_tokens=NEW)
+    out = specdec.generate(target, whole, max_new_tokens=NEW, past_key_values=first.past_key_values)
+    assert torch.equal(out.sequences, ref)
