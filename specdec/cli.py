@@ -712,7 +712,8 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in _COMMANDS:
         command = sys.argv.pop(1)
     _register_resolvers()
-    user_errors = (ValueError, OSError)  # bad values; missing, unreadable or unreachable files and hub ids
+    # bad values; missing, unreadable or unreachable files and hub ids; checkpoint variants the drafters refuse
+    user_errors = (ValueError, OSError, NotImplementedError)
     debug = _debug()
 
     def task(cfg) -> None:
