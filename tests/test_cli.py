@@ -567,6 +567,11 @@ BAD_VALUES = [
     (["drafter=eagle3"], "drafter=eagle3", "drafter.path=<folder"),
     (["drafter=dflash", "drafter.path=/no/such/dflash"], "(drafter.path)", "Give an existing path"),
     (["verifier=multi-draft", "verifier.replacement=maybe"], "verifier.replacement='maybe'", "True"),
+    # a checkpoint of another drafter kind: named, with the drafter that reads it
+    (["drafter=model", "drafter.path=assets/drafters/zoo-dense"], "a DFlash drafter checkpoint", "use drafter=dflash"),
+    (["drafter=model", "drafter.path=assets/drafters/zoo-dense-eagle3"], "an EAGLE-3 head", "use drafter=eagle3"),
+    (["drafter=eagle3", "drafter.path=assets/drafters/zoo-dense"], "a DFlash drafter's", "drafter=dflash"),
+    (["drafter=dflash", "drafter.path=assets/drafters/zoo-dense-eagle3"], "is an EAGLE-3 head", "drafter=eagle3"),
     (["verifier=speculative-sampling"], "verifier=SpeculativeSampling()", "Pass one of those trees"),
     # prompts and target
     (["prompts.limit=-1"], "prompts.limit", "int >= 1"),
@@ -635,6 +640,24 @@ def test_the_bad_values_fail_before_any_model_loads(tmp_path, monkeypatch, capsy
                  ["verifier=speculative-sampling"], ["drafter=eagle3"], ["prompts.path=/no/such/p.jsonl"],
                  ["target.attn_implementation=flash_attention_2"]):  # fmt: skip
         _error_line(args, tmp_path, monkeypatch, capsys)
+
+
+def test_a_checkpoint_variant_the_drafter_refuses_is_one_error_line(tmp_path, monkeypatch, capsys):
+    """The drafters refuse checkpoint variants they do not implement with a ``NotImplementedError`` (here an EAGLE-3
+    head of three layers); the command line used to print its traceback."""
+    import json
+    import shutil
+
+    head = tmp_path / "head"
+    shutil.copytree(specdec_root() / "assets" / "drafters" / "zoo-dense-eagle3", head)
+    config = json.loads((head / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    line = _error_line(["drafter=eagle3", f"drafter.path={head}"], tmp_path, monkeypatch, capsys)
+    assert "num_hidden_layers=3: only one-layer EAGLE-3 heads are supported" in line, line
+
+
+def specdec_root() -> Path:
+    return Path(__file__).resolve().parents[1]
 
 
 def test_a_missing_zoo_folder_is_named(tmp_path, monkeypatch, capsys):
