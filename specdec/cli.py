@@ -189,6 +189,8 @@ def check_values(c: Mapping, choices: Mapping[str, str | None], command: str) ->
     if target.get("tp_plan") not in (None, "auto") and not isinstance(target.get("tp_plan"), Mapping):
         raise ValueError(f"target.tp_plan={target['tp_plan']!r}: use auto (HF's tensor-parallel plan, under torchrun) "
                          "or null (one full copy per process).")  # fmt: skip
+    if command in ("generate", "bench"):
+        _check_attn_implementation(target.get("attn_implementation"))
     if command != "bench" or c.get("random_target") is None:  # a random target loads no checkpoint
         resolve_model_path(target["path"], what="target model folder (target.path)")
         resolve_model_path(target["tokenizer"], what="tokenizer folder (target.tokenizer)")
@@ -221,6 +223,18 @@ def check_values(c: Mapping, choices: Mapping[str, str | None], command: str) ->
             if c[key] is not None:
                 check_dtype(c[key], key, unset="null")
         _train_config(c)
+
+
+def _check_attn_implementation(value) -> None:
+    """``target.attn_implementation``: one that takes the round's tree mask, refused before the model loads (HF would
+    load it first, and an uninstalled kernel package is an ImportError there)."""
+    from specdec.target import _TREE_ATTN
+
+    if value is not None and value not in _TREE_ATTN:
+        raise ValueError(
+            f"target.attn_implementation={value!r}: the round verifies draft trees through an additive float mask, "
+            f"which only {' and '.join(_TREE_ATTN)} take; use target.attn_implementation=sdpa (the default) or eager."
+        )
 
 
 def _train_config(c: Mapping):
@@ -698,7 +712,8 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in _COMMANDS:
         command = sys.argv.pop(1)
     _register_resolvers()
-    user_errors = (ValueError, OSError)  # bad values; missing, unreadable or unreachable files and hub ids
+    # bad values; missing, unreadable or unreachable files and hub ids; checkpoint variants the drafters refuse
+    user_errors = (ValueError, OSError, NotImplementedError)
     debug = _debug()
 
     def task(cfg) -> None:

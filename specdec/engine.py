@@ -93,6 +93,11 @@ def round_reason(target: TargetModel, drafter, tree) -> str | None:
             "exactly through their adapters, any tree, any budget); use hybrid_mode='exact'. specdec.state.snapshot "
             "and restore remain available for HF caches"
         )
+    if getattr(target, "hybrid_mode", "exact") != "exact":  # a target without recurrent layers: the mode means nothing
+        return (
+            f"{name}: hybrid_mode={target.hybrid_mode!r} is not a round of its own, and this target has no recurrent "
+            "layers; use hybrid_mode='exact' (the default)"
+        )
     reason = hybrid_reason(state, target.device, needs_kernels=False) or static_reason(target)
     if reason is not None:
         return f"{name}: {reason}"

@@ -168,6 +168,13 @@ def _check_continuation(past, input_ids: torch.Tensor) -> None:
     if past is None:
         return
     if not isinstance(past, Continuation):
+        from transformers.cache_utils import Cache
+
+        if not isinstance(past, Cache | tuple | list):  # HF's caches, and the legacy tuple of (key, value) per layer
+            raise TypeError(
+                f"past_key_values={past!r} ({type(past).__name__}) is no cache: pass the previous output's "
+                "past_key_values (with the whole sequence as input_ids), an HF cache (not read), or None."
+            )
         logger.info("specdec: past_key_values=%s is not specdec's; the prompt is prefilled from scratch (same tokens)",
                     type(past).__name__)  # fmt: skip
         return
@@ -196,6 +203,11 @@ def _check_generator(generator, device: torch.device) -> None:
 
 def _graphs(tgt: TargetModel, cuda_graphs: bool | None) -> bool:
     """Whether the round is replayed from CUDA graphs (it is called otherwise; same tokens either way)."""
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise TypeError(
+            f"cuda_graphs={cuda_graphs!r} ({type(cuda_graphs).__name__}): pass True, False or None (replay where the "
+            "device allows)."
+        )
     if cuda_graphs is False:
         return False
     reason = capture_reason(tgt)
@@ -341,6 +353,7 @@ def generate(
     _check_continuation(past_key_values, input_ids)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("A streamer takes one sequence (as in HF): pass a batch of one row, or no streamer.")
+    check_streamer(streamer)
     if tree is None:
         tree = getattr(drafter, "default_tree", None) or Chain(k=4)
     args = resolve_generation_args(
@@ -678,6 +691,24 @@ def _first_token(rule, sampling, logits: torch.Tensor, generator) -> torch.Tenso
         if flags:
             raise ProtocolError(describe_flags(flags, None, rule))
     return accept.tokens[:, 0]
+
+
+def check_streamer(streamer) -> None:
+    """Refuse a streamer that lacks HF's protocol (``put(tokens)``, ``end()``) before anything runs: the call would
+    otherwise fail at its first ``put`` or, worse, at ``end`` after decoding the whole sequence."""
+    if streamer is None:
+        return
+    if isinstance(streamer, type):
+        raise TypeError(
+            f"streamer={streamer.__name__} is a class: pass an instance, e.g. streamer={streamer.__name__}(tokenizer)."
+        )
+    missing = [name for name in ("put", "end") if not callable(getattr(streamer, name, None))]
+    if missing:
+        raise TypeError(
+            f"streamer={type(streamer).__name__} has no {' or '.join(f'{m}()' for m in missing)}: a streamer follows "
+            "HF's protocol, put(token_ids) for the prompt and each batch of new tokens, then end() (e.g. "
+            "transformers.TextStreamer(tokenizer), or transformers.generation.BaseStreamer's subclasses)."
+        )
 
 
 class SpeculativeModel:

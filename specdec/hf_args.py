@@ -338,8 +338,18 @@ def check_input_ids(
         ones).
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        fix = ""
+        if isinstance(input_ids, torch.Tensor):
+            given = f"a tensor of shape {tuple(input_ids.shape)}"
+            if input_ids.dim() == 1:
+                fix = "; one prompt of shape [seq_len] is input_ids[None]"
+        else:
+            given = f"a {type(input_ids).__name__}"
+            if isinstance(input_ids, list | tuple):
+                fix = "; token ids in a list are torch.tensor([ids])"
         raise ValueError(
-            "input_ids must be a LongTensor of shape [batch, seq_len] (e.g. tokenizer(..., return_tensors='pt'))."
+            f"input_ids is {given}: it must be a LongTensor of shape [batch, seq_len] (e.g. "
+            f"tokenizer(..., return_tensors='pt').input_ids){fix}."
         )
     if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
         raise ValueError(

@@ -335,7 +335,31 @@ def check_drafter(name: str, **kw) -> str | None:
         if name == "model":
             return None
         raise ValueError(_NEEDS_PATH[name])
-    return resolve_model_path(kw["path"], what=f"{_CHECKPOINTS[name]} (drafter.path)")
+    path = resolve_model_path(kw["path"], what=f"{_CHECKPOINTS[name]} (drafter.path)")
+    if name == "model":
+        _refuse_drafter_checkpoint(path)
+    return path
+
+
+def _refuse_drafter_checkpoint(path) -> None:
+    """``drafter=model`` loads a causal LM: a local DFlash or EAGLE-3 checkpoint would load as one with its LM head and
+    embedding missing (randomly initialised) and draft noise; name the drafter that reads it instead."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return
+    raw = json.loads(config.read_text())
+    arch = (raw.get("architectures") or [""])[0]
+    if "dflash_config" in raw or arch == "DFlashDraftModel":
+        kind = "dflash"
+    elif "draft_vocab_size" in raw or "eagle_config" in raw or raw.get("speculators_model_type") == "eagle3":
+        kind = "eagle3"
+    else:
+        return
+    what = "a DFlash drafter" if kind == "dflash" else "an EAGLE-3 head"
+    raise ValueError(
+        f"drafter.path={str(path)!r} is {what} checkpoint, not a causal LM that drafter=model can load: use "
+        f"drafter={kind} drafter.path={path}."
+    )
 
 
 def build_drafter(name: str, target, **kw):

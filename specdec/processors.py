@@ -424,7 +424,15 @@ class PerNode:
                 index = torch.tensor(slots, device=scores.device)
                 path = nodes.paths[b, index, : d + 1]
                 ids = torch.cat([before.expand(len(slots), -1), path], 1)
-                out[b, index] = self.processor(ids, scores[b, index])
+                processed = self.processor(ids, scores[b, index])
+                if not isinstance(processed, torch.Tensor) or processed.shape != (len(slots), scores.shape[-1]):
+                    shape = tuple(processed.shape) if isinstance(processed, torch.Tensor) else type(processed).__name__
+                    raise ValueError(
+                        f"logits_processor {self.processor!r} returned {shape} for scores of shape "
+                        f"{(len(slots), scores.shape[-1])}: a processor returns the scores it was given, processed "
+                        "(HF's protocol: processor(input_ids, scores) -> scores of the same shape)."
+                    )
+                out[b, index] = processed
         return out
 
 
@@ -567,7 +575,8 @@ def build_processors(
     add(penalty, hf.RepetitionPenaltyLogitsProcessor,
         RepetitionPenalty(hf.RepetitionPenaltyLogitsProcessor(value).penalty) if penalty else None)  # fmt: skip
     value = options.get("no_repeat_ngram_size")
-    ngram = not _off(value, 0)
+    # HF builds the ban only for a size > 0 (0 or a negative size is off); other values reach HF's class and its error
+    ngram = not _off(value, 0) and not (isinstance(value, int | float) and not isinstance(value, bool) and value <= 0)
     add(ngram, hf.NoRepeatNGramLogitsProcessor,
         NGramBan(hf.NoRepeatNGramLogitsProcessor(value).ngram_size) if ngram else None)  # fmt: skip
     value = options.get("bad_words_ids")
@@ -614,6 +623,11 @@ def build_processors(
                                     1 if forced_bos else 0)  # fmt: skip
     add(value is not None, hf.SuppressTokensAtBeginLogitsProcessor, begin)
 
+    if logits_processor is not None and not isinstance(logits_processor, list | tuple):
+        raise TypeError(
+            f"logits_processor must be a list of LogitsProcessor (e.g. LogitsProcessorList([...])), got "
+            f"{type(logits_processor).__name__}: wrap it, logits_processor=LogitsProcessorList([processor])."
+        )
     custom = list(logits_processor or ())
     for processor in custom:
         if not callable(processor) and not callable(getattr(processor, "process_tree", None)):

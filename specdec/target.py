@@ -20,11 +20,33 @@ from specdec.state import cache_kwarg, manager_for
 from specdec.state.storage import StaticKVCache
 from specdec.state.windows import WindowLayout, keep_every_key, window_layout
 
-__all__ = ["TargetModel", "weights_signature", "weights_state"]
+__all__ = ["TargetModel", "check_causal_lm", "weights_signature", "weights_state"]
 
 logger = logging.getLogger(__name__)
 
 _TREE_ATTN = ("sdpa", "eager")
+
+
+def check_causal_lm(model, name: str = "target") -> None:
+    """Refuse what is not an HF causal LM with an LM head (a path, None, a base model such as ``LlamaModel``),
+    naming ``name``, what was given and the fix, before anything reads its weights."""
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        raise TypeError(
+            f"{name}={str(model)!r} is a path, not a model: load it first, e.g. "
+            f"AutoModelForCausalLM.from_pretrained({str(model)!r})."
+        )
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise TypeError(
+            f"{name} must be an HF causal LM (a *ForCausalLM, e.g. AutoModelForCausalLM.from_pretrained(path)); "
+            f"got {type(model).__name__}."
+        )
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if getattr(head, "weight", None) is None:
+        raise TypeError(
+            f"{name} is a {type(model).__name__}, which has no LM head (no output embeddings): pass the causal LM "
+            "that holds it (a *ForCausalLM, e.g. AutoModelForCausalLM.from_pretrained(path)), not its base model."
+        )
+
 
 # model -> (what its wrapper was made from, the wrapper): ``TargetModel.wrap`` makes a model's wrapper once; kept on
 # the model, so that the wrapper (which holds the model) is freed with it
@@ -95,6 +117,7 @@ class TargetModel:
                 'attn_implementation="sdpa" (or "eager").'
             )
         self.state = manager_for(model, hybrid_mode=hybrid_mode)
+        self.hybrid_mode = hybrid_mode
         params = inspect.signature(type(model).forward).parameters
         self.cache_kw = cache_kwarg(model)
         self._has_logits_to_keep = "logits_to_keep" in params
@@ -114,6 +137,7 @@ class TargetModel:
         if isinstance(target, TargetModel):
             target.signature, target.versions = weights_state([target.model])
             return target
+        check_causal_lm(target)
         signature, versions = weights_state([target])
         key = (signature, id(target.config), getattr(target.config, "_attn_implementation", None),
                tuple(sorted(kwargs.items())))  # fmt: skip

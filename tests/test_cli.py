@@ -504,7 +504,7 @@ def _error_line(args: list[str], tmp_path: Path, monkeypatch, capsys) -> str:
 
 _NO_ACCELERATOR = pytest.mark.skipif(torch.accelerator.is_available(), reason="this machine has an accelerator")
 
-# (arguments, the key as the message names it, the fix it gives): about 90 bad values of the three commands
+# (arguments, the key as the message names it, the fix it gives): about 100 bad values of the three commands
 BAD_VALUES = [
     # generate: top-level keys
     (["dtype=float13"], "dtype='float13'", "use auto or one of float32, bfloat16"),
@@ -545,7 +545,7 @@ BAD_VALUES = [
     (["sampling=sample", "sampling.min_p=5"], "sampling.min_p=5", "[0, 1]"),
     (["sampling.do_sample=maybe"], "sampling.do_sample='maybe'", "true or false"),
     (["sampling.repetition_penalty=-1"], "sampling.repetition_penalty=-1", "strictly positive"),
-    (["sampling.no_repeat_ngram_size=-2"], "sampling.no_repeat_ngram_size=-2", "strictly positive integer"),
+    (["sampling.no_repeat_ngram_size=1.5"], "sampling.no_repeat_ngram_size=1.5", "strictly positive integer"),
     (["sampling.stop_strings=5"], "sampling.stop_strings=5", "non-empty string or a list"),
     (["sampling.max_time=-1"], "sampling.max_time=-1", ">= 0"),
     # trees
@@ -567,6 +567,11 @@ BAD_VALUES = [
     (["drafter=eagle3"], "drafter=eagle3", "drafter.path=<folder"),
     (["drafter=dflash", "drafter.path=/no/such/dflash"], "(drafter.path)", "Give an existing path"),
     (["verifier=multi-draft", "verifier.replacement=maybe"], "verifier.replacement='maybe'", "True"),
+    # a checkpoint of another drafter kind: named, with the drafter that reads it
+    (["drafter=model", "drafter.path=assets/drafters/zoo-dense"], "a DFlash drafter checkpoint", "use drafter=dflash"),
+    (["drafter=model", "drafter.path=assets/drafters/zoo-dense-eagle3"], "an EAGLE-3 head", "use drafter=eagle3"),
+    (["drafter=eagle3", "drafter.path=assets/drafters/zoo-dense"], "a DFlash drafter's", "drafter=dflash"),
+    (["drafter=dflash", "drafter.path=assets/drafters/zoo-dense-eagle3"], "is an EAGLE-3 head", "drafter=eagle3"),
     (["verifier=speculative-sampling"], "verifier=SpeculativeSampling()", "Pass one of those trees"),
     # prompts and target
     (["prompts.limit=-1"], "prompts.limit", "int >= 1"),
@@ -578,6 +583,8 @@ BAD_VALUES = [
     (["target.path=/no/such/model"], "(target.path)", "Give an existing path"),
     (["target.tokenizer=/no/such/tokenizer"], "(target.tokenizer)", "Give an existing path"),
     (["target.tp_plan=foo"], "target.tp_plan='foo'", "use auto"),
+    (["target.attn_implementation=flash_attention_2"], "attn_implementation='flash_attention_2'", "=sdpa"),
+    (["target.attn_implementation=foo"], "target.attn_implementation='foo'", "use target.attn_implementation=sdpa"),
     # bench, as it is usually run
     (["bench", "num_prompts=0"], "num_prompts", "int >= 1"),
     (["bench", "max_new_tokens=0"], "max_new_tokens=0", "int >= 1"),
@@ -591,6 +598,7 @@ BAD_VALUES = [
     (["bench", "progress=maybe"], "progress='maybe'", "true or false"),
     (["bench", "hybrid_mode=foo"], "hybrid_mode='foo'", "'exact'"),
     (["bench", "batch_sizes=[0]"], "batch_sizes=[0]", "int >= 1"),
+    (["bench", "target.attn_implementation=flex_attention"], "target.attn_implementation='flex_attention'", "or eager"),
     (["bench", "methods=[{drafter: {kind: nope}}]"], "methods[0]: Unknown drafter 'nope'", "ngram"),
     (["bench", "methods=[{drafter: dflash, tree: {kind: nope}}]"], "methods[0]: Unknown tree kind 'nope'", "ddtree"),
     (["bench", "methods=[{drafter: dflash, tree: {kind: ddtree, budget: [0]}}]"], "methods[0]: DDTree(budget=0)",
@@ -607,6 +615,9 @@ BAD_VALUES = [
     (["train", "corpus=x", "autocast_dtype=float13"], "autocast_dtype='float13'", "use null or one of"),
     (["train", "corpus=x", "lr=abc"], "lr='abc'", "give a number"),
     (["train", "corpus=x", "batch_size=abc"], "batch_size='abc'", "give an int"),
+    (["train", "corpus=x", "num_layers=0"], "num_layers=0", "int >= 1"),
+    (["train", "corpus=x", "block_size=1"], "block_size=1", "int >= 2"),
+    (["train", "corpus=x", "log_every=0"], "log_every=0", "int >= 1"),
     (["train", "corpus=x", "drafter=eagle3", "eagle3.lr=abc"], "eagle3.lr='abc'", "give a number"),
     (["train", "corpus=x", "+experiment=smoke"], "experiment=smoke", "python -m specdec bench"),
 ]
@@ -626,8 +637,27 @@ def test_the_bad_values_fail_before_any_model_loads(tmp_path, monkeypatch, capsy
 
     monkeypatch.setattr(specdec.loading, "load_target", no_load)
     for args in (["max_new_tokens=0"], ["tree=ddtree", "tree.budget=0"], ["sampling.stop_strings=5"],
-                 ["verifier=speculative-sampling"], ["drafter=eagle3"], ["prompts.path=/no/such/p.jsonl"]):  # fmt: skip
+                 ["verifier=speculative-sampling"], ["drafter=eagle3"], ["prompts.path=/no/such/p.jsonl"],
+                 ["target.attn_implementation=flash_attention_2"]):  # fmt: skip
         _error_line(args, tmp_path, monkeypatch, capsys)
+
+
+def test_a_checkpoint_variant_the_drafter_refuses_is_one_error_line(tmp_path, monkeypatch, capsys):
+    """The drafters refuse checkpoint variants they do not implement with a ``NotImplementedError`` (here an EAGLE-3
+    head of three layers); the command line used to print its traceback."""
+    import json
+    import shutil
+
+    head = tmp_path / "head"
+    shutil.copytree(specdec_root() / "assets" / "drafters" / "zoo-dense-eagle3", head)
+    config = json.loads((head / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    line = _error_line(["drafter=eagle3", f"drafter.path={head}"], tmp_path, monkeypatch, capsys)
+    assert "num_hidden_layers=3: only one-layer EAGLE-3 heads are supported" in line, line
+
+
+def specdec_root() -> Path:
+    return Path(__file__).resolve().parents[1]
 
 
 def test_a_missing_zoo_folder_is_named(tmp_path, monkeypatch, capsys):

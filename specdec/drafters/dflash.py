@@ -189,6 +189,11 @@ class DFlashDrafter:
             state.update({rename(k, _ALIASES): v for k, v in load_file(str(file)).items()})
         if not state:
             raise FileNotFoundError(f"{folder} holds no *.safetensors weights.")
+        if "d2t" in state and not raw.get("dflash_config") and "block_size" not in raw:
+            raise ValueError(
+                f"{folder} is an EAGLE-3 head (a 'd2t' map, no DFlash block settings), not a DFlash drafter: load it "
+                "with Eagle3Drafter.from_pretrained(path, target=model) (on the command line drafter=eagle3)."
+            )
         for name in ("d2t", "t2d"):
             if name in state:
                 raise NotImplementedError(

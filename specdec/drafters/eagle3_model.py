@@ -149,6 +149,11 @@ class Eagle3Config:
         """Parse an official (``LlamaForCausalLM`` + ``draft_vocab_size``), SpecForge (``LlamaForCausalLMEagle3``,
         ``eagle_config``) or speculators (``Eagle3Speculator``, ``transformer_layer_config``) ``config.json``."""
         arch = (raw.get("architectures") or [""])[0]
+        if "dflash_config" in raw or arch == "DFlashDraftModel":
+            raise ValueError(
+                "config.json is a DFlash drafter's, not an EAGLE-3 head's: load it with "
+                "DFlashDrafter.from_pretrained(path, target=model) (on the command line drafter=dflash)."
+            )
         if raw.get("speculators_model_type") == "eagle3" or "transformer_layer_config" in raw:
             layout, layer = "speculators", dict(raw.get("transformer_layer_config") or {})
             if not layer:

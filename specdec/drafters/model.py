@@ -15,7 +15,7 @@ import torch
 from specdec.drafters.checkpoints import GreedySteps
 from specdec.drafters.follow import note_target
 from specdec.state.kv import KVState
-from specdec.target import TargetModel
+from specdec.target import TargetModel, check_causal_lm
 from specdec.trees import Chain
 
 __all__ = ["ModelDrafter"]
@@ -40,6 +40,7 @@ class ModelDrafter(GreedySteps):
             )
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"ModelDrafter takes an HF causal LM (an nn.Module); got {type(model).__name__}.")
+        check_causal_lm(model, "ModelDrafter's model")
         if isinstance(tree_depth, bool) or not isinstance(tree_depth, int):
             raise TypeError(f"ModelDrafter: tree_depth={tree_depth!r} must be a Python int >= 1.")
         if tree_depth < 1:

@@ -43,6 +43,27 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+# int fields and the least value each takes (None stays the default where the field is optional): a drafter of 0
+# layers or a block that predicts nothing would otherwise train without error and draft nothing
+_RANGES = (
+    ("num_layers", 1, "drafter layers"),
+    ("num_taps", 1, "target layers tapped"),
+    ("intermediate_size", 1, "the MLP's width"),
+    ("num_attention_heads", 1, "attention heads"),
+    ("num_key_value_heads", 1, "K/V heads"),
+    ("block_size", 2, "the block: its first token and the ones it predicts"),
+    ("seq_len", 2, "tokens per packed row"),
+    ("num_anchors", 1, "blocks per row"),
+    ("batch_size", 1, "rows per step"),
+    ("log_every", 1, "steps between log lines"),
+    ("eval_every", 0, "steps between evaluations, 0 = only at the end"),
+    ("save_every", 0, "steps between checkpoints, 0 = only at the end"),
+    ("eval_num_prompts", 1, "held-out prompts evaluated"),
+    ("eval_prompt_tokens", 1, "prompt tokens kept"),
+    ("eval_new_tokens", 1, "tokens generated per prompt"),
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Everything a DFlash training run needs.
@@ -149,6 +170,12 @@ class TrainConfig:
                 f"max_steps={self.max_steps!r} is not a step count: give an int >= 1 (optimizer steps), "
                 f"e.g. max_steps=500."
             )
+        for name, least, what in _RANGES:
+            value = getattr(self, name)
+            if value is not None and value < least:
+                default = self.__dataclass_fields__[name].default
+                fix = f"e.g. {name}={default}" if default is not None else "or null (the default)"
+                raise ValueError(f"{name}={value!r}: give an int >= {least} ({what}), {fix}.")
         if self.seq_len < self.block_size + 1:
             raise ValueError(f"seq_len={self.seq_len} must exceed block_size={self.block_size} (anchors need room).")
         if self.num_anchors > self.seq_len - self.block_size:
