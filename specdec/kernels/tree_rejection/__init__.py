@@ -29,6 +29,7 @@ from specdec.kernels.tree_rejection.reference import (
 )
 
 __all__ = [
+    "MAX_WALK_SLOTS",
     "children_by_rank",
     "rank_width",
     "rejection_walk",
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 _MODULE = "specdec.kernels.tree_rejection.triton"
+
+MAX_WALK_SLOTS = 1024
+"""The most slots ``rejection_walk``'s Triton program holds in registers (more: the reference)."""
 
 Impl = Literal["auto", "torch", "triton"]
 
@@ -106,18 +110,14 @@ def rejection_walk(
     if not isinstance(r, torch.Tensor) or r.shape[:2] != (batch, slots) or r.dim() != 3 or r.dtype not in (
             torch.float32, torch.float64):  # fmt: skip
         raise ValueError(f"r must be [{batch}, {slots}, V] float32 or float64; got {_describe(r)}.")
-    fits = slots <= _max_walk_slots()
+    fits = slots <= MAX_WALK_SLOTS
     if impl == "triton" and not fits:
-        raise ValueError(f"impl='triton' walks at most {_max_walk_slots()} slots, got {slots}; use impl='torch'.")
+        raise ValueError(f"impl='triton' walks at most {MAX_WALK_SLOTS} slots, got {slots}; use impl='torch'.")
     if pick_impl(impl, r.device, _MODULE, fits=fits) == "torch":
         return rejection_walk_reference(tokens, depth, nxt, r, u, max_depth)
     from specdec.kernels.tree_rejection.triton import rejection_walk_triton
 
     return rejection_walk_triton(tokens, depth, nxt, r, u, max_depth)
-
-
-def _max_walk_slots() -> int:
-    return 1024  # triton.MAX_WALK_SLOTS (not imported here: the CPU path imports no Triton)
 
 
 def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement):

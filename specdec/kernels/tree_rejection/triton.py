@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_BLOCK", "MAX_BLOCK_F32", "MAX_SLOT_BLOCK", "MAX_WALK_SLOTS", "rejection_walk_triton",
+__all__ = ["MAX_BLOCK", "MAX_BLOCK_F32", "MAX_SLOT_BLOCK", "rejection_walk_triton",
            "tree_rejection_round_triton"]
 
 MAX_BLOCK = 1024
@@ -33,9 +33,6 @@ a rejection's two passes over ``V = 8192`` then take two blocks each instead of 
 
 MAX_SLOT_BLOCK = 1024
 """Slots the fused round's setup scans per block (fewer when ``S`` is smaller)."""
-
-MAX_WALK_SLOTS = 1024
-"""The most slots the walk's program holds in registers (``rejection_walk``; more: the reference)."""
 
 
 @triton.jit
@@ -268,7 +265,8 @@ def _walk_kernel(
 
 def rejection_walk_triton(tokens, depth, nxt, r, u, max_depth: int, *, block: int | None = None):
     """``rejection_walk_reference`` in one launch, a program per sequence (arguments as there, ``S <=
-    MAX_WALK_SLOTS``; not checked here); ``block``: vocabulary entries per block of the bonus's cumulative sum.
+    MAX_WALK_SLOTS`` of the package; not checked here); ``block``: vocabulary entries per block of the bonus's
+    cumulative sum.
 
     Returns:
         Accept: ``path`` / ``tokens [B, P]`` and ``num_path [B]``, int64, ``P = max_depth + 1``.
