@@ -1180,6 +1180,25 @@ MUTANTS += [
           "        x = (to_bf16(x) if X_BF16 else x.to(x_ptr.dtype.element_ty)).to(tl.float32)\n", ""),),  # fmt: skip
         ("tests/kernels/test_add_rms_norm.py", "-m", "interpreter"),
     ),
+    Mutant(  # the side-by-side norms: the second half normalised with the first one's eps
+        "rms_norm_cat_one_eps",
+        (("specdec/kernels/rms_norm/triton.py",
+          "    y = _normalise(b, wb, D, eps_b, ROWS,", "    y = _normalise(b, wb, D, eps_a, ROWS,"),),  # fmt: skip
+        ("tests/kernels/test_rms_norm_cat.py", "-m", "interpreter"),
+    ),
+    Mutant(  # EAGLE-3's residual taken from the embedding's half of the side-by-side norms
+        "eagle3_norm_cat_wrong_half",
+        (("specdec/drafters/eagle3_model.py",
+          "normed = x[..., hidden.shape[-1] :]", "normed = x[..., : hidden.shape[-1]]"),),  # fmt: skip
+        ("tests/drafters/test_eagle3.py", "-x", "-q"),
+    ),
+    Mutant(  # a routed MTP head's pair of norms in the wrong order before fc
+        "mtp_norm_cat_swapped",
+        (("specdec/kernels/rms_norm/routing.py",
+          "return rms_norm_cat(a, b, module_a.weight, module_b.weight, _eps(module_a), _eps(module_b),",
+          "return rms_norm_cat(b, a, module_b.weight, module_a.weight, _eps(module_b), _eps(module_a),"),),  # fmt: skip
+        ("tests/round/test_norm_routing.py", "-k", "pair"),
+    ),
     Mutant(  # a user's policy may hand the rules its own q (the round keeps any tree's draft_probs)
         "draft_probs_kept_from_any_policy",
         ((ENGINE, "if tree.draft_probs is not None and not trusted(self.tree):",

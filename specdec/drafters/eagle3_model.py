@@ -317,15 +317,24 @@ class Eagle3Model(nn.Module):
             x = self.input_norm(x)
         return self.fc(x)
 
-    def layer_input(self, embeds: torch.Tensor, hidden: torch.Tensor, norm=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_input(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, norm=None, norm_cat=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(residual [.., H], attention input [.., 2H])`` from token embeddings and the hidden (fused or fed
         back). ``norm(module, x)``: how an RMSNorm module is applied (None: the module itself; the round passes
-        one launch per norm)."""
-        norm = norm or _module_norm
+        one launch per norm); ``norm_cat(module_a, a, module_b, b)``: both norms written side by side (the round
+        passes one launch for the two and the concatenation, ``rms_norm_cat``), the same values as
+        ``torch.cat([norm(module_a, a), norm(module_b, b)], -1)``."""
         layer = self.midlayer
-        normed = norm(layer.hidden_norm, hidden)
-        residual = normed if self.config.norm_before_residual else hidden
-        return residual, torch.cat([norm(layer.input_layernorm, embeds.to(hidden.dtype)), normed], dim=-1)
+        embeds = embeds.to(hidden.dtype)
+        if norm_cat is not None:
+            x = norm_cat(layer.input_layernorm, embeds, layer.hidden_norm, hidden)
+            normed = x[..., hidden.shape[-1] :]  # the hidden's norm: the second half
+        else:
+            norm = norm or _module_norm
+            normed = norm(layer.hidden_norm, hidden)
+            x = torch.cat([norm(layer.input_layernorm, embeds), normed], dim=-1)
+        return (normed if self.config.norm_before_residual else hidden), x
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm=None, rope=None, packed=None):
         """Attention input ``[B, L, 2H]`` -> rotated ``q [B, H_q, L, D]``, ``k``/``v`` ``[B, H_kv, L, D]``.

@@ -29,7 +29,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from specdec import attention
 from specdec.drafters.dflash_static import _NORM_IMPL
 from specdec.kernels.kv_write import kv_write
-from specdec.kernels.rms_norm import add_rms_norm, rms_norm
+from specdec.kernels.rms_norm import add_rms_norm, rms_norm, rms_norm_cat
 from specdec.kernels.rotary.routing import fused, rotary_kernel_for
 from specdec.kernels.tree_attention import tree_attention
 from specdec.state.storage import mask_values
@@ -92,6 +92,12 @@ class Eagle3Static:
         CUDA; the module's own ops, bit for bit, elsewhere)."""
         return rms_norm(x, module.weight, module.variance_epsilon, impl=self.norm_impl)
 
+    def _norm_cat(self, module_a, a: torch.Tensor, module_b, b: torch.Tensor) -> torch.Tensor:
+        """``torch.cat([_norm(module_a, a), _norm(module_b, b)], -1)``: one launch where the norms take the kernel
+        (``rms_norm_cat``), else the two norms and the concatenation, bit for bit."""
+        return rms_norm_cat(a, b, module_a.weight, module_b.weight, module_a.variance_epsilon,
+                            module_b.variance_epsilon, impl=self.norm_impl)  # fmt: skip
+
     def _add_norm(self, module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(residual + x, module's norm of it)``: one launch where the norms take the kernel (``add_rms_norm``),
         else the tensor add and :meth:`_norm`, bit for bit."""
@@ -152,7 +158,7 @@ class Eagle3Static:
         ``rotary`` (``(cos, sin)`` ``[B, L, D]``); returns (residual, rotated queries). A row's key and value depend
         on its own token and hidden only, so rows whose output nobody reads (prefill, resume, commit) stop here."""
         model, norm = self.drafter.model, self._norm
-        residual, x = model.layer_input(self.drafter._embed(tokens), hidden, norm)
+        residual, x = model.layer_input(self.drafter._embed(tokens), hidden, norm, self._norm_cat)
         q, k, v = model.qkv(x, *rotary, norm, self._rope, self.packed["qkv"])
         kv_write(self.kv[0], self.kv[1], slots, k, v)  # [B, H_kv, L, D] at (row, :, slot): one launch on CUDA
         return residual, q
@@ -196,7 +202,7 @@ class Eagle3Static:
         width = tokens.shape[1]
         position = last + level
         slots = position.clamp(max=self.scratch).expand(-1, width)
-        residual, x = model.layer_input(self.drafter._embed(tokens), hidden, norm)
+        residual, x = model.layer_input(self.drafter._embed(tokens), hidden, norm, self._norm_cat)
         q, k, v = model.qkv(x, *self.rope_table[slots].unbind(-2), norm, self._rope, self.packed["qkv"])
         block[0, :, :, first : first + width] = k.to(block.dtype)
         block[1, :, :, first : first + width] = v.to(block.dtype)

@@ -24,6 +24,7 @@ from torch import nn
 
 from specdec.attention import KV_FLAT, KV_LENGTHS
 from specdec.drafters.checkpoints import hf_causal_lm as hf_model
+from specdec.kernels.rms_norm.routing import norm_cat_routed
 
 __all__ = ["MTPModule", "attention_layer_ids", "from_checkpoint_names", "hf_model", "text_model", "to_checkpoint_names"]
 
@@ -104,7 +105,10 @@ class MTPModule(nn.Module):
     def combine(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """``fc(concat(norm_e(embeds), norm_h(hidden)))``: the layer input ``[..., H]`` of rows whose next token
         embeds as ``embeds`` and whose target hidden state is ``hidden`` (both ``[..., H]``)."""
-        return self.fc(torch.cat((self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)), dim=-1))
+        x = norm_cat_routed(self.pre_fc_norm_embedding, embeds, self.pre_fc_norm_hidden, hidden)  # routed: one launch
+        if x is None:
+            x = torch.cat((self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)), dim=-1)
+        return self.fc(x)
 
     def forward(
         self, embeds, hidden, position_embeddings, attention_mask, position_ids, cache, layer: int = 0, extent=None

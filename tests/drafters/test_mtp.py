@@ -548,15 +548,25 @@ def test_speculative_model_drop_in(setup):
 def test_the_heads_norms_run_in_the_rounds_scope(setup, monkeypatch, tree):
     """The head's forwards run in the round's attention scope, as the target's do: with the target's norms routed
     (``Backends(target_norm="triton")``: ``rms_norm``'s reference on the CPU) the head's own RMSNorms go through
-    ``rms_norm`` too, its proposals are those of its modules' own forwards (within float32 rounding: the routed
-    reference may round a row's mean in another order), and the tokens are HF's."""
+    ``rms_norm`` too (its two norms before ``fc`` through one ``rms_norm_cat``), its proposals are those of its
+    modules' own forwards (within float32 rounding: the routed reference may round a row's mean in another order),
+    and the tokens are HF's."""
+    import specdec.kernels.rms_norm as norms
     from specdec.kernels.rms_norm import routing
 
     model, folder, _ = setup
     drafter = MTPDrafter.from_pretrained(folder, target=model)
     called: set[int] = set()
-    real = routing.norm_forward
+    real, real_cat = routing.norm_forward, norms.rms_norm_cat
     monkeypatch.setattr(routing, "norm_forward", lambda m, x: called.add(id(m)) or real(m, x))
+    pre_fc = drafter.model.pre_fc_norm_embedding, drafter.model.pre_fc_norm_hidden
+
+    def pair(a, b, wa, wb, *args, **kwargs):
+        assert wa is pre_fc[0].weight and wb is pre_fc[1].weight  # the embedding's norm first
+        called.update(id(m) for m in pre_fc)
+        return real_cat(a, b, wa, wb, *args, **kwargs)
+
+    monkeypatch.setattr(norms, "rms_norm_cat", pair)
     proposals: dict[str, list] = {"triton": [], "torch": []}
     original = MTPStatic.propose
     ids = prompts(1, 9, seed=3)

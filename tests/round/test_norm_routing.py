@@ -100,3 +100,24 @@ def test_routed_hybrid_round_equals_hf(monkeypatch):
                                backends={"target_norm": "triton"})  # fmt: skip
         assert torch.equal(out.sequences, want), tree
         assert calls and set(calls) == {"Qwen3_5RMSNorm"}
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_a_routed_pair_is_one_cat_launch_equal_to_the_routed_forwards(arch):
+    """``norm_cat_routed``: None unless both modules are routed right now (the caller then runs the modules); while
+    routed, the two routed forwards concatenated, bit for bit (the plain and the ``1 + w`` formula); a pair of two
+    formulas, or with a module of another formula, stays None."""
+    model = tiny_model(arch)
+    norms = routing.norm_modules(model)
+    a, b = norms[0], norms[1]
+    with torch.no_grad():
+        a.weight.normal_(), b.weight.normal_()
+    x, y = torch.randn(2, 3, a.weight.shape[0]), torch.randn(2, 3, b.weight.shape[0])
+    assert routing.norm_cat_routed(a, x, b, y) is None  # not routed: the modules' own forwards run
+    with routing.routed([a, b]), torch.no_grad():
+        want = torch.cat([a(x), b(y)], -1)
+        got = routing.norm_cat_routed(a, x, b, y)
+    assert got is not None and torch.equal(got, want)
+    other = PlusTwoRMSNorm(a.weight.shape[0])
+    with routing.routed([a]):
+        assert routing.norm_cat_routed(a, x, other, y) is None

@@ -16,9 +16,17 @@ from typing import Literal
 import torch
 
 from specdec.kernels._triton import importable, pick_impl
-from specdec.kernels.rms_norm.reference import add_rms_norm_reference, rms_norm_reference
+from specdec.kernels.rms_norm.reference import add_rms_norm_reference, rms_norm_cat_reference, rms_norm_reference
 
-__all__ = ["FLOAT_DTYPES", "add_rms_norm", "add_rms_norm_reference", "rms_norm", "rms_norm_reference"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "add_rms_norm",
+    "add_rms_norm_reference",
+    "rms_norm",
+    "rms_norm_cat",
+    "rms_norm_cat_reference",
+    "rms_norm_reference",
+]
 
 _MODULE = "specdec.kernels.rms_norm.triton"
 
@@ -80,6 +88,39 @@ def add_rms_norm(
     from specdec.kernels.rms_norm.triton import add_rms_norm_triton
 
     return add_rms_norm_triton(x, residual, weight, eps)
+
+
+def rms_norm_cat(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight_a: torch.Tensor,
+    weight_b: torch.Tensor,
+    eps_a: float,
+    eps_b: float,
+    *,
+    unit_offset: bool = False,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """Two RMSNorms written side by side (:func:`rms_norm_cat_reference`): ``[..., 2 D]``, ``a``'s norm first. One
+    launch where Triton runs (``a`` and ``b`` of one shape, dtype and device, ``[D]`` weights of one dtype), else the
+    two norms and the concatenation. Each half equals :func:`rms_norm` of its input.
+
+    Args:
+        impl (str): as :func:`add_rms_norm`'s (``"triton"`` refuses a call the kernel does not take).
+    """
+    _check_args(a, weight_a, eps_a, 1)
+    _check_args(b, weight_b, eps_b, 1)
+    fits = a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and weight_a.dim() == 1 \
+        and weight_b.dim() == 1 and weight_a.dtype == weight_b.dtype  # fmt: skip
+    if impl == "triton" and not fits:
+        raise ValueError("impl='triton' takes a and b of one shape, dtype and device and [D] weights of one dtype: "
+                         "use impl='torch'.")  # fmt: skip
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (a, b, weight_a, weight_b))
+    if pick_impl(impl, a.device, _MODULE, fits=fits and not (impl == "auto" and grads)) == "torch":
+        return rms_norm_cat_reference(a, b, weight_a, weight_b, eps_a, eps_b, unit_offset=unit_offset)
+    from specdec.kernels.rms_norm.triton import rms_norm_cat_triton
+
+    return rms_norm_cat_triton(a, b, weight_a, weight_b, eps_a, eps_b, unit_offset=unit_offset)
 
 
 def _triton_available() -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["rms_norm_reference"]
+__all__ = ["add_rms_norm_reference", "rms_norm_cat_reference", "rms_norm_reference"]
 
 
 def rms_norm_reference(
@@ -57,3 +57,20 @@ def add_rms_norm_reference(
     add, in ``x``'s dtype) and ``rms_norm_reference(s, weight, eps)``. Returns ``(s, norm of s)``."""
     total = residual + x
     return total, rms_norm_reference(total, weight, eps)
+
+
+def rms_norm_cat_reference(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight_a: torch.Tensor,
+    weight_b: torch.Tensor,
+    eps_a: float,
+    eps_b: float,
+    *,
+    unit_offset: bool = False,
+) -> torch.Tensor:
+    """Two RMSNorms written side by side, as a head that normalises a token embedding and a hidden state and
+    concatenates them (EAGLE-3's layer input, an MTP head's ``fc`` input) runs them: ``torch.cat([rms_norm_reference(
+    a, weight_a, eps_a), rms_norm_reference(b, weight_b, eps_b)], -1)``."""
+    return torch.cat([rms_norm_reference(a, weight_a, eps_a, unit_offset=unit_offset),
+                      rms_norm_reference(b, weight_b, eps_b, unit_offset=unit_offset)], dim=-1)  # fmt: skip

@@ -30,7 +30,7 @@ from specdec.kernels._triton import pick_impl
 from specdec.kernels.rms_norm.reference import rms_norm_reference
 from specdec.state.forwards import hook_free_copy, swappable, swapped_forwards
 
-__all__ = ["KERNEL", "norm_forward", "norm_kernel_for", "norm_modules", "routed"]
+__all__ = ["KERNEL", "norm_cat_routed", "norm_forward", "norm_kernel_for", "norm_modules", "routed"]
 
 # "auto" (default), "torch" or "triton"; read when a scope is built (rounds and prefills build theirs once).
 KERNEL = env_default("target_norm")
@@ -117,6 +117,20 @@ def norm_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     from specdec.kernels.rms_norm import rms_norm
 
     return rms_norm(x, module.weight, _eps(module), unit_offset=_formula(module) == "unit_offset")
+
+
+def norm_cat_routed(module_a: nn.Module, a: torch.Tensor, module_b: nn.Module, b: torch.Tensor):
+    """``torch.cat([module_a(a), module_b(b)], -1)`` in one ``rms_norm_cat`` launch when both modules are routed
+    right now (inside :func:`routed`, with one formula): the same values as their routed forwards, bit for bit.
+    None otherwise (the caller runs the modules)."""
+    bound = [getattr(m.__dict__.get("forward"), "__func__", None) for m in (module_a, module_b)]
+    formula = _PROBED.get((type(module_a), module_a.weight.dtype, module_a.weight.device))
+    if bound != [norm_forward, norm_forward] or type(module_a) is not type(module_b) or formula is None:
+        return None
+    from specdec.kernels.rms_norm import rms_norm_cat
+
+    return rms_norm_cat(a, b, module_a.weight, module_b.weight, _eps(module_a), _eps(module_b),
+                        unit_offset=formula == "unit_offset")  # fmt: skip
 
 
 def routed(modules: list[nn.Module]):

@@ -19,10 +19,29 @@ import triton.language as tl
 
 from specdec.kernels.triton_ops import to_bf16
 
-__all__ = ["add_rms_norm_triton", "block_rows", "rms_norm_triton"]
+__all__ = ["add_rms_norm_triton", "block_rows", "rms_norm_cat_triton", "rms_norm_triton"]
 
 _BLOCK_ELEMENTS = 2048
 """Elements per program that several short rows are batched up to."""
+
+
+@triton.jit
+def _normalise(x, w, D, eps, ROWS: tl.constexpr, X_BF16: tl.constexpr, OUT_BF16: tl.constexpr, WIDE: tl.constexpr,
+               UNIT_OFFSET: tl.constexpr, x_dtype: tl.constexpr, out_dtype: tl.constexpr):  # fmt: skip
+    """Rows ``x [ROWS, BLOCK_D]`` (fp32, zero past ``D``) normalised and scaled by their weight rows ``w``, rounded
+    to ``out_dtype`` as the reference rounds them."""
+    # rsqrt(sum / D + eps) with IEEE division and square root (Triton's `/` and `rsqrt` are approximate on GPUs)
+    mean = tl.div_rn(tl.sum(x * x, axis=1), tl.full([ROWS], D, tl.float32))
+    # eps arrives as fp32 from a plain launch and as fp64 from torch.compile: the sum is fp32 either way
+    rstd = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.sqrt_rn(mean + tl.cast(eps, tl.float32)))
+    normed = x * rstd[:, None]
+    if UNIT_OFFSET:
+        y = normed * (1.0 + w.to(tl.float32))
+    else:
+        normed = to_bf16(normed) if X_BF16 else normed.to(x_dtype)
+        acc = tl.float64 if WIDE else tl.float32
+        y = normed.to(acc) * w.to(acc)
+    return to_bf16(y) if OUT_BF16 else y.to(out_dtype)
 
 
 @triton.jit
@@ -58,21 +77,49 @@ def _rms_norm_kernel(
         x = x + tl.load(res_ptr + offs * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         x = (to_bf16(x) if X_BF16 else x.to(x_ptr.dtype.element_ty)).to(tl.float32)
         tl.store(sum_ptr + offs * D + cols[None, :], x.to(sum_ptr.dtype.element_ty), mask=mask)
-    # rsqrt(sum / D + eps) with IEEE division and square root (Triton's `/` and `rsqrt` are approximate on GPUs)
-    mean = tl.div_rn(tl.sum(x * x, axis=1), tl.full([ROWS], D, tl.float32))
-    # eps arrives as fp32 from a plain launch and as fp64 from torch.compile: the sum is fp32 either way
-    rstd = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.sqrt_rn(mean + tl.cast(eps, tl.float32)))
-    normed = x * rstd[:, None]
     group = (rows // period) % G
     w = tl.load(w_ptr + group[:, None] * stride_wg + cols[None, :] * stride_wd, mask=mask, other=0.0)
-    if UNIT_OFFSET:
-        y = normed * (1.0 + w.to(tl.float32))
-    else:
-        normed = to_bf16(normed) if X_BF16 else normed.to(x_ptr.dtype.element_ty)
-        acc = tl.float64 if WIDE else tl.float32
-        y = normed.to(acc) * w.to(acc)
-    y = to_bf16(y) if OUT_BF16 else y.to(out_ptr.dtype.element_ty)
+    y = _normalise(x, w, D, eps, ROWS, X_BF16, OUT_BF16, WIDE, UNIT_OFFSET, x_ptr.dtype.element_ty,
+                   out_ptr.dtype.element_ty)  # fmt: skip
     tl.store(out_ptr + offs * D + cols[None, :], y, mask=mask)
+
+
+@triton.jit
+def _rms_norm_cat_kernel(
+    a_ptr,  # [R, D] rows stride_a apart, the last dim contiguous
+    b_ptr,  # [R, D] rows stride_b apart, a's dtype
+    wa_ptr,  # [D] contiguous
+    wb_ptr,  # [D] contiguous, wa's dtype
+    out_ptr,  # [R, 2 D] contiguous: a's norm, then b's
+    R,
+    D,
+    stride_a,
+    stride_b,
+    eps_a,
+    eps_b,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    X_BF16: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    WIDE: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < D
+    mask = (rows < R)[:, None] & col_ok[None, :]
+    offs = rows.to(tl.int64)[:, None]
+    out_rows = out_ptr + offs * (2 * D) + cols[None, :]
+    a = tl.load(a_ptr + offs * stride_a + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    wa = tl.load(wa_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    y = _normalise(a, wa, D, eps_a, ROWS, X_BF16, OUT_BF16, WIDE, UNIT_OFFSET, a_ptr.dtype.element_ty,
+                   out_ptr.dtype.element_ty)  # fmt: skip
+    tl.store(out_rows, y, mask=mask)
+    b = tl.load(b_ptr + offs * stride_b + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    wb = tl.load(wb_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    y = _normalise(b, wb, D, eps_b, ROWS, X_BF16, OUT_BF16, WIDE, UNIT_OFFSET, a_ptr.dtype.element_ty,
+                   out_ptr.dtype.element_ty)  # fmt: skip
+    tl.store(out_rows + D, y, mask=mask)
 
 
 def block_rows(rows: int, dim: int) -> tuple[int, int]:
@@ -105,6 +152,42 @@ def add_rms_norm_triton(
     """
     normed, total = _launch(x, residual, weight, eps, 1, False)
     return total, normed
+
+
+def rms_norm_cat_triton(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight_a: torch.Tensor,
+    weight_b: torch.Tensor,
+    eps_a: float,
+    eps_b: float,
+    *,
+    unit_offset: bool = False,
+) -> torch.Tensor:
+    """``torch.cat([rms_norm(a, weight_a, eps_a), rms_norm(b, weight_b, eps_b)], -1)`` in one launch (arguments as
+    ``rms_norm_cat_reference``: ``a`` and ``b`` of one shape and dtype, ``[D]`` weights of one dtype; not checked
+    here).
+
+    Returns:
+        torch.Tensor: ``[..., 2 D]`` contiguous, dtype as ``rms_norm_triton``'s.
+    """
+    dim = a.shape[-1]
+    out_dtype = a.dtype if unit_offset else torch.promote_types(a.dtype, weight_a.dtype)
+    out = torch.empty((*a.shape[:-1], 2 * dim), dtype=out_dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    rows_a, rows_b = (t.reshape(-1, dim) for t in (a, b))
+    rows_a, rows_b = (r if r.stride(1) == 1 else r.contiguous() for r in (rows_a, rows_b))
+    wa, wb = weight_a.contiguous(), weight_b.contiguous()
+    num_rows = rows_a.shape[0]
+    block, block_d = block_rows(num_rows, dim)
+    _rms_norm_cat_kernel[(triton.cdiv(num_rows, block),)](
+        rows_a, rows_b, wa, wb, out, num_rows, dim, rows_a.stride(0), rows_b.stride(0), float(eps_a), float(eps_b),
+        ROWS=block, BLOCK_D=block_d, X_BF16=a.dtype == torch.bfloat16, OUT_BF16=out_dtype == torch.bfloat16,
+        WIDE=out_dtype == torch.float64, UNIT_OFFSET=unit_offset,
+        num_warps=min(max(block * block_d // 256, 1), 16),
+    )  # fmt: skip
+    return out
 
 
 def _launch(x, residual, weight, eps, period, unit_offset):
