@@ -113,7 +113,8 @@ def test_interpreted_halves_equal_the_one_input_kernel(interpreted):
 def _run_interpreted(folder: Path) -> None:
     data = torch.load(folder / "cases.pt")
     poison_empty()
-    out = {"outputs": [call(c, "triton") for c in data["cases"]], "halves": [halves(c, "triton") for c in data["cases"]]}
+    out = {"outputs": [call(c, "triton") for c in data["cases"]],
+           "halves": [halves(c, "triton") for c in data["cases"]]}  # fmt: skip
     torch.save(out, folder / "outputs.pt")
 
 
