@@ -1192,6 +1192,18 @@ MUTANTS += [
           "normed = x[..., hidden.shape[-1] :]", "normed = x[..., : hidden.shape[-1]]"),),  # fmt: skip
         ("tests/drafters/test_eagle3.py", "-x", "-q"),
     ),
+    Mutant(  # the embedding lookup folded into the norms even where the embedding has a hook
+        "eagle3_table_ignores_hooks",
+        (("specdec/drafters/eagle3_static.py",
+          "    if module._forward_hooks or module._forward_pre_hooks", "    if False and module._forward_hooks"),),
+        ("tests/drafters/test_eagle3.py", "-k", "hooked"),
+    ),
+    Mutant(  # the folded lookup reads draft ids as target ids (the id map skipped)
+        "rms_norm_cat_map_skipped",
+        (("specdec/kernels/rms_norm/triton.py",
+          "            ids = tl.load(map_ptr + ids, mask=row_ok, other=0)\n", ""),),  # fmt: skip
+        ("tests/kernels/test_rms_norm_cat.py", "-m", "interpreter"),
+    ),
     Mutant(  # a routed MTP head's pair of norms in the wrong order before fc
         "mtp_norm_cat_swapped",
         (("specdec/kernels/rms_norm/routing.py",

@@ -329,12 +329,15 @@ class Eagle3Model(nn.Module):
         embeds = embeds.to(hidden.dtype)
         if norm_cat is not None:
             x = norm_cat(layer.input_layernorm, embeds, layer.hidden_norm, hidden)
-            normed = x[..., hidden.shape[-1] :]  # the hidden's norm: the second half
         else:
             norm = norm or _module_norm
-            normed = norm(layer.hidden_norm, hidden)
-            x = torch.cat([norm(layer.input_layernorm, embeds), normed], dim=-1)
-        return (normed if self.config.norm_before_residual else hidden), x
+            x = torch.cat([norm(layer.input_layernorm, embeds), norm(layer.hidden_norm, hidden)], dim=-1)
+        return self.residual(x, hidden), x
+
+    def residual(self, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer's residual stream from its attention input ``x [.., 2H]`` (:meth:`layer_input`'s) and the
+        hidden ``[.., H]``: the hidden's norm (x's second half) with ``norm_before_residual``, else the hidden."""
+        return x[..., hidden.shape[-1] :] if self.config.norm_before_residual else hidden
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm=None, rope=None, packed=None):
         """Attention input ``[B, L, 2H]`` -> rotated ``q [B, H_q, L, D]``, ``k``/``v`` ``[B, H_kv, L, D]``.

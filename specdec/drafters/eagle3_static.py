@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specdec import attention
@@ -39,7 +40,18 @@ from specdec.types import Accept, Proposal
 
 __all__ = ["Eagle3Static"]
 
-_FUSED = fused(apply_rotary_pos_emb)  # the rotary kernel where a call fits it, HF's rotation otherwise
+_FUSED = fused(apply_rotary_pos_emb)
+
+
+def plain_table(module) -> torch.Tensor | None:
+    """The weight of ``module`` when its forward is a plain lookup of it (an ``nn.Embedding``, no ``max_norm``, no
+    hooks, no replaced forward: a row gather, bit for bit), else None (a scaled embedding, a hooked one)."""
+    if type(module) is not nn.Embedding or module.max_norm is not None or "forward" in module.__dict__:
+        return None
+    if module._forward_hooks or module._forward_pre_hooks or torch.nn.modules.module._global_forward_hooks \
+            or torch.nn.modules.module._global_forward_pre_hooks:  # fmt: skip
+        return None
+    return module.weight  # the rotary kernel where a call fits it, HF's rotation otherwise
 
 
 class Eagle3Static:
@@ -97,6 +109,23 @@ class Eagle3Static:
         (``rms_norm_cat``), else the two norms and the concatenation, bit for bit."""
         return rms_norm_cat(a, b, module_a.weight, module_b.weight, module_a.variance_epsilon,
                             module_b.variance_epsilon, impl=self.norm_impl)  # fmt: skip
+
+    def _layer_input(self, tokens, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's ``layer_input`` (residual, attention input) of ``tokens`` (target ids ``[B, L]``, or ``(draft
+        ids, draft-to-target map)``) and ``hidden [B, L, H]``. Where the embedding is a plain ``nn.Embedding`` of the
+        hidden's dtype, the lookup (and the id map) run inside the side-by-side norms (``rms_norm_cat``'s
+        ``rows``): one launch for embedding, map, both norms and the concatenation; the same values as the
+        embedding module and :meth:`_norm_cat`."""
+        model, layer = self.drafter.model, self.drafter.model.midlayer
+        ids, row_map = tokens if isinstance(tokens, tuple) else (tokens, None)
+        table = plain_table(self.drafter._embed)
+        if table is not None and table.dtype == hidden.dtype:
+            norms = layer.input_layernorm, layer.hidden_norm
+            x = rms_norm_cat(table, hidden, norms[0].weight, norms[1].weight, norms[0].variance_epsilon,
+                             norms[1].variance_epsilon, rows=ids, row_map=row_map, impl=self.norm_impl)  # fmt: skip
+            return model.residual(x, hidden), x
+        ids = ids if row_map is None else row_map[ids]
+        return model.layer_input(self.drafter._embed(ids), hidden, self._norm, self._norm_cat)
 
     def _add_norm(self, module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(residual + x, module's norm of it)``: one launch where the norms take the kernel (``add_rms_norm``),
@@ -158,7 +187,7 @@ class Eagle3Static:
         ``rotary`` (``(cos, sin)`` ``[B, L, D]``); returns (residual, rotated queries). A row's key and value depend
         on its own token and hidden only, so rows whose output nobody reads (prefill, resume, commit) stop here."""
         model, norm = self.drafter.model, self._norm
-        residual, x = model.layer_input(self.drafter._embed(tokens), hidden, norm, self._norm_cat)
+        residual, x = self._layer_input(tokens, hidden)
         q, k, v = model.qkv(x, *rotary, norm, self._rope, self.packed["qkv"])
         kv_write(self.kv[0], self.kv[1], slots, k, v)  # [B, H_kv, L, D] at (row, :, slot): one launch on CUDA
         return residual, q
@@ -202,7 +231,7 @@ class Eagle3Static:
         width = tokens.shape[1]
         position = last + level
         slots = position.clamp(max=self.scratch).expand(-1, width)
-        residual, x = model.layer_input(self.drafter._embed(tokens), hidden, norm, self._norm_cat)
+        residual, x = self._layer_input(tokens, hidden)
         q, k, v = model.qkv(x, *self.rope_table[slots].unbind(-2), norm, self._rope, self.packed["qkv"])
         block[0, :, :, first : first + width] = k.to(block.dtype)
         block[1, :, :, first : first + width] = v.to(block.dtype)
@@ -250,7 +279,7 @@ class Eagle3Static:
         for step in self._steps(position + self.slots[:depth], span):
             out, hidden = self._forward(token, hidden, step, span)
             logits.append(out)
-            token = self.target_ids[out.argmax(dim=-1)]  # [B, 1]: first maximum, mapped to a target id
+            token = (out.argmax(dim=-1), self.target_ids)  # [B, 1]: first maximum, mapped to a target id
         draft = torch.log_softmax(torch.cat(logits, dim=1).float(), dim=-1)  # [B, depth, Vd]
         full = draft.new_full((*draft.shape[:2], self.drafter.config.vocab_size), float("-inf"))
         return full.index_copy_(2, self.target_ids, draft)

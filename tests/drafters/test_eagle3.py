@@ -274,6 +274,36 @@ def test_state_over_commits_matches_the_reference(target, tmp_path, path, monkey
     assert path == "sdpa" or calls, "the kernel's path was not taken"
 
 
+def test_a_hooked_embedding_is_honoured(target, tmp_path):
+    """The round looks the head's token embeddings up inside its side-by-side norms only where the embedding is a
+    plain table lookup (``plain_table``): a forward hook on the target's embedding (here doubling its output) is run,
+    and the proposal equals the reference head over the doubled table."""
+    weights = described_weights(seed=6)
+    drafter = Eagle3Drafter.from_pretrained(write_official(tmp_path / "o", weights), target=target)
+    module = target.get_input_embeddings()
+    assert eagle3_static.plain_table(module) is module.weight
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(4, V, (8,), generator=gen).tolist()
+    feats = torch.randn(7, 3 * H, generator=gen)
+    handle = module.register_forward_hook(lambda m, args, out: out * 2)
+    try:
+        assert eagle3_static.plain_table(module) is None
+        state = drafter.attach(target, 32, batch=1)
+        state.prefill(torch.tensor([tokens[:7]]), feats[None])
+        got = state.propose(torch.tensor([tokens[7]]), torch.tensor([7]), 3, 32).logq[0]
+    finally:
+        handle.remove()
+    want = reference_drafts(reference(weights), module.weight.detach() * 2, tokens, feats, 3)
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(got[finite], want[finite], atol=1e-4, rtol=1e-4)
+    scaled = torch.nn.Embedding(4, 2)
+    scaled.forward = lambda ids: torch.nn.Embedding.forward(scaled, ids) * 3
+    assert (
+        eagle3_static.plain_table(scaled) is None
+        and eagle3_static.plain_table(torch.nn.Embedding(4, 2, max_norm=1)) is None
+    )
+
+
 # -- decoding --------------------------------------------------------------------------------------------------------
 def sharp_head(target, seed: int = 1, **kwargs) -> Eagle3Drafter:
     drafter = Eagle3Drafter.for_target(target, seed=seed, **kwargs)

@@ -2,7 +2,9 @@
 hidden's). The reference against HF's own modules and ``torch.cat`` (``LlamaRMSNorm`` plain, ``Qwen3NextRMSNorm``
 with the unit offset), the Triton version through the interpreter and compiled on CUDA: each half equal, bit for
 bit, to the one-input ``rms_norm`` kernel on its input run in the same place (whose own tests hold it to the float64
-oracle and HF). Planted bugs (the halves swapped, one eps used for both) fail the comparison."""
+oracle and HF). With ``rows`` (and ``row_map``) the first half is an embedding lookup in the same launch: equal,
+bit for bit, to the kernel on the looked-up rows, and the reference to ``nn.Embedding`` then the module. Planted bugs
+(the halves swapped, one eps used for both, the id map skipped) fail the comparison."""
 
 from __future__ import annotations
 
@@ -12,13 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 from kernel_harness import capture_without_host_reads, interpreted_outputs, poison_empty
+from torch import nn
 
 from specdec.kernels.rms_norm import rms_norm, rms_norm_cat
 
 # (leading shape, D, dtype, strided inputs, unit offset)
-SPECS = [((1, 1), 256, torch.bfloat16, False, False), ((2, 9), 384, torch.bfloat16, True, False),
-         ((5,), 100, torch.float32, False, False), ((3, 4), 64, torch.float16, True, True),
-         ((1, 1), 4096, torch.bfloat16, True, True), ((33,), 96, torch.float32, True, True)]
+SPECS = [
+    ((1, 1), 256, torch.bfloat16, False, False),
+    ((2, 9), 384, torch.bfloat16, True, False),
+    ((5,), 100, torch.float32, False, False),
+    ((3, 4), 64, torch.float16, True, True),
+    ((1, 1), 4096, torch.bfloat16, True, True),
+    ((33,), 96, torch.float32, True, True),
+]
 
 
 def make_case(seed: int, lead, dim, dtype, strided, unit_offset) -> dict:
@@ -36,6 +44,34 @@ def make_case(seed: int, lead, dim, dtype, strided, unit_offset) -> dict:
 
 def cases() -> list[dict]:
     return [make_case(i, *spec) for i, spec in enumerate(SPECS)]
+
+
+# (leading shape, D, dtype, table rows, id map)
+GATHER_SPECS = [
+    ((1, 1), 256, torch.bfloat16, 50, True),
+    ((3, 5), 96, torch.float32, 40, False),
+    ((4,), 128, torch.float16, 70, True),
+]
+
+
+def gather_cases() -> list[dict]:
+    """Cases whose first half is the rows ``table[map[ids]]`` (``map`` None: ``table[ids]``)."""
+    out = []
+    for i, (lead, dim, dtype, size, mapped) in enumerate(GATHER_SPECS):
+        case = make_case(100 + i, lead, dim, dtype, False, False)
+        gen = torch.Generator().manual_seed(200 + i)
+        case["table"] = (torch.randn(size, dim, generator=gen) * 2).to(dtype)
+        case["map"] = torch.randperm(size, generator=gen)[: size // 2] if mapped else None
+        case["ids"] = torch.randint(0, size // 2 if mapped else size, lead, generator=gen)
+        case["a"] = case["table"][case["ids"] if case["map"] is None else case["map"][case["ids"]]]
+        out.append(case)
+    return out
+
+
+def gathered(case: dict, impl: str, device="cpu", skip_map: bool = False) -> torch.Tensor:
+    table, b, wa, wb, ids = (case[k].to(device) for k in ("table", "b", "wa", "wb", "ids"))
+    row_map = None if case["map"] is None or skip_map else case["map"].to(device)
+    return rms_norm_cat(table, b, wa, wb, case["eps_a"], case["eps_b"], rows=ids, row_map=row_map, impl=impl)
 
 
 def halves(case: dict, impl: str, device="cpu") -> torch.Tensor:
@@ -74,6 +110,33 @@ def test_reference_is_hfs_norm_modules_concatenated():
         check(call(case), want)  # CPU auto: the reference
 
 
+def test_gathered_reference_is_an_embedding_lookup_then_the_norms():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    for case in gather_cases():
+        dim = case["b"].shape[-1]
+        embed = nn.Embedding(*case["table"].shape).to(case["table"].dtype)
+        modules = [LlamaRMSNorm(dim, eps=eps).to(case["wa"].dtype) for eps in (case["eps_a"], case["eps_b"])]
+        with torch.no_grad():
+            embed.weight.copy_(case["table"])
+            for module, w in zip(modules, (case["wa"], case["wb"]), strict=True):
+                module.weight.copy_(w)
+            ids = case["ids"] if case["map"] is None else case["map"][case["ids"]]
+            want = torch.cat([modules[0](embed(ids)), modules[1](case["b"])], -1)
+        check(gathered(case, "auto"), want)
+        check(gathered(case, "auto"), halves(case, "torch"))
+
+
+def test_bad_rows_are_refused_by_name():
+    table, b, w = torch.randn(10, 8), torch.randn(2, 3, 8), torch.ones(8)
+    with pytest.raises(ValueError, match="rows has b's leading shape"):
+        rms_norm_cat(table, b, w, w, 1e-6, 1e-6, rows=torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="rows must be an integer tensor"):
+        rms_norm_cat(table, b, w, w, 1e-6, 1e-6, rows=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="pass rows too"):
+        rms_norm_cat(table[:6].view(2, 3, 8), b, w, w, 1e-6, 1e-6, row_map=torch.arange(10))
+
+
 def test_misfits_take_the_reference_or_are_refused():
     a, b, w = torch.randn(2, 8), torch.randn(2, 8, dtype=torch.float64), torch.randn(8)
     with pytest.raises(ValueError, match="impl=.triton. takes a and b of one shape, dtype and device"):
@@ -96,17 +159,23 @@ def test_planted_swaps_fail_the_check():
     one_eps = dict(case, eps_b=case["eps_a"])
     with pytest.raises(AssertionError):
         check(call(one_eps, "torch"), want)
+    case = gather_cases()[0]
+    with pytest.raises(AssertionError):
+        check(gathered(case, "torch", skip_map=True), halves(case, "torch"))
 
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
     pytest.importorskip("triton")
-    return interpreted_outputs(__file__, tmp_path_factory.mktemp("rms_norm_cat"), {"cases": cases()})
+    return interpreted_outputs(__file__, tmp_path_factory.mktemp("rms_norm_cat"),
+                               {"cases": cases(), "gather": gather_cases()})  # fmt: skip
 
 
 @pytest.mark.interpreter
 def test_interpreted_halves_equal_the_one_input_kernel(interpreted):
     for got, want in zip(interpreted["outputs"], interpreted["halves"], strict=True):
+        check(got, want)
+    for got, want in zip(interpreted["gathered"], interpreted["gathered_halves"], strict=True):
         check(got, want)
 
 
@@ -114,7 +183,9 @@ def _run_interpreted(folder: Path) -> None:
     data = torch.load(folder / "cases.pt")
     poison_empty()
     out = {"outputs": [call(c, "triton") for c in data["cases"]],
-           "halves": [halves(c, "triton") for c in data["cases"]]}  # fmt: skip
+           "halves": [halves(c, "triton") for c in data["cases"]],
+           "gathered": [gathered(c, "triton") for c in data["gather"]],
+           "gathered_halves": [halves(c, "triton") for c in data["gather"]]}  # fmt: skip
     torch.save(out, folder / "outputs.pt")
 
 
@@ -126,6 +197,8 @@ def test_compiled_halves_equal_the_one_input_kernel_on_cuda_and_replay():
         want = halves(case, "triton", "cuda")
         check(call(case, "triton", "cuda"), want)
         check(call(case, "auto", "cuda"), want)  # auto: Triton on CUDA
+    for case in gather_cases():
+        check(gathered(case, "triton", "cuda"), halves(case, "triton", "cuda"))
     case = cases()[1]
     graph, out = capture_without_host_reads(lambda: call(case, "auto", "cuda"))
     graph.replay()

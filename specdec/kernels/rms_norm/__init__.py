@@ -98,6 +98,8 @@ def rms_norm_cat(
     eps_a: float,
     eps_b: float,
     *,
+    rows: torch.Tensor | None = None,
+    row_map: torch.Tensor | None = None,
     unit_offset: bool = False,
     impl: Impl = "auto",
 ) -> torch.Tensor:
@@ -106,21 +108,37 @@ def rms_norm_cat(
     two norms and the concatenation. Each half equals :func:`rms_norm` of its input.
 
     Args:
+        rows (torch.Tensor | None): integer ids of ``b``'s leading shape: ``a`` is then a table ``[N, D]`` and the
+            first half normalises ``a[rows]`` (an embedding lookup in the same launch); ids must be in range (not
+            checked on the device).
+        row_map (torch.Tensor | None): with ``rows``, a 1-D integer map: the rows ``a[row_map[rows]]``.
         impl (str): as :func:`add_rms_norm`'s (``"triton"`` refuses a call the kernel does not take).
     """
     _check_args(a, weight_a, eps_a, 1)
     _check_args(b, weight_b, eps_b, 1)
-    fits = a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and weight_a.dim() == 1 \
+    for name, ids in (("rows", rows), ("row_map", row_map)):
+        if ids is not None and (not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex()
+                                or ids.dtype == torch.bool or ids.device != b.device):  # fmt: skip
+            raise ValueError(f"{name} must be an integer tensor on {b.device}: pass token ids (e.g. ids.long()).")
+    if row_map is not None and (rows is None or row_map.dim() != 1):
+        raise ValueError("row_map is a 1-D id map applied to rows: pass rows too, and a [M] map.")
+    if rows is not None and (a.dim() != 2 or tuple(rows.shape) != tuple(b.shape[:-1])):
+        raise ValueError(f"with rows, a is a table [N, D] and rows has b's leading shape {list(b.shape[:-1])}; got "
+                         f"a {list(a.shape)}, rows {list(rows.shape)}: pass the embedding weight and one id per row.")
+    lead = a.shape if rows is None else (*rows.shape, a.shape[-1])
+    fits = lead == b.shape and a.dtype == b.dtype and a.device == b.device and weight_a.dim() == 1 \
         and weight_b.dim() == 1 and weight_a.dtype == weight_b.dtype  # fmt: skip
     if impl == "triton" and not fits:
         raise ValueError("impl='triton' takes a and b of one shape, dtype and device and [D] weights of one dtype: "
                          "use impl='torch'.")  # fmt: skip
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (a, b, weight_a, weight_b))
     if pick_impl(impl, a.device, _MODULE, fits=fits and not (impl == "auto" and grads)) == "torch":
-        return rms_norm_cat_reference(a, b, weight_a, weight_b, eps_a, eps_b, unit_offset=unit_offset)
+        return rms_norm_cat_reference(a, b, weight_a, weight_b, eps_a, eps_b, rows=rows, row_map=row_map,
+                                      unit_offset=unit_offset)  # fmt: skip
     from specdec.kernels.rms_norm.triton import rms_norm_cat_triton
 
-    return rms_norm_cat_triton(a, b, weight_a, weight_b, eps_a, eps_b, unit_offset=unit_offset)
+    return rms_norm_cat_triton(a, b, weight_a, weight_b, eps_a, eps_b, rows=rows, row_map=row_map,
+                               unit_offset=unit_offset)  # fmt: skip
 
 
 def _triton_available() -> bool:

@@ -67,10 +67,17 @@ def rms_norm_cat_reference(
     eps_a: float,
     eps_b: float,
     *,
+    rows: torch.Tensor | None = None,
+    row_map: torch.Tensor | None = None,
     unit_offset: bool = False,
 ) -> torch.Tensor:
     """Two RMSNorms written side by side, as a head that normalises a token embedding and a hidden state and
     concatenates them (EAGLE-3's layer input, an MTP head's ``fc`` input) runs them: ``torch.cat([rms_norm_reference(
-    a, weight_a, eps_a), rms_norm_reference(b, weight_b, eps_b)], -1)``."""
+    a, weight_a, eps_a), rms_norm_reference(b, weight_b, eps_b)], -1)``.
+
+    ``rows`` (integer, ``b``'s leading shape): ``a`` is a table ``[N, D]`` and the first half normalises its rows
+    ``a[rows]`` (an embedding lookup), or ``a[row_map[rows]]`` with ``row_map`` (e.g. a draft-to-target id map)."""
+    if rows is not None:
+        a = a[rows if row_map is None else row_map[rows]]
     return torch.cat([rms_norm_reference(a, weight_a, eps_a, unit_offset=unit_offset),
                       rms_norm_reference(b, weight_b, eps_b, unit_offset=unit_offset)], dim=-1)  # fmt: skip

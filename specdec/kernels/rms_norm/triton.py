@@ -86,8 +86,10 @@ def _rms_norm_kernel(
 
 @triton.jit
 def _rms_norm_cat_kernel(
-    a_ptr,  # [R, D] rows stride_a apart, the last dim contiguous
+    a_ptr,  # [R, D] rows stride_a apart, the last dim contiguous (GATHER: a table [N, D] whose rows are read)
     b_ptr,  # [R, D] rows stride_b apart, a's dtype
+    idx_ptr,  # [R] int32 / int64: the table row of each output row (GATHER), else unused
+    map_ptr,  # [M] int32 / int64: ids -> table rows (MAP), else unused
     wa_ptr,  # [D] contiguous
     wb_ptr,  # [D] contiguous, wa's dtype
     out_ptr,  # [R, 2 D] contiguous: a's norm, then b's
@@ -103,14 +105,23 @@ def _rms_norm_cat_kernel(
     OUT_BF16: tl.constexpr,
     WIDE: tl.constexpr,
     UNIT_OFFSET: tl.constexpr,
+    GATHER: tl.constexpr,  # a's rows are table rows idx[r] (an embedding lookup)
+    MAP: tl.constexpr,  # ... through map: table row map[idx[r]]
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < D
-    mask = (rows < R)[:, None] & col_ok[None, :]
+    row_ok = rows < R
+    mask = row_ok[:, None] & col_ok[None, :]
     offs = rows.to(tl.int64)[:, None]
     out_rows = out_ptr + offs * (2 * D) + cols[None, :]
-    a = tl.load(a_ptr + offs * stride_a + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    a_rows = offs
+    if GATHER:
+        ids = tl.load(idx_ptr + rows, mask=row_ok, other=0)
+        if MAP:
+            ids = tl.load(map_ptr + ids, mask=row_ok, other=0)
+        a_rows = ids.to(tl.int64)[:, None]
+    a = tl.load(a_ptr + a_rows * stride_a + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     wa = tl.load(wa_ptr + cols, mask=col_ok, other=0.0)[None, :]
     y = _normalise(a, wa, D, eps_a, ROWS, X_BF16, OUT_BF16, WIDE, UNIT_OFFSET, a_ptr.dtype.element_ty,
                    out_ptr.dtype.element_ty)  # fmt: skip
@@ -162,29 +173,33 @@ def rms_norm_cat_triton(
     eps_a: float,
     eps_b: float,
     *,
+    rows: torch.Tensor | None = None,
+    row_map: torch.Tensor | None = None,
     unit_offset: bool = False,
 ) -> torch.Tensor:
     """``torch.cat([rms_norm(a, weight_a, eps_a), rms_norm(b, weight_b, eps_b)], -1)`` in one launch (arguments as
-    ``rms_norm_cat_reference``: ``a`` and ``b`` of one shape and dtype, ``[D]`` weights of one dtype; not checked
-    here).
+    ``rms_norm_cat_reference``: ``a`` (or the rows ``rows`` / ``row_map`` pick from it) and ``b`` of one shape and
+    dtype, ``[D]`` weights of one dtype; not checked here).
 
     Returns:
-        torch.Tensor: ``[..., 2 D]`` contiguous, dtype as ``rms_norm_triton``'s.
+        torch.Tensor: ``[..., 2 D]`` contiguous (``b``'s leading shape), dtype as ``rms_norm_triton``'s.
     """
-    dim = a.shape[-1]
+    dim = b.shape[-1]
     out_dtype = a.dtype if unit_offset else torch.promote_types(a.dtype, weight_a.dtype)
-    out = torch.empty((*a.shape[:-1], 2 * dim), dtype=out_dtype, device=a.device)
+    out = torch.empty((*b.shape[:-1], 2 * dim), dtype=out_dtype, device=b.device)
     if out.numel() == 0:
         return out
     rows_a, rows_b = (t.reshape(-1, dim) for t in (a, b))
     rows_a, rows_b = (r if r.stride(1) == 1 else r.contiguous() for r in (rows_a, rows_b))
+    ids = None if rows is None else rows.reshape(-1).contiguous()
     wa, wb = weight_a.contiguous(), weight_b.contiguous()
-    num_rows = rows_a.shape[0]
+    num_rows = rows_b.shape[0]
     block, block_d = block_rows(num_rows, dim)
     _rms_norm_cat_kernel[(triton.cdiv(num_rows, block),)](
-        rows_a, rows_b, wa, wb, out, num_rows, dim, rows_a.stride(0), rows_b.stride(0), float(eps_a), float(eps_b),
+        rows_a, rows_b, out if ids is None else ids, out if row_map is None else row_map, wa, wb, out, num_rows, dim,
+        rows_a.stride(0), rows_b.stride(0), float(eps_a), float(eps_b),
         ROWS=block, BLOCK_D=block_d, X_BF16=a.dtype == torch.bfloat16, OUT_BF16=out_dtype == torch.bfloat16,
-        WIDE=out_dtype == torch.float64, UNIT_OFFSET=unit_offset,
+        WIDE=out_dtype == torch.float64, UNIT_OFFSET=unit_offset, GATHER=ids is not None, MAP=row_map is not None,
         num_warps=min(max(block * block_d // 256, 1), 16),
     )  # fmt: skip
     return out
