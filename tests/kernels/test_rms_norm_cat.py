@@ -1,7 +1,8 @@
 """``rms_norm_cat``: two RMSNorms written side by side (EAGLE-3's layer input: the token embedding's norm, then the
 hidden's). The reference against HF's own modules and ``torch.cat`` (``LlamaRMSNorm`` plain, ``Qwen3NextRMSNorm``
 with the unit offset), the Triton version through the interpreter and compiled on CUDA: each half equal, bit for
-bit, to the one-input ``rms_norm`` kernel on its input run in the same place (whose own tests hold it to the float64
+bit, to the one-input ``rms_norm`` kernel on its input run in the same place (compiled on a GPU: within the
+rounding of another summation order) (whose own tests hold it to the float64
 oracle and HF). With ``rows`` (and ``row_map``) the first half is an embedding lookup in the same launch: equal,
 bit for bit, to the kernel on the looked-up rows, and the reference to ``nn.Embedding`` then the module. Planted bugs
 (the halves swapped, one eps used for both, the id map skipped) fail the comparison."""
@@ -86,6 +87,20 @@ def check(got: torch.Tensor, want: torch.Tensor) -> None:
     got, want = got.cpu(), want.cpu()
     assert got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
     assert torch.equal(got, want)
+
+
+def check_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Compiled on a GPU, two kernels may sum a row's squares in another order (the compiler lays each out on its
+    own): fp32 within rtol 2e-6; a half-precision output within one ulp of ``want`` and at least 99 % equal. A wrong
+    eps, weight or half is far outside that."""
+    got, want = got.cpu(), want.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
+    if want.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+        return
+    ulp = (want.float().abs() * 2.0 ** -(7 if want.dtype == torch.bfloat16 else 10)).clamp(min=1e-30)
+    assert ((got.float() - want.float()).abs() <= ulp * 1.01).all()
+    assert (got == want).float().mean() >= 0.99
 
 
 def call(case: dict, impl: str = "auto", device="cpu") -> torch.Tensor:
@@ -195,14 +210,14 @@ def test_compiled_halves_equal_the_one_input_kernel_on_cuda_and_replay():
         pytest.skip("needs CUDA")
     for case in cases():
         want = halves(case, "triton", "cuda")
-        check(call(case, "triton", "cuda"), want)
-        check(call(case, "auto", "cuda"), want)  # auto: Triton on CUDA
+        check_close(call(case, "triton", "cuda"), want)
+        check_close(call(case, "auto", "cuda"), want)  # auto: Triton on CUDA
     for case in gather_cases():
-        check(gathered(case, "triton", "cuda"), halves(case, "triton", "cuda"))
+        check_close(gathered(case, "triton", "cuda"), halves(case, "triton", "cuda"))
     case = cases()[1]
     graph, out = capture_without_host_reads(lambda: call(case, "auto", "cuda"))
     graph.replay()
-    check(out, halves(case, "triton", "cuda"))
+    check_close(out, halves(case, "triton", "cuda"))
 
 
 if __name__ == "__main__":
