@@ -214,7 +214,7 @@ def test_compiled_halves_equal_the_one_input_kernel_on_cuda_and_replay():
         check_close(call(case, "auto", "cuda"), want)  # auto: Triton on CUDA
     for case in gather_cases():
         check_close(gathered(case, "triton", "cuda"), halves(case, "triton", "cuda"))
-    case = cases()[1]
+    case = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in cases()[1].items()}
     graph, out = capture_without_host_reads(lambda: call(case, "auto", "cuda"))
     graph.replay()
     check_close(out, halves(case, "triton", "cuda"))
