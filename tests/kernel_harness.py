@@ -19,8 +19,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cover(cases: Sequence, features: Callable[[object], Iterable[Hashable]], cost: Callable[[object], float],
-          *, times: int = 1) -> list:
+def cover(
+    cases: Sequence,
+    features: Callable[[object], Iterable[Hashable]],
+    cost: Callable[[object], float],
+    *,
+    times: int = 1,
+) -> list:
     """The cheap subset of ``cases`` for the interpreter: greedily the case that adds the most not yet covered
     features per unit of ``cost`` (interpreter work), until every feature of any case is held by ``times`` picked
     cases (or by all that have it). Returns the picked cases in their original order."""
@@ -130,3 +135,18 @@ def one_pass_tf32(num_nodes: int, value_heads: int, value_dim: int, dtype: torch
 
     precision = default_precision(dtype)
     return precision == "tf32" and auto_walk(num_nodes, value_heads, value_dim, precision=precision) == "chunk"
+
+
+def assert_norm_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """A norm's output against another summation order's (the reference, or another kernel compiled on a GPU):
+    fp32 within rtol 2e-6; a half-precision output within one ulp of ``want`` and at least 99 % equal (a rounding
+    neighbour where two fp32 sums of squares differ in their last bit). A wrong eps, weight or formula is far outside
+    that."""
+    got, want = got.cpu(), want.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if want.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+        return
+    ulp = (want.float().abs() * 2.0 ** -(7 if want.dtype == torch.bfloat16 else 10)).clamp(min=1e-30)
+    assert ((got.float() - want.float()).abs() <= ulp * 1.01).all()
+    assert (got == want).float().mean() >= 0.99
