@@ -81,17 +81,11 @@ def test_train_yaml_has_every_train_config_field():
 @pytest.mark.parametrize(
     ("command", "overrides", "message"),
     [
-        (
-            "generate",
-            ["+tree.budget=8"],
-            r"tree\.budget is not a setting of tree=chain .*\(tree=ddtree or tree=stochastic-ddtree\)",
-        ),  # fmt: skip
+        ("generate", ["+tree.budget=8"],
+         r"tree\.budget is not a setting of tree=chain .*\(tree=ddtree or tree=stochastic-ddtree\)"),  # fmt: skip
         ("generate", ["tree=ddtree", "+tree.k=3"], r"tree\.k is not a setting of tree=ddtree"),
-        (
-            "generate",
-            ["drafter=ngram", "+drafter.path=x"],
-            r"drafter\.path .*drafter=dflash or drafter=eagle3 or drafter=model or drafter=mtp",
-        ),  # fmt: skip
+        ("generate", ["drafter=ngram", "+drafter.path=x"],
+         r"drafter\.path .*drafter=dflash or drafter=eagle3 or drafter=model or drafter=mtp"),  # fmt: skip
         ("generate", ["+foo=1"], "Unknown key 'foo'"),
         ("bench", ["+budget=8"], "Unknown key 'budget' for `python -m specdec bench`"),
         ("train", ["+target.dflash_path=x"], r"target\.dflash_path is not a setting of target=dense"),
@@ -607,19 +601,13 @@ BAD_VALUES = [
     (["bench", "target.attn_implementation=flex_attention"], "target.attn_implementation='flex_attention'", "or eager"),
     (["bench", "methods=[{drafter: {kind: nope}}]"], "methods[0]: Unknown drafter 'nope'", "ngram"),
     (["bench", "methods=[{drafter: dflash, tree: {kind: nope}}]"], "methods[0]: Unknown tree kind 'nope'", "ddtree"),
-    (
-        ["bench", "methods=[{drafter: dflash, tree: {kind: ddtree, budget: [0]}}]"],
-        "methods[0]: DDTree(budget=0)",
-        "int >= 1",
-    ),  # fmt: skip
+    (["bench", "methods=[{drafter: dflash, tree: {kind: ddtree, budget: [0]}}]"], "methods[0]: DDTree(budget=0)",
+     "int >= 1"),  # fmt: skip
     (["bench", "methods=[{drafter: {kind: ngram, max_ngram: abc}}]"], "methods[0]", "max_ngram='abc' must be"),
     (["bench", "methods=[{drafter: {kind: mtp, init: foo}}]"], "methods[0]: drafter.init='foo'", "random"),
     (["bench", "methods=[{name: ar}, {drafter: ngram, verifier: nope}]"], "methods[1]: Unknown verifier", "greedy"),
-    (
-        ["bench", "methods=[{drafter: {kind: dflash, path: /no/such/d}}]"],
-        "(methods[0].drafter.path)",
-        "Give an existing path",
-    ),  # fmt: skip
+    (["bench", "methods=[{drafter: {kind: dflash, path: /no/such/d}}]"], "(methods[0].drafter.path)",
+     "Give an existing path"),  # fmt: skip
     (["bench", "prompts.path=/no/such/prompts.jsonl"], "(prompts.path)", "Give an existing path"),
     # train
     (["train", "corpus=x", "device=xyz"], "device='xyz'", "device=cpu"),

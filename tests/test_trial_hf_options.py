@@ -244,10 +244,8 @@ def _custom_cases():
         "ngram": (lambda: [hp.NoRepeatNGramLogitsProcessor(3)], dict(no_repeat_ngram_size=2)),
         # HF builds MinLength (16) only; the custom MinLength (9) replaces it, at HF's place (before forced EOS)
         "min_length": (lambda: [hp.MinLengthLogitsProcessor(9, eos)], dict(min_length=16, eos_token_id=eos)),
-        "min_length_before_forced_eos": (
-            lambda: [hp.MinLengthLogitsProcessor(30, eos)],
-            dict(forced_eos_token_id=eos, eos_token_id=eos, min_length=3),
-        ),
+        "min_length_before_forced_eos": (lambda: [hp.MinLengthLogitsProcessor(30, eos)],
+                                         dict(forced_eos_token_id=eos, eos_token_id=eos, min_length=3)),
     }
 
 

@@ -16,13 +16,8 @@ from kernel_harness import capture_without_host_reads, interpreted_outputs, pois
 from specdec.kernels.rms_norm import add_rms_norm, add_rms_norm_reference, rms_norm
 
 # (leading shape, D, dtype, strided x)
-SPECS = [
-    ((1, 16), 384, torch.bfloat16, False),
-    ((2, 1), 4096, torch.bfloat16, True),
-    ((5,), 100, torch.float32, False),
-    ((3, 7), 64, torch.float16, True),
-    ((33,), 384, torch.bfloat16, True),
-]
+SPECS = [((1, 16), 384, torch.bfloat16, False), ((2, 1), 4096, torch.bfloat16, True),
+         ((5,), 100, torch.float32, False), ((3, 7), 64, torch.float16, True), ((33,), 384, torch.bfloat16, True)]
 
 
 def make_case(seed: int, lead, dim, dtype, strided) -> dict:

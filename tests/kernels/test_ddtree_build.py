@@ -129,17 +129,8 @@ def batch_cases(seed: int = 3) -> list[tuple[torch.Tensor, torch.Tensor, int, in
 
 def _build_batches(device: str, topk_impl: str = "torch") -> list:
     return [  # plain tuples of tensors (saved by the interpreted run)
-        tuple(
-            ddtree_batch(
-                logq.to(device),
-                roots.to(device),
-                budget=budget,
-                topk=topk,
-                num_slots=budget + 3,
-                impl="triton",
-                topk_impl=topk_impl,
-            )
-        )  # fmt: skip
+        tuple(ddtree_batch(logq.to(device), roots.to(device), budget=budget, topk=topk, num_slots=budget + 3,
+                           impl="triton", topk_impl=topk_impl))  # fmt: skip
         for logq, roots, budget, topk in batch_cases()
     ]
 
@@ -221,10 +212,8 @@ def test_auto_step_builds_apart_on_cpu():
 INTERPRETED_PARTS = {
     "auto_step": (lambda: _auto_steps("cpu"), _check_auto_steps),
     "trees": (lambda: _build_all("cpu", num=INTERPRETED_TREES), lambda out: _check(out, INTERPRETED_TREES)),
-    "trees_triton_topk": (
-        lambda: _build_all("cpu", "triton", num=INTERPRETED_TREES),
-        lambda out: _check(out, INTERPRETED_TREES),
-    ),  # fmt: skip
+    "trees_triton_topk": (lambda: _build_all("cpu", "triton", num=INTERPRETED_TREES),
+                          lambda out: _check(out, INTERPRETED_TREES)),  # fmt: skip
     "topk": (lambda: _topk_all("cpu"), _check_topk),
     "batched": (lambda: _build_batches("cpu", "triton"), _check_batches),
 }

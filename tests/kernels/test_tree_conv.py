@@ -81,10 +81,8 @@ def brute_force(case: dict) -> torch.Tensor:
             while node >= 0:
                 path.append(node)
                 node = int(case["parents"][b, node])
-            taps = [
-                inputs[b, path[d]] if d < len(path) else window[b, :, stored - (d - len(path) + 1)]
-                for d in range(width)
-            ]  # fmt: skip  (newest first)
+            taps = [inputs[b, path[d]] if d < len(path) else window[b, :, stored - (d - len(path) + 1)]
+                    for d in range(width)]  # fmt: skip  (newest first)
             out[b, i] = sum(weight[:, width - 1 - d] * taps[d] for d in range(width))
             if case["bias"] is not None:
                 out[b, i] += case["bias"].double()

@@ -275,6 +275,7 @@ def test_the_controller_and_its_costs_persist_across_calls():
     assert reasons and "explore" not in reasons and len(reasons) <= len(second.stats.budgets) + 1, reasons
 
 
+
 _COMPUTED: list = []  # the expectations each auto round computed, in launch order
 
 

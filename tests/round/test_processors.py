@@ -34,14 +34,8 @@ OPTIONS = {
     "suppress": lambda g: dict(suppress_tokens=[g[1], g[7]], begin_suppress_tokens=[g[0]]),
     "forced_eos": lambda g: dict(forced_eos_token_id=9),
     "length_penalty": lambda g: dict(exponential_decay_length_penalty=(3, 2.5), eos_token_id=[77]),
-    "combined": lambda g: dict(
-        repetition_penalty=1.4,
-        no_repeat_ngram_size=3,
-        bad_words_ids=[[g[5], g[6]]],
-        sequence_bias={(g[3],): -1.5},
-        min_new_tokens=6,
-        eos_token_id=[9],
-    ),  # fmt: skip
+    "combined": lambda g: dict(repetition_penalty=1.4, no_repeat_ngram_size=3, bad_words_ids=[[g[5], g[6]]],
+                               sequence_bias={(g[3],): -1.5}, min_new_tokens=6, eos_token_id=[9]),  # fmt: skip
 }
 _MODELS: dict = {}
 
@@ -104,7 +98,7 @@ def test_greedy_equals_hf_with_the_same_options(kind, setup, option):
     assert not torch.equal(ref, base), "the option changed nothing: the test would prove nothing"
     drafter, tree = drafter_for(setup, target, small, ref)
     out = specdec.generate(target, ids, drafter=drafter, tree=tree, **options)
-    assert torch.equal(out.sequences, ref), (out.sequences[0, ids.shape[1] :], ref[0, ids.shape[1] :])
+    assert torch.equal(out.sequences, ref), (out.sequences[0, ids.shape[1]:], ref[0, ids.shape[1]:])
     if setup.startswith("oracle"):
         assert max(out.stats.accept_lengths) >= 4, out.stats.accept_lengths  # deep nodes were processed and kept
 
@@ -119,7 +113,7 @@ def test_batch_rows_equal_each_row_alone():
                            **options)  # fmt: skip
     for row, ids in enumerate((a, b)):
         ref = hf(target, ids, **options)[0, ids.shape[1] :]
-        got = out.sequences[row, 10:][: ref.shape[0]]
+        got = out.sequences[row, 10 :][: ref.shape[0]]
         assert torch.equal(got, ref), (row, got, ref)
 
 
