@@ -19,13 +19,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cover(
-    cases: Sequence,
-    features: Callable[[object], Iterable[Hashable]],
-    cost: Callable[[object], float],
-    *,
-    times: int = 1,
-) -> list:
+def cover(cases: Sequence, features: Callable[[object], Iterable[Hashable]], cost: Callable[[object], float],
+          *, times: int = 1) -> list:
     """The cheap subset of ``cases`` for the interpreter: greedily the case that adds the most not yet covered
     features per unit of ``cost`` (interpreter work), until every feature of any case is held by ``times`` picked
     cases (or by all that have it). Returns the picked cases in their original order."""

@@ -504,12 +504,8 @@ def test_controller_observe_refuses_malformed_expectations_clearly():
     while size == 0:
         ctrl.observe(0, None, [0, 0], 1.0)
         size = ctrl.next_size()
-    for bad, match in (
-        ([[1.0, float("nan")], [1.0, 2.0]], "finite"),
-        ([[1.0], [1.0]], "one column per size"),
-        ([[1.0, -2.0], [1.0, 2.0]], "finite floats >= 0"),
-        ([[1.0, "x"], [1.0, 2.0]], "finite"),
-    ):
+    for bad, match in (([[1.0, float("nan")], [1.0, 2.0]], "finite"), ([[1.0], [1.0]], "one column per size"),
+                       ([[1.0, -2.0], [1.0, 2.0]], "finite floats >= 0"), ([[1.0, "x"], [1.0, 2.0]], "finite")):
         with pytest.raises(ValueError, match=match):
             ctrl.observe(size, bad, [1, 1], 1.0)
         assert ctrl.calib.updates == 0 and ctrl.expected is None
@@ -538,12 +534,8 @@ def test_controller_extrapolates_the_sizes_a_round_did_not_compute():
     assert ctrl.calib.updates == 2 and ctrl.expected == pytest.approx([1.5, 2.5, 3.75])
     # the public goodput functions still refuse any negative expectation
     with pytest.raises(ValueError, match="finite floats >= 0"):
-        budget.goodputs(
-            [[1.0, 2.0, -1.0]],
-            budget.CostModel([(1, 1, 1.0), (1, 4, 1.0), (1, 16, 1.0), (1, 32, 1.0)]),
-            None,
-            (3, 15, 31),
-        )
+        budget.goodputs([[1.0, 2.0, -1.0]], budget.CostModel([(1, 1, 1.0), (1, 4, 1.0), (1, 16, 1.0), (1, 32, 1.0)]),
+                        None, (3, 15, 31))
 
 
 def test_finish_values_weigh_each_rows_own_expectation_by_row_weight():
