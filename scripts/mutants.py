@@ -1189,7 +1189,7 @@ MUTANTS += [
     Mutant(  # EAGLE-3's residual taken from the embedding's half of the side-by-side norms
         "eagle3_norm_cat_wrong_half",
         (("specdec/drafters/eagle3_model.py",
-          "normed = x[..., hidden.shape[-1] :]", "normed = x[..., : hidden.shape[-1]]"),),  # fmt: skip
+          "return x[..., hidden.shape[-1] :] if", "return x[..., : hidden.shape[-1]] if"),),  # fmt: skip
         ("tests/drafters/test_eagle3.py", "-x", "-q"),
     ),
     Mutant(  # the embedding lookup folded into the norms even where the embedding has a hook
