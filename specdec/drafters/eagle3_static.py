@@ -40,7 +40,7 @@ from specdec.types import Accept, Proposal
 
 __all__ = ["Eagle3Static"]
 
-_FUSED = fused(apply_rotary_pos_emb)
+_FUSED = fused(apply_rotary_pos_emb)  # the rotary kernel where a call fits it, HF's rotation otherwise
 
 
 def plain_table(module) -> torch.Tensor | None:
@@ -51,7 +51,7 @@ def plain_table(module) -> torch.Tensor | None:
     if module._forward_hooks or module._forward_pre_hooks or torch.nn.modules.module._global_forward_hooks \
             or torch.nn.modules.module._global_forward_pre_hooks:  # fmt: skip
         return None
-    return module.weight  # the rotary kernel where a call fits it, HF's rotation otherwise
+    return module.weight
 
 
 class Eagle3Static:
