@@ -298,8 +298,8 @@ def generate(
         generation_config (GenerationConfig | None): merged as HF merges it.
         max_length (int | None): total length, prompt included (HF semantics).
         min_new_tokens, min_length (int | None): EOS is suppressed until reached, exactly as HF's processors do.
-        pad_token_id (int | None): fills a row's output after its EOS while other rows go on (HF's rule: None = the
-            first EOS id).
+        pad_token_id (int | torch.Tensor | None): fills a row's output after its EOS while other rows go on (HF's
+            rule: None = the first EOS id); a tensor holds one integer id (shape () or (1,)), as HF takes it.
         use_cache (bool | None): accepted for drop-in use; specdec always decodes with caches (same tokens).
         cuda_graphs (bool | None): replay the round from CUDA graphs: ``None`` (default) where the target's device
             allows it (CUDA, Triton tree scans for hybrids), ``False`` never (the round is called), ``True`` like

@@ -7,6 +7,7 @@ the returned object) and that specdec cannot honour exactly is refused by name. 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import numbers
@@ -751,9 +752,31 @@ def _num_return_sequences(value, do_sample: bool) -> int:
 
 
 def _pad_token_id(value) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-        raise TypeError(f"pad_token_id={value!r} must be an int (e.g. tokenizer.pad_token_id) or None.")
-    return None if value is None else int(value)
+    """The pad id as an int. HF also takes one id in an integer tensor or numpy array of shape () or (1,) (it
+    writes that tensor after a row's EOS); other shapes and float or bool tensors fail inside HF's ``generate``."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if not isinstance(value, torch.Tensor) and hasattr(value, "dtype") and hasattr(value, "tolist"):  # numpy arrays
+        with contextlib.suppress(TypeError, ValueError, RuntimeError):
+            value = torch.as_tensor(value)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"pad_token_id={value!r} must be an int (e.g. tokenizer.pad_token_id), an integer tensor holding one id, "
+            "or None."
+        )
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(
+            f"pad_token_id is a tensor of dtype {value.dtype}: a token id is an integer; pass an int (e.g. "
+            "tokenizer.pad_token_id) or an integer tensor (torch.tensor(pad_id))."
+        )
+    if value.numel() != 1 or value.dim() > 1:
+        raise ValueError(
+            f"pad_token_id is a tensor of shape {tuple(value.shape)}: it must hold one token id (shape () or (1,)); "
+            "pass an int (e.g. tokenizer.pad_token_id) or torch.tensor(pad_id)."
+        )
+    return int(value.item())
 
 
 def _max_new_from_length(model, prompt_length: int, max_length, kwargs: dict, generation_config) -> int:

@@ -580,7 +580,13 @@ def build_processors(
     add(ngram, hf.NoRepeatNGramLogitsProcessor,
         NGramBan(hf.NoRepeatNGramLogitsProcessor(value).ngram_size) if ngram else None)  # fmt: skip
     value = options.get("bad_words_ids")
-    bad = () if _off(value) else bias_items(hf.NoBadWordsLogitsProcessor(value, list(eos) or None))
+    if isinstance(value, list | tuple) and not value:  # HF builds its processor for any value but None: it refuses []
+        raise ValueError(
+            f"bad_words_ids={value!r} bans nothing, and HF's generate refuses it (it has to be a non-empty list): for "
+            "no banned words leave bad_words_ids out or pass None; else give token-id lists, e.g. "
+            "bad_words_ids=[[id], [id1, id2]]."
+        )
+    bad = () if value is None else bias_items(hf.NoBadWordsLogitsProcessor(value, list(eos) or None))
     add(value is not None, hf.NoBadWordsLogitsProcessor, SequenceBias(bad, vocab) if bad else None)
     # HF's two minimum-length processors (``min_length`` counts the prompt; ``min_new_tokens`` sets it): one item here
     minimum = MinNewTokens(min_new_tokens, eos) if min_new_tokens and eos else None

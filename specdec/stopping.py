@@ -69,6 +69,12 @@ def check_stopping(stopping_criteria, stop_strings, tokenizer, max_time):
     if stop_strings is not None:
         is_list = isinstance(stop_strings, list | tuple)
         strings = (stop_strings,) if isinstance(stop_strings, str) or not is_list else tuple(stop_strings)
+        if is_list and not strings:  # HF refuses an empty list too (StopStringCriteria matches no token)
+            raise ValueError(
+                f"stop_strings={stop_strings!r} holds no string (HF's generate refuses it as well): for no stop "
+                "strings leave stop_strings out or pass None; else give at least one, e.g. stop_strings=['\\n\\n'] "
+                "with tokenizer=tokenizer."
+            )
         if not all(isinstance(s, str) and s for s in strings):
             raise TypeError(f"stop_strings={stop_strings!r} must be a non-empty string or a list of them.")
         if strings and tokenizer is None:
