@@ -53,7 +53,7 @@ def main() -> None:
         enc = tok(prompts[i : i + args.batch], return_tensors="pt", padding=True).to(device)
         calls.append((enc.input_ids, enc.attention_mask if args.batch > 1 else None))
 
-    spent = {"wait": 0.0, "device": 0.0, "rounds": 0, "setup": 0.0, "entered": None}
+    spent = {"wait": 0.0, "device": 0.0, "rounds": 0, "timed": 0, "setup": 0.0, "entered": None}
     launch, read = engine_module.Round.launch, engine_module.Round.read
 
     def timed_read(self, ticket):
@@ -62,7 +62,9 @@ def main() -> None:
             self.ready[ticket].synchronize()
         spent["wait"] += time.perf_counter() - t
         out = read(self, ticket)
-        spent["device"] += self.elapsed(ticket) / 1e3 if self.timing is not None else 0.0
+        ms = self.elapsed(ticket) if self.timing is not None else None  # None: a cold round, not timed
+        spent["device"] += (ms or 0.0) / 1e3
+        spent["timed"] += ms is not None
         spent["rounds"] += 1
         return out
 
@@ -96,14 +98,14 @@ def main() -> None:
         run(tree)
         for new_tokens in (64, 1):
             sync()
-            spent.update(wait=0.0, device=0.0, rounds=0, setup=0.0)
+            spent.update(wait=0.0, device=0.0, rounds=0, timed=0, setup=0.0)
             t = time.perf_counter()
             rounds, prefill_ms = run(tree, new_tokens, mark=True)
             sync()
             wall_ms, n = (time.perf_counter() - t) * 1e3, len(calls)
             per_round = spent["rounds"] or 1
             cells = [wall_ms / n, prefill_ms / n, spent["setup"] * 1e3 / n, rounds / n,
-                     spent["device"] * 1e3 / per_round, (wall_ms - prefill_ms) / max(rounds, 1),
+                     spent["device"] * 1e3 / (spent["timed"] or 1), (wall_ms - prefill_ms) / max(rounds, 1),
                      spent["wait"] * 1e3 / per_round]  # fmt: skip
             rows.append(f"| {name} | {new_tokens} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
         profile = cProfile.Profile()

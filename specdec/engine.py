@@ -605,6 +605,7 @@ class Engine:
         self.call_weights: torch.Tensor | None = None
         self.kept_modules: int | None = None  # the target's hooks and plain module attributes at that call
         self._params: list | None = None  # the target's parameters, listed once
+        self._plan: tuple | None = None  # (weights signature, the fingerprint's tensors and sampled views)
         self._sharded = False  # some of them are DTensor shards (tensor parallel)
         self._drafter_versions = (lambda: None, 0)  # (weakref of a drafter, its update counters read this call)
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
@@ -705,24 +706,40 @@ class Engine:
         counters miss (through ``.data``, as adapter merges write; a buffer such as a rotary ``inv_freq`` rewritten)
         changes it, so the kept K/V is not reused with weights it was not computed with: the norms see a scaled or
         replaced tensor, the elements one whose norm an edit kept (a sign flip, a permutation). It reads every
-        weight once (one fused multi-tensor pass) and gathers the elements through views (a few launches)."""
+        weight once: one fused multi-tensor pass per dtype (a list of mixed dtypes takes the per-tensor path, one
+        launch per tensor) and one gather of the elements per dtype, through views listed once per weight layout
+        (``_fingerprint_plan``)."""
+        groups, samples = self._fingerprint_plan()
+        with torch.no_grad():  # float64 sums: no narrowing of any float dtype, and an edit's change is not rounded away
+            parts = [torch.stack(torch._foreach_norm(group, 2, dtype=torch.float64)) for group in groups]
+            parts += [torch.cat(views).double() for views in samples]
+            return torch.cat(parts)
+
+    def _fingerprint_plan(self) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+        """The fingerprint's tensors grouped by dtype, and per dtype the views of each one's sampled elements: made
+        once per weight layout (the target's ``signature``: every parameter's and buffer's address, dtype and device;
+        a tensor replaced or moved gives another), since listing them walks every module and tensor."""
+        target = self.target.target
+        key = target.signature
+        if key is not None and self._plan is not None and self._plan[0] == key:
+            return self._plan[1]
         if self._params is None:  # this engine's target keeps its parameters (a replaced one gets another engine)
-            params = [p for p in self.target.target.model.parameters() if p.is_floating_point()]
+            params = [p for p in target.model.parameters() if p.is_floating_point()]
             self._sharded = any(is_dtensor(p) for p in params)
             # a tensor-parallel target: each rank's own shard (the ranks' verdicts are combined in ``reusable``)
             self._params = [p.to_local() if is_dtensor(p) else p for p in params]
-        buffers = [b for b in self.target.target.model.buffers() if b.is_floating_point() and not is_dtensor(b)]
-        tensors = self._params + buffers
-        with torch.no_grad():  # float64 sums: no narrowing of any float dtype, and an edit's change is not rounded away
-            parts = [torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))]
-            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-            for i, t in enumerate(tensors):
-                if t.is_contiguous() and t.numel():
-                    flat = t.view(-1)
-                    step = max(1, flat.numel() // _SAMPLES)
-                    by_dtype.setdefault(t.dtype, []).append(flat[(i * 7919) % step :: step][:_SAMPLES])
-            parts += [torch.cat(views).double() for views in by_dtype.values()]
-            return torch.cat(parts)
+        buffers = [b for b in target.model.buffers() if b.is_floating_point() and not is_dtensor(b)]
+        groups: dict[torch.dtype, list[torch.Tensor]] = {}
+        samples: dict[torch.dtype, list[torch.Tensor]] = {}
+        for i, t in enumerate(self._params + buffers):
+            groups.setdefault(t.dtype, []).append(t)
+            if t.is_contiguous() and t.numel():
+                flat = t.view(-1)
+                step = max(1, flat.numel() // _SAMPLES)
+                samples.setdefault(t.dtype, []).append(flat[(i * 7919) % step :: step][:_SAMPLES])
+        plan = (list(groups.values()), list(samples.values()))
+        self._plan = (key, plan) if key is not None else None
+        return plan
 
     def _module_signature(self) -> int:
         """A hash of what the target's forward depends on besides its tensors: each module's hooks and its plain

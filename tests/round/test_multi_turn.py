@@ -129,6 +129,7 @@ EDITS = {  # an edit between calls that no update counter sees
         t.model.layers[0].mlp.down_proj.weight.data.roll(1, 0)
     ),  # its norm kept
     "buffer": lambda t: t.model.rotary_emb.inv_freq.data.mul_(1.5),  # a RoPE-scaling experiment
+    "column": lambda t: t.model.layers[0].mlp.down_proj.weight.data[:, 5].zero_(),  # one unit ablated
     "attribute": lambda t: setattr(t.model.layers[0].input_layernorm, "variance_epsilon", 0.5),
     "hook": lambda t: t.model.layers[1].register_forward_hook(_layer_hook),
 }
