@@ -13,6 +13,7 @@ while its own weights do. See ``docs/round.md``.
 from __future__ import annotations
 
 import logging
+import operator
 import time
 import weakref
 from collections.abc import Mapping
@@ -606,6 +607,7 @@ class Engine:
         self.kept_modules: int | None = None  # the target's hooks and plain module attributes at that call
         self._params: list | None = None  # the target's parameters, listed once
         self._plan: tuple | None = None  # (weights signature, the fingerprint's tensors and sampled views)
+        self._modules_plan: list | None = None  # ``_module_plan``
         self._sharded = False  # some of them are DTensor shards (tensor parallel)
         self._drafter_versions = (lambda: None, 0)  # (weakref of a drafter, its update counters read this call)
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill graphs
@@ -743,14 +745,40 @@ class Engine:
 
     def _module_signature(self) -> int:
         """A hash of what the target's forward depends on besides its tensors: each module's hooks and its plain
-        attributes (numbers, flags, strings: an ``eps``, a scaling), and which buffers it holds. A hook added or an
-        attribute changed between calls means the kept K/V was computed by another forward."""
-        plain = (int, float, bool, str)
-        return hash(tuple(
-            (tuple(m._forward_hooks), tuple(m._forward_pre_hooks), tuple(map(id, m._buffers.values())),
-             tuple(v for k, v in m.__dict__.items() if type(v) in plain and k != "training"))
-            for m in self.target.target.model.modules()
-        ))  # fmt: skip
+        attributes (numbers, flags, strings, None: an ``eps``, a scaling), which buffers and submodules it holds, and
+        how many attributes it has. A hook added, an attribute set or changed, a submodule swapped between calls
+        means the kept K/V was computed by another forward. The modules and the names of their plain attributes are
+        listed once (``_module_plan``) and listed again when a module's submodules, its attributes or their kinds
+        changed: each call then reads the attributes by name instead of scanning every module's ``__dict__``."""
+        for _ in range(2):
+            plan = self._module_plan()
+            try:
+                parts = []
+                for module, get, count, children in plan:
+                    own = module.__dict__
+                    kids = tuple(map(id, module._modules.values()))
+                    if len(own) != count or kids != children:
+                        raise LookupError  # an attribute added or removed, a submodule swapped: list again
+                    parts.append((get(own), tuple(module._forward_hooks), tuple(module._forward_pre_hooks),
+                                  tuple(map(id, module._buffers.values())), kids))  # fmt: skip
+                return hash(tuple(parts))
+            except (LookupError, TypeError):  # a missing name (KeyError), a value no longer hashable
+                self._modules_plan = None
+        return hash(object())  # still unreadable: equal to nothing, so nothing is reused
+
+    def _module_plan(self) -> list[tuple]:
+        """Per module of the target: (its own module, a getter of its plain attributes by name, its attribute count,
+        its submodules' ids), listed once and again after ``_module_signature`` saw the layout change."""
+        if self._modules_plan is None:
+            plain = (int, float, bool, str, type(None))
+            plan = []
+            for module in self.target.target.model.modules():
+                own = module.__dict__
+                names = [k for k, v in own.items() if type(v) in plain and k != "training"]
+                get = operator.itemgetter(*names) if names else (lambda d: ())
+                plan.append((module, get, len(own), tuple(map(id, module._modules.values()))))
+            self._modules_plan = plan
+        return self._modules_plan
 
     def _versions(self, drafter) -> int:
         """The in-place update counters of the target's (and the drafter's) weights: an update between calls (a

@@ -132,6 +132,8 @@ EDITS = {  # an edit between calls that no update counter sees
     "column": lambda t: t.model.layers[0].mlp.down_proj.weight.data[:, 5].zero_(),  # one unit ablated
     "attribute": lambda t: setattr(t.model.layers[0].input_layernorm, "variance_epsilon", 0.5),
     "hook": lambda t: t.model.layers[1].register_forward_hook(_layer_hook),
+    "unset-attribute": lambda t: setattr(t.model.layers[0].self_attn, "sliding_window", 4),  # was None
+    "swap": lambda t: setattr(t.model.layers[0].mlp, "act_fn", torch.nn.GELU()),  # a module without weights
 }
 
 
