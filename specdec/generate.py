@@ -514,8 +514,29 @@ def _decode(
     engine.start(first, lengths, [not d for d in done] + [False] * (rows - batch))
     extent = tree_slots(drafter, fixed)  # slots a round writes and attends to past its root
     used: dict = {}  # the rounds (one per span bucket) this call launched
+    policies: dict = {}  # an adaptive policy's fixed policy per size (``tree.at``)
+    call_rounds: dict = {}  # (size, span) -> the round, for this call
     prepared: set[int] = set()  # span buckets whose every size the adaptive policy has built and captured
     per_row = [SpecStats(path=stats.path) for _ in range(batch)] if batch > 1 else [stats]
+
+    def round_at(size, span):
+        """The round of ``size`` (None: the fixed policy's) at ``span``: looked up once per call (the engine's key
+        hashes the policy, rule, sampling and processors)."""
+        rnd = call_rounds.get((size, span))
+        if rnd is None:
+            rnd = call_rounds[(size, span)] = make_round(size, span)
+        return rnd
+
+    def make_round(size, span):
+        if size == DETACHED:  # plain decoding that leaves the drafter behind (to the end of the call)
+            return engine.round_for(None, None, rule, sampling, graph=graph, compile=compile, span=span,
+                                    processors=args.processors, backends=setting, keep_logits=keep)  # fmt: skip
+        policy = tree if size is None else policies.get(size)
+        if size is not None and policy is None:  # an adaptive policy's round for a size, made once per call
+            policy = policies[size] = tree.at(size)
+        return engine.round_for(drafter, policy, rule, sampling, graph=graph,
+                                compile=compile, span=span, processors=args.processors, backends=setting,
+                                keep_logits=keep)  # fmt: skip
 
     def launch(in_flight: int):
         """Launch a round whose span holds it: its prefix is at most the committed length plus ``path_len`` per
@@ -528,21 +549,13 @@ def _decode(
             size = auto.next_size(left, final=max(left.values(), default=0) <= path_len)
         span = engine.span_for(need)
 
-        def round_at(size):
-            if size == DETACHED:  # plain decoding that leaves the drafter behind (to the end of the call)
-                return engine.round_for(None, None, rule, sampling, graph=graph, compile=compile, span=span,
-                                        processors=args.processors, backends=setting, keep_logits=keep)  # fmt: skip
-            return engine.round_for(drafter, tree if size is None else tree.at(size), rule, sampling, graph=graph,
-                                    compile=compile, span=span, processors=args.processors, backends=setting,
-                                    keep_logits=keep)  # fmt: skip
-
         if auto is not None and span not in prepared:  # the bounded set of keys: every option of a span at once
             prepared.add(span)
             for option in (0, DETACHED, *auto.sizes):
-                option_round = round_at(option)
+                option_round = round_at(option, span)
                 option_round.prepare()
                 used[id(option_round)] = option_round
-        rnd = round_at(size)
+        rnd = round_at(size, span)
         used[id(rnd)] = rnd
         return rnd, rnd.launch(generator, timer.stream), size
 
