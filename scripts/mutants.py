@@ -472,6 +472,18 @@ MUTANTS += [
         ((ENGINE, "        if not unchanged:  # the weights were edited", "        if False:  # the weights were edited"),),
         ("tests/round/test_multi_turn.py",),
     ),
+    Mutant(  # the fingerprint's norms dropped: an edit that misses the sampled elements (one unit ablated) is unseen
+        "fingerprint_without_norms",
+        ((ENGINE, "            parts = [torch.stack(torch._foreach_norm(group, 2, dtype=torch.float64)) for group in groups]",
+          "            parts = []"),),  # fmt: skip
+        ("tests/round/test_multi_turn.py", "-k", "edited_through_data"),
+    ),
+    Mutant(  # the module plan never listed again: a swapped submodule without weights goes unseen
+        "module_plan_never_relisted",
+        ((ENGINE, "                    if len(own) != count or kids != children:",
+          "                    if False:"),),  # fmt: skip
+        ("tests/round/test_multi_turn.py", "-k", "edited_through_data or swapped_in"),
+    ),
     Mutant(  # the root slot's token not compared with the round's root: a policy may verify another root
         "validator_root_unchecked",
         (("specdec/validate.py", "flags |= (tree.tokens[:, 0] != root).long() * 128", "pass"),),

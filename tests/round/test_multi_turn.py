@@ -155,6 +155,29 @@ def test_no_reuse_after_weights_edited_through_data(how, edit):
     assert out.stats.reused_tokens == 0 and torch.equal(out.sequences, hf(target, ids))
 
 
+def test_a_swapped_in_module_is_watched_on_later_turns():
+    """A submodule swapped in between turns (a weightless one: no weight signature changes) is itself watched from
+    then on: a hook added to it two turns later still makes the kept K/V stale (the module listing follows the
+    swap), and every turn equals HF."""
+    target = tiny_model("qwen3", scale=2.0, seed=7)
+    ids = turn_tokens(13, 20)
+    mask = torch.ones_like
+
+    first = specdec.generate(target, ids, attention_mask=mask(ids), max_new_tokens=NEW, eos_token_id=[])
+    act = torch.nn.GELU()
+    target.model.layers[0].mlp.act_fn = act  # seen: its parent's submodules changed
+    ids = torch.cat([first.sequences, turn_tokens(14)], 1)
+    second = specdec.generate(target, ids, attention_mask=mask(ids), max_new_tokens=NEW, eos_token_id=[])
+    assert second.stats.reused_tokens == 0 and torch.equal(second.sequences, hf(target, ids))
+    ids = torch.cat([second.sequences, turn_tokens(15)], 1)
+    third = specdec.generate(target, ids, attention_mask=mask(ids), max_new_tokens=NEW, eos_token_id=[])
+    assert third.stats.reused_tokens > 0 and torch.equal(third.sequences, hf(target, ids))
+    act.register_forward_hook(lambda module, args, out: out * 1.5)  # on the module swapped in two turns ago
+    ids = torch.cat([third.sequences, turn_tokens(16)], 1)
+    fourth = specdec.generate(target, ids, attention_mask=mask(ids), max_new_tokens=NEW, eos_token_id=[])
+    assert fourth.stats.reused_tokens == 0 and torch.equal(fourth.sequences, hf(target, ids))
+
+
 def test_a_reused_turn_reads_the_weights_once(monkeypatch):
     """The fingerprint that the reuse check takes at a call's start is the one kept at its end (a call updates no
     weight): a continued turn reads every weight once, a first turn (no check) once, and an edit between two turns
