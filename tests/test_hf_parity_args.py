@@ -9,16 +9,15 @@ targets, a few tokens.
 from __future__ import annotations
 
 import logging
-import sys
 
 import numpy as np
 import pytest
 import torch
 from models import tiny_model
+from test_cli import _main as cli_main
 from transformers import AutoTokenizer, GenerationConfig
 
 import specdec
-from specdec import cli
 from specdec.hf_args import NO_MASK_NO_PAD_WARNING
 
 NEW = 6
@@ -87,6 +86,17 @@ class _Embeddings:
         self.calls += 1
 
 
+def refused_before_the_target_runs(target, call, ids, given: dict, match: str) -> None:
+    """``call(target, ids, **given)`` raises a ``ValueError`` matching ``match`` before the target runs a forward."""
+    forwards = _Embeddings(target)
+    try:
+        with pytest.raises(ValueError, match=match):
+            call(target, ids, **given)
+        assert forwards.calls == 0, "the refusal came after the target ran"
+    finally:
+        forwards.handle.remove()
+
+
 # --- bad_words_ids=[] ---------------------------------------------------------------------------------------------
 
 
@@ -98,15 +108,8 @@ def test_an_empty_bad_words_ids_is_refused_before_decoding_as_hf_refuses_it(targ
     given = passed("bad_words_ids", empty, source)
     with pytest.raises(ValueError):
         target.generate(ids, do_sample=False, max_new_tokens=NEW, **given)
-    forwards = _Embeddings(target)
-    try:
-        with pytest.raises(ValueError, match=r"bad_words_ids=.*leave bad_words_ids out or pass None"):
-            call(target, ids, **given)
-        assert forwards.calls == 0, "the refusal came after the target ran"
-        out = call(target, ids, bad_words_ids=None)  # None is off, as in HF
-        assert forwards.calls > 0
-    finally:
-        forwards.handle.remove()
+    refused_before_the_target_runs(target, call, ids, given, r"bad_words_ids=.*leave bad_words_ids out or pass None")
+    out = call(target, ids, bad_words_ids=None)  # None is off, as in HF
     assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=NEW, bad_words_ids=None))
 
 
@@ -126,13 +129,9 @@ def test_empty_stop_strings_are_refused_before_decoding_as_hf_refuses_them(
         given["tokenizer"] = tokenizer
     with pytest.raises(ValueError):
         target.generate(ids, do_sample=False, max_new_tokens=NEW, **given)
-    forwards = _Embeddings(target)
-    try:
-        with pytest.raises(ValueError, match=r"stop_strings=.* holds no string.*leave stop_strings out or pass None"):
-            call(target, ids, **given)
-        assert forwards.calls == 0, "the refusal came after the target ran"
-    finally:
-        forwards.handle.remove()
+    refused_before_the_target_runs(
+        target, call, ids, given, r"stop_strings=.* holds no string.*leave stop_strings out or pass None"
+    )
 
 
 # --- the command line: sampling.bad_words_ids=[] and sampling.stop_strings=[] --------------------------------------
@@ -140,14 +139,8 @@ def test_empty_stop_strings_are_refused_before_decoding_as_hf_refuses_them(
 
 def _error_line(args: list[str], tmp_path, monkeypatch, capsys) -> str:
     """``python -m specdec ARGS`` in this process: its one ``error:`` line (status 2, no traceback)."""
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    monkeypatch.delenv("SPECDEC_DEBUG", raising=False)
-    hydra_args = [f"hydra.run.dir={tmp_path / 'run'}", "hydra/job_logging=none", "hydra/hydra_logging=none"]
-    monkeypatch.setattr(sys, "argv", ["specdec", *args, *hydra_args])
-    with pytest.raises(SystemExit) as exited:
-        cli.main()
-    err = capsys.readouterr().err
-    assert exited.value.code == 2 and "Traceback" not in err, err[-2000:]
+    code, err = cli_main(args, tmp_path, monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err[-2000:]
     (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]
     return line
 

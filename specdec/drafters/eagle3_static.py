@@ -76,7 +76,7 @@ class Eagle3Static:
         cos, sin = model.rope(self.slots[None], dtype)  # rotary tables by slot (= position), computed once
         self.rope_table = torch.stack((cos[0], sin[0]), 1)  # [slots, 2, D]: one gather for both per forward
         self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
-        self.tree_kv: dict[int, torch.Tensor] = {}  # scratch keys/values of a candidate tree, by its rows
+        self.tree_kv: dict[int, torch.Tensor] = {}  # the committed and a candidate tree's keys/values, by its rows
         self.target_ids = self.drafter.model.target_ids()
         # q/k/v and gate/up stacked: two products per step fewer (a copy of those weights, refreshed when they change)
         self.packed = model.packed_weights()
@@ -221,24 +221,29 @@ class Eagle3Static:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias[:, None])
         return out.reshape(batch, heads, rows, dim).transpose(1, 2).reshape(batch, rows, -1)
 
-    def _tree_forward(self, tokens, hidden, last, level: int, ancestors, block, first: int, span: int):
-        """The ``k`` frontier rows of one level: ``tokens [B, k]``, ``hidden [B, k, H]`` at position ``last + level``
-        (``last [B, 1]``: the root's row); their keys/values go to rows ``first .. first + k - 1`` of ``block``
-        (``[2, B, H_kv, R, D]``); each row attends over the committed slots up to ``last`` and the block rows
-        ``ancestors [B, k, R]`` marks (its own ancestors and itself). Returns (draft logits ``[B, k, Vd]``, hidden
-        fed back ``[B, k, H]``)."""
+    def _tree_forward(self, tokens, hidden, rotary, ancestors, joint, first: int, committed, flat, span: int):
+        """The ``k`` frontier rows of one level: ``tokens [B, k]``, ``hidden [B, k, H]`` rotated by ``rotary``
+        (``(cos, sin)`` ``[B, k, D]``: the level's position); their keys/values go to rows ``span + first ..
+        span + first + k - 1`` of ``joint`` (``[2, B, H_kv, span + R, D]``: the committed slots ``[0, span)``
+        copied once per draft, then the tree's ``R`` rows); each row attends over the committed slots up to the
+        root's row (``committed [B, k, span]``) and the tree rows ``ancestors [B, k, R]`` marks (its own ancestors
+        and itself): through ``specdec.kernels.tree_attention`` where the target's attention takes it (``flat [B]``:
+        the committed slots every row sees, read without their mask), else SDPA (``flat`` None). Returns (draft
+        logits ``[B, k, Vd]``, hidden fed back ``[B, k, H]``)."""
         model, norm = self.drafter.model, self._norm
         width = tokens.shape[1]
-        position = last + level
-        slots = position.clamp(max=self.scratch).expand(-1, width)
         residual, x = self._layer_input(tokens, hidden)
-        q, k, v = model.qkv(x, *self.rope_table[slots].unbind(-2), norm, self._rope, self.packed["qkv"])
-        block[0, :, :, first : first + width] = k.to(block.dtype)
-        block[1, :, :, first : first + width] = v.to(block.dtype)
-        committed = self.slots[:span] <= self._seen(last, span)[..., None]  # [B, 1, span]: up to the root's row
-        keep = torch.cat([committed.expand(-1, width, -1), ancestors], dim=-1).repeat(1, self.rep, 1)
-        out = self._sdpa(q, torch.cat([self.kv[0, :, :, :span], block[0]], 2),
-                         torch.cat([self.kv[1, :, :, :span], block[1]], 2), keep)  # fmt: skip
+        q, k, v = model.qkv(x, *rotary, norm, self._rope, self.packed["qkv"])
+        joint[0, :, :, span + first : span + first + width] = k.to(joint.dtype)
+        joint[1, :, :, span + first : span + first + width] = v.to(joint.dtype)
+        visible = torch.cat([committed, ancestors], dim=-1)  # [B, k, span + R]
+        if flat is not None:  # the attention kernel: the group's heads share each K/V tile and the mask's rows
+            batch, heads, rows, dim = q.shape
+            out = tree_attention(q, joint[0], joint[1], visible[:, None], dim**-0.5, impl=attention.kernel_impl(),
+                                 flat=flat)  # fmt: skip
+            out = out.reshape(batch, rows, -1)
+        else:
+            out = self._sdpa(q, joint[0], joint[1], visible.repeat(1, self.rep, 1))
         return model.finish_head(residual, out, self._add_norm, self.packed["gate_up"])
 
     # -- the drafter's part of the round (``specdec.drafters.base.DraftState``) ---------------------------------
@@ -299,8 +304,8 @@ class Eagle3Static:
 
         The root's row (the fused state of the last committed position with the root, as :meth:`logq`'s first step)
         gives level 1; each next level is one forward of the ``topk`` frontier rows (frontier token, the hidden its
-        parent's row fed back, at position ``prefix - 1 + level``) whose keys/values go to the scratch block; the
-        selection is ``specdec.trees.dynamic.expand_candidates``.
+        parent's row fed back, at position ``prefix - 1 + level``) whose keys/values go after a copy of the committed
+        ones (made once per draft); the selection is ``specdec.trees.dynamic.expand_candidates``.
         """
         span = min(span or self.capacity + 1, self.capacity + 1)
         cfg = self.drafter.model.config
@@ -308,18 +313,33 @@ class Eagle3Static:
         logits, hidden = self._forward(root[:, None], self.fused[self.rows, last], self._steps(last, span)[0], span)
         rows = [torch.log_softmax(logits.float(), dim=-1)]  # [B, 1, Vd]
         batch, size = root.shape[0], (levels - 1) * topk
-        block = self.tree_kv.get(size)
-        if block is None and size:
-            block = self.tree_kv[size] = self.kv.new_zeros(2, batch, cfg.num_key_value_heads, size, cfg.head_dim)
-        own = torch.eye(size, dtype=torch.bool, device=root.device)  # block row i is itself
         state = {"hidden": hidden, "seen": torch.zeros(batch, 1, size, dtype=torch.bool, device=root.device)}
+        if size:
+            # what every level shares, made once per draft: the committed keys/values with room for the tree's rows
+            # after them (one copy, not one concatenation per level), the committed slots each row sees, and the
+            # levels' rotary tables (level l at position last + l)
+            full = self.tree_kv.get(size)  # one buffer per tree size, for every span: [2, B, H_kv, slots + R, D]
+            if full is None:
+                shape = (2, batch, cfg.num_key_value_heads, self.kv.shape[3] + size, cfg.head_dim)
+                full = self.tree_kv[size] = self.kv.new_zeros(shape)
+            joint = full[:, :, :, : span + size]
+            joint[:, :, :, :span] = self.kv[:, :, :, :span]
+            committed = (self.slots[:span] <= self._seen(last, span)[..., None]).expand(-1, topk, -1)  # [B, k, span]
+            positions = (last + self.slots[1:levels]).clamp(max=self.scratch)  # [B, levels - 1]
+            tables = self.rope_table[positions]  # [B, levels - 1, 2, D]
+            kernel = attention.triton_kernel_for(self.kv.device, torch.compiler.is_compiling(), self.kv.dtype,
+                                                 self.kv.shape[-1])  # fmt: skip
+            flat = self._seen(last, span)[:, 0] + 1 if kernel else None
+        own = torch.eye(size, dtype=torch.bool, device=root.device)  # tree row i is itself
 
         def step(level: int, tokens: torch.Tensor, parent_rows: torch.Tensor) -> torch.Tensor:
             first = (level - 1) * topk
             pick = parent_rows[..., None]
             fed = state["hidden"].gather(1, pick.expand(-1, -1, state["hidden"].shape[-1]))
             seen = state["seen"].gather(1, pick.expand(-1, -1, size)) | own[first : first + topk]
-            logits, state["hidden"] = self._tree_forward(tokens, fed, last, level, seen, block, first, span)
+            rotary = tables[:, level - 1 : level].expand(-1, topk, -1, -1).unbind(-2)  # [B, k, D] each
+            logits, state["hidden"] = self._tree_forward(tokens, fed, rotary, seen, joint, first, committed, flat,
+                                                         span)  # fmt: skip
             state["seen"] = seen
             rows.append(torch.log_softmax(logits.float(), dim=-1))
             return rows[-1]
