@@ -864,6 +864,17 @@ MUTANTS += [
         ((EAGLE3_STATIC, "lengths = flat + 1", "lengths = flat"),),
         ("tests/drafters/test_eagle3.py::test_state_over_commits_matches_the_reference",),
     ),
+    Mutant(  # the candidate tree's levels miss the root's committed row (strictly before it)
+        "eagle3_tree_root_row_unseen",
+        ((EAGLE3_STATIC, "committed = (self.slots[:span] <= self._seen(last, span)[..., None])",
+          "committed = (self.slots[:span] < self._seen(last, span)[..., None])"),),  # fmt: skip
+        ("tests/drafters/test_eagle3_dynamic.py",),
+    ),
+    Mutant(  # every level rotated at the first level's position
+        "eagle3_tree_levels_one_rotation",
+        ((EAGLE3_STATIC, "rotary = tables[:, level - 1 : level]", "rotary = tables[:, :1]"),),
+        ("tests/drafters/test_eagle3_dynamic.py",),
+    ),
     Mutant(  # every chain step reads the attention extent computed for the first step (a slice index frozen)
         "eagle3_steps_share_first_extent",
         ((EAGLE3_STATIC, "(mask[:, :, j : j + 1], lengths[j], flat[j])", "(mask[:, :, :1], lengths[0], flat[0])"),),
