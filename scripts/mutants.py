@@ -472,6 +472,13 @@ MUTANTS += [
         ((ENGINE, "        if not unchanged:  # the weights were edited", "        if False:  # the weights were edited"),),
         ("tests/round/test_multi_turn.py",),
     ),
+    Mutant(  # a call's rounds looked up by size alone: a call that crosses into the next span bucket keeps the first
+        "call_rounds_ignore_span",
+        ((GENERATE, "        rnd = call_rounds.get((size, span))", "        rnd = call_rounds.get((size, 0))"),
+         (GENERATE, "            rnd = call_rounds[(size, span)] = make_round(size, span)",
+          "            rnd = call_rounds[(size, 0)] = make_round(size, span)")),  # fmt: skip
+        ("tests/round/",),
+    ),
     Mutant(  # the fingerprint's norms dropped: an edit that misses the sampled elements (one unit ablated) is unseen
         "fingerprint_without_norms",
         ((ENGINE, "            parts = [torch.stack(torch._foreach_norm(group, 2, dtype=torch.float64)) for group in groups]",
