@@ -60,6 +60,16 @@ def run_code_interpreted(code: str, *paths: Path, timeout: int = 600) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def run_lines_interpreted(*lines: str, folders: Iterable[str] = ()) -> None:
+    """The statements ``lines`` run by Triton's interpreter in a subprocess (:func:`run_code_interpreted`), with
+    ``tests/`` and ``tests/<folder>`` for each of ``folders`` first on ``sys.path``; skipped where Triton is absent."""
+    import pytest
+
+    pytest.importorskip("triton")
+    tests = Path(__file__).resolve().parent
+    run_code_interpreted("\n".join(lines) + "\n", tests, *(tests / folder for folder in folders))
+
+
 def interpreted_outputs(script: str | Path, folder: Path, data: dict) -> dict:
     """Save ``data`` (the cases) to ``folder/cases.pt``, run ``script`` on it under the interpreter
     (:func:`run_interpreted`; the script writes ``folder/outputs.pt``) and return ``data`` merged with those

@@ -340,19 +340,15 @@ def test_generate_greedy_is_lossless_with_the_kernels_in_the_interpreter():
     """The head's round with every kernel the GPU path takes (its norms and residual adds through ``rms_norm`` /
     ``add_rms_norm``, the MLP's ``silu_mul``, the K/V write, the attention) run by Triton's interpreter, in a
     subprocess: greedy output equal to HF's for a left-padded batch, chain and DDTree."""
-    from pathlib import Path
+    from kernel_harness import run_lines_interpreted
 
-    from kernel_harness import run_code_interpreted
-
-    pytest.importorskip("triton")
-    tests = Path(__file__).resolve().parents[1]
-    code = (
-        "from models import tiny_model\n"
-        "from test_eagle3 import check_greedy, sharp_head\n"
-        "target = tiny_model('qwen3', num_hidden_layers=4, scale=2.0)\n"
-        "check_greedy(target, sharp_head(target), (6, 10), max_new=5)\n"
+    run_lines_interpreted(
+        "from models import tiny_model",
+        "from test_eagle3 import check_greedy, sharp_head",
+        "target = tiny_model('qwen3', num_hidden_layers=4, scale=2.0)",
+        "check_greedy(target, sharp_head(target), (6, 10), max_new=5)",
+        folders=["drafters"],
     )
-    run_code_interpreted(code, tests, tests / "drafters")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -6,8 +6,6 @@ alone; no host read in the round; a drafter without candidate trees refused by n
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from models import tiny_model
@@ -156,18 +154,16 @@ def test_generate_greedy_is_lossless_with_the_kernels_in_the_interpreter():
     """The candidate tree's levels on the attention kernel's path (``tree_attention`` over the committed keys/values
     and the tree's, the committed slots read without their mask) and every other kernel of the round, run by
     Triton's interpreter: a batch of two equals HF greedy with both candidate-tree policies."""
-    from kernel_harness import run_code_interpreted
+    from kernel_harness import run_lines_interpreted
 
-    pytest.importorskip("triton")
-    tests = Path(__file__).resolve().parents[1]
-    code = (
-        "from models import tiny_model\n"
-        "from test_eagle3 import sharp_head, VD\n"
-        "from test_eagle3_dynamic import check_greedy\n"
-        "target = tiny_model('qwen3', num_hidden_layers=6, scale=2.0)\n"
-        "check_greedy(target, sharp_head(target, draft_vocab_size=VD), (6, 10), max_new=6)\n"
+    run_lines_interpreted(
+        "from models import tiny_model",
+        "from test_eagle3 import sharp_head, VD",
+        "from test_eagle3_dynamic import check_greedy",
+        "target = tiny_model('qwen3', num_hidden_layers=6, scale=2.0)",
+        "check_greedy(target, sharp_head(target, draft_vocab_size=VD), (6, 10), max_new=6)",
+        folders=["drafters"],
     )
-    run_code_interpreted(code, tests, tests / "drafters")
 
 
 def test_batch_rows_equal_each_row_alone():
