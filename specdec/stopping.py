@@ -75,8 +75,8 @@ def check_stopping(stopping_criteria, stop_strings, tokenizer, max_time):
                 "strings leave stop_strings out or pass None; else give at least one, e.g. stop_strings=['\\n\\n'] "
                 "with tokenizer=tokenizer."
             )
-        if not all(isinstance(s, str) and s for s in strings):
-            raise TypeError(f"stop_strings={stop_strings!r} must be a non-empty string or a list of them.")
+        if not all(isinstance(s, str) for s in strings):  # "" is HF's too: every text ends with it (one token)
+            raise TypeError(f"stop_strings={stop_strings!r} must be a string or a list of them.")
         if strings and tokenizer is None:
             raise ValueError(
                 "stop_strings needs the tokenizer to match strings against tokens (as in HF): pass "

@@ -546,7 +546,7 @@ BAD_VALUES = [
     (["sampling.do_sample=maybe"], "sampling.do_sample='maybe'", "true or false"),
     (["sampling.repetition_penalty=-1"], "sampling.repetition_penalty=-1", "strictly positive"),
     (["sampling.no_repeat_ngram_size=1.5"], "sampling.no_repeat_ngram_size=1.5", "strictly positive integer"),
-    (["sampling.stop_strings=5"], "sampling.stop_strings=5", "non-empty string or a list"),
+    (["sampling.stop_strings=5"], "sampling.stop_strings=5", "must be a string or a list"),
     (["sampling.max_time=-1"], "sampling.max_time=-1", ">= 0"),
     # trees
     (["tree.k=0"], "tree.k=0", "int >= 1"),

@@ -134,6 +134,16 @@ def test_empty_stop_strings_are_refused_before_decoding_as_hf_refuses_them(
     )
 
 
+@pytest.mark.parametrize("strings", ["", [""], ["", "zz"]], ids=["empty", "list-of-empty", "empty-and-other"])
+@pytest.mark.parametrize("call", CALLS)
+def test_an_empty_stop_string_stops_where_hf_stops(target, tokenizer, strings, call):
+    """An empty string ends every text: HF accepts it and stops at the first new token; so does specdec."""
+    ids = prompt()
+    want = target.generate(ids, do_sample=False, max_new_tokens=NEW, stop_strings=strings, tokenizer=tokenizer)
+    assert want.shape[1] < ids.shape[1] + NEW  # HF stopped early: the case means something
+    assert torch.equal(call(target, ids, stop_strings=strings, tokenizer=tokenizer), want)
+
+
 # --- the command line: sampling.bad_words_ids=[] and sampling.stop_strings=[] --------------------------------------
 
 
