@@ -10,6 +10,11 @@ work per round), and the GPU's bf16 drafts.
 
     python scripts/auto_budget_sim.py --batch 1 --prompts dev
     python scripts/auto_budget_sim.py --batch 32 --prompts held --controller '{"finish": false}'
+    python scripts/auto_budget_sim.py --batch 32 --prompts dev --trace
+
+``--trace`` prints each call of the timed pass as one letter per round (``D`` detached, ``0`` plain decoding
+that feeds the drafter, ``a``-``d`` the sizes 3 / 15 / 31 / 63), followed by the first letter of its reason in
+capitals where the reason is not the model's own choice (``E``xplore, ``P``robe, ``C``heck, ``S``tart detached).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ def main() -> None:
     ap.add_argument("--costs", type=json.loads, default=None, help="JSON {option: ms} for --batch (default: H200)")
     ap.add_argument("--controller", type=json.loads, default={}, help="JSON keyword arguments of AutoBudget")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--trace", action="store_true", help="print each timed call's choices, one letter per round")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     costs = {int(k): float(v) for k, v in (args.costs or H200_DENSE[args.batch]).items()}
@@ -80,8 +86,12 @@ def main() -> None:
         lines = [json.loads(line)["prompt"] for line in fh]
     prompts = lines[:32] if args.prompts == "dev" else lines[48:80]
 
+    traces: list[str] = []
+    letters = {-1: "D", 0: "0", **{size: "abcd"[i] for i, size in enumerate(SIZES)}}
+
     def run(tree) -> tuple[int, int]:
         tokens = rounds = 0
+        traces.clear()
         for i in range(0, len(prompts), args.batch):
             enc = tok(prompts[i : i + args.batch], return_tensors="pt", padding=True)
             out = specdec.generate(model, enc.input_ids, attention_mask=enc.attention_mask,
@@ -89,6 +99,10 @@ def main() -> None:
                                    max_new_tokens=args.max_new_tokens, do_sample=False)  # fmt: skip
             tokens += out.stats.new_tokens - enc.input_ids.shape[0]  # the prefill's token is not a round's
             rounds += out.stats.target_forwards - 1
+            if tree is not None and getattr(tree, "made", None):
+                traces.append("".join(letters[d["size"]] + ("" if d["reason"] in ("model", "detached", "detach")
+                                                            else d["reason"][0].upper())
+                                      for d in tree.made[0].decisions))  # fmt: skip
         return tokens, rounds
 
     value = {}
@@ -112,6 +126,9 @@ def main() -> None:
     print(f"| {args.batch} | {args.prompts} | {args.controller or 'default'} | {cells} | "
           f"{value['auto'] / best:.3f} | {value['auto'] / value['ar']:.3f} |")  # fmt: skip
     print(f"tokens per ms (simulated); auto's last call: {dict(shares)}")
+    if args.trace:
+        for i, trace in enumerate(traces):
+            print(f"call {i}: {trace}")
 
 
 if __name__ == "__main__":
