@@ -873,8 +873,8 @@ MUTANTS += [
     ),
     Mutant(  # the candidate tree's levels miss the root's committed row (strictly before it)
         "eagle3_tree_root_row_unseen",
-        ((EAGLE3_STATIC, "committed = (self.slots[:span] <= self._seen(last, span)[..., None])",
-          "committed = (self.slots[:span] < self._seen(last, span)[..., None])"),),  # fmt: skip
+        ((EAGLE3_STATIC, "committed = (self.slots[:span] <= root_row[..., None])",
+          "committed = (self.slots[:span] < root_row[..., None])"),),  # fmt: skip
         ("tests/drafters/test_eagle3_dynamic.py",),
     ),
     Mutant(  # every level rotated at the first level's position

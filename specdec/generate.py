@@ -514,14 +514,13 @@ def _decode(
     engine.start(first, lengths, [not d for d in done] + [False] * (rows - batch))
     extent = tree_slots(drafter, fixed)  # slots a round writes and attends to past its root
     used: dict = {}  # the rounds (one per span bucket) this call launched
-    policies: dict = {}  # an adaptive policy's fixed policy per size (``tree.at``)
     call_rounds: dict = {}  # (size, span) -> the round, for this call
     prepared: set[int] = set()  # span buckets whose every size the adaptive policy has built and captured
     per_row = [SpecStats(path=stats.path) for _ in range(batch)] if batch > 1 else [stats]
 
     def round_at(size, span):
-        """The round of ``size`` (None: the fixed policy's) at ``span``: looked up once per call (the engine's key
-        hashes the policy, rule, sampling and processors)."""
+        """The round of ``size`` (None: the fixed policy's) at ``span``: looked up once per call and bucket (the
+        engine's key hashes the policy, rule, sampling and processors; an adaptive policy's ``tree.at`` builds one)."""
         rnd = call_rounds.get((size, span))
         if rnd is None:
             rnd = call_rounds[(size, span)] = make_round(size, span)
@@ -531,10 +530,7 @@ def _decode(
         if size == DETACHED:  # plain decoding that leaves the drafter behind (to the end of the call)
             return engine.round_for(None, None, rule, sampling, graph=graph, compile=compile, span=span,
                                     processors=args.processors, backends=setting, keep_logits=keep)  # fmt: skip
-        policy = tree if size is None else policies.get(size)
-        if size is not None and policy is None:  # an adaptive policy's round for a size, made once per call
-            policy = policies[size] = tree.at(size)
-        return engine.round_for(drafter, policy, rule, sampling, graph=graph,
+        return engine.round_for(drafter, tree if size is None else tree.at(size), rule, sampling, graph=graph,
                                 compile=compile, span=span, processors=args.processors, backends=setting,
                                 keep_logits=keep)  # fmt: skip
 

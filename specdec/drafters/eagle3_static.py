@@ -324,12 +324,13 @@ class Eagle3Static:
                 full = self.tree_kv[size] = self.kv.new_zeros(shape)
             joint = full[:, :, :, : span + size]
             joint[:, :, :, :span] = self.kv[:, :, :, :span]
-            committed = (self.slots[:span] <= self._seen(last, span)[..., None]).expand(-1, topk, -1)  # [B, k, span]
+            root_row = self._seen(last, span)  # [B, 1]: the last committed slot every row reads
+            committed = (self.slots[:span] <= root_row[..., None]).expand(-1, topk, -1)  # [B, k, span]
             positions = (last + self.slots[1:levels]).clamp(max=self.scratch)  # [B, levels - 1]
             tables = self.rope_table[positions]  # [B, levels - 1, 2, D]
             kernel = attention.triton_kernel_for(self.kv.device, torch.compiler.is_compiling(), self.kv.dtype,
                                                  self.kv.shape[-1])  # fmt: skip
-            flat = self._seen(last, span)[:, 0] + 1 if kernel else None
+            flat = root_row[:, 0] + 1 if kernel else None
         own = torch.eye(size, dtype=torch.bool, device=root.device)  # tree row i is itself
 
         def step(level: int, tokens: torch.Tensor, parent_rows: torch.Tensor) -> torch.Tensor:
