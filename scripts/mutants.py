@@ -35,6 +35,7 @@ RULES = "specdec/verify/rules.py"
 ENGINE = "specdec/engine.py"
 GENERATE = "specdec/generate.py"
 PROCESSORS = "specdec/processors.py"
+RUNTIME = "specdec/runtime.py"
 PROCESSOR_TESTS = ("tests/round/test_processors.py", "-m", "not slow")
 ACCEPT_REFERENCE = "specdec/kernels/tree_accept/reference.py"
 DDTREE_TOPK = "specdec/kernels/ddtree_build/reference.py"  # the per-depth top-k of the DDTree build
@@ -471,6 +472,11 @@ MUTANTS += [
         "reuse_ignores_data_edits",
         ((ENGINE, "        if not unchanged:  # the weights were edited", "        if False:  # the weights were edited"),),
         ("tests/round/test_multi_turn.py",),
+    ),
+    Mutant(  # a failed graph capture leaves torch's capture stream current: later launches unordered with the loop's events
+        "capture_failure_keeps_capture_stream",
+        ((RUNTIME, "            torch.cuda.set_stream(stream)", "            pass"),),
+        ("tests/round/test_capture_failure.py",),
     ),
     Mutant(  # a call's rounds looked up by size alone: a call that crosses into the next span bucket keeps the first
         "call_rounds_ignore_span",

@@ -490,7 +490,8 @@ def _row_record(stats, b: int) -> dict:
     call = _stats_record(stats)
     decode_s = sum(v for k, v in stats.phase_ms.items() if k not in ("prefill", "build")) / 1e3
     decode_tokens = sum(max(row.new_tokens - 1, 0) for row in stats.rows)
-    record.update({k: call[k] for k in ("phase_ms", "path", "capture_ms", "compile_ms", "compile_fallbacks")})
+    record.update({k: call[k] for k in ("phase_ms", "path", "capture_ms", "compile_ms", "compile_fallbacks",
+                                         "capture_fallbacks")})
     record.update(
         decode_tok_s=decode_tokens / decode_s if decode_s > 0 else None,
         batch_tau=stats.tau,

@@ -406,12 +406,7 @@ class Round:
         cap = self.captured
         if cap.use_graph and cap.graph is None:
             with cap.scope:
-                try:
-                    cap._capture()
-                except RuntimeError as err:  # as a first call does: the round then runs eagerly
-                    logger.warning("CUDA graph capture failed, running this round without a graph: %s", err)
-                    torch.cuda.synchronize(cap.device)
-                    cap.use_graph = False
+                cap.capture()  # as a first call does: where it fails, the round runs eagerly
 
     def launch(self, generator: torch.Generator | None, stream=None) -> int:
         """Enqueue one round (after any launched before) and the copy of its result to the host; no host wait.

@@ -618,6 +618,7 @@ def _decode(
     stats.compile_ms, stats.capture_ms = sum(c for c, _ in setup), sum(c for _, c in setup)
     stats.captures = engine.rounds_built + engine.prefills_built - keys_before
     stats.compile_fallbacks = sum(rnd.captured.compile_failed is not None for rnd in used.values())
+    stats.capture_fallbacks = sum(rnd.captured.capture_failed is not None for rnd in used.values())
     if auto is not None and callable(getattr(auto, "costs", None)):
         stats.budget_costs = auto.costs()
     if batch > 1:

@@ -220,6 +220,7 @@ class Captured:
         self.fn, self.device, self.snapshot, self.warmup, self.pool = fn, device, snapshot, warmup, pool
         self.uncompiled = uncompiled
         self.compile_failed: str | None = None  # the error that made it fall back to ``uncompiled``
+        self.capture_failed: str | None = None  # the error that made it run uncaptured (``capture``)
         self.scope = scope if scope is not None else contextlib.nullcontext()
         self.use_graph = graph and device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -272,17 +273,31 @@ class Captured:
                 return
             self.fn()
             return
-        if self.graph is None:
-            try:
-                self._capture()
-            except RuntimeError as err:  # a capture-unsafe op: keep exact results, run the same code eagerly
-                logger.warning("CUDA graph capture failed, running this round without a graph: %s", err)
-                torch.cuda.synchronize(self.device)
-                self.use_graph = False
-                self.fn()
-                return
+        if self.graph is None and not self.capture():
+            self.fn()  # a capture-unsafe op: the same code, called
+            return
         self.graph.replay()
         self.replays += 1
+
+    def capture(self) -> bool:
+        """Capture ``fn`` now (warm-up runs undone by ``snapshot``, the captured run changes nothing); returns
+        whether it is captured. A capture that fails (an op the graph cannot hold, such as a host read) is logged
+        and recorded in ``capture_failed``; ``fn`` is called from then on, on the caller's stream."""
+        if self.graph is not None:
+            return True
+        try:
+            self._capture()
+        except RuntimeError as err:
+            cause = err  # what the captured code raised: the capture's own end then fails on it ("during handling")
+            while isinstance(cause.__context__, RuntimeError):
+                cause = cause.__context__
+            text = str(cause).strip()
+            self.capture_failed = f"{type(cause).__name__}: {text.splitlines()[0] if text else ''}"
+            logger.warning("CUDA graph capture failed, running this round without a graph: %s", self.capture_failed)
+            torch.cuda.synchronize(self.device)
+            self.use_graph = False
+            return False
+        return True
 
     def _capture(self) -> None:
         start = time.perf_counter()
@@ -299,17 +314,27 @@ class Captured:
                     torch.cuda.synchronize(self.device)
                     self.first_run_s = time.perf_counter() - start
         current.wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.fn()
+            graph = self._graph(current)
         except RuntimeError as err:  # an API call from another thread may invalidate a global-mode capture
             logger.info("CUDA graph capture failed (%s); retrying with capture_error_mode='thread_local'", err)
             torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                self.fn()
+            graph = self._graph(current, capture_error_mode="thread_local")
         torch.cuda.synchronize(self.device)
         self.graph = graph
         self.capture_s = time.perf_counter() - start - self.first_run_s
         logger.info("captured a CUDA graph: first run %.2f s, capture %.2f s", self.first_run_s, self.capture_s)
+
+    def _graph(self, stream, **options) -> torch.cuda.CUDAGraph:
+        """``fn`` captured into a new graph (``options``: ``torch.cuda.graph``'s), ``stream`` (the caller's) current
+        again afterwards. ``torch.cuda.graph`` makes its own capture stream current and restores the caller's only
+        when the capture ends cleanly: after a failed one its capture stream would stay current, and every later
+        launch (this round called eagerly, the host copy of its result) would run there, unordered with the events
+        the decode loop records on the caller's stream to know when a result has reached the host."""
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, **options):
+                self.fn()
+        finally:
+            torch.cuda.set_stream(stream)
+        return graph

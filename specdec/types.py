@@ -263,6 +263,9 @@ class SpecStats:
     ``compile_ms`` the first warm-up runs, where ``torch.compile`` compiles (with ``compile=True``).
     ``compile_fallbacks`` counts the compiled rounds this call used (one per drafter, tree, sampling and span
     bucket) that run uncompiled because compiling them failed (docs/api.md); 0 when every one compiled.
+    ``capture_fallbacks`` counts the rounds this call used that run uncaptured because capturing them in a CUDA graph
+    failed (an op the graph cannot hold, e.g. one that reads a device value on the host: a warning names it); 0 when
+    every one was captured or graphs were not used.
     ``reused_tokens``: leading prompt tokens whose state the previous call left in storage (a prompt that continues
     that call's sequence on the same model, one sequence): they were not prefilled again.
     ``uncaptured`` says why the round ran neither captured nor compiled although it could have (a ``logits_processor``
@@ -290,6 +293,7 @@ class SpecStats:
     capture_ms: float = 0.0
     compile_ms: float = 0.0
     compile_fallbacks: int = 0
+    capture_fallbacks: int = 0
     uncaptured: str = ""
     reused_tokens: int = 0
     rows: list[SpecStats] = field(default_factory=list)
@@ -335,6 +339,7 @@ class SpecStats:
             "capture_ms": self.capture_ms,
             "compile_ms": self.compile_ms,
             "compile_fallbacks": self.compile_fallbacks,
+            "capture_fallbacks": self.capture_fallbacks,
             "rows": [row.as_dict() for row in self.rows],
             "budgets": list(self.budgets),
         }

@@ -29,7 +29,8 @@ def test_mtp_cuda_graph_fp32_matches_hf(cuda, family, tree):
         m = mask[: rows.shape[0]]
         ref = target.generate(rows, attention_mask=m, max_new_tokens=24, do_sample=False, pad_token_id=0)
         out = specdec.generate(target, rows, attention_mask=m, drafter=drafter, tree=TREES[tree], max_new_tokens=24)
-        assert out.stats.path == "graph"
+        # HF's fp32 expert layers (Qwen3-Next) read their group sizes on the host: those rounds run uncaptured
+        assert out.stats.path == "graph" and (out.stats.capture_fallbacks == 0 or family == "qwen3_next")
         assert torch.equal(out.sequences, ref), (family, tree, rows.shape[0])
         eager = specdec.generate(target, rows, attention_mask=m, drafter=drafter, tree=TREES[tree], max_new_tokens=24,
                                  cuda_graphs=False)  # fmt: skip
