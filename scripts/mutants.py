@@ -475,7 +475,7 @@ MUTANTS += [
     ),
     Mutant(  # a failed graph capture leaves torch's capture stream current: later launches unordered with the loop's events
         "capture_failure_keeps_capture_stream",
-        ((RUNTIME, "            torch.cuda.set_stream(stream)", "            pass"),),
+        ((RUNTIME, "                    torch.cuda.set_stream(stream)", "                    pass"),),
         ("tests/round/test_capture_failure.py",),
     ),
     Mutant(  # a call's rounds looked up by size alone: a call that crosses into the next span bucket keeps the first

@@ -336,5 +336,7 @@ class Captured:
             with torch.cuda.graph(graph, pool=self.pool, **options):
                 self.fn()
         finally:
-            torch.cuda.set_stream(stream)
+            if torch.cuda.current_stream(self.device) != stream:
+                with torch.cuda.device(self.device):  # ``set_stream`` would also make the stream's device current
+                    torch.cuda.set_stream(stream)
         return graph

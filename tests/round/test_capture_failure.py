@@ -60,6 +60,9 @@ class _FakeCuda:
     def synchronize(self, device=None) -> None:
         pass
 
+    def device(self, device):
+        return contextlib.nullcontext()
+
     def CUDAGraph(self):  # noqa: N802 (torch's name)
         return _Graph(self)
 
@@ -98,7 +101,7 @@ class _GraphContext:
 @pytest.fixture
 def fake_cuda(monkeypatch, request):
     cuda = _FakeCuda(fail=request.param)
-    for name in ("current_stream", "set_stream", "Stream", "stream", "synchronize", "CUDAGraph", "graph"):
+    for name in ("current_stream", "set_stream", "Stream", "stream", "synchronize", "CUDAGraph", "graph", "device"):
         monkeypatch.setattr(torch.cuda, name, getattr(cuda, name))
     return cuda
 
