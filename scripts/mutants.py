@@ -473,6 +473,11 @@ MUTANTS += [
         ((ENGINE, "        if not unchanged:  # the weights were edited", "        if False:  # the weights were edited"),),
         ("tests/round/test_multi_turn.py",),
     ),
+    Mutant(  # the batched walk reads every tree's choices from the first tree's row
+        "accept_paths_choices_of_row_zero",
+        (("specdec/kernels/tree_accept/triton.py", "    choices_ptr += row * S\n", ""),),
+        ("tests/kernels/test_tree_accept.py", "-m", "interpreter", "-k", "batched_accepts"),
+    ),
     Mutant(  # a failed graph capture leaves torch's capture stream current: later launches unordered with the loop's events
         "capture_failure_keeps_capture_stream",
         ((RUNTIME, "                    torch.cuda.set_stream(stream)", "                    pass"),),

@@ -57,6 +57,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--max-new", type=int, default=24)
     p.add_argument("--torch-only", action="store_true")
     p.add_argument("--ops", action="store_true", help="list each stage's ops")
+    p.add_argument("--trace", nargs="*", default=(), metavar="STAGE",
+                   help="list these stages' ops in order, each with the specdec line that issued it")  # fmt: skip
     return p.parse_args()
 
 
@@ -125,7 +127,18 @@ def main() -> None:
             "mtp-b15": (mtp, specdec.DDTree(budget=15, topk=8)),
         })  # fmt: skip
 
-    state = {"stack": [], "armed": False, "counts": None, "names": None, "triton": 0}
+    state = {"stack": [], "armed": False, "counts": None, "names": None, "triton": 0, "trace": None}
+    library = str(Path(specdec.__file__).parent)
+
+    def issuer() -> str:
+        """The innermost specdec frame outside the kernels' launch wrappers, as ``file:line``."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            path = frame.f_code.co_filename
+            if path.startswith(library) and "/kernels/" not in path:
+                return f"{path[len(library) + 1 :]}:{frame.f_lineno}"
+            frame = frame.f_back
+        return "?"
 
     def stage_of(stack: list[str]) -> str:
         if not stack:
@@ -141,6 +154,8 @@ def main() -> None:
             stage = stage_of(state["stack"])
             state["counts"][stage] += 1
             state["names"][stage][name] += 1
+            if stage in a.trace:
+                state["trace"].append((stage, name, issuer()))
 
     class Counter(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -224,6 +239,7 @@ def main() -> None:
         patch(type(rnd.rule), "accept", "accept")
         state["counts"] = collections.Counter(dict.fromkeys(STAGES, 0))
         state["names"] = collections.defaultdict(collections.Counter)
+        state["trace"] = []
         scope = engine.attention_scope(rnd.state)  # built now: the routing of the counted path
         with torch.no_grad(), scope, Counter():
             rnd.captured.fn()  # once on the counted path (what a capture's warm-up runs), then counted
@@ -233,21 +249,26 @@ def main() -> None:
         while len(patches) > mark:  # this method's classes as they were
             owner, attr, old = patches.pop()
             setattr(owner, attr, old)
-        rows[name] = (state["counts"], state["names"])
+        rows[name] = (state["counts"], state["names"], state["trace"])
 
     path = "torch ops (CPU path)" if a.torch_only else "GPU path: Triton kernels via the interpreter"
     print(f"# ops per warm round, zoo {a.target}, {a.dtype}, {path}\n")
     print("| method | " + " | ".join(STAGES) + " | total |")
     print("|---|" + "---|" * (len(STAGES) + 1))
-    for name, (counts, _) in rows.items():
+    for name, (counts, _, _) in rows.items():
         print(f"| {name} | " + " | ".join(str(counts[s]) for s in STAGES) + f" | {sum(counts.values())} |")
     if a.ops:
-        for name, (_, names) in rows.items():
+        for name, (_, names, _) in rows.items():
             print(f"\n## {name}")
             for s in STAGES:
                 if names[s]:
                     listed = ", ".join(f"{k} {v}" for k, v in names[s].most_common())
                     print(f"- {s} ({sum(names[s].values())}): {listed}")
+    for name, (_, _, trace) in rows.items():
+        if trace:
+            print(f"\n## {name}: ops in order")
+            for stage, op, where in trace:
+                print(f"- {stage}: {op} ({where})")
     for owner, attr, old in reversed(patches):
         setattr(owner, attr, old)
 

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from specdec.kernels.tree_accept import accept_path
+from specdec.kernels.tree_accept import accept_paths
 from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
 from specdec.verify.processing import gumbel_from_uniform, process_logits
 
@@ -75,11 +75,7 @@ def _walk(tree: DeviceTree, choices: torch.Tensor, max_depth: int) -> Accept:
     if tree.num_slots == 1:  # the root alone (plain decoding): its choice is the bonus, nothing to walk
         zeros = torch.zeros_like(choices)
         return Accept(path=zeros, num_path=zeros[:, 0] + 1, tokens=choices)
-    rows = [
-        accept_path(t.tokens, t.parents, t.depth, t.valid, c, max_depth)
-        for t, c in zip((tree.row(b) for b in range(tree.tokens.shape[0])), choices, strict=True)
-    ]
-    return Accept.stack(rows)
+    return accept_paths(tree.tokens, tree.parents, tree.depth, tree.valid, choices, max_depth)  # one launch on CUDA
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from specdec.kernels.tree_accept import (
     MAX_ACCEPT_SLOTS,
     accept_path,
     accept_path_reference,
+    accept_paths,
     tree_mask,
     tree_mask_reference,
     tree_masks,
@@ -251,6 +252,47 @@ def test_batched_masks_equal_each_tree_alone():
         tree_masks(*_mask_args(mask_cases(num=1)[0]))
 
 
+def batched_accept_cases(num: int = 120, seed: int = 7) -> list[list[dict]]:
+    """Batches of 2-4 accept cases of one slot count (each with its own tree and choices), sharing the largest
+    max_depth of the group (a larger bound walks the same path: the walk stops where no child carries the choice)."""
+    groups: dict[int, list[dict]] = {}
+    for case in accept_cases(num=num, seed=seed) + long_accept_cases():
+        groups.setdefault(case["parents"].numel(), []).append(case)
+    out = []
+    for cases in groups.values():
+        for start in range(0, len(cases) - 1, 4):
+            rows = cases[start : start + 4]
+            if len(rows) >= 2:
+                depth = max(c["max_depth"] for c in rows)
+                out.append([dict(c, max_depth=depth) for c in rows])
+    return out
+
+
+def _batched_accept_args(rows: list[dict], device: str = "cpu") -> list:
+    stacked = [torch.stack([r[k] for r in rows]).to(device) for k in ACCEPT_KEYS[:-1]]
+    return [*stacked, rows[0]["max_depth"]]
+
+
+def check_batched_accepts(batches: list[list[dict]], outputs: list[tuple]) -> None:
+    """Row b of each batched walk equals the reference and the oracle of tree b alone (all three tensors)."""
+    assert len(outputs) == len(batches) and batches
+    for rows, got in zip(batches, outputs, strict=True):
+        path, num_path, tokens = (t.cpu() for t in got)
+        assert path.shape[0] == num_path.shape[0] == tokens.shape[0] == len(rows)
+        check_accepts(rows, [(path[b], num_path[b], tokens[b]) for b in range(len(rows))])
+
+
+def test_batched_accepts_equal_each_tree_alone():
+    batches = batched_accept_cases()
+    assert len(batches) >= 10 and any(len(rows[0]["parents"]) > 64 for rows in batches)
+    check_batched_accepts(batches, [accept_paths(*_batched_accept_args(rows), impl="torch") for rows in batches])
+    args = _batched_accept_args(batches[0])
+    with pytest.raises(ValueError, match=r"one shape \[B, S\]"):
+        accept_paths(args[0], args[1][:, :-1], *args[2:])
+    with pytest.raises(ValueError, match=r"one shape \[B, S\]"):
+        accept_paths(*(t[0] for t in args[:5]), args[5])
+
+
 MASK_KEYS = ("parents", "valid", "prefix", "capacity", "max_depth", "dtype")
 ACCEPT_KEYS = ("tokens", "parents", "depth", "valid", "choices", "max_depth")
 
@@ -457,6 +499,11 @@ def test_interpreted_accept_equals_reference(interpreted):
 
 
 @pytest.mark.interpreter
+def test_interpreted_batched_accepts_equal_each_tree_alone(interpreted):
+    check_batched_accepts(batched_accept_cases(num=60), interpreted["batched_accept"])
+
+
+@pytest.mark.interpreter
 def test_interpreted_auto_dispatch(interpreted):
     # under TRITON_INTERPRET=1 "auto" runs Triton up to MAX_ACCEPT_SLOTS slots and the reference above
     assert interpreted["auto_impl"] == ["triton", "torch"]
@@ -485,6 +532,8 @@ def _run_interpreted(folder: Path) -> None:
         "batched": [kernels.tree_masks_triton(*_batched_args(rows)) for rows in batched_mask_cases(num=30)],
         "accept": [tuple(kernels.accept_path_triton(*_accept_args(c)[:2], *_accept_args(c)[3:]))
                    for c in cases["accept"]],
+        "batched_accept": [tuple(accept_paths(*_batched_accept_args(rows), impl="triton"))
+                           for rows in batched_accept_cases(num=60)],
     }  # fmt: skip
     picked = []
     with mock.patch.object(kernels, "accept_path_triton", side_effect=kernels.accept_path_triton) as spy:
@@ -506,7 +555,7 @@ def _run_interpreted(folder: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("part", ["masks", "accepts", "long-walks", "cuda-reference"])
+@pytest.mark.parametrize("part", ["masks", "accepts", "long-walks", "batched-walks", "cuda-reference"])
 def test_compiled_equals_reference_on_cuda(part):
     # one part per test: their compiles (one per launch specialisation) run on parallel workers
     if part == "masks":
@@ -518,6 +567,10 @@ def test_compiled_equals_reference_on_cuda(part):
     elif part == "long-walks":
         longs = long_accept_cases()  # walks that run all max_depth steps
         check_accepts(longs, [accept_path(*_accept_args(c, "cuda"), impl="triton") for c in longs])
+    elif part == "batched-walks":
+        batches = batched_accept_cases()
+        check_batched_accepts(batches, [accept_paths(*_batched_accept_args(rows, "cuda"), impl="triton")
+                                        for rows in batches])  # fmt: skip
     else:  # the CUDA reference (the eager round's ops) agrees too
         masks, accepts = mask_cases()[:40], accept_cases()[:60]
         check_masks(masks, [tree_mask(*_mask_args(c, "cuda"), impl="torch") for c in masks])

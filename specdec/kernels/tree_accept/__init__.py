@@ -15,12 +15,13 @@ import torch
 
 from specdec.kernels._triton import importable, pick_impl
 from specdec.kernels.tree_accept.reference import accept_path_reference, accept_walk, ancestor_mask, tree_mask_reference
-from specdec.types import AcceptRow
+from specdec.types import Accept, AcceptRow
 
 __all__ = [
     "MAX_ACCEPT_SLOTS",
     "accept_path",
     "accept_path_reference",
+    "accept_paths",
     "accept_walk",
     "ancestor_mask",
     "tree_mask",
@@ -118,6 +119,38 @@ def accept_path(
     from specdec.kernels.tree_accept.triton import accept_path_triton
 
     return accept_path_triton(tokens, parents, valid, choices, max_depth)
+
+
+def accept_paths(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depth: torch.Tensor,
+    valid: torch.Tensor,
+    choices: torch.Tensor,
+    max_depth: int,
+    *,
+    impl: Impl = "auto",
+) -> Accept:
+    """:func:`accept_path` for a batch of trees: every argument ``[B, S]`` (a row per tree); one launch on CUDA for
+    the whole batch (one program per tree), the reference row by row elsewhere.
+
+    Returns:
+        Accept: ``path [B, P]``, ``num_path [B]`` and ``tokens [B, P]``, int64, ``P = max_depth + 1``.
+    """
+    if tokens.dim() != 2 or any(t.shape != tokens.shape for t in (parents, depth, valid, choices)):
+        shapes = [list(t.shape) for t in (tokens, parents, depth, valid, choices)]
+        raise ValueError(f"accept_paths takes tokens, parents, depth, valid and choices of one shape [B, S]; got "
+                         f"{shapes}.")  # fmt: skip
+    _check_accept_args(tokens[0], parents[0], depth[0], valid[0], choices[0], max_depth)
+    fits = tokens.shape[1] <= MAX_ACCEPT_SLOTS
+    if pick_impl(impl, tokens.device, _MODULE, fits=fits) == "torch":
+        rows = zip(tokens, parents, depth, valid, choices, strict=True)
+        return Accept.stack([accept_path_reference(*row, max_depth) for row in rows])
+    if not fits:
+        raise ValueError(f"impl='triton' holds at most {MAX_ACCEPT_SLOTS} slots, got {tokens.shape[1]}; use 'torch'.")
+    from specdec.kernels.tree_accept.triton import accept_paths_triton
+
+    return accept_paths_triton(tokens, parents, valid, choices, max_depth)
 
 
 def _triton_available() -> bool:

@@ -2,9 +2,9 @@
 
 ``tree_mask_triton``: one program per (tree row, block of key columns). The program walks its row's parent chain
 (a fixed number of hops, masked past the root) and marks the columns ``prefix + ancestor``; columns before
-``prefix`` are visible to real rows. ``accept_path_triton``: one program holding the ``S`` slots as vectors walks
-from the root, at most ``max_depth`` steps, each step one min-reduction over the slots. Both equal the torch
-references in ``specdec.kernels.tree_accept`` bit for bit (``tests/kernels/test_tree_accept.py``).
+``prefix`` are visible to real rows. ``accept_paths_triton``: one program per tree, holding its ``S`` slots as
+vectors, walks from the root, at most ``max_depth`` steps, each step one min-reduction over the slots. Both equal
+the torch references in ``specdec.kernels.tree_accept`` bit for bit (``tests/kernels/test_tree_accept.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.types import AcceptRow
+from specdec.types import Accept, AcceptRow
 
 __all__ = ["accept_path_triton", "mask_hops", "tree_mask_triton", "tree_masks_triton"]
 
@@ -105,6 +105,14 @@ def _accept_path_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
+    row = tl.program_id(0)  # one tree per program: inputs [B, S], outputs [B, P] and [B], contiguous
+    tokens_ptr += row * S
+    parents_ptr += row * S
+    valid_ptr += row * S
+    choices_ptr += row * S
+    path_ptr += row * P
+    new_ptr += row * P
+    num_ptr += row
     slot = tl.arange(0, BLOCK_S)
     inside = slot < S
     parents = tl.load(parents_ptr + slot, mask=inside, other=-1)
@@ -150,16 +158,33 @@ def accept_path_triton(
     Returns:
         AcceptRow: ``path [P]``, ``num_path`` (0-d) and ``tokens [P]``, int64, ``P = max_depth + 1``.
     """
-    slots = tokens.numel()
+    accept = accept_paths_triton(tokens[None], parents[None], valid[None], choices[None], max_depth)
+    return AcceptRow(path=accept.path[0], num_path=accept.num_path[0], tokens=accept.tokens[0])
+
+
+def accept_paths_triton(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    valid: torch.Tensor,
+    choices: torch.Tensor,
+    max_depth: int,
+) -> Accept:
+    """The accepted paths of a batch of trees (``[B, S]`` each) in one launch, one program per tree (arguments as
+    ``accept_path_reference``, per row).
+
+    Returns:
+        Accept: ``path [B, P]``, ``num_path [B]`` and ``tokens [B, P]``, int64, ``P = max_depth + 1``.
+    """
+    batch, slots = tokens.shape
     steps = max_depth + 1
     device = tokens.device
-    path = torch.empty(steps, dtype=torch.long, device=device)
-    num_path = torch.empty((), dtype=torch.long, device=device)
-    new_tokens = torch.empty(steps, dtype=torch.long, device=device)
-    _accept_path_kernel[(1,)](
+    path = torch.empty(batch, steps, dtype=torch.long, device=device)
+    num_path = torch.empty(batch, dtype=torch.long, device=device)
+    new_tokens = torch.empty(batch, steps, dtype=torch.long, device=device)
+    _accept_path_kernel[(batch,)](
         tokens.contiguous(), parents.contiguous(), valid.contiguous(), choices.contiguous(),
         path, num_path, new_tokens, slots,
         P=steps, BLOCK_S=max(triton.next_power_of_2(slots), 2), BLOCK_P=max(triton.next_power_of_2(steps), 2),
         num_warps=1,
     )  # fmt: skip
-    return AcceptRow(path=path, num_path=num_path, tokens=new_tokens)
+    return Accept(path=path, num_path=num_path, tokens=new_tokens)
