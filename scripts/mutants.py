@@ -473,6 +473,12 @@ MUTANTS += [
         ((ENGINE, "        if not unchanged:  # the weights were edited", "        if False:  # the weights were edited"),),
         ("tests/round/test_multi_turn.py",),
     ),
+    Mutant(  # the selection's padded trees: padding slots with parent 0 (padding nodes as children of the root)
+        "best_first_padding_parent_zero",
+        (("specdec/kernels/ddtree_build/triton.py", "tl.store(parents_ptr + at, tl.full([BLOCK_PAD], -1, tl.int64)",
+          "tl.store(parents_ptr + at, tl.full([BLOCK_PAD], 0, tl.int64)"),),  # fmt: skip
+        ("tests/kernels/test_ddtree_build.py", "-m", "interpreter", "-k", "batched"),
+    ),
     Mutant(  # the batched walk reads every tree's choices from the first tree's row
         "accept_paths_choices_of_row_zero",
         (("specdec/kernels/tree_accept/triton.py", "    choices_ptr += row * S\n", ""),),

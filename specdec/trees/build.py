@@ -136,9 +136,11 @@ def ddtree_batch(
     flat = logq.reshape(batch * depth_limit, vocab)
     vals, ids = topk_rows(flat, k) if topk_impl == "triton" else topk_rows_reference(flat, k)
     num_real = 1 + min(budget, reachable_nodes(k, depth_limit, budget))
+    # whole trees from the launch that selects them (pad_trees' layout, no concatenations)
     tokens, parents, depth = best_first(vals.view(batch, depth_limit, k), ids.view(batch, depth_limit, k),
-                                        num_real - 1)  # fmt: skip
-    return pad_trees(roots, tokens, parents, depth, num_slots)
+                                        num_real - 1, roots=roots.long(), num_slots=num_slots)  # fmt: skip
+    _, _, valid, num_nodes = _pad_constants(tokens.device, batch, num_real - 1, num_slots)
+    return DeviceTree(tokens=tokens, parents=parents, depth=depth, valid=valid, num_nodes=num_nodes)
 
 
 def pad_trees(roots, tokens, parents, depth, num_slots: int) -> DeviceTree:

@@ -254,6 +254,11 @@ def test_keys_that_do_not_fit_are_refused():
         from specdec.kernels.ddtree_build.triton import best_first_triton
 
         best_first_triton(logq[:, :64], torch.zeros(15, 64, dtype=torch.long), 10)
+    with pytest.raises(ValueError, match=r"num_slots >= num_nodes \+ 1 = 11"):
+        best_first_triton(logq[:2, :4], torch.zeros(2, 4, dtype=torch.long), 10, roots=torch.ones(1), num_slots=11)
+    with pytest.raises(ValueError, match="roots"):
+        best_first_triton(logq[None, :2, :4], torch.zeros(1, 2, 4, dtype=torch.long), 10, roots=torch.ones(1),
+                          num_slots=8)  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -265,6 +270,7 @@ def test_compiled_selection_equals_heap_builder_on_cuda():
     _check_topk(_topk_all("cuda"))
     # an auto round's tree and expectations from one pass equal the two built apart
     _check_auto_steps(_auto_steps("cuda"))
+    _check_batches(_build_batches("cuda", "triton"))  # whole padded trees written by the selection's launch
 
 
 if __name__ == "__main__":  # the interpreted run of one part: python test_ddtree_build.py PART OUT

@@ -21,12 +21,13 @@ def triton_fits(logq: torch.Tensor, k: int) -> bool:
     return on_device and logq.shape[0] * k.bit_length() <= 63 and _triton_available()
 
 
-def best_first(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int, *, scores: bool = False):
-    """Tokens, parents and depths of the first ``num_nodes`` heap pops, and with ``scores=True`` their scores
-    (see ``triton.best_first_triton``)."""
+def best_first(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int, *, scores: bool = False,
+               roots: torch.Tensor | None = None, num_slots: int | None = None):  # fmt: skip
+    """Tokens, parents and depths of the first ``num_nodes`` heap pops, and with ``scores=True`` their scores;
+    with ``roots`` and ``num_slots``, whole padded trees (see ``triton.best_first_triton``)."""
     from specdec.kernels.ddtree_build.triton import best_first_triton
 
-    return best_first_triton(vals, ids, num_nodes, scores=scores)
+    return best_first_triton(vals, ids, num_nodes, scores=scores, roots=roots, num_slots=num_slots)
 
 
 def topk_rows(logq: torch.Tensor, k: int):

@@ -47,12 +47,16 @@ def _best_first_kernel(
     parents_ptr,  # [N] int64 out
     depth_ptr,  # [N] int64 out
     scores_ptr,  # [N] fp64 out (the popped prefixes' scores), written when SCORES
+    roots_ptr,  # [B] int64 the roots' tokens, read when PADDED
     K: tl.constexpr,
     D: tl.constexpr,
     BITS: tl.constexpr,
     N: tl.constexpr,
     F: tl.constexpr,
     SCORES: tl.constexpr,
+    PADDED: tl.constexpr,  # write whole trees [S]: the root at slot 0, the pops at 1 .. N, padding up to S - 1
+    S: tl.constexpr,
+    BLOCK_PAD: tl.constexpr,
 ):
     # A pop is on the critical path of the next one, so it is one reduction: the open prefix with the largest
     # score (ties: smallest rank key) together with its slot, parent score and packed
@@ -60,10 +64,25 @@ def _best_first_kernel(
     seq = tl.program_id(0).to(tl.int64)
     vals_ptr += seq * D * K
     ids_ptr += seq * D * K
-    tokens_ptr += seq * N
-    parents_ptr += seq * N
-    depth_ptr += seq * N
     scores_ptr += seq * N
+    if PADDED:  # the root and the padding slots hold the root's token, parent -1, depth 0 (``pad_trees``)
+        tokens_ptr += seq * S
+        parents_ptr += seq * S
+        depth_ptr += seq * S
+        root = tl.load(roots_ptr + seq)
+        pad = tl.arange(0, BLOCK_PAD)
+        at = tl.where(pad == 0, 0, N + pad)  # slot 0, then slots N + 1 .. S - 1
+        outside = (pad == 0) | (N + pad < S)
+        tl.store(tokens_ptr + at, tl.zeros([BLOCK_PAD], dtype=tl.int64) + root, mask=outside)
+        tl.store(parents_ptr + at, tl.full([BLOCK_PAD], -1, tl.int64), mask=outside)
+        tl.store(depth_ptr + at, tl.zeros([BLOCK_PAD], dtype=tl.int64), mask=outside)
+        tokens_ptr += 1
+        parents_ptr += 1
+        depth_ptr += 1
+    else:
+        tokens_ptr += seq * N
+        parents_ptr += seq * N
+        depth_ptr += seq * N
     slot = tl.arange(0, F)
     one = tl.full([], 1, tl.int64)
     first = tl.load(vals_ptr).to(tl.float64)
@@ -105,7 +124,15 @@ def _best_first_kernel(
         active = tl.where(opened, 1, active)
 
 
-def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int, *, scores: bool = False):
+def best_first_triton(
+    vals: torch.Tensor,
+    ids: torch.Tensor,
+    num_nodes: int,
+    *,
+    scores: bool = False,
+    roots: torch.Tensor | None = None,
+    num_slots: int | None = None,
+):
     """The first ``num_nodes`` pops of the DDTree heap over per-depth candidates.
 
     Args:
@@ -114,10 +141,15 @@ def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int, *, 
         ids (torch.Tensor): ``[D, K]`` (``[B, D, K]``) int64 their token ids.
         num_nodes (int): pops (non-root nodes), at most the number of reachable prefixes.
         scores (bool): also return the popped prefixes' scores (float64 path log-probabilities, descending).
+        roots (torch.Tensor | None): with ``num_slots``, ``[B]`` int64 root tokens (batched ``vals`` only): the
+            outputs are whole trees of ``num_slots >= num_nodes + 1`` slots as ``build.pad_trees`` lays them out
+            (the root at slot 0, parent -1, depth 0; the pops at slots 1 .. ``num_nodes``; the padding slots
+            holding the root's token, parent -1, depth 0), written by the same launch.
 
     Returns:
         tuple: ``tokens``, ``parents`` (0 = the root), ``depth``, each ``[num_nodes]`` (``[B, num_nodes]``) int64,
-        in pop order; with ``scores=True`` a fourth, their scores (float64).
+        in pop order (``[B, num_slots]`` trees with ``roots``); with ``scores=True`` a fourth, their scores
+        (float64, ``[B, num_nodes]``).
     """
     batch = vals.shape[0] if vals.dim() == 3 else None
     depth_limit, k = vals.shape[-2:]
@@ -126,12 +158,19 @@ def best_first_triton(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int, *, 
         raise ValueError(f"k={k}, num_nodes={num_nodes}: the selection packs ranks in 24 bits and parents in 31.")
     if depth_limit * bits > 63:
         raise ValueError(f"rank tuples of {depth_limit} digits of {bits} bits do not fit one int64 key.")
-    out = torch.empty(3, batch or 1, num_nodes, dtype=torch.long, device=vals.device)
+    padded = roots is not None
+    if padded and (batch is None or num_slots is None or num_slots < num_nodes + 1 or roots.shape != (batch,)):
+        got = None if roots is None else list(roots.shape)
+        raise ValueError(f"roots [B] and num_slots >= num_nodes + 1 = {num_nodes + 1} go with batched vals "
+                         f"[B, D, K]; got roots {got}, num_slots={num_slots}.")  # fmt: skip
+    width = num_slots if padded else num_nodes
+    out = torch.empty(3, batch or 1, width, dtype=torch.long, device=vals.device)
     popped = torch.empty(batch or 1, num_nodes, dtype=torch.float64, device=vals.device) if scores else out[0]
     slots = triton.next_power_of_2(num_nodes + 1)
     _best_first_kernel[(batch or 1,)](
-        vals.contiguous(), ids.contiguous(), out[0], out[1], out[2], popped,
-        K=k, D=depth_limit, BITS=bits, N=num_nodes, F=slots, SCORES=scores, num_warps=1,
+        vals.contiguous(), ids.contiguous(), out[0], out[1], out[2], popped, roots if padded else out[0],
+        K=k, D=depth_limit, BITS=bits, N=num_nodes, F=slots, SCORES=scores, PADDED=padded, S=width,
+        BLOCK_PAD=max(triton.next_power_of_2(width - num_nodes), 2), num_warps=1,
     )  # fmt: skip
     result = (out[0], out[1], out[2], popped) if scores else (out[0], out[1], out[2])
     return tuple(x[0] for x in result) if batch is None else result
