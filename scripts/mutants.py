@@ -473,6 +473,12 @@ MUTANTS += [
         ((ENGINE, "        if not unchanged:  # the weights were edited", "        if False:  # the weights were edited"),),
         ("tests/round/test_multi_turn.py",),
     ),
+    Mutant(  # the DFlash block's all-visible mask (the flat prefix over the kernel's lengths) taken by causal drafters too
+        "dflash_visible_mask_when_causal",
+        (("specdec/drafters/dflash_static.py", "if window not in biases and kernel and not cfg.causal and not window:",
+          "if window not in biases and kernel and not window:"),),  # fmt: skip
+        ("tests/round/test_dflash_static.py", "-m", "interpreter", "-k", "norms_in_the_interpreter"),
+    ),
     Mutant(  # the selection's padded trees: padding slots with parent 0 (padding nodes as children of the root)
         "best_first_padding_parent_zero",
         (("specdec/kernels/ddtree_build/triton.py", "tl.store(parents_ptr + at, tl.full([BLOCK_PAD], -1, tl.int64)",

@@ -51,12 +51,12 @@ NAME = "specdec_grouped_sdpa"
 # the kernel took 7.2 s for the prefill against SDPA's 3.2 s).
 MAX_KERNEL_QUERIES = 128
 # The forward keyword argument through which the round hands the attention layers each sequence's readable slots
-# (``[B]`` int32: committed prefix + this forward's rows, ``StaticModel.forward``); HF's models pass unknown
+# (``[B]`` int32 or int64: committed prefix + this forward's rows, ``StaticModel.forward``); HF's models pass unknown
 # keyword arguments of their forward down to the attention function.
 KV_LENGTHS = "specdec_kv_lengths"
-# Likewise each sequence's flat prefix (``[B]`` int32: the committed slots, which every query row of the forward
-# sees, or does not see, whole): the kernel reads no mask there (``tree_attention``'s ``flat``). Passed only where
-# every attention layer gets the one mask (no sliding-window layers).
+# Likewise each sequence's flat prefix (``[B]`` int32 or int64: the committed slots, which every query row of the
+# forward sees, or does not see, whole): the kernel reads no mask there (``tree_attention``'s ``flat``). Passed only
+# where every attention layer gets the one mask (no sliding-window layers).
 KV_FLAT = "specdec_kv_flat"
 # Keyword arguments that change what attention computes; any of them set sends the call to HF's sdpa.
 _HF_ONLY = ("softcap", "s_aux", "sinks", "position_bias")

@@ -285,9 +285,9 @@ class Round:
         engine, target = self.engine, self.engine.target
         prefix = engine.prefix  # [B]
         mask = target.additive_mask((self.keys <= prefix[:, None])[:, None])  # [B, 1, 1, span]
-        flat = prefix.to(torch.int32)  # the committed prefix; the step reads it and its own slot
+        # the committed prefix is flat; the step reads it and its own slot (int64 as it is: the kernel reads either)
         logits, _ = target.forward(engine.root[:, None], prefix[:, None], mask, prefix[:, None], span=self.span,
-                                   flat=flat, lengths=flat + 1)  # fmt: skip
+                                   flat=prefix, lengths=prefix + 1)  # fmt: skip
         tree = root_trees(engine.root)
         accept = self.rule.accept(tree, self._process(logits, tree), self.sampling, self.noise, 0, None)
         if self.kept is not None:
@@ -311,8 +311,7 @@ class Round:
         args = (tree.tokens, prefix[:, None] + tree.depth, mask, write_index, self.taps)
         # the committed prefix is flat: every real node sees it whole, padding sees none of it; nothing past the
         # tree's last slot is read
-        flat = prefix.to(torch.int32)
-        kw = {"span": self.span, "flat": flat, "lengths": flat + self.slots}
+        kw = {"span": self.span, "flat": prefix, "lengths": prefix + self.slots}  # int64: the kernel reads either
         if self.hybrid is None:
             return (*target.forward(*args, **kw), None)
         # recurrent mixers run through their adapters over the device topology
@@ -366,8 +365,12 @@ class Round:
         self.out[:, self.path_len + 1] = tree.num_nodes
         # a finished sequence (``active`` False) keeps its root and length: its rounds commit nothing it reads
         choice = accept.tokens.gather(1, (accept.num_path - 1)[:, None])[:, 0]
-        engine.root.copy_(torch.where(active, choice, engine.root))
-        prefix.add_(accept.num_path * active)
+        if sound is None and self.batch == 1:  # one sequence: it decodes in every round that runs
+            engine.root.copy_(choice)
+            prefix.add_(accept.num_path)
+        else:
+            engine.root.copy_(torch.where(active, choice, engine.root))
+            prefix.add_(accept.num_path * active)
 
     def _snapshot(self):
         """Save the decode state before the warm-up runs; returns the function that puts it back."""

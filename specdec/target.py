@@ -211,10 +211,10 @@ class TargetModel:
     ):
         """One forward on ``cache`` (default this wrapper's); returns (logits ``[N, V]``, taps or None).
 
-        ``kv_lengths`` (``[B]`` int32, the slots each sequence may read) reaches the attention layers as the keyword
-        argument ``specdec.attention.KV_LENGTHS`` where the model's forward passes keyword arguments down;
-        ``kv_flat`` (``[B]`` int32, each sequence's flat prefix) as ``KV_FLAT``, the caller's guarantee that every
-        query row's mask is, in slots ``[0, kv_flat[b])``, its value at slot 0 in every attention layer.
+        ``kv_lengths`` (``[B]`` int32 or int64, the slots each sequence may read) reaches the attention layers as the
+        keyword argument ``specdec.attention.KV_LENGTHS`` where the model's forward passes keyword arguments down;
+        ``kv_flat`` (``[B]`` int32 or int64, each sequence's flat prefix) as ``KV_FLAT``, the caller's guarantee that
+        every query row's mask is, in slots ``[0, kv_flat[b])``, its value at slot 0 in every attention layer.
         ``last_only`` keeps the last row's logits, ``rows`` (a ``[R]`` int64 device tensor) the logits of those
         rows (``[R, V]``; graph-safe: no host read). ``batched``: logits of every sequence, ``[B, N, V]``.
         """

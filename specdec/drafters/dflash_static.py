@@ -66,7 +66,10 @@ class DFlashStatic:
         self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
         # RoPE tables by position (computed as the model does, once).
         cos, sin = model.rope(torch.arange(capacity + cfg.block_size, device=device)[None], dtype)
-        self.cos, self.sin = cos[0, 0], sin[0, 0]  # [positions, R]
+        # [positions, 2, R]: a row's cos and sin side by side, so that one gather takes both (``_table``)
+        self.rope_table = torch.stack((cos[0, 0], sin[0, 0]), dim=1)
+        self.cos, self.sin = self.rope_table.unbind(1)  # [positions, R] views
+        self.visible = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)  # a mask that hides nothing
         attn = [layer.self_attn for layer in model.layers]
         self._params = [p for a in attn for m in (a.k_proj, a.v_proj, a.k_norm) for p in m.parameters()]
         self._weight = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn])
@@ -101,11 +104,15 @@ class DFlashStatic:
         the norms take the kernel (``add_rms_norm``), else the tensor add and :meth:`_norm`, bit for bit."""
         return add_rms_norm(x, residual, module.weight, module.eps, impl=self.norm_impl)
 
+    def _table(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary ``(cos, sin)`` rows of ``positions`` (``[*P, R]`` each): one gather for both."""
+        return self.rope_table[positions].unbind(-2)
+
     def _rope(self, x: torch.Tensor, positions: torch.Tensor, table: tuple | None = None) -> torch.Tensor:
         """``x [*P, ..., D]`` rotated at ``positions [*P]`` (the position axes first); ``table``: the ``(cos, sin)``
         rows of ``positions``, when the caller already gathered them."""
         shape = positions.shape + (1,) * (x.dim() - positions.dim() - 1) + (-1,)
-        cos, sin = table if table is not None else (self.cos[positions], self.sin[positions])
+        cos, sin = table if table is not None else self._table(positions)
         cos, sin = cos.view(shape), sin.view(shape)
         rot = cos.shape[-1]
         x_rot = x[..., :rot]
@@ -140,7 +147,7 @@ class DFlashStatic:
         batch, rows = hidden.shape[:2]
         if isinstance(first, torch.Tensor):  # (an int stays a Python int: no host-to-device copy in a graph)
             first = first.reshape(-1, 1)
-        positions = (torch.arange(rows, device=self.slots.device) + first).expand(batch, -1)  # [B, R]
+        positions = (self.slots[:rows] + first).expand(batch, -1)  # [B, R]
         ctx = self._norm(model.hidden_norm, model.fc(hidden.to(device=self.slots.device, dtype=model.fc.weight.dtype)))
         kv = F.linear(ctx, self._weight, self._bias).view(
             batch, rows, 2, cfg.num_hidden_layers, cfg.num_key_value_heads, -1
@@ -148,7 +155,7 @@ class DFlashStatic:
         k, v = kv[:, :, 0], kv[:, :, 1]  # [B, R, L, H_kv, D]
         # row (b, r, layer, head) takes its layer's key-norm weight: period = heads
         k = rms_norm(k, self._k_norm, cfg.rms_norm_eps, period=k.shape[3], impl=self.norm_impl)
-        table = (self.cos[positions], self.sin[positions])  # [B, R, rot]
+        table = self._table(positions)  # [B, R, rot] each
         flat = k.reshape(batch, rows, -1, k.shape[-1])  # [B, R, L * H_kv, D]: every layer's heads at one position
         _, rotated = self._rope_qk(None, flat, positions, table)
         k = rotated.view(k.shape)
@@ -196,12 +203,17 @@ class DFlashStatic:
         # the split-K/V kernel where the target's attention would take it (one mask row per block row, the
         # sequence's length as data), else SDPA on the stacked rows
         kernel = attention.triton_kernel_for(x.device, torch.compiler.is_compiling(), x.dtype, head_dim)
-        lengths = (prefix + size).to(torch.int32) if kernel else None
-        table = (self.cos[positions], self.sin[positions])  # [B, S, R]: the block's rotary rows, for every layer
+        lengths = prefix + size if kernel else None  # (the kernel reads int64 lengths as they are)
+        table = self._table(positions)  # [B, S, R] each: the block's rotary rows, for every layer
         pending = None  # the last MLP's output, added to x with the next norm (one launch on CUDA: add_rms_norm)
         for i, (layer, window) in enumerate(zip(model.layers, cfg.sliding_windows, strict=True)):
-            if window not in biases:
-                biases[window] = self._bias_mask(prefix, window, x.dtype, span, stacked=not kernel)
+            if window not in biases and kernel and not cfg.causal and not window:
+                # every block row sees the context and the block, i.e. the slots below ``lengths``: the kernel's flat
+                # prefix covers them all, reading one mask value per row (a view that hides nothing)
+                biases[window] = (self.visible.expand(1, 1, size, span), lengths)
+            elif window not in biases:
+                biases[window] = (self._bias_mask(prefix, window, x.dtype, span, stacked=not kernel), None)
+            mask, flat = biases[window]
             if pending is None:
                 h = self._norm(layer.input_layernorm, x)
             else:
@@ -217,12 +229,12 @@ class DFlashStatic:
             if kernel:  # each sequence reads its context and block once, nothing of the storage past them
                 impl = attention.kernel_impl()
                 scale = head_dim**-0.5
-                out = tree_attention(q.transpose(1, 2), keys, values, biases[window], scale, lengths, impl=impl)
+                out = tree_attention(q.transpose(1, 2), keys, values, mask, scale, lengths, impl=impl, flat=flat)
                 out = out.reshape(batch, size, -1)
             else:
                 # Heads g*rep .. g*rep+rep-1 share key/value head g: stack them along the query axis.
                 q = q.transpose(1, 2).reshape(batch, kv_heads, self.rep * size, head_dim)
-                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=biases[window], scale=head_dim**-0.5)
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=head_dim**-0.5)
                 out = out.reshape(batch, heads, size, head_dim).transpose(1, 2).reshape(batch, size, -1)
             x, h = self._add_norm(layer.post_attention_layernorm, attn.o_proj(out), x)
             mlp = layer.mlp

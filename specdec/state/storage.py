@@ -279,7 +279,7 @@ class StaticModel:
         the caller's guarantee that each row of ``mask`` is, in slots ``[0, flat[b])``, its value at slot 0 (the
         committed prefix, seen whole by a tree's nodes, unseen by its padding): the attention kernel then reads
         no mask there (dropped for models with sliding-window layers, whose masks differ per layer). ``lengths``
-        (``[B]`` int32, or None: computed from ``write_index``): the caller's ``write_index.amax(1) + 1``."""
+        (``[B]`` int32 or int64, or None: computed from ``write_index``): the caller's ``write_index.amax(1) + 1``."""
         batch = self.storage.batch
         write_index = write_index.reshape(-1, write_index.shape[-1]).expand(batch, -1)
         self.storage.write_index = write_index
@@ -306,7 +306,7 @@ class StaticModel:
             rows=rows,
             batched=True,
             kv_lengths=lengths,
-            kv_flat=None if flat is None or self.windows.slides else flat.to(torch.int32),
+            kv_flat=None if flat is None or self.windows.slides else flat,
         )
         if rows is not None and batch > 1:  # each sequence's own row: the diagonal of [B, R = B, V]
             pick = torch.arange(batch, device=logits.device)
