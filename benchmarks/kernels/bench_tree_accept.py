@@ -2,9 +2,11 @@
 
 Ops: ``mask`` (``tree_mask``: the reference is ``ancestor_matrix`` plus the mask's gather and fill, as the round
 builds it), ``accept`` (``accept_path``: the reference is ``accept_device`` given the ancestor matrix, which the
-round shares with the mask) and ``round`` (both: ``ancestor_matrix`` + mask + ``accept_device`` against the two
-Triton launches). Providers: ``torch`` (eager launches), ``torch-graph`` (the same ops replayed from a CUDA graph:
-GPU time without launch overhead), ``triton`` and ``triton-graph``; the graph and Triton providers need CUDA.
+round shares with the mask), ``round`` (both: ``ancestor_matrix`` + mask + ``accept_device`` against the two
+Triton launches) and ``accept-b32`` (``accept_paths`` over a batch of 32 trees: the reference row by row and
+stacked, Triton one launch). Providers: ``torch`` (eager launches), ``torch-graph`` (the same ops replayed from a
+CUDA graph: GPU time without launch overhead), ``triton`` and ``triton-graph``; the graph and Triton providers need
+CUDA.
 Trees: DDTrees of ``ddtree_device`` (D = 15, topk 8, S = 16 / 48 / 80 slots) from random log-probabilities, the
 target following the drafter's argmax (long accepted paths); capacity 1024 key slots, ``max_depth`` 15, bf16 mask.
 
@@ -18,13 +20,14 @@ from __future__ import annotations
 import torch
 from _common import bench_args, report, time_providers  # benchmarks/kernels, beside this script
 
-from specdec.kernels.tree_accept import accept_path, tree_mask
+from specdec.kernels.tree_accept import accept_path, accept_paths, tree_mask
 from specdec.kernels.tree_accept.reference import accept_walk as accept_device
 from specdec.trees.build import ancestor_matrix, ddtree_device
 from specdec.types import TreeRow as DeviceTree
 
 PROVIDERS = ["torch", "torch-graph", "triton", "triton-graph"]
-OPS = ["mask", "accept", "round"]
+OPS = ["mask", "accept", "round", "accept-b32"]
+BATCH = 32
 SLOTS = [16, 48, 80]
 CAPACITY = 1024
 MAX_DEPTH = 15
@@ -53,6 +56,10 @@ def make_call(op: str, provider: str, tree: DeviceTree, choices: torch.Tensor, p
     def accept():
         return accept_path(tree.tokens, tree.parents, tree.depth, tree.valid, choices, MAX_DEPTH, impl=impl)
 
+    if op == "accept-b32":
+        rows = (tree.tokens, tree.parents, tree.depth, tree.valid, choices)
+        fields = [t.expand(BATCH, -1).contiguous() for t in rows]
+        return lambda: accept_paths(*fields, MAX_DEPTH, impl=impl)
     if impl == "triton":
         return {"mask": mask, "accept": accept, "round": lambda: (mask(), accept())}[op]
     ancestors = ancestor_matrix(tree, MAX_DEPTH)  # the round computes it once, for the mask and the acceptance
