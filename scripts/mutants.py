@@ -490,6 +490,11 @@ MUTANTS += [
         (("specdec/kernels/tree_accept/triton.py", "    choices_ptr += row * S\n", ""),),
         ("tests/kernels/test_tree_accept.py", "-m", "interpreter", "-k", "batched_accepts"),
     ),
+    Mutant(  # a failed graph capture leaves the default generator in capture mode: every later random op fails
+        "capture_failure_keeps_generator_capturing",
+        ((RUNTIME, "            generator.graphsafe_set_state(saved)\n", "            pass\n"),),
+        ("tests/round/test_capture_failure.py",),
+    ),
     Mutant(  # a failed graph capture leaves torch's capture stream current: later launches unordered with the loop's events
         "capture_failure_keeps_capture_stream",
         ((RUNTIME, "                    torch.cuda.set_stream(stream)", "                    pass"),),

@@ -330,11 +330,20 @@ class Captured:
         again afterwards. ``torch.cuda.graph`` makes its own capture stream current and restores the caller's only
         when the capture ends cleanly: after a failed one its capture stream would stay current, and every later
         launch (this round called eagerly, the host copy of its result) would run there, unordered with the events
-        the decode loop records on the caller's stream to know when a result has reached the host."""
+        the decode loop records on the caller's stream to know when a result has reached the host. A failed capture
+        also leaves the device's default generator in capture mode, so its state from before is put back."""
         graph = torch.cuda.CUDAGraph()
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        generator = torch.cuda.default_generators[index]
+        saved = generator.clone_state()  # the capture registers this generator; a failed one leaves it capturing
         try:
             with torch.cuda.graph(graph, pool=self.pool, **options):
                 self.fn()
+        except BaseException:
+            # every later random op of the process would fail ("Offset increment outside graph capture"): the
+            # generator's state from before the capture (the capture drew nothing from it) takes its place again
+            generator.graphsafe_set_state(saved)
+            raise
         finally:
             if torch.cuda.current_stream(self.device) != stream:
                 with torch.cuda.device(self.device):  # ``set_stream`` would also make the stream's device current

@@ -32,6 +32,22 @@ def test_captured_fn_with_a_host_read_runs_on_the_callers_stream(cuda):
     assert torch.equal(out, x * 2)
 
 
+def test_random_ops_work_after_a_failed_capture(cuda):
+    """A failed capture leaves the default generator in capture mode (every later random op would raise "Offset
+    increment outside graph capture"): its state from before is put back, so the stream of numbers continues as if
+    the capture had not been tried."""
+    torch.manual_seed(5)
+    want = torch.rand(2, 3, device=cuda)
+    torch.manual_seed(5)
+    first = torch.rand(3, device=cuda)
+    x = torch.arange(4.0, device=cuda)
+    cap = Captured(lambda: x.mul_(int(x.sum().item() > 0)), device=cuda, graph=True)
+    cap()
+    assert cap.capture_failed
+    assert torch.equal(torch.stack([first, torch.rand(3, device=cuda)]), want)
+    torch.nn.Linear(4, 4, device=cuda)  # a module initialised on the device (as the next test's model is)
+
+
 @pytest.mark.parametrize("tree", ["chain", "ddtree"])
 def test_uncaptured_rounds_read_their_own_results(cuda, tree):
     target = tiny_model("llama", scale=2.0).to(cuda)

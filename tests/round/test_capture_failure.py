@@ -1,9 +1,10 @@
-"""A round whose CUDA graph capture fails runs eagerly on the caller's stream.
+"""A round whose CUDA graph capture fails runs eagerly on the caller's stream, and random ops work after it.
 
 ``torch.cuda.graph`` makes its capture stream current on entry and restores the caller's stream only when the
 capture ends cleanly (``capture_end`` raises first when the body failed: the stream context is never left). Left
 alone, every later launch of the process would run on that capture stream while the decode loop records the events
 that tell it a round's result reached the host on the caller's stream: reads that return a slot's previous round.
+The capture also leaves the device's default generator in capture mode, where every later random op fails.
 These tests run ``Captured`` on the CPU against a stand-in for ``torch.cuda`` that keeps that behaviour of
 ``torch.cuda.graph`` (read from its ``__exit__``); ``tests/gpu/test_generate_cuda.py`` checks the same on a GPU.
 """
@@ -30,8 +31,22 @@ class _Stream:
         return f"<stream {self.name}>"
 
 
+class _Generator:
+    """A device's default generator as a capture sees it: in capture mode from the capture's start to its clean end."""
+
+    def __init__(self, capturing: bool = False) -> None:
+        self.capturing = capturing
+
+    def clone_state(self):
+        return _Generator(self.capturing)
+
+    def graphsafe_set_state(self, other) -> None:
+        self.capturing = other.capturing
+
+
 class _FakeCuda:
-    """The ``torch.cuda`` calls ``Captured`` makes, with one current stream; ``graph`` behaves as torch's."""
+    """The ``torch.cuda`` calls ``Captured`` makes, with one current stream and one default generator; ``graph``
+    behaves as torch's."""
 
     def __init__(self, fail: bool) -> None:
         self.default = _Stream("default")
@@ -39,6 +54,10 @@ class _FakeCuda:
         self.capturing = False
         self.fail = fail
         self.graphs = 0
+        self.default_generators = (_Generator(),)
+
+    def current_device(self) -> int:
+        return 0
 
     def current_stream(self, device=None):
         return self.current
@@ -89,19 +108,23 @@ class _GraphContext:
         self.before = self.cuda.current
         self.cuda.current = _Stream("capture")
         self.cuda.capturing = True
+        self.cuda.default_generators[0].capturing = True  # torch registers the default generator
 
     def __exit__(self, kind, value, tb) -> None:
         self.cuda.capturing = False
-        if kind is not None:
+        if kind is not None:  # the capture's end raises before the stream and the generator are released
             raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
         self.cuda.graphs += 1
+        self.cuda.default_generators[0].capturing = False
         self.cuda.current = self.before
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch, request):
     cuda = _FakeCuda(fail=request.param)
-    for name in ("current_stream", "set_stream", "Stream", "stream", "synchronize", "CUDAGraph", "graph", "device"):
+    names = ("current_stream", "set_stream", "Stream", "stream", "synchronize", "CUDAGraph", "graph", "device",
+             "default_generators", "current_device")  # fmt: skip
+    for name in names:
         monkeypatch.setattr(torch.cuda, name, getattr(cuda, name))
     return cuda
 
@@ -124,6 +147,7 @@ def test_a_failed_capture_leaves_the_callers_stream_current(fake_cuda, caplog):
     with caplog.at_level(logging.WARNING, logger="specdec.runtime"):
         cap()
     assert fake_cuda.current is fake_cuda.default  # not the capture stream of either try
+    assert not fake_cuda.default_generators[0].capturing  # random ops work again
     assert cap.graph is None and not cap.use_graph
     assert "not permitted when stream is capturing" in cap.capture_failed
     assert any("capture failed" in r.getMessage() for r in caplog.records)
@@ -141,6 +165,7 @@ def test_prepare_after_a_failed_capture_keeps_the_stream(fake_cuda):
     cap = Captured(_host_read_fn(fake_cuda, calls), device=torch.device("cuda"), graph=True)
     assert cap.capture() is False
     assert fake_cuda.current is fake_cuda.default and cap.capture_failed
+    assert not fake_cuda.default_generators[0].capturing
 
 
 @pytest.mark.parametrize("fake_cuda", [False], indirect=True)
