@@ -37,7 +37,7 @@ def test_random_ops_work_after_a_failed_capture(cuda):
     increment outside graph capture"): its state from before is put back, so the stream of numbers continues as if
     the capture had not been tried."""
     torch.manual_seed(5)
-    want = torch.rand(2, 3, device=cuda)
+    want = torch.stack([torch.rand(3, device=cuda) for _ in range(2)])
     torch.manual_seed(5)
     first = torch.rand(3, device=cuda)
     x = torch.arange(4.0, device=cuda)
