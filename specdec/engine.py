@@ -365,12 +365,8 @@ class Round:
         self.out[:, self.path_len + 1] = tree.num_nodes
         # a finished sequence (``active`` False) keeps its root and length: its rounds commit nothing it reads
         choice = accept.tokens.gather(1, (accept.num_path - 1)[:, None])[:, 0]
-        if sound is None and self.batch == 1:  # one sequence: it decodes in every round that runs
-            engine.root.copy_(choice)
-            prefix.add_(accept.num_path)
-        else:
-            engine.root.copy_(torch.where(active, choice, engine.root))
-            prefix.add_(accept.num_path * active)
+        engine.root.copy_(torch.where(active, choice, engine.root))
+        prefix.add_(accept.num_path * active)
 
     def _snapshot(self):
         """Save the decode state before the warm-up runs; returns the function that puts it back."""

@@ -33,6 +33,7 @@ from specdec.kernels.kv_write import kv_write
 from specdec.kernels.rms_norm import add_rms_norm, rms_norm, rms_norm_cat
 from specdec.kernels.rotary.routing import fused, rotary_kernel_for
 from specdec.kernels.tree_attention import tree_attention
+from specdec.runtime import constant
 from specdec.state.storage import mask_values
 from specdec.target import weights_state
 from specdec.trees.dynamic import expand_candidates
@@ -331,7 +332,8 @@ class Eagle3Static:
             kernel = attention.triton_kernel_for(self.kv.device, torch.compiler.is_compiling(), self.kv.dtype,
                                                  self.kv.shape[-1])  # fmt: skip
             flat = root_row[:, 0] + 1 if kernel else None
-        own = torch.eye(size, dtype=torch.bool, device=root.device)  # tree row i is itself
+        own = constant(("eye", str(root.device), size),  # tree row i is itself (made once, not in every round)
+                       lambda: torch.eye(size, dtype=torch.bool, device=root.device))  # fmt: skip
 
         def step(level: int, tokens: torch.Tensor, parent_rows: torch.Tensor) -> torch.Tensor:
             first = (level - 1) * topk
