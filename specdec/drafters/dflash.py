@@ -350,4 +350,4 @@ class DFlashDrafter:
         """fp32 log-softmax ``[B, depth, V]`` of the target's LM head on block slots ``1 .. depth`` of ``hidden``
         ``[B, block, H]``."""
         head = self._lm_head
-        return torch.log_softmax(head(hidden[:, 1 : 1 + depth].to(head.weight.dtype)).float(), dim=-1)
+        return torch.log_softmax(head(hidden[:, 1 : 1 + depth].to(head.weight.dtype)), dim=-1, dtype=torch.float32)

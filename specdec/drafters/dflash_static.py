@@ -25,6 +25,7 @@ from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.silu_mul import silu_mul
 from specdec.kernels.tree_attention import tree_attention
 from specdec.state.storage import mask_values
+from specdec.target import weights_state
 from specdec.types import Accept, Proposal
 
 __all__ = ["DFlashStatic"]
@@ -39,7 +40,11 @@ class DFlashStatic:
     """Static context of one ``DFlashDrafter`` for sequences of up to ``capacity`` tokens.
 
     The context projection of all layers runs as one matrix product over a stacked copy of the layers' key and
-    value weights; :meth:`sync_weights` refreshes that copy in place when the drafter's weights change.
+    value weights. In the block forward each layer's ``q_proj`` / ``k_proj`` / ``v_proj`` run as one product, and
+    so do ``gate_proj`` / ``up_proj``, over stacked copies too (``packed``: the drafter's attention and MLP
+    input weights once more, e.g. 1.26 GB for a 5-layer drafter of the Qwen3-8B shape in bf16); the query and key
+    norms of a layer are one launch over the product's head rows. :meth:`sync_weights` refreshes every copy in place
+    when the drafter's weights change.
 
     Args:
         drafter (DFlashDrafter): bound to its target (``validate`` was called).
@@ -70,29 +75,55 @@ class DFlashStatic:
         self.rope_table = torch.stack((cos[0, 0], sin[0, 0]), dim=1)
         self.cos, self.sin = self.rope_table.unbind(1)  # [positions, R] views
         self.visible = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)  # a mask that hides nothing
-        attn = [layer.self_attn for layer in model.layers]
-        self._params = [p for a in attn for m in (a.k_proj, a.v_proj, a.k_norm) for p in m.parameters()]
-        self._weight = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn])
-        self._bias = None
-        if cfg.attention_bias:
-            self._bias = torch.cat([a.k_proj.bias for a in attn] + [a.v_proj.bias for a in attn])
-        self._k_norm = torch.stack([a.k_norm.weight for a in attn])  # [L, D]
-        self._versions = self._weight_versions()
+        self._weight, self._bias, self._k_norm, self.packed = self._stacked()
+        self._versions = self._weights_key()
 
-    def _weight_versions(self) -> tuple:
-        return tuple((id(p), p._version) for p in self._params)
+    def _weights_key(self) -> tuple:
+        """Where the stacked weights' sources are and how often they were written (``weights_state``)."""
+        return weights_state([m for layer in self.drafter.model.layers for m in (layer.self_attn, layer.mlp)])
+
+    @torch.no_grad()
+    def _stacked(self) -> tuple:
+        """``(context key/value weight, its bias or None, key norms [L, D], packed)``: the context projection of all
+        layers stacked, and per layer ``packed[i]`` = ``{"qkv": (weight, bias or None), "qk_norm": [H + H_kv, D]
+        (the query norm's weight for each query head, then the key norm's for each key head), "gate_up": weight}``.
+        """
+        cfg = self.drafter.config
+        attn = [layer.self_attn for layer in self.drafter.model.layers]
+        weight = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn])
+        bias = None
+        if cfg.attention_bias:
+            bias = torch.cat([a.k_proj.bias for a in attn] + [a.v_proj.bias for a in attn])
+        k_norm = torch.stack([a.k_norm.weight for a in attn])  # [L, D]
+        packed = []
+        for layer in self.drafter.model.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+            packed.append({
+                "qkv": (torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                        torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) if cfg.attention_bias else None),
+                "qk_norm": torch.cat([a.q_norm.weight.expand(heads, -1), a.k_norm.weight.expand(kv_heads, -1)]),
+                "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+            })  # fmt: skip
+        return weight, bias, k_norm, packed
 
     def sync_weights(self) -> None:
-        """Refresh the stacked key/value weights if the drafter's were changed in place (outside any graph)."""
-        if self._weight_versions() == self._versions:
+        """Refresh the stacked weights in place (a captured round reads them by address) if the drafter's were
+        changed or replaced since they were stacked (outside any graph)."""
+        key = self._weights_key()
+        if key == self._versions:
             return
-        attn = [layer.self_attn for layer in self.drafter.model.layers]
+        weight, bias, k_norm, packed = self._stacked()
         with torch.no_grad():
-            self._weight.copy_(torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn]))
-            if self._bias is not None:
-                self._bias.copy_(torch.cat([a.k_proj.bias for a in attn] + [a.v_proj.bias for a in attn]))
-            self._k_norm.copy_(torch.stack([a.k_norm.weight for a in attn]))
-        self._versions = self._weight_versions()
+            for old, new in ((self._weight, weight), (self._bias, bias), (self._k_norm, k_norm)):
+                if old is not None:
+                    old.copy_(new)
+            for old, new in zip(self.packed, packed, strict=True):
+                for name, value in new.items():
+                    for o, n in zip(*(v if isinstance(v, tuple) else (v,) for v in (old[name], value)), strict=True):
+                        if o is not None:
+                            o.copy_(n)
+        self._versions = key
 
     def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
         """One of the drafter's ``_RMSNorm`` modules applied to ``x``, by ``norm_impl`` (``"torch"``: the reference,
@@ -218,11 +249,12 @@ class DFlashStatic:
                 h = self._norm(layer.input_layernorm, x)
             else:
                 x, h = self._add_norm(layer.input_layernorm, pending, x)
-            attn = layer.self_attn
-            q = self._norm(attn.q_norm, attn.q_proj(h).view(batch, size, heads, head_dim))
-            k = self._norm(attn.k_norm, attn.k_proj(h).view(batch, size, kv_heads, head_dim))
-            q, k = self._rope_qk(q, k, positions, table)
-            v = attn.v_proj(h).view(batch, size, kv_heads, head_dim)
+            attn, packed = layer.self_attn, self.packed[i]
+            # q / k / v in one product; the query and key heads' norms in one launch over its head rows
+            qkv = F.linear(h, *packed["qkv"]).view(batch, size, heads + 2 * kv_heads, head_dim)
+            qk = rms_norm(qkv[:, :, : heads + kv_heads], packed["qk_norm"], attn.q_norm.eps, impl=self.norm_impl)
+            q, k = self._rope_qk(qk[:, :, :heads], qk[:, :, heads:], positions, table)
+            v = qkv[:, :, heads + kv_heads :]
             # the block's keys / values at slots prefix .. prefix + S - 1: one launch on CUDA (kv_write)
             kv_write(self.kv[i, 0], self.kv[i, 1], positions, k.transpose(1, 2), v.transpose(1, 2))
             keys, values = self.kv[i, 0, :, :, :span], self.kv[i, 1, :, :, :span]
@@ -238,7 +270,8 @@ class DFlashStatic:
                 out = out.reshape(batch, heads, size, head_dim).transpose(1, 2).reshape(batch, size, -1)
             x, h = self._add_norm(layer.post_attention_layernorm, attn.o_proj(out), x)
             mlp = layer.mlp
-            pending = mlp.down_proj(silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))  # one launch for the gate on CUDA
+            gate, up = F.linear(h, packed["gate_up"]).chunk(2, dim=-1)  # gate and up in one product
+            pending = mlp.down_proj(silu_mul(gate, up))  # one launch for the gate on CUDA
         _, last = self._add_norm(model.norm, pending, x)
         return drafter.block_logq(last, depth)
 

@@ -344,7 +344,7 @@ class Eagle3Static:
             logits, state["hidden"] = self._tree_forward(tokens, fed, rotary, seen, joint, first, committed, flat,
                                                          span)  # fmt: skip
             state["seen"] = seen
-            rows.append(torch.log_softmax(logits.float(), dim=-1))
+            rows.append(torch.log_softmax(logits, dim=-1, dtype=torch.float32))
             return rows[-1]
 
         proposal = expand_candidates(rows[0][:, 0], step, levels=levels, topk=topk, token_ids=self.target_ids)

@@ -80,12 +80,12 @@ class ModelStatic:
         near = (keys <= positions[..., None]) & (keys != self.scratch)
         seen = torch.where(real[..., None], near, keys == self.scratch)  # [B, depth + 1, capacity + 1]
         logits, _ = model.forward(self.history.gather(1, positions), positions, model.additive_mask(seen), slots)
-        rows = [torch.log_softmax(logits[:, -1:].float(), dim=-1)]
+        rows = [torch.log_softmax(logits[:, -1:], dim=-1, dtype=torch.float32)]
         for step in range(1, depth):
             position = (prefix + step)[:, None]  # [B, 1]
             token = rows[-1].argmax(dim=-1)  # [B, 1], first maximum, as the eager drafter
             logits, _ = model.forward(token, position, model.causal_mask(position), position)
-            rows.append(torch.log_softmax(logits[:, -1:].float(), dim=-1))
+            rows.append(torch.log_softmax(logits[:, -1:], dim=-1, dtype=torch.float32))
         return torch.cat(rows, dim=1)
 
     def propose(self, root: torch.Tensor, prefix: torch.Tensor, depth: int, span: int) -> Proposal:

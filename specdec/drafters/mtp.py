@@ -254,7 +254,7 @@ class MTPDrafter(GreedySteps):
     def logq(self, out: torch.Tensor) -> torch.Tensor:
         """fp32 log-softmax of the target's LM head on the head's normalised output ``out [..., H]``."""
         head = self._lm_head
-        return torch.log_softmax(head(out.to(head.weight.dtype)).float(), dim=-1)
+        return torch.log_softmax(head(out.to(head.weight.dtype)), dim=-1, dtype=torch.float32)
 
 
 def _copy_checkpoint(source: Path, folder: Path) -> None:

@@ -159,7 +159,7 @@ class MTPStatic:
             hidden = self.step(token, hidden, positions[:, one], span, ahead=ahead)
             logits.append(head(hidden.to(head.weight.dtype)))
             token = logits[-1].argmax(dim=-1)  # [B, 1], the first maximum
-        return Proposal(logq=torch.log_softmax(torch.cat(logits, dim=1).float(), dim=-1))
+        return Proposal(logq=torch.log_softmax(torch.cat(logits, dim=1), dim=-1, dtype=torch.float32))
 
     def commit(self, accept: Accept, hidden: torch.Tensor | None, prefix: torch.Tensor) -> None:
         """The accepted path's rows: the target's hidden state at each path node and the token accepted after it."""

@@ -83,13 +83,20 @@ def pick_shape(gen: torch.Generator, dim: int, rows: int, ndim: int, groups: int
 def make_case(gen, shape, x_dtype, w_dtype, eps, *, groups, period, layout="contiguous", w_layout="contiguous",
               zero_rows=0.1) -> dict:  # fmt: skip
     """One case: ``x`` of ``shape`` stored as ``layout`` (``strided``: rows further apart than D, NaN between;
-    ``transposed``: the last dim not contiguous), a ``[groups, D]`` weight (for one group sometimes ``[D]``),
-    stored as ``w_layout``."""
+    ``transposed``: the last dim not contiguous; ``heads``: the first of more heads, ``x = base[..., :G, :]`` with
+    NaN heads after them, as the query and key heads of a fused q / k / v product), a ``[groups, D]`` weight (for one
+    group sometimes ``[D]``), stored as ``w_layout``."""
     dim = shape[-1]
     x = _values(gen, shape, x_dtype, zero_rows)
     if layout == "strided":
         base = torch.full((*shape[:-1], dim + 3), float("nan"), dtype=x_dtype)
         base[..., :dim] = x
+    elif layout == "keys" and len(shape) >= 4:  # the keys of a stacked key / value product [R, 2, L, H, D]
+        base = torch.full((*shape[:-3], 2, *shape[-3:]), float("nan"), dtype=x_dtype)
+        base[..., 0, :, :, :] = x
+    elif layout == "heads" and len(shape) >= 3:
+        base = torch.full((*shape[:-2], shape[-2] + _randint(gen, 1, 3), dim), float("nan"), dtype=x_dtype)
+        base[..., : shape[-2], :] = x
     elif layout == "transposed" and len(shape) >= 2:
         base = x.transpose(-1, -2).contiguous()
     else:
@@ -138,6 +145,13 @@ def drafter_cases(seed: int = 1) -> list[dict]:
             shape = (16, dim) if heads == 1 else (16, heads, dim)
             out.append(make_case(gen, shape, torch.bfloat16, w_dtype, 1e-6, groups=1, period=1, zero_rows=0.0))
         out.append(make_case(gen, (16, 3, 2, 128), torch.bfloat16, w_dtype, 1e-6, groups=3, period=2, zero_rows=0.0))
+        # the query and key heads of a fused q / k / v product ([B, S, H + H_kv (+ H_kv), D]), one weight row per head
+        for shape in ((1, 16, 8, 64), (2, 16, 40, 128), (32, 10, 128)):
+            out.append(make_case(gen, shape, torch.bfloat16, w_dtype, 1e-6, groups=shape[-2], period=1,
+                                 layout="heads", zero_rows=0.0))  # fmt: skip
+        # the keys of the context projection's stacked key / value product: [B, R, 2, L, H_kv, D] -> [:, :, 0]
+        out.append(make_case(gen, (1, 7, 3, 2, 64), torch.bfloat16, w_dtype, 1e-6, groups=3, period=2, layout="keys",
+                             zero_rows=0.0))  # fmt: skip
     return out
 
 
@@ -145,6 +159,10 @@ def case_x(case: dict, device: str = "cpu") -> torch.Tensor:
     base = case["base"].to(device)
     if case["layout"] == "strided":
         return base[..., : case["shape"][-1]]
+    if case["layout"] == "keys":
+        return base[..., 0, :, :, :]
+    if case["layout"] == "heads":
+        return base[..., : case["shape"][-2], :]
     return base.transpose(-1, -2) if case["layout"] == "transposed" else base
 
 

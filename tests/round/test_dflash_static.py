@@ -130,13 +130,22 @@ def block_logq_by_rotary(target, variant: str, kernel: str) -> tuple[tuple, int]
     return (static.kv[..., :9, :].clone(), logq), len(calls)
 
 
-def check_static_forwards(target, variant: str, norm_impl: str) -> None:
-    """DFlashStatic's ingest and block forward against the eager oracle over a sequence of rounds."""
+def check_static_forwards(target, variant: str, norm_impl: str, perturb: bool = False) -> None:
+    """DFlashStatic's ingest and block forward against the eager oracle over a sequence of rounds. ``perturb``: the
+    drafter's weights are changed in place after the storage was built (its stacked copies must follow)."""
     drafter = drafter_for(target, variant)
     cfg = drafter.config
     width = len(cfg.target_layer_ids) * cfg.context_size
     gen = torch.Generator().manual_seed(0)
     static = DFlashStatic(drafter, capacity=48, norm_impl=norm_impl)
+    if perturb:
+        with torch.no_grad():
+            for layer in drafter.model.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.q_norm, attn.k_norm, mlp.gate_proj,
+                               mlp.up_proj):  # fmt: skip
+                    module.weight.add_(torch.randn(module.weight.shape, generator=gen) * 0.5)
+        static.sync_weights()
     static.kv.normal_(generator=gen)  # stale rows past the context must never be seen
     ids = torch.randint(4, 100, (1, 30), generator=gen)
     hidden = torch.randn(1, 29, width, generator=gen)
@@ -161,6 +170,12 @@ def check_static_forwards(target, variant: str, norm_impl: str) -> None:
         oracle.commit(DecodeContext(input_ids=ids[:, : committed + step + 1], target_hidden=rows))
         static.ingest(rows, torch.tensor(committed))
         committed += step
+
+
+@pytest.mark.parametrize("variant", ["plain", "partial-rope-bias"])
+def test_block_forward_follows_in_place_updates(target, variant):
+    # the stacked q / k / v, gate / up and query / key norm weights of the block forward, refreshed in place
+    check_static_forwards(target, variant, "torch", perturb=True)
 
 
 def test_stacked_weights_follow_in_place_updates(target):

@@ -13,6 +13,8 @@ Triton's interpreter truncates a float32 -> bfloat16 cast, and the tests run the
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -46,7 +48,7 @@ def _normalise(x, w, D, eps, ROWS: tl.constexpr, X_BF16: tl.constexpr, OUT_BF16:
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr,  # [R, D] rows stride_x apart, the last dim contiguous
+    x_ptr,  # [R, D] rows stride_x apart (SPLIT_ROWS: [R / inner, inner, D] at stride_x, stride_xi), D contiguous
     w_ptr,  # [G, D] with strides (stride_wg, stride_wd)
     out_ptr,  # [R, D] contiguous
     res_ptr,  # [R, D] rows stride_r apart, x's dtype (HAS_RES), else unused
@@ -54,6 +56,8 @@ def _rms_norm_kernel(
     R,
     D,
     stride_x,
+    inner,
+    stride_xi,
     stride_r,
     stride_wg,
     stride_wd,
@@ -67,12 +71,17 @@ def _rms_norm_kernel(
     WIDE: tl.constexpr,  # the output is fp64: multiply in fp64
     UNIT_OFFSET: tl.constexpr,  # Gemma / Qwen3-Next: (x / rms) * (1 + w) in fp32, rounded once to x's dtype
     HAS_RES: tl.constexpr,  # normalise residual + x (rounded to x's dtype, as the tensor add), stored to sum_ptr
+    SPLIT_ROWS: tl.constexpr,  # row r of x is (r // inner, r % inner) of a [R / inner, inner, D] view
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # int32 (R < 2**31): the group is a 32-bit division
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
     offs = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + offs * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if SPLIT_ROWS:  # e.g. the query and key heads of a fused q / k / v product: heads stride_xi apart, tokens stride_x
+        x_offs = (rows // inner).to(tl.int64)[:, None] * stride_x + (rows % inner).to(tl.int64)[:, None] * stride_xi
+    else:
+        x_offs = offs * stride_x
+    x = tl.load(x_ptr + x_offs + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:  # the residual add first, rounded to x's dtype as the tensor op rounds it
         x = x + tl.load(res_ptr + offs * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         x = (to_bf16(x) if X_BF16 else x.to(x_ptr.dtype.element_ty)).to(tl.float32)
@@ -212,20 +221,41 @@ def _launch(x, residual, weight, eps, period, unit_offset):
     total = None if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out, total
-    rows = x.reshape(-1, dim)
-    if rows.stride(1) != 1:
-        rows = rows.contiguous()
-    res = rows if residual is None else residual.reshape(-1, dim)
-    if res.stride(1) != 1:
+    rows, inner, stride_inner = _rows_of(x) if residual is None else (x.reshape(-1, dim), 1, 0)
+    if rows.stride(-1) != 1:
+        rows, inner = rows.reshape(-1, dim).contiguous(), 1
+    res = rows if residual is None else residual.reshape(-1, dim)  # (unread without a residual)
+    if residual is not None and res.stride(1) != 1:
         res = res.contiguous()
     w = weight if weight.dim() == 2 else weight[None]
-    num_rows = rows.shape[0]
+    num_rows = out.numel() // dim
     block, block_d = block_rows(num_rows, dim)
     _rms_norm_kernel[(triton.cdiv(num_rows, block),)](
-        rows, w, out, res, out if total is None else total, num_rows, dim, rows.stride(0), res.stride(0),
-        w.stride(0), w.stride(1), period, w.shape[0], float(eps),
+        rows, w, out, res, out if total is None else total, num_rows, dim, rows.stride(0), inner, stride_inner,
+        res.stride(0), w.stride(0), w.stride(1), period, w.shape[0], float(eps),
         ROWS=block, BLOCK_D=block_d, X_BF16=x.dtype == torch.bfloat16, OUT_BF16=out_dtype == torch.bfloat16,
         WIDE=out_dtype == torch.float64, UNIT_OFFSET=unit_offset, HAS_RES=residual is not None,
-        num_warps=min(max(block * block_d // 256, 1), 16),
+        SPLIT_ROWS=inner > 1, num_warps=min(max(block * block_d // 256, 1), 16),
     )  # fmt: skip
     return out, total
+
+
+def _rows_of(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """``(rows, inner, stride_inner)``: ``x``'s rows as one ``[R, D]`` view (``inner`` 1), or, where its leading dims
+    do not merge into one stride (heads cut out of a wider row, e.g. ``qkv[..., :H + H_kv, :]``, or the keys of a
+    stacked key / value product), as a ``[R / inner, inner, D]`` view: the trailing leading dims merged into
+    ``inner`` rows ``stride_inner`` apart. The contiguous copy only where neither view exists."""
+    dim = x.shape[-1]
+    try:
+        return x.view(-1, dim), 1, 0
+    except RuntimeError:
+        pass
+    for split in range(1, x.dim() - 1):  # the inner block: dims split .. -2 merged (the widest that views first)
+        inner = math.prod(x.shape[split:-1])
+        try:
+            grid = x.view(-1, inner, dim)
+        except RuntimeError:
+            continue
+        if inner > 1:
+            return grid, inner, grid.stride(1)
+    return x.reshape(-1, dim), 1, 0
