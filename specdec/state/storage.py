@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from specdec.kernels.kv_commit import kv_commit
 from specdec.kernels.kv_write import kv_write
 from specdec.runtime import constant
 from specdec.state.hybrid import _state_tensor
@@ -147,7 +148,8 @@ def mask_values(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor,
 
 
 def commit_rows(kv: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor) -> None:
-    """Move the rows of the accepted nodes in place for every layer at once (one gather, one scatter).
+    """Move the rows of the accepted nodes in place for every layer at once (``specdec.kernels.kv_commit``: one
+    launch on CUDA; elsewhere one gather, one scatter).
 
     The verify forward wrote node i of sequence b at slot ``prefix[b] + i``; afterwards the path's nodes must sit
     at ``prefix[b], prefix[b] + 1, ...`` as if run causally. Rows past the path's real length are copied too (the
@@ -158,17 +160,7 @@ def commit_rows(kv: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor) -> N
         prefix (torch.Tensor): ``[B]`` (or 0-d for one sequence) int64, slot of each tree's root.
         path (torch.Tensor): ``[B, P]`` (or ``[P]``) int64 node indices, root first, increasing.
     """
-    path = path.reshape(kv.shape[2], -1)
-    prefix = prefix.reshape(-1, 1)
-    length = path.shape[1]
-    steps = constant(("arange", str(path.device), length), lambda: torch.arange(length, device=path.device))
-    dst = steps + prefix  # [B, P] (the steps made once)
-    if kv.shape[2] == 1:
-        src = kv.index_select(4, (path + prefix)[0])
-        kv.index_copy_(4, dst[0], src)
-        return
-    rows = torch.arange(kv.shape[2], device=path.device)[:, None]
-    kv[:, :, rows, :, dst] = kv[:, :, rows, :, path + prefix]  # [B, P, L, 2, H, D]
+    kv_commit(kv, prefix, path)
 
 
 def commit_rows_reference(kv: torch.Tensor, prefix, path) -> None:
