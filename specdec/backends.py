@@ -19,7 +19,8 @@ specdec reads them. What each choice measured: ``docs/kernels.md``.
 | ``gdn_gates`` | auto, torch, triton | a Gated DeltaNet layer's q / k norms, beta and g (``gdn_gates``) |
 | ``gated_norm`` | auto, torch, triton | a Gated DeltaNet layer's gated output norm (``gated_rms_norm``) |
 | ``tree_conv`` | auto, torch, triton | a recurrent layer's conv over each node's path (``tree_conv``) |
-| ``kv_write`` | auto, torch, triton | an attention layer's new keys and values into the static storage (``kv_write``) |
+| ``kv_write`` | auto, torch, triton | new K/V into the storage, the commit's row moves (``kv_write``, ``kv_commit``) |
+| ``round_tail`` | auto, torch, triton | the round's output row, next roots and lengths (``round_tail``) |
 | ``silu_mul`` | auto, torch, triton | a gated MLP's activation and product, the target's and drafters' (``silu_mul``) |
 | ``tree_gdn_precision`` | auto, ieee, tf32x3, tf32 | the Gated DeltaNet tree scan's matrix products |
 | ``tree_gdn_walk`` | auto, paths, chunk | the Gated DeltaNet tree scan's schedule |
@@ -53,6 +54,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
     "gated_norm": (("auto", "torch", "triton"), "auto", "specdec.kernels.gated_rms_norm", "IMPL"),
     "tree_conv": (("auto", "torch", "triton"), "auto", "specdec.kernels.tree_conv", "IMPL"),
     "kv_write": (("auto", "torch", "triton"), "auto", "specdec.kernels.kv_write", "IMPL"),
+    "round_tail": (("auto", "torch", "triton"), "auto", "specdec.kernels.round_tail", "IMPL"),
     "silu_mul": (("auto", "torch", "triton"), "auto", "specdec.kernels.silu_mul", "IMPL"),
     "tree_gdn_precision": (
         ("auto", "ieee", "tf32x3", "tf32"),
@@ -96,6 +98,7 @@ class Backends:
     gated_norm: str = "auto"
     tree_conv: str = "auto"
     kv_write: str = "auto"
+    round_tail: str = "auto"
     silu_mul: str = "auto"
     tree_gdn_precision: str = "auto"
     tree_gdn_walk: str = "auto"

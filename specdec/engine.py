@@ -26,6 +26,7 @@ from specdec.distributed import is_dtensor
 from specdec.drafters.follow import drafter_modules
 from specdec.kernels.rms_norm.routing import norm_kernel_for
 from specdec.kernels.rotary.routing import rotary_kernel_for
+from specdec.kernels.round_tail import round_tail
 from specdec.kernels.silu_mul import mlp_kernel_for
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
 from specdec.kernels.tree_accept import tree_masks
@@ -292,11 +293,9 @@ class Round:
         accept = self.rule.accept(tree, self._process(logits, tree), self.sampling, self.noise, 0, None)
         if self.kept is not None:
             self.kept.copy_(logits[:, :1])
-        choice = accept.tokens[:, 0]
         self._record(engine.root[:, None])
-        self.out[:, 0].copy_(choice)
-        engine.root.copy_(torch.where(engine.active, choice, engine.root))
-        prefix.add_(engine.active)  # bool into int64: +1 where active
+        # out[:, 0] = the token; the root advances to it and the length by one where active (one launch on CUDA)
+        round_tail(self.out, accept.tokens[:, :1], engine.active, engine.root, prefix)
 
     def _verify(self, tree: DeviceTree):
         """The target forward over the trees (``slots`` nodes per sequence) on top of each committed prefix; returns
@@ -360,13 +359,10 @@ class Round:
         if self.state is not None:
             self.state.commit(accept, hidden, prefix)
         self._record(tree=tree, path=accept.path)
-        self.out[:, : self.path_len].copy_(accept.tokens)
-        self.out[:, self.path_len] = accept.num_path
-        self.out[:, self.path_len + 1] = tree.num_nodes
-        # a finished sequence (``active`` False) keeps its root and length: its rounds commit nothing it reads
-        choice = accept.tokens.gather(1, (accept.num_path - 1)[:, None])[:, 0]
-        engine.root.copy_(torch.where(active, choice, engine.root))
-        prefix.add_(accept.num_path * active)
+        # the tokens, the path's length and the tree's size into the output row; the last accepted token becomes the
+        # root and the length advances by the path, where active: a finished sequence (``active`` False) keeps its
+        # root and length, its rounds commit nothing it reads (one launch on CUDA)
+        round_tail(self.out, accept.tokens, active, engine.root, prefix, accept.num_path, tree.num_nodes)
 
     def _snapshot(self):
         """Save the decode state before the warm-up runs; returns the function that puts it back."""
