@@ -1269,6 +1269,36 @@ MUTANTS += [
           "return rms_norm_cat(b, a, module_b.weight, module_a.weight, _eps(module_b), _eps(module_a),"),),  # fmt: skip
         ("tests/round/test_norm_routing.py", "-k", "pair"),
     ),
+    Mutant(  # heads cut out of a fused q / k / v product read as if their rows were evenly spaced
+        "rms_norm_split_rows_one_stride",
+        (("specdec/kernels/rms_norm/triton.py",
+          "(rows % inner).to(tl.int64)[:, None] * stride_xi", "(rows % inner).to(tl.int64)[:, None] * stride_x"),),
+        ("tests/kernels/test_rms_norm.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the DFlash block's stacked q / k / v and gate / up copies not refreshed after an in-place update
+        "dflash_packed_not_refreshed",
+        (("specdec/drafters/dflash_static.py",
+          "            for old, new in zip(self.packed, packed, strict=True):",
+          "            for old, new in zip(self.packed[:0], packed, strict=False):"),),  # fmt: skip
+        ("tests/round/test_dflash_static.py", "-k", "follows"),
+    ),
+    Mutant(  # the commit stores the accepted rows one slot past where the next forward reads them
+        "kv_commit_one_slot_off",
+        (("specdec/kernels/kv_commit/triton.py",
+          "tl.store(base + (start + steps)[:, None] * s_s", "tl.store(base + (start + steps + 1)[:, None] * s_s"),),
+        ("tests/kernels/test_kv_commit.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the round's next root taken from the first accepted token instead of the last
+        "round_tail_root_from_first_token",
+        (("specdec/kernels/round_tail/triton.py",
+          "choice = tl.load(tok_ptr + rows64 * s_tb + (num - 1) * s_tp", "choice = tl.load(tok_ptr + rows64 * s_tb"),),
+        ("tests/kernels/test_round_tail.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the reference's length advanced on finished rows too
+        "round_tail_finished_rows_advance",
+        (("specdec/kernels/round_tail/reference.py", "prefix.add_(num_path * active)", "prefix.add_(num_path)"),),
+        ("tests/kernels/test_round_tail.py", "tests/round/test_batch_reach.py", "-x", "-q"),
+    ),
     Mutant(  # a user's policy may hand the rules its own q (the round keeps any tree's draft_probs)
         "draft_probs_kept_from_any_policy",
         ((ENGINE, "if tree.draft_probs is not None and not trusted(self.tree):",
