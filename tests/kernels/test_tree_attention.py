@@ -481,6 +481,15 @@ def test_interpreted_copied_bool_mask_matches_float64_brute_force(interpreted):
 
 
 @pytest.mark.interpreter
+def test_interpreted_fused_combine_resets_its_tickets_and_equals_two_launches(interpreted):
+    # the split launch's last program per row block combines the chunks and sets its ticket back to zero (a ticket
+    # left over would make a later call's combine run early, on stale chunks); the second launch gives the same output
+    assert interpreted["counters"] and all(int(t.abs().sum()) == 0 for t in interpreted["counters"])
+    for case, got in zip(interpreted["cases"], interpreted["separate"], strict=False):
+        check_kernel(case, got)
+
+
+@pytest.mark.interpreter
 def test_interpreted_auto_dispatch_fallbacks_and_empty(interpreted):
     # under TRITON_INTERPRET=1 "auto" runs Triton, except for what the kernel does not take (fp64, D = 96)
     assert interpreted["auto_impl"] == "triton"
@@ -511,6 +520,9 @@ def _run_interpreted(folder: Path) -> None:
     data = torch.load(folder / "cases.pt")
     poison_empty()
     out = {"outputs": [tree_attention(*case_args(c), impl="triton") for c in data["cases"]]}
+    # the fused combine's tickets are all back at zero after every call; the two-launch path on the same cases
+    out["counters"] = [t.clone() for t in kernels._COUNTERS.values()]
+    out["separate"] = [kernels.tree_attention_triton(*case_args(c), plan={"fused": False}) for c in data["cases"][:6]]
     with mock.patch.object(kernels, "tree_attention_triton", side_effect=kernels.tree_attention_triton) as spy:
         out["auto"] = tree_attention(*case_args(data["cases"][0]))
         out["auto_impl"] = "triton" if spy.call_count else "torch"

@@ -60,6 +60,10 @@ on CUDA the launcher reads the device's ``shared_memory_per_block_optin``."""
 
 _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min
 
+FUSED = True
+"""The last program of each (sequence, group, row block) to finish combines the chunks in the split launch (one
+launch per call); ``plan={"fused": False}`` (benchmarks) keeps the second launch."""
+
 
 @triton.jit
 def _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, row_ok, dims, stride_ks, stride_vs,
@@ -113,6 +117,8 @@ def _split_kernel(
     m_ptr,  # [B * H_kv, R, C] fp32 workspace: running max
     l_ptr,  # [B * H_kv, R, C] fp32 workspace: sum of exponentials
     acc_ptr,  # [B * H_kv, R, C, D] fp32 workspace: sum of p * v
+    out_ptr,  # [B, Q, H, D] contiguous (FUSED), else unused
+    count_ptr,  # [B * H_kv * row blocks] int32, zero between launches (FUSED), else unused
     Q,
     S,
     R,
@@ -139,6 +145,8 @@ def _split_kernel(
     HAS_FLAT: tl.constexpr,  # slots [0, flat[b]) take each row's mask at slot 0
     IEEE: tl.constexpr,  # fp32 inputs: IEEE dots, p kept in fp32
     UPCAST: tl.constexpr,  # bf16 under the interpreter: dots on operands widened to fp32 (see dot_fp32)
+    FUSED: tl.constexpr,  # the last program of a (sequence, group, row block) to finish combines the chunks
+    OUT_BF16: tl.constexpr,
 ):
     chunk = tl.program_id(0)
     seq_group = tl.program_id(1)  # b * H_kv + g
@@ -198,6 +206,44 @@ def _split_kernel(
     tl.store(m_ptr + part, m_i, mask=row_ok)
     tl.store(l_ptr + part, l_i, mask=row_ok)
     tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+    if FUSED:
+        # every thread's partial state stored, then one ticket per program (acquire-release at device scope): the
+        # program that draws the last one sees every other program's stores and combines them
+        tl.debug_barrier()
+        counter = count_ptr + seq_group * tl.num_programs(2) + tl.program_id(2)
+        used = tl.cdiv(tiles, per_tiles)
+        ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if ticket == used - 1:
+            _combine_rows(m_ptr, l_ptr, acc_ptr, out_ptr, seq, seq_group, rows, row_ok, head, qi, dims, used,
+                          num_chunks, Q, R, REP * KV_HEADS, D, OUT_BF16)  # fmt: skip
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
+
+
+@triton.jit
+def _combine_rows(m_ptr, l_ptr, acc_ptr, out_ptr, seq, seq_group, rows, row_ok, head, qi, dims, used, num_chunks, Q,
+                  R, H, D: tl.constexpr, OUT_BF16: tl.constexpr):  # fmt: skip
+    """A row block's output from its ``used`` chunks' partial states (read past the caches: other programs wrote
+    them), in chunk order with the online rescale, stored at ``out[b, q, head]``."""
+    base = (seq_group.to(tl.int64) * R + rows) * num_chunks
+    m_run = tl.full(rows.shape, float("-inf"), tl.float32)
+    l_run = tl.zeros(rows.shape, tl.float32)
+    acc = tl.zeros([rows.shape[0], D], tl.float32)
+    for c in range(0, used):
+        m_c = tl.load(m_ptr + base + c, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        l_c = tl.load(l_ptr + base + c, mask=row_ok, other=0.0, cache_modifier=".cg")
+        acc_c = tl.load(acc_ptr + (base + c)[:, None] * D + dims[None, :], mask=row_ok[:, None], other=0.0,
+                        cache_modifier=".cg")  # fmt: skip
+        m_new = tl.maximum(m_run, m_c)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_run - m_ref)
+        w = tl.exp(m_c - m_ref)
+        l_run = l_run * alpha + w * l_c
+        acc = acc * alpha[:, None] + w[:, None] * acc_c
+        m_run = m_new
+    out = acc / tl.where(row_ok, l_run, 1.0)[:, None]
+    out = to_bf16(out) if OUT_BF16 else out.to(out_ptr.dtype.element_ty)
+    offs = ((seq.to(tl.int64) * Q + qi.to(tl.int64)) * H + head.to(tl.int64))[:, None] * D + dims[None, :]
+    tl.store(out_ptr + offs, out, mask=row_ok[:, None])
 
 
 @triton.jit
@@ -301,6 +347,23 @@ def shared_limit(device: torch.device) -> int:
     return device_property(device, "shared_memory_per_block_optin", SHARED_BYTES)
 
 
+# device -> the fused combine's tickets: int32 counters, zero between launches (each launch's last program of a row
+# block sets its counter back to zero). One buffer per device, grown outside graph capture only.
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, needed: int) -> torch.Tensor | None:
+    """At least ``needed`` zeroed counters on ``device``, or None (the two-launch path) where more must be allocated
+    during a graph capture (a buffer made there would belong to the graph's pool)."""
+    have = _COUNTERS.get(device)
+    if have is not None and have.numel() >= needed:
+        return have
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    _COUNTERS[device] = torch.zeros(max(needed, 4096), dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
@@ -340,6 +403,9 @@ def tree_attention_triton(
     m = torch.empty((batch * kv_heads, rows, chunks), **ws)
     lsum = torch.empty((batch * kv_heads, rows, chunks), **ws)
     acc = torch.empty((batch * kv_heads, rows, chunks, dim), **ws)
+    # under torch.compile the two launches (the compiler traces no process-wide buffers)
+    fused = overrides.get("fused", FUSED) and not torch.compiler.is_compiling()
+    counts = _counters(query.device, batch * kv_heads * plan["row_blocks"]) if fused else None
     is_bool = mask.dtype == torch.bool
     # a bool mask is read as bytes: a view when eager; under torch.compile a copy (inductor cannot lower a bool view)
     mask_arg = (mask.to(torch.uint8) if torch.compiler.is_compiling() else mask.view(torch.uint8)) if is_bool else mask
@@ -348,15 +414,18 @@ def tree_attention_triton(
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     has_len = lengths is not None
     _split_kernel[(chunks, batch * kv_heads, plan["row_blocks"])](
-        query, key, value, mask_arg, lengths if has_len else m, m if flat is None else flat, m, lsum, acc, num_q,
-        slots, rows, kv_heads,
+        query, key, value, mask_arg, lengths if has_len else m, m if flat is None else flat, m, lsum, acc, out,
+        m if counts is None else counts, num_q, slots, rows, kv_heads,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2),
         mask_batch_stride, mask_arg.stride(2), mask_arg.stride(3),  # the copy's own strides (a copy is contiguous)
         SCALE=float(scale), REP=rep, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
         MASK_BOOL=is_bool, HAS_LEN=has_len, HAS_FLAT=flat is not None, IEEE=query.dtype == torch.float32,
-        UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=warps, num_stages=plan["STAGES"],
+        UPCAST=query.dtype == torch.bfloat16 and interpreted, FUSED=counts is not None,
+        OUT_BF16=query.dtype == torch.bfloat16, num_warps=warps, num_stages=plan["STAGES"],
     )  # fmt: skip
+    if counts is not None:
+        return out
     _combine_kernel[(batch * kv_heads * rows,)](
         m, lsum, acc, out, lengths if has_len else m, num_q, heads, rows, chunks, slots, kv_heads,
         REP=rep, D=dim, BLOCK_C=max(2, min(32, triton.next_power_of_2(chunks))), BLOCK_N=plan["BLOCK_N"],
