@@ -1,4 +1,4 @@
-"""Split-KV ("flash-decoding") grouped-query attention of a few query rows over a long key span, in two launches
+"""Split-KV ("flash-decoding") grouped-query attention of a few query rows over a long key span, in one launch
 (capture-safe: no host reads, the launch plan comes from shapes alone).
 
 Rows. The ``rep = H // H_kv`` query heads of key / value head ``g`` are stacked along the row axis: row
@@ -21,10 +21,17 @@ sequence's shapes, so that ``H_kv * row blocks * C`` is about ``_TARGET_PROGRAMS
 the span nor the batch size changes ``C``, the tiles or the combine, so each sequence's result is the same bit
 for bit in any batch and span bucket.
 
-Combine. ``_combine_kernel`` runs one program per (sequence, group, row): ``out = sum_c e^(m_c - M) acc_c /
-sum_c e^(m_c - M) l_c`` with ``M = max_c m_c`` (chunks read ``BLOCK_C`` at a time with the same online rescale),
-rounded to the output dtype (bf16 with integer round-to-nearest-even: Triton's interpreter truncates a float32 ->
-bfloat16 cast) and stored at ``out[b, q, g * rep + i]``, the ``[B, Q, H, D]`` layout.
+Combine. ``out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c`` with ``M = max_c m_c``, rounded to the output
+dtype (bf16 with integer round-to-nearest-even: Triton's interpreter truncates a float32 -> bfloat16 cast) and
+stored at ``out[b, q, g * rep + i]``, the ``[B, Q, H, D]`` layout. By default inside the split launch
+(``_combine_rows``): each program that read something stores its partial state, its threads meet at a barrier,
+and it draws a ticket from its (sequence, group, row block) counter with an acquire-release atomic at device
+scope; the one that draws the last ticket (the chunks the sequence uses) sees every other program's stores,
+combines the chunks in order for its row block and sets the counter back to zero. The counters are one zeroed
+buffer per device (``_counters``); two launches must not run concurrently on different streams. Otherwise (under
+``torch.compile``, a capture that would need a larger buffer, ``plan={"fused": False}``) ``_combine_kernel`` runs
+as a second launch, one program per (sequence, group, row), chunks read ``BLOCK_C`` at a time with the same online
+rescale.
 
 Precision. Scores and all sums are fp32; fp32 inputs use IEEE dots (no TF32). With bf16 / fp16 inputs the
 probabilities are rounded to the value dtype for the ``p @ v`` dot (as FlashAttention does) and ``l`` sums those
@@ -378,7 +385,7 @@ def tree_attention_triton(
     plan: dict[str, int] | None = None,
     flat: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Masked grouped-query attention in two launches (arguments as ``tree_attention_reference``; not checked
+    """Masked grouped-query attention in one launch, or two (arguments as ``tree_attention_reference``; not checked
     here: fp32 / bf16 / fp16, a power-of-two head dim 16-256, ``lengths`` and ``flat`` integer ``[B]`` tensors or
     None).
     ``plan`` overrides entries of ``split_plan``'s launch plan (and ``num_warps``): for tuning benchmarks only.
