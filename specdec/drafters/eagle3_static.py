@@ -222,22 +222,26 @@ class Eagle3Static:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias[:, None])
         return out.reshape(batch, heads, rows, dim).transpose(1, 2).reshape(batch, rows, -1)
 
-    def _tree_forward(self, tokens, hidden, rotary, ancestors, joint, first: int, committed, flat, span: int):
+    def _tree_forward(self, tokens, hidden, rotary, visible, joint, first: int, flat, span: int):
         """The ``k`` frontier rows of one level: ``tokens [B, k]``, ``hidden [B, k, H]`` rotated by ``rotary``
         (``(cos, sin)`` ``[B, k, D]``: the level's position); their keys/values go to rows ``span + first ..
         span + first + k - 1`` of ``joint`` (``[2, B, H_kv, span + R, D]``: the committed slots ``[0, span)``
-        copied once per draft, then the tree's ``R`` rows); each row attends over the committed slots up to the
-        root's row (``committed [B, k, span]``) and the tree rows ``ancestors [B, k, R]`` marks (its own ancestors
-        and itself): through ``specdec.kernels.tree_attention`` where the target's attention takes it (``flat [B]``:
-        the committed slots every row sees, read without their mask), else SDPA (``flat`` None). Returns (draft
-        logits ``[B, k, Vd]``, hidden fed back ``[B, k, H]``)."""
+        copied once per draft, then the tree's ``R`` rows; one ``kv_write`` launch on CUDA); each row attends over
+        the slots ``visible [B, k, span + R]`` marks (the committed slots up to the root's row, then its own
+        ancestors and itself among the tree's rows): through ``specdec.kernels.tree_attention`` where the target's
+        attention takes it (``flat [B]``: the committed slots every row sees, read without their mask), else SDPA
+        (``flat`` None). Returns (draft logits ``[B, k, Vd]``, hidden fed back ``[B, k, H]``)."""
         model, norm = self.drafter.model, self._norm
-        width = tokens.shape[1]
+        batch, width = tokens.shape
         residual, x = self._layer_input(tokens, hidden)
         q, k, v = model.qkv(x, *rotary, norm, self._rope, self.packed["qkv"])
-        joint[0, :, :, span + first : span + first + width] = k.to(joint.dtype)
-        joint[1, :, :, span + first : span + first + width] = v.to(joint.dtype)
-        visible = torch.cat([committed, ancestors], dim=-1)  # [B, k, span + R]
+        start = span + first
+
+        def make_slots():
+            return (start + torch.arange(width, device=joint.device)).expand(batch, -1).contiguous()
+
+        slots = constant(("eagle3_tree_rows", str(joint.device), batch, start, width), make_slots)  # [B, k] int64
+        kv_write(joint[0], joint[1], slots, k.to(joint.dtype), v.to(joint.dtype))
         if flat is not None:  # the attention kernel: the group's heads share each K/V tile and the mask's rows
             batch, heads, rows, dim = q.shape
             out = tree_attention(q, joint[0], joint[1], visible[:, None], dim**-0.5, impl=attention.kernel_impl(),
@@ -312,7 +316,7 @@ class Eagle3Static:
         cfg = self.drafter.model.config
         last = torch.clamp(prefix - 1, min=0)[:, None]  # [B, 1]: the last committed position (the root's row)
         logits, hidden = self._forward(root[:, None], self.fused[self.rows, last], self._steps(last, span)[0], span)
-        rows = [torch.log_softmax(logits.float(), dim=-1)]  # [B, 1, Vd]
+        rows = [torch.log_softmax(logits, dim=-1, dtype=torch.float32)]  # [B, 1, Vd]
         batch, size = root.shape[0], (levels - 1) * topk
         state = {"hidden": hidden, "seen": torch.zeros(batch, 1, size, dtype=torch.bool, device=root.device)}
         if size:
@@ -326,7 +330,10 @@ class Eagle3Static:
             joint = full[:, :, :, : span + size]
             joint[:, :, :, :span] = self.kv[:, :, :, :span]
             root_row = self._seen(last, span)  # [B, 1]: the last committed slot every row reads
-            committed = (self.slots[:span] <= root_row[..., None]).expand(-1, topk, -1)  # [B, k, span]
+            # each level's mask [B, k, span + R]: the committed slots up to the root's row, written once here, then
+            # the tree rows each frontier row sees, written by every level in place (no concatenation per level)
+            visible = torch.empty(batch, topk, span + size, dtype=torch.bool, device=root.device)
+            torch.le(self.slots[:span], root_row[..., None].expand(-1, topk, -1), out=visible[..., :span])
             positions = (last + self.slots[1:levels]).clamp(max=self.scratch)  # [B, levels - 1]
             tables = self.rope_table[positions]  # [B, levels - 1, 2, D]
             kernel = attention.triton_kernel_for(self.kv.device, torch.compiler.is_compiling(), self.kv.dtype,
@@ -339,10 +346,10 @@ class Eagle3Static:
             first = (level - 1) * topk
             pick = parent_rows[..., None]
             fed = state["hidden"].gather(1, pick.expand(-1, -1, state["hidden"].shape[-1]))
-            seen = state["seen"].gather(1, pick.expand(-1, -1, size)) | own[first : first + topk]
+            seen = torch.bitwise_or(state["seen"].gather(1, pick.expand(-1, -1, size)), own[first : first + topk],
+                                    out=visible[..., span:])  # fmt: skip
             rotary = tables[:, level - 1 : level].expand(-1, topk, -1, -1).unbind(-2)  # [B, k, D] each
-            logits, state["hidden"] = self._tree_forward(tokens, fed, rotary, seen, joint, first, committed, flat,
-                                                         span)  # fmt: skip
+            logits, state["hidden"] = self._tree_forward(tokens, fed, rotary, visible, joint, first, flat, span)
             state["seen"] = seen
             rows.append(torch.log_softmax(logits, dim=-1, dtype=torch.float32))
             return rows[-1]
