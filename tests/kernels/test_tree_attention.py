@@ -481,11 +481,11 @@ def test_interpreted_copied_bool_mask_matches_float64_brute_force(interpreted):
 
 
 @pytest.mark.interpreter
-def test_interpreted_fused_combine_resets_its_tickets_and_equals_two_launches(interpreted):
-    # the split launch's last program per row block combines the chunks and sets its ticket back to zero (a ticket
-    # left over would make a later call's combine run early, on stale chunks); the second launch gives the same output
+def test_interpreted_fused_combine_resets_its_tickets_and_matches_float64_brute_force(interpreted):
+    # plan={"fused": True}: the split launch's last program per row block combines the chunks and sets its ticket back
+    # to zero (a ticket left over would make a later call's combine run early, on stale chunks)
     assert interpreted["counters"] and all(int(t.abs().sum()) == 0 for t in interpreted["counters"])
-    for case, got in zip(interpreted["cases"], interpreted["separate"], strict=False):
+    for case, got in zip(interpreted["cases"], interpreted["fused"], strict=True):
         check_kernel(case, got)
 
 
@@ -520,9 +520,9 @@ def _run_interpreted(folder: Path) -> None:
     data = torch.load(folder / "cases.pt")
     poison_empty()
     out = {"outputs": [tree_attention(*case_args(c), impl="triton") for c in data["cases"]]}
-    # the fused combine's tickets are all back at zero after every call; the two-launch path on the same cases
+    # the fused combine (opt-in) on the same cases; its tickets are all back at zero after every call
+    out["fused"] = [kernels.tree_attention_triton(*case_args(c), plan={"fused": True}) for c in data["cases"]]
     out["counters"] = [t.clone() for t in kernels._COUNTERS.values()]
-    out["separate"] = [kernels.tree_attention_triton(*case_args(c), plan={"fused": False}) for c in data["cases"][:6]]
     with mock.patch.object(kernels, "tree_attention_triton", side_effect=kernels.tree_attention_triton) as spy:
         out["auto"] = tree_attention(*case_args(data["cases"][0]))
         out["auto_impl"] = "triton" if spy.call_count else "torch"

@@ -6,8 +6,8 @@ own rows), so that a call reads each K / V row it needs once and nothing of the 
 The reference (the specification and the CPU path) expands K / V per query head and takes an fp32 softmax, as HF's
 eager / SDPA attention does. The Triton version (``triton.py``) never expands K / V: the ``rep = H // H_kv`` query
 heads of a group are stacked along the row axis so every K / V tile it loads serves all of them, and the key axis
-is split into chunks run by separate programs (split-KV, "flash-decoding"), whose fp32 partial softmax states the
-last of them to finish combines (one launch). It reads nothing on the host, so it can be captured in a CUDA graph.
+is split into chunks run by separate programs (split-KV, "flash-decoding"), whose fp32 partial softmax states a
+second launch combines. It reads nothing on the host, so it can be captured in a CUDA graph.
 
 Every query row must see at least one key slot (the caller's guarantee, as in any causal or tree mask): for a row
 that sees none, the reference and the kernel may return anything (no error is raised).
