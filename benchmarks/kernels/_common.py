@@ -84,3 +84,24 @@ def time_providers(row: dict, providers: list[str], make_call, device: torch.dev
         ms = (float("nan"),) * 3 if fn is None else time_call(fn, device, graph=provider.endswith("-graph"), rep=100)
         row[provider], row[f"{provider}_p20"], row[f"{provider}_p80"] = ms
     return row
+
+
+IMPL_PROVIDERS = ["torch", "torch-graph", "triton", "triton-graph"]
+"""The providers of a kernel with a reference and a Triton version: the reference eager and replayed, Triton eager
+and replayed."""
+
+
+def time_impls(row: dict, op, args: tuple, device: torch.device) -> dict:
+    """:func:`time_providers` over ``IMPL_PROVIDERS`` for ``op(*args, impl=...)`` (all but ``torch`` need CUDA), then
+    ``row["graph speedup"]``: the replayed reference's time over the replayed Triton's."""
+
+    def make_call(provider: str):
+        if provider != "torch" and device.type != "cuda":
+            return None
+        impl = "torch" if provider.startswith("torch") else "triton"
+        return lambda: op(*args, impl=impl)
+
+    time_providers(row, IMPL_PROVIDERS, make_call, device)
+    if row.get("triton-graph"):
+        row["graph speedup"] = row["torch-graph"] / row["triton-graph"]
+    return row

@@ -14,23 +14,14 @@ Prints a table of median ms per call (20th / 80th percentiles in the CSV) and wr
 from __future__ import annotations
 
 import torch
-from _common import bench_args, report, time_providers  # benchmarks/kernels, beside this script
+from _common import IMPL_PROVIDERS, bench_args, report, time_impls  # benchmarks/kernels, beside this script
 
 from specdec.kernels.kv_commit import kv_commit
 
-PROVIDERS = ["torch", "torch-graph", "triton", "triton-graph"]
 # (name, layers, K/V heads, head dim)
 SHAPES = [("qwen3-8b", 36, 8, 128), ("zoo dense", 8, 2, 64)]
 PATHS = [(1, 4), (1, 16), (4, 16)]  # (sequences, path length)
 CAPACITY = 4096
-
-
-def make_call(provider: str, args: tuple):
-    """A no-argument callable running one ``kv_commit``, or None when the provider does not apply."""
-    if provider != "torch" and args[0].device.type != "cuda":
-        return None
-    impl = "torch" if provider.startswith("torch") else "triton"
-    return lambda: kv_commit(*args, impl=impl)
 
 
 def run(device: torch.device) -> list[dict]:
@@ -41,17 +32,14 @@ def run(device: torch.device) -> list[dict]:
             prefix = torch.full((batch,), 1000, dtype=torch.long, device=device)
             path = (torch.arange(length, device=device) * 2)[None].expand(batch, -1).contiguous()  # a sparse path
             row = {"shape": name, "L": layers, "H_kv": heads, "D": dim, "B": batch, "P": length}
-            time_providers(row, PROVIDERS, lambda p, a=(kv, prefix, path): make_call(p, a), device)
-            if row.get("triton-graph"):
-                row["graph speedup"] = row["torch-graph"] / row["triton-graph"]
-            rows.append(row)
+            rows.append(time_impls(row, kv_commit, (kv, prefix, path), device))
     return rows
 
 
 def main() -> None:
     args, device, name = bench_args(__doc__.splitlines()[0])
     print(f"kv_commit, bf16, median ms per call on {name} (torch {torch.__version__}); warm")
-    columns = ["shape", "L", "H_kv", "D", "B", "P", *PROVIDERS, "graph speedup"]
+    columns = ["shape", "L", "H_kv", "D", "B", "P", *IMPL_PROVIDERS, "graph speedup"]
     report(run(device), columns, args.out, "kv_commit.csv", device)
 
 

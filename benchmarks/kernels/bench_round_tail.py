@@ -13,21 +13,11 @@ Prints a table of median ms per call (20th / 80th percentiles in the CSV) and wr
 from __future__ import annotations
 
 import torch
-from _common import bench_args, report, time_providers  # benchmarks/kernels, beside this script
+from _common import IMPL_PROVIDERS, bench_args, report, time_impls  # benchmarks/kernels, beside this script
 
 from specdec.kernels.round_tail import round_tail
 
-PROVIDERS = ["torch", "torch-graph", "triton", "triton-graph"]
 CASES = [("tree", 16), ("tree", 33), ("ar", 1)]  # (round, path length)
-
-
-def make_call(provider: str, args: tuple, tree: bool):
-    """A no-argument callable running one ``round_tail``, or None when the provider does not apply."""
-    if provider != "torch" and args[0].device.type != "cuda":
-        return None
-    impl = "torch" if provider.startswith("torch") else "triton"
-    call_args = args if tree else args[:5]
-    return lambda: round_tail(*call_args, impl=impl)
 
 
 def run(device: torch.device) -> list[dict]:
@@ -41,19 +31,15 @@ def run(device: torch.device) -> list[dict]:
             prefix = torch.zeros(batch, dtype=torch.long, device=device)
             num_path = torch.randint(1, length + 1, (batch,), device=device)
             num_nodes = torch.full((batch,), 32, dtype=torch.long, device=device)
-            args = (out, tokens, active, root, prefix, num_path, num_nodes)
-            row = {"round": kind, "P": length, "B": batch}
-            time_providers(row, PROVIDERS, lambda p, a=args, t=kind == "tree": make_call(p, a, t), device)
-            if row.get("triton-graph"):
-                row["graph speedup"] = row["torch-graph"] / row["triton-graph"]
-            rows.append(row)
+            args = (out, tokens, active, root, prefix) + ((num_path, num_nodes) if kind == "tree" else ())
+            rows.append(time_impls({"round": kind, "P": length, "B": batch}, round_tail, args, device))
     return rows
 
 
 def main() -> None:
     args, device, name = bench_args(__doc__.splitlines()[0])
     print(f"round_tail, median ms per call on {name} (torch {torch.__version__}); warm")
-    report(run(device), ["round", "P", "B", *PROVIDERS, "graph speedup"], args.out, "round_tail.csv", device)
+    report(run(device), ["round", "P", "B", *IMPL_PROVIDERS, "graph speedup"], args.out, "round_tail.csv", device)
 
 
 if __name__ == "__main__":
