@@ -1299,12 +1299,6 @@ MUTANTS += [
         (("specdec/kernels/round_tail/reference.py", "prefix.add_(num_path * active)", "prefix.add_(num_path)"),),
         ("tests/kernels/test_round_tail.py", "tests/round/test_batch_reach.py", "-x", "-q"),
     ),
-    Mutant(  # the fused combine's ticket not set back to zero (the next call would combine early, on stale chunks)
-        "attention_ticket_not_reset",
-        (("specdec/kernels/tree_attention/triton.py",
-          "            tl.atomic_xchg(counter, 0, sem=\"relaxed\", scope=\"gpu\")", "            pass"),),
-        ("tests/kernels/test_tree_attention.py", "-m", "interpreter"),
-    ),
     Mutant(  # a user's policy may hand the rules its own q (the round keeps any tree's draft_probs)
         "draft_probs_kept_from_any_policy",
         ((ENGINE, "if tree.draft_probs is not None and not trusted(self.tree):",

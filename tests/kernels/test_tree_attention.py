@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_harness import capture_without_host_reads, check_replays, cover, interpreted_outputs, poison_empty
+from kernel_harness import check_replays, cover, interpreted_outputs, poison_empty
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specdec.kernels.tree_attention import _check_args, tree_attention, tree_attention_reference
@@ -481,15 +481,6 @@ def test_interpreted_copied_bool_mask_matches_float64_brute_force(interpreted):
 
 
 @pytest.mark.interpreter
-def test_interpreted_fused_combine_resets_its_tickets_and_matches_float64_brute_force(interpreted):
-    # plan={"fused": True}: the split launch's last program per row block combines the chunks and sets its ticket back
-    # to zero (a ticket left over would make a later call's combine run early, on stale chunks)
-    assert interpreted["counters"] and all(int(t.abs().sum()) == 0 for t in interpreted["counters"])
-    for case, got in zip(interpreted["cases"], interpreted["fused"], strict=True):
-        check_kernel(case, got)
-
-
-@pytest.mark.interpreter
 def test_interpreted_auto_dispatch_fallbacks_and_empty(interpreted):
     # under TRITON_INTERPRET=1 "auto" runs Triton, except for what the kernel does not take (fp64, D = 96)
     assert interpreted["auto_impl"] == "triton"
@@ -520,9 +511,6 @@ def _run_interpreted(folder: Path) -> None:
     data = torch.load(folder / "cases.pt")
     poison_empty()
     out = {"outputs": [tree_attention(*case_args(c), impl="triton") for c in data["cases"]]}
-    # the fused combine (opt-in) on the same cases; its tickets are all back at zero after every call
-    out["fused"] = [kernels.tree_attention_triton(*case_args(c), plan={"fused": True}) for c in data["cases"]]
-    out["counters"] = [t.clone() for t in kernels._COUNTERS.values()]
     with mock.patch.object(kernels, "tree_attention_triton", side_effect=kernels.tree_attention_triton) as spy:
         out["auto"] = tree_attention(*case_args(data["cases"][0]))
         out["auto_impl"] = "triton" if spy.call_count else "torch"
@@ -594,37 +582,6 @@ def test_compiled_kernel_replays_in_a_cuda_graph(mask):
 
     bases = ("q_base", "k_base", "v_base", "mask_base")
     check_replays(cs, bases, lambda static: tree_attention(*case_args(static, "cuda"), impl="triton"), check)
-
-
-@pytest.mark.gpu
-def test_fused_combine_under_many_replays_matches_two_launches():
-    # The fused combine's ordering (every chunk's stores before the last ticket, the combiner's reads after it) is
-    # not checked by the interpreter, which runs programs one by one. Here: 300 replays of one captured call over
-    # 8 sequences of random lengths (one to 64 chunks each, every chunk a program on its own SM), each against the
-    # two-launch path, which may differ only by the order of the fp32 combine; a ticket left over or a chunk read
-    # before it is written gives a different row.
-    from specdec.kernels.tree_attention import triton as kernels
-
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    batch, heads, kv_heads, rows, span, dim = 8, 32, 8, 4, 4096, 128
-    q = torch.randn(batch, heads, rows, dim, device="cuda", generator=gen).to(torch.bfloat16)
-    k = torch.randn(batch, kv_heads, span, dim, device="cuda", generator=gen).to(torch.bfloat16)
-    v = torch.randn(batch, kv_heads, span, dim, device="cuda", generator=gen).to(torch.bfloat16)
-    mask = torch.ones(batch, 1, rows, span, dtype=torch.bool, device="cuda")
-    lengths = torch.full((batch,), span, dtype=torch.long, device="cuda")
-
-    def call():
-        return kernels.tree_attention_triton(q, k, v, mask, dim**-0.5, lengths, plan={"fused": True})
-
-    graph, out = capture_without_host_reads(call)
-    for _ in range(300):
-        lengths.copy_(torch.randint(1, span + 1, (batch,), device="cuda", generator=gen))
-        q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
-        graph.replay()
-        want = kernels.tree_attention_triton(q, k, v, mask, dim**-0.5, lengths, plan={"fused": False})
-        # one bf16 step apart at most (the fp32 combine's order); a stale or missing chunk is percents off
-        torch.testing.assert_close(out.float(), want.float(), rtol=2**-7, atol=1e-4)
-    assert all(int(t.abs().sum()) == 0 for t in kernels._COUNTERS.values())
 
 
 if __name__ == "__main__":

@@ -21,20 +21,10 @@ sequence's shapes, so that ``H_kv * row blocks * C`` is about ``_TARGET_PROGRAMS
 the span nor the batch size changes ``C``, the tiles or the combine, so each sequence's result is the same bit
 for bit in any batch and span bucket.
 
-Combine. ``out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c`` with ``M = max_c m_c``, rounded to the output
-dtype (bf16 with integer round-to-nearest-even: Triton's interpreter truncates a float32 -> bfloat16 cast) and
-stored at ``out[b, q, g * rep + i]``, the ``[B, Q, H, D]`` layout. By default ``_combine_kernel``, a second launch:
-one program per (sequence, group, row), chunks read ``BLOCK_C`` at a time with the same online rescale. With
-``plan={"fused": True}`` inside the split launch instead (``_combine_rows``): each program that read something
-stores its partial state, its threads meet at a barrier, and it draws a ticket from its (sequence, group, row
-block) counter with an acquire-release atomic at device scope; the one that draws the last ticket (the chunks
-the sequence uses) sees every other program's stores, combines the chunks in order for its row block and sets the
-counter back to zero. The counters are one zeroed
-buffer per device (``_counters``); two launches must not run concurrently on different streams. Measured on an H100
-(zoo dense pair, ``scripts/kernel_profile.py``): as fast as the two launches for a decode step (5.8 µs per layer
-against 3.4 + 2.1) but slower for a tree (12.4 µs against 6.3 + 2.4 for 96 stacked rows: one program combines
-its whole row block serially), so it is not the default. Under ``torch.compile`` and in a capture that would need
-a larger counter buffer the two launches run whatever the plan says.
+Combine. ``_combine_kernel`` runs one program per (sequence, group, row): ``out = sum_c e^(m_c - M) acc_c /
+sum_c e^(m_c - M) l_c`` with ``M = max_c m_c`` (chunks read ``BLOCK_C`` at a time with the same online rescale),
+rounded to the output dtype (bf16 with integer round-to-nearest-even: Triton's interpreter truncates a float32 ->
+bfloat16 cast) and stored at ``out[b, q, g * rep + i]``, the ``[B, Q, H, D]`` layout.
 
 Precision. Scores and all sums are fp32; fp32 inputs use IEEE dots (no TF32). With bf16 / fp16 inputs the
 probabilities are rounded to the value dtype for the ``p @ v`` dot (as FlashAttention does) and ``l`` sums those
@@ -69,11 +59,6 @@ SHARED_BYTES = 232448
 on CUDA the launcher reads the device's ``shared_memory_per_block_optin``."""
 
 _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min
-
-FUSED = False
-"""Whether the last program of each (sequence, group, row block) to finish combines the chunks in the split launch
-(one launch per call) unless the plan says otherwise: off (measured slower for trees, see the module docstring);
-``plan={"fused": True}`` takes it, for benchmarks and tests."""
 
 
 @triton.jit
@@ -128,8 +113,6 @@ def _split_kernel(
     m_ptr,  # [B * H_kv, R, C] fp32 workspace: running max
     l_ptr,  # [B * H_kv, R, C] fp32 workspace: sum of exponentials
     acc_ptr,  # [B * H_kv, R, C, D] fp32 workspace: sum of p * v
-    out_ptr,  # [B, Q, H, D] contiguous (FUSED), else unused
-    count_ptr,  # [B * H_kv * row blocks] int32, zero between launches (FUSED), else unused
     Q,
     S,
     R,
@@ -156,8 +139,6 @@ def _split_kernel(
     HAS_FLAT: tl.constexpr,  # slots [0, flat[b]) take each row's mask at slot 0
     IEEE: tl.constexpr,  # fp32 inputs: IEEE dots, p kept in fp32
     UPCAST: tl.constexpr,  # bf16 under the interpreter: dots on operands widened to fp32 (see dot_fp32)
-    FUSED: tl.constexpr,  # the last program of a (sequence, group, row block) to finish combines the chunks
-    OUT_BF16: tl.constexpr,
 ):
     chunk = tl.program_id(0)
     seq_group = tl.program_id(1)  # b * H_kv + g
@@ -217,44 +198,6 @@ def _split_kernel(
     tl.store(m_ptr + part, m_i, mask=row_ok)
     tl.store(l_ptr + part, l_i, mask=row_ok)
     tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
-    if FUSED:
-        # every thread's partial state stored, then one ticket per program (acquire-release at device scope): the
-        # program that draws the last one sees every other program's stores and combines them
-        tl.debug_barrier()
-        counter = count_ptr + seq_group * tl.num_programs(2) + tl.program_id(2)
-        used = tl.cdiv(tiles, per_tiles)
-        ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if ticket == used - 1:
-            _combine_rows(m_ptr, l_ptr, acc_ptr, out_ptr, seq, seq_group, rows, row_ok, head, qi, dims, used,
-                          num_chunks, Q, R, REP * KV_HEADS, D, OUT_BF16)  # fmt: skip
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
-
-
-@triton.jit
-def _combine_rows(m_ptr, l_ptr, acc_ptr, out_ptr, seq, seq_group, rows, row_ok, head, qi, dims, used, num_chunks, Q,
-                  R, H, D: tl.constexpr, OUT_BF16: tl.constexpr):  # fmt: skip
-    """A row block's output from its ``used`` chunks' partial states (read past the caches: other programs wrote
-    them), in chunk order with the online rescale, stored at ``out[b, q, head]``."""
-    base = (seq_group.to(tl.int64) * R + rows) * num_chunks
-    m_run = tl.full(rows.shape, float("-inf"), tl.float32)
-    l_run = tl.zeros(rows.shape, tl.float32)
-    acc = tl.zeros([rows.shape[0], D], tl.float32)
-    for c in range(0, used):
-        m_c = tl.load(m_ptr + base + c, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        l_c = tl.load(l_ptr + base + c, mask=row_ok, other=0.0, cache_modifier=".cg")
-        acc_c = tl.load(acc_ptr + (base + c)[:, None] * D + dims[None, :], mask=row_ok[:, None], other=0.0,
-                        cache_modifier=".cg")  # fmt: skip
-        m_new = tl.maximum(m_run, m_c)
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_run - m_ref)
-        w = tl.exp(m_c - m_ref)
-        l_run = l_run * alpha + w * l_c
-        acc = acc * alpha[:, None] + w[:, None] * acc_c
-        m_run = m_new
-    out = acc / tl.where(row_ok, l_run, 1.0)[:, None]
-    out = to_bf16(out) if OUT_BF16 else out.to(out_ptr.dtype.element_ty)
-    offs = ((seq.to(tl.int64) * Q + qi.to(tl.int64)) * H + head.to(tl.int64))[:, None] * D + dims[None, :]
-    tl.store(out_ptr + offs, out, mask=row_ok[:, None])
 
 
 @triton.jit
@@ -358,23 +301,6 @@ def shared_limit(device: torch.device) -> int:
     return device_property(device, "shared_memory_per_block_optin", SHARED_BYTES)
 
 
-# device -> the fused combine's tickets: int32 counters, zero between launches (each launch's last program of a row
-# block sets its counter back to zero). One buffer per device, grown outside graph capture only.
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, needed: int) -> torch.Tensor | None:
-    """At least ``needed`` zeroed counters on ``device``, or None (the two-launch path) where more must be allocated
-    during a graph capture (a buffer made there would belong to the graph's pool)."""
-    have = _COUNTERS.get(device)
-    if have is not None and have.numel() >= needed:
-        return have
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    _COUNTERS[device] = torch.zeros(max(needed, 4096), dtype=torch.int32, device=device)
-    return _COUNTERS[device]
-
-
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
@@ -389,7 +315,7 @@ def tree_attention_triton(
     plan: dict[str, int] | None = None,
     flat: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Masked grouped-query attention in one launch, or two (arguments as ``tree_attention_reference``; not checked
+    """Masked grouped-query attention in two launches (arguments as ``tree_attention_reference``; not checked
     here: fp32 / bf16 / fp16, a power-of-two head dim 16-256, ``lengths`` and ``flat`` integer ``[B]`` tensors or
     None).
     ``plan`` overrides entries of ``split_plan``'s launch plan (and ``num_warps``): for tuning benchmarks only.
@@ -414,9 +340,6 @@ def tree_attention_triton(
     m = torch.empty((batch * kv_heads, rows, chunks), **ws)
     lsum = torch.empty((batch * kv_heads, rows, chunks), **ws)
     acc = torch.empty((batch * kv_heads, rows, chunks, dim), **ws)
-    # under torch.compile the two launches (the compiler traces no process-wide buffers)
-    fused = overrides.get("fused", FUSED) and not torch.compiler.is_compiling()
-    counts = _counters(query.device, batch * kv_heads * plan["row_blocks"]) if fused else None
     is_bool = mask.dtype == torch.bool
     # a bool mask is read as bytes: a view when eager; under torch.compile a copy (inductor cannot lower a bool view)
     mask_arg = (mask.to(torch.uint8) if torch.compiler.is_compiling() else mask.view(torch.uint8)) if is_bool else mask
@@ -425,18 +348,15 @@ def tree_attention_triton(
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     has_len = lengths is not None
     _split_kernel[(chunks, batch * kv_heads, plan["row_blocks"])](
-        query, key, value, mask_arg, lengths if has_len else m, m if flat is None else flat, m, lsum, acc, out,
-        m if counts is None else counts, num_q, slots, rows, kv_heads,
+        query, key, value, mask_arg, lengths if has_len else m, m if flat is None else flat, m, lsum, acc, num_q,
+        slots, rows, kv_heads,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2),
         mask_batch_stride, mask_arg.stride(2), mask_arg.stride(3),  # the copy's own strides (a copy is contiguous)
         SCALE=float(scale), REP=rep, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
         MASK_BOOL=is_bool, HAS_LEN=has_len, HAS_FLAT=flat is not None, IEEE=query.dtype == torch.float32,
-        UPCAST=query.dtype == torch.bfloat16 and interpreted, FUSED=counts is not None,
-        OUT_BF16=query.dtype == torch.bfloat16, num_warps=warps, num_stages=plan["STAGES"],
+        UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=warps, num_stages=plan["STAGES"],
     )  # fmt: skip
-    if counts is not None:
-        return out
     _combine_kernel[(batch * kv_heads * rows,)](
         m, lsum, acc, out, lengths if has_len else m, num_q, heads, rows, chunks, slots, kv_heads,
         REP=rep, D=dim, BLOCK_C=max(2, min(32, triton.next_power_of_2(chunks))), BLOCK_N=plan["BLOCK_N"],
