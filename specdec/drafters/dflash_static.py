@@ -36,6 +36,19 @@ __all__ = ["DFlashStatic"]
 _NORM_IMPL = env_default("dflash_norm")
 
 
+def _tensors(*values) -> list[torch.Tensor]:
+    """The tensors in ``values`` (tensors, None, tuples, lists and dicts of them), in order."""
+    out = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, (tuple, list)):
+            out.extend(_tensors(*value))
+        elif isinstance(value, dict):
+            out.extend(_tensors(*value.values()))
+    return out
+
+
 class DFlashStatic:
     """Static context of one ``DFlashDrafter`` for sequences of up to ``capacity`` tokens.
 
@@ -113,16 +126,10 @@ class DFlashStatic:
         key = self._weights_key()
         if key == self._versions:
             return
-        weight, bias, k_norm, packed = self._stacked()
         with torch.no_grad():
-            for old, new in ((self._weight, weight), (self._bias, bias), (self._k_norm, k_norm)):
-                if old is not None:
-                    old.copy_(new)
-            for old, new in zip(self.packed, packed, strict=True):
-                for name, value in new.items():
-                    for o, n in zip(*(v if isinstance(v, tuple) else (v,) for v in (old[name], value)), strict=True):
-                        if o is not None:
-                            o.copy_(n)
+            for old, new in zip(_tensors(self._weight, self._bias, self._k_norm, self.packed),
+                                _tensors(*self._stacked()), strict=True):  # fmt: skip
+                old.copy_(new)
         self._versions = key
 
     def _norm(self, module, x: torch.Tensor) -> torch.Tensor:

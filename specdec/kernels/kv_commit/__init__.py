@@ -14,6 +14,7 @@ from typing import Literal
 
 import torch
 
+from specdec.kernels import kv_write as kv_write_module
 from specdec.kernels._triton import pick_impl
 from specdec.kernels.kv_commit.reference import kv_commit_reference
 
@@ -33,8 +34,6 @@ def fits_triton(kv: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor) -> b
         and kv.stride(-1) == 1
         and prefix.dtype == path.dtype == torch.int64
         and prefix.numel() == batch
-        and path.dim() in (1, 2)
-        and path.numel() % max(batch, 1) == 0
         and (path.dim() == 1 and batch == 1 or path.dim() == 2 and path.shape[0] == batch)
         and prefix.device == path.device == kv.device
     )
@@ -54,9 +53,7 @@ def kv_commit(kv: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor, *, imp
             ``"torch"`` (the reference) or ``"auto"``: Triton where it runs and the call fits, outside
             ``torch.compile``; None: ``Backends.kv_write``.
     """
-    from specdec.kernels import kv_write as kv_write_kernel  # the shared Backends field, read at call time
-
-    impl = kv_write_kernel.IMPL if impl is None else impl
+    impl = kv_write_module.IMPL if impl is None else impl  # the shared Backends field, read at call time
     if impl == "auto" and torch.compiler.is_compiling():  # the compiler fuses the copies itself
         impl = "torch"
     fits = fits_triton(kv, prefix, path)
