@@ -18,7 +18,6 @@ import collections
 import functools
 import importlib
 import json
-import sys
 import time
 from pathlib import Path
 

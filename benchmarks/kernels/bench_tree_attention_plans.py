@@ -53,8 +53,8 @@ def run(device: torch.device) -> list[dict]:
             row = {"shape": name, "S": span, "Q": rows}
             expected = None
             for label, plan in {"default": None, **PLANS}.items():
-                call = lambda q=query, m=mask, p=plan, n=lengths, f=flat: (  # noqa: E731
-                    tree_attention_triton(q, key, value, m, scale, n, plan=p, flat=f)
+                call = lambda q=query, k=key, v=value, m=mask, s=scale, p=plan, n=lengths, f=flat: (  # noqa: E731
+                    tree_attention_triton(q, k, v, m, s, n, plan=p, flat=f)
                 )
                 try:
                     got = call()
