@@ -58,6 +58,27 @@ def test_repeat_and_interleave_order_the_passes(interleave, monkeypatch):
     assert all(r["identical_to_ar"] for r in rows)
 
 
+def test_timed_calls_run_with_the_collector_settled_and_the_process_gets_it_back(monkeypatch):
+    """Every timed call runs after a collection and with the survivors frozen (so a full collection of the
+    process's long-lived objects cannot land in it); warm-up calls need not; the bench unfreezes when it returns."""
+    import gc
+
+    seen, real = [], specdec.generate
+
+    def logged(*args, **kwargs):
+        seen.append(gc.get_freeze_count())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(specdec, "generate", logged)
+    gc.unfreeze()
+    before = gc.get_freeze_count()
+    methods = [Method(name="A", drafter=NGramDrafter(), tree=Chain(k=3))]
+    rows = run_bench(_target(), _Tok(), PROMPTS, methods, max_new_tokens=4, warmup=1, repeat=2, progress=False)
+    timed = seen[-2 * len(PROMPTS):]  # the AR reference and the warm-up ran first
+    assert len(rows) == 2 * len(PROMPTS) and all(count > 0 for count in timed)
+    assert gc.get_freeze_count() == before == 0
+
+
 def test_backends_of_the_run_and_of_a_method_reach_generate(monkeypatch):
     calls = _log_calls(monkeypatch)
     methods = [Method(name="ar"), Method(name="ng", drafter=NGramDrafter(), backends={"ddtree": "torch"})]

@@ -54,6 +54,11 @@ _TARGET_PROGRAMS = 128
 _MAX_CHUNKS = 128
 """The most chunks a sequence's length is split over (the combine reads one partial state per chunk)."""
 
+_SMALL_HEAD = 64
+"""Head dims up to this take 16-row programs over 32-slot tiles (4 warps): at the zoo target's shape (6 / 2 heads of 64,
+256-512 slots) 0.0074 against 0.0100 ms for a 32-node tree, 0.0066 against 0.0078 for 16 nodes and 0.0054 against
+0.0057 for one row on an H100 (``benchmarks/kernels/bench_tree_attention_plans.py``, column ``m16n32``)."""
+
 SHARED_BYTES = 232448
 """Shared memory one program may use when the device's own limit is not known (an H100 / H200's opt-in 227 KiB);
 on CUDA the launcher reads the device's ``shared_memory_per_block_optin``."""
@@ -275,24 +280,31 @@ def split_plan(
     a row of a batch equals the sequence decoded alone, bit for bit.
 
     Returns:
-        dict: ``BLOCK_M`` (rows per program, 16-128; 16-64 for D 256), ``row_blocks``, ``chunks`` (``C``, the
-        programs each (sequence, group, row block) splits its length over: ~``_TARGET_PROGRAMS`` per sequence,
-        at most ``_MAX_CHUNKS``), ``BLOCK_N`` (slots per tile: 64, or 32 for rows of K / V wider than 512 bytes,
-        e.g. D 256 in fp32) and ``STAGES`` (software pipeline depth: 3, or 2 for those wide rows). Where that needs
-        more than ``shared`` bytes (``shared_bytes``; e.g. 64 rows of D 256 in bf16 over 64-slot tiles: 240 KiB),
-        the pipeline is shortened to 2 stages and then the tiles halved.
+        dict: ``BLOCK_M`` (rows per program, 16-128; 16-64 for D 256; 16 for D up to ``_SMALL_HEAD``),
+        ``row_blocks``, ``chunks`` (``C``, the programs each (sequence, group, row block) splits its length over:
+        ~``_TARGET_PROGRAMS`` per sequence for the rows' own block, at most ``_MAX_CHUNKS``), ``BLOCK_N`` (slots per
+        tile: 64, or 32 for rows of K / V wider than 512 bytes, e.g. D 256 in fp32, and for small heads),
+        ``STAGES`` (software pipeline depth: 3, or 2 for those wide rows) and ``num_warps`` (8 for programs of
+        16384 query elements or more, 8192 for D 256, else 4). Where that needs more than ``shared`` bytes (``shared_bytes``; e.g. 64
+        rows of D 256 in bf16 over 64-slot tiles: 240 KiB), the pipeline is shortened to 2 stages and then the tiles
+        halved.
     """
     wide = dim * itemsize > 512
     block_m = max(16, min(128 if dim <= 128 else 64, triton.next_power_of_2(rows)))  # one row block per tree
     row_blocks = triton.cdiv(rows, block_m)
     chunks = max(1, min(_MAX_CHUNKS, triton.cdiv(_TARGET_PROGRAMS, kv_heads * row_blocks)))
     block_n, stages = 32 if wide else 64, 2 if wide else 3
+    if dim <= _SMALL_HEAD:  # small heads: 16-row programs over 32-slot tiles, the chunks as above (measured faster)
+        block_m, block_n = 16, 32
+        row_blocks = triton.cdiv(rows, block_m)
     while shared_bytes(block_m, block_n, stages, dim, itemsize) > shared and (stages > 2 or block_n > 16):
         if stages > 2:
             stages -= 1
         else:
             block_n //= 2
-    return {"BLOCK_M": block_m, "row_blocks": row_blocks, "chunks": chunks, "BLOCK_N": block_n, "STAGES": stages}
+    warps = 8 if dim * block_m >= (16384 if dim <= 128 else 8192) else 4  # 4 for 64 rows of D 128: measured faster
+    return {"BLOCK_M": block_m, "row_blocks": row_blocks, "chunks": chunks, "BLOCK_N": block_n, "STAGES": stages,
+            "num_warps": warps}  # fmt: skip
 
 
 def shared_limit(device: torch.device) -> int:
@@ -344,7 +356,7 @@ def tree_attention_triton(
     # a bool mask is read as bytes: a view when eager; under torch.compile a copy (inductor cannot lower a bool view)
     mask_arg = (mask.to(torch.uint8) if torch.compiler.is_compiling() else mask.view(torch.uint8)) if is_bool else mask
     mask_batch_stride = mask_arg.stride(0) if mask_arg.shape[0] > 1 else 0
-    warps = overrides.get("num_warps", 8 if dim * plan["BLOCK_M"] >= 8192 else 4)
+    warps = plan["num_warps"]
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     has_len = lengths is not None
     _split_kernel[(chunks, batch * kv_heads, plan["row_blocks"])](
