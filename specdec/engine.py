@@ -594,6 +594,7 @@ class Engine:
         # the fingerprint the current call's ``reusable`` took (None: it took none): ``keep`` stores it instead of
         # reading every weight again (a call updates no weight); ``generate`` clears it as a call starts
         self.call_weights: torch.Tensor | None = None
+        self.call_modules: int | None = None  # this call's ``_module_signature`` once read (``note_modules``)
         self.kept_modules: int | None = None  # the target's hooks and plain module attributes at that call
         self._params: list | None = None  # the target's parameters, listed once
         self._plan: tuple | None = None  # (weights signature, the fingerprint's tensors and sampled views)
@@ -690,7 +691,14 @@ class Engine:
         self.kept_versions = self._versions(drafter)
         self.kept_weights = self._fingerprint() if self.call_weights is None else self.call_weights
         self.call_weights = None
-        self.kept_modules = self._module_signature()
+        self.kept_modules = self._module_signature() if self.call_modules is None else self.call_modules
+        self.call_modules = None
+
+    def note_modules(self) -> None:
+        """Read this call's module signature for ``keep`` now (a call changes no module): the host reads it while
+        the device runs the prefill instead of after the last round."""
+        if self.call_modules is None:
+            self.call_modules = self._module_signature()
 
     def _fingerprint(self) -> torch.Tensor:
         """``[N]`` float64, on the device (launched, not read): the norm of each of the target's floating parameters
@@ -798,7 +806,10 @@ class Engine:
         kept_drafter = self.kept_drafter() if self.kept_drafter is not None else None
         if kept_drafter is not drafter or (drafter is not None and not hasattr(self._drafters.get(drafter), "resume")):
             return 0
-        if self._versions(drafter) != self.kept_versions or self._module_signature() != self.kept_modules:
+        if self._versions(drafter) != self.kept_versions:
+            return 0
+        self.call_modules = self._module_signature()
+        if self.call_modules != self.kept_modules:
             return 0
         kept_len = self.kept.shape[0]
         span = min(kept_len, length - 1)

@@ -492,6 +492,7 @@ def _decode(
     keys_before = engine.rounds_built + engine.prefills_built  # graph keys (rounds, captured prefills) so far
     # one sequence that continues the last call's (a conversation): only the new part of the prompt is prefilled
     engine.call_weights = None  # this call's weight fingerprint, once the reuse check takes one (``keep`` reuses it)
+    engine.call_modules = None  # and its module signature
     reused = engine.reusable(prompts[0, : lengths[0]], drafter, graph=graph) if rows == 1 and reuse_prefix else 0
     engine.kept = None  # the storage is rewritten from here on
     with timer("prefill"):
@@ -502,16 +503,14 @@ def _decode(
         scores = _first_scores(args.processors, logits, prompts, lengths, left_pad)
         first = _first_token(rule, sampling, scores, generator)
     stats.reused_tokens = reused
-    new_tokens = [[tok] for tok in first.tolist()[:batch]]
-    keep = args.output_scores or args.output_logits
-    kept = [[row] for row in logits[:batch].float().cpu()] if keep else None  # per row: raw logits [V] per token
-    done = [row[0] in eos or max_new_tokens == 1 or stopping.first_stop(b, [], row) is not None
-            for b, row in enumerate(new_tokens)]  # fmt: skip
-    if stopping.timed_out():
-        done = [True] * batch
-    if streamer is not None:
-        streamer.put(first[:1].cpu())
-    engine.start(first, lengths, [not d for d in done] + [False] * (rows - batch))
+    # The first round is launched before the first token is read, so that the host's work for it overlaps the
+    # prefill on the device: the token is on the device already, and until the read only each row's count of new
+    # tokens (one) is used. A row the first token finishes (EOS, a stop) is masked after the read; a call it
+    # finishes drops the launched round, as the loop drops a round launched ahead.
+    new_tokens: list[list[int]] = [[-1] for _ in range(batch)]
+    done = [False] * batch
+    keep = args.output_scores or args.output_logits  # the rounds keep their logits (HF's output_scores / _logits)
+    engine.start(first, lengths, [True] * batch + [False] * (rows - batch))
     extent = tree_slots(drafter, fixed)  # slots a round writes and attends to past its root
     used: dict = {}  # the rounds (one per span bucket) this call launched
     call_rounds: dict = {}  # (size, span) -> the round, for this call
@@ -555,7 +554,20 @@ def _decode(
         used[id(rnd)] = rnd
         return rnd, rnd.launch(generator, timer.stream), size
 
-    pending = None  # a launched round not read yet
+    pending = launch(0) if max_new_tokens > 1 and not stopping.timed_out() else None  # a launched round not read yet
+    if rows == 1:  # the target's module attributes for ``Engine.keep``, read while the device runs the prefill
+        engine.note_modules()
+    new_tokens = [[tok] for tok in first.tolist()[:batch]]
+    kept = [[row] for row in logits[:batch].float().cpu()] if keep else None  # per row: raw logits [V] per token
+    done = [row[0] in eos or max_new_tokens == 1 or stopping.first_stop(b, [], row) is not None
+            for b, row in enumerate(new_tokens)]  # fmt: skip
+    if stopping.timed_out():
+        done = [True] * batch
+    if streamer is not None:
+        streamer.put(first[:1].cpu())
+    for b in range(batch):
+        if done[b] and batch > 1:
+            engine.finish(b)
     rounds_read = 0
     while not all(done):
         remaining = [max_new_tokens - len(new_tokens[b]) for b in range(batch)]

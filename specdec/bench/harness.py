@@ -6,7 +6,8 @@ warm-up time and the capture / compile times are reported apart. ``repeat`` time
 method or, with ``interleave``, pass p of every method before pass p + 1 of any (slow drifts of the machine then
 reach every row alike). Timing brackets each call with a device synchronisation; decode time excludes the
 prefill. Before each timed pass the garbage collector runs untimed and its survivors are frozen (``gc.freeze``,
-undone when the bench returns), so a full collection of the process's long-lived objects never lands in a call. After the timed passes, optional checks run untimed: the eager path's tokens (``eager_compare``),
+undone when the bench returns), so a full collection of the process's long-lived objects never lands in a call.
+After the timed passes, optional checks run untimed: the eager path's tokens (``eager_compare``),
 reference-style τ (``tau_reference``), flat memory over many rounds (``memory_rounds``), a ``torch.profiler``
 trace per method (``profile``). Only the public ``specdec.generate`` is called.
 """

@@ -148,6 +148,29 @@ def test_batch_sizes_with_rows_ending_at_different_rounds(batch):
         assert len(wants[0]) == stop + 1 and len({len(w) for w in wants}) > 1, wants
 
 
+def test_a_first_token_that_ends_a_row_while_the_first_round_is_in_flight():
+    """The first round is launched before the first token is read: a row whose first token is its EOS is masked
+    after that round (the batch's other rows go on exactly), a single row's call ends with its launched round
+    dropped, and the calls after it on the same storage still equal HF (a continuation included)."""
+    target = tiny_model("qwen3", scale=2.0)
+    drafter = sharp_drafter(target)
+    rows = prompts(3, seed=5)
+    eos = hf_alone(target, rows[1], 1)[0]  # row 1 ends at its first token
+    assert any(hf_alone(target, row, 12)[0] != eos for row in rows)
+    ids, mask = left_pad(rows)
+    for tree in (specdec.Chain(4), specdec.DDTree(budget=10, topk=3)):
+        out = specdec.generate(target, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=12,
+                               eos_token_id=eos, pad_token_id=PAD)  # fmt: skip
+        wants = check_rows(target, rows, out, 12, eos=eos)
+        assert wants[1] == [eos]
+        one = specdec.generate(target, rows[1][None], drafter=drafter, tree=tree, max_new_tokens=12,
+                               eos_token_id=eos, pad_token_id=PAD)  # fmt: skip
+        assert one.sequences[0, len(rows[1]) :].tolist() == [eos]
+        longer = torch.cat([rows[1], torch.tensor([eos, 9, 17])])  # the next turn on the same storage
+        again = specdec.generate(target, longer[None], drafter=drafter, tree=tree, max_new_tokens=12)
+        assert again.sequences[0, len(longer) :].tolist() == hf_alone(target, longer, 12)
+
+
 def test_batch_edge_cases():
     """A row of one token among long ones, identical rows, and B = 1 through the batched path (a mask of ones)."""
     target = tiny_model("llama", scale=2.0)

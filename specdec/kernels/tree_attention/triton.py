@@ -285,9 +285,9 @@ def split_plan(
         ~``_TARGET_PROGRAMS`` per sequence for the rows' own block, at most ``_MAX_CHUNKS``), ``BLOCK_N`` (slots per
         tile: 64, or 32 for rows of K / V wider than 512 bytes, e.g. D 256 in fp32, and for small heads),
         ``STAGES`` (software pipeline depth: 3, or 2 for those wide rows) and ``num_warps`` (8 for programs of
-        16384 query elements or more, 8192 for D 256, else 4). Where that needs more than ``shared`` bytes (``shared_bytes``; e.g. 64
-        rows of D 256 in bf16 over 64-slot tiles: 240 KiB), the pipeline is shortened to 2 stages and then the tiles
-        halved.
+        16384 query elements or more, 8192 for D 256, else 4). Where that needs more than ``shared`` bytes
+        (``shared_bytes``; e.g. 64 rows of D 256 in bf16 over 64-slot tiles: 240 KiB), the pipeline is shortened to
+        2 stages and then the tiles halved.
     """
     wide = dim * itemsize > 512
     block_m = max(16, min(128 if dim <= 128 else 64, triton.next_power_of_2(rows)))  # one row block per tree
