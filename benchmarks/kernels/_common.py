@@ -65,6 +65,14 @@ def bench_args(description: str) -> tuple[argparse.Namespace, torch.device, str]
     return args, device, name
 
 
+def cuda_bench_args(description: str) -> tuple[argparse.Namespace, torch.device, str]:
+    """``bench_args`` for a benchmark that only times CUDA graphs: refuses to run without a CUDA device."""
+    args, device, name = bench_args(description)
+    if device.type != "cuda":
+        raise SystemExit("this benchmark times CUDA graphs: run it on a CUDA device")
+    return args, device, name
+
+
 def report(rows: list[dict], columns: list[str], out: str, filename: str, device: torch.device) -> None:
     """Print ``columns`` of ``rows`` (after a note when there is no CUDA device) and write every column as CSV."""
     if device.type != "cuda":

@@ -14,7 +14,7 @@ K / V bytes of ``n`` slots over the ``flat`` time.
 from __future__ import annotations
 
 import torch
-from _common import bench_args, report, time_call  # benchmarks/kernels, beside this script
+from _common import cuda_bench_args, report, time_call  # benchmarks/kernels, beside this script
 from bench_tree_attention import tree_mask
 
 from specdec.kernels.tree_attention.triton import split_plan, tree_attention_triton
@@ -73,9 +73,7 @@ def run(device: torch.device) -> list[dict]:
 
 
 def main() -> None:
-    args, device, name = bench_args(__doc__.splitlines()[0])
-    if device.type != "cuda":
-        raise SystemExit("this benchmark times CUDA graphs: run it on a CUDA device")
+    args, device, name = cuda_bench_args(__doc__.splitlines()[0])
     print(f"tree_attention over long spans, bf16, median ms per call (graph replay) on {name}; warm")
     columns = ["S", "Q", "sdpa-stacked", "triton", *[f"triton:{k}" for k in VARIANTS], "GB/s"]
     report(run(device), columns, args.out, "tree_attention_long.csv", device)

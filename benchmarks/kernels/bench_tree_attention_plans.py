@@ -13,7 +13,7 @@ names the fastest.
 from __future__ import annotations
 
 import torch
-from _common import bench_args, report, time_call  # benchmarks/kernels, beside this script
+from _common import cuda_bench_args, report, time_call  # benchmarks/kernels, beside this script
 from bench_tree_attention import tree_mask
 
 from specdec.kernels.tree_attention.triton import tree_attention_triton
@@ -73,9 +73,7 @@ def run(device: torch.device) -> list[dict]:
 
 
 def main() -> None:
-    args, device, name = bench_args(__doc__.splitlines()[0])
-    if device.type != "cuda":
-        raise SystemExit("this benchmark times CUDA graphs: run it on a CUDA device")
+    args, device, name = cuda_bench_args(__doc__.splitlines()[0])
     print(f"tree_attention launch plans, bf16, median ms per call (graph replay) on {name}; warm")
     columns = ["shape", "S", "Q", "default", *PLANS, "best"]
     report(run(device), columns, args.out, "tree_attention_plans.csv", device)
