@@ -485,6 +485,17 @@ MUTANTS += [
           "tl.store(parents_ptr + at, tl.full([BLOCK_PAD], 0, tl.int64)"),),  # fmt: skip
         ("tests/kernels/test_ddtree_build.py", "-m", "interpreter", "-k", "batched"),
     ),
+    Mutant(  # the selection's expectations one pop late: E(n) written after n + 1 pops
+        "best_first_expectation_one_pop_late",
+        (("specdec/kernels/ddtree_build/triton.py", "mask=t + 1 == (SIZES >> (16 * j)) & 0xFFFF)",
+          "mask=t + 2 == (SIZES >> (16 * j)) & 0xFFFF)"),),  # fmt: skip
+        ("tests/kernels/test_ddtree_build.py", "-m", "interpreter", "-k", "auto_step"),
+    ),
+    Mutant(  # the auto round's tree takes one pop more than its budget (a node over the padded tree's slots)
+        "best_first_tree_one_node_more",
+        (("specdec/kernels/ddtree_build/triton.py", "        in_tree = t < TREE_N\n", "        in_tree = t <= TREE_N\n"),),
+        ("tests/kernels/test_ddtree_build.py", "-m", "interpreter", "-k", "auto_step"),
+    ),
     Mutant(  # the batched walk reads every tree's choices from the first tree's row
         "accept_paths_choices_of_row_zero",
         (("specdec/kernels/tree_accept/triton.py", "    choices_ptr += row * S\n", ""),),

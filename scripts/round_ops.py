@@ -3,7 +3,8 @@
     SPECDEC_ZOO=/work/shared/zoo python scripts/round_ops.py [--target dense|hybrid] [--methods ar,chain,b15,b32,...]
         [--dtype bfloat16] [--torch-only] [--ops]
 
-Methods: ar, chain, b15 / b16 / b32 / b63 / b64 (the DFlash drafter), and on the dense target the shipped EAGLE-3
+Methods: ar, chain, b15 / b16 / b32 / b63 / b64 (the DFlash drafter), auto-b15 / auto-b31 (the round
+``DDTree(budget="auto")`` runs at that size: the tree and its expectations), and on the dense target the shipped EAGLE-3
 head's e3-chain4, e3-b15 (DDTree over its per-depth q) and e3-dyn16 (EAGLE-2's DynamicTree, 16 tokens); on the
 hybrid target its shipped EAGLE-3 head's e3-chain4 and e3-b15 and its MTP head's mtp-chain1, mtp-chain3 and mtp-b15.
 
@@ -94,6 +95,8 @@ def main() -> None:
         "ar": (None, None),
         "chain": (drafter, specdec.Chain(k=block)),
         **{f"b{n}": (drafter, specdec.DDTree(budget=n, topk=8)) for n in (15, 16, 32, 63, 64)},
+        # the auto budget's round at one size: the same tree plus its expectations (computed up to the next size)
+        **{f"auto-b{n}": (drafter, specdec.DDTree(budget="auto", topk=8).at(n)) for n in (15, 31)},
     }
     # T = 1: sample-and-match over DDTree against RSD (multi-draft rejection without replacement) over the stochastic
     # DDTree, at equal nodes (the rules' round cost)

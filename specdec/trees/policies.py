@@ -16,8 +16,9 @@ import torch
 
 from specdec.backends import env_default
 from specdec.budget import AutoBudget, check_sizes, ddtree_scores, expected_accepts
-from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
+from specdec.kernels.ddtree_build import EXPECT_SIZES_MAX, best_first, topk_rows, triton_fits
 from specdec.trees.build import (
+    _pad_constants,
     chain_batch,
     chain_from_path,
     ddtree_batch,
@@ -295,7 +296,9 @@ class AutoStep(DDTree):
         :attr:`expect_upto`, with their scores, give the expectations, and their first ``budget`` nodes are this
         round's tree (the ``n`` best prefixes are the first ``n`` pops, parents before children; see
         :func:`specdec.budget.ddtree_scores`), so the round runs one top-k and one selection launch instead of
-        two each. Equal scores may order tied nodes differently from ``DDTree(budget)`` alone, never their values,
+        two each. For up to ``EXPECT_SIZES_MAX`` candidate sizes that launch also writes the padded tree and the
+        expectations itself (no concatenation, exponential or sum after it). Equal scores may order tied nodes
+        differently from ``DDTree(budget)`` alone, never their values,
         and every DDTree round is exact whatever its nodes. Elsewhere the two are computed apart.
         """
         logq = proposal.logq
@@ -308,14 +311,25 @@ class AutoStep(DDTree):
         if not fused:
             return self.build(proposal, root, depth, noise), self.expectations(proposal)
         vals, ids = topk_rows(logq.flatten(0, 1).float(), k)
-        tokens, parents, depths, scores = best_first(vals.view(batch, depth_limit, k),
-                                                     ids.view(batch, depth_limit, k), upto, scores=True)  # fmt: skip
+        vals, ids = vals.view(batch, depth_limit, k), ids.view(batch, depth_limit, k)
         n = self.budget
+        if len(self.expect_sizes) <= EXPECT_SIZES_MAX:  # the tree and the expectations written by the selection
+            tokens, parents, depths, expected = best_first(vals, ids, upto, roots=root.reshape(-1).long(),
+                                                           num_slots=n + 1, tree_nodes=n,
+                                                           expect=self.expect_sizes)  # fmt: skip
+            return _padded_tree(tokens, parents, depths, n), expected
+        tokens, parents, depths, scores = best_first(vals, ids, upto, scores=True)
         tree = pad_trees(root.reshape(-1), tokens[:, :n], parents[:, :n], depths[:, :n], n + 1)
         return tree, self._expected(scores)
 
     def __repr__(self) -> str:
         return f"AutoStep(budget={self.budget!r}, topk={self.topk!r}, expect_sizes={self.expect_sizes})"
+
+
+def _padded_tree(tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, n: int) -> DeviceTree:
+    """The ``DeviceTree`` of whole padded trees ``[B, n + 1]`` of ``n`` nodes each, as the selection wrote them."""
+    _, _, valid, num_nodes = _pad_constants(tokens.device, tokens.shape[0], n, n + 1)
+    return DeviceTree(tokens=tokens, parents=parents, depth=depth, valid=valid, num_nodes=num_nodes)
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,9 @@ def test_batched_build_on_cpu_equals_each_row_alone():
 
 
 AUTO_SIZES = (3, 15, 31)
+# the sets of candidate sizes run: up to EXPECT_SIZES_MAX (the selection writes the tree and the expectations
+# itself; one size past the pops of the largest round) and more (the scores summed after the launch)
+AUTO_SIZE_SETS = (AUTO_SIZES, (2, 5, 9, 14), (3, 7, 15, 31, 47))
 
 
 def _auto_cases():
@@ -171,34 +174,38 @@ def _auto_cases():
 
 
 def _auto_steps(device: str):
-    """``AutoStep.build_expecting`` at every size (the one-pass Triton path where it applies)."""
+    """``AutoStep.build_expecting`` at every size of each size set (the one-pass Triton path where it applies)."""
     logq, roots = _auto_cases()
-    policy = specdec.DDTree(budget="auto", topk=4, sizes=AUTO_SIZES)
     out = {}
-    for size in AUTO_SIZES:
-        tree, expected = policy.at(size).build_expecting(Proposal(logq=logq.to(device)), roots.to(device), 6)
-        out[size] = ([t.cpu() for t in (tree.tokens, tree.parents, tree.depth, tree.num_nodes)], expected.cpu())
+    for sizes in AUTO_SIZE_SETS:
+        policy = specdec.DDTree(budget="auto", topk=4, sizes=sizes)
+        for size in sizes:
+            tree, expected = policy.at(size).build_expecting(Proposal(logq=logq.to(device)), roots.to(device), 6)
+            out[sizes, size] = ([t.cpu() for t in (tree.tokens, tree.parents, tree.depth, tree.num_nodes)],
+                                expected.cpu())  # fmt: skip
     return out
 
 
 def _check_auto_steps(out) -> None:
     """Against the two apart on the CPU's tensor ops: the fixed policy's tree of that size and ``expectations``."""
     logq, roots = _auto_cases()
-    policy = specdec.DDTree(budget="auto", topk=4, sizes=AUTO_SIZES)
-    for size in AUTO_SIZES:
-        step = policy.at(size)
-        want = specdec.DDTree(budget=size, topk=4).build(Proposal(logq=logq), roots, 6)
-        tensors, expected = out[size]
-        for got, ref in zip(tensors, (want.tokens, want.parents, want.depth, want.num_nodes), strict=True):
-            assert torch.equal(got, ref), (size, got, ref)
-        torch.testing.assert_close(expected, step.expectations(Proposal(logq=logq)), rtol=1e-12, atol=1e-12)
-        # the sizes up to the next one above this round's are computed (the largest size's scores cut: the
-        # enumeration-checked reference), the larger ones are marked -1
-        upto = next((s for s in AUTO_SIZES if s > size), AUTO_SIZES[-1])
-        full = expected_accepts(ddtree_scores(logq, budget=AUTO_SIZES[-1], topk=4), AUTO_SIZES)
-        known = sum(s <= upto for s in AUTO_SIZES)
-        torch.testing.assert_close(expected[:, :known], full[:, :known], rtol=1e-12, atol=1e-12)
-        assert (expected[:, known:] == -1).all(), (size, expected)
+    assert set(out) == {(sizes, size) for sizes in AUTO_SIZE_SETS for size in sizes}
+    for sizes in AUTO_SIZE_SETS:
+        policy = specdec.DDTree(budget="auto", topk=4, sizes=sizes)
+        for size in sizes:
+            step = policy.at(size)
+            want = specdec.DDTree(budget=size, topk=4).build(Proposal(logq=logq), roots, 6)
+            tensors, expected = out[sizes, size]
+            for got, ref in zip(tensors, (want.tokens, want.parents, want.depth, want.num_nodes), strict=True):
+                assert torch.equal(got, ref), (sizes, size, got, ref)
+            torch.testing.assert_close(expected, step.expectations(Proposal(logq=logq)), rtol=1e-12, atol=1e-12)
+            # the sizes up to the next one above this round's are computed (the largest size's scores cut: the
+            # enumeration-checked reference), the larger ones are marked -1
+            upto = next((s for s in sizes if s > size), sizes[-1])
+            full = expected_accepts(ddtree_scores(logq, budget=sizes[-1], topk=4), sizes)
+            known = sum(s <= upto for s in sizes)
+            torch.testing.assert_close(expected[:, :known], full[:, :known], rtol=1e-12, atol=1e-12)
+            assert (expected[:, known:] == -1).all(), (sizes, size, expected)
 
 
 def test_auto_step_builds_apart_on_cpu():

@@ -12,7 +12,10 @@ import torch
 
 from specdec.kernels._triton import importable
 
-__all__ = ["best_first", "topk_rows", "triton_fits"]
+__all__ = ["EXPECT_SIZES_MAX", "best_first", "topk_rows", "triton_fits"]
+
+EXPECT_SIZES_MAX = 4
+"""The most candidate sizes whose expectations the selection's launch writes itself (``best_first(expect=...)``)."""
 
 
 def triton_fits(logq: torch.Tensor, k: int) -> bool:
@@ -22,12 +25,15 @@ def triton_fits(logq: torch.Tensor, k: int) -> bool:
 
 
 def best_first(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int, *, scores: bool = False,
-               roots: torch.Tensor | None = None, num_slots: int | None = None):  # fmt: skip
+               roots: torch.Tensor | None = None, num_slots: int | None = None, tree_nodes: int | None = None,
+               expect: tuple[int, ...] = ()):  # fmt: skip
     """Tokens, parents and depths of the first ``num_nodes`` heap pops, and with ``scores=True`` their scores;
-    with ``roots`` and ``num_slots``, whole padded trees (see ``triton.best_first_triton``)."""
+    with ``roots`` and ``num_slots``, whole padded trees of the first ``tree_nodes`` pops; with ``expect``, the
+    expected accepted drafts at those sizes (see ``triton.best_first_triton``)."""
     from specdec.kernels.ddtree_build.triton import best_first_triton
 
-    return best_first_triton(vals, ids, num_nodes, scores=scores, roots=roots, num_slots=num_slots)
+    return best_first_triton(vals, ids, num_nodes, scores=scores, roots=roots, num_slots=num_slots,
+                             tree_nodes=tree_nodes, expect=expect)  # fmt: skip
 
 
 def topk_rows(logq: torch.Tensor, k: int):

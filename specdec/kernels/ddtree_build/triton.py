@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.kernels.ddtree_build import EXPECT_SIZES_MAX  # sizes packed 16 bits each in one int64 constant
+
 __all__ = ["best_first_triton", "topk_rows_triton"]
 
 _INT64_MAX = tl.constexpr(9223372036854775807)
@@ -54,9 +56,13 @@ def _best_first_kernel(
     N: tl.constexpr,
     F: tl.constexpr,
     SCORES: tl.constexpr,
-    PADDED: tl.constexpr,  # write whole trees [S]: the root at slot 0, the pops at 1 .. N, padding up to S - 1
+    PADDED: tl.constexpr,  # write whole trees [S]: the root at slot 0, pops 1 .. TREE_N at 1 .., padding to S - 1
     S: tl.constexpr,
     BLOCK_PAD: tl.constexpr,
+    expect_ptr,  # [B, NE] fp64 out: E(n) = sum of exp(score) over the first n pops, per size n (NE > 0)
+    TREE_N: tl.constexpr,  # pops written as the tree (PADDED; <= N): the rest only score and expect
+    NE: tl.constexpr,  # sizes whose expectations are written (0: none)
+    SIZES: tl.constexpr,  # those sizes, 16 bits each (size j at bits 16 j .. 16 j + 15); a size past N gets -1
 ):
     # A pop is on the critical path of the next one, so it is one reduction: the open prefix with the largest
     # score (ties: smallest rank key) together with its slot, parent score and packed
@@ -71,8 +77,8 @@ def _best_first_kernel(
         depth_ptr += seq * S
         root = tl.load(roots_ptr + seq)
         pad = tl.arange(0, BLOCK_PAD)
-        at = tl.where(pad == 0, 0, N + pad)  # slot 0, then slots N + 1 .. S - 1
-        outside = (pad == 0) | (N + pad < S)
+        at = tl.where(pad == 0, 0, TREE_N + pad)  # slot 0, then slots TREE_N + 1 .. S - 1
+        outside = (pad == 0) | (TREE_N + pad < S)
         tl.store(tokens_ptr + at, tl.zeros([BLOCK_PAD], dtype=tl.int64) + root, mask=outside)
         tl.store(parents_ptr + at, tl.full([BLOCK_PAD], -1, tl.int64), mask=outside)
         tl.store(depth_ptr + at, tl.zeros([BLOCK_PAD], dtype=tl.int64), mask=outside)
@@ -91,6 +97,12 @@ def _best_first_kernel(
     key = tl.where(slot == 0, one << ((D - 1) * BITS), 0).to(tl.int64)
     info = tl.where(slot == 0, 1, 0).to(tl.int64)  # depth 1, rank 0, parent 0 (the root)
     active = tl.where(slot == 0, 1, 0).to(tl.int32)
+    total = tl.zeros([], dtype=tl.float64)  # sum of exp(score) over the pops so far (NE > 0)
+    if NE > 0:
+        expect_ptr += seq * NE
+        for j in tl.static_range(NE):  # sizes past the pops: not computed
+            if (SIZES >> (16 * j)) & 0xFFFF > N:
+                tl.store(expect_ptr + j, tl.full([], -1.0, tl.float64))
     for t in range(N):
         _, best, low, win, p_parent_score, p_info = tl.reduce(
             (active, score, key, slot, parent_score, info), 0, _pick
@@ -99,11 +111,17 @@ def _best_first_kernel(
         p_depth = (p_info & 0xFF).to(tl.int32)
         p_rank = ((p_info >> 8) & 0xFFFFFF).to(tl.int32)
         row = (p_depth - 1) * K
-        tl.store(tokens_ptr + t, tl.load(ids_ptr + row + p_rank))
-        tl.store(parents_ptr + t, p_info >> 32)
-        tl.store(depth_ptr + t, p_depth.to(tl.int64))
+        in_tree = t < TREE_N
+        tl.store(tokens_ptr + t, tl.load(ids_ptr + row + p_rank), mask=in_tree)
+        tl.store(parents_ptr + t, p_info >> 32, mask=in_tree)
+        tl.store(depth_ptr + t, p_depth.to(tl.int64), mask=in_tree)
         if SCORES:
             tl.store(scores_ptr + t, best)
+        if NE > 0:
+            total += tl.exp(best)
+            for j in tl.static_range(NE):
+                if (SIZES >> (16 * j)) & 0xFFFF <= N:
+                    tl.store(expect_ptr + j, total, mask=t + 1 == (SIZES >> (16 * j)) & 0xFFFF)
         # the popped prefix's slot now holds its next sibling (same parent, next rank at that depth)
         has_sibling = p_rank + 1 < K
         sibling = tl.load(vals_ptr + row + p_rank + 1, mask=has_sibling, other=0.0).to(tl.float64)
@@ -124,6 +142,8 @@ def _best_first_kernel(
         active = tl.where(opened, 1, active)
 
 
+
+
 def best_first_triton(
     vals: torch.Tensor,
     ids: torch.Tensor,
@@ -132,6 +152,8 @@ def best_first_triton(
     scores: bool = False,
     roots: torch.Tensor | None = None,
     num_slots: int | None = None,
+    tree_nodes: int | None = None,
+    expect: tuple[int, ...] = (),
 ):
     """The first ``num_nodes`` pops of the DDTree heap over per-depth candidates.
 
@@ -145,11 +167,16 @@ def best_first_triton(
             outputs are whole trees of ``num_slots >= num_nodes + 1`` slots as ``build.pad_trees`` lays them out
             (the root at slot 0, parent -1, depth 0; the pops at slots 1 .. ``num_nodes``; the padding slots
             holding the root's token, parent -1, depth 0), written by the same launch.
+        tree_nodes (int | None): with ``roots``, only the first ``tree_nodes`` pops form the tree (``num_slots >=
+            tree_nodes + 1``); the later ones count only in ``scores`` and ``expect``. Default ``num_nodes``.
+        expect (tuple[int, ...]): up to ``EXPECT_SIZES_MAX`` candidate sizes: the launch also writes, per sequence
+            and size ``n``, ``E(n) = sum over the first n pops of exp(score)`` (``specdec.budget.expected_accepts``
+            of the scores) in float64, or -1 for a size past ``num_nodes``.
 
     Returns:
         tuple: ``tokens``, ``parents`` (0 = the root), ``depth``, each ``[num_nodes]`` (``[B, num_nodes]``) int64,
-        in pop order (``[B, num_slots]`` trees with ``roots``); with ``scores=True`` a fourth, their scores
-        (float64, ``[B, num_nodes]``).
+        in pop order (``[B, num_slots]`` trees with ``roots``); with ``scores=True`` then their scores (float64,
+        ``[B, num_nodes]``); with ``expect`` last the expectations (float64, ``[B, len(expect)]``).
     """
     batch = vals.shape[0] if vals.dim() == 3 else None
     depth_limit, k = vals.shape[-2:]
@@ -159,20 +186,28 @@ def best_first_triton(
     if depth_limit * bits > 63:
         raise ValueError(f"rank tuples of {depth_limit} digits of {bits} bits do not fit one int64 key.")
     padded = roots is not None
-    if padded and (batch is None or num_slots is None or num_slots < num_nodes + 1 or roots.shape != (batch,)):
+    tree_n = num_nodes if tree_nodes is None else tree_nodes
+    if padded and (batch is None or num_slots is None or num_slots < tree_n + 1 or roots.shape != (batch,)):
         got = None if roots is None else list(roots.shape)
-        raise ValueError(f"roots [B] and num_slots >= num_nodes + 1 = {num_nodes + 1} go with batched vals "
+        raise ValueError(f"roots [B] and num_slots >= num_nodes + 1 = {tree_n + 1} go with batched vals "
                          f"[B, D, K]; got roots {got}, num_slots={num_slots}.")  # fmt: skip
+    if not 0 <= tree_n <= num_nodes or (tree_n < num_nodes and not padded):
+        raise ValueError(f"tree_nodes={tree_nodes}: at most num_nodes={num_nodes}, fewer only with roots (whole "
+                         "padded trees).")  # fmt: skip
+    if len(expect) > EXPECT_SIZES_MAX or any(not 1 <= int(n) < 2**16 for n in expect):
+        raise ValueError(f"expect={tuple(expect)}: at most {EXPECT_SIZES_MAX} sizes, each in [1, 65535].")
     width = num_slots if padded else num_nodes
     out = torch.empty(3, batch or 1, width, dtype=torch.long, device=vals.device)
     popped = torch.empty(batch or 1, num_nodes, dtype=torch.float64, device=vals.device) if scores else out[0]
+    expected = torch.empty(batch or 1, max(len(expect), 1), dtype=torch.float64, device=vals.device)
     slots = triton.next_power_of_2(num_nodes + 1)
     _best_first_kernel[(batch or 1,)](
         vals.contiguous(), ids.contiguous(), out[0], out[1], out[2], popped, roots if padded else out[0],
         K=k, D=depth_limit, BITS=bits, N=num_nodes, F=slots, SCORES=scores, PADDED=padded, S=width,
-        BLOCK_PAD=max(triton.next_power_of_2(width - num_nodes), 2), num_warps=1,
+        BLOCK_PAD=max(triton.next_power_of_2(width - tree_n), 2), expect_ptr=expected, TREE_N=tree_n,
+        NE=len(expect), SIZES=sum(int(n) << (16 * j) for j, n in enumerate(expect)), num_warps=1,
     )  # fmt: skip
-    result = (out[0], out[1], out[2], popped) if scores else (out[0], out[1], out[2])
+    result = (out[0], out[1], out[2]) + ((popped,) if scores else ()) + ((expected,) if expect else ())
     return tuple(x[0] for x in result) if batch is None else result
 
 
