@@ -12,7 +12,9 @@ work per round), and the GPU's bf16 drafts.
     python scripts/auto_budget_sim.py --batch 32 --prompts held --controller '{"finish": false}'
     python scripts/auto_budget_sim.py --batch 32 --prompts dev --trace
 
-``--trace`` prints each call of the timed pass as one letter per round (``D`` detached, ``0`` plain decoding
+``--explain N`` prints the controller's last N choices of its own (the rows' smoothed expectations per size, the
+calibration scales, and the committed tokens per ms it valued each option at). ``--trace`` prints each call of the
+timed pass as one letter per round (``D`` detached, ``0`` plain decoding
 that feeds the drafter, ``a``-``d`` the sizes 3 / 15 / 31 / 63), followed by the first letter of its reason in
 capitals where the reason is not the model's own choice (``E``xplore, ``P``robe, ``C``heck, ``S``tart detached).
 """
@@ -57,6 +59,8 @@ def main() -> None:
     ap.add_argument("--controller", type=json.loads, default={}, help="JSON keyword arguments of AutoBudget")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--trace", action="store_true", help="print each timed call's choices, one letter per round")
+    ap.add_argument("--explain", type=int, default=0, metavar="N",
+                    help="print the last N model choices: expectations, scales, value per option")  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     costs = {int(k): float(v) for k, v in (args.costs or H200_DENSE[args.batch]).items()}
@@ -126,6 +130,10 @@ def main() -> None:
     print(f"| {args.batch} | {args.prompts} | {args.controller or 'default'} | {cells} | "
           f"{value['auto'] / best:.3f} | {value['auto'] / value['ar']:.3f} |")  # fmt: skip
     print(f"tokens per ms (simulated); auto's last call: {dict(shares)}")
+    for d in [d for d in ctrl.decisions if d["reason"] == "model"][-args.explain :] if args.explain else []:
+        fmt = lambda xs: "[" + ", ".join(f"{x:.3f}" for x in xs) + "]"  # noqa: E731
+        print(f"chose {d['size']}: expected {fmt(d['expected'])}, scales {fmt(d['scales'])}, value "
+              + ", ".join(f"{k}: {v:.3f}" for k, v in d["value"].items()))  # fmt: skip
     if args.trace:
         for i, trace in enumerate(traces):
             print(f"call {i}: {trace}")
