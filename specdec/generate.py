@@ -37,7 +37,7 @@ from specdec.hf_args import (
     token_bounds,
 )
 from specdec.processors import chain_nodes, node_history
-from specdec.runtime import check_compile, to_device
+from specdec.runtime import check_compile, copy_to_host, to_device
 from specdec.stopping import Stopping, check_stopping, replaced_defaults
 from specdec.target import TargetModel
 from specdec.timing import PhaseTimer
@@ -554,17 +554,21 @@ def _decode(
         used[id(rnd)] = rnd
         return rnd, rnd.launch(generator, timer.stream), size
 
+    # the first token (and its logits) copied before the round is launched: reading them waits for the prefill only
+    first_host = copy_to_host(first[:batch])
+    first_logits = copy_to_host(logits[:batch].float()) if keep else None
     pending = launch(0) if max_new_tokens > 1 and not stopping.timed_out() else None  # a launched round not read yet
     if rows == 1:  # the target's module attributes for ``Engine.keep``, read while the device runs the prefill
         engine.note_modules()
-    new_tokens = [[tok] for tok in first.tolist()[:batch]]
-    kept = [[row] for row in logits[:batch].float().cpu()] if keep else None  # per row: raw logits [V] per token
+    first_tokens = first_host()
+    new_tokens = [[tok] for tok in first_tokens.tolist()]
+    kept = [[row] for row in first_logits()] if keep else None  # per row: raw logits [V] per token
     done = [row[0] in eos or max_new_tokens == 1 or stopping.first_stop(b, [], row) is not None
             for b, row in enumerate(new_tokens)]  # fmt: skip
     if stopping.timed_out():
         done = [True] * batch
     if streamer is not None:
-        streamer.put(first[:1].cpu())
+        streamer.put(first_tokens[:1].clone())
     for b in range(batch):
         if done[b] and batch > 1:
             engine.finish(b)

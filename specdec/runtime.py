@@ -117,6 +117,25 @@ def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> 
     return host.pin_memory().to(device, non_blocking=True)
 
 
+def copy_to_host(values: torch.Tensor):
+    """Enqueue a copy of the small tensor ``values`` to the host now; returns a function that waits for that copy
+    only (not for work enqueued after it) and gives the host tensor. On CUDA the copy goes to page-locked memory
+    behind an event; elsewhere it is made at once."""
+    if values.device.type != "cuda":  # a copy now: the caller may change ``values`` after this call
+        host = values.detach().to("cpu", copy=True)
+        return lambda: host
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def wait() -> torch.Tensor:
+        copied.synchronize()
+        return host
+
+    return wait
+
+
 def check_compile(compile) -> None:
     """Refuse a ``compile`` argument ``compile_fn`` cannot use, before anything runs (see ``compile_fn``)."""
     if isinstance(compile, bool) or compile is None:
