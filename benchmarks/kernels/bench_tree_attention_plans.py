@@ -63,7 +63,7 @@ def run(device: torch.device) -> list[dict]:
                     elif not torch.allclose(got.float(), expected.float(), atol=2e-2, rtol=2e-2):
                         raise AssertionError("output differs from the default plan's")
                     row[label] = time_call(call, device, graph=True)[0]
-                except Exception as err:  # a plan the device cannot run (shared memory): nan
+                except Exception as err:  # a plan the device cannot run (shared memory) or whose output differs: nan
                     row[label] = float("nan")
                     print(f"{label} {name} S={span} Q={rows}: {type(err).__name__}: {str(err)[:120]}")
             timed = {k: v for k, v in row.items() if k in PLANS or k == "default"}

@@ -142,8 +142,6 @@ def _best_first_kernel(
         active = tl.where(opened, 1, active)
 
 
-
-
 def best_first_triton(
     vals: torch.Tensor,
     ids: torch.Tensor,
@@ -189,7 +187,8 @@ def best_first_triton(
     tree_n = num_nodes if tree_nodes is None else tree_nodes
     if padded and (batch is None or num_slots is None or num_slots < tree_n + 1 or roots.shape != (batch,)):
         got = None if roots is None else list(roots.shape)
-        raise ValueError(f"roots [B] and num_slots >= num_nodes + 1 = {tree_n + 1} go with batched vals "
+        least = "num_nodes" if tree_nodes is None else "tree_nodes"
+        raise ValueError(f"roots [B] and num_slots >= {least} + 1 = {tree_n + 1} go with batched vals "
                          f"[B, D, K]; got roots {got}, num_slots={num_slots}.")  # fmt: skip
     if not 0 <= tree_n <= num_nodes or (tree_n < num_nodes and not padded):
         raise ValueError(f"tree_nodes={tree_nodes}: at most num_nodes={num_nodes}, fewer only with roots (whole "
