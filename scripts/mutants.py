@@ -669,6 +669,16 @@ MUTANTS += [
           "or False"),),  # fmt: skip
         ("tests/kernels/test_rotary.py",),
     ),
+    Mutant(  # tensor parallel: the ranks no longer compare what they committed
+        "ranks_not_compared",
+        (("specdec/distributed.py", "if high != digest or -low != digest:", "if False:"),),
+        ("tests/distributed/test_tensor_parallel.py::test_a_rank_with_other_noise_makes_every_rank_raise", "-m", "slow"),
+    ),
+    Mutant(  # tensor parallel: each rank's adaptive budget sees its own round time
+        "ranks_time_their_own_rounds",
+        (("specdec/distributed.py", "else slowest / 1000", "else ms"),),
+        ("tests/distributed/test_tensor_parallel.py::test_two_ranks_equal_the_single_process_runs", "-m", "slow"),
+    ),
 ]
 # -- the auto budget: its bounded graph keys and its choices -----------------------------------------------------
 AUTO_KEYS = "tests/round/test_auto_budget_keys.py"

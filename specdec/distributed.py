@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 __all__ = [
+    "RankAgreement",
+    "RanksDiverged",
     "check_tp_plan",
     "full_tensor",
     "is_dtensor",
@@ -90,6 +92,52 @@ def replicated(module: nn.Module | None) -> nn.Module | None:
     clone.__dict__.pop("forward", None)
     _REPLICAS[module] = (key, clone)
     return clone
+
+
+class RanksDiverged(RuntimeError):
+    """The ranks of a sharded target committed different tokens (see :class:`RankAgreement`)."""
+
+
+class RankAgreement:
+    """The ranks of a sharded target agree after every host read of a decoding call: on the tokens each committed
+    (a 62-bit hash of them, compared through one all-reduce of ``[h, -h, ms]`` with ``MAX``) and on the round's
+    device time (the slowest rank's, so that an adaptive policy chooses the same next budget everywhere: its choice
+    sets the next round's shapes, hence its collectives). Ranks that drew other noise (another seed) commit other
+    tokens; without this check their next forwards mix two sequences, and a rank whose sequence ended first leaves
+    the others waiting in a collective forever. With it, every rank raises :class:`RanksDiverged` at the first read
+    where they differ. Cost: one all-reduce of three integers per round (on the CPU for gloo, on the target's device
+    otherwise)."""
+
+    def __init__(self, device: torch.device):
+        backend = torch.distributed.get_backend()
+        self.device = torch.device("cpu") if backend == "gloo" else device
+        self.reads = 0
+
+    @classmethod
+    def for_model(cls, model: nn.Module, device: torch.device) -> RankAgreement | None:
+        """The check for ``model`` when it is sharded over several ranks, else None (free: one world-size query)."""
+        if world_size() < 2 or not torch.distributed.is_initialized() or not is_sharded(model):
+            return None
+        return cls(device)
+
+    def agree(self, tokens: list[list[int]], ms: float | None = None) -> float | None:
+        """Compare this read's ``tokens`` (per row, in order) across ranks; return the largest ``ms`` of the ranks
+        (None when any rank's is None). Raise :class:`RanksDiverged` when any rank's tokens differ."""
+        digest = hash(tuple(map(tuple, tokens))) & ((1 << 62) - 1)  # hashes of int tuples do not vary per process
+        time_us = -1 if ms is None else max(0, int(ms * 1000))
+        mine = torch.tensor([digest, -digest, time_us], dtype=torch.long)
+        both = mine.to(self.device)
+        torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
+        high, low, slowest = both.tolist()
+        self.reads += 1
+        if high != digest or -low != digest:
+            raise RanksDiverged(
+                f"tensor-parallel ranks diverged at read {self.reads} of this call: rank {rank()} committed other "
+                f"tokens than another rank ({tokens[0][:8]}... here). Every rank must draw the same noise: seed one "
+                "generator alike on every rank (generator=torch.Generator(device).manual_seed(s), or "
+                "torch.manual_seed(s) before the call on every rank) and pass every rank the same inputs."
+            )
+        return None if ms is None or slowest < 0 else slowest / 1000
 
 
 def check_tp_plan(config, world: int) -> None:

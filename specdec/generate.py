@@ -22,6 +22,7 @@ from transformers import GenerationConfig
 from specdec.backends import Backends
 from specdec.backends import use as use_backends
 from specdec.budget import DETACHED
+from specdec.distributed import RankAgreement
 from specdec.drafters.base import Drafter
 from specdec.drafters.follow import follow_target
 from specdec.engine import Engine, capture_reason, round_reason, tree_slots
@@ -562,6 +563,9 @@ def _decode(
         engine.note_modules()
     first_tokens = first_host()
     new_tokens = [[tok] for tok in first_tokens.tolist()]
+    ranks = RankAgreement.for_model(tgt.model, tgt.device)  # a sharded target: its ranks agree after every read
+    if ranks is not None:
+        ranks.agree(new_tokens)
     kept = [[row] for row in first_logits()] if keep else None  # per row: raw logits [V] per token
     done = [row[0] in eos or max_new_tokens == 1 or stopping.first_stop(b, [], row) is not None
             for b, row in enumerate(new_tokens)]  # fmt: skip
@@ -588,11 +592,14 @@ def _decode(
             pending = ahead
         stats.target_forwards += 1
         rounds_read += 1
+        ms = rnd.elapsed(ticket) if auto is not None else None
+        if ranks is not None:  # the same tokens on every rank, and every rank's policy sees the same round time
+            ms = ranks.agree([accepted for accepted, _ in results[:batch]], ms)
         if auto is not None:
             live = [b for b in range(batch) if not done[b]]
             expected = rnd.expected  # None for plain rounds: they propose nothing
             auto.observe(size, expected and [expected[b] for b in live], [len(results[b][0]) - 1 for b in live],
-                         rnd.elapsed(ticket), rows=live)  # fmt: skip
+                         ms, rows=live)  # fmt: skip
             stats.budgets.append(size)
         for b, (accepted, num_nodes) in enumerate(results[:batch]):
             if done[b]:

@@ -3,7 +3,8 @@
 Reads the cases the test wrote (``CASES``: a ``torch.save``\\ d list of dicts: a model folder, a drafter, trees,
 rules), loads each target with HF's tensor-parallel plan (``tp_plan="auto"``, gloo on the CPU), runs
 ``specdec.generate`` for every combination and saves this rank's tokens to ``OUT/rank<r>.pt``. ``--diverge``
-plants the bug the test must catch: rank 1 draws its sampling noise from another seed.
+plants the bug the test must catch: rank 1 draws its sampling noise from another seed (a ``RanksDiverged`` a run
+raises is saved as its message).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (models.py)
 
 import specdec  # noqa: E402
-from specdec.distributed import rank  # noqa: E402
+from specdec.distributed import RankAgreement, RanksDiverged, rank  # noqa: E402
 from specdec.loading import load_target  # noqa: E402
 
 
@@ -38,6 +39,7 @@ def build(spec: dict, target):
         "ddtree": specdec.DDTree(budget=8, topk=4),
         "stochastic-ddtree": specdec.StochasticDDTree(budget=8, topk=4),
         "sampled-chain": specdec.SampledChain(4),
+        "auto": specdec.DDTree(budget="auto"),
     }[spec["tree"]]
     verifier = {
         None: None,
@@ -56,11 +58,15 @@ def run_case(case: dict, *, diverge: bool) -> dict:
         generator = None
         if seed is not None:
             generator = torch.Generator().manual_seed(seed + (1 if diverge and rank() == 1 else 0))
-        got = specdec.generate(
-            target, case["ids"], attention_mask=torch.ones_like(case["ids"]), drafter=drafter, tree=tree,
-            verifier=verifier, max_new_tokens=case["max_new_tokens"], do_sample=seed is not None,
-            temperature=1.0 if seed is not None else None, generator=generator,
-        )  # fmt: skip
+        try:
+            got = specdec.generate(
+                target, case["ids"], attention_mask=torch.ones_like(case["ids"]), drafter=drafter, tree=tree,
+                verifier=verifier, max_new_tokens=case["max_new_tokens"], do_sample=seed is not None,
+                temperature=1.0 if seed is not None else None, generator=generator,
+            )  # fmt: skip
+        except RanksDiverged as error:  # the check every rank runs after each read: recorded for the test
+            out[spec["name"]] = str(error)
+            continue
         out[spec["name"]] = got.sequences
     return out
 
@@ -70,6 +76,8 @@ def main() -> None:
     folder = Path(sys.argv[2])
     diverge = "--diverge" in sys.argv[3:]
     results = {case["name"]: run_case(case, diverge=diverge) for case in cases}
+    # the round time every rank's adaptive policy sees: the slowest rank's (rank r reports r + 1 ms)
+    results["agreed_ms"] = RankAgreement(torch.device("cpu")).agree([[1, 2, 3]], ms=1.0 + rank())
     torch.save(results, folder / f"rank{rank()}.pt")
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
