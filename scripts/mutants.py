@@ -669,6 +669,18 @@ MUTANTS += [
           "or False"),),  # fmt: skip
         ("tests/kernels/test_rotary.py",),
     ),
+    Mutant(  # the mask kernel's key slots one past each node's (the verify's K/V written one slot late)
+        "verify_inputs_write_one_late",
+        (("specdec/kernels/tree_accept/triton.py", "tl.store(write_ptr + row, start + slot)",
+          "tl.store(write_ptr + row, start + slot + 1)"),),  # fmt: skip
+        ("tests/kernels/test_tree_accept.py::test_interpreted_verify_inputs", "-m", "interpreter"),
+    ),
+    Mutant(  # the verify's read length one short on the reference path
+        "verify_inputs_lengths_one_short",
+        (("specdec/kernels/tree_accept/__init__.py", "prefix[:, None] + index, prefix + slots",
+          "prefix[:, None] + index, prefix + slots - 1"),),  # fmt: skip
+        ("tests/kernels/test_tree_accept.py",),
+    ),
     Mutant(  # tensor parallel: the ranks no longer compare what they committed
         "ranks_not_compared",
         (("specdec/distributed.py", "if high != digest or -low != digest:", "if False:"),),

@@ -205,6 +205,7 @@ def main() -> None:
 
     patch(engine_mod.Round, "_verify", "verify")
     patch(engine_mod, "tree_masks", "mask")
+    patch(engine_mod, "verify_inputs", "mask")
     patch(engine_mod, "commit_rows", "commit")
     patch(engine_mod, "commit_recurrent", "commit")
     patch(storage._StaticLayer, "update", "cache_write")

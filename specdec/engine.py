@@ -29,7 +29,7 @@ from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.round_tail import round_tail
 from specdec.kernels.silu_mul import mlp_kernel_for
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
-from specdec.kernels.tree_accept import tree_masks
+from specdec.kernels.tree_accept import tree_masks, verify_inputs
 from specdec.processors import Processors, node_history
 from specdec.runtime import Captured, OnModel, compile_fn, compile_key, to_device
 from specdec.state.hybrid import HybridState, VerifyRound, adapter_forwards, hybrid_prefill
@@ -305,12 +305,13 @@ class Round:
         prefix = engine.prefix  # [B]
         # Node i of sequence b sits at slot prefix[b] + i and position prefix[b] + depth[b, i]; it sees the committed
         # prefix and its ancestors; padding nodes see only themselves (one Triton launch for the batch on CUDA).
-        mask = tree_masks(tree.parents, tree.valid, prefix, self.span, self.depth, target.target.dtype)
-        write_index = prefix[:, None] + self.arange
-        args = (tree.tokens, prefix[:, None] + tree.depth, mask, write_index, self.taps)
+        # With the mask come each node's position and key slot and each sequence's read length (one launch on CUDA).
+        mask, positions, write_index, lengths = verify_inputs(tree.parents, tree.valid, tree.depth, prefix, self.span,
+                                                              self.depth, target.target.dtype)  # fmt: skip
+        args = (tree.tokens, positions, mask, write_index, self.taps)
         # the committed prefix is flat: every real node sees it whole, padding sees none of it; nothing past the
         # tree's last slot is read
-        kw = {"span": self.span, "flat": prefix, "lengths": prefix + self.slots}  # int64: the kernel reads either
+        kw = {"span": self.span, "flat": prefix, "lengths": lengths}  # int64: the kernel reads either
         if self.hybrid is None:
             return (*target.forward(*args, **kw), None)
         # recurrent mixers run through their adapters over the device topology

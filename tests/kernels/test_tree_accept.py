@@ -31,6 +31,7 @@ from specdec.kernels.tree_accept import (
     tree_mask,
     tree_mask_reference,
     tree_masks,
+    verify_inputs,
 )
 from specdec.trees import ddtree_device
 from specdec.types import DraftTree
@@ -243,6 +244,33 @@ def check_batched_masks(batches: list[list[dict]], outputs: list[torch.Tensor]) 
         for b, case in enumerate(rows):
             assert torch.equal(_bits(got[b : b + 1].cpu()), _bits(tree_mask_reference(*_mask_args(case))))
             assert torch.equal(_bits(got[b : b + 1].cpu()), _bits(mask_oracle(case)))
+
+
+def _verify_args(rows: list[dict], device: str = "cpu") -> list:
+    parents, valid, prefix, *rest = _batched_args(rows, device)
+    depth = torch.stack([_depths(row) for row in parents.cpu()]).long()  # each node's depth, a Python walk
+    return [parents, valid, depth.to(device), prefix, *rest]
+
+
+def check_verify_inputs(batches: list[list[dict]], outputs: list[tuple]) -> None:
+    """The masks as ``check_batched_masks``; positions, key slots and lengths as Python sums."""
+    check_batched_masks(batches, [out[0] for out in outputs])
+    for rows, (_, positions, write, lengths) in zip(batches, outputs, strict=True):
+        parents = torch.stack([r["parents"] for r in rows])
+        depth, slots = [_depths(row).tolist() for row in parents], parents.shape[1]
+        starts = [int(r["prefix"]) for r in rows]
+        assert positions.cpu().tolist() == [[x + d for d in ds] for x, ds in zip(starts, depth, strict=True)]
+        assert write.cpu().tolist() == [[x + i for i in range(slots)] for x in starts]
+        assert lengths.cpu().tolist() == [x + slots for x in starts]
+        assert positions.dtype == write.dtype == lengths.dtype == torch.long
+
+
+def test_verify_inputs_are_the_masks_and_the_slot_sums():
+    batches = batched_mask_cases()
+    check_verify_inputs(batches, [verify_inputs(*_verify_args(rows), impl="torch") for rows in batches])
+    args = _verify_args(batches[0])
+    with pytest.raises(ValueError, match="depth of the parents' shape"):
+        verify_inputs(args[0], args[1], args[2][:, :-1], *args[3:])
 
 
 def test_batched_masks_equal_each_tree_alone():
@@ -494,6 +522,11 @@ def test_interpreted_batched_masks_equal_each_tree_alone(interpreted):
 
 
 @pytest.mark.interpreter
+def test_interpreted_verify_inputs(interpreted):
+    check_verify_inputs(batched_mask_cases(num=30), interpreted["verify"])
+
+
+@pytest.mark.interpreter
 def test_interpreted_accept_equals_reference(interpreted):
     check_accepts(interpreted["cases"]["accept"], interpreted["accept"])
 
@@ -530,6 +563,7 @@ def _run_interpreted(folder: Path) -> None:
     out = {
         "mask": [kernels.tree_mask_triton(*_mask_args(c)) for c in cases["mask"]],
         "batched": [kernels.tree_masks_triton(*_batched_args(rows)) for rows in batched_mask_cases(num=30)],
+        "verify": [kernels.verify_inputs_triton(*_verify_args(rows)) for rows in batched_mask_cases(num=30)],
         "accept": [tuple(kernels.accept_path_triton(*_accept_args(c)[:2], *_accept_args(c)[3:]))
                    for c in cases["accept"]],
         "batched_accept": [tuple(accept_paths(*_batched_accept_args(rows), impl="triton"))
@@ -555,12 +589,16 @@ def _run_interpreted(folder: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("part", ["masks", "accepts", "long-walks", "batched-walks", "cuda-reference"])
+@pytest.mark.parametrize("part", ["masks", "verify-inputs", "accepts", "long-walks", "batched-walks",
+                                  "cuda-reference"])
 def test_compiled_equals_reference_on_cuda(part):
     # one part per test: their compiles (one per launch specialisation) run on parallel workers
     if part == "masks":
         masks = mask_cases()
         check_masks(masks, [tree_mask(*_mask_args(c, "cuda"), impl="triton") for c in masks])
+    elif part == "verify-inputs":
+        batches = batched_mask_cases()
+        check_verify_inputs(batches, [verify_inputs(*_verify_args(rows, "cuda"), impl="triton") for rows in batches])
     elif part == "accepts":
         accepts = accept_cases()
         check_accepts(accepts, [accept_path(*_accept_args(c, "cuda"), impl="triton") for c in accepts])

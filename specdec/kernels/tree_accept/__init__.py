@@ -27,6 +27,7 @@ __all__ = [
     "tree_mask",
     "tree_mask_reference",
     "tree_masks",
+    "verify_inputs",
 ]
 
 _MODULE = "specdec.kernels.tree_accept.triton"
@@ -74,18 +75,44 @@ def tree_masks(
 ) -> torch.Tensor:
     """:func:`tree_mask` for a batch of trees: ``parents``, ``valid`` ``[B, S]``, ``prefix [B]`` (each tree's node 0
     at its own key slot); returns ``[B, 1, S, capacity]`` (one launch on CUDA for the whole batch)."""
-    if parents.dim() != 2 or valid.shape != parents.shape or prefix.shape != parents.shape[:1]:
-        raise ValueError(
-            f"tree_masks takes parents and valid [B, S] and prefix [B]; got {list(parents.shape)}, "
-            f"{list(valid.shape)}, {list(prefix.shape)}."
-        )
-    _check_mask_args(parents[0], valid[0], prefix[0], capacity, max_depth, dtype)  # dtypes, devices (no values)
+    _check_batch_mask_args("tree_masks", parents, valid, prefix, capacity, max_depth, dtype)
     if pick_impl(impl, parents.device, _MODULE) == "torch":
         return torch.cat([tree_mask_reference(p, v, x, capacity, max_depth, dtype)
                           for p, v, x in zip(parents, valid, prefix, strict=True)])  # fmt: skip
     from specdec.kernels.tree_accept.triton import tree_masks_triton
 
     return tree_masks_triton(parents, valid, prefix, capacity, max_depth, dtype)
+
+
+def verify_inputs(
+    parents: torch.Tensor,
+    valid: torch.Tensor,
+    depth: torch.Tensor,
+    prefix: torch.Tensor,
+    capacity: int,
+    max_depth: int,
+    dtype: torch.dtype,
+    *,
+    impl: Impl = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a tree round's verify forward takes besides the tokens, for a batch of trees (``parents``, ``valid``,
+    ``depth`` ``[B, S]``, ``prefix [B]``): :func:`tree_masks`' masks ``[B, 1, S, capacity]``, each node's position
+    ``prefix + depth`` and key slot ``prefix + i`` (``[B, S]`` int64), and each sequence's read length ``prefix + S``
+    (``[B]``). One launch on CUDA (the mask kernel writes the three from its first column block), else the reference
+    mask and three additions."""
+    _check_batch_mask_args("verify_inputs", parents, valid, prefix, capacity, max_depth, dtype)
+    if depth.shape != parents.shape:
+        raise ValueError(f"verify_inputs takes depth of the parents' shape {list(parents.shape)}; got "
+                         f"{list(depth.shape)}.")  # fmt: skip
+    _check_slots(parents[0], depth=(depth[0], torch.long))
+    if pick_impl(impl, parents.device, _MODULE) == "torch":
+        mask = tree_masks(parents, valid, prefix, capacity, max_depth, dtype, impl="torch")
+        slots = parents.shape[1]
+        index = torch.arange(slots, device=parents.device)
+        return mask, prefix[:, None] + depth, prefix[:, None] + index, prefix + slots
+    from specdec.kernels.tree_accept.triton import verify_inputs_triton
+
+    return verify_inputs_triton(parents, valid, depth, prefix, capacity, max_depth, dtype)
 
 
 def accept_path(
@@ -171,6 +198,15 @@ def _check_slots(parents: torch.Tensor, **others: tuple[torch.Tensor, torch.dtyp
             raise ValueError(f"{name} must be [{parents.numel()}] {dtype}; got {tensor.dtype} {list(tensor.shape)}.")
         if tensor.device != parents.device:
             raise ValueError(f"{name} is on {tensor.device}, parents on {parents.device}: pass one device.")
+
+
+def _check_batch_mask_args(name, parents, valid, prefix, capacity, max_depth, dtype) -> None:
+    if parents.dim() != 2 or valid.shape != parents.shape or prefix.shape != parents.shape[:1]:
+        raise ValueError(
+            f"{name} takes parents and valid [B, S] and prefix [B]; got {list(parents.shape)}, "
+            f"{list(valid.shape)}, {list(prefix.shape)}."
+        )
+    _check_mask_args(parents[0], valid[0], prefix[0], capacity, max_depth, dtype)  # dtypes, devices (no values)
 
 
 def _check_mask_args(parents, valid, prefix, capacity, max_depth, dtype) -> None:

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from specdec.types import Accept, AcceptRow
 
-__all__ = ["accept_path_triton", "mask_hops", "tree_mask_triton", "tree_masks_triton"]
+__all__ = ["accept_path_triton", "mask_hops", "tree_mask_triton", "tree_masks_triton", "verify_inputs_triton"]
 
 
 @triton.jit
@@ -24,18 +24,30 @@ def _tree_mask_kernel(
     valid_ptr,  # [B, S] bool
     prefix_ptr,  # [B] int64: the key slot of each tree's node 0
     out_ptr,  # [B, S, C] out, the additive mask
+    depth_ptr,  # [B, S] int64, read when SLOTS
+    positions_ptr,  # [B, S] int64 out when SLOTS: prefix + depth
+    write_ptr,  # [B, S] int64 out when SLOTS: prefix + slot
+    lengths_ptr,  # [B] int64 out when SLOTS: prefix + S
     S,
     C,
     HOPS: tl.constexpr,
     FILL: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    SLOTS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)  # b * S + slot
     seq = row // S
     slot = row - seq * S
     base = seq * S
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    rel = cols.to(tl.int64) - tl.load(prefix_ptr + seq)
+    start = tl.load(prefix_ptr + seq)
+    if SLOTS:  # the verify's position, key slot and read length of the row, by its first column block
+        if tl.program_id(1) == 0:
+            tl.store(positions_ptr + row, start + tl.load(depth_ptr + row))
+            tl.store(write_ptr + row, start + slot)
+            if slot == 0:
+                tl.store(lengths_ptr + seq, start + S)
+    rel = cols.to(tl.int64) - start
     row_valid = tl.load(valid_ptr + row).to(tl.int1)
     cur = slot
     seen = ((rel < 0) & row_valid) | (rel == cur)
@@ -80,14 +92,39 @@ def tree_masks_triton(
 ) -> torch.Tensor:
     """The masks of a batch of trees (``parents``, ``valid`` ``[B, S]``, ``prefix [B]``) in one launch:
     ``[B, 1, S, capacity]``."""
+    return _masks(parents, valid, prefix, capacity, max_depth, dtype, None)[0]
+
+
+def verify_inputs_triton(
+    parents: torch.Tensor,
+    valid: torch.Tensor,
+    depth: torch.Tensor,
+    prefix: torch.Tensor,
+    capacity: int,
+    max_depth: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``tree_masks_triton``'s masks and, from the same launch, the verify's ``prefix + depth``, ``prefix + slot``
+    (``[B, S]`` int64 each) and ``prefix + S`` (``[B]``)."""
+    return _masks(parents, valid, prefix, capacity, max_depth, dtype, depth)
+
+
+def _masks(parents, valid, prefix, capacity, max_depth, dtype, depth):
     batch, slots = parents.shape
     out = torch.empty(batch, 1, slots, capacity, dtype=dtype, device=parents.device)
     block = min(triton.next_power_of_2(capacity), 1024)
     grid = (batch * slots, triton.cdiv(capacity, block))
+    extra = depth is not None
+    positions = torch.empty(batch, slots, dtype=torch.long, device=parents.device) if extra else prefix
+    write = torch.empty(batch, slots, dtype=torch.long, device=parents.device) if extra else prefix
+    lengths = torch.empty(batch, dtype=torch.long, device=parents.device) if extra else prefix
     _tree_mask_kernel[grid](
-        parents.contiguous(), valid.contiguous(), prefix.contiguous(), out, slots, capacity,
-        HOPS=mask_hops(max_depth), FILL=torch.finfo(dtype).min, BLOCK_C=block, num_warps=4 if block >= 512 else 1,
+        parents.contiguous(), valid.contiguous(), prefix.contiguous(), out,
+        depth.contiguous() if extra else prefix, positions, write, lengths, slots, capacity,
+        HOPS=mask_hops(max_depth), FILL=torch.finfo(dtype).min, BLOCK_C=block, SLOTS=extra,
+        num_warps=4 if block >= 512 else 1,
     )  # fmt: skip
+    return out, positions, write, lengths
     return out
 
 
