@@ -686,6 +686,12 @@ MUTANTS += [
         (("specdec/distributed.py", "if high != digest or -low != digest:", "if False:"),),
         ("tests/distributed/test_tensor_parallel.py::test_a_rank_with_other_noise_makes_every_rank_raise", "-m", "slow"),
     ),
+    Mutant(  # tensor parallel: each rank stops on its own clock (max_time)
+        "ranks_clock_not_agreed",
+        (("specdec/distributed.py", "bool(any_flag)", "bool(flag)"),),
+        ("tests/distributed/test_tensor_parallel.py::test_max_time_passed_on_one_rank_stops_every_rank_at_the_same_read",
+         "-m", "slow"),  # fmt: skip
+    ),
     Mutant(  # tensor parallel: each rank's adaptive budget sees its own round time
         "ranks_time_their_own_rounds",
         (("specdec/distributed.py", "else slowest / 1000", "else ms"),),

@@ -100,13 +100,14 @@ class RanksDiverged(RuntimeError):
 
 class RankAgreement:
     """The ranks of a sharded target agree after every host read of a decoding call: on the tokens each committed
-    (a 62-bit hash of them, compared through one all-reduce of ``[h, -h, ms]`` with ``MAX``) and on the round's
-    device time (the slowest rank's, so that an adaptive policy chooses the same next budget everywhere: its choice
-    sets the next round's shapes, hence its collectives). Ranks that drew other noise (another seed) commit other
-    tokens; without this check their next forwards mix two sequences, and a rank whose sequence ended first leaves
-    the others waiting in a collective forever. With it, every rank raises :class:`RanksDiverged` at the first read
-    where they differ. Cost: one all-reduce of three integers per round (on the CPU for gloo, on the target's device
-    otherwise)."""
+    and the rows it ended (a 62-bit hash of them, compared through one all-reduce of ``[h, -h, ms, flag]`` with
+    ``MAX``), on the round's device time (the slowest rank's, so that an adaptive policy chooses the same next
+    budget everywhere: its choice sets the next round's shapes, hence its collectives) and on whether ``max_time``
+    has passed (on any rank's clock: every rank stops at the same round). Ranks that drew other noise (another seed)
+    commit other tokens; without this check their next forwards mix two sequences, and a rank whose sequence ended
+    first leaves the others waiting in a collective forever. With it, every rank raises :class:`RanksDiverged` at
+    the first read where they differ. Cost: one all-reduce of four integers per round (on the CPU for gloo, on the
+    target's device otherwise)."""
 
     def __init__(self, device: torch.device):
         backend = torch.distributed.get_backend()
@@ -120,24 +121,29 @@ class RankAgreement:
             return None
         return cls(device)
 
-    def agree(self, tokens: list[list[int]], ms: float | None = None) -> float | None:
-        """Compare this read's ``tokens`` (per row, in order) across ranks; return the largest ``ms`` of the ranks
-        (None when any rank's is None). Raise :class:`RanksDiverged` when any rank's tokens differ."""
-        digest = hash(tuple(map(tuple, tokens))) & ((1 << 62) - 1)  # hashes of int tuples do not vary per process
+    def agree(self, tokens: list[list[int]], done: list[bool], ms: float | None = None,
+              flag: bool = False) -> tuple[float | None, bool]:  # fmt: skip
+        """Compare this read's ``tokens`` (per row, in order) and ``done`` flags across ranks. Returns the largest
+        ``ms`` of the ranks (None when any rank's is None) and whether ``flag`` is set on any rank (``max_time``
+        passed on some rank's clock: every rank stops). Raises :class:`RanksDiverged` when any rank's tokens or
+        flags differ."""
+        state = (tuple(map(tuple, tokens)), tuple(done))
+        digest = hash(state) & ((1 << 62) - 1)  # hashes of ints, bools and their tuples do not vary per process
         time_us = -1 if ms is None else max(0, int(ms * 1000))
-        mine = torch.tensor([digest, -digest, time_us], dtype=torch.long)
-        both = mine.to(self.device)
+        both = torch.tensor([digest, -digest, time_us, int(flag)], dtype=torch.long).to(self.device)
         torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
-        high, low, slowest = both.tolist()
+        high, low, slowest, any_flag = both.tolist()
         self.reads += 1
         if high != digest or -low != digest:
             raise RanksDiverged(
                 f"tensor-parallel ranks diverged at read {self.reads} of this call: rank {rank()} committed other "
-                f"tokens than another rank ({tokens[0][:8]}... here). Every rank must draw the same noise: seed one "
-                "generator alike on every rank (generator=torch.Generator(device).manual_seed(s), or "
-                "torch.manual_seed(s) before the call on every rank) and pass every rank the same inputs."
+                f"tokens, or ended other rows, than another rank (here: {[t[:8] for t in tokens[:2]]}, done "
+                f"{list(done[:4])}). Every rank must draw the same noise: seed one generator alike on every rank "
+                "(generator=torch.Generator(device).manual_seed(s), or torch.manual_seed(s) before the call on every "
+                "rank), pass every rank the same inputs, and give it no stopping criteria that depend on the rank or "
+                "its clock (max_time is agreed on by the ranks; a custom time-based criterion is not)."
             )
-        return None if ms is None or slowest < 0 else slowest / 1000
+        return (None if ms is None or slowest < 0 else slowest / 1000), bool(any_flag)
 
 
 def check_tp_plan(config, world: int) -> None:

@@ -558,18 +558,23 @@ def _decode(
     # the first token (and its logits) copied before the round is launched: reading them waits for the prefill only
     first_host = copy_to_host(first[:batch])
     first_logits = copy_to_host(logits[:batch].float()) if keep else None
-    pending = launch(0) if max_new_tokens > 1 and not stopping.timed_out() else None  # a launched round not read yet
+    # A sharded target's ranks agree after every read on what they committed, which rows are done, whether max_time
+    # has passed (any rank's clock) and the round's time: every rank then launches the same rounds.
+    ranks = RankAgreement.for_model(tgt.model, tgt.device)
+    # (with ranks, the first round is launched whatever the clock says: they agree on max_time after the first read)
+    launch_first = max_new_tokens > 1 and (ranks is not None or not stopping.timed_out())
+    pending = launch(0) if launch_first else None  # a launched round not read yet
     if rows == 1:  # the target's module attributes for ``Engine.keep``, read while the device runs the prefill
         engine.note_modules()
     first_tokens = first_host()
     new_tokens = [[tok] for tok in first_tokens.tolist()]
-    ranks = RankAgreement.for_model(tgt.model, tgt.device)  # a sharded target: its ranks agree after every read
-    if ranks is not None:
-        ranks.agree(new_tokens)
     kept = [[row] for row in first_logits()] if keep else None  # per row: raw logits [V] per token
     done = [row[0] in eos or max_new_tokens == 1 or stopping.first_stop(b, [], row) is not None
             for b, row in enumerate(new_tokens)]  # fmt: skip
-    if stopping.timed_out():
+    timed = stopping.timed_out()
+    if ranks is not None:
+        _, timed = ranks.agree(new_tokens, done, flag=timed)
+    if timed:
         done = [True] * batch
     if streamer is not None:
         streamer.put(first_tokens[:1].clone())
@@ -592,15 +597,8 @@ def _decode(
             pending = ahead
         stats.target_forwards += 1
         rounds_read += 1
-        ms = rnd.elapsed(ticket) if auto is not None else None
-        if ranks is not None:  # the same tokens on every rank, and every rank's policy sees the same round time
-            ms = ranks.agree([accepted for accepted, _ in results[:batch]], ms)
-        if auto is not None:
-            live = [b for b in range(batch) if not done[b]]
-            expected = rnd.expected  # None for plain rounds: they propose nothing
-            auto.observe(size, expected and [expected[b] for b in live], [len(results[b][0]) - 1 for b in live],
-                         ms, rows=live)  # fmt: skip
-            stats.budgets.append(size)
+        live = [b for b in range(batch) if not done[b]]
+        committed: list[list[int]] = [[] for _ in range(batch)]  # this round's tokens per row, as kept
         for b, (accepted, num_nodes) in enumerate(results[:batch]):
             if done[b]:
                 continue
@@ -616,6 +614,7 @@ def _decode(
             if kept is not None:
                 kept[b] += list(rnd.logits[b, : len(accepted)])
             new_tokens[b] += accepted
+            committed[b] = accepted
             done[b] = done[b] or len(new_tokens[b]) >= max_new_tokens
             if done[b] and batch > 1:
                 engine.finish(b)
@@ -624,7 +623,16 @@ def _decode(
                 row_stats.tree_nodes += num_nodes
             if streamer is not None:
                 streamer.put(torch.tensor(accepted, dtype=torch.long))
-        if stopping.timed_out():  # max_time: this round is kept whole, no other runs
+        timed = stopping.timed_out()
+        ms = rnd.elapsed(ticket) if auto is not None else None
+        if ranks is not None:  # and every rank's adaptive policy sees the same (slowest) round time
+            ms, timed = ranks.agree(committed, done, ms, flag=timed)
+        if auto is not None:
+            expected = rnd.expected  # None for plain rounds: they propose nothing
+            auto.observe(size, expected and [expected[b] for b in live], [len(results[b][0]) - 1 for b in live],
+                         ms, rows=live)  # fmt: skip
+            stats.budgets.append(size)
+        if timed:  # max_time: this round is kept whole, no other runs
             done = [True] * batch
 
     if streamer is not None:

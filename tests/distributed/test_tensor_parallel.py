@@ -9,6 +9,7 @@ fp32) against single-process runs.
   with the same seed: acceptance is decided identically everywhere.
 - The adaptive budget (``DDTree(budget="auto")``, greedy) on the zoo dense target: every rank equals HF, so every
   rank chose the same budgets (each rank times its own rounds; the ranks agree on the slowest).
+- ``max_time`` passed on one rank's clock only: every rank stops at the same read with the same tokens.
 - The planted divergence: rank 1 drawing its noise from another seed makes every rank raise ``RanksDiverged`` at the
   same read, with the fix (without the check the ranks' all-reduces mix two sequences, and a rank that finishes
   first leaves the other waiting in a collective).
@@ -121,7 +122,8 @@ def test_two_ranks_equal_the_single_process_runs(cases, tmp_path):
     want = {case["name"]: expected(case) for case in cases}
     assert len({tuple(v.flatten().tolist()) for v in want["zoo-dense"].values()}) > 1  # sampled runs differ
     ranks = launch(cases, tmp_path)
-    assert [results.pop("agreed_ms") for results in ranks] == [2.0, 2.0]  # both ranks get the slowest one's time
+    # both ranks get the slowest one's time, and the flag rank 1 raised (max_time passed on its clock)
+    assert [results.pop("agreed") for results in ranks] == [(2.0, True), (2.0, True)]
     compare(ranks, want)
 
 
@@ -134,6 +136,15 @@ def test_a_rank_with_other_noise_makes_every_rank_raise(cases, tmp_path):
             got = results[case["name"]][spec["name"]]
             assert isinstance(got, str), (r, spec["name"], got)  # tokens: the divergence went unnoticed
             assert "ranks diverged" in got and "manual_seed" in got, got
+
+
+@pytest.mark.slow
+def test_max_time_passed_on_one_rank_stops_every_rank_at_the_same_read(cases, tmp_path):
+    case = {**cases[0], "runs": [r for r in cases[0]["runs"] if r["name"] == "ngram-ddtree"]}
+    ranks = launch([case], tmp_path, "--rank1-max-time", timeout=600)  # a hang (ranks disagreeing) fails here
+    first, second = (results[case["name"]]["ngram-ddtree"] for results in ranks)
+    assert torch.equal(first, second)
+    assert first.shape[1] == case["ids"].shape[1] + 1  # the first token, then no round (HF's max_time semantics)
 
 
 # --- specdec.distributed in one process --------------------------------------------------------------------------

@@ -4,11 +4,13 @@ Reads the cases the test wrote (``CASES``: a ``torch.save``\\ d list of dicts: a
 rules), loads each target with HF's tensor-parallel plan (``tp_plan="auto"``, gloo on the CPU), runs
 ``specdec.generate`` for every combination and saves this rank's tokens to ``OUT/rank<r>.pt``. ``--diverge``
 plants the bug the test must catch: rank 1 draws its sampling noise from another seed (a ``RanksDiverged`` a run
-raises is saved as its message).
+raises is saved as its message). ``--rank1-max-time``: rank 1 alone passes a ``max_time`` that has passed at the
+first read.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 from pathlib import Path
@@ -49,7 +51,7 @@ def build(spec: dict, target):
     return drafter, tree, verifier
 
 
-def run_case(case: dict, *, diverge: bool) -> dict:
+def run_case(case: dict, *, diverge: bool, rank1_max_time: bool = False) -> dict:
     target = load_target(case["path"], device=torch.device("cpu"), dtype=torch.float32, tp_plan="auto")
     out = {}
     for spec in case["runs"]:
@@ -63,6 +65,7 @@ def run_case(case: dict, *, diverge: bool) -> dict:
                 target, case["ids"], attention_mask=torch.ones_like(case["ids"]), drafter=drafter, tree=tree,
                 verifier=verifier, max_new_tokens=case["max_new_tokens"], do_sample=seed is not None,
                 temperature=1.0 if seed is not None else None, generator=generator,
+                max_time=1e-9 if rank1_max_time and rank() == 1 else None,
             )  # fmt: skip
         except RanksDiverged as error:  # the check every rank runs after each read: recorded for the test
             out[spec["name"]] = str(error)
@@ -75,9 +78,13 @@ def main() -> None:
     cases = torch.load(sys.argv[1])
     folder = Path(sys.argv[2])
     diverge = "--diverge" in sys.argv[3:]
-    results = {case["name"]: run_case(case, diverge=diverge) for case in cases}
+    timed = "--rank1-max-time" in sys.argv[3:]
+    if not torch.distributed.is_initialized():  # a hang (ranks waiting in different collectives) fails in 2 minutes
+        torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    results = {case["name"]: run_case(case, diverge=diverge, rank1_max_time=timed) for case in cases}
     # the round time every rank's adaptive policy sees: the slowest rank's (rank r reports r + 1 ms)
-    results["agreed_ms"] = RankAgreement(torch.device("cpu")).agree([[1, 2, 3]], ms=1.0 + rank())
+    results["agreed"] = RankAgreement(torch.device("cpu")).agree([[1, 2, 3]], [False], ms=1.0 + rank(),
+                                                                 flag=rank() == 1)  # fmt: skip
     torch.save(results, folder / f"rank{rank()}.pt")
     if torch.distributed.is_initialized():
         torch.distributed.barrier()

@@ -41,7 +41,8 @@ def _tree_mask_kernel(
     base = seq * S
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     start = tl.load(prefix_ptr + seq)
-    if SLOTS:  # the verify's position, key slot and read length of the row, by its first column block
+    # the verify's position, key slot and read length of the row, written by its first block of columns
+    if SLOTS:  # noqa: SIM102 (a compile-time branch around a run-time one)
         if tl.program_id(1) == 0:
             tl.store(positions_ptr + row, start + tl.load(depth_ptr + row))
             tl.store(write_ptr + row, start + slot)
