@@ -3,7 +3,7 @@ fp32) against single-process runs.
 
 - Greedy: every rank's tokens equal single-process HF ``generate`` (the unsharded model) for plain decoding, the
   n-gram, small-LM and DFlash drafters with a chain and a DDTree, on a tiny dense model and both zoo targets (the
-  hybrid one's Gated DeltaNet layers included).
+  hybrid one's Gated DeltaNet layers included), and on a ragged, left-padded batch of two prompts.
 - Sampling: seeded runs (sample-and-match over a DDTree, multi-draft rejection over a stochastic DDTree,
   speculative sampling over a sampled chain) give the same tokens on every rank, equal to the single-process run
   with the same seed: acceptance is decided identically everywhere.
@@ -70,7 +70,11 @@ def cases(tmp_path_factory) -> list[dict]:
                     "runs": _runs("dflash")})  # fmt: skip
     for case in out:
         case["ids"], case["max_new_tokens"] = IDS, 16
-    return out
+    # a ragged batch: two prompts, the shorter one left-padded
+    batch = {**out[0], "name": "tiny-batch", "runs": [r for r in out[0]["runs"] if r.get("seed") is None]}
+    ids = torch.tensor([[0, 0, 0, 0, 5, 9, 2, 77, 31], [7, 7, 1, 5, 9, 2, 100, 120, 30]])
+    batch.update(ids=ids, mask=(torch.arange(ids.shape[1]) >= torch.tensor([[4], [0]])).long(), max_new_tokens=24)
+    return [*out, batch]
 
 
 def expected(case: dict) -> dict:
@@ -78,7 +82,7 @@ def expected(case: dict) -> dict:
     from tp_worker import build
 
     target = transformers.AutoModelForCausalLM.from_pretrained(case["path"], dtype=torch.float32)
-    mask = torch.ones_like(case["ids"])
+    mask = case.get("mask", torch.ones_like(case["ids"]))
     greedy = target.generate(case["ids"], attention_mask=mask, max_new_tokens=case["max_new_tokens"], do_sample=False)
     out = {}
     for spec in case["runs"]:

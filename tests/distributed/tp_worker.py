@@ -62,7 +62,8 @@ def run_case(case: dict, *, diverge: bool, rank1_max_time: bool = False) -> dict
             generator = torch.Generator().manual_seed(seed + (1 if diverge and rank() == 1 else 0))
         try:
             got = specdec.generate(
-                target, case["ids"], attention_mask=torch.ones_like(case["ids"]), drafter=drafter, tree=tree,
+                target, case["ids"], attention_mask=case.get("mask", torch.ones_like(case["ids"])), drafter=drafter,
+                tree=tree,
                 verifier=verifier, max_new_tokens=case["max_new_tokens"], do_sample=seed is not None,
                 temperature=1.0 if seed is not None else None, generator=generator,
                 max_time=1e-9 if rank1_max_time and rank() == 1 else None,
