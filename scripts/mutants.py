@@ -681,6 +681,11 @@ MUTANTS += [
           "prefix[:, None] + index, prefix + slots - 1"),),  # fmt: skip
         ("tests/kernels/test_tree_accept.py",),
     ),
+    Mutant(  # the stochastic DDTree's nodes take the draws in reverse order of their places
+        "stochastic_ddtree_draws_reversed",
+        (("specdec/trees/sampled.py", "rank_tokens=drawn)", "rank_tokens=drawn.flip(-1))"),),
+        ("tests/verify/test_sampled_policies.py",),
+    ),
     Mutant(  # tensor parallel: the ranks no longer compare what they committed
         "ranks_not_compared",
         (("specdec/distributed.py", "if high != digest or -low != digest:", "if False:"),),

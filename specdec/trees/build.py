@@ -48,6 +48,7 @@ def ddtree_device(
     num_slots: int,
     impl: str = "torch",
     topk_impl: str = "torch",
+    rank_tokens: torch.Tensor | None = None,
 ) -> TreeRow:
     """The DDTree (the best-first heap of ``docs/trees.md``, node for node) as device tensor ops.
 
@@ -72,6 +73,12 @@ def ddtree_device(
             measured faster, ``docs/kernels.md``), else torch. All give the same ranks, ties included.
 
     Returns:
+        rank_tokens (torch.Tensor | None): ``[D, >= k]`` int64: the token the node of rank ``r`` at depth ``d`` takes
+            (``rank_tokens[d - 1, r]``) instead of ``logq``'s own ``r``-th token; the tree's shape is ``logq``'s.
+            A policy whose tokens are drawn elsewhere (``StochasticDDTree``'s draws without replacement) writes
+            them through the selection itself. Siblings under one parent are ranks ``0, 1, ...`` in slot order.
+
+    Returns:
         TreeRow: ``S`` slots holding ``1 + min(budget, reachable)`` real nodes.
     """
     depth_limit, vocab = _check_logq(logq)
@@ -87,6 +94,8 @@ def ddtree_device(
     if topk_impl == "auto":
         topk_impl = "triton" if vocab <= TOPK_TRITON_MAX_VOCAB and triton_fits(logq, 1) else "torch"
     vals, ids = topk_rows(logq, k) if topk_impl == "triton" else topk_rows_reference(logq, k)  # [D, k] fp32 / int64
+    if rank_tokens is not None:
+        ids = _rank_tokens(rank_tokens, depth_limit, k)
     num_real = 1 + min(budget, reachable_nodes(k, depth_limit, budget))
     if impl not in ("auto", "torch", "triton"):
         raise ValueError(f"impl={impl!r}: choose 'auto', 'torch' or 'triton'.")
@@ -113,10 +122,12 @@ def ddtree_batch(
     num_slots: int,
     impl: str = "torch",
     topk_impl: str = "torch",
+    rank_tokens: torch.Tensor | None = None,
 ) -> DeviceTree:
-    """:func:`ddtree_device` for a batch: ``logq [B, D, V]``, ``roots [B]`` -> the trees ``[B, S]``, node for node
-    those of each row alone. Where the Triton selection applies, the whole batch takes one top-k launch and one
-    selection launch (one program per row); otherwise the rows are built one by one."""
+    """:func:`ddtree_device` for a batch: ``logq [B, D, V]``, ``roots [B]`` (``rank_tokens``: ``[B, D, >= k]``) ->
+    the trees ``[B, S]``, node for node those of each row alone. Where the Triton selection applies, the whole
+    batch takes one top-k launch and one selection launch (one program per row); otherwise the rows are built one
+    by one."""
     batch = logq.shape[0]
     if logq.dim() != 3 or roots.shape != (batch,):
         raise ValueError(f"ddtree_batch takes logq [B, D, V] and roots [B]; got {list(logq.shape)}, "
@@ -127,20 +138,37 @@ def ddtree_batch(
     if impl == "auto":
         impl = "triton" if triton_fits(logq[0], k) else "torch"
     if impl != "triton":
-        rows = [ddtree_device(q, r, budget=budget, topk=topk, num_slots=num_slots, impl=impl, topk_impl=topk_impl)
-                for q, r in zip(logq, roots, strict=True)]  # fmt: skip
+        per_row = [None] * batch if rank_tokens is None else list(rank_tokens)
+        rows = [ddtree_device(q, r, budget=budget, topk=topk, num_slots=num_slots, impl=impl, topk_impl=topk_impl,
+                              rank_tokens=t) for q, r, t in zip(logq, roots, per_row, strict=True)]  # fmt: skip
         return DeviceTree.stack(rows)
     _check_int("num_slots", num_slots, budget + 1)
     if topk_impl == "auto":
         topk_impl = "triton" if vocab <= TOPK_TRITON_MAX_VOCAB and triton_fits(logq[0], 1) else "torch"
     flat = logq.reshape(batch * depth_limit, vocab)
     vals, ids = topk_rows(flat, k) if topk_impl == "triton" else topk_rows_reference(flat, k)
+    if rank_tokens is not None:
+        if rank_tokens.dim() != 3 or rank_tokens.shape[0] != batch:
+            raise ValueError(f"rank_tokens must be [B, D, >= k] = [{batch}, {depth_limit}, >= {k}]; got "
+                             f"{list(rank_tokens.shape)}.")  # fmt: skip
+        _rank_tokens(rank_tokens[0], depth_limit, k)  # the checks
+        ids = rank_tokens[:, :, :k].contiguous()  # (no copy when it holds k ranks)
     num_real = 1 + min(budget, reachable_nodes(k, depth_limit, budget))
     # whole trees from the launch that selects them (pad_trees' layout, no concatenations)
     tokens, parents, depth = best_first(vals.view(batch, depth_limit, k), ids.view(batch, depth_limit, k),
                                         num_real - 1, roots=roots.long(), num_slots=num_slots)  # fmt: skip
     _, _, valid, num_nodes = _pad_constants(tokens.device, batch, num_real - 1, num_slots)
     return DeviceTree(tokens=tokens, parents=parents, depth=depth, valid=valid, num_nodes=num_nodes)
+
+
+def _rank_tokens(rank_tokens: torch.Tensor, depth_limit: int, k: int) -> torch.Tensor:
+    """``rank_tokens [D, >= k]`` checked (shapes and dtype: no read) and cut to the ``[D, k]`` ids the selection
+    writes from."""
+    if rank_tokens.dim() != 2 or rank_tokens.shape[0] != depth_limit or rank_tokens.shape[1] < k:
+        raise ValueError(f"rank_tokens must be [D, >= k] = [{depth_limit}, >= {k}]; got {list(rank_tokens.shape)}.")
+    if rank_tokens.dtype != torch.long:
+        raise ValueError(f"rank_tokens must be int64 token ids; got {rank_tokens.dtype}.")
+    return rank_tokens[:, :k].contiguous()
 
 
 def pad_trees(roots, tokens, parents, depth, num_slots: int) -> DeviceTree:

@@ -231,15 +231,22 @@ class DDTree:
             return rerank_candidates(proposal, root, budget=self.budget, topk=self.effective_topk, num_slots=slots,
                                      order="score")  # fmt: skip
         if proposal.logq is not None:
-            # the Triton top-k where the selection's kernels run (CUDA, or Triton's interpreter)
-            on_device = proposal.logq.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-            return ddtree_batch(proposal.logq, root.reshape(-1), budget=self.budget, topk=self.topk, num_slots=slots,
-                                impl=_DDTREE_IMPL, topk_impl=_DDTREE_TOPK if on_device else "torch")  # fmt: skip
+            return ddtree_trees(proposal.logq, root, budget=self.budget, topk=self.topk)
         rows = [
             trie_device(p, n, r, budget=self.budget, num_slots=slots)
             for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
         ]
         return DeviceTree.stack(rows)
+
+
+def ddtree_trees(logq: torch.Tensor, root: torch.Tensor, *, budget: int, topk: int | None,
+                 rank_tokens: torch.Tensor | None = None) -> DeviceTree:  # fmt: skip
+    """The DDTrees of ``logq [B, D, V]`` under ``root`` (``budget + 1`` slots each) with the process's backends
+    (``Backends.ddtree`` / ``ddtree_topk``); ``rank_tokens``: as :func:`specdec.trees.build.ddtree_batch`."""
+    # the Triton top-k where the selection's kernels run (CUDA, or Triton's interpreter)
+    on_device = logq.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return ddtree_batch(logq, root.reshape(-1), budget=budget, topk=topk, num_slots=budget + 1, impl=_DDTREE_IMPL,
+                        topk_impl=_DDTREE_TOPK if on_device else "torch", rank_tokens=rank_tokens)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specdec.trees.build import trie_device
-from specdec.trees.policies import DDTree, register_tree
+from specdec.trees.policies import DDTree, ddtree_trees, register_tree
 from specdec.types import DeviceTree, Proposal, SamplingParams
 from specdec.verify.draws import categorical, draft_logprobs, draft_probs, exponential_keys, uniforms
 from specdec.verify.processing import gumbel_from_uniform
@@ -376,36 +376,20 @@ class StochasticDDTree:
 
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
         logq = _logq(proposal, "StochasticDDTree")
-        if self.stochastic:
-            logq = logq[:, : noise.shape[1]]
-        shape = DDTree(self.budget, self.topk).build(Proposal(logq=logq), root, depth)  # the unperturbed q's tree
-        shape = shape._replace(max_children=self.effective_topk)  # the DDTree's children are top-k ranks
-        if not self.stochastic:
-            return shape
-        length, vocab = logq.shape[1], logq.shape[-1]
+        if not self.stochastic:  # the unperturbed q's DDTree itself
+            shape = DDTree(self.budget, self.topk).build(Proposal(logq=logq), root, depth)
+            return shape._replace(max_children=self.effective_topk)  # the DDTree's children are top-k ranks
+        length, vocab = noise.shape[1], logq.shape[-1]
+        logq = logq[:, :length]
         k = min(self.effective_topk, vocab)
         probs = draft_probs(logq, self.sampling)  # [B, L, V]: also the rules' q (the tree's draft_probs)
         keys = exponential_keys(probs, noise[:, :length])
         drawn = keys.topk(k, dim=-1, largest=False).indices  # [B, L, k]: each depth's draws without replacement
-        slots = shape.tokens.shape[1]
-        real = shape.valid & (shape.depth > 0)
-        earlier = (shape.parents[:, :, None] == shape.parents[:, None, :]) & _earlier_slots(slots, root.device)
-        sibling = (earlier & real[:, None, :]).sum(-1)  # [B, S]: the node's place among its parent's children (< k)
-        where = torch.add(sibling, shape.depth, alpha=k).sub(k).clamp(0, length * k - 1)  # (depth - 1) k + place
-        tokens = torch.where(real, drawn.flatten(1).gather(1, where), shape.tokens)
-        return shape._replace(tokens=tokens, draft_probs=probs)
-
-
-_EARLIER: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
-def _earlier_slots(slots: int, device: torch.device) -> torch.Tensor:
-    """``[S, S]`` bool, ``[i, j]``: slot j comes before slot i; made once per (S, device) and kept (a constant of the
-    captured round)."""
-    key = (slots, torch.device(device))
-    if key not in _EARLIER:
-        _EARLIER[key] = torch.ones(slots, slots, dtype=torch.bool, device=device).tril(-1)
-    return _EARLIER[key]
+        # The unperturbed q's DDTree, its node of rank r at depth d taking draw r of depth d: a node's siblings are
+        # ranks 0, 1, ... in slot order, so each node takes the draw of its place among its parent's children,
+        # written by the selection itself.
+        tree = ddtree_trees(logq, root, budget=self.budget, topk=self.topk, rank_tokens=drawn)
+        return tree._replace(max_children=self.effective_topk, draft_probs=probs)
 
 
 register_tree("sampled-chain", SampledChain)

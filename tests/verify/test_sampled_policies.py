@@ -7,6 +7,8 @@ distribution with probability <= 0.01 (``sampled_rounds.assert_fits``); 30000 tr
 distributions are HF's warpers applied to the drafter's ``logq``.
 """
 
+import math
+
 import pytest
 import torch
 from oracles import assert_powerful, hf_probs, power_report
@@ -99,6 +101,33 @@ def test_stochastic_ddtree_has_the_ddtree_shape_whatever_the_draws():
     assert len({tuple(t) for t in tree.tokens[:, 1:4].tolist()}) > 20  # the tokens are drawn
     greedy = build(specdec.StochasticDDTree(10, 3), 2, seed=0, sampling=SamplingParams())
     assert all(torch.equal(x, y) for x, y in zip(ref, greedy.row(1), strict=True))
+
+
+@pytest.mark.parametrize("budget, topk", [(10, 3), (15, 8), (6, 6)])
+def test_stochastic_ddtree_tokens_are_the_draws_of_each_nodes_place(budget, topk):
+    """Each real node holds draw number ``place`` of its depth, ``place`` = the real siblings before it under the
+    same parent: the draws recomputed in Python from the same uniforms (an exponential race, ``q_j / log u_j``
+    smallest first, over the processed q of ``hf_probs``), the places counted in Python over the tree's own
+    parents. The shape is the deterministic DDTree's."""
+    policy = specdec.StochasticDDTree(budget, topk).with_sampling(SAMPLING)
+    depth = min(policy.max_depth, LOGQ.shape[0])
+    noise = torch.rand(4, depth, V, generator=torch.Generator().manual_seed(budget))
+    tree = policy.build(Proposal(logq=LOGQ[:depth].expand(4, -1, -1)), torch.full((4,), ROOT), depth, noise)
+    ref = _ddtree(budget, topk, LOGQ[:depth])
+    assert torch.equal(tree.parents[0], ref.parents) and torch.equal(tree.depth[0], ref.depth)
+    races = {}
+    for d in range(1, depth + 1):
+        q = q_of(d).tolist()
+        for b in range(4):
+            u = noise[b, d - 1].tolist()
+            keys = [(q[j] / math.log(u[j]) if q[j] > 0 else -0.0, j) for j in range(V)]
+            races[b, d] = [j for _, j in sorted(keys)]  # increasing keys; ties (-0.0 outside q) by id
+    parents, depths = ref.parents.tolist(), ref.depth.tolist()
+    for b in range(4):
+        assert tree.tokens[b, 0] == ROOT
+        for i in range(1, int(ref.num_nodes)):
+            place = sum(1 for j in range(1, i) if parents[j] == parents[i])
+            assert tree.tokens[b, i] == races[b, depths[i]][place], (b, i, place)
 
 
 def test_stochastic_ddtree_root_siblings_quick():
