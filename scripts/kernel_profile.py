@@ -8,7 +8,9 @@ and the kernels per round, then the ``--top`` kernels by µs per round with thei
     python scripts/kernel_profile.py [--methods ar,b15,b31,e3-dyn31] [--prompts 6] [--new-tokens 128] [--top 22]
 
 Methods: ``ar`` (plain decoding), ``b15`` / ``b31`` (the zoo DFlash drafter with ``DDTree(budget, topk=8)``),
-``e3-dyn31`` / ``e3-b31`` (the shipped EAGLE-3 head with ``DynamicTree(total_tokens=31)`` / ``DDTree(31, 8)``).
+``e3-dyn31`` / ``e3-b31`` (the shipped EAGLE-3 head with ``DynamicTree(total_tokens=31)`` / ``DDTree(31, 8)``),
+``sm-b15`` / ``rsd-b15`` (T = 1, seeded: sample-and-match over ``DDTree(15, 8)``, RSD,
+``MultiDraftRejection(replacement=False)``, over ``StochasticDDTree(15, 8)``).
 """
 
 from __future__ import annotations
@@ -46,16 +48,24 @@ def main() -> None:
         "b31": (dflash, specdec.DDTree(budget=31, topk=8)),
         "e3-dyn31": (eagle, specdec.DynamicTree(total_tokens=31)),
         "e3-b31": (eagle, specdec.DDTree(budget=31, topk=8)),
+        # T = 1: sample-and-match over DDTree b15, RSD over the stochastic DDTree b15 (seeded)
+        "sm-b15": (dflash, specdec.DDTree(budget=15, topk=8), None),
+        "rsd-b15": (dflash, specdec.StochasticDDTree(budget=15, topk=8), specdec.MultiDraftRejection(replacement=False)),
     }
     for name in args.methods.split(","):
-        drafter, tree = methods[name]
+        drafter, tree, *rule = methods[name]
+        sampled = bool(rule)
+        kwargs = dict(drafter=drafter, tree=tree, max_new_tokens=args.new_tokens)
+        if sampled:
+            kwargs.update(verifier=rule[0], do_sample=True, temperature=1.0)
         for ids in prompts:  # warm: the round's graphs captured, kernels compiled
-            specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=args.new_tokens)
+            specdec.generate(model, ids, **kwargs, generator=torch.Generator(device).manual_seed(0) if sampled else None)
         torch.cuda.synchronize(device)
         rounds = 0
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for ids in prompts:
-                out = specdec.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=args.new_tokens)
+            for i, ids in enumerate(prompts):
+                gen = torch.Generator(device).manual_seed(i) if sampled else None
+                out = specdec.generate(model, ids, **kwargs, generator=gen)
                 rounds += out.stats.rounds
             torch.cuda.synchronize(device)
         kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
