@@ -16,7 +16,8 @@ import torch
 
 from specdec.kernels.tree_accept import accept_paths
 from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
-from specdec.verify.processing import gumbel_from_uniform, process_logits
+from specdec.verify.draws import exponential_keys
+from specdec.verify.processing import process_logits
 
 __all__ = ["RULES", "Greedy", "SampleMatch", "VerificationRule", "default_rule", "register_rule", "target_choices"]
 
@@ -50,7 +51,8 @@ class VerificationRule(Protocol):
 
 
 def target_choices(logits: torch.Tensor, sampling: SamplingParams, noise: torch.Tensor | None = None) -> torch.Tensor:
-    """The target's token at each node: its argmax, or a sample of its HF-processed distribution (Gumbel-max).
+    """The target's token at each node: its argmax, or a sample of its HF-processed distribution (an exponential
+    race, the Gumbel-max trick in another monotone form).
 
     Args:
         logits (torch.Tensor): ``[..., V]`` target logits.
@@ -66,8 +68,11 @@ def target_choices(logits: torch.Tensor, sampling: SamplingParams, noise: torch.
     if noise is None or noise.shape != logits.shape:
         got = None if noise is None else tuple(noise.shape)
         raise ValueError(f"do_sample=True needs noise of shape {tuple(logits.shape)} (uniforms), got {got}.")
-    log_p = torch.log_softmax(process_logits(logits, sampling), dim=-1)  # fp32, -inf outside the support
-    return (log_p + gumbel_from_uniform(noise.float())).argmax(dim=-1)
+    # The exponential race: the smallest key p_j / log u_j wins with probability p_j (the Gumbel-max draw
+    # argmax(log p + G) in a monotone form, in four launches instead of seven). u = 1 is kept out of the logarithm
+    # (a zero key over a zero probability would be a NaN); u = 0 gives -0.0, which never wins.
+    probs = torch.softmax(process_logits(logits, sampling), dim=-1)  # fp32, 0 outside the support
+    return exponential_keys(probs, noise.float().clamp(max=1.0 - 2.0**-25)).argmin(dim=-1)
 
 
 def _walk(tree: DeviceTree, choices: torch.Tensor, max_depth: int) -> Accept:
