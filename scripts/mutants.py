@@ -684,7 +684,7 @@ MUTANTS += [
     ),
     Mutant(  # the target's sample: the largest exponential key wins the race instead of the smallest
         "target_sample_largest_key",
-        ((RULES, "clamp(max=1.0 - 2.0**-25)).argmin(dim=-1)", "clamp(max=1.0 - 2.0**-25)).argmax(dim=-1)"),),
+        ((RULES, "clamp(_TINY, 1.0 - 2.0**-24)).argmin(dim=-1)", "clamp(_TINY, 1.0 - 2.0**-24)).argmax(dim=-1)"),),
         SAMPLING_TESTS,
     ),
     Mutant(  # tensor parallel: the ranks no longer compare what they committed

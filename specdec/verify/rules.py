@@ -50,6 +50,9 @@ class VerificationRule(Protocol):
         decoding."""
 
 
+_TINY = torch.finfo(torch.float32).tiny
+
+
 def target_choices(logits: torch.Tensor, sampling: SamplingParams, noise: torch.Tensor | None = None) -> torch.Tensor:
     """The target's token at each node: its argmax, or a sample of its HF-processed distribution (an exponential
     race, the Gumbel-max trick in another monotone form).
@@ -69,10 +72,12 @@ def target_choices(logits: torch.Tensor, sampling: SamplingParams, noise: torch.
         got = None if noise is None else tuple(noise.shape)
         raise ValueError(f"do_sample=True needs noise of shape {tuple(logits.shape)} (uniforms), got {got}.")
     # The exponential race: the smallest key p_j / log u_j wins with probability p_j (the Gumbel-max draw
-    # argmax(log p + G) in a monotone form, in four launches instead of seven). u = 1 is kept out of the logarithm
-    # (a zero key over a zero probability would be a NaN); u = 0 gives -0.0, which never wins.
+    # argmax(log p + G) in a monotone form, in four launches instead of seven). u is kept inside the open interval
+    # (0, 1), as the Gumbel noise kept it: a token of the support then keys strictly below 0, a token outside it
+    # keys -0.0 and never wins (u = 1 would give 0 / 0, u = 0 a -0.0 key inside the support; 1 - 2**-24 is the
+    # largest float32 below 1).
     probs = torch.softmax(process_logits(logits, sampling), dim=-1)  # fp32, 0 outside the support
-    return exponential_keys(probs, noise.float().clamp(max=1.0 - 2.0**-25)).argmin(dim=-1)
+    return exponential_keys(probs, noise.float().clamp(_TINY, 1.0 - 2.0**-24)).argmin(dim=-1)
 
 
 def _walk(tree: DeviceTree, choices: torch.Tensor, max_depth: int) -> Accept:
