@@ -305,6 +305,9 @@ class Round:
         prefix = engine.prefix  # [B]
         # Node i of sequence b sits at slot prefix[b] + i and position prefix[b] + depth[b, i]; it sees the committed
         # prefix and its ancestors; padding nodes see only themselves (one Triton launch for the batch on CUDA).
+        if tree.parents.shape[1] != self.slots:  # the read length below counts the tree's slots
+            raise ProtocolError(f"{self.tree!r} built a tree of {tree.parents.shape[1]} slots where the round holds "
+                                f"{self.slots} (budget + 1): pad its trees to budget + 1 slots.")  # fmt: skip
         # With the mask come each node's position and key slot and each sequence's read length (one launch on CUDA).
         mask, positions, write_index, lengths = verify_inputs(tree.parents, tree.valid, tree.depth, prefix, self.span,
                                                               self.depth, target.target.dtype)  # fmt: skip
