@@ -106,12 +106,15 @@ class RankAgreement:
     has passed (on any rank's clock: every rank stops at the same round). Ranks that drew other noise (another seed)
     commit other tokens; without this check their next forwards mix two sequences, and a rank whose sequence ended
     first leaves the others waiting in a collective forever. With it, every rank raises :class:`RanksDiverged` at
-    the first read where they differ. Cost: one all-reduce of four integers per round (on the CPU for gloo, on the
-    target's device otherwise)."""
+    the first read where they differ. Cost: one all-reduce of four integers per round, on the
+    host (through a gloo group of the same ranks when the default one is NCCL), so it never waits for the device:
+    the round launched ahead of the read keeps running."""
 
     def __init__(self, device: torch.device):
-        backend = torch.distributed.get_backend()
-        self.device = torch.device("cpu") if backend == "gloo" else device
+        self.group = _host_group()
+        # on the CPU through gloo; else (no gloo in this build) on the target's device, where reading the result
+        # waits for the round launched ahead of this read
+        self.device = torch.device("cpu") if self.group is not False else device
         self.reads = 0
 
     @classmethod
@@ -131,7 +134,8 @@ class RankAgreement:
         digest = hash(state) & ((1 << 62) - 1)  # hashes of ints, bools and their tuples do not vary per process
         time_us = -1 if ms is None else max(0, int(ms * 1000))
         both = torch.tensor([digest, -digest, time_us, int(flag)], dtype=torch.long).to(self.device)
-        torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
+        group = self.group if self.group is not False else None
+        torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX, group=group)
         high, low, slowest, any_flag = both.tolist()
         self.reads += 1
         if high != digest or -low != digest:
@@ -144,6 +148,25 @@ class RankAgreement:
                 "its clock (max_time is agreed on by the ranks; a custom time-based criterion is not)."
             )
         return (None if ms is None or slowest < 0 else slowest / 1000), bool(any_flag)
+
+
+_HOST_GROUPS: dict[int, object] = {}  # id of the default group -> its gloo twin (None: it is gloo itself)
+
+
+def _host_group():
+    """A process group of the same ranks that communicates on the host (gloo), so that the agreement's all-reduce
+    and its read never touch the device's stream: the default group itself when it is gloo (None), a gloo group
+    made once beside an NCCL one (every rank makes it at its first agreement, at the same point of the same call),
+    False where this build has no gloo."""
+    key = id(torch.distributed.group.WORLD)
+    if key not in _HOST_GROUPS:
+        if torch.distributed.get_backend() == "gloo":
+            _HOST_GROUPS[key] = None
+        elif torch.distributed.is_gloo_available():
+            _HOST_GROUPS[key] = torch.distributed.new_group(backend="gloo")
+        else:
+            _HOST_GROUPS[key] = False
+    return _HOST_GROUPS[key]
 
 
 def check_tp_plan(config, world: int) -> None:

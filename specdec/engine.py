@@ -183,7 +183,6 @@ class Round:
         self.check_proposal = self.proposes and not trusted(drafter)
         self.check_tree = self.proposes and (not trusted(tree) or self.check_proposal)
         self.check_rule = drafter is not None and not trusted(rule)
-        self.arange = torch.arange(self.slots, device=device)
         vocab = engine.target.target.vocab_size
         uses_noise = rule.uses_noise(sampling)
         width = noise_width(rule, vocab)  # [B, S, V], or the few uniforms per slot a rule reads
@@ -305,9 +304,6 @@ class Round:
         prefix = engine.prefix  # [B]
         # Node i of sequence b sits at slot prefix[b] + i and position prefix[b] + depth[b, i]; it sees the committed
         # prefix and its ancestors; padding nodes see only themselves (one Triton launch for the batch on CUDA).
-        if tree.parents.shape[1] != self.slots:  # the read length below counts the tree's slots
-            raise ProtocolError(f"{self.tree!r} built a tree of {tree.parents.shape[1]} slots where the round holds "
-                                f"{self.slots} (budget + 1): pad its trees to budget + 1 slots.")  # fmt: skip
         # With the mask come each node's position and key slot and each sequence's read length (one launch on CUDA).
         mask, positions, write_index, lengths = verify_inputs(tree.parents, tree.valid, tree.depth, prefix, self.span,
                                                               self.depth, target.target.dtype)  # fmt: skip

@@ -597,8 +597,9 @@ def _decode(
             pending = ahead
         stats.target_forwards += 1
         rounds_read += 1
-        live = [b for b in range(batch) if not done[b]]
-        committed: list[list[int]] = [[] for _ in range(batch)]  # this round's tokens per row, as kept
+        live = [b for b in range(batch) if not done[b]] if auto is not None else None
+        # this round's tokens per row, as kept, for the ranks' agreement (a sharded target only)
+        committed = [[] for _ in range(batch)] if ranks is not None else None
         for b, (accepted, num_nodes) in enumerate(results[:batch]):
             if done[b]:
                 continue
@@ -614,7 +615,8 @@ def _decode(
             if kept is not None:
                 kept[b] += list(rnd.logits[b, : len(accepted)])
             new_tokens[b] += accepted
-            committed[b] = accepted
+            if committed is not None:
+                committed[b] = accepted
             done[b] = done[b] or len(new_tokens[b]) >= max_new_tokens
             if done[b] and batch > 1:
                 engine.finish(b)

@@ -164,6 +164,22 @@ def one_rank_group(tmp_path):
     dist.destroy_process_group()
 
 
+def test_the_agreement_communicates_on_the_host_beside_a_device_backend(one_rank_group, monkeypatch):
+    """Beside a default group of another backend (NCCL on GPUs; here gloo reported as "nccl"), the agreement runs
+    on a gloo group of the same ranks, made once: its tensor stays on the CPU, so reading it never waits for the
+    device's stream (where the round launched ahead of the read runs)."""
+    import torch.distributed as dist
+
+    import specdec.distributed as sd
+
+    monkeypatch.setattr(sd, "_HOST_GROUPS", {})
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    first = sd.RankAgreement(torch.device("meta"))  # a device the agreement must not use
+    again = sd.RankAgreement(torch.device("meta"))
+    assert first.device == torch.device("cpu") and first.group is not None and first.group is again.group
+    assert first.agree([[3, 4]], [False], ms=1.5, flag=True) == (1.5, True)
+
+
 def test_replicated_gives_whole_weights_of_a_sharded_module(one_rank_group):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor

@@ -15,6 +15,7 @@ import torch
 
 from specdec.kernels._triton import importable, pick_impl
 from specdec.kernels.tree_accept.reference import accept_path_reference, accept_walk, ancestor_mask, tree_mask_reference
+from specdec.runtime import constant
 from specdec.types import Accept, AcceptRow
 
 __all__ = [
@@ -108,7 +109,7 @@ def verify_inputs(
     if pick_impl(impl, parents.device, _MODULE) == "torch":
         mask = tree_masks(parents, valid, prefix, capacity, max_depth, dtype, impl="torch")
         slots = parents.shape[1]
-        index = torch.arange(slots, device=parents.device)
+        index = constant(("arange", str(parents.device), slots), lambda: torch.arange(slots, device=parents.device))
         return mask, prefix[:, None] + depth, prefix[:, None] + index, prefix + slots
     from specdec.kernels.tree_accept.triton import verify_inputs_triton
 
