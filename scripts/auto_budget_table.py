@@ -6,12 +6,18 @@ Each RUN_DIR is a bench output folder (``results.jsonl``) of a run that holds AR
 ``DDTree(budget="auto")`` rows (``+experiment=batch`` or ``scripts/gpu_trust.sh``). Per run and batch size B it
 prints tok/s of AR, of the best fixed budget (named) and of auto, the two ratios the auto budget is held to
 (auto / best fixed >= 0.97, auto / AR >= 1), auto's ms per round against the fixed rows', the share of auto's rounds
-per budget (0 = plain decoding) and the capture ms auto spent inside timed calls (0 when warm-up covered every
-graph).
+per budget (0 = plain decoding), the controller's round cost per option after the last call and the capture ms auto
+spent inside timed calls (0 when warm-up covered every graph).
+
+With several timed passes (``repeat``), best fixed is the fixed budget of the highest pooled tok/s, and the ratios are
+also given per pass (auto's pass p over that budget's pass p) with their median: run with ``interleave=true`` so
+that pass p of every method runs before pass p + 1 of any, and the host's slow spells, which last several calls,
+fall on every method alike instead of on whichever ran then.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 from collections import Counter
 from pathlib import Path
@@ -39,10 +45,11 @@ def _table(run: Path) -> list[str]:
     for s in summaries:
         by_b.setdefault(s["batch_size"], []).append(s)
     head = (
-        "| B | AR tok/s | best fixed | auto tok/s | auto / best | auto / AR | ms/round auto (fixed) "
-        "| auto's budgets (share of rounds) | auto capture ms in timed calls |"
+        "| B | AR tok/s | best fixed | auto tok/s | auto / best | auto / best per pass (median) | auto / AR "
+        "| ms/round auto (fixed) | auto's budgets (share of rounds) | controller's ms per option | auto capture ms in "
+        "timed calls |"
     )
-    out = [f"## {run}", "", head, "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [f"## {run}", "", head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for b in sorted(by_b):
         group = by_b[b]
         ar = next((s for s in group if s["tree"] == "ar"), None)
@@ -58,10 +65,19 @@ def _table(run: Path) -> list[str]:
         fixed_ms = ", ".join(f"b{s['budget']} {s['ms_per_round']:.3f}" for s in fixed if s["ms_per_round"])
         out.append(
             f"| {b} | {ar['tok_s']:.0f} | {best['method']} {best['tok_s']:.0f} | {auto['tok_s']:.0f} "
-            f"| {auto['tok_s'] / best['tok_s']:.2f} | {auto['tok_s'] / ar['tok_s']:.2f} "
+            f"| {auto['tok_s'] / best['tok_s']:.2f} | {_per_pass(auto, best)} | {auto['tok_s'] / ar['tok_s']:.2f} "
             f"| {auto['ms_per_round']:.3f} ({fixed_ms}) | {shares} | {model} | {auto['cold_ms']:.0f} |"
         )
     return out
+
+
+def _per_pass(auto: dict, best: dict) -> str:
+    """auto / best per timed pass, "median (each)"; "–" with one pass."""
+    a, f = auto.get("tok_s_passes") or [], best.get("tok_s_passes") or []
+    ratios = [x / y for x, y in zip(a, f, strict=False) if x and y]
+    if len(ratios) < 2:
+        return "–"
+    return f"{statistics.median(ratios):.2f} ({' '.join(f'{r:.2f}' for r in ratios)})"
 
 
 def main(argv: list[str]) -> int:

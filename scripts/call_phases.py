@@ -1,14 +1,15 @@
 """Where one ``specdec.generate`` call's wall time goes, phase by phase, as the host sees it (no profiler).
 
 The zoo dense pair (bf16 on CUDA, fp32 on the CPU) decodes dev prompts one call at a time (B = 1) with plain
-decoding and DDTree b31, each method warmed by two passes before a timed one. The library's functions that make up a
+decoding and DDTree b31 (``--methods``: also b15, b63 and ``auto``, the adaptive budget, whose controller's
+``next_size`` / ``observe`` are timed too), each method warmed by two passes before a timed one. The library's functions that make up a
 call are wrapped with wall-clock timers (inclusive: a function's time counts the ones it calls); the table gives ms
 per call for each, and ``rest of generate`` is the call's wall time minus the top-level pieces (argument checks,
 output assembly). A round's ``read`` holds the host's wait for the device; ``wait outside read`` is the time the
 host spends waiting elsewhere (a ``.tolist()`` of a device tensor, measured as the time of the functions that hold
 one). Calls of 1 new token show the fixed cost of a call (prefill and first token, no round).
 
-    python scripts/call_phases.py [--num 16] [--new 128] [--prompts dev|held]
+    python scripts/call_phases.py [--num 16] [--new 128] [--prompts dev|held] [--methods ar,b31,auto]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec
+import specdec.budget as budget_module
 import specdec.engine as engine_module
 import specdec.target as target_module
 from specdec.loading import zoo_dir
@@ -56,6 +58,11 @@ WRAPPED = [
     (engine_module.Engine, "round_for", "Engine.round_for", "method"),
     (engine_module.Round, "launch", "Round.launch", "method"),
     (engine_module.Round, "read", "Round.read (waits for the device)", "method"),
+    (engine_module.Round, "prepare", "Round.prepare", "method"),
+    (engine_module.Round, "elapsed", "Round.elapsed", "method"),
+    (budget_module.AutoBudget, "next_size", "auto: next_size", "method"),
+    (budget_module.AutoBudget, "observe", "auto: observe", "method"),
+    (budget_module.AutoBudget, "resume", "auto: resume", "method"),
 ]
 
 
@@ -87,6 +94,7 @@ def main() -> None:
     parser.add_argument("--num", type=int, default=16)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--prompts", choices=("dev", "held"), default="dev")
+    parser.add_argument("--methods", default="ar,b31", help="comma-separated: ar, b15, b31, b63, auto")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -100,7 +108,10 @@ def main() -> None:
     calls = [tok(p, return_tensors="pt").input_ids.to(device) for p in prompts]
     install()
     tables = {}
-    for name, tree in (("ar", None), ("b31", specdec.DDTree(budget=31, topk=8))):
+    trees = {"ar": None, "auto": specdec.DDTree(budget="auto", topk=8)}
+    trees.update({f"b{n}": specdec.DDTree(budget=n, topk=8) for n in (15, 31, 63)})
+    for name in args.methods.split(","):
+        tree = trees[name]
         d = drafter if tree is not None else None
         for new in (args.new, 1):
             for _ in range(2):

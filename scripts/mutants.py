@@ -1323,6 +1323,12 @@ MUTANTS += [
           "(rows % inner).to(tl.int64)[:, None] * stride_xi", "(rows % inner).to(tl.int64)[:, None] * stride_x"),),
         ("tests/kernels/test_rms_norm.py", "-m", "interpreter"),
     ),
+    Mutant(  # dims taken as mergeable when a row's stride only holds the next dims (heads cut out of a wider row)
+        "rms_norm_rows_merge_loose",
+        (("specdec/kernels/rms_norm/triton.py",
+          "x.stride(a) == x.stride(b) * x.shape[b] for a, b", "x.stride(a) >= x.stride(b) * x.shape[b] for a, b"),),
+        ("tests/kernels/test_rms_norm.py", "-k", "rows_view"),
+    ),
     Mutant(  # the DFlash block's stacked q / k / v and gate / up copies not refreshed after an in-place update
         "dflash_packed_not_refreshed",
         (("specdec/drafters/dflash_static.py",

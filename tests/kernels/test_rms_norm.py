@@ -471,3 +471,78 @@ def test_compiled_kernel_replays_in_a_cuda_graph(layout):
 
 if __name__ == "__main__":
     _run_interpreted(Path(sys.argv[1]))
+
+
+# --- the rows' view (host logic, CPU) -----------------------------------------------------------------------------
+
+
+def _rows_by_trying(x: torch.Tensor) -> tuple[tuple, tuple, int]:
+    """Brute force: the first view of ``x`` as ``[R, D]``, else as ``[R / inner, inner, D]`` (trailing leading dims
+    merged, the widest first), that ``torch`` accepts; ``(shape, strides, inner)`` or None where none does."""
+    dim = x.shape[-1]
+    try:
+        v = x.view(-1, dim)
+        return tuple(v.shape), v.stride(), 1
+    except RuntimeError:
+        pass
+    for split in range(1, x.dim() - 1):
+        inner = math.prod(x.shape[split:-1])
+        try:
+            v = x.view(-1, inner, dim)
+        except RuntimeError:
+            continue
+        if inner > 1:
+            return tuple(v.shape), v.stride(), inner
+    return None
+
+
+def _strided_inputs():
+    """Views the library's norms meet (heads cut out of a wider row, the keys of a stacked key / value product, size-1
+    dims among them, transposes) and contiguous ones."""
+    base = torch.arange(2 * 16 * 10 * 64, dtype=torch.float32).view(2, 16, 10, 64)
+    yield base
+    yield base[:, :, :8]  # query heads of a q / k / v row
+    yield base[:, :, 8:9]  # one key head
+    yield base[:1, :, :8]  # one sequence: [1, 16, 8, 64] of strides (10240, 640, 64, 1)
+    yield base[:, :1, 2:6]
+    yield base.transpose(1, 2)
+    yield base[:, ::2]
+    yield base[..., :32]
+    yield base.view(2, 16, 5, 2, 64)[:, :, :, 0]
+    yield base.view(2, 16, 2, 5, 64)[:, :, 0, :4]
+    yield base.view(32, 640)[:, :64]
+    yield base.view(2, 16, 640)[:, :, :128].view(2, 16, 2, 64)
+
+
+def test_rows_view_equals_the_views_torch_accepts():
+    from specdec.kernels.rms_norm.triton import _rows_of
+
+    seen = set()
+    for x in _strided_inputs():
+        rows, inner, stride_inner = _rows_of(x)
+        expected = _rows_by_trying(x)
+        if expected is None:  # no view: a contiguous copy
+            assert rows.is_contiguous() and rows.shape == (x.numel() // x.shape[-1], x.shape[-1]) and inner == 1
+            assert torch.equal(rows, x.reshape(-1, x.shape[-1]))
+            seen.add("copy")
+            continue
+        assert (tuple(rows.shape), rows.stride(), inner) == expected
+        assert rows.data_ptr() == x.data_ptr()  # a view, no copy
+        assert stride_inner == (rows.stride(1) if inner > 1 else 0)
+        seen.add("rows" if inner == 1 else "grid")
+    assert seen == {"rows", "grid", "copy"}  # each outcome is met
+
+
+def test_rows_view_traces_under_torch_compile():
+    # A view that cannot be taken is an error of torch.compile's trace, not one the code can catch: the choice must
+    # come from the strides (the failure seen compiling the DFlash block's query-head norm).
+    from specdec.kernels.rms_norm.triton import _rows_of
+
+    def rows_sum(x):
+        rows, inner, _ = _rows_of(x)
+        return rows.float().sum() * inner
+
+    compiled = torch.compile(rows_sum, backend="eager", fullgraph=True)
+    for x in _strided_inputs():
+        torch._dynamo.reset()
+        assert torch.equal(compiled(x), rows_sum(x))

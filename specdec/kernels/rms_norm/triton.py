@@ -240,22 +240,26 @@ def _launch(x, residual, weight, eps, period, unit_offset):
     return out, total
 
 
+def _merges(x: torch.Tensor, start: int, end: int) -> bool:
+    """Whether dims ``start .. end - 1`` of ``x`` view as one (each stride the next one's times its size; dims of
+    size 1 are free)."""
+    dims = [d for d in range(start, end) if x.shape[d] != 1]
+    return all(x.stride(a) == x.stride(b) * x.shape[b] for a, b in zip(dims, dims[1:], strict=False))
+
+
 def _rows_of(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """``(rows, inner, stride_inner)``: ``x``'s rows as one ``[R, D]`` view (``inner`` 1), or, where its leading dims
     do not merge into one stride (heads cut out of a wider row, e.g. ``qkv[..., :H + H_kv, :]``, or the keys of a
     stacked key / value product), as a ``[R / inner, inner, D]`` view: the trailing leading dims merged into
     ``inner`` rows ``stride_inner`` apart. The contiguous copy only where neither view exists."""
-    dim = x.shape[-1]
-    try:
+    dim, lead = x.shape[-1], x.dim() - 1
+    # decided from the strides, not by trying ``view`` (a failing view inside torch.compile's trace is an error of
+    # the trace, not one the code can catch)
+    if _merges(x, 0, lead):
         return x.view(-1, dim), 1, 0
-    except RuntimeError:
-        pass
-    for split in range(1, x.dim() - 1):  # the inner block: dims split .. -2 merged (the widest that views first)
+    for split in range(1, lead):  # the inner block: dims split .. -2 merged (the widest that views first)
         inner = math.prod(x.shape[split:-1])
-        try:
+        if inner > 1 and _merges(x, 0, split) and _merges(x, split, lead):
             grid = x.view(-1, inner, dim)
-        except RuntimeError:
-            continue
-        if inner > 1:
             return grid, inner, grid.stride(1)
     return x.reshape(-1, dim), 1, 0

@@ -1,0 +1,62 @@
+"""``scripts/auto_budget_table.py`` on hand-made bench rows: the pooled ratios, and the per-pass ratios of an
+interleaved run against tok/s worked out by hand from each pass's decode tokens and seconds."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from auto_budget_table import _table  # noqa: E402
+
+# (method, budget) -> decode seconds of pass 0, 1, 2 (each pass: two prompts of 60 decode tokens, B = 1)
+SECONDS = {
+    ("ar", 0): (0.060, 0.060, 0.060),
+    ("ddtree-b15-k8", 15): (0.030, 0.040, 0.030),
+    ("ddtree-b31-k8", 31): (0.025, 0.030, 0.026),
+    ("ddtree-auto", "auto"): (0.026, 0.027, 0.030),
+}
+
+
+def _row(method, budget, p, seconds):
+    tree = "ar" if budget == 0 else "ddtree"
+    return {"method": method, "series": method, "drafter": "none" if budget == 0 else "DFlashDrafter",
+            "tree": tree, "budget": budget, "topk": None if budget == 0 else 8, "verifier": None,
+            "temperature": 0.0, "prompt_id": f"dev-{p}", "prompt_tokens": 10, "new_tokens": 61,
+            "decode_tokens": 60, "tau": 1.0 if budget == 0 else 3.0, "rounds": 20, "target_forwards": 21,
+            "draft_forwards": 0, "tree_nodes": 20, "total_s": seconds + 0.001, "prefill_s": 0.001,
+            "decode_s": seconds, "decode_tok_s": 60 / seconds, "phase_ms": {"prefill": 1.0, "round": 10.0},
+            "accept_hist": [], "depth_accept": [], "capture_ms": 0.0, "compile_ms": 0.0, "compile_fallbacks": 0,
+            "captures": 0, "path": "graph", "identical_to_ar": True, "identical_to_hf": None, "batch_size": 1,
+            "budgets": {"31": 20} if budget == "auto" else {}, "budget_costs": {}}  # fmt: skip
+
+
+def test_per_pass_ratios_and_median(tmp_path):
+    rows = []
+    for (method, budget), per_pass in SECONDS.items():
+        for number, seconds in enumerate(per_pass):
+            for prompt in range(2):
+                row = _row(method, budget, prompt, seconds)
+                row["pass"] = number
+                rows.append(row)
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    line = next(x for x in _table(tmp_path) if x.startswith("| 1 |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    # pooled tok/s: all decode tokens over all decode seconds; b31 is the best fixed budget
+    pooled = {m: 6 * 60 / (2 * sum(s)) for m, s in SECONDS.items()}
+    best = ("ddtree-b31-k8", 31)
+    assert cells[2] == f"ddtree-b31-k8 {pooled[best]:.0f}"
+    assert cells[4] == f"{pooled[('ddtree-auto', 'auto')] / pooled[best]:.2f}"
+    ratios = [b / a for a, b in zip(SECONDS[("ddtree-auto", "auto")], SECONDS[best], strict=True)]
+    assert cells[5] == f"{statistics.median(ratios):.2f} ({' '.join(f'{r:.2f}' for r in ratios)})"
+    assert cells[6] == f"{pooled[('ddtree-auto', 'auto')] / pooled[('ar', 0)]:.2f}"
+
+
+def test_one_pass_has_no_per_pass_ratio(tmp_path):
+    rows = [dict(_row(m, b, p, s[0]), **{"pass": 0}) for (m, b), s in SECONDS.items() for p in range(2)]
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    line = next(x for x in _table(tmp_path) if x.startswith("| 1 |"))
+    assert [c.strip() for c in line.strip("|").split("|")][5] == "–"
