@@ -351,7 +351,7 @@ MUTANTS = [
         (
             (
                 "specdec/trees/sampled.py",
-                "drawn = keys.topk(k, dim=-1, largest=False).indices",
+                "drawn = topk_last(keys, k, largest=False)[1]",
                 "drawn = torch.multinomial(draft_logprobs(logq, self.sampling).exp().flatten(0, 1), k, "
                 "replacement=True).view(*logq.shape[:2], k)",
             ),
@@ -1322,6 +1322,17 @@ MUTANTS += [
         (("specdec/kernels/rms_norm/triton.py",
           "(rows % inner).to(tl.int64)[:, None] * stride_xi", "(rows % inner).to(tl.int64)[:, None] * stride_x"),),
         ("tests/kernels/test_rms_norm.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the k smallest ranked as the k largest: the stochastic DDTree's draws would be its least likely tokens
+        "topk_last_smallest_ignored",
+        (("specdec/trees/build.py", "topk_rows(x.reshape(-1, vocab), k, smallest=not largest)",
+          "topk_rows(x.reshape(-1, vocab), k, smallest=False)"),),
+        ("tests/trees/test_topk_last.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the scanning top-k's next pass compared in the unnegated order: the smallest after the first go wrong
+        "topk_scan_smallest_previous_unnegated",
+        (("specdec/kernels/ddtree_build/triton.py", "prev_v = -value if SMALLEST else value", "prev_v = value"),),
+        ("tests/trees/test_topk_last.py", "-m", "interpreter"),
     ),
     Mutant(  # dims taken as mergeable when a row's stride only holds the next dims (heads cut out of a wider row)
         "rms_norm_rows_merge_loose",

@@ -14,9 +14,11 @@ all kept nodes by the full key yields the heap's pop order.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
+from specdec.kernels.ddtree_build import _triton_available, best_first, topk_rows, triton_fits
 from specdec.kernels.ddtree_build.reference import key_order, pack_ranks, select_levels, topk_rows_reference
 from specdec.kernels.tree_accept.reference import ancestor_mask
 from specdec.runtime import constant
@@ -31,12 +33,28 @@ __all__ = [
     "ddtree_device",
     "root_tree_device",
     "root_trees",
+    "topk_last",
     "trie_device",
 ]
 
 # Largest vocabulary for which ``topk_impl="auto"`` takes the Triton top-k: one program per depth scans the whole
 # row once per rank, which beat ``torch.topk`` at 8192 tokens and lost at 151936 on an H200 (docs/kernels.md).
 TOPK_TRITON_MAX_VOCAB = 32768
+
+
+def topk_last(x: torch.Tensor, k: int, *, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.topk(k, dim=-1, largest=largest)`` (values and int64 ids, sorted) for fp32 ``x``: on CUDA (or under
+    Triton's interpreter), for rows of up to ``TOPK_TRITON_MAX_VOCAB`` entries, the DDTree builder's top-k kernel
+    (``ddtree_build.topk_rows``: one launch, each row read once; ties to the smaller index, one of the orders
+    ``torch.topk`` may return), which on a vocabulary of a few thousand tokens or the ``k**2`` candidates of an
+    EAGLE-2 level takes a fraction of the time of ``torch.topk``'s radix selection and sorts; ``torch.topk``
+    elsewhere. ``largest=False``: the ``k`` smallest, ascending (ties to the smaller index too)."""
+    vocab = x.shape[-1]
+    on_device = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    if on_device and x.dtype == torch.float32 and vocab <= TOPK_TRITON_MAX_VOCAB and _triton_available():
+        vals, ids = topk_rows(x.reshape(-1, vocab), k, smallest=not largest)
+        return vals.view(*x.shape[:-1], k), ids.view(*x.shape[:-1], k)
+    return x.topk(k, dim=-1, largest=largest)
 
 
 def ddtree_device(

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.kernels.ddtree_build import _triton_available, topk_rows
-from specdec.trees.build import TOPK_TRITON_MAX_VOCAB, pad_trees
+from specdec.trees.build import pad_trees, topk_last
 from specdec.trees.policies import register_tree
 from specdec.types import DeviceTree, Proposal
 
@@ -50,17 +49,6 @@ def level_of(index: torch.Tensor, topk: int) -> torch.Tensor:
     return torch.where(index < topk, 1, 2 + (index - topk).clamp(min=0) // (topk * topk))
 
 
-def _topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x.topk(k, dim=-1)`` (fp32 ``x``): on CUDA, for rows of up to ``TOPK_TRITON_MAX_VOCAB`` entries, the DDTree
-    builder's top-k kernel (``ddtree_build.topk_rows``: one launch, rows read once; ties to the smaller index, one
-    of the orders ``torch.topk`` may return), which on a draft vocabulary of a few thousand tokens or the ``k**2``
-    candidates of a level takes a fraction of the time of ``torch.topk``'s radix selection and sorts."""
-    if x.is_cuda and x.dtype == torch.float32 and x.shape[-1] <= TOPK_TRITON_MAX_VOCAB and _triton_available():
-        vals, ids = topk_rows(x.reshape(-1, x.shape[-1]), k)
-        return vals.view(*x.shape[:-1], k), ids.view(*x.shape[:-1], k)
-    return x.topk(k, dim=-1)
-
-
 def expand_candidates(first: torch.Tensor, step, *, levels: int, topk: int, token_ids=None) -> Proposal:
     """EAGLE-2's candidate tree from a drafter's log-probabilities (tensor ops, fixed shapes, no host read).
 
@@ -83,19 +71,19 @@ def expand_candidates(first: torch.Tensor, step, *, levels: int, topk: int, toke
         Proposal: ``candidates``, ``parents``, ``scores`` ``[B, k + (levels - 1) * k**2]``.
     """
     k = topk
-    scores, ids = _topk(first, k)  # [B, k]
+    scores, ids = topk_last(first, k)  # [B, k]
     tokens = [ids if token_ids is None else token_ids[ids]]
     parents, all_scores = [torch.full_like(ids, -1)], [scores]
     front_token, parent_rows = tokens[0], torch.zeros_like(ids)
     front_index = torch.arange(k, device=ids.device).expand(ids.shape[0], -1)
     for level in range(1, levels):
-        vals, ids = _topk(step(level, front_token, parent_rows), k)  # [B, k, k]
+        vals, ids = topk_last(step(level, front_token, parent_rows), k)  # [B, k, k]
         cumulative = (vals + scores[:, :, None]).flatten(1)  # [B, k * k]: row r's children, rank by rank
         tokens.append((ids if token_ids is None else token_ids[ids]).flatten(1))
         parents.append(front_index[:, :, None].expand(-1, -1, k).flatten(1))
         all_scores.append(cumulative)
         if level + 1 < levels:
-            scores, pick = _topk(cumulative, k)  # the next frontier
+            scores, pick = topk_last(cumulative, k)  # the next frontier
             parent_rows = pick // k
             front_index = k + (level - 1) * k * k + pick
             front_token = tokens[-1].gather(1, pick)

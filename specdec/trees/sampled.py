@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specdec.trees.build import trie_device
+from specdec.trees.build import topk_last, trie_device
 from specdec.trees.policies import DDTree, ddtree_trees, register_tree
 from specdec.types import DeviceTree, Proposal, SamplingParams
 from specdec.verify.draws import categorical, draft_logprobs, draft_probs, exponential_keys, uniforms
@@ -384,7 +384,7 @@ class StochasticDDTree:
         k = min(self.effective_topk, vocab)
         probs = draft_probs(logq, self.sampling)  # [B, L, V]: also the rules' q (the tree's draft_probs)
         keys = exponential_keys(probs, noise[:, :length])
-        drawn = keys.topk(k, dim=-1, largest=False).indices  # [B, L, k]: each depth's draws without replacement
+        drawn = topk_last(keys, k, largest=False)[1]  # [B, L, k]: each depth's draws without replacement
         # The unperturbed q's DDTree, its node of rank r at depth d taking draw r of depth d: a node's siblings are
         # ranks 0, 1, ... in slot order, so each node takes the draw of its place among its parent's children,
         # written by the selection itself.

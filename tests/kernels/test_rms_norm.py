@@ -469,10 +469,6 @@ def test_compiled_kernel_replays_in_a_cuda_graph(layout):
     compare(cs, outputs)
 
 
-if __name__ == "__main__":
-    _run_interpreted(Path(sys.argv[1]))
-
-
 # --- the rows' view (host logic, CPU) -----------------------------------------------------------------------------
 
 
@@ -546,3 +542,7 @@ def test_rows_view_traces_under_torch_compile():
     for x in _strided_inputs():
         torch._dynamo.reset()
         assert torch.equal(compiled(x), rows_sum(x))
+
+
+if __name__ == "__main__":
+    _run_interpreted(Path(sys.argv[1]))

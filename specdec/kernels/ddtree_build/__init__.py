@@ -36,14 +36,15 @@ def best_first(vals: torch.Tensor, ids: torch.Tensor, num_nodes: int, *, scores:
                              tree_nodes=tree_nodes, expect=expect)  # fmt: skip
 
 
-def topk_rows(logq: torch.Tensor, k: int):
-    """Per-row top-``k`` (fp32 values, int64 ids) in (value desc, id asc) order in one launch (see
-    ``triton.topk_rows_triton``); the tensor-op version is ``reference.topk_rows_reference``."""
+def topk_rows(logq: torch.Tensor, k: int, smallest: bool = False):
+    """Per-row top-``k`` (fp32 values, int64 ids) in (value desc, id asc) order in one launch, or with ``smallest``
+    the ``k`` smallest in (value asc, id asc) order (see ``triton.topk_rows_triton``); the tensor-op version is
+    ``reference.topk_rows_reference``."""
     if logq.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("the Triton top-k needs tensors on a GPU (or Triton's interpreter); use topk_impl='torch'.")
     from specdec.kernels.ddtree_build.triton import topk_rows_triton
 
-    return topk_rows_triton(logq, k)
+    return topk_rows_triton(logq, k, smallest)
 
 
 def _triton_available() -> bool:

@@ -211,9 +211,10 @@ def best_first_triton(
 
 
 @triton.jit
-def _topk_rows_kernel(x_ptr, vals_ptr, ids_ptr, V, stride, K, BLOCK: tl.constexpr):
+def _topk_rows_kernel(x_ptr, vals_ptr, ids_ptr, V, stride, K, BLOCK: tl.constexpr, SMALLEST: tl.constexpr):
     """One program per row: ``K`` passes, pass j taking the best element ranked after pass j-1's pick in the order
-    (value desc, id asc); each pass scans the row in ``BLOCK`` chunks, so any vocabulary size works."""
+    (value desc, id asc; ``SMALLEST``: value asc, id asc, by ranking the negated values); each pass scans the row in
+    ``BLOCK`` chunks, so any vocabulary size works."""
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride
     prev_v = tl.full([], float("inf"), tl.float32)
@@ -225,6 +226,8 @@ def _topk_rows_kernel(x_ptr, vals_ptr, ids_ptr, V, stride, K, BLOCK: tl.constexp
             offs = start + tl.arange(0, BLOCK)
             inside = offs < V
             x = tl.load(base + offs, mask=inside, other=float("-inf")).to(tl.float32)
+            if SMALLEST:
+                x = -x
             after = inside & ((x < prev_v) | ((x == prev_v) & (offs > prev_i)))
             m = tl.max(tl.where(after, x, float("-inf")), axis=0)
             idx = tl.min(tl.where(after & (x == m), offs, V), axis=0).to(tl.int64)
@@ -234,22 +237,24 @@ def _topk_rows_kernel(x_ptr, vals_ptr, ids_ptr, V, stride, K, BLOCK: tl.constexp
         value = tl.load(base + best_i).to(tl.float32)  # the element itself (-0.0 stays -0.0)
         tl.store(vals_ptr + row * K + j, value)
         tl.store(ids_ptr + row * K + j, best_i)
-        prev_v = value
+        prev_v = -value if SMALLEST else value
         prev_i = best_i
 
 
 @triton.jit
 def _topk_row_in_registers_kernel(x_ptr, vals_ptr, ids_ptr, V, stride, K: tl.constexpr, KP: tl.constexpr,
-                                  BLOCK: tl.constexpr):  # fmt: skip
+                                  BLOCK: tl.constexpr, SMALLEST: tl.constexpr):  # fmt: skip
     """One program per row for rows that fit one ``BLOCK``: the row is read once into registers as distinct int64
-    keys (fp32 value mapped to an ordered integer in the high half, ``V - 1 - id`` in the low half), then each of
-    the ``K`` passes is a single max over the keys below the previous pick. Values are read at the end (-0.0 stays
-    -0.0)."""
+    keys (fp32 value mapped to an ordered integer in the high half, ``V - 1 - id`` in the low half; ``SMALLEST``:
+    the negated value's), then each of the ``K`` passes is a single max over the keys below the previous pick.
+    Values are read at the end (-0.0 stays -0.0)."""
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride
     offs = tl.arange(0, BLOCK)
     inside = offs < V
     x = tl.load(base + offs, mask=inside, other=float("-inf")).to(tl.float32)
+    if SMALLEST:
+        x = -x
     bits = x.to(tl.int32, bitcast=True).to(tl.int64)
     ordered = tl.where(bits < 0, -2147483648 - bits, bits)  # -0.0 and +0.0 both map to 0
     keys = tl.where(inside, ordered * 4294967296 + (V - 1 - offs), -_INT64_MAX - 1)
@@ -269,9 +274,10 @@ def _topk_row_in_registers_kernel(x_ptr, vals_ptr, ids_ptr, V, stride, K: tl.con
 _REGISTER_ROW_MAX = 16384
 
 
-def topk_rows_triton(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_rows_triton(logq: torch.Tensor, k: int, smallest: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``k`` fp32 values and int64 ids per row of ``logq [D, V]``, ranked by (fp32 value desc, id asc), as
-    ``reference.topk_rows_reference`` (ties included; -0.0 equals +0.0; no NaN or +inf). ``k <= V``."""
+    ``reference.topk_rows_reference`` (ties included; -0.0 equals +0.0; no NaN or +inf); ``smallest``: the ``k``
+    smallest, ranked by (value asc, id asc) (no NaN or -inf). ``k <= V``."""
     depth, vocab = logq.shape
     if not 1 <= k <= vocab:
         raise ValueError(f"k={k} must be in [1, V={vocab}].")
@@ -281,10 +287,11 @@ def topk_rows_triton(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     if vocab <= _REGISTER_ROW_MAX:
         block = triton.next_power_of_2(vocab)
         _topk_row_in_registers_kernel[(depth,)](
-            x, vals, ids, vocab, x.stride(0), K=k, KP=triton.next_power_of_2(k), BLOCK=block,
+            x, vals, ids, vocab, x.stride(0), K=k, KP=triton.next_power_of_2(k), BLOCK=block, SMALLEST=smallest,
             num_warps=max(1, min(16, block // 512)),
         )  # fmt: skip
         return vals, ids
     block = min(triton.next_power_of_2(vocab), 4096)
-    _topk_rows_kernel[(depth,)](x, vals, ids, vocab, x.stride(0), k, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    _topk_rows_kernel[(depth,)](x, vals, ids, vocab, x.stride(0), k, BLOCK=block, SMALLEST=smallest,
+                                num_warps=8 if block >= 2048 else 4)  # fmt: skip
     return vals, ids
