@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import only_shipped_zoo
 from models import perturbed_copy, tiny_model
 
 import specdec
@@ -64,7 +65,9 @@ def cases(tmp_path_factory) -> list[dict]:
     perturbed_copy(model, noise=0.05).save_pretrained(folder / "tiny-drafter")
     out = [{"name": "tiny", "path": str(folder / "tiny"), "drafter_path": str(folder / "tiny-drafter"),
             "runs": _runs("model")}]  # fmt: skip
-    for name in ("dense", "hybrid"):
+    # the hybrid target does not ship: on a fresh clone with nothing beside it, its case is left out (as the suite
+    # skips every test of it there); with a zoo, a zoo without it fails naming the folder
+    for name in ("dense",) if only_shipped_zoo() else ("dense", "hybrid"):
         drafter = REPO / "assets" / "drafters" / f"zoo-{name}"
         out.append({"name": f"zoo-{name}", "path": str(zoo_path(f"target-{name}")), "drafter_path": str(drafter),
                     "runs": _runs("dflash")})  # fmt: skip
