@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -106,11 +107,22 @@ def launch(cases: list[dict], folder: Path, *extra: str, timeout: int = 1500) ->
     torch.save(cases, folder / "cases.pt")
     path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(WORKER),
-         str(folder / "cases.pt"), str(folder), *extra],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    def run():
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(WORKER),
+             str(folder / "cases.pt"), str(folder), *extra],
+            env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+
+    proc = run()
+    if proc.returncode != 0 and "(SIGSEGV)" in proc.stderr:
+        # A rank killed by a segmentation fault (the zoo hybrid case, in the CPU collectives) was seen once, in a
+        # fresh clone's .ci/run with the interpreter tier beside this one on a 2-core machine, and not in a dozen
+        # runs since, alone or under load: one more run, the first log kept (the worker prints each rank's Python
+        # stack on a crash) and the crash reported. A crash that comes back fails below.
+        (folder / "worker-crashed.log").write_text(proc.stdout + proc.stderr)
+        warnings.warn(f"a rank crashed (SIGSEGV), ran again; its log: {folder / 'worker-crashed.log'}", stacklevel=2)
+        proc = run()
     (folder / "worker.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [torch.load(folder / f"rank{r}.pt") for r in range(2)]

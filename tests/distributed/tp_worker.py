@@ -11,6 +11,7 @@ first read.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import sys
 from pathlib import Path
@@ -76,6 +77,7 @@ def run_case(case: dict, *, diverge: bool, rank1_max_time: bool = False) -> dict
 
 
 def main() -> None:
+    faulthandler.enable()  # a crash of a rank prints its Python stack into the log the test shows
     cases = torch.load(sys.argv[1])
     folder = Path(sys.argv[2])
     diverge = "--diverge" in sys.argv[3:]
