@@ -5,7 +5,8 @@ reads is priced by a table of device round costs per batch size and option (ms; 
 0 = a plain round that feeds the drafter, else the DDTree budget), measured on a GPU by the batch bench (the
 ``budget_costs`` of its auto rows, or the fixed rounds' ``round ms``), with +-3 % noise. Printed: simulated tokens
 per ms of AR, DDTree at each size and the auto budget (its second pass over the prompts, the first being its
-warm-up), and auto's ratios. What it leaves out: the wall time a round adds beyond its device time (the host's
+warm-up), and auto's ratios. ``--switch-ms``: what a round costs more after a round of another size (a
+fixed budget never pays it). What it leaves out: the wall time a round adds beyond its device time (the host's
 work per round), and the GPU's bf16 drafts.
 
     python scripts/auto_budget_sim.py --batch 1 --prompts dev
@@ -57,6 +58,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--costs", type=json.loads, default=None, help="JSON {option: ms} for --batch (default: H200)")
     ap.add_argument("--controller", type=json.loads, default={}, help="JSON keyword arguments of AutoBudget")
+    ap.add_argument("--switch-ms", type=float, default=0.0,
+                    help="ms a round costs more after a round of another size (default 0)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--trace", action="store_true", help="print each timed call's choices, one letter per round")
     ap.add_argument("--explain", type=int, default=0, metavar="N",
@@ -67,11 +70,13 @@ def main() -> None:
     rng = random.Random(0)
 
     class Priced(AutoBudget):
-        spent = 0.0
+        spent, last = 0.0, None
 
         def observe(self, size, expected, accepted, ms, rows=None):
-            self.spent += costs[size]
-            super().observe(size, expected, accepted, costs[size] * rng.uniform(0.97, 1.03), rows)
+            # a round after one of another size pays ``--switch-ms`` more (its graph's buffers are cold)
+            cost = costs[size] + (args.switch_ms if self.last is not None and size != self.last else 0.0)
+            self.spent, self.last = self.spent + cost, size
+            super().observe(size, expected, accepted, cost * rng.uniform(0.97, 1.03), rows)
 
     @dataclass(frozen=True)
     class Tree(specdec.DDTree):

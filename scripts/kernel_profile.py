@@ -9,13 +9,15 @@ and the kernels per round, then the ``--top`` kernels by µs per round with thei
 
 Methods: ``ar`` (plain decoding), ``b15`` / ``b31`` (the zoo DFlash drafter with ``DDTree(budget, topk=8)``),
 ``e3-dyn31`` / ``e3-b31`` (the shipped EAGLE-3 head with ``DynamicTree(total_tokens=31)`` / ``DDTree(31, 8)``),
-``sm-b15`` / ``rsd-b15`` (T = 1, seeded: sample-and-match over ``DDTree(15, 8)``, RSD,
+``auto`` (``DDTree(budget="auto", topk=8)``: its rounds mix sizes and compute their expectations), ``sm-b15`` /
+``rsd-b15`` (T = 1, seeded: sample-and-match over ``DDTree(15, 8)``, RSD,
 ``MultiDraftRejection(replacement=False)``, over ``StochasticDDTree(15, 8)``).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -46,6 +48,7 @@ def main() -> None:
         "ar": (None, None),
         "b15": (dflash, specdec.DDTree(budget=15, topk=8)),
         "b31": (dflash, specdec.DDTree(budget=31, topk=8)),
+        "auto": (dflash, specdec.DDTree(budget="auto", topk=8)),
         "e3-dyn31": (eagle, specdec.DynamicTree(total_tokens=31)),
         "e3-b31": (eagle, specdec.DDTree(budget=31, topk=8)),
         # T = 1: sample-and-match over DDTree b15, RSD over the stochastic DDTree b15 (seeded)
@@ -61,18 +64,20 @@ def main() -> None:
         for ids in prompts:  # warm: the round's graphs captured, kernels compiled
             specdec.generate(model, ids, **kwargs, generator=torch.Generator(device).manual_seed(0) if sampled else None)
         torch.cuda.synchronize(device)
-        rounds = 0
+        rounds, budgets = 0, Counter()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for i, ids in enumerate(prompts):
                 gen = torch.Generator(device).manual_seed(i) if sampled else None
                 out = specdec.generate(model, ids, **kwargs, generator=gen)
                 rounds += out.stats.rounds
+                budgets.update(out.stats.budgets or ())
             torch.cuda.synchronize(device)
         kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
         total = sum(e.self_device_time_total for e in kernels)
         launches = sum(e.count for e in kernels)
         print(f"\n## {name}: {rounds} rounds, {total / rounds:.1f} µs of kernels per round, "
-              f"{launches / rounds:.1f} kernels per round\n")  # fmt: skip
+              f"{launches / rounds:.1f} kernels per round"
+              + (f"; sizes run: {dict(sorted(budgets.items()))}" if budgets else "") + "\n")  # fmt: skip
         print("| µs / round | launches / round | kernel |\n|---|---|---|")
         for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[: args.top]:
             print(f"| {e.self_device_time_total / rounds:.1f} | {e.count / rounds:.2f} | `{e.key[:100]}` |")

@@ -261,7 +261,9 @@ class Calibration:
 
     def scales(self) -> list[float]:
         """``[scale(0), ..., scale(K - 1)]``."""
-        return [self.scale(i) for i in range(len(self.sizes))]
+        shared, strength = self.shared_scale(), self.strength  # (``scale``'s terms, the shared ratio taken once)
+        return [shared if p + strength <= 0.0 else (o + strength * shared) / (p + strength)
+                for o, p in zip(self.observed, self.predicted, strict=True)]  # fmt: skip
 
     def apply(self, expected) -> list[list[float]]:
         """Calibrated expectations: ``expected [B, K]`` (host floats) times each budget's scale."""
@@ -657,6 +659,7 @@ class AutoBudget:
         self.calib = Calibration(self.sizes, strength=1.0)
         self.times: dict[int, list[float]] = {s: [] for s in (0, *self.sizes)}  # 0: plain decoding
         self.detached_times: list[float] = []  # the target's own plain rounds (DETACHED)
+        self._costs: dict[int, float] = {}  # per option, the median of its times (dropped when one is added)
         self.expected: list[float] | None = None  # the rows' mean expectation per size, smoothed
         # per size, its expectation over the size below's (smoothed): a round computes its expectations only up to
         # the next size above its own, and the larger ones are extrapolated from the last computed by these
@@ -699,8 +702,13 @@ class AutoBudget:
         self.chosen = self.chosen[-self.probe_max :]  # enough to count the plain rounds in a row
 
     def _cost(self, size: int) -> float:
-        times = self.detached_times if size == DETACHED else self.times[size]
-        return statistics.median(times[-self.window :])
+        """The median of the option's last ``window`` times, kept until the option's next time (``observe``): the
+        choice before every round asks for every option's."""
+        cost = self._costs.get(size)
+        if cost is None:
+            times = self.detached_times if size == DETACHED else self.times[size]
+            cost = self._costs[size] = statistics.median(times[-self.window :])
+        return cost
 
     def costs(self) -> dict[int, float]:
         """The round cost in ms of each option measured so far (budget -> median of its last ``window`` rounds;
@@ -914,6 +922,7 @@ class AutoBudget:
                 self.timed[size] = self.timed.get(size, 0) + 1
             elif times is not None:
                 times.append(float(ms))
+                self._costs.pop(size, None)
                 if len(times) > 2 * self.window:  # only the last ``window`` count
                     del times[: -self.window]
 
