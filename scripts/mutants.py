@@ -41,15 +41,17 @@ ACCEPT_REFERENCE = "specdec/kernels/tree_accept/reference.py"
 DDTREE_TOPK = "specdec/kernels/ddtree_build/reference.py"  # the per-depth top-k of the DDTree build
 REJECTION_REFERENCE = "specdec/kernels/tree_rejection/reference.py"  # recursive rejection's sibling-rank loop
 REJECTION_TRITON = "specdec/kernels/tree_rejection/triton.py"
+TOPK_MASK_TRITON = "specdec/kernels/topk_mask/triton.py"  # HF's top-k warper in one launch
+TOPK_MASK_TESTS = ("tests/kernels/test_topk_mask.py", "-m", "interpreter")
 TOP_K_THEN_TOP_P = """    if sampling.top_k:
-        procs.append(TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
+        procs.append(TopKThreshold(top_k=sampling.top_k, min_tokens_to_keep=1))
     if sampling.top_p is not None and sampling.top_p < 1.0:
         procs.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))
 """
 TOP_P_THEN_TOP_K = """    if sampling.top_p is not None and sampling.top_p < 1.0:
         procs.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))
     if sampling.top_k:
-        procs.append(TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
+        procs.append(TopKThreshold(top_k=sampling.top_k, min_tokens_to_keep=1))
 """
 # A top-p warper that keeps only the tokens whose cumulative mass stays <= top_p (drops the crossing token).
 TOP_P_NO_CROSSING = """class _TopPNoCrossing:
@@ -1375,6 +1377,34 @@ MUTANTS += [
         (("specdec/trees/sampled.py", "return tree._replace(max_children=self.effective_topk, draft_probs=probs)",
           "return tree._replace(max_children=self.effective_topk, draft_probs=probs.roll(-1, 1))"),),  # fmt: skip
         ("tests/verify/test_sampled_policies.py", "-k", "carries"),
+    ),
+]
+MUTANTS += [
+    Mutant(  # the top-k threshold one rank too low: the (k + 1)-th largest value, one token too many kept
+        "topk_mask_threshold_one_rank_low",
+        ((TOPK_MASK_TRITON, "        keep = n >= K\n", "        keep = n >= K + 1\n"),),
+        TOPK_MASK_TESTS,
+    ),
+    Mutant(  # the values tied with the k-th largest removed too (HF keeps every value >= it)
+        "topk_mask_ties_removed",
+        ((TOPK_MASK_TRITON, "tl.where(ukey < lo.to(tl.uint32), fill, x)", "tl.where(ukey <= lo.to(tl.uint32), fill, x)"),),
+        TOPK_MASK_TESTS,
+    ),
+    Mutant(  # -0.0 not folded onto +0.0: ranked below it, so removed where +0.0 is the k-th largest
+        "topk_mask_negative_zero_not_folded",
+        ((TOPK_MASK_TRITON, "key = tl.where(bits < 0, -(bits & 0x7FFFFFFF), bits)",
+          "key = tl.where(bits < 0, -(bits & 0x7FFFFFFF) - 1, bits)"),),  # fmt: skip
+        TOPK_MASK_TESTS,
+    ),
+    Mutant(  # the padding lanes past V counted as +0.0 scores (V not a power of two)
+        "topk_mask_padding_counted",
+        ((TOPK_MASK_TRITON, "    ukey = tl.where(inside, ukey, tl.zeros_like(ukey))", "    pass"),),
+        TOPK_MASK_TESTS,
+    ),
+    Mutant(  # the bracket's upper end snapped onto the largest key below the candidate, not one past it
+        "topk_mask_upper_end_on_a_key",
+        ((TOPK_MASK_TRITON, "hi = tl.where(keep, hi, below.to(tl.int64) + 1)", "hi = tl.where(keep, hi, below.to(tl.int64))"),),
+        TOPK_MASK_TESTS,
     ),
 ]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]

@@ -1,6 +1,6 @@
 """The target's sampling distribution p at a node: its logits processed exactly as HF ``generate`` does
-(temperature, top-h, top-k, top-p, min-p, typical, epsilon, eta: HF's own warpers in HF's order, in fp32), and
-Gumbel noise to sample it.
+(temperature, top-h, top-k, top-p, min-p, typical, epsilon, eta: HF's own warpers in HF's order, in fp32; top-k as
+:class:`TopKThreshold`, HF's warper with its selection in one kernel launch), and Gumbel noise to sample it.
 """
 
 from __future__ import annotations
@@ -18,9 +18,21 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
+from specdec.kernels.topk_mask import topk_mask
 from specdec.types import SamplingParams
 
-__all__ = ["gumbel_from_uniform", "process_logits"]
+__all__ = ["TopKThreshold", "gumbel_from_uniform", "process_logits"]
+
+
+class TopKThreshold(TopKLogitsWarper):
+    """HF's ``TopKLogitsWarper`` (its arguments, checks and attributes), whose call computes the same scores with
+    :func:`specdec.kernels.topk_mask.topk_mask`: on CUDA, for fp32 rows of up to 32768 entries, one Triton launch
+    instead of ``torch.topk``, a compare and a ``masked_fill``; elsewhere HF's formula. As HF: ``k = min(top_k, V)``
+    (``top_k`` already at least ``min_tokens_to_keep``), every score strictly below its row's ``k``-th largest set
+    to ``filter_value``, returned as a new tensor."""
+
+    def __call__(self, input_ids: torch.LongTensor | None, scores: torch.Tensor) -> torch.Tensor:
+        return topk_mask(scores, min(self.top_k, scores.size(-1)), self.filter_value)
 
 
 def _warpers(sampling: SamplingParams) -> LogitsProcessorList:
@@ -31,7 +43,7 @@ def _warpers(sampling: SamplingParams) -> LogitsProcessorList:
     if sampling.top_h is not None:
         procs.append(TopHLogitsWarper(top_h=sampling.top_h))
     if sampling.top_k:
-        procs.append(TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
+        procs.append(TopKThreshold(top_k=sampling.top_k, min_tokens_to_keep=1))
     if sampling.top_p is not None and sampling.top_p < 1.0:
         procs.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))
     if sampling.min_p is not None:

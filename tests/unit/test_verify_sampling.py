@@ -11,8 +11,9 @@ and oracle), 1.0 and 0.25 (target_choices, after-path, joint, defaults).
 import pytest
 import torch
 from models import tiny_model
-from oracles import ALPHA, BUGS, assert_powerful, gof_pvalue, hf_probs, power_report, wrong_probs
+from oracles import ALPHA, BUGS, assert_powerful, gof_pvalue, hf_probs, hf_warpers, power_report, wrong_probs
 from oracles.walk import verify_sample
+from transformers.generation.logits_process import MinPLogitsWarper
 
 import specdec
 from specdec.types import DeviceTree, DraftTree, SamplingParams, TreeRow
@@ -38,17 +39,32 @@ def bug_probs(logits: torch.Tensor, **kw) -> dict[str, torch.Tensor]:
         dict(temperature=1.0, top_k=200, top_p=0.95),  # top_k above the vocabulary
         dict(temperature=2.0, top_k=0, top_p=1.0),  # both cuts disabled
         dict(temperature=0.9, top_k=None, top_p=None),
+        dict(temperature=1.3, top_k=9, min_p=0.05),
+        dict(temperature=0.6, top_k=30, top_p=0.95, min_p=0.02),
+        dict(temperature=1.0, top_k=1, min_p=0.1),
     ],
     ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()),
 )
 def test_process_logits_equals_hf_warpers(kw):
-    """Processed logits equal HF's temperature -> top-k -> top-p warpers, exactly, including ties."""
+    """Processed logits equal HF's temperature -> top-k -> top-p -> min-p warpers, exactly (the scores bit for bit),
+    including ties, for fp32 and bf16 logits of any leading shape (the top-k: ``processing.TopKThreshold``; through
+    its Triton kernel: ``tests/kernels/test_topk_mask.py``)."""
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(16, 64, generator=gen) * 2
     logits[3, :10] = logits[3, 0]  # ties at the top-k and top-p cut-offs
     logits[4] = torch.randint(0, 3, (64,), generator=gen).float()
-    ours = torch.softmax(process_logits(logits, SamplingParams(do_sample=True, **kw)).double(), -1)
-    torch.testing.assert_close(ours, hf_probs(logits, **kw), atol=1e-7, rtol=0)
+    logits[5, ::2] = float("-inf")
+    min_p = kw.get("min_p")
+    hf_kw = {k: v for k, v in kw.items() if k != "min_p"}
+    for x in (logits, logits.bfloat16().view(2, 8, 64)):
+        ours = process_logits(x, SamplingParams(do_sample=True, **kw))
+        flat = x.reshape(-1, 64).float()
+        want = hf_warpers(**hf_kw)(None, flat)
+        if min_p is not None:
+            want = MinPLogitsWarper(min_p=min_p, min_tokens_to_keep=1)(None, want)
+        assert ours.shape == x.shape and torch.equal(ours.reshape(-1, 64), want)
+        if min_p is None:
+            torch.testing.assert_close(torch.softmax(ours.double(), -1), hf_probs(x, **kw), atol=1e-7, rtol=0)
 
 
 def test_target_choices_follows_hf_distribution():
