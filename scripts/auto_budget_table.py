@@ -6,8 +6,10 @@ Each RUN_DIR is a bench output folder (``results.jsonl``) of a run that holds AR
 ``DDTree(budget="auto")`` rows (``+experiment=batch`` or ``scripts/gpu_trust.sh``). Per run and batch size B it
 prints tok/s of AR, of the best fixed budget (named) and of auto, the two ratios the auto budget is held to
 (auto / best fixed >= 0.97, auto / AR >= 1), auto's ms per round against the fixed rows', the share of auto's rounds
-per budget (0 = plain decoding), the controller's round cost per option after the last call and the capture ms auto
-spent inside timed calls (0 when warm-up covered every graph).
+per budget (0 = plain decoding), the controller's round cost per option after the last call, the auto rounds' own
+times per budget split by what ran before them (``steady``: a round of the same budget; ``switch``: another budget;
+medians with their counts, from the bench's ``budget_rounds``) and the capture ms auto spent inside timed calls (0 when
+warm-up covered every graph).
 
 With several timed passes (``repeat``), best fixed is the fixed budget of the highest pooled tok/s, and the ratios are
 also given per pass (auto's pass p over that budget's pass p) with their median: run with ``interleave=true`` so
@@ -29,6 +31,7 @@ def _table(run: Path) -> list[str]:
     rows = load_rows(run)
     mix: dict[int, Counter] = {}
     costs: dict[int, dict] = {}  # B -> the controller's cost per option after the last call
+    timed: dict[int, dict[tuple[int, str], list[float]]] = {}  # B -> (budget, steady|switch) -> the rounds' ms
     seen = set()
     for r in rows:
         if r["budget"] == "auto":
@@ -37,6 +40,10 @@ def _table(run: Path) -> list[str]:
                 if call in seen:
                     continue
                 seen.add(call)
+            split = timed.setdefault(r.get("batch_size", 1), {})
+            for (size, ms), before in _after(r.get("call_budget_rounds", r.get("budget_rounds")) or []):
+                if ms is not None:
+                    split.setdefault((size, "steady" if before == size else "switch"), []).append(ms)
             counts = r.get("call_budgets", r.get("budgets")) or {}
             costs[r.get("batch_size", 1)] = r.get("call_budget_costs", r.get("budget_costs")) or {}
             mix.setdefault(r.get("batch_size", 1), Counter()).update({int(k): v for k, v in counts.items()})
@@ -46,10 +53,10 @@ def _table(run: Path) -> list[str]:
         by_b.setdefault(s["batch_size"], []).append(s)
     head = (
         "| B | AR tok/s | best fixed | auto tok/s | auto / best | auto / best per pass (median) | auto / AR "
-        "| ms/round auto (fixed) | auto's budgets (share of rounds) | controller's ms per option | auto capture ms in "
-        "timed calls |"
+        "| ms/round auto (fixed) | auto's budgets (share of rounds) | controller's ms per option "
+        "| auto's ms per budget, steady / switch (rounds) | auto capture ms in timed calls |"
     )
-    out = [f"## {run}", "", head, "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [f"## {run}", "", head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for b in sorted(by_b):
         group = by_b[b]
         ar = next((s for s in group if s["tree"] == "ar"), None)
@@ -66,9 +73,25 @@ def _table(run: Path) -> list[str]:
         out.append(
             f"| {b} | {ar['tok_s']:.0f} | {best['method']} {best['tok_s']:.0f} | {auto['tok_s']:.0f} "
             f"| {auto['tok_s'] / best['tok_s']:.2f} | {_per_pass(auto, best)} | {auto['tok_s'] / ar['tok_s']:.2f} "
-            f"| {auto['ms_per_round']:.3f} ({fixed_ms}) | {shares} | {model} | {auto['cold_ms']:.0f} |"
+            f"| {auto['ms_per_round']:.3f} ({fixed_ms}) | {shares} | {model} | {_split(timed.get(b, {}))} "
+            f"| {auto['cold_ms']:.0f} |"
         )
     return out
+
+
+def _after(rounds: list) -> list[tuple[tuple[int, float | None], int | None]]:
+    """Each ``[budget, ms]`` of a call's rounds with the budget of the round before it in that call (None first)."""
+    return [((int(b), ms), None if i == 0 else int(rounds[i - 1][0])) for i, (b, ms) in enumerate(rounds)]
+
+
+def _split(timed: dict[tuple[int, str], list[float]]) -> str:
+    """``budget: steady median / switch median (n steady / n switch)`` per budget, "–" where a side has no round."""
+    cells = []
+    for size in sorted({size for size, _ in timed}):
+        steady, switch = timed.get((size, "steady"), []), timed.get((size, "switch"), [])
+        med = lambda xs: f"{statistics.median(xs):.3f}" if xs else "–"  # noqa: E731
+        cells.append(f"{size}: {med(steady)} / {med(switch)} ({len(steady)} / {len(switch)})")
+    return ", ".join(cells) or "–"
 
 
 def _per_pass(auto: dict, best: dict) -> str:

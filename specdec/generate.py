@@ -634,6 +634,7 @@ def _decode(
             auto.observe(size, expected and [expected[b] for b in live], [len(results[b][0]) - 1 for b in live],
                          ms, rows=live)  # fmt: skip
             stats.budgets.append(size)
+            stats.budget_ms.append(ms)
         if timed:  # max_time: this round is kept whole, no other runs
             done = [True] * batch
 

@@ -278,6 +278,8 @@ class SpecStats:
     ran with under ``DDTree(budget="auto")`` (empty otherwise), and ``budget_costs`` the round cost in ms its
     controller holds for each option at the end of the call (budget -> ms, 0 = plain decoding; the median of that
     option's last measured rounds, measured across calls of the same target and batch bucket; empty otherwise).
+    ``budget_ms`` holds each of those rounds' time in ms as its controller was told it (its device time on CUDA;
+    None for a round not timed: the launch captured its graph or replayed it for the first time), in round order.
     """
 
     rounds: int = 0
@@ -299,6 +301,7 @@ class SpecStats:
     rows: list[SpecStats] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)
     budget_costs: dict[int, float] = field(default_factory=dict)
+    budget_ms: list[float | None] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -342,6 +345,7 @@ class SpecStats:
             "capture_fallbacks": self.capture_fallbacks,
             "rows": [row.as_dict() for row in self.rows],
             "budgets": list(self.budgets),
+            "budget_ms": list(self.budget_ms),
         }
 
 

@@ -224,6 +224,7 @@ class _Runner:
                     "captures": int(getattr(stats, "captures", 0) or 0),
                     "budgets": {str(b): n for b, n in sorted(Counter(stats.budgets).items())},
                     "budget_costs": {str(b): ms for b, ms in sorted(getattr(stats, "budget_costs", {}).items())},
+                    "budget_rounds": _budget_rounds(stats),
                     }  # fmt: skip
         _share_call([row for _, row in out], total_s, prefill_s, call, batch_size, index)
         return out
@@ -267,11 +268,20 @@ class _Runner:
             "captures": int(getattr(stats, "captures", 0) or 0),
             "budgets": {str(b): n for b, n in sorted(Counter(getattr(stats, "budgets", [])).items())},
             "budget_costs": {str(b): ms for b, ms in sorted(getattr(stats, "budget_costs", {}).items())},
+            "budget_rounds": _budget_rounds(stats),
             "path": getattr(stats, "path", None),
             "tokens": out.sequences[0, ids.shape[1] :].tolist(),
             "identical_to_ar": None,
             "identical_to_hf": None,
         }
+
+
+def _budget_rounds(stats) -> list[list]:
+    """``DDTree(budget="auto")``: each round's ``[budget, ms]`` in round order (ms as its controller was told it, None
+    where not timed); empty for other methods."""
+    budgets = getattr(stats, "budgets", None) or []
+    ms = getattr(stats, "budget_ms", None) or [None] * len(budgets)
+    return [[int(b), None if t is None else float(t)] for b, t in zip(budgets, ms, strict=False)]
 
 
 def _until_eos(tokens: list[int], eos: Sequence[int]) -> list[int]:
@@ -285,7 +295,8 @@ def _share_call(rows: list[dict], total_s: float, prefill_s: float, call: dict, 
     rows (so sums over rows are the pass's), ``decode_tok_s`` the call's (all its rows' decode tokens over its
     decode time), and the call's facts: ``batch_size`` (B), ``batch_index``, ``batch_rows``, ``batch_tau`` (its τ
     over every (row, round) pair), ``call_s``, ``call_decode_s``, ``call_rounds``, ``call_target_forwards``,
-    ``call_draft_forwards``, ``call_budgets`` (``DDTree(budget="auto")``: rounds per budget, 0 = plain), and
+    ``call_draft_forwards``, ``call_budgets`` (``DDTree(budget="auto")``: rounds per budget, 0 = plain),
+    ``call_budget_rounds`` (its rounds' ``[budget, ms]`` in order), and
     ``captures`` (the call's new graph keys, ``SpecStats.captures``) on its first row, 0 on the others."""
     n = len(rows)
     decode_s = max(total_s - prefill_s, 0.0)
@@ -304,6 +315,7 @@ def _share_call(rows: list[dict], total_s: float, prefill_s: float, call: dict, 
             path=call["path"],
             call_budgets=call.get("budgets", {}),
             call_budget_costs=call.get("budget_costs", {}),
+            call_budget_rounds=call.get("budget_rounds", []),
             batch_size=batch_size,
             batch_index=index,
             batch_rows=n,

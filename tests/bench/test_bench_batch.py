@@ -5,6 +5,7 @@ dense pair, rows carrying B, pooled tok/s, per-row and batch τ, identity agains
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,23 @@ def test_report_checks_the_round_cost_model_point_by_point():
     skewed = rows[:-1] + [summary("ddtree", 16, 63, 2 * cost(16, 64))]  # one point far off the model
     assert "(largest error 0.0 %)" not in _cost_model_lines(skewed)[0]
     assert _cost_model_lines([r for r in rows if r["batch_size"] == 1]) == []
+
+
+def test_auto_rows_carry_each_rounds_budget_and_time(tmp_path, zoo):
+    """``DDTree(budget="auto")`` rows: the call's rounds as ``[budget, ms]`` in order, as many as the call's rounds
+    (alone: ``budget_rounds``; in a batch: ``call_budget_rounds`` on every row of the call), their budgets counted
+    as ``budgets`` / ``call_budgets``."""
+    cfg = {
+        "device": "cpu", "dtype": "float32", "num_prompts": 3, "max_new_tokens": 8, "batch_sizes": [1, 2],
+        "warmup": 0, "graph_floor": False, "progress": False, "out_dir": str(tmp_path), "threads": 1,
+        "dflash": str(REPO / "assets" / "drafters" / "zoo-dense"),
+        "methods": [{"name": "auto", "drafter": {"kind": "dflash"}, "tree": {"kind": "ddtree", "budget": "auto"}}],
+    }  # fmt: skip
+    rows = main_bench(cfg)
+    assert {r["batch_size"] for r in rows} == {1, 2}
+    for r in rows:
+        rounds, counts, calls = ((r["budget_rounds"], r["budgets"], r["rounds"]) if r["batch_size"] == 1 else
+                                 (r["call_budget_rounds"], r["call_budgets"], r["call_rounds"]))  # fmt: skip
+        assert len(rounds) == calls > 0, r
+        assert {str(b): n for b, n in Counter(b for b, _ in rounds).items()} == counts
+        assert all(ms is None or ms > 0 for _, ms in rounds) and any(ms for _, ms in rounds)

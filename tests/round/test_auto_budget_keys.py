@@ -324,3 +324,39 @@ def test_the_controller_reads_the_expectations_each_round_computed():
     assert seen and len(_COMPUTED) >= len(seen)
     for (expected, live), computed in zip(seen, _COMPUTED, strict=False):
         assert expected == computed[live].tolist(), (expected, computed)
+
+
+class _Told(AutoBudget):
+    """An auto budget controller that keeps each round's time as the loop told it."""
+
+    def __init__(self, sizes, batch) -> None:
+        super().__init__(sizes, batch)
+        self.told: list = []
+
+    def observe(self, size, expected, accepted, ms, rows=None):
+        self.told.append((size, ms))
+        super().observe(size, expected, accepted, ms, rows)
+
+
+@dataclass(frozen=True, repr=False)
+class _ToldTree(specdec.DDTree):
+    made: list = field(default=None, compare=False)
+
+    def controller(self, batch: int) -> AutoBudget:
+        self.made.append(_Told(self.sizes, batch))
+        return self.made[-1]
+
+
+def test_stats_hold_each_rounds_budget_and_the_time_its_controller_was_told():
+    target = tiny_model("llama", scale=2.0)
+    drafter = sharp_drafter(target)
+    ids = torch.randint(4, 128, (1, 9), generator=torch.Generator().manual_seed(3))
+    made: list = []
+    tree = _ToldTree(budget="auto", topk=3, sizes=SIZES, made=made)
+    specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=24)  # graphs and kernels warm
+    out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=24)
+    check_rows(target, [ids[0]], out, 24)
+    told = made[-1].told[-len(out.stats.budgets) :]  # this call's rounds (the controller is kept across calls)
+    assert list(zip(out.stats.budgets, out.stats.budget_ms, strict=True)) == told
+    assert any(ms is not None and ms > 0 for _, ms in told), told
+    assert out.stats.as_dict()["budget_ms"] == out.stats.budget_ms

@@ -60,3 +60,20 @@ def test_one_pass_has_no_per_pass_ratio(tmp_path):
     (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     line = next(x for x in _table(tmp_path) if x.startswith("| 1 |"))
     assert [c.strip() for c in line.strip("|").split("|")][5] == "–"
+
+
+def test_auto_rounds_split_by_the_budget_before_them(tmp_path):
+    # two calls' rounds as [budget, ms]; a call's first round follows no round (a switch), None is not timed
+    calls = [
+        [[15, 0.50], [15, 0.40], [31, 0.70], [31, 0.60], [15, 0.48]],
+        [[31, 0.66], [31, None], [31, 0.62], [15, 0.52]],
+    ]
+    rows = [dict(_row(m, b, p, s[0]), **{"pass": 0}) for (m, b), s in SECONDS.items() for p in range(2)
+            if b != "auto"]  # fmt: skip
+    for p, rounds in enumerate(calls):
+        rows.append(dict(_row("ddtree-auto", "auto", p, 0.027), **{"pass": 0, "budget_rounds": rounds}))
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    line = next(x for x in _table(tmp_path) if x.startswith("| 1 |"))
+    cell = [c.strip() for c in line.strip("|").split("|")][10]
+    # by hand: 15 steady [0.40], switch [0.50, 0.48, 0.52]; 31 steady [0.60, 0.62], switch [0.70, 0.66]
+    assert cell == "15: 0.400 / 0.500 (1 / 3), 31: 0.610 / 0.680 (2 / 2)"
