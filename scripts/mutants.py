@@ -1378,6 +1378,17 @@ MUTANTS += [
           "return tree._replace(max_children=self.effective_topk, draft_probs=probs.roll(-1, 1))"),),  # fmt: skip
         ("tests/verify/test_sampled_policies.py", "-k", "carries"),
     ),
+    Mutant(  # the auto budget keeps an option's median cost after new times of that option came in
+        "auto_cost_kept_stale",
+        (("specdec/budget.py", "                self._costs.pop(size, None)\n", ""),),  # fmt: skip
+        ("tests/round/test_auto_budget_keys.py", "tests/unit"),
+    ),
+    Mutant(  # the auto rounds' times in the stats in reverse order
+        "auto_budget_ms_reversed",
+        (("specdec/generate.py", "            stats.budget_ms.append(ms)\n",
+          "            stats.budget_ms.insert(0, ms)\n"),),  # fmt: skip
+        ("tests/round/test_auto_budget_keys.py", "-k", "stats_hold"),
+    ),
 ]
 MUTANTS += [
     Mutant(  # the top-k threshold one rank too low: the (k + 1)-th largest value, one token too many kept
