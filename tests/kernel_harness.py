@@ -155,3 +155,25 @@ def assert_norm_close(got: torch.Tensor, want: torch.Tensor) -> None:
     ulp = (want.float().abs() * 2.0 ** -(7 if want.dtype == torch.bfloat16 else 10)).clamp(min=1e-30)
     assert ((got.float() - want.float()).abs() <= ulp * 1.01).all()
     assert (got == want).float().mean() >= 0.99
+
+
+def topk_score_rows(vocab: int, n: int, seed: int) -> torch.Tensor:
+    """``n >= 10`` fp32 rows of ``vocab`` scores for top-k selections: random; ties from four levels; a third -inf;
+    all -inf; signed zeros under a few ones; all negative; fewer finite entries than most ``k``; extremes and
+    subnormals; neighbouring floats (their keys one apart); the rest rounded to bf16 (many ties)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, vocab, generator=gen) * 3
+    x[1] = torch.randint(0, 4, (vocab,), generator=gen).float() - 1.5
+    x[2, torch.randperm(vocab, generator=gen)[: vocab // 3]] = float("-inf")
+    x[3] = float("-inf")
+    x[4] = torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0)
+    x[4, : max(vocab // 50, 1)] = 1.0
+    x[5] = -x[5].abs()
+    x[6] = float("-inf")
+    x[6, : min(3, vocab)] = torch.tensor([2.0, -1.0, 2.0])[: min(3, vocab)]
+    picks = torch.tensor([3e38, -3e38, 1e-45, -1e-45, 1e-40, -1e-40, 0.0, -0.0])
+    x[7] = picks[torch.randint(0, len(picks), (vocab,), generator=gen)]
+    near = (torch.tensor(1.5).view(torch.int32) + torch.arange(4, dtype=torch.int32)).view(torch.float32)
+    x[8] = near[torch.randint(0, 4, (vocab,), generator=gen)]
+    x[9:] = x[9:].bfloat16().float()
+    return x

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_harness import capture_without_host_reads
+from kernel_harness import capture_without_host_reads, topk_score_rows
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     MinPLogitsWarper,
@@ -26,30 +26,13 @@ pytestmark = pytest.mark.gpu
 VOCABS = (7, 1000, 8192, 32000, 32768)
 
 
-def rows(vocab: int, n: int, seed: int) -> torch.Tensor:
-    """``n`` rows: random, ties from a few levels, a third -inf, all -inf, signed zeros, all negative, neighbouring
-    floats, bf16-rounded."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, vocab, generator=gen) * 3
-    x[1] = torch.randint(0, 4, (vocab,), generator=gen).float() - 1.5
-    x[2, torch.randperm(vocab, generator=gen)[: vocab // 3]] = float("-inf")
-    x[3] = float("-inf")
-    x[4] = torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0)
-    x[4, : max(vocab // 50, 1)] = 1.0
-    x[5] = -x[5].abs()
-    x[6:] = x[6:].bfloat16().float()
-    near = (torch.tensor(1.5).view(torch.int32) + torch.arange(4, dtype=torch.int32)).view(torch.float32)
-    x[7] = near[torch.randint(0, 4, (vocab,), generator=gen)]  # neighbouring floats: keys one apart
-    return x
-
-
 def hf(scores: torch.Tensor, k: int) -> torch.Tensor:
     return TopKLogitsWarper(top_k=k)(None, scores.clone())
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_kernel_equals_hfs_warper_on_cuda(cuda, vocab):
-    x = rows(vocab, 16, vocab)
+    x = topk_score_rows(vocab, 16, vocab)
     for k in sorted({1, 2, min(50, vocab), vocab // 2 or 1, vocab - 1 or 1, vocab, vocab + 5}):
         got, want = topk_mask(x.to(cuda), k).cpu(), hf(x, k)
         assert torch.equal(got, want), k
@@ -75,10 +58,10 @@ def test_process_logits_equals_hfs_warpers_on_cuda(cuda):
 
 
 def test_captured_and_replayed_with_new_scores(cuda):
-    static = rows(8192, 16, 0).to(cuda)
+    static = topk_score_rows(8192, 16, 0).to(cuda)
     graph, out = capture_without_host_reads(lambda: topk_mask(static, 50))
     for seed in (1, 2, 3):
-        x = rows(8192, 16, seed)
+        x = topk_score_rows(8192, 16, seed)
         static.copy_(x)
         graph.replay()
         assert torch.equal(out.cpu(), hf(x, 50)), seed

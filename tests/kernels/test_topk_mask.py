@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_harness import interpreted_outputs, poison_empty
+from kernel_harness import interpreted_outputs, poison_empty, topk_score_rows
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     MinPLogitsWarper,
@@ -31,24 +31,6 @@ from specdec.verify.processing import TopKThreshold, process_logits
 PLANS = {"interpolate": dict(interpolate=True), "bisect": dict(interpolate=False)}
 
 
-def rows(vocab: int, n: int, seed: int) -> torch.Tensor:
-    """``n >= 8`` rows of ``vocab`` scores: random; ties from four levels; a third -inf; all -inf; signed zeros
-    under a few ones; all negative; fewer finite entries than most ``k``; extremes and subnormals."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, vocab, generator=gen) * 3
-    x[1] = torch.randint(0, 4, (vocab,), generator=gen).float() - 1.5
-    x[2, torch.randperm(vocab, generator=gen)[: vocab // 3]] = float("-inf")
-    x[3] = float("-inf")
-    x[4] = torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0)
-    x[4, : max(vocab // 50, 1)] = 1.0
-    x[5] = -x[5].abs()
-    x[6] = float("-inf")
-    x[6, : min(3, vocab)] = torch.tensor([2.0, -1.0, 2.0])[: min(3, vocab)]
-    picks = torch.tensor([3e38, -3e38, 1e-45, -1e-45, 1e-40, -1e-40, 0.0, -0.0])
-    x[7] = picks[torch.randint(0, len(picks), (vocab,), generator=gen)]
-    return x
-
-
 def _ks(vocab: int) -> list[int]:
     return sorted({1, 2, min(50, vocab), max(vocab // 2, 1), max(vocab - 1, 1), vocab, vocab + 5})
 
@@ -56,10 +38,10 @@ def _ks(vocab: int) -> list[int]:
 def cases() -> list[dict]:
     out = []
     for vocab in (7, 64, 1000):
-        x = rows(vocab, 8, vocab)
+        x = topk_score_rows(vocab, 10, vocab)
         out += [dict(name=f"V{vocab}-k{k}", scores=x, k=k) for k in _ks(vocab)]
     gen = torch.Generator().manual_seed(3)
-    wide = rows(8192, 8, 8192)
+    wide = topk_score_rows(8192, 10, 8192)
     out += [dict(name=f"V8192-k{k}", scores=wide, k=k) for k in (1, 50, 4096, 8191)]
     big = torch.randn(2, 32768, generator=gen)
     big[1] = torch.randint(0, 6, (32768,), generator=gen).float()
@@ -129,7 +111,7 @@ def test_reference_equals_hfs_warper():
 
 
 def test_the_warper_is_hfs():
-    x = rows(40, 8, 1)
+    x = topk_score_rows(40, 10, 1)
     for top_k, keep in ((1, 1), (5, 1), (5, 9), (3, 60), (40, 1), (100, 1)):
         ours, theirs = TopKThreshold(top_k, min_tokens_to_keep=keep), TopKLogitsWarper(top_k, min_tokens_to_keep=keep)
         assert isinstance(ours, TopKLogitsWarper) and vars(ours) == vars(theirs)
