@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import struct
 import time
 import weakref
 from collections.abc import Mapping
@@ -451,15 +452,17 @@ class Round:
         if self.drafter is not None:
             self.drafter.num_forwards += self.draft_forwards
         rows, flags = [], 0
-        host = self.host[ticket]
-        for out in host[:, : self.fields].tolist():
+        host = self.host[ticket].tolist()  # the round's one read: its pinned copy, whole
+        for out in host:
             num_path = out[self.path_len]
             rows.append((out[:num_path], out[self.path_len + 1]))
             flags |= out[self.path_len + 2]
         if flags:
             raise ProtocolError(describe_flags(flags, self.tree, self.rule, self.drafter))
-        # ``DDTree(budget="auto")``: the round's expectations, copied with its tokens (no second copy or wait)
-        self.expected = host[:, self.fields :].view(torch.float64).tolist() if self.expect_sizes else None
+        # ``DDTree(budget="auto")``: the round's expectations, float64 bits in the same copy's last int64 columns
+        width = len(self.expect_sizes)
+        self.expected = ([list(struct.unpack(f"{width}d", struct.pack(f"{width}q", *out[self.fields :])))
+                          for out in host] if width else None)  # fmt: skip
         # ``output_scores`` / ``output_logits``: the raw logits of the path's nodes, [B, P, V] on the host
         self.logits = self.host_kept[ticket].clone() if self.kept is not None else None
         return rows

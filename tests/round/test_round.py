@@ -332,7 +332,8 @@ def test_a_call_reads_the_host_once_per_round(monkeypatch, do_sample):
     """Around the rounds, the loop's budget: one read per round (the pinned copy of its accepted tokens and counts),
     one for the prefill's first token and one of the prompt (whether it holds pad tokens, from which HF infers the
     attention mask: tests/test_input_rules.py), for plain decoding, a chain and a DDTree, greedy and sampling; and
-    one more where the storage holds the previous call's sequence to compare the prompt with (multi-turn reuse)."""
+    one more where the storage holds the previous call's sequence to compare the prompt with (multi-turn reuse).
+    ``DDTree(budget="auto")`` too: its expectations ride in the same copy, its round times come from events."""
     target = tiny_model("qwen3", scale=2.0)
     drafter = sharp_drafter(target)  # its identity check reads the target's embedding once, before the spy
     reads = spy_round_reads(monkeypatch, everywhere=True)
@@ -346,6 +347,12 @@ def test_a_call_reads_the_host_once_per_round(monkeypatch, do_sample):
         again = specdec.generate(target, out.sequences, drafter=d, tree=tree, max_new_tokens=20, do_sample=do_sample,
                                  pad_token_id=10_000, generator=torch.Generator().manual_seed(0))  # fmt: skip
         assert again.stats.reused_tokens > 0 and len(reads) == again.stats.rounds + 3, reads
+    reads.clear()
+    auto = specdec.DDTree(budget="auto", topk=3, sizes=(2, 6, 12))
+    out = specdec.generate(target, prompt(), drafter=drafter, tree=auto,
+                           max_new_tokens=20, do_sample=do_sample, generator=torch.Generator().manual_seed(0),
+                           reuse_prefix=False)  # fmt: skip
+    assert out.stats.budgets and len(reads) == out.stats.rounds + 2, reads
 
 
 def test_the_tail_of_a_call_is_launched_ahead_and_at_most_one_round_is_dropped(monkeypatch):
