@@ -30,7 +30,7 @@ _MODULE = "specdec.kernels.topk_mask.triton"
 Impl = Literal["auto", "torch", "triton"]
 
 MAX_VOCAB = 32768
-"""The longest row the Triton version takes (it holds the row in registers; ``triton.MAX_VOCAB``)."""
+"""The longest row the Triton version takes (it holds the row in registers, ``BLOCK = next_power_of_2(V)``)."""
 
 
 def fits_triton(scores: torch.Tensor) -> bool:

@@ -30,10 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPOLATE_MAX_BLOCK", "MAX_VOCAB", "topk_mask_triton"]
-
-MAX_VOCAB = 32768
-"""The longest row the kernel holds in registers (``BLOCK = next_power_of_2(V)``)."""
+__all__ = ["INTERPOLATE_MAX_BLOCK", "topk_mask_triton"]
 
 INTERPOLATE_MAX_BLOCK = 8192
 """Rows of up to this many entries (padded) take interpolated candidates by default, longer ones midpoints."""
@@ -96,9 +93,9 @@ def _num_warps(block: int) -> int:
 def topk_mask_triton(scores: torch.Tensor, k: int, filter_value: float = float("-inf"), *,
                      interpolate: bool | None = None, num_warps: int | None = None) -> torch.Tensor:  # fmt: skip
     """``topk_mask_reference(scores, k, filter_value)`` in one launch: fp32 ``scores [..., V]`` with a contiguous last
-    dim, ``V <= MAX_VOCAB``, ``1 <= k < V`` (not checked here). Returns a new contiguous tensor of ``scores``'s
-    shape. ``interpolate`` (the search's candidates; None: up to ``INTERPOLATE_MAX_BLOCK``) and ``num_warps``: the
-    launch plan (tests and benchmarks)."""
+    dim, ``V <= MAX_VOCAB`` of the package, ``1 <= k < V`` (not checked here). Returns a new contiguous tensor of
+    ``scores``'s shape. ``interpolate`` (the search's candidates; None: up to ``INTERPOLATE_MAX_BLOCK``) and
+    ``num_warps``: the launch plan (tests and benchmarks)."""
     width = scores.shape[-1]
     rows = scores.reshape(-1, width)
     out = torch.empty(scores.shape, dtype=scores.dtype, device=scores.device)
