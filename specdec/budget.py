@@ -255,15 +255,16 @@ class Calibration:
 
     def scale(self, index: int) -> float:
         """The scale of budget ``sizes[index]``, ``r_s`` (the shared ratio when that budget has no observations)."""
-        shared = self.shared_scale()
-        den = self.predicted[index] + self.strength
-        return shared if den <= 0.0 else (self.observed[index] + self.strength * shared) / den
+        return self._scale(index, self.shared_scale())
 
     def scales(self) -> list[float]:
-        """``[scale(0), ..., scale(K - 1)]``."""
-        shared, strength = self.shared_scale(), self.strength  # (``scale``'s terms, the shared ratio taken once)
-        return [shared if p + strength <= 0.0 else (o + strength * shared) / (p + strength)
-                for o, p in zip(self.observed, self.predicted, strict=True)]  # fmt: skip
+        """``[scale(0), ..., scale(K - 1)]`` (the shared ratio computed once)."""
+        shared = self.shared_scale()
+        return [self._scale(i, shared) for i in range(len(self.sizes))]
+
+    def _scale(self, index: int, shared: float) -> float:
+        den = self.predicted[index] + self.strength
+        return shared if den <= 0.0 else (self.observed[index] + self.strength * shared) / den
 
     def apply(self, expected) -> list[list[float]]:
         """Calibrated expectations: ``expected [B, K]`` (host floats) times each budget's scale."""
