@@ -115,13 +115,15 @@ def launch(cases: list[dict], folder: Path, *extra: str, timeout: int = 1500) ->
         )  # fmt: skip
 
     proc = run()
-    if proc.returncode != 0 and "(SIGSEGV)" in proc.stderr:
-        # A rank killed by a segmentation fault (the zoo hybrid case, in the CPU collectives) was seen once, in a
-        # fresh clone's .ci/run with the interpreter tier beside this one on a 2-core machine, and not in a dozen
-        # runs since, alone or under load: one more run, the first log kept (the worker prints each rank's Python
-        # stack on a crash) and the crash reported. A crash that comes back fails below.
+    crashed = next((sig for sig in ("SIGSEGV", "SIGABRT") if f"({sig})" in proc.stderr), None)
+    if proc.returncode != 0 and crashed:
+        # A rank killed in native code (a segmentation fault; an abort, "terminate called without an active
+        # exception", with no Python frame) was seen once each, in fresh clones' .ci/run with the interpreter tier
+        # beside this one on a 2-core machine, and not in a dozen runs alone or under load: one more run, the first
+        # log kept (the worker prints each rank's Python stack on a crash) and the crash reported. A crash that
+        # comes back fails below.
         (folder / "worker-crashed.log").write_text(proc.stdout + proc.stderr)
-        warnings.warn(f"a rank crashed (SIGSEGV), ran again; its log: {folder / 'worker-crashed.log'}", stacklevel=2)
+        warnings.warn(f"a rank crashed ({crashed}), ran again; its log: {folder / 'worker-crashed.log'}", stacklevel=2)
         proc = run()
     (folder / "worker.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stderr[-4000:]
