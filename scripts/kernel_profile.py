@@ -54,6 +54,14 @@ def main() -> None:
         # T = 1: sample-and-match over DDTree b15, RSD over the stochastic DDTree b15 (seeded)
         "sm-b15": (dflash, specdec.DDTree(budget=15, topk=8), None),
         "rsd-b15": (dflash, specdec.StochasticDDTree(budget=15, topk=8), specdec.MultiDraftRejection(replacement=False)),
+        # the other rules at about 15 nodes: SpecInfer over 3 unmerged sampled paths of 5, traversal and RSD over
+        # 3 merged ones, speculative sampling and block verification over a sampled chain of 15
+        "specinfer-p15": (dflash, specdec.SampledTrees(k=3, depth=5, merge=False),
+                          specdec.MultiDraftRejection(replacement=True)),
+        "trav-p15": (dflash, specdec.SampledTrees(k=3, depth=5), specdec.TraversalVerification(replacement=False)),
+        "rsd-p15": (dflash, specdec.SampledTrees(k=3, depth=5), specdec.MultiDraftRejection(replacement=False)),
+        "ss-c15": (dflash, specdec.SampledChain(k=15), specdec.SpeculativeSampling()),
+        "block-c15": (dflash, specdec.SampledChain(k=15), specdec.BlockVerification()),
     }
     for name in args.methods.split(","):
         drafter, tree, *rule = methods[name]
