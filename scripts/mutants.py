@@ -495,6 +495,17 @@ MUTANTS += [
           "mask=t + 2 == (SIZES >> (16 * j)) & 0xFFFF)"),),  # fmt: skip
         ("tests/kernels/test_ddtree_build.py", "-m", "interpreter", "-k", "auto_step"),
     ),
+    Mutant(  # a closed slot keeps a finite score (its parent's): it wins over the open prefixes scored below it
+        "best_first_closed_slot_keeps_score",
+        (("specdec/kernels/ddtree_build/triton.py", "tl.where(has_sibling, p_parent_score + sibling, closed)",
+          "p_parent_score + sibling"),),  # fmt: skip
+        ("tests/kernels/test_ddtree_build.py", "-m", "interpreter", "-k", "selection_equals and trees"),
+    ),
+    Mutant(  # a closed slot keeps its rank key (its score -inf): it wins ties against open prefixes of score -inf
+        "best_first_closed_slot_keeps_key",
+        (("specdec/kernels/ddtree_build/triton.py", "tl.where(has_sibling, low + digit, _INT64_MAX)", "low + digit"),),
+        ("tests/kernels/test_ddtree_build.py", "-m", "interpreter", "-k", "exhausted"),
+    ),
     Mutant(  # the auto round's tree takes one pop more than its budget (a node over the padded tree's slots)
         "best_first_tree_one_node_more",
         (("specdec/kernels/ddtree_build/triton.py", "        in_tree = t < TREE_N\n", "        in_tree = t <= TREE_N\n"),),

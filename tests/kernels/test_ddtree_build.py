@@ -51,6 +51,37 @@ INTERPRETED_TREES = 24
 GPU_TREES = 72
 
 
+def exhausted_cases(seed: int = 5) -> list[tuple[torch.Tensor, int, None]]:
+    """(logq, budget, None): every reachable prefix popped (budget = V + V^2 + ... + V^D), rows of 0, -1 and -inf,
+    so that prefixes of score -inf are popped (in rank order) while the slots of exhausted siblings are closed."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for depth, vocab in [(2, 2), (2, 3), (3, 2), (3, 3), (4, 2), (4, 3), (5, 2)] * 2:
+        logq = torch.tensor([0.0, -1.0, float("-inf")])[torch.randint(0, 3, (depth, vocab), generator=gen)]
+        out.append((logq, sum(vocab**d for d in range(1, depth + 1)), None))
+    return out
+
+
+def _build_exhausted(device: str) -> list:
+    trees = []
+    for logq, budget, topk in exhausted_cases():
+        tree = ddtree_device(logq.to(device), torch.tensor(5, device=device), budget=budget, topk=topk,
+                             num_slots=budget + 1, impl="triton", topk_impl="triton")  # fmt: skip
+        draft = to_draft_tree(tree)
+        trees.append((draft.tokens, draft.parents))
+    return trees
+
+
+def _check_exhausted(trees) -> None:
+    assert len(trees) == len(exhausted_cases()) >= 14
+    assert sum(bool(logq[1:].isinf().any()) for logq, _, _ in exhausted_cases()) >= 8  # -inf below depth 1
+    for (logq, budget, topk), (tokens, parents) in zip(exhausted_cases(), trees, strict=True):
+        want = build_ddtree(logq, 5, budget=budget, topk=topk)
+        assert want.tokens.numel() == budget + 1  # the whole prefix tree
+        assert torch.equal(tokens.cpu(), want.tokens.cpu()), (logq, budget)
+        assert torch.equal(parents.cpu(), want.parents), (logq, budget)
+
+
 def _build_all(device: str, topk_impl: str = "torch", num: int | None = None) -> list:
     trees = []
     for logq, budget, topk in cases()[:num]:
@@ -223,6 +254,7 @@ INTERPRETED_PARTS = {
                           lambda out: _check(out, INTERPRETED_TREES)),  # fmt: skip
     "topk": (lambda: _topk_all("cpu"), _check_topk),
     "batched": (lambda: _build_batches("cpu", "triton"), _check_batches),
+    "exhausted": (lambda: _build_exhausted("cpu"), _check_exhausted),
 }
 
 
@@ -278,6 +310,7 @@ def test_compiled_selection_equals_heap_builder_on_cuda():
     # an auto round's tree and expectations from one pass equal the two built apart
     _check_auto_steps(_auto_steps("cuda"))
     _check_batches(_build_batches("cuda", "triton"))  # whole padded trees written by the selection's launch
+    _check_exhausted(_build_exhausted("cuda"))  # every prefix popped, those of score -inf in rank order
 
 
 if __name__ == "__main__":  # the interpreted run of one part: python test_ddtree_build.py PART OUT

@@ -6,8 +6,9 @@ largest score, ties broken by the smallest packed rank tuple (one int64, most si
 shorter tuples sort first; open prefixes have distinct tuples), emits it as node ``t + 1``, replaces it by its
 next sibling and opens its first child in slot ``t + 1``. Scores are float64 sums ``parent score + fp32 value``,
 the same arithmetic as the heap builder, so the nodes and their order are identical
-(``tests/kernels/test_ddtree_build.py``). Each pop is one reduction (a tuple combine that carries the winner's
-slot and payload).
+(``tests/kernels/test_ddtree_build.py``). Each pop is one reduction (a tuple combine of score and rank key that
+carries the winner's payload); a closed or unused slot holds score -inf and the largest key, so it never wins
+against an open prefix and needs no flag of its own.
 
 Top-k: one program per depth. Rows of up to 16384 entries are read once into registers as distinct int64 keys
 and each rank is one max; longer rows are scanned once per rank.
@@ -27,15 +28,14 @@ _INT64_MAX = tl.constexpr(9223372036854775807)
 
 
 @triton.jit
-def _pick(v1, s1, k1, i1, ps1, inf1, v2, s2, k2, i2, ps2, inf2):
-    # The better of two open prefixes: open first, then the larger score, then the smaller rank key (distinct
-    # among open prefixes); the payload (slot, parent score, packed info) travels with it.
-    first = (v1 > v2) | ((v1 == v2) & ((s1 > s2) | ((s1 == s2) & (k1 < k2))))
+def _pick(s1, k1, ps1, inf1, s2, k2, ps2, inf2):
+    # The better of two prefixes: the larger score, then the smaller rank key. Closed and unused slots hold score
+    # -inf and the largest key, so any open prefix (even one of score -inf) beats them, and open prefixes have
+    # distinct keys; the payload (parent score, packed info) travels with the winner.
+    first = (s1 > s2) | ((s1 == s2) & (k1 < k2))
     return (
-        tl.where(first, v1, v2),
         tl.where(first, s1, s2),
         tl.where(first, k1, k2),
-        tl.where(first, i1, i2),
         tl.where(first, ps1, ps2),
         tl.where(first, inf1, inf2),
     )
@@ -65,8 +65,8 @@ def _best_first_kernel(
     SIZES: tl.constexpr,  # those sizes, 16 bits each (size j at bits 16 j .. 16 j + 15); a size past N gets -1
 ):
     # A pop is on the critical path of the next one, so it is one reduction: the open prefix with the largest
-    # score (ties: smallest rank key) together with its slot, parent score and packed
-    # (depth, rank, parent) = depth | rank << 8 | parent << 32. One program per sequence of a batch.
+    # score (ties: smallest rank key) together with its parent score and packed (depth, rank, parent) = depth |
+    # rank << 8 | parent << 32; its slot is the one holding its key. One program per sequence of a batch.
     seq = tl.program_id(0).to(tl.int64)
     vals_ptr += seq * D * K
     ids_ptr += seq * D * K
@@ -92,11 +92,11 @@ def _best_first_kernel(
     slot = tl.arange(0, F)
     one = tl.full([], 1, tl.int64)
     first = tl.load(vals_ptr).to(tl.float64)
-    score = tl.where(slot == 0, first, 0.0).to(tl.float64)
+    closed = tl.full([F], float("-inf"), tl.float64)  # a closed or unused slot: score -inf, the largest key
+    score = tl.where(slot == 0, first, closed)
     parent_score = tl.zeros([F], dtype=tl.float64)
-    key = tl.where(slot == 0, one << ((D - 1) * BITS), 0).to(tl.int64)
+    key = tl.where(slot == 0, one << ((D - 1) * BITS), _INT64_MAX).to(tl.int64)
     info = tl.where(slot == 0, 1, 0).to(tl.int64)  # depth 1, rank 0, parent 0 (the root)
-    active = tl.where(slot == 0, 1, 0).to(tl.int32)
     total = tl.zeros([], dtype=tl.float64)  # sum of exp(score) over the pops so far (NE > 0)
     if NE > 0:
         expect_ptr += seq * NE
@@ -104,10 +104,8 @@ def _best_first_kernel(
             if (SIZES >> (16 * j)) & 0xFFFF > N:
                 tl.store(expect_ptr + j, tl.full([], -1.0, tl.float64))
     for t in range(N):
-        _, best, low, win, p_parent_score, p_info = tl.reduce(
-            (active, score, key, slot, parent_score, info), 0, _pick
-        )
-        sel = slot == win
+        best, low, p_parent_score, p_info = tl.reduce((score, key, parent_score, info), 0, _pick)
+        sel = key == low
         p_depth = (p_info & 0xFF).to(tl.int32)
         p_rank = ((p_info >> 8) & 0xFFFFFF).to(tl.int32)
         row = (p_depth - 1) * K
@@ -126,10 +124,9 @@ def _best_first_kernel(
         has_sibling = p_rank + 1 < K
         sibling = tl.load(vals_ptr + row + p_rank + 1, mask=has_sibling, other=0.0).to(tl.float64)
         digit = one << ((D - p_depth) * BITS).to(tl.int64)
-        score = tl.where(sel, p_parent_score + sibling, score)
-        key = tl.where(sel, low + digit, key)
+        score = tl.where(sel, tl.where(has_sibling, p_parent_score + sibling, closed), score)
+        key = tl.where(sel, tl.where(has_sibling, low + digit, _INT64_MAX), key)
         info = tl.where(sel, p_info + 256, info)  # rank + 1
-        active = tl.where(sel & ~has_sibling, 0, active)
         # its first child opens in slot t + 1 (never used before: each pop opens at most one new slot)
         has_child = p_depth < D
         child = tl.load(vals_ptr + p_depth * K, mask=has_child, other=0.0).to(tl.float64)
@@ -139,7 +136,6 @@ def _best_first_kernel(
         parent_score = tl.where(opened, best, parent_score)
         key = tl.where(opened, low + child_digit, key)
         info = tl.where(opened, (p_depth + 1).to(tl.int64) | ((t + 1) * one << 32), info)
-        active = tl.where(opened, 1, active)
 
 
 def best_first_triton(
