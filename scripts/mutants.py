@@ -533,7 +533,7 @@ MUTANTS += [
           "            rnd = call_rounds[(size, 0)] = make_round(size, span)")),  # fmt: skip
         ("tests/round/",),
     ),
-    Mutant(  # the fingerprint's norms dropped: an edit that misses the sampled elements (one unit ablated) is unseen
+    Mutant(  # the fingerprint's norms dropped: an edit that misses the sampled elements (one weight) is unseen
         "fingerprint_without_norms",
         ((ENGINE, "            parts = [torch.stack(torch._foreach_norm(group, 2, dtype=torch.float64)) for group in groups]",
           "            parts = []"),),  # fmt: skip
@@ -1169,6 +1169,13 @@ MUTANTS += [
           "beta = b.reshape(total, -1).float().sigmoid()"),),  # fmt: skip
         ("tests/kernels/test_gdn_gates.py", "-k", "own_formulas"),
     ),
+    Mutant(  # the reuse fingerprint without a matrix's diagonal and row: two rows or columns swapped unseen
+        "reuse_fingerprint_without_row_and_column",
+        (("specdec/engine.py",
+          "views += [flat[(i * 7919) % cols :: cols - 1], flat.view(rows, cols)[(i * 104729) % rows]]",
+          "views += [flat[:1]]"),),  # fmt: skip
+        ("tests/round/test_multi_turn.py", "-k", "edited_through_data"),
+    ),
     Mutant(  # the reuse fingerprint without the sampled elements (norms only)
         "reuse_fingerprint_norms_only",
         ((ENGINE, "            parts += [torch.cat(views).double() for views in samples]\n", ""),),
@@ -1206,6 +1213,11 @@ MUTANTS += [
     Mutant(  # a drafter's positive scores not flagged
         "proposal_logq_flag_disabled",
         (("specdec/validate.py", "(proposal.logq.float() > LOGQ_SLACK)", "(proposal.logq.float() > float('inf'))"),),
+        ("tests/test_protocol_validation.py", "-k", "broken_proposal"),
+    ),
+    Mutant(  # NaN in a user drafter's logq not flagged (the auto budget then fails on its expectations, unnamed)
+        "proposal_nan_flag_disabled",
+        (("specdec/validate.py", "logq.isnan().any(1).long() * 8192", "logq.isnan().any(1).long() * 0"),),
         ("tests/test_protocol_validation.py", "-k", "broken_proposal"),
     ),
     Mutant(  # the rejection kernel's earlier-sibling check one short (a repeated token drawn twice)

@@ -82,7 +82,8 @@ def prefill_size(n: int) -> int:
     return -(-n // bucket) * bucket
 SPAN_MIN = 256  # rounds attend over the first SPAN_MIN * 2**k slots of the storage (one graph per span in use)
 _CAPACITY_STEP = 256
-_SAMPLES = 8  # elements of each weight in the reuse fingerprint (besides its norm)
+_SAMPLES = 8  # elements of a long vector in the reuse fingerprint (besides its norm)
+_WHOLE_VECTOR = 1 << 16  # a 1-D weight or buffer of up to this many elements enters the fingerprint whole
 SINGLE_RESERVE = 4096  # slots a single-sequence engine holds at least (capped by the target's positions)
 
 
@@ -705,10 +706,14 @@ class Engine:
 
     def _fingerprint(self) -> torch.Tensor:
         """``[N]`` float64, on the device (launched, not read): the norm of each of the target's floating parameters
-        and buffers, then a few of each one's elements at fixed, evenly spread places. An edit that the update
-        counters miss (through ``.data``, as adapter merges write; a buffer such as a rotary ``inv_freq`` rewritten)
-        changes it, so the kept K/V is not reused with weights it was not computed with: the norms see a scaled or
-        replaced tensor, the elements one whose norm an edit kept (a sign flip, a permutation). It reads every
+        and buffers, then elements of each: of a matrix (a tensor of 2 or more dims as ``[shape[0], -1]``) a
+        wrapping diagonal (``flat[c::cols - 1]``: one element of every row, at shifting columns) and one whole row,
+        of a vector of up to ``_WHOLE_VECTOR`` elements all of them, of a longer one a few at evenly spread places.
+        An edit that the update counters miss (through ``.data``, as adapter merges write; a buffer such as a
+        rotary ``inv_freq`` rewritten) changes it, so the kept K/V is not reused with weights it was not computed
+        with: the norms see a scaled or replaced tensor, the elements one whose norm an edit kept (two rows of a
+        matrix swapped, which the diagonal sees unless they agree at its columns, or two columns, which the row
+        sees; a row's sign flipped; any edit of a norm's weight). It reads every
         weight once: one fused multi-tensor pass per dtype (a list of mixed dtypes takes the per-tensor path, one
         launch per tensor) and one gather of the elements per dtype, through views listed once per weight layout
         (``_fingerprint_plan``)."""
@@ -738,8 +743,18 @@ class Engine:
             groups.setdefault(t.dtype, []).append(t)
             if t.is_contiguous() and t.numel():
                 flat = t.view(-1)
-                step = max(1, flat.numel() // _SAMPLES)
-                samples.setdefault(t.dtype, []).append(flat[(i * 7919) % step :: step][:_SAMPLES])
+                views = samples.setdefault(t.dtype, [])
+                rows, cols = t.shape[0], flat.numel() // t.shape[0]
+                if t.dim() >= 2 and cols >= 2:  # a matrix [rows, cols] (the trailing dims flattened)
+                    # a wrapping diagonal, one element a row (every row, at shifting columns: a permutation of
+                    # rows), and one whole row (every column: a permutation of columns); the diagonal is the one
+                    # strided copy, the row a contiguous one that the gather batches
+                    views += [flat[(i * 7919) % cols :: cols - 1], flat.view(rows, cols)[(i * 104729) % rows]]
+                elif flat.numel() <= _WHOLE_VECTOR:  # a norm's weight, a bias: every element
+                    views.append(flat)
+                else:
+                    step = max(1, flat.numel() // _SAMPLES)
+                    views.append(flat[(i * 7919) % step :: step][:_SAMPLES])
         plan = (list(groups.values()), list(samples.values()))
         self._plan = (key, plan) if key is not None else None
         return plan

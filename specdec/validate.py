@@ -62,6 +62,8 @@ ACCEPT_BITS = {
 PROPOSAL_BITS = {
     4096: ("logq", "a drafted log-probability is above 0 (not a log-probability: the trees are built from scores "
            "<= 0)", "return log_softmax over the vocabulary (torch.log_softmax(logits, -1))"),
+    8192: ("logq", "a drafted log-probability is NaN (a tree built from it, and the auto budget's expectations, "
+           "would be meaningless)", "return log-probabilities that are finite or -inf: log_softmax of finite logits"),
 }  # fmt: skip
 LOGQ_SLACK = 1e-3  # a log-probability this far above 0 is rounding, not a broken drafter
 
@@ -70,7 +72,8 @@ def proposal_flags(proposal: Proposal, batch: int, device: torch.device) -> torc
     """``[B]`` int64: the :data:`PROPOSAL_BITS` each sequence's proposal breaks (0: none). Tensor ops only."""
     if proposal.logq is None:
         return torch.zeros(batch, dtype=torch.long, device=device)
-    return (proposal.logq.float() > LOGQ_SLACK).flatten(1).any(1).long() * 4096
+    logq = proposal.logq.float().flatten(1)
+    return (logq > LOGQ_SLACK).any(1).long() * 4096 | logq.isnan().any(1).long() * 8192
 
 
 class ProtocolError(ValueError):

@@ -293,6 +293,10 @@ class _BrokenDrafter(specdec.ModelDrafter):
                 return p._replace(logq=p.logq.long())
             if how == "positive":  # scores, not log-probabilities
                 return p._replace(logq=p.logq + 5.0)
+            if how == "nan":  # a few NaN entries (NaN > 0 is False: not caught as "above 0")
+                logq = p.logq.clone()
+                logq[..., :5] = float("nan")
+                return p._replace(logq=logq)
             if how == "no-paths":  # no match this round, said as zero paths
                 empty = torch.zeros(p.logq.shape[0], 0, 1, dtype=torch.long, device=p.logq.device)
                 return Proposal(paths=empty, path_lengths=empty[..., 0])
@@ -320,6 +324,9 @@ class _BrokenDrafter(specdec.ModelDrafter):
         ("positive", specdec.DDTree(budget=8, topk=3), r"drafter .*_BrokenDrafter: logq: a drafted log-probability is "
          r"above 0 .*fix: return log_softmax over the vocabulary"),
         ("positive", specdec.Chain(4), r"logq: a drafted log-probability is above 0"),
+        ("nan", specdec.DDTree(budget=8, topk=3), r"drafter .*_BrokenDrafter: logq: a drafted log-probability is NaN"),
+        ("nan", specdec.DDTree(budget="auto", topk=3), r"logq: a drafted log-probability is NaN .*fix: return "
+         r"log-probabilities that are finite or -inf"),
         ("paths", specdec.DDTree(budget=8), r"drafter .*_BrokenDrafter \(its proposal, through tree policy "
          r"specdec.trees.policies.DDTree\): tokens: a real node's token is outside the vocabulary"),
     ],

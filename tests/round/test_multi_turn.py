@@ -122,14 +122,24 @@ def _layer_hook(module, args, out):
     return (out[0] * 1.1, *out[1:]) if isinstance(out, tuple) else out * 1.1
 
 
+def _swap(weight: torch.Tensor, i: int, j: int, dim: int) -> None:
+    """Swap two rows (``dim=0``) or columns of ``weight`` in place: its norm and most of its elements kept."""
+    a, b = weight.select(dim, i).clone(), weight.select(dim, j).clone()
+    weight.select(dim, i).copy_(b)
+    weight.select(dim, j).copy_(a)
+
+
 EDITS = {  # an edit between calls that no update counter sees
     "data": lambda t: t.model.embed_tokens.weight.data.mul_(1.7),
     "sign": lambda t: t.model.layers[0].mlp.down_proj.weight.data.neg_(),  # the weight's norm kept
     "permute": lambda t: t.model.layers[0].mlp.down_proj.weight.data.copy_(
         t.model.layers[0].mlp.down_proj.weight.data.roll(1, 0)
     ),  # its norm kept
+    "swap-rows": lambda t: _swap(t.model.embed_tokens.weight.data, 3, 7, dim=0),  # two tokens' embeddings
+    "swap-columns": lambda t: _swap(t.model.layers[1].self_attn.q_proj.weight.data, 2, 9, dim=1),
     "buffer": lambda t: t.model.rotary_emb.inv_freq.data.mul_(1.5),  # a RoPE-scaling experiment
     "column": lambda t: t.model.layers[0].mlp.down_proj.weight.data[:, 5].zero_(),  # one unit ablated
+    "element": lambda t: t.model.layers[0].mlp.up_proj.weight.data[-2, -3].add_(0.5),  # one weight, off the samples
     "attribute": lambda t: setattr(t.model.layers[0].input_layernorm, "variance_epsilon", 0.5),
     "hook": lambda t: t.model.layers[1].register_forward_hook(_layer_hook),
     "unset-attribute": lambda t: setattr(t.model.layers[0].self_attn, "sliding_window", 4),  # was None
