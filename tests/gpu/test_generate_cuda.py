@@ -74,21 +74,42 @@ def test_generate_cuda_fp32_matches_hf_greedy(zoo, cuda, name, tree):
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("name", ["dense", "hybrid"])
 def test_generate_cuda_bf16_identical_share(zoo, cuda, name, tree, record_property):
-    """On CPU bf16 (10 prompts x 48 tokens) the shares are 0.8 (dense) and 0.9 (hybrid), for chain and DDTree
-    alike (the same prompts differ for both trees), while the plain loop without a drafter matches HF on all 10;
-    its share (once per target) is printed as context."""
+    """bf16 on CUDA: near-ties flip tokens between differently shaped forwards (the verify's many rows, the plain
+    step's one, HF's own kernels), so bf16 outputs are not compared token for token. Each bf16 decode is measured
+    against the exact answer instead, the fp32 HF greedy output: its mean count of leading new tokens that agree.
+    specdec's tree decode must stay about as faithful as HF's own bf16 decode (at least 0.8 of HF's agreement; a
+    wrong token, not a near-tie, costs most of it). On an H100 at ``d705375`` (hybrid, 10 prompts x 48 tokens):
+    HF bf16 405 of 480 tokens, specdec's plain loop and chain 361, DDTree 360; shares equal to HF bf16 0.6 (plain,
+    chain) and 0.9 (DDTree). The share equal to HF's bf16 output is recorded and printed as context."""
     model, drafter, prompts = load(zoo, name, torch.bfloat16, cuda)
-    same, tau = identical(model, drafter, prompts[:10], TREES[tree], 48)
+    exact = AutoModelForCausalLM.from_pretrained(zoo / f"target-{name}", dtype=torch.float32).to(cuda).eval()
+    prompts = prompts[:10]
+    refs = [hf_greedy(exact, ids, 48)[0, ids.shape[1] :] for ids in prompts]
+    same, tau = identical(model, drafter, prompts, TREES[tree], 48)
+    ours = [specdec.generate(model, ids, drafter=drafter, tree=TREES[tree], max_new_tokens=48).sequences
+            for ids in prompts]  # fmt: skip
+    ours = [out[0, ids.shape[1] :] for out, ids in zip(ours, prompts, strict=True)]
+    hfs = [hf_greedy(model, ids, 48)[0, ids.shape[1] :] for ids in prompts]
+    ours_agree = sum(_agreeing(out, ref) for out, ref in zip(ours, refs, strict=True))
+    hf_agree = sum(_agreeing(out, ref) for out, ref in zip(hfs, refs, strict=True))
     share = sum(same) / len(same)
     if name not in _PLAIN:
-        _PLAIN[name] = identical(model, None, prompts[:10], None, 48)[0]
+        _PLAIN[name] = identical(model, None, prompts, None, 48)[0]
     plain = _PLAIN[name]
     record_property("identical_share", share)
-    print(
-        f"bf16 {name} {tree}: identical share {share:.2f} over {len(same)} prompts (plain loop "
-        f"{sum(plain) / len(plain):.2f}), tau {tau:.2f}"
+    print(f"bf16 {name} {tree}: tokens agreeing with the fp32 greedy {ours_agree} (HF bf16 {hf_agree}) of "
+          f"{48 * len(prompts)}; identical to HF bf16 {share:.2f} over {len(same)} prompts (plain loop "
+          f"{sum(plain) / len(plain):.2f}), tau {tau:.2f}")  # fmt: skip
+    assert ours_agree >= 0.8 * hf_agree, (
+        f"{name} {tree}: {ours_agree} new tokens agree with the fp32 greedy output, HF's own bf16 decode {hf_agree}"
     )
-    assert share >= 0.8, f"{name} {tree}: only {share:.2f} of the outputs equal HF's bf16 greedy output"
+
+
+def _agreeing(out: torch.Tensor, ref: torch.Tensor) -> int:
+    """Leading tokens of ``out`` equal to ``ref``'s."""
+    n = min(out.numel(), ref.numel())
+    differ = (out[:n] != ref[:n]).nonzero()
+    return int(differ[0]) if differ.numel() else n
 
 
 def test_generate_cuda_sampling_is_reproducible_on_the_hybrid(zoo, cuda):
