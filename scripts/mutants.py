@@ -1169,11 +1169,15 @@ MUTANTS += [
           "beta = b.reshape(total, -1).float().sigmoid()"),),  # fmt: skip
         ("tests/kernels/test_gdn_gates.py", "-k", "own_formulas"),
     ),
+    Mutant(  # the reuse fingerprint without a matrix's diagonal: two rows swapped unseen (the row is one of neither)
+        "reuse_fingerprint_without_diagonal",
+        (("specdec/engine.py", "strided.append(flat[(i * 7919) % cols :: cols - 1])", "strided.append(flat[:1])"),),
+        ("tests/round/test_multi_turn.py", "-k", "edited_through_data and swap-rows"),
+    ),
     Mutant(  # the reuse fingerprint without a matrix's diagonal and row: two rows or columns swapped unseen
         "reuse_fingerprint_without_row_and_column",
-        (("specdec/engine.py",
-          "views += [flat[(i * 7919) % cols :: cols - 1], flat.view(rows, cols)[(i * 104729) % rows]]",
-          "views += [flat[:1]]"),),  # fmt: skip
+        (("specdec/engine.py", "strided.append(flat[(i * 7919) % cols :: cols - 1])", "strided.append(flat[:1])"),
+         ("specdec/engine.py", "whole.append(flat.view(rows, cols)[(i * 104729) % rows])", "whole.append(flat[:1])")),
         ("tests/round/test_multi_turn.py", "-k", "edited_through_data"),
     ),
     Mutant(  # the reuse fingerprint without the sampled elements (norms only)

@@ -715,8 +715,9 @@ class Engine:
         matrix swapped, which the diagonal sees unless they agree at its columns, or two columns, which the row
         sees; a row's sign flipped; any edit of a norm's weight). It reads every
         weight once: one fused multi-tensor pass per dtype (a list of mixed dtypes takes the per-tensor path, one
-        launch per tensor) and one gather of the elements per dtype, through views listed once per weight layout
-        (``_fingerprint_plan``)."""
+        launch per tensor) and two gathers of the elements per dtype (the rows and vectors, contiguous, in one
+        batched copy; the strided diagonals and samples one copy each, one per tensor as before the rows were
+        added), through views listed once per weight layout (``_fingerprint_plan``)."""
         groups, samples = self._fingerprint_plan()
         with torch.no_grad():  # float64 sums: no narrowing of any float dtype, and an edit's change is not rounded away
             parts = [torch.stack(torch._foreach_norm(group, 2, dtype=torch.float64)) for group in groups]
@@ -738,24 +739,25 @@ class Engine:
             self._params = [p.to_local() if is_dtensor(p) else p for p in params]
         buffers = [b for b in target.model.buffers() if b.is_floating_point() and not is_dtensor(b)]
         groups: dict[torch.dtype, list[torch.Tensor]] = {}
-        samples: dict[torch.dtype, list[torch.Tensor]] = {}
+        # per (dtype, contiguous): the gather copies contiguous views in one batched launch, strided ones one by one
+        samples: dict[tuple[torch.dtype, bool], list[torch.Tensor]] = {}
         for i, t in enumerate(self._params + buffers):
             groups.setdefault(t.dtype, []).append(t)
             if t.is_contiguous() and t.numel():
                 flat = t.view(-1)
-                views = samples.setdefault(t.dtype, [])
+                strided, whole = samples.setdefault((t.dtype, False), []), samples.setdefault((t.dtype, True), [])
                 rows, cols = t.shape[0], flat.numel() // t.shape[0]
                 if t.dim() >= 2 and cols >= 2:  # a matrix [rows, cols] (the trailing dims flattened)
                     # a wrapping diagonal, one element a row (every row, at shifting columns: a permutation of
-                    # rows), and one whole row (every column: a permutation of columns); the diagonal is the one
-                    # strided copy, the row a contiguous one that the gather batches
-                    views += [flat[(i * 7919) % cols :: cols - 1], flat.view(rows, cols)[(i * 104729) % rows]]
+                    # rows), and one whole row (every column: a permutation of columns)
+                    strided.append(flat[(i * 7919) % cols :: cols - 1])
+                    whole.append(flat.view(rows, cols)[(i * 104729) % rows])
                 elif flat.numel() <= _WHOLE_VECTOR:  # a norm's weight, a bias: every element
-                    views.append(flat)
+                    whole.append(flat)
                 else:
                     step = max(1, flat.numel() // _SAMPLES)
-                    views.append(flat[(i * 7919) % step :: step][:_SAMPLES])
-        plan = (list(groups.values()), list(samples.values()))
+                    strided.append(flat[(i * 7919) % step :: step][:_SAMPLES])
+        plan = (list(groups.values()), [views for views in samples.values() if views])
         self._plan = (key, plan) if key is not None else None
         return plan
 
