@@ -1216,7 +1216,7 @@ MUTANTS += [
     ),
     Mutant(  # a drafter's positive scores not flagged
         "proposal_logq_flag_disabled",
-        (("specdec/validate.py", "(proposal.logq.float() > LOGQ_SLACK)", "(proposal.logq.float() > float('inf'))"),),
+        (("specdec/validate.py", "(logq > LOGQ_SLACK)", "(logq > float('inf'))"),),
         ("tests/test_protocol_validation.py", "-k", "broken_proposal"),
     ),
     Mutant(  # NaN in a user drafter's logq not flagged (the auto budget then fails on its expectations, unnamed)
