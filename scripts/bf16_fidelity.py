@@ -20,7 +20,8 @@ import specdec
 from specdec.loading import asset_path, load_prompts, load_tokenizer, zoo_path
 
 
-def _agreeing(out: torch.Tensor, ref: torch.Tensor) -> int:
+def agreeing(out: torch.Tensor, ref: torch.Tensor) -> int:
+    """Leading tokens of ``out`` equal to ``ref``'s (``tests/gpu/test_generate_cuda.py`` uses it too)."""
     n = min(out.numel(), ref.numel())
     differ = (out[:n] != ref[:n]).nonzero()
     return int(differ[0]) if differ.numel() else n
@@ -62,7 +63,7 @@ def main() -> None:
           "| outputs = HF bf16 |")  # fmt: skip
     print("|---|---|---|---|")
     for name, got in outs.items():
-        agree = [_agreeing(out, ref) for out, ref in zip(got, refs, strict=True)]
+        agree = [agreeing(out, ref) for out, ref in zip(got, refs, strict=True)]
         same_hf = sum(torch.equal(out, ref) for out, ref in zip(got, outs["HF bf16"], strict=True))
         print(f"| {name} | {sum(a == new for a in agree)} / {n} | {sum(agree)} | {same_hf} / {n} |")
 

@@ -746,9 +746,8 @@ class Engine:
             if t.is_contiguous() and t.numel():
                 flat = t.view(-1)
                 strided, whole = samples.setdefault((t.dtype, False), []), samples.setdefault((t.dtype, True), [])
-                rows = t.shape[0] if t.dim() >= 2 else 1  # a 0-d scalar (an embedding scale) is a vector here
-                cols = flat.numel() // rows
-                if t.dim() >= 2 and cols >= 2:  # a matrix [rows, cols] (the trailing dims flattened)
+                if t.dim() >= 2 and t[0].numel() >= 2:  # a matrix [rows, cols] (the trailing dims flattened)
+                    rows, cols = t.shape[0], t[0].numel()
                     # a wrapping diagonal, one element a row (every row, at shifting columns: a permutation of
                     # rows), and one whole row (every column: a permutation of columns)
                     strided.append(flat[(i * 7919) % cols :: cols - 1])

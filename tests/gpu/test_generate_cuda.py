@@ -9,6 +9,7 @@ ships with the project). HF's greedy outputs are computed once per prompt and sh
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -23,6 +24,12 @@ from specdec.loading import asset_path
 pytestmark = pytest.mark.gpu
 
 ASSETS = asset_path("drafters")
+_SPEC = importlib.util.spec_from_file_location(
+    "bf16_fidelity", Path(__file__).resolve().parents[2] / "scripts" / "bf16_fidelity.py"
+)
+_FIDELITY = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_FIDELITY)
+_AGREEING = _FIDELITY.agreeing  # leading new tokens equal to the fp32 greedy output's (scripts/bf16_fidelity.py)
 TREES = {"chain": specdec.Chain(k=15), "ddtree32": specdec.DDTree(budget=32, topk=8)}
 MIN_TAU = {"chain": 1.8, "ddtree32": 2.4}  # CPU fp32 on 3 prompts x 48 tokens: chain 2.2, ddtree32 3.0
 
@@ -90,8 +97,8 @@ def test_generate_cuda_bf16_identical_share(zoo, cuda, name, tree, record_proper
             for ids in prompts]  # fmt: skip
     ours = [out[0, ids.shape[1] :] for out, ids in zip(ours, prompts, strict=True)]
     hfs = [hf_greedy(model, ids, 48)[0, ids.shape[1] :] for ids in prompts]
-    ours_agree = sum(_agreeing(out, ref) for out, ref in zip(ours, refs, strict=True))
-    hf_agree = sum(_agreeing(out, ref) for out, ref in zip(hfs, refs, strict=True))
+    ours_agree = sum(_AGREEING(out, ref) for out, ref in zip(ours, refs, strict=True))
+    hf_agree = sum(_AGREEING(out, ref) for out, ref in zip(hfs, refs, strict=True))
     share = sum(same) / len(same)
     if name not in _PLAIN:
         _PLAIN[name] = identical(model, None, prompts, None, 48)[0]
@@ -103,13 +110,6 @@ def test_generate_cuda_bf16_identical_share(zoo, cuda, name, tree, record_proper
     assert ours_agree >= 0.8 * hf_agree, (
         f"{name} {tree}: {ours_agree} new tokens agree with the fp32 greedy output, HF's own bf16 decode {hf_agree}"
     )
-
-
-def _agreeing(out: torch.Tensor, ref: torch.Tensor) -> int:
-    """Leading tokens of ``out`` equal to ``ref``'s."""
-    n = min(out.numel(), ref.numel())
-    differ = (out[:n] != ref[:n]).nonzero()
-    return int(differ[0]) if differ.numel() else n
 
 
 def test_generate_cuda_sampling_is_reproducible_on_the_hybrid(zoo, cuda):
