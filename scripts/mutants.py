@@ -41,6 +41,8 @@ ACCEPT_REFERENCE = "specdec/kernels/tree_accept/reference.py"
 DDTREE_TOPK = "specdec/kernels/ddtree_build/reference.py"  # the per-depth top-k of the DDTree build
 REJECTION_REFERENCE = "specdec/kernels/tree_rejection/reference.py"  # recursive rejection's sibling-rank loop
 REJECTION_TRITON = "specdec/kernels/tree_rejection/triton.py"
+TRAVERSAL_TRITON = "specdec/kernels/tree_traversal/triton.py"  # traversal verification's walk
+TRAVERSAL_TESTS = ("tests/kernels/test_tree_traversal.py", "-m", "interpreter")
 TOPK_MASK_TRITON = "specdec/kernels/topk_mask/triton.py"  # HF's top-k warper in one launch
 TOPK_MASK_TESTS = ("tests/kernels/test_topk_mask.py", "-m", "interpreter")
 TOP_K_THEN_TOP_P = """    if sampling.top_k:
@@ -1302,6 +1304,38 @@ MUTANTS += [
         (("specdec/kernels/tree_rejection/triton.py", "bonus += tl.sum(((cdf <= at) & (cols < V))",
           "bonus += tl.sum(((cdf < at) & (cols < V))"),),  # fmt: skip
         ("tests/kernels/test_rejection_walk.py", "-m", "interpreter"),
+    ),
+    Mutant(  # a correction leaves the parent's other children at the uncorrected P_b(x_c) (their entry weights)
+        "traversal_children_keep_stale_target",
+        ((TRAVERSAL_TRITON, "                        ptok = tl.where(children, tl.maximum(w_parent * ptok - q_c, 0.0) "
+          "/ scaled, ptok)\n", ""),),  # fmt: skip
+        TRAVERSAL_TESTS,
+    ),
+    Mutant(  # a residual of mass 0 still replaces the parent's P (the reference keeps it)
+        "traversal_zero_mass_replaces_target",
+        ((TRAVERSAL_TRITON, "                    if mass > 0:  # the residual becomes", "                    if mass >= 0:  # the residual becomes"),),  # fmt: skip
+        TRAVERSAL_TESTS,
+    ),
+    Mutant(  # without replacement, a rejected node's Q keeps its earlier siblings' tokens
+        "traversal_residual_keeps_earlier_siblings",
+        ((TRAVERSAL_TRITON, "                q = tl.where(cols == drawn, 0.0, q)\n", ""),),  # fmt: skip
+        TRAVERSAL_TESTS,
+    ),
+    Mutant(  # without replacement, a rejected node's Q is its q, not renormalised over the tokens left
+        "traversal_residual_not_renormalised",
+        ((TRAVERSAL_TRITON, "            q = q / kept\n", ""),),
+        TRAVERSAL_TESTS,
+    ),
+    Mutant(  # a node repeating an earlier sibling's token counts as a draw
+        "traversal_repeat_is_a_draw",
+        ((TRAVERSAL_TRITON, "tl.store(qtok_ptr + row, tl.where(repeat, 0.0, q_tok) / kept)",
+          "tl.store(qtok_ptr + row, q_tok / kept)"),),  # fmt: skip
+        TRAVERSAL_TESTS,
+    ),
+    Mutant(  # the walk's post-order visits a node's next sibling before the node's own test is done (pre-order)
+        "traversal_reference_siblings_reversed",
+        (("specdec/kernels/tree_traversal/reference.py", "    return order.flip(1)\n", "    return order\n"),),
+        ("tests/verify/test_traversal.py",),
     ),
     Mutant(  # the walk stops a step early (the last step's child never followed)
         "rejection_walk_one_step_short",
