@@ -11,7 +11,9 @@ Methods: ``ar`` (plain decoding), ``b15`` / ``b31`` (the zoo DFlash drafter with
 ``e3-dyn31`` / ``e3-b31`` (the shipped EAGLE-3 head with ``DynamicTree(total_tokens=31)`` / ``DDTree(31, 8)``),
 ``auto`` (``DDTree(budget="auto", topk=8)``: its rounds mix sizes and compute their expectations), ``sm-b15`` /
 ``rsd-b15`` (T = 1, seeded: sample-and-match over ``DDTree(15, 8)``, RSD,
-``MultiDraftRejection(replacement=False)``, over ``StochasticDDTree(15, 8)``).
+``MultiDraftRejection(replacement=False)``, over ``StochasticDDTree(15, 8)``); the other rules at about 15 nodes:
+``specinfer-p15``, ``trav-p15``, ``rsd-p15`` (over three sampled paths of 5), ``ss-c15``, ``block-c15`` and
+``trav-c15`` (over a sampled chain of 15).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def main() -> None:
         "rsd-p15": (dflash, specdec.SampledTrees(k=3, depth=5), specdec.MultiDraftRejection(replacement=False)),
         "ss-c15": (dflash, specdec.SampledChain(k=15), specdec.SpeculativeSampling()),
         "block-c15": (dflash, specdec.SampledChain(k=15), specdec.BlockVerification()),
+        # traversal over the same chain (there it is block verification, token for token)
+        "trav-c15": (dflash, specdec.SampledChain(k=15), specdec.TraversalVerification(replacement=True)),
     }
     for name in args.methods.split(","):
         drafter, tree, *rule = methods[name]

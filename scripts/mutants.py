@@ -417,8 +417,8 @@ MUTANTS = [
         "traversal_without_ancestor_correction",
         (
             (
-                "specdec/verify/traversal.py",
-                "        p_tok = torch.where(tree.parents == above[:, None], fresh_tok, p_tok)\n",
+                "specdec/kernels/tree_traversal/reference.py",
+                "        p_tok = torch.where(parents == above[:, None], fresh_tok, p_tok)\n",
                 "",
             ),
         ),
