@@ -10,6 +10,7 @@ from specdec.types import Accept, DeviceTree, SamplingParams
 from specdec.verify.draws import WeighsQ, accept_path, categorical, constant_arange, uniforms
 from specdec.verify.multidraft import check_sampled_policy
 from specdec.verify.rules import register_rule
+from specdec.verify.traversal import kernel_runs, traversal_verify
 
 __all__ = ["BlockVerification", "block_verify"]
 
@@ -70,7 +71,9 @@ class BlockVerification(WeighsQ):
     ratio passes a backward sequence of tests (``block_verify``); never fewer tokens in expectation than speculative
     sampling, optimal for one chain.
 
-    Exact for ``SampledChain`` only (other policies are refused by name). q as in
+    Exact for ``SampledChain`` only (other policies are refused by name). Where traversal verification's Triton
+    round runs (CUDA, ``Backends(tree_traversal=...)``) the chain goes through it (traversal on a chain is block
+    verification, token for token); elsewhere ``block_verify``'s tensor ops. q as in
     :class:`~specdec.verify.SpeculativeSampling`. At ``do_sample=False`` (one-hot q and p) ``w_i`` is 1 while the
     drafts are p's argmax and 0 after, every residual is p's argmax: the rule is
     :class:`~specdec.verify.Greedy`.
@@ -82,6 +85,8 @@ class BlockVerification(WeighsQ):
         check_sampled_policy("BlockVerification()", sampling, tree, {"SampledChain": ""})
 
     def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:
+        if kernel_runs(p):  # a chain is a tree: traversal's Triton round is block verification there, in 3 launches
+            return traversal_verify(tree, p, q, noise, max_depth, replacement=True)
         return block_verify(tree, p, q, noise, max_depth)
 
 

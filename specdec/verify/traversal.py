@@ -7,14 +7,15 @@ from dataclasses import dataclass
 import torch
 
 from specdec.backends import env_default
+from specdec.kernels._triton import pick_impl
+from specdec.kernels.tree_traversal import MAX_SLOTS, traversal_round
 from specdec.kernels.tree_traversal import postorder as kernel_postorder
-from specdec.kernels.tree_traversal import traversal_round
 from specdec.types import Accept, DeviceTree, SamplingParams
 from specdec.verify.draws import WeighsQ, uniforms
 from specdec.verify.multidraft import check_sampled_policy
 from specdec.verify.rules import register_rule
 
-__all__ = ["TraversalVerification", "postorder", "traversal_verify"]
+__all__ = ["TraversalVerification", "kernel_runs", "postorder", "traversal_verify"]
 
 # The round's implementation: ``specdec.kernels.tree_traversal``'s Triton launches on CUDA, tensor ops elsewhere. Set
 # through ``specdec.backends`` (``tree_traversal``).
@@ -25,6 +26,13 @@ def postorder(tree: DeviceTree, max_depth: int) -> torch.Tensor:
     """``[B, S]`` slots of ``tree`` in depth-first post-order, children in slot order: the real non-root nodes, then
     the root, then the padding (``specdec.kernels.tree_traversal.postorder``)."""
     return kernel_postorder(tree.parents, tree.depth, max_depth)
+
+
+def kernel_runs(p: torch.Tensor) -> bool:
+    """Whether ``traversal_verify`` on ``p [B, S, V]`` runs the Triton round (``Backends(tree_traversal=...)``, the
+    device, the slot bound)."""
+    module = "specdec.kernels.tree_traversal.triton"
+    return pick_impl(_TRAVERSAL_IMPL, p.device, module, fits=p.shape[1] <= MAX_SLOTS) == "triton"
 
 
 def traversal_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torch.Tensor, max_depth: int,

@@ -16,7 +16,8 @@ duplicate siblings, padding, ragged sizes), a draft ``q`` per parent with a cut 
 target close to it (deep accepts), both replacement modes, float64 and float32, ``B`` in {1, 3, 200}, ``V`` in {8, 1500}
 (at 1500 also with blocks of 256: six blocks per pass), ``p`` and ``q`` as strided views; a round where no node
 passes its test and every residual is 0 (the root keeps ``p``; the bonus is drawn from it); and ``impl="auto"`` under
-the interpreter. Three of the rounds hold 200 rows of 8 tokens each (one with a q of each node's own), so that the
+the interpreter; and ``BlockVerification`` over sampled chains, which runs this round where it runs, against
+``block_verify``. Three of the rounds hold 200 rows of 8 tokens each (one with a q of each node's own), so that the
 rarer branches (a corrected target read by a later sibling's weight, a repeated sibling, a residual drawn from)
 decide some outcomes.
 """
@@ -32,6 +33,7 @@ import pytest
 import torch
 from kernel_harness import capture_without_host_reads, interpreted_outputs, poison_empty
 
+import specdec
 import specdec.verify.traversal as traversal
 from specdec.kernels.tree_traversal import MAX_SLOTS, traversal_round, traversal_round_reference
 
@@ -105,6 +107,30 @@ def rounds(seed: int = 0) -> list[dict]:
         cases.append(random_round(gen, 200, 4, 8, replacement, slots=14))  # accepted, a corrected P drawn from)
     cases.append(random_round(gen, 200, 4, 8, False, slots=14, own_q=True))  # siblings drawn from different q
     return cases
+
+
+def chain_round(gen: torch.Generator, batch: int, slots: int, vocab: int) -> dict:
+    """Sampled chains as ``SampledChain`` builds them (slot i at depth i, ragged lengths), float32 ``p`` and each
+    node's ``q`` (its parent's ``p`` perturbed), each token drawn from its ``q``, and the round's noise layout."""
+    sizes = torch.randint(1, slots + 1, (batch,), generator=gen)
+    sizes[0] = slots
+    index = torch.arange(slots)
+    valid = index < sizes[:, None]
+    parents = torch.where(valid & (index > 0), index - 1, -1).expand(batch, -1).contiguous()
+    depth = torch.where(valid, index, 0).expand(batch, -1).contiguous()
+    logits = torch.randn(batch, slots, vocab, generator=gen)
+    p = torch.softmax(logits, -1)
+    q = torch.softmax(logits + 0.7 * torch.randn(logits.shape, generator=gen), -1).roll(1, 1)  # the parent's
+    tokens = torch.multinomial(q.view(-1, vocab), 1, generator=gen).view(batch, slots)
+    tokens = torch.where(valid, tokens, tokens[:, :1])
+    return dict(tokens=tokens, parents=parents, depth=depth, valid=valid, num_nodes=sizes, p=p, q=q,
+                noise=torch.rand(batch, slots, 4, generator=gen), max_depth=slots - 1)  # fmt: skip
+
+
+def chain_tree(case: dict):
+    from specdec.types import DeviceTree
+
+    return DeviceTree(case["tokens"], case["parents"], case["depth"], case["valid"], case["num_nodes"], max_children=1)
 
 
 def no_pass_case() -> dict:
@@ -185,6 +211,7 @@ def test_round_auto_is_the_reference_on_cpu_and_triton_is_refused():
         traversal_round(*args_of(case), impl="triton")
     with pytest.raises(ValueError, match="impl"):
         traversal_round(*args_of(case), impl="reference")
+    assert not traversal.kernel_runs(case["p"])  # so BlockVerification runs block_verify here
 
 
 def test_more_slots_than_the_walk_holds_run_the_reference():
@@ -211,7 +238,9 @@ def test_backends_field_reaches_the_dispatch():
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
     pytest.importorskip("triton")
-    data = {"cases": rounds(), "no_pass": no_pass_case()}
+    gen = torch.Generator().manual_seed(4)
+    chains = [chain_round(gen, batch, slots, vocab) for batch, slots, vocab in [(64, 16, 8), (3, 9, 1500)]]
+    data = {"cases": rounds(), "no_pass": no_pass_case(), "chains": chains}
     return interpreted_outputs(__file__, tmp_path_factory.mktemp("tree_traversal"), data)
 
 
@@ -246,6 +275,21 @@ def test_interpreted_rule_equals_the_reference_rule(interpreted):
             want = _rule_round(case)
         for name, a, b in zip(("path", "num_path", "tokens"), want, got, strict=True):
             assert torch.equal(a, b), name
+
+
+@pytest.mark.interpreter
+def test_interpreted_block_verification_is_block_verify(interpreted):
+    # BlockVerification where the kernel runs: traversal's round over the chain, token for token block_verify's
+    from specdec.verify.block import block_verify
+
+    lengths = []
+    for case, got in zip(interpreted["chains"], interpreted["block"], strict=True):
+        want = block_verify(chain_tree(case), case["p"], case["q"], case["noise"], case["max_depth"])
+        for name, a, b in zip(("path", "num_path", "tokens"), want, got, strict=True):
+            assert torch.equal(a, b), name
+        lengths.append(want.num_path)
+    lengths = torch.cat(lengths)
+    assert (lengths == 1).any() and (lengths >= 3).any(), lengths
 
 
 @pytest.mark.interpreter
@@ -287,6 +331,10 @@ def _run_interpreted(folder: Path) -> None:
         ],  # fmt: skip
         "no_pass_out": _plain(kernels.traversal_round_triton(*args_of(data["no_pass"]), return_target=True)),
         "rule": [tuple(_rule_round(case)) for case in cases],
+        "block": [
+            tuple(specdec.BlockVerification().verify(chain_tree(c), c["p"], c["q"], c["noise"], c["max_depth"]))
+            for c in data["chains"]
+        ],
     }  # plain tuples: the test process loads them with weights_only
     triton_round = kernels.traversal_round_triton
     with mock.patch.object(kernels, "traversal_round_triton", side_effect=triton_round) as spy:
@@ -325,6 +373,23 @@ def test_compiled_equals_reference_on_cuda(group):
         check(case, traversal_round(*args_of(case, "cuda"), impl="triton"))
         check(case, traversal_round(*args_of(case, "cuda")))  # auto: Triton on CUDA
         check(case, traversal_round(*args_of(case, "cuda"), impl="torch"))
+
+
+@pytest.mark.gpu
+def test_compiled_block_verification_is_block_verify_on_cuda():
+    _needs_cuda()
+    from specdec.verify.block import block_verify
+
+    gen = torch.Generator().manual_seed(6)
+    for batch, slots, vocab in [(64, 16, 8), (8, 16, 8192), (2, 9, 151936)]:
+        case = chain_round(gen, batch, slots, vocab)
+        want = block_verify(chain_tree(case), case["p"], case["q"], case["noise"], case["max_depth"])
+        cuda = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
+        assert traversal.kernel_runs(cuda["p"])
+        got = specdec.BlockVerification().verify(chain_tree(cuda), cuda["p"], cuda["q"], cuda["noise"],
+                                                 case["max_depth"])  # fmt: skip
+        for name, a, b in zip(("path", "num_path", "tokens"), want, got, strict=True):
+            assert torch.equal(a, b.cpu()), name
 
 
 @pytest.mark.gpu
