@@ -5,11 +5,12 @@
 #   eagle   greedy, 10 dev prompts x 128 tokens: AR; DFlash + DDTree b15 / b31 / b60; the shipped EAGLE-3 head
 #           (assets/drafters/zoo-dense-eagle3) with Chain 4, DDTree b15 / b31 / b60 over its per-depth q, DDTree over
 #           its candidate tree and DynamicTree at 15 / 31 / 60 drafted nodes (total_tokens 16 / 32 / 61); then T = 1:
-#           sample-and-match over DynamicTree 32 against multi-draft rejection (RSD, SpecInfer) over EAGLE-3 sampled
-#           trees of about 32 nodes
+#           sample-and-match over DynamicTree 32 against multi-draft rejection (RSD, SpecInfer) and traversal over
+#           EAGLE-3 sampled trees of about 32 nodes (eagle-t1: that T = 1 part alone)
 #   rules   T = 1, 10 dev prompts x 128 tokens, DFlash: sample-and-match over DDTree b15 / b32, RSD over the
 #           stochastic DDTree b15 / b32, SpecInfer over unmerged sampled paths (32 nodes), speculative sampling over a
-#           sampled chain of 15: tok/s, tau and ms per round of each rule x policy
+#           sampled chain of 15, block verification over it, traversal over sampled trees (4 x 8): tok/s, tau and ms per
+#           round of each rule x policy
 #   hybrid  greedy, zoo hybrid pair (SPECDEC_ZOO must hold target-hybrid): AR; DFlash + DDTree b15 / b31 / b60; the
 #           shipped EAGLE-3 head (assets/drafters/zoo-hybrid-eagle3) with Chain 4, DDTree b15 / b31 / b60 and
 #           DynamicTree at 16 / 32 / 61 tokens; the shipped MTP head (assets/drafters/zoo-hybrid-mtp, added to a copy
@@ -32,6 +33,15 @@ bench() {  # name args...
   echo "$name exit $?"
   tail -n 40 "$OUT/$name.log" | grep -E '^[│|┃]' || true
 }
+eagle_t1() {
+    bench eagle_t1 'temperatures=[1.0]' "methods=[{name: ar},
+      {name: eagle3-dyn32-sm, drafter: $E3, tree: {kind: dynamic, depth: 6, topk: 8, total_tokens: 32}, verifier: {name: sample-match}},
+      {name: eagle3-sdd32-rsd, drafter: $E3, tree: {kind: stochastic-ddtree, budget: 32, topk: 8}, verifier: {name: multi-draft, replacement: false}},
+      {name: eagle3-trie-rsd, drafter: $E3, tree: {kind: sampled-trees, k: 4, depth: 8}, verifier: {name: multi-draft, replacement: false}},
+      {name: eagle3-paths-specinfer, drafter: $E3, tree: {kind: sampled-trees, k: 4, depth: 8, merge: false}, verifier: {name: multi-draft, replacement: true}},
+      {name: eagle3-dd32-sm, drafter: $E3, tree: {kind: ddtree, budget: 32, topk: 8}, verifier: {name: sample-match}},
+      {name: eagle3-trie-trav, drafter: $E3, tree: {kind: sampled-trees, k: 4, depth: 8}, verifier: {name: traversal}}]"
+}
 case "$STEP" in
   eagle)
     bench eagle_greedy "methods=[{name: ar},
@@ -42,19 +52,19 @@ case "$STEP" in
       {name: eagle3-dyn16, drafter: $E3, tree: {kind: dynamic, depth: 5, topk: 4, total_tokens: 16}},
       {name: eagle3-dyn32, drafter: $E3, tree: {kind: dynamic, depth: 6, topk: 8, total_tokens: 32}},
       {name: eagle3-dyn61, drafter: $E3, tree: {kind: dynamic, depth: 7, topk: 10, total_tokens: 61}}]"
-    bench eagle_t1 'temperatures=[1.0]' "methods=[{name: ar},
-      {name: eagle3-dyn32-sm, drafter: $E3, tree: {kind: dynamic, depth: 6, topk: 8, total_tokens: 32}, verifier: {name: sample-match}},
-      {name: eagle3-sdd32-rsd, drafter: $E3, tree: {kind: stochastic-ddtree, budget: 32, topk: 8}, verifier: {name: multi-draft, replacement: false}},
-      {name: eagle3-trie-rsd, drafter: $E3, tree: {kind: sampled-trees, k: 4, depth: 8}, verifier: {name: multi-draft, replacement: false}},
-      {name: eagle3-paths-specinfer, drafter: $E3, tree: {kind: sampled-trees, k: 4, depth: 8, merge: false}, verifier: {name: multi-draft, replacement: true}},
-      {name: eagle3-dd32-sm, drafter: $E3, tree: {kind: ddtree, budget: 32, topk: 8}, verifier: {name: sample-match}}]"
+    eagle_t1
+    ;;
+  eagle-t1)
+    eagle_t1
     ;;
   rules)
     bench rules_t1 'temperatures=[1.0]' "methods=[{name: ar},
       {name: sm, drafter: {kind: dflash}, tree: {kind: ddtree, budget: [15, 32], topk: [8]}, verifier: {name: sample-match}},
       {name: rsd, drafter: {kind: dflash}, tree: {kind: stochastic-ddtree, budget: [15, 32], topk: 8}, verifier: {name: multi-draft, replacement: false}},
       {name: specinfer, drafter: {kind: dflash}, tree: {kind: sampled-trees, k: 4, depth: 8, merge: false}, verifier: {name: multi-draft, replacement: true}},
-      {name: spec-sampling, drafter: {kind: dflash}, tree: {kind: sampled-chain, k: 15}, verifier: {name: speculative-sampling}}]"
+      {name: spec-sampling, drafter: {kind: dflash}, tree: {kind: sampled-chain, k: 15}, verifier: {name: speculative-sampling}},
+      {name: block, drafter: {kind: dflash}, tree: {kind: sampled-chain, k: 15}, verifier: {name: block}},
+      {name: traversal, drafter: {kind: dflash}, tree: {kind: sampled-trees, k: 4, depth: 8}, verifier: {name: traversal}}]"
     ;;
   hybrid)
     python -c "import sys; from specdec.loading import zoo_dir; from specdec.drafters.mtp import with_mtp_head as w
