@@ -6,7 +6,8 @@
 #   suite        make test-gpu (every gpu-marked test) with that zoo
 #   auto-dense   AR, DDTree b15 / b31 / b63 and DDTree(budget="auto") at B = 1, 2, 4, 8, 16, 32 on the zoo dense
 #                pair: 32 dev prompts (the first 32, tuned on) and 32 held-out ones (dev prompts 49-80); one warm-up
-#                and AUTO_REPEAT (default 3) timed passes, interleaved (pass p of every method and B before pass p + 1)
+#                and AUTO_REPEAT (default 3) timed passes, interleaved (pass p of every method and B before pass p + 1);
+#                each sweep within SWEEP_TIMEOUT seconds (280)
 #   auto-hybrid  the same on the zoo hybrid pair
 #   rejection    the tree-rejection kernel's compiled GPU tests alone (the slowest of the suite)
 # Logs and bench folders under OUT; the tables (scripts/auto_budget_table.py) at the end.
@@ -20,7 +21,7 @@ METHODS='methods=[{name: ar},{name: ddtree, drafter: {kind: dflash}, tree: {kind
 sweep() {  # name target prompts-args...
   local name=$1 target=$2
   shift 2
-  timeout 280 python -m specdec bench +experiment=batch target="$target" num_prompts=32 max_new_tokens=64 \
+  timeout ${SWEEP_TIMEOUT:-280} python -m specdec bench +experiment=batch target="$target" num_prompts=32 max_new_tokens=64 \
     'batch_sizes=[1,2,4,8,16,32]' interleave=true repeat=${AUTO_REPEAT:-3} progress=false out_dir="$OUT/$name" "$METHODS" "$@" > "$OUT/$name.log" 2>&1
   echo "$name exit $?"
 }
