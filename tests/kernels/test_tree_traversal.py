@@ -106,6 +106,7 @@ def rounds(seed: int = 0) -> list[dict]:
     for replacement in (True, False):  # many small rows: each outcome's rarer branches (a repeated sibling
         cases.append(random_round(gen, 200, 4, 8, replacement, slots=14))  # accepted, a corrected P drawn from)
     cases.append(random_round(gen, 200, 4, 8, False, slots=14, own_q=True))  # siblings drawn from different q
+    cases.append(random_round(gen, 2, 1, 40, False, slots=1))  # the root alone (max_depth 0): the bonus from p
     return cases
 
 
