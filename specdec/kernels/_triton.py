@@ -10,7 +10,15 @@ import torch
 
 from specdec.backends import env_default
 
-__all__ = ["KERNEL_MODULES", "device_property", "importable", "pick_impl", "prime_imports"]
+__all__ = [
+    "KERNEL_MODULES",
+    "describe",
+    "device_property",
+    "importable",
+    "pick_impl",
+    "power_of_two_block",
+    "prime_imports",
+]
 
 # The Triton modules the library's kernels dispatch to: every ``specdec/kernels/<name>/triton.py``.
 KERNEL_MODULES = tuple(
@@ -78,3 +86,18 @@ def pick_impl(impl: str, device: torch.device, module: str, *, fits: bool = True
     if impl == "auto":
         return "triton" if on_device and fits and importable(module) else "torch"
     return impl
+
+
+def power_of_two_block(name: str, given: int | None, extent: int, most: int) -> int:
+    """A launch's block size: ``given`` if a power of two (else refused, naming the argument ``name``); when None,
+    ``min(most, next power of two >= extent)``."""
+    if given is None:
+        return min(1 << max(extent - 1, 0).bit_length(), most)
+    if given < 1 or given & (given - 1):
+        raise ValueError(f"{name}={given!r}: pass a power of two.")
+    return given
+
+
+def describe(tensor) -> str:
+    """A tensor's dtype and shape (or a non-tensor's type name), for argument errors."""
+    return f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__

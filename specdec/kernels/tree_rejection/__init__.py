@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from specdec.kernels._triton import importable, pick_impl
+from specdec.kernels._triton import describe, importable, pick_impl
 from specdec.kernels.tree_rejection.reference import (
     children_by_rank,
     rank_width,
@@ -106,10 +106,10 @@ def rejection_walk(
     for name, tensor, dtype in (("tokens", tokens, torch.long), ("depth", depth, torch.long), ("nxt", nxt, torch.long),
                                 ("u", u, torch.float64)):  # fmt: skip
         if not isinstance(tensor, torch.Tensor) or tensor.shape != (batch, slots) or tensor.dtype != dtype:
-            raise ValueError(f"{name} must be [{batch}, {slots}] {dtype}; got {_describe(tensor)}.")
+            raise ValueError(f"{name} must be [{batch}, {slots}] {dtype}; got {describe(tensor)}.")
     if not isinstance(r, torch.Tensor) or r.shape[:2] != (batch, slots) or r.dim() != 3 or r.dtype not in (
             torch.float32, torch.float64):  # fmt: skip
-        raise ValueError(f"r must be [{batch}, {slots}, V] float32 or float64; got {_describe(r)}.")
+        raise ValueError(f"r must be [{batch}, {slots}, V] float32 or float64; got {describe(r)}.")
     fits = slots <= MAX_WALK_SLOTS
     if impl == "triton" and not fits:
         raise ValueError(f"impl='triton' walks at most {MAX_WALK_SLOTS} slots, got {slots}; use impl='torch'.")
@@ -123,9 +123,9 @@ def rejection_walk(
 def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement):
     floats = (torch.float32, torch.float64)
     if not isinstance(p, torch.Tensor) or p.dim() != 3 or p.dtype not in floats or 0 in p.shape:
-        raise ValueError(f"p must be a non-empty [B, S, V] float32 or float64 tensor; got {_describe(p)}.")
+        raise ValueError(f"p must be a non-empty [B, S, V] float32 or float64 tensor; got {describe(p)}.")
     if not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != p.dtype:
-        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} {p.dtype}, as p; got {_describe(q)}.")
+        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} {p.dtype}, as p; got {describe(q)}.")
     if not isinstance(replacement, bool):
         raise ValueError(f"replacement={replacement!r}: pass a Python bool.")
     if max_children is not None and (not isinstance(max_children, int) or max_children < 1):
@@ -135,7 +135,7 @@ def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, t
               "test": (test, torch.float64)}  # fmt: skip
     for name, (tensor, dtype) in fields.items():
         if not isinstance(tensor, torch.Tensor) or tensor.shape != p.shape[:2] or tensor.dtype != dtype:
-            raise ValueError(f"{name} must be {list(p.shape[:2])} {dtype}; got {_describe(tensor)}.")
+            raise ValueError(f"{name} must be {list(p.shape[:2])} {dtype}; got {describe(tensor)}.")
     for name, tensor in {"q": q, **{n: t for n, (t, _) in fields.items()}}.items():
         if tensor.device != p.device:
             raise ValueError(f"{name} is on {tensor.device}, p on {p.device}: pass one device.")
@@ -143,7 +143,3 @@ def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, t
 
 def _triton_available() -> bool:
     return importable(_MODULE)
-
-
-def _describe(tensor) -> str:
-    return f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__

@@ -21,8 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_BLOCK", "MAX_BLOCK_F32", "MAX_SLOT_BLOCK", "rejection_walk_triton",
-           "tree_rejection_round_triton"]
+from specdec.kernels._triton import power_of_two_block
+
+__all__ = ["MAX_BLOCK", "MAX_BLOCK_F32", "MAX_SLOT_BLOCK", "rejection_walk_triton", "tree_rejection_round_triton"]
 
 MAX_BLOCK = 1024
 """Vocabulary entries a program handles per block in float64 (fewer when ``V`` is smaller)."""
@@ -188,8 +189,8 @@ def tree_rejection_round_triton(
 
     batch, slots, vocab = p.shape
     width = rank_width(slots, max_children)
-    block = _block("block", block, vocab, MAX_BLOCK_F32 if p.dtype == torch.float32 else MAX_BLOCK)
-    slot_block = _block("slot_block", slot_block, slots, MAX_SLOT_BLOCK)
+    block = power_of_two_block("block", block, vocab, MAX_BLOCK_F32 if p.dtype == torch.float32 else MAX_BLOCK)
+    slot_block = power_of_two_block("slot_block", slot_block, slots, MAX_SLOT_BLOCK)
     r = torch.empty(batch, slots, vocab, dtype=p.dtype, device=p.device)
     nxt = torch.empty(batch, slots, dtype=torch.long, device=p.device)
     table = torch.empty(batch, slots, width, dtype=torch.long, device=p.device)
@@ -276,7 +277,7 @@ def rejection_walk_triton(tokens, depth, nxt, r, u, max_depth: int, *, block: in
     batch, slots = tokens.shape
     vocab = r.shape[-1]
     steps = max_depth + 1
-    block = _block("block", block, vocab, 2048)
+    block = power_of_two_block("block", block, vocab, 2048)
     path = torch.empty(batch, steps, dtype=torch.long, device=tokens.device)
     num_path = torch.empty(batch, dtype=torch.long, device=tokens.device)
     new = torch.empty(batch, steps, dtype=torch.long, device=tokens.device)
@@ -286,12 +287,3 @@ def rejection_walk_triton(tokens, depth, nxt, r, u, max_depth: int, *, block: in
         BLOCK_P=max(triton.next_power_of_2(steps), 2), BLOCK_V=block, num_warps=4,
     )  # fmt: skip
     return Accept(path=path, num_path=num_path, tokens=new)
-
-
-def _block(name: str, given: int | None, extent: int, most: int) -> int:
-    """``given`` if a power of two, else refused; when None, ``min(most, next_power_of_2(extent))``."""
-    if given is None:
-        return min(triton.next_power_of_2(extent), most)
-    if given < 1 or given & (given - 1):
-        raise ValueError(f"{name}={given!r}: pass a power of two.")
-    return given

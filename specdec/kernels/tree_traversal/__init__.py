@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from specdec.kernels._triton import pick_impl
+from specdec.kernels._triton import describe, pick_impl
 from specdec.kernels.tree_traversal.reference import (
     ancestors,
     postorder,
@@ -74,9 +74,9 @@ def traversal_round(
 def _check_args(tokens, parents, depth, valid, p, q, test, final, max_depth, replacement) -> None:
     floats = (torch.float32, torch.float64)
     if not isinstance(p, torch.Tensor) or p.dim() != 3 or p.dtype not in floats or 0 in p.shape:
-        raise ValueError(f"p must be a non-empty [B, S, V] float32 or float64 tensor; got {_describe(p)}.")
+        raise ValueError(f"p must be a non-empty [B, S, V] float32 or float64 tensor; got {describe(p)}.")
     if not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != p.dtype:
-        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} {p.dtype}, as p; got {_describe(q)}.")
+        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} {p.dtype}, as p; got {describe(q)}.")
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
         raise ValueError(f"max_depth={max_depth!r}: pass a Python int >= 0 (the deepest node's depth).")
     if not isinstance(replacement, bool):
@@ -85,11 +85,7 @@ def _check_args(tokens, parents, depth, valid, p, q, test, final, max_depth, rep
               "valid": (valid, torch.bool), "test": (test, torch.float64), "final": (final, torch.float64)}  # fmt: skip
     for name, (tensor, dtype) in fields.items():
         if not isinstance(tensor, torch.Tensor) or tensor.shape != p.shape[:2] or tensor.dtype != dtype:
-            raise ValueError(f"{name} must be {list(p.shape[:2])} {dtype}; got {_describe(tensor)}.")
+            raise ValueError(f"{name} must be {list(p.shape[:2])} {dtype}; got {describe(tensor)}.")
     for name, tensor in {"q": q, **{n: t for n, (t, _) in fields.items()}}.items():
         if tensor.device != p.device:
             raise ValueError(f"{name} is on {tensor.device}, p on {p.device}: pass one device.")
-
-
-def _describe(tensor) -> str:
-    return f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.kernels._triton import power_of_two_block
+
 __all__ = ["MAX_BLOCK", "MAX_BLOCK_F32", "traversal_round_triton"]
 
 MAX_BLOCK = 2048
@@ -304,7 +306,7 @@ def traversal_round_triton(
 
     batch, slots, vocab = p.shape
     steps = max_depth + 1
-    block = _block("block", block, vocab, MAX_BLOCK_F32 if p.dtype == torch.float32 else MAX_BLOCK)
+    block = power_of_two_block("block", block, vocab, MAX_BLOCK_F32 if p.dtype == torch.float32 else MAX_BLOCK)
     tokens, parents, depth, valid = (t.contiguous() for t in (tokens, parents, depth, valid))
     block_s = max(triton.next_power_of_2(slots), 2)
     warps = 8 if block >= 2048 else 4 if block >= 512 else 1
@@ -329,12 +331,3 @@ def traversal_round_triton(
     )  # fmt: skip
     accept = Accept(path=path, num_path=num_path, tokens=new)
     return (accept, target) if return_target else accept
-
-
-def _block(name: str, given: int | None, extent: int, most: int) -> int:
-    """``given`` if a power of two, else refused; when None, ``min(most, next_power_of_2(extent))``."""
-    if given is None:
-        return min(triton.next_power_of_2(extent), most)
-    if given < 1 or given & (given - 1):
-        raise ValueError(f"{name}={given!r}: pass a power of two.")
-    return given
