@@ -128,3 +128,25 @@ def test_generate_cuda_sampling_is_reproducible_on_the_hybrid(zoo, cuda):
     first = run()
     torch.manual_seed(1)
     assert torch.equal(run(), first)
+
+
+@pytest.mark.parametrize(
+    ("tree", "rule"),
+    [(specdec.SampledTrees(k=3, depth=5), specdec.TraversalVerification()),
+     (specdec.SampledTrees(k=3, depth=5, merge=False), specdec.TraversalVerification(replacement=True)),
+     (specdec.SampledChain(k=8), specdec.BlockVerification())],
+    ids=["traversal-trie", "traversal-paths", "block"],
+)  # fmt: skip
+def test_sampled_rules_on_the_traversal_kernel_equal_the_reference_rounds(zoo, cuda, tree, rule):
+    """Sampling on CUDA (fp32, seeded): the captured rounds with traversal's Triton round give the same tokens as the
+    same rounds with its tensor-op reference (``Backends(tree_traversal="torch")``), same uniforms."""
+    model, drafter, prompts = load(zoo, "dense", torch.float32, cuda)
+    outs = {}
+    for impl in ("auto", "torch"):
+        outs[impl] = [
+            specdec.generate(model, ids, drafter=drafter, tree=tree, verifier=rule, do_sample=True, temperature=1.0,
+                             max_new_tokens=32, generator=torch.Generator(cuda).manual_seed(i),
+                             backends={"tree_traversal": impl}).sequences
+            for i, ids in enumerate(prompts[:6])
+        ]  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(outs["auto"], outs["torch"], strict=True))
