@@ -12,9 +12,9 @@ iff its uniform is below ``w``) and, on a rejection, corrects the parent in one 
 is positive the row becomes the parent's ``P`` (read as ``R / mass``, the reference's division) and the parent's
 children's ``P_b(x_c)`` follow from their own values, else the parent keeps its row. Under a parent of weight 0
 a rejection corrects nothing (the residual is 0) and skips the pass. Then the path from the root to the end node,
-and the bonus drawn from the end node's ``P`` by inverse CDF on a float64 cumulative sum (as ``draws.categorical``). Sums over the
-vocabulary run in another order than torch's: equal to ``traversal_round_reference`` up to that rounding
-(``tests/kernels/test_tree_traversal.py``).
+and the bonus drawn from the end node's ``P`` by inverse CDF on a float64 cumulative sum (as ``draws.categorical``).
+Sums over the vocabulary run in another order than torch's: equal to ``traversal_round_reference`` up to that
+rounding (``tests/kernels/test_tree_traversal.py``).
 """
 
 from __future__ import annotations
