@@ -1332,6 +1332,12 @@ MUTANTS += [
           "tl.store(qtok_ptr + row, q_tok / kept)"),),  # fmt: skip
         TRAVERSAL_TESTS,
     ),
+    Mutant(  # the bonus counts the entries strictly below u * T (draws a token of probability 0 at a tie)
+        "traversal_bonus_strict_boundary",
+        ((TRAVERSAL_TRITON, "bonus += tl.sum(((cdf <= at) & (start + cols < V))",
+          "bonus += tl.sum(((cdf < at) & (start + cols < V))"),),  # fmt: skip
+        TRAVERSAL_TESTS,
+    ),
     Mutant(  # the walk's post-order visits a node's next sibling before the node's own test is done (pre-order)
         "traversal_reference_siblings_reversed",
         (("specdec/kernels/tree_traversal/reference.py", "    return order.flip(1)\n", "    return order\n"),),

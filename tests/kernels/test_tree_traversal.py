@@ -15,7 +15,8 @@ bonus's: a corrected target where the end node had a child rejected) to rounding
 duplicate siblings, padding, ragged sizes), a draft ``q`` per parent with a cut support (some nodes no draw) and a
 target close to it (deep accepts), both replacement modes, float64 and float32, ``B`` in {1, 3, 200}, ``V`` in {8, 1500}
 (at 1500 also with blocks of 256: six blocks per pass), ``p`` and ``q`` as strided views; a round where no node
-passes its test and every residual is 0 (the root keeps ``p``; the bonus is drawn from it); and ``impl="auto"`` under
+passes its test and every residual is 0 (the root keeps ``p``; the bonus is drawn from it); a bonus uniform exactly
+at a boundary of the cumulative sum (HF's ``searchsorted(..., right=True)``); and ``impl="auto"`` under
 the interpreter; and ``BlockVerification`` over sampled chains, which runs this round where it runs, against
 ``block_verify``. Three of the rounds hold 200 rows of 8 tokens each (one with a q of each node's own), so that the
 rarer branches (a corrected target read by a later sibling's weight, a repeated sibling, a residual drawn from)
@@ -108,6 +109,17 @@ def rounds(seed: int = 0) -> list[dict]:
     cases.append(random_round(gen, 200, 4, 8, False, slots=14, own_q=True))  # siblings drawn from different q
     cases.append(random_round(gen, 2, 1, 40, False, slots=1))  # the root alone (max_depth 0): the bonus from p
     return cases
+
+
+def boundary_case() -> dict:
+    """The root alone with ``p = [1/4, 0, 1/4, 1/2]`` and bonus uniforms 1/4 and 1/2, each exactly at a boundary of
+    the cumulative sum: HF's ``searchsorted(..., right=True)`` draws tokens 2 and 3; counting the entries strictly
+    below ``u * total`` would draw 0 and 2."""
+    case = random_round(torch.Generator().manual_seed(7), 2, 1, 4, False, slots=1)
+    case["p"] = torch.tensor([0.25, 0.0, 0.25, 0.5]).expand(2, 1, 4).contiguous()
+    case["q"] = torch.zeros(2, 1, 4)
+    case["final"] = torch.tensor([[0.25], [0.5]], dtype=torch.float64)
+    return case
 
 
 def chain_round(gen: torch.Generator, batch: int, slots: int, vocab: int) -> dict:
@@ -241,7 +253,7 @@ def interpreted(tmp_path_factory) -> dict:
     pytest.importorskip("triton")
     gen = torch.Generator().manual_seed(4)
     chains = [chain_round(gen, batch, slots, vocab) for batch, slots, vocab in [(64, 16, 8), (3, 9, 1500)]]
-    data = {"cases": rounds(), "no_pass": no_pass_case(), "chains": chains}
+    data = {"cases": rounds(), "no_pass": no_pass_case(), "chains": chains, "boundary": boundary_case()}
     return interpreted_outputs(__file__, tmp_path_factory.mktemp("tree_traversal"), data)
 
 
@@ -264,6 +276,13 @@ def test_interpreted_round_without_a_passed_test_draws_from_the_roots_p(interpre
     check(case, got[:3], got[3])
     assert torch.equal(got[1], torch.ones(2, dtype=torch.long))  # num_path
     assert torch.equal(got[3], case["p"][:, 0])  # the root's p, never corrected
+
+
+@pytest.mark.interpreter
+def test_interpreted_bonus_at_a_boundary_is_hfs_draw(interpreted):
+    case, got = interpreted["boundary"], interpreted["boundary_out"]
+    check(case, got[:3], got[3])
+    assert got[2][:, 0].tolist() == [2, 3]  # the bonus (tokens[:, 0]: no draft accepted at the root alone)
 
 
 @pytest.mark.interpreter
@@ -331,6 +350,7 @@ def _run_interpreted(folder: Path) -> None:
             for case in cases
         ],  # fmt: skip
         "no_pass_out": _plain(kernels.traversal_round_triton(*args_of(data["no_pass"]), return_target=True)),
+        "boundary_out": _plain(kernels.traversal_round_triton(*args_of(data["boundary"]), return_target=True)),
         "rule": [tuple(_rule_round(case)) for case in cases],
         "block": [
             tuple(specdec.BlockVerification().verify(chain_tree(c), c["p"], c["q"], c["noise"], c["max_depth"]))
