@@ -1,6 +1,6 @@
 """Where one ``specdec.generate`` call's wall time goes, phase by phase, as the host sees it (no profiler).
 
-The zoo dense pair (bf16 on CUDA, fp32 on the CPU) decodes dev prompts one call at a time (B = 1) with plain
+The zoo dense pair (``--target hybrid``: the hybrid pair; bf16 on CUDA, fp32 on the CPU) decodes dev prompts one call at a time (B = 1) with plain
 decoding and DDTree b31 (``--methods``: also b15, b63 and ``auto``, the adaptive budget, whose controller's
 ``next_size`` / ``observe`` are timed too), each method warmed by two passes before a timed one. The library's functions that make up a
 call are wrapped with wall-clock timers (inclusive: a function's time counts the ones it calls); the table gives ms
@@ -10,6 +10,7 @@ host spends waiting elsewhere (a ``.tolist()`` of a device tensor, measured as t
 one). Calls of 1 new token show the fixed cost of a call (prefill and first token, no round).
 
     python scripts/call_phases.py [--num 16] [--new 128] [--prompts dev|held] [--methods ar,b31,auto]
+        [--target dense|hybrid]
 """
 
 from __future__ import annotations
@@ -95,12 +96,13 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--prompts", choices=("dev", "held"), default="dev")
     parser.add_argument("--methods", default="ar,b31", help="comma-separated: ar, b15, b31, b63, auto")
+    parser.add_argument("--target", choices=("dense", "hybrid"), default="dense", help="the zoo pair")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(zoo_dir() / "target-dense", dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(zoo_dir() / f"target-{args.target}", dtype=dtype).to(device).eval()
     tok = AutoTokenizer.from_pretrained(zoo_dir() / "tokenizer")
-    drafter = specdec.DFlashDrafter.from_pretrained(Path(__file__).parents[1] / "assets/drafters/zoo-dense",
+    drafter = specdec.DFlashDrafter.from_pretrained(Path(__file__).parents[1] / f"assets/drafters/zoo-{args.target}",
                                                     target=model)  # fmt: skip
     lines = (zoo_dir() / "prompts_dev.jsonl").read_text().splitlines()
     start = 48 if args.prompts == "held" else 0
@@ -133,7 +135,7 @@ def main() -> None:
                    "token_bounds", "follow_target", "round_reason", "_check_fits", "_decode")  # fmt: skip
             per_call["rest of generate"] = per_call["generate (whole call)"] - sum(per_call.get(k, 0.0) for k in top)
             tables[(name, new)] = (wall, rounds / len(calls), per_call)
-    print(f"zoo dense, {device}, {dtype}, {len(calls)} {args.prompts} prompts, B = 1; ms per call (inclusive)")
+    print(f"zoo {args.target}, {device}, {dtype}, {len(calls)} {args.prompts} prompts, B = 1; ms per call (inclusive)")
     cols = list(tables)
     print("| phase | " + " | ".join(f"{n} x{new}" for n, new in cols) + " |")
     print("|---|" + "---|" * len(cols))

@@ -1343,6 +1343,23 @@ MUTANTS += [
         (("specdec/kernels/tree_traversal/reference.py", "    return order.flip(1)\n", "    return order\n"),),
         ("tests/verify/test_traversal.py",),
     ),
+    Mutant(  # a shared prefix takes the last earlier path holding it, not the first (a node number of no node)
+        "path_trie_last_sharing_path",
+        (("specdec/kernels/path_trie/triton.py", "first = tl.where(agree & (first == m), mp, first)",
+          "first = tl.where(agree, mp, first)"),),  # fmt: skip
+        ("tests/kernels/test_path_trie.py", "-m", "interpreter"),
+    ),
+    Mutant(  # a node's parent read at its own entry instead of the entry one depth up
+        "path_trie_parent_is_itself",
+        (("specdec/kernels/path_trie/triton.py", "tl.load(scratch + E + e - 1,", "tl.load(scratch + E + e,"),),
+        ("tests/kernels/test_path_trie.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the reference compares only each entry's own token, not the whole prefix
+        "path_trie_reference_token_not_prefix",
+        (("specdec/kernels/path_trie/reference.py", ".long().cumprod(-1).bool()  # [B, M, M', L]",
+          ".bool()  # [B, M, M', L]"),),  # fmt: skip
+        ("tests/kernels/test_path_trie.py",),
+    ),
     Mutant(  # the walk stops a step early (the last step's child never followed)
         "rejection_walk_one_step_short",
         (("specdec/kernels/tree_rejection/triton.py", "    for h in range(P - 1):  # slot h + 1 of the path",

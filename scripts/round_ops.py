@@ -105,6 +105,10 @@ def main() -> None:
                   for n in (15, 32)})  # fmt: skip
     rules["specinfer"] = (drafter, specdec.SampledTrees(4, 8, merge=False), specdec.MultiDraftRejection(replacement=True))
     rules["spec-sampling"] = (drafter, specdec.SampledChain(15), specdec.SpeculativeSampling())
+    # about 15 nodes: traversal over 3 merged sampled paths of 5, SpecInfer over the same paths unmerged
+    rules["trav-p15"] = (drafter, specdec.SampledTrees(3, 5), specdec.TraversalVerification(replacement=False))
+    rules["specinfer-p15"] = (drafter, specdec.SampledTrees(3, 5, merge=False),
+                              specdec.MultiDraftRejection(replacement=True))
     methods.update({name: (d, tree) for name, (d, tree, _) in rules.items()})
     if a.target == "dense":  # the shipped EAGLE-3 head: its chain, DDTree over its per-depth q, EAGLE-2's tree
         eagle = specdec.Eagle3Drafter.from_pretrained(asset_path("drafters/zoo-dense-eagle3"), target=model)

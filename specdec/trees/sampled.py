@@ -18,13 +18,17 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specdec.trees.build import topk_last, trie_device
+from specdec.backends import env_default
+from specdec.kernels.path_trie import path_trie
+from specdec.trees.build import topk_last
 from specdec.trees.policies import DDTree, ddtree_trees, register_tree
 from specdec.types import DeviceTree, Proposal, SamplingParams
 from specdec.verify.draws import categorical, draft_logprobs, draft_probs, exponential_keys, uniforms
 from specdec.verify.processing import gumbel_from_uniform
 
 __all__ = ["GumbelTopKTree", "SampledChain", "SampledTrees", "StochasticDDTree"]
+
+_TRIE_IMPL = env_default("path_trie")  # Backends.path_trie: the merged paths' trie
 
 
 def _check_int(owner: str, name: str, value: object, low: int) -> None:
@@ -123,7 +127,8 @@ class SampledTrees:
     """``k`` paths of ``depth`` tokens, each token drawn independently from its depth's q (SpecInfer-style
     multi-draft): ``SampledTrees(4, 3)``.
 
-    ``merge=True`` (default) merges the paths into a trie (``trie_device``; siblings appear in the order of the
+    ``merge=True`` (default) merges the paths into a trie (``specdec.kernels.path_trie``, as ``trie_device`` does;
+    one launch on CUDA; siblings appear in the order of the
     first path that drew them): the siblings of a node are then the distinct tokens of i.i.d. draws in order of
     first appearance, which is the law of sampling *without* replacement, so the without-replacement rules are
     the exact ones for it. ``merge=False`` keeps the ``k`` paths as separate branches of the root (duplicate
@@ -197,40 +202,11 @@ class SampledTrees:
     def _build(self, paths: torch.Tensor, root: torch.Tensor) -> DeviceTree:
         batch, k, length = paths.shape
         slots = self.budget + 1
-        if self.merge:
-            if batch == 1:
-                lengths = torch.full((k,), length, dtype=torch.long, device=paths.device)
-                return DeviceTree.stack([trie_device(paths[0], lengths, root.reshape(-1)[0], budget=self.budget,
-                                                     num_slots=slots)])  # fmt: skip
-            return _tries(paths, root, slots)
+        if self.merge:  # one launch on CUDA (``Backends.path_trie``), else the reference's tensor ops
+            return DeviceTree(*path_trie(paths, root.reshape(-1).long(), slots, impl=_TRIE_IMPL))
         slot = torch.arange(1, k * length + 1, device=root.device)  # path m's depth-d node sits at 1 + m L + d
         depths = (slot - 1) % length + 1
         return _fixed_tree(root, paths.reshape(batch, -1), torch.where(depths > 1, slot - 1, 0), depths, slots)
-
-
-def _tries(paths: torch.Tensor, root: torch.Tensor, num_slots: int) -> DeviceTree:
-    """``trie_device`` for a batch of full-length paths ``[B, M, L]`` with every node kept: the same numbering (path
-    by path, depth by depth), one set of tensor ops for all rows."""
-    batch, num, length = paths.shape
-    device = paths.device
-    equal = (paths[:, :, None] == paths[:, None]).long().cumprod(-1).bool()  # [B, M, M', L]: prefixes agree
-    first = equal.long().argmax(2)  # [B, M, L]: the first path holding the same prefix
-    new = first == torch.arange(num, device=device)[:, None]
-    order = new.flatten(1).long().cumsum(1).view(batch, num, length)  # 1-based node number of each new node
-    node = order.gather(1, first)
-    parent = torch.cat([torch.zeros_like(node[..., :1]), node[..., :-1]], -1)
-    depth = torch.arange(1, length + 1, device=device).expand(batch, num, -1)
-    spot = torch.where(new, order, num_slots).flatten(1)  # the rest go to a spill slot
-    size = num_slots + 1
-    rows = root.reshape(-1, 1).long().expand(batch, size).clone()
-    tokens = rows.scatter(1, spot, paths.flatten(1))
-    parents = torch.full((batch, size), -1, dtype=torch.long, device=device).scatter(1, spot, parent.flatten(1))
-    depths = torch.zeros(batch, size, dtype=torch.long, device=device).scatter(1, spot, depth.flatten(1))
-    count = new.flatten(1).sum(1, keepdim=True) + 1
-    valid = torch.arange(num_slots, device=device) < count
-    tokens = torch.where(valid, tokens[:, :num_slots], rows[:, :num_slots])
-    return DeviceTree(tokens, torch.where(valid, parents[:, :num_slots], -1), depths[:, :num_slots] * valid, valid,
-                      count[:, 0])  # fmt: skip
 
 
 @dataclass(frozen=True)
