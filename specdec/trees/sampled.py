@@ -20,6 +20,7 @@ import torch
 
 from specdec.backends import env_default
 from specdec.kernels.path_trie import path_trie
+from specdec.runtime import constant
 from specdec.trees.build import topk_last
 from specdec.trees.policies import DDTree, ddtree_trees, register_tree
 from specdec.types import DeviceTree, Proposal, SamplingParams
@@ -46,29 +47,36 @@ def _samples(sampling: SamplingParams | None) -> bool:
     return sampling is None or sampling.do_sample
 
 
-def _stack_rows(tokens, parents, depth, valid) -> DeviceTree:
-    """Batch tensors ``[B, S]`` -> a DeviceTree (``parents``/``depth`` may be ``[S]``, shared by every row)."""
-    batch = tokens.shape[0]
-    parents, depth = parents.expand(batch, -1), depth.expand(batch, -1)
-    valid = valid.expand(batch, -1)
-    return DeviceTree(tokens=tokens, parents=parents, depth=depth, valid=valid, num_nodes=valid.sum(-1))
-
-
-def _fixed_tree(root: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
-                num_slots: int) -> DeviceTree:  # fmt: skip
-    """Root + ``n`` nodes of a shape fixed by Python ints in ``num_slots`` slots: ``tokens [B, n]``, ``parents``
-    and ``depth`` ``[n]`` (slots 1..n, made on the device: no host copy inside the round). Padding holds the root
-    token, parent -1, depth 0."""
-    device, n = root.device, tokens.shape[1]
+def _fixed_tree(root: torch.Tensor, tokens: torch.Tensor, shape: tuple, make, num_slots: int) -> DeviceTree:
+    """Root + ``n`` nodes of a shape fixed by Python ints in ``num_slots`` slots: ``tokens [B, n]`` drawn this round;
+    ``make(device)`` gives the shape's ``parents`` and ``depth`` ``[n]`` (slots 1..n) from Python ints alone, and
+    ``shape`` (Python values) is everything they depend on besides the device: the shape, padded, and the node
+    count are made once per key and kept (``specdec.runtime.constant``), so a round launches one concatenation
+    for the tree. Padding holds the root token, parent -1, depth 0."""
+    device, (batch, n) = root.device, tokens.shape
     pad = num_slots - 1 - n
+
+    def padded():
+        parents, depth = make(device)
+        minus = torch.full((pad + 1,), -1, dtype=torch.long, device=device)
+        zeros = torch.zeros(pad + 1, dtype=torch.long, device=device)
+        return (torch.cat([minus[:1], parents, minus[1:]]), torch.cat([zeros[:1], depth, zeros[1:]]),
+                torch.arange(num_slots, device=device) <= n)  # fmt: skip
+
+    par, dep, valid = constant(("sampled_tree_shape", str(device), num_slots, n, *shape), padded)
+    count = constant(("sampled_tree_nodes", str(device), batch, n),
+                     lambda: torch.full((batch,), n + 1, dtype=torch.long, device=device))  # fmt: skip
     root = root.reshape(-1, 1).long()
     all_tokens = torch.cat([root, tokens.long(), root.expand(-1, pad)], 1)
-    minus = torch.full((pad + 1,), -1, dtype=torch.long, device=device)
-    zeros = torch.zeros(pad + 1, dtype=torch.long, device=device)
-    par = torch.cat([minus[:1], parents, minus[1:]])
-    dep = torch.cat([zeros[:1], depth, zeros[1:]])
-    valid = torch.arange(num_slots, device=device) <= n
-    return _stack_rows(all_tokens, par, dep, valid)
+    return DeviceTree(all_tokens, par.expand(batch, -1), dep.expand(batch, -1), valid.expand(batch, -1), count)
+
+
+def _chain_shape(n: int):
+    def shape(device):
+        steps = torch.arange(n, device=device)
+        return steps, steps + 1
+
+    return shape
 
 
 @dataclass(frozen=True)
@@ -118,8 +126,8 @@ class SampledChain:
             drafts = exponential_keys(probs, noise[:, :n]).argmin(-1)
         else:
             drafts = logq[:, :n].float().argmax(-1)
-        steps = torch.arange(n, device=root.device)
-        return _fixed_tree(root, drafts, steps, steps + 1, self.k + 1)._replace(max_children=1, draft_probs=probs)
+        tree = _fixed_tree(root, drafts, ("chain",), _chain_shape(n), self.k + 1)
+        return tree._replace(max_children=1, draft_probs=probs)
 
 
 @dataclass(frozen=True)
@@ -204,9 +212,13 @@ class SampledTrees:
         slots = self.budget + 1
         if self.merge:  # one launch on CUDA (``Backends.path_trie``), else the reference's tensor ops
             return DeviceTree(*path_trie(paths, root.reshape(-1).long(), slots, impl=_TRIE_IMPL))
-        slot = torch.arange(1, k * length + 1, device=root.device)  # path m's depth-d node sits at 1 + m L + d
-        depths = (slot - 1) % length + 1
-        return _fixed_tree(root, paths.reshape(batch, -1), torch.where(depths > 1, slot - 1, 0), depths, slots)
+
+        def shape(device):  # path m's depth-d node sits at slot 1 + m L + d
+            slot = torch.arange(1, k * length + 1, device=device)
+            depths = (slot - 1) % length + 1
+            return torch.where(depths > 1, slot - 1, 0), depths
+
+        return _fixed_tree(root, paths.reshape(batch, -1), ("paths", k, length), shape, slots)
 
 
 @dataclass(frozen=True)
@@ -270,8 +282,9 @@ class GumbelTopKTree:
         logq = _logq(proposal, "GumbelTopKTree")
         length = min(len(self.widths), logq.shape[1])
         vocab = logq.shape[-1]
-        tokens, parents, depths, first = [], [], [], 1  # ``first``: slot of the level's first node
-        for d, size in enumerate(self._level_sizes(length)):
+        tokens = []
+        sizes = self._level_sizes(length)
+        for d, size in enumerate(sizes):
             width = self.widths[d]
             if width > vocab:
                 raise ValueError(f"GumbelTopKTree(widths={self.widths}): a width above the vocabulary ({vocab}).")
@@ -280,14 +293,20 @@ class GumbelTopKTree:
             else:
                 scores = logq[:, d].float()
             ranked = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :width]  # [B, width]
-            reps = size // self.widths[d]
-            tokens.append(ranked.repeat(1, reps))
-            above = first - reps  # slot of the level above's first node
-            level = torch.arange(size, device=root.device)
-            parents.append(level // width + above if d else level * 0)
-            depths.append(torch.full_like(level, d + 1))
-            first += size
-        tree = _fixed_tree(root, torch.cat(tokens, 1), torch.cat(parents), torch.cat(depths), self.budget + 1)
+            tokens.append(ranked.repeat(1, size // width))
+
+        def shape(device):
+            parents, depths, first = [], [], 1  # ``first``: slot of the level's first node
+            for d, size in enumerate(sizes):
+                reps = size // self.widths[d]
+                above = first - reps  # slot of the level above's first node
+                level = torch.arange(size, device=device)
+                parents.append(level // self.widths[d] + above if d else level * 0)
+                depths.append(torch.full_like(level, d + 1))
+                first += size
+            return torch.cat(parents), torch.cat(depths)
+
+        tree = _fixed_tree(root, torch.cat(tokens, 1), ("gumbel", self.widths, *sizes), shape, self.budget + 1)
         return tree._replace(max_children=max(self.widths))
 
 
