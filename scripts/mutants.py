@@ -1360,6 +1360,18 @@ MUTANTS += [
           ".bool()  # [B, M, M', L]"),),  # fmt: skip
         ("tests/kernels/test_path_trie.py",),
     ),
+    Mutant(  # every program copies the table row of its own output row, not the row its index names
+        "row_gather_own_row",
+        (("specdec/kernels/row_gather/triton.py", "tl.load(table_ptr + at * stride_t + cols",
+          "tl.load(table_ptr + row * stride_t + cols"),),  # fmt: skip
+        ("tests/kernels/test_row_gather.py", "-m", "interpreter"),
+    ),
+    Mutant(  # a hooked embedding counted as a plain lookup (its hooks skipped by the routed gather)
+        "row_gather_hooks_ignored",
+        (("specdec/kernels/row_gather/__init__.py", "or module.max_norm is not None or _hooked(module):",
+          "or module.max_norm is not None:"),),  # fmt: skip
+        ("tests/kernels/test_row_gather.py", "tests/drafters/test_eagle3.py", "-k", "plain or hooked"),
+    ),
     Mutant(  # the walk stops a step early (the last step's child never followed)
         "rejection_walk_one_step_short",
         (("specdec/kernels/tree_rejection/triton.py", "    for h in range(P - 1):  # slot h + 1 of the path",

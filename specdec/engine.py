@@ -16,6 +16,7 @@ import logging
 import operator
 import struct
 import time
+import types
 import weakref
 from collections.abc import Mapping
 
@@ -28,6 +29,7 @@ from specdec.drafters.follow import drafter_modules
 from specdec.kernels.rms_norm.routing import norm_kernel_for
 from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.round_tail import round_tail
+from specdec.kernels.row_gather import embedding_forward, embedding_modules, gather_kernel_for
 from specdec.kernels.silu_mul import mlp_kernel_for
 from specdec.kernels.skinny_linear.routing import linear_kernel_for
 from specdec.kernels.tree_accept import tree_masks, verify_inputs
@@ -943,14 +945,18 @@ class Engine:
         norms = not compiled and norm_kernel_for(self.device)
         rotary = not compiled and rotary_kernel_for(self.device)
         mlps = not compiled and mlp_kernel_for(self.device)
+        gathers = not compiled and gather_kernel_for(self.device)
         linear = linear_kernel_for()
         # made once per setting and draft model: this engine's target keeps its modules (another one gets another
         # engine, ``weights_signature``), and a drafter whose weights changed gets a new state (``_check_drafter``)
-        key = (id(draft), compiled, grouped, norms, rotary, mlps, linear)
+        key = (id(draft), compiled, grouped, norms, rotary, mlps, gathers, linear)
         held = self._scopes.get(key)
         if held is not None and held[0] is draft:
             return held[1]
         rope = [] if compiled else self.target.rope.forwards()  # the rotary tables: one gather per forward
+        if gathers:  # plain embedding lookups: one row_gather launch each
+            rope = rope + [(m, types.MethodType(embedding_forward, m))
+                     for m in embedding_modules(self.target.target.model, draft)]  # fmt: skip
         scope = AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear, norms=norms,
                                rotary=rotary, mlps=mlps, forwards=rope)  # fmt: skip
         self._scopes[key] = (draft, scope)

@@ -22,6 +22,7 @@ from specdec.kernels.rms_norm import add_rms_norm, rms_norm
 from specdec.kernels.rotary import fits_triton as rotary_fits
 from specdec.kernels.rotary import rotary
 from specdec.kernels.rotary.routing import rotary_kernel_for
+from specdec.kernels.row_gather import embed
 from specdec.kernels.silu_mul import silu_mul
 from specdec.kernels.tree_attention import tree_attention
 from specdec.state.storage import mask_values
@@ -236,7 +237,7 @@ class DFlashStatic:
         batch = root.shape[0]
         positions = prefix[:, None] + self.offsets  # [B, S]
         block = torch.cat([root[:, None], self.masks.expand(batch, -1)], dim=1)
-        x = drafter._embed(block).to(model.fc.weight.dtype)  # [B, S, H]
+        x = embed(drafter._embed, block).to(model.fc.weight.dtype)  # [B, S, H]: one row_gather launch on CUDA
         biases: dict = {}
         # the split-K/V kernel where the target's attention would take it (one mask row per block row, the
         # sequence's length as data), else SDPA on the stacked rows

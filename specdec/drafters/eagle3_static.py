@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specdec import attention
@@ -32,6 +31,7 @@ from specdec.drafters.dflash_static import _NORM_IMPL
 from specdec.kernels.kv_write import kv_write
 from specdec.kernels.rms_norm import add_rms_norm, rms_norm, rms_norm_cat
 from specdec.kernels.rotary.routing import fused, rotary_kernel_for
+from specdec.kernels.row_gather import embed, plain_table
 from specdec.kernels.tree_attention import tree_attention
 from specdec.runtime import constant
 from specdec.state.storage import mask_values
@@ -42,17 +42,6 @@ from specdec.types import Accept, Proposal
 __all__ = ["Eagle3Static"]
 
 _FUSED = fused(apply_rotary_pos_emb)  # the rotary kernel where a call fits it, HF's rotation otherwise
-
-
-def plain_table(module) -> torch.Tensor | None:
-    """The weight of ``module`` when its forward is a plain lookup of it (an ``nn.Embedding``, no ``max_norm``, no
-    hooks, no replaced forward: a row gather, bit for bit), else None (a scaled embedding, a hooked one)."""
-    if type(module) is not nn.Embedding or module.max_norm is not None or "forward" in module.__dict__:
-        return None
-    if module._forward_hooks or module._forward_pre_hooks or torch.nn.modules.module._global_forward_hooks \
-            or torch.nn.modules.module._global_forward_pre_hooks:  # fmt: skip
-        return None
-    return module.weight
 
 
 class Eagle3Static:
@@ -126,7 +115,7 @@ class Eagle3Static:
                              norms[1].variance_epsilon, rows=ids, row_map=row_map, impl=self.norm_impl)  # fmt: skip
             return model.residual(x, hidden), x
         ids = ids if row_map is None else row_map[ids]
-        return model.layer_input(self.drafter._embed(ids), hidden, self._norm, self._norm_cat)
+        return model.layer_input(embed(self.drafter._embed, ids), hidden, self._norm, self._norm_cat)
 
     def _add_norm(self, module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(residual + x, module's norm of it)``: one launch where the norms take the kernel (``add_rms_norm``),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.kernels.row_gather import embed
 from specdec.state.rope import position_table
 from specdec.state.storage import StaticKV, StaticKVCache, mask_values
 from specdec.types import Accept, Proposal
@@ -107,7 +108,7 @@ class MTPStatic:
         drafter, module = self.drafter, self.drafter.model
         self.storage.write_index = positions
         self.storage.span = span
-        embeds = drafter._embed(tokens).to(self.hidden.dtype)
+        embeds = embed(drafter._embed, tokens).to(self.hidden.dtype)
         if ahead is None:
             rows = positions[:1] if shared else positions
             ahead = (self._rotary(embeds, positions), self._mask(rows, span), self._extent(positions, span))

@@ -17,6 +17,7 @@ import logging
 import torch
 from torch import nn
 
+from specdec.kernels.row_gather import row_gather
 from specdec.state.forwards import swappable
 
 __all__ = ["RopeTables", "position_table"]
@@ -128,7 +129,7 @@ def _lookup(module: nn.Module, table: torch.Tensor):
     def forward(x, position_ids):
         if position_ids.dim() != 2 or x.dtype != table.dtype or x.device != table.device:
             return own(x, position_ids)
-        rows = table.index_select(0, position_ids.reshape(-1)).view(*position_ids.shape, *table.shape[1:])
+        rows = row_gather(table, position_ids)  # one launch on CUDA (Backends.row_gather)
         return rows[..., 0, :], rows[..., 1, :]
 
     return forward

@@ -20,6 +20,7 @@ import specdec
 from specdec import attention
 from specdec.drafters import eagle3_static
 from specdec.drafters.eagle3 import Eagle3Drafter, fused_layers
+from specdec.kernels import row_gather
 from specdec.kernels.tree_attention import tree_attention
 from specdec.trees import Chain, DDTree
 from specdec.types import Accept
@@ -281,13 +282,13 @@ def test_a_hooked_embedding_is_honoured(target, tmp_path):
     weights = described_weights(seed=6)
     drafter = Eagle3Drafter.from_pretrained(write_official(tmp_path / "o", weights), target=target)
     module = target.get_input_embeddings()
-    assert eagle3_static.plain_table(module) is module.weight
+    assert row_gather.plain_table(module) is module.weight
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randint(4, V, (8,), generator=gen).tolist()
     feats = torch.randn(7, 3 * H, generator=gen)
     handle = module.register_forward_hook(lambda m, args, out: out * 2)
     try:
-        assert eagle3_static.plain_table(module) is None
+        assert row_gather.plain_table(module) is None
         state = drafter.attach(target, 32, batch=1)
         state.prefill(torch.tensor([tokens[:7]]), feats[None])
         got = state.propose(torch.tensor([tokens[7]]), torch.tensor([7]), 3, 32).logq[0]
@@ -298,10 +299,8 @@ def test_a_hooked_embedding_is_honoured(target, tmp_path):
     torch.testing.assert_close(got[finite], want[finite], atol=1e-4, rtol=1e-4)
     scaled = torch.nn.Embedding(4, 2)
     scaled.forward = lambda ids: torch.nn.Embedding.forward(scaled, ids) * 3
-    assert (
-        eagle3_static.plain_table(scaled) is None
-        and eagle3_static.plain_table(torch.nn.Embedding(4, 2, max_norm=1)) is None
-    )
+    assert row_gather.plain_table(scaled) is None
+    assert row_gather.plain_table(torch.nn.Embedding(4, 2, max_norm=1)) is None
 
 
 # -- decoding --------------------------------------------------------------------------------------------------------

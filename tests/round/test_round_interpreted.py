@@ -1,6 +1,6 @@
 """The round's GPU path, kernel for kernel, run by Triton's interpreter on the CPU: with ``TRITON_INTERPRET=1`` every
 ``auto`` backend picks its Triton kernel as on CUDA (attention, norms, rotary, K/V writes and commit, the DDTree
-build, the tree mask and acceptance walk, the round's tail), so decoding the zoo dense pair in fp32 this way must
+build, the tree mask and acceptance walk, the round's tail, the embedding and rotary-table lookups), so decoding the zoo dense pair in fp32 this way must
 give the target's own greedy tokens: one prompt with plain decoding and DDTree, a left-padded batch of two with
 DDTree. The test also checks that the kernels it is about ran."""
 
@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import specdec
 from specdec.kernels.kv_commit import triton as kv_commit
 from specdec.kernels.round_tail import triton as round_tail
+from specdec.kernels.row_gather import triton as row_gather
 from specdec.kernels.rms_norm import triton as rms_norm
 from specdec.kernels.tree_attention import triton as attention
 from specdec.loading import asset_path, zoo_dir
@@ -28,7 +29,7 @@ drafter = specdec.DFlashDrafter.from_pretrained(asset_path("drafters") / "zoo-de
 rows = [json.loads(line)["prompt"] for line in (zoo / "prompts_dev.jsonl").read_text().splitlines()[:2]]
 spies = {name: mock.patch.object(module, name, side_effect=getattr(module, name)) for module, name in (
     (kv_commit, "kv_commit_triton"), (round_tail, "round_tail_triton"), (rms_norm, "rms_norm_triton"),
-    (attention, "tree_attention_triton"))}
+    (attention, "tree_attention_triton"), (row_gather, "row_gather_triton"))}
 calls = {name: spy.start() for name, spy in spies.items()}
 ids = tok(rows[0], return_tensors="pt").input_ids[:, -96:]
 want = model.generate(ids, do_sample=False, max_new_tokens=8)
