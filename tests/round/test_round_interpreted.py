@@ -1,8 +1,8 @@
 """The round's GPU path, kernel for kernel, run by Triton's interpreter on the CPU: with ``TRITON_INTERPRET=1`` every
 ``auto`` backend picks its Triton kernel as on CUDA (attention, norms, rotary, K/V writes and commit, the DDTree
-build, the tree mask and acceptance walk, the round's tail, the embedding and rotary-table lookups), so decoding the zoo dense pair in fp32 this way must
-give the target's own greedy tokens: one prompt with plain decoding and DDTree, a left-padded batch of two with
-DDTree. The test also checks that the kernels it is about ran."""
+build, the tree mask and acceptance walk, the round's tail, the embedding and rotary-table lookups), so decoding
+the zoo dense pair in fp32 this way must give the target's own greedy tokens: one prompt with plain decoding and
+DDTree, a left-padded batch of two with DDTree. The test also checks that the kernels it is about ran."""
 
 from __future__ import annotations
 
