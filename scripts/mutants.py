@@ -1372,6 +1372,18 @@ MUTANTS += [
           "or module.max_norm is not None:"),),  # fmt: skip
         ("tests/kernels/test_row_gather.py", "tests/drafters/test_eagle3.py", "-k", "plain or hooked"),
     ),
+    Mutant(  # the draws count the running sums strictly below u * T (a token of probability 0 drawn at a tie)
+        "categorical_draws_strict_boundary",
+        (("specdec/kernels/categorical_draws/triton.py", "below = (cdf[None, :] <= at[:, None])",
+          "below = (cdf[None, :] < at[:, None])"),),  # fmt: skip
+        ("tests/kernels/test_categorical_draws.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the uniform's pair read the other way round (the fine part as the coarse one)
+        "categorical_draws_pair_swapped",
+        (("specdec/kernels/categorical_draws/triton.py", "at = tl.minimum(first + second * GRID, TOP) * total",
+          "at = tl.minimum(second + first * GRID, TOP) * total"),),  # fmt: skip
+        ("tests/kernels/test_categorical_draws.py", "-m", "interpreter"),
+    ),
     Mutant(  # the walk stops a step early (the last step's child never followed)
         "rejection_walk_one_step_short",
         (("specdec/kernels/tree_rejection/triton.py", "    for h in range(P - 1):  # slot h + 1 of the path",

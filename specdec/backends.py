@@ -28,6 +28,7 @@ specdec reads them. What each choice measured: ``docs/kernels.md``.
 | ``tree_rejection`` | auto, torch, triton | recursive rejection's sibling ranks (``specdec.kernels.tree_rejection``) |
 | ``tree_traversal`` | auto, torch, triton | traversal verification's walk (``specdec.kernels.tree_traversal``) |
 | ``path_trie`` | auto, torch, triton | merged sampled paths' trie (``SampledTrees``; ``specdec.kernels.path_trie``) |
+| ``categorical_draws`` | auto, torch, triton | ``SampledTrees``' draws (``specdec.kernels.categorical_draws``) |
 | ``row_gather`` | auto, torch, triton | embedding lookups, rotary tables by position (``specdec.kernels.row_gather``) |
 | ``compile_graph`` | split, whole | under ``torch.compile``: kernels outside (split) or inside the compiled graph |
 | ``hybrid_prefill`` | auto, scan, model | hybrid prompts: the tree scan over a chain, or the model's own forward |
@@ -70,6 +71,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
     "tree_rejection": (("auto", "torch", "triton"), "auto", "specdec.verify.multidraft", "_REJECTION_IMPL"),
     "tree_traversal": (("auto", "torch", "triton"), "auto", "specdec.verify.traversal", "_TRAVERSAL_IMPL"),
     "path_trie": (("auto", "torch", "triton"), "auto", "specdec.trees.sampled", "_TRIE_IMPL"),
+    "categorical_draws": (("auto", "torch", "triton"), "auto", "specdec.trees.sampled", "_DRAWS_IMPL"),
     "row_gather": (("auto", "torch", "triton"), "auto", "specdec.kernels.row_gather", "IMPL"),
     "compile_graph": (("split", "whole"), "split", "specdec.kernels._triton", "COMPILE_GRAPH"),
     "hybrid_prefill": (("auto", "scan", "model"), "auto", "specdec.state.hybrid", "PREFILL"),
@@ -112,6 +114,7 @@ class Backends:
     tree_rejection: str = "auto"
     tree_traversal: str = "auto"
     path_trie: str = "auto"
+    categorical_draws: str = "auto"
     row_gather: str = "auto"
     compile_graph: str = "split"
     hybrid_prefill: str = "auto"

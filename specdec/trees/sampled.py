@@ -19,17 +19,19 @@ from dataclasses import dataclass, replace
 import torch
 
 from specdec.backends import env_default
+from specdec.kernels.categorical_draws import categorical_draws
 from specdec.kernels.path_trie import path_trie
 from specdec.runtime import constant
 from specdec.trees.build import topk_last
 from specdec.trees.policies import DDTree, ddtree_trees, register_tree
 from specdec.types import DeviceTree, Proposal, SamplingParams
-from specdec.verify.draws import categorical, draft_logprobs, draft_probs, exponential_keys, uniforms
+from specdec.verify.draws import draft_logprobs, draft_probs, exponential_keys
 from specdec.verify.processing import gumbel_from_uniform
 
 __all__ = ["GumbelTopKTree", "SampledChain", "SampledTrees", "StochasticDDTree"]
 
 _TRIE_IMPL = env_default("path_trie")  # Backends.path_trie: the merged paths' trie
+_DRAWS_IMPL = env_default("categorical_draws")  # Backends.categorical_draws: the paths' draws
 
 
 def _check_int(owner: str, name: str, value: object, low: int) -> None:
@@ -199,7 +201,8 @@ class SampledTrees:
         if 2 * self.k > vocab:
             raise ValueError(f"SampledTrees(k={self.k}) draws k paths from 2 uniforms each: needs 2k <= V = {vocab}.")
         probs = draft_probs(logq[:, :length], self.sampling)  # [B, L, V]
-        draws = categorical(probs, uniforms(noise[:, :length], self.k), draws=True)  # [B, L, k]: one cumulative sum
+        # [B, L, k]: one float64 cumulative sum per row; one launch on CUDA (``Backends.categorical_draws``)
+        draws = categorical_draws(probs, noise[:, :length], self.k, impl=_DRAWS_IMPL)
         return draws.transpose(1, 2), probs
 
     def build(self, proposal: Proposal, root: torch.Tensor, depth: int, noise=None) -> DeviceTree:
