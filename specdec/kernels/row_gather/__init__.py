@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from specdec.backends import env_default
+from specdec.distributed import is_dtensor
 from specdec.kernels._triton import pick_impl
 from specdec.kernels.row_gather.reference import row_gather_reference
 from specdec.state.forwards import swapped_forwards
@@ -95,9 +96,9 @@ def _hooked(module: nn.Module) -> bool:
 
 def plain_table(module) -> torch.Tensor | None:
     """The weight of ``module`` when its forward is a plain lookup of it (an ``nn.Embedding`` without
-    ``max_norm``, no hooks, and no forward set on the instance other than :func:`embedding_forward`: a row
-    gather, bit for bit), else None (a scaled embedding, a hooked one)."""
-    if type(module) is not nn.Embedding or module.max_norm is not None or _hooked(module):
+    ``max_norm``, no hooks, a whole weight (not a tensor-parallel shard), and no forward set on the instance other
+    than :func:`embedding_forward`: a row gather, bit for bit), else None (a scaled embedding, a hooked one)."""
+    if type(module) is not nn.Embedding or module.max_norm is not None or _hooked(module) or is_dtensor(module.weight):
         return None
     own = module.__dict__.get("forward")
     if own is not None and getattr(own, "__func__", None) is not embedding_forward:
