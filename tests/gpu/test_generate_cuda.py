@@ -132,6 +132,31 @@ def test_generate_cuda_sampling_is_reproducible_on_the_hybrid(zoo, cuda):
 
 @pytest.mark.parametrize(
     ("tree", "rule"),
+    [(specdec.SampledTrees(k=4, depth=8), specdec.TraversalVerification()),
+     (specdec.SampledTrees(k=4, depth=8), specdec.MultiDraftRejection(replacement=False)),
+     (specdec.SampledTrees(k=4, depth=8, merge=False), specdec.MultiDraftRejection(replacement=True))],
+    ids=["traversal-trie", "rsd-trie", "specinfer-paths"],
+)  # fmt: skip
+def test_sampled_trees_kernels_equal_the_reference_rounds(zoo, cuda, tree, rule):
+    """Sampling on CUDA (fp32, seeded): the captured rounds whose sampled paths are drawn and merged by the Triton
+    kernels (``categorical_draws``, ``path_trie``) and whose lookups are ``row_gather`` give the same tokens as the
+    same rounds with their references, same uniforms (the draws could differ only where a uniform falls within the
+    rounding of a boundary of the float64 cumulative sum)."""
+    model, drafter, prompts = load(zoo, "dense", torch.float32, cuda)
+    outs = {}
+    for impl in ("auto", "torch"):
+        backends = {"path_trie": impl, "categorical_draws": impl, "row_gather": impl}
+        outs[impl] = [
+            specdec.generate(model, ids, drafter=drafter, tree=tree, verifier=rule, do_sample=True, temperature=1.0,
+                             max_new_tokens=32, generator=torch.Generator(cuda).manual_seed(i),
+                             backends=backends).sequences
+            for i, ids in enumerate(prompts[:6])
+        ]  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(outs["auto"], outs["torch"], strict=True))
+
+
+@pytest.mark.parametrize(
+    ("tree", "rule"),
     [(specdec.SampledTrees(k=3, depth=5), specdec.TraversalVerification()),
      (specdec.SampledTrees(k=3, depth=5, merge=False), specdec.TraversalVerification(replacement=True)),
      (specdec.SampledChain(k=8), specdec.BlockVerification())],
