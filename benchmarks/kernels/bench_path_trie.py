@@ -14,21 +14,12 @@ Prints a table of median ms per call (20th / 80th percentiles in the CSV) and wr
 from __future__ import annotations
 
 import torch
-from _common import bench_args, report, time_providers  # benchmarks/kernels, beside this script
+from _common import IMPL_PROVIDERS, bench_args, report, time_impls  # benchmarks/kernels, beside this script
 
 from specdec.kernels.path_trie import path_trie
 
-PROVIDERS = ["torch", "torch-graph", "triton", "triton-graph"]
 BATCHES = [1, 8]
 SHAPES = [(3, 5), (4, 8), (8, 8), (16, 16)]
-
-
-def make_call(provider: str, args: tuple):
-    """A no-argument callable merging the paths once, or None when the provider does not apply to the device."""
-    if provider != "torch" and args[0].device.type != "cuda":
-        return None
-    impl = "triton" if provider.startswith("triton") else "torch"
-    return lambda: path_trie(*args, impl=impl)
 
 
 def run(device: torch.device) -> list[dict]:
@@ -41,10 +32,7 @@ def run(device: torch.device) -> list[dict]:
             args = (paths, root, k * length + 1)
             nodes = path_trie(*args, impl="torch")[4].float().mean().item()
             row = {"B": batch, "k": k, "L": length, "nodes": nodes}
-            time_providers(row, PROVIDERS, lambda p, a=args: make_call(p, a), device)
-            if device.type == "cuda":
-                row["graph speedup"] = row["torch-graph"] / row["triton-graph"]
-            rows.append(row)
+            rows.append(time_impls(row, path_trie, args, device))
     return rows
 
 
@@ -53,7 +41,7 @@ def main() -> None:
     print(f"path_trie, paths over 4 tokens, median ms per call on {name} (torch {torch.__version__}); warm")
     if device.type != "cuda":
         print("no CUDA device: the Triton kernel needs one; the reference only")
-    columns = ["B", "k", "L", "nodes", *PROVIDERS] + (["graph speedup"] if device.type == "cuda" else [])
+    columns = ["B", "k", "L", "nodes", *IMPL_PROVIDERS] + (["graph speedup"] if device.type == "cuda" else [])
     report(run(device), columns, args.out, "path_trie.csv", device)
 
 
