@@ -43,7 +43,7 @@ test-slow: $(VENV)/.installed
 	$(PY) -m pytest -m slow
 
 test-interpreter: $(VENV)/.installed
-	$(PY) -m pytest -m interpreter
+	$(PY) -m pytest -m interpreter $(INTERPRETER_ARGS)
 
 test-examples: $(VENV)/.installed
 	$(PY) -m pytest -m examples tests/test_examples.py
