@@ -1368,8 +1368,8 @@ MUTANTS += [
     ),
     Mutant(  # a hooked embedding counted as a plain lookup (its hooks skipped by the routed gather)
         "row_gather_hooks_ignored",
-        (("specdec/kernels/row_gather/__init__.py", "or module.max_norm is not None or _hooked(module):",
-          "or module.max_norm is not None:"),),  # fmt: skip
+        (("specdec/kernels/row_gather/__init__.py", "or module.max_norm is not None or _hooked(module) or",
+          "or module.max_norm is not None or"),),  # fmt: skip
         ("tests/kernels/test_row_gather.py", "tests/drafters/test_eagle3.py", "-k", "plain or hooked"),
     ),
     Mutant(  # the draws count the running sums strictly below u * T (a token of probability 0 drawn at a tie)
