@@ -6,7 +6,7 @@ of a depth with (``specdec.verify.draws``: ``categorical(probs, uniforms(noise, 
 reference, five launches on CUDA with a float64 cumulative sum of every row). The Triton version (``triton.py``) is
 one program per row that runs the float64 sum over vocabulary blocks, twice in one order, and counts for every draw
 at once. A token of probability 0 is never drawn. The draws equal the reference's except where a uniform falls
-within the rounding of a boundary of the cumulative sum (the sums run in another order; about one row in 10¹³).
+within the rounding of a boundary of the cumulative sum (the sums run in another order).
 See ``docs/kernels.md``.
 """
 
