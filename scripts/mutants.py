@@ -1360,6 +1360,11 @@ MUTANTS += [
           ".bool()  # [B, M, M', L]"),),  # fmt: skip
         ("tests/kernels/test_path_trie.py",),
     ),
+    Mutant(  # a path's entries past its real length make nodes too (trie_device's short paths)
+        "path_trie_reference_past_length",
+        (("specdec/kernels/path_trie/reference.py", "        new = new & real\n", "        new = new | ~real\n"),),
+        ("tests/kernels/test_path_trie.py", "tests/trees/test_device_trees.py"),
+    ),
     Mutant(  # every program copies the table row of its own output row, not the row its index names
         "row_gather_own_row",
         (("specdec/kernels/row_gather/triton.py", "tl.load(table_ptr + at * stride_t + cols",

@@ -20,6 +20,7 @@ import torch
 
 from specdec.kernels.ddtree_build import _triton_available, best_first, topk_rows, triton_fits
 from specdec.kernels.ddtree_build.reference import key_order, pack_ranks, select_levels, topk_rows_reference
+from specdec.kernels.path_trie.reference import path_trie_reference
 from specdec.kernels.tree_accept.reference import ancestor_mask
 from specdec.runtime import constant
 from specdec.types import DeviceTree, TreeRow
@@ -392,33 +393,10 @@ def trie_device(paths: torch.Tensor, lengths: torch.Tensor, root_token: torch.Te
         budget (int): non-root nodes kept, >= 1.
         num_slots (int): ``S >= budget + 1``.
     """
-    num, steps = paths.shape
-    device = paths.device
-    depth = torch.arange(steps, device=device)
-    real = depth[None] < lengths[:, None]  # [M, L]
-    equal = (paths[:, None] == paths[None]).long().cumprod(-1).bool()  # [M, M', L]: prefixes up to l agree
-    shared = equal & real[None] & real[:, None]
-    first = shared.long().argmax(1)  # [M, L]: first path holding the same prefix (itself if none earlier)
-    new = real & (first == torch.arange(num, device=device)[:, None])
-    order = new.flatten().long().cumsum(0).view(num, steps)  # 1-based node number of each new node
-    node = order.gather(0, first)  # [M, L]: node number of the prefix (m, l), new or shared
-    keep = new & (order <= budget)
-    parent = torch.where(depth[None] > 0, torch.cat([node.new_zeros(num, 1), node[:, :-1]], 1), 0)
-    # scatter the kept nodes into their slots (node numbers 1..budget), the rest to a spill slot
-    spot = torch.where(keep, order, num_slots).flatten()
-    size = num_slots + 1
-    tokens = torch.zeros(size, dtype=torch.long, device=device).scatter_(0, spot, paths.flatten())
-    parents = torch.full((size,), -1, dtype=torch.long, device=device).scatter_(0, spot, parent.flatten())
-    depths = torch.zeros(size, dtype=torch.long, device=device).scatter_(0, spot, (depth + 1).expand(num, -1).flatten())
-    valid = torch.zeros(size, dtype=torch.bool, device=device).scatter_(0, spot, keep.flatten())
-    root = root_token.reshape(1).to(device=device, dtype=torch.long)
-    # slot 0 is the root (tensor ops, not item assignment: no host value enters a captured round)
-    first = torch.arange(size, device=device) == 0
-    valid = valid | first
-    parents = torch.where(first, -1, parents)
-    tokens = torch.where(valid & ~first, tokens, root)
-    return TreeRow(tokens[:num_slots], parents[:num_slots], depths[:num_slots] * valid[:num_slots],
-                   valid[:num_slots], valid[:num_slots].sum())  # fmt: skip
+    root = root_token.reshape(1).to(device=paths.device, dtype=torch.long)
+    fields = path_trie_reference(paths[None], root, num_slots, lengths=lengths[None], budget=budget)
+    tokens, parents, depth, valid, count = (f[0] for f in fields)
+    return TreeRow(tokens, parents, depth, valid, count)
 
 
 def _pad_masked(root_token, tokens, parents, depth, real, num_slots: int) -> TreeRow:

@@ -30,8 +30,10 @@ from specdec.kernels.path_trie import MAX_ENTRIES, path_trie, path_trie_referenc
 SHAPES = [(1, 1, 1), (3, 4, 3), (1, 3, 5), (64, 4, 8), (3, 16, 16), (1, 32, 32)]  # (B, M, L)
 
 
-def brute_trie(paths: torch.Tensor, root: torch.Tensor, num_slots: int) -> tuple:
-    """One row at a time on the host: a dictionary from each prefix to its node number."""
+def brute_trie(paths: torch.Tensor, root: torch.Tensor, num_slots: int, lengths: torch.Tensor | None = None,
+               budget: int | None = None) -> tuple:  # fmt: skip
+    """One row at a time on the host: a dictionary from each prefix to its node number (the real tokens of each
+    path, ``lengths``; the first ``budget`` nodes)."""
     batch, num, length = paths.shape
     tokens = torch.zeros(batch, num_slots, dtype=torch.long)
     parents = torch.full((batch, num_slots), -1, dtype=torch.long)
@@ -42,9 +44,9 @@ def brute_trie(paths: torch.Tensor, root: torch.Tensor, num_slots: int) -> tuple
         nodes: dict[tuple, int] = {(): 0}
         rows = paths[b].tolist()
         for m in range(num):
-            for lvl in range(length):
+            for lvl in range(length if lengths is None else int(lengths[b, m])):
                 prefix = tuple(rows[m][: lvl + 1])
-                if prefix not in nodes:
+                if prefix not in nodes and (budget is None or len(nodes) <= budget):
                     slot = nodes[prefix] = len(nodes)
                     tokens[b, slot], parents[b, slot], depth[b, slot] = prefix[-1], nodes[prefix[:-1]], lvl + 1
         tokens[b, len(nodes) :] = tokens[b, 0] = int(root.reshape(-1)[b])
@@ -98,15 +100,22 @@ def test_reference_equals_the_brute_force():
         check(case, path_trie_reference(*args_of(case)))
 
 
-def test_reference_is_trie_device_on_every_row():
-    from specdec.trees.build import trie_device
-
-    case = random_case(torch.Generator().manual_seed(3), 5, 4, 3, 3)
-    got = path_trie_reference(*args_of(case))
-    for b in range(5):
-        want = trie_device(case["paths"][b], torch.full((4,), 3), case["root"][b, 0], budget=12, num_slots=13)
-        for a, g in zip(want, got, strict=True):
-            assert torch.equal(a, g[b])
+def test_reference_with_lengths_and_a_budget_equals_the_brute_force():
+    # trie_device's form: paths with fewer real tokens (0: an empty path; the entries past a path's length are junk)
+    # and only the first ``budget`` nodes kept
+    gen = torch.Generator().manual_seed(3)
+    cut = bigger = False
+    for batch, num, length, vocab, budget in [(5, 4, 3, 3, 12), (3, 6, 5, 2, 7), (2, 3, 4, 1000, 1), (4, 5, 6, 3, 40)]:
+        case = random_case(gen, batch, num, length, vocab)
+        lengths = torch.randint(0, length + 1, (batch, num), generator=gen)
+        slots = min(budget, num * length) + 1 + 2
+        got = path_trie_reference(case["paths"], case["root"], slots, lengths=lengths, budget=budget)
+        want = brute_trie(case["paths"], case["root"], slots, lengths, budget)
+        for name, a, g in zip(("tokens", "parents", "depth", "valid", "num_nodes"), want, got, strict=True):
+            assert torch.equal(a, g), (name, batch, num, length, budget)
+        cut |= bool((want[4] < min(budget, num * length) + 1).any())  # short paths or shared prefixes
+        bigger |= bool((want[4] == budget + 1).any()) and budget < num * length  # the budget cut the tree
+    assert cut and bigger
 
 
 @pytest.mark.parametrize(
