@@ -50,10 +50,21 @@ def run_interpreted(script: str | Path, folder: Path, *, timeout: int = 600) -> 
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+SPLIT_PROGRAMS = 4
+"""The split programs the attention kernel aims for in the decodes run through the interpreter (a GPU's plan aims
+for one per SM, ``tree_attention.triton._TARGET_PROGRAMS``). The interpreter runs a launch's programs one after
+another, most of them past a short span's last tile, and those took half of such a decode's time; two chunks per
+group still run the combine over several partial states. The kernel's own tests keep the GPU's plans."""
+
+
 def run_code_interpreted(code: str, *paths: Path, timeout: int = 600) -> None:
     """Run the Python ``code`` with ``TRITON_INTERPRET=1``, ``paths`` first on ``sys.path`` (given to it as
-    ``sys.argv[1:]``), and assert that it succeeds (its stderr's tail otherwise)."""
-    prelude = "import sys; sys.path[:0] = sys.argv[1:]\n"
+    ``sys.argv[1:]``) and the attention kernel aiming for :data:`SPLIT_PROGRAMS` programs, and assert that it
+    succeeds (its stderr's tail otherwise)."""
+    prelude = (
+        "import sys; sys.path[:0] = sys.argv[1:]\n"
+        f"import specdec.kernels.tree_attention.triton as _plan; _plan._TARGET_PROGRAMS = {SPLIT_PROGRAMS}\n"
+    )
     proc = subprocess.run([sys.executable, "-c", prelude + code, *map(str, paths)],
                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip
