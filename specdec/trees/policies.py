@@ -17,6 +17,7 @@ import torch
 from specdec.backends import env_default
 from specdec.budget import AutoBudget, check_sizes, ddtree_scores, expected_accepts
 from specdec.kernels.ddtree_build import EXPECT_SIZES_MAX, best_first, topk_rows, triton_fits
+from specdec.kernels.path_trie.reference import path_trie_reference
 from specdec.trees.build import (
     _pad_constants,
     chain_batch,
@@ -25,7 +26,6 @@ from specdec.trees.build import (
     pad_trees,
     reachable_nodes,
     root_trees,
-    trie_device,
 )
 from specdec.types import DeviceTree, Proposal
 
@@ -232,11 +232,9 @@ class DDTree:
                                      order="score")  # fmt: skip
         if proposal.logq is not None:
             return ddtree_trees(proposal.logq, root, budget=self.budget, topk=self.topk)
-        rows = [
-            trie_device(p, n, r, budget=self.budget, num_slots=slots)
-            for p, n, r in zip(proposal.paths, proposal.path_lengths, root, strict=True)
-        ]
-        return DeviceTree.stack(rows)
+        # every row's paths merged into its trie at once (``trie_device`` is this for one row)
+        return DeviceTree(*path_trie_reference(proposal.paths, root, slots, lengths=proposal.path_lengths,
+                                               budget=self.budget))  # fmt: skip
 
 
 def ddtree_trees(logq: torch.Tensor, root: torch.Tensor, *, budget: int, topk: int | None,
