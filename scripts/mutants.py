@@ -453,6 +453,11 @@ MUTANTS += [
         (("specdec/kernels/tree_attention/reference.py", "    if lengths is not None:\n", "    if False:\n"),),
         ("tests/kernels/test_tree_attention_lengths.py",),
     ),
+    Mutant(  # the attention's combine drops a partial last block of rows (never written: the output's garbage)
+        "combine_last_row_block_dropped",
+        (("specdec/kernels/tree_attention/triton.py", "    blocks = tl.cdiv(R, ROWS)\n", "    blocks = R // ROWS\n"),),
+        ("tests/kernels/test_tree_attention.py", "-m", "interpreter"),
+    ),
     Mutant(  # a validator check disabled on the device: depth against the parents' depth
         "validator_depth_unchecked",
         (("specdec/validate.py", "(real_child & (depth != parent_depth + 1)).any(1)", "(real_child & False).any(1)"),),

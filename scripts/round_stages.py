@@ -68,7 +68,8 @@ def load_trace(path: Path) -> dict[int, list[tuple[float, str, float]]]:
         if e.get("cat") == "kernel" and e.get("args", {}).get("correlation") in launches:
             groups[e["args"]["correlation"]].append((float(e["ts"]), e["name"], float(e.get("dur", 0.0))))
     if not groups:  # no kernel linked to a graph launch: one round ends at each round-tail kernel
-        kernels = sorted((float(e["ts"]), e["name"], float(e.get("dur", 0.0))) for e in events if e.get("cat") == "kernel")
+        kernels = sorted((float(e["ts"]), e["name"], float(e.get("dur", 0.0)))
+                         for e in events if e.get("cat") == "kernel")  # fmt: skip
         index = 0
         for kernel in kernels:
             groups[index].append(kernel)
@@ -113,8 +114,9 @@ def summarize(method: str, rounds: list[list[tuple[str, float]]], top: int, dump
             k[0] += dur
             k[1] += 1
     kinds = [k for k, _ in KINDS] + ["other"]
+    mean, median = statistics.mean(totals), statistics.median(totals)
     print(f"\n### {method}: {n} steady rounds, {len(rounds[0])} kernels each, "
-          f"{statistics.mean(totals):.1f} µs of kernels per round (median {statistics.median(totals):.1f})\n")  # fmt: skip
+          f"{mean:.1f} µs of kernels per round (median {median:.1f})\n")  # fmt: skip
     print("| stage | µs / round | kernels | " + " | ".join(kinds) + " |")
     print("|---|---|---|" + "---|" * len(kinds))
     for stage in STAGES:

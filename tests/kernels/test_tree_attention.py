@@ -501,6 +501,27 @@ def test_interpreted_fully_hidden_row_does_not_crash(interpreted):
         torch.testing.assert_close(got[:, keep].double(), want, rtol=1e-5, atol=1e-5)
 
 
+def one_row_combine_cases(cs: list[dict]) -> list[dict]:
+    """Cases for the GPU's combine (one row per program) under the interpreter, which otherwise combines up to
+    ``_INTERPRETED_COMBINE_ROWS`` rows per program: several rows per group, several chunks, rows past a block."""
+
+    def rows(c):
+        return c["info"][0] // c["info"][1] * c["info"][2]
+
+    picked = [c for c in cs if rows(c) > 64 and rows(c) % 64] + [c for c in cs if c["slots"] > 512 and rows(c) > 1]
+    return sorted(picked, key=lambda c: rows(c) * c["slots"])[:4]
+
+
+@pytest.mark.interpreter
+def test_interpreted_one_row_combine_matches_float64_brute_force(interpreted):
+    # the launch a GPU runs: one combine program per row (the interpreter's default takes many rows per program)
+    picked = one_row_combine_cases(interpreted["cases"])
+    assert any(c["info"][0] // c["info"][1] * c["info"][2] > 64 for c in picked)
+    assert any(c["slots"] > 512 for c in picked)
+    for case, got in zip(picked, interpreted["one_row_combine"], strict=True):
+        check_kernel(case, got)
+
+
 def _run_interpreted(folder: Path) -> None:
     """Subprocess entry: the Triton outputs of the saved cases through the interpreter, saved beside them."""
     from unittest import mock
@@ -511,6 +532,9 @@ def _run_interpreted(folder: Path) -> None:
     data = torch.load(folder / "cases.pt")
     poison_empty()
     out = {"outputs": [tree_attention(*case_args(c), impl="triton") for c in data["cases"]]}
+    with mock.patch.object(kernels, "_INTERPRETED_COMBINE_ROWS", 1):
+        out["one_row_combine"] = [tree_attention(*case_args(c), impl="triton")
+                                  for c in one_row_combine_cases(data["cases"])]  # fmt: skip
     with mock.patch.object(kernels, "tree_attention_triton", side_effect=kernels.tree_attention_triton) as spy:
         out["auto"] = tree_attention(*case_args(data["cases"][0]))
         out["auto_impl"] = "triton" if spy.call_count else "torch"

@@ -21,10 +21,11 @@ sequence's shapes, so that ``H_kv * row blocks * C`` is about ``_TARGET_PROGRAMS
 the span nor the batch size changes ``C``, the tiles or the combine, so each sequence's result is the same bit
 for bit in any batch and span bucket.
 
-Combine. ``_combine_kernel`` runs one program per (sequence, group, row): ``out = sum_c e^(m_c - M) acc_c /
-sum_c e^(m_c - M) l_c`` with ``M = max_c m_c`` (chunks read ``BLOCK_C`` at a time with the same online rescale),
-rounded to the output dtype (bf16 with integer round-to-nearest-even: Triton's interpreter truncates a float32 ->
-bfloat16 cast) and stored at ``out[b, q, g * rep + i]``, the ``[B, Q, H, D]`` layout.
+Combine. ``_combine_kernel`` runs one program per (sequence, group, ``ROWS`` rows; one row on a GPU):
+``out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c`` with ``M = max_c m_c`` (chunks read ``BLOCK_C`` at a time
+with the same online rescale), rounded to the output dtype (bf16 with integer round-to-nearest-even: Triton's
+interpreter truncates a float32 -> bfloat16 cast) and stored at ``out[b, q, g * rep + i]``, the ``[B, Q, H, D]``
+layout.
 
 Precision. Scores and all sums are fp32; fp32 inputs use IEEE dots (no TF32). With bf16 / fp16 inputs the
 probabilities are rounded to the value dtype for the ``p @ v`` dot (as FlashAttention does) and ``l`` sums those
@@ -50,6 +51,11 @@ __all__ = ["shared_bytes", "shared_limit", "split_plan", "tree_attention_triton"
 _TARGET_PROGRAMS = 128
 """Split programs aimed for: about one per SM on an H200 (132 SMs), one wave (two waves measured slower: 0.076 against
 0.066 ms for a 32-node tree over 32 k slots at the 8 B shape, ``benchmarks/kernels/bench_tree_attention_long.py``)."""
+
+_INTERPRETED_COMBINE_ROWS = 64
+"""Rows per combine program under Triton's interpreter, which runs a launch's programs one after another and each
+program's block ops at once: one program per row made the combine most of an interpreted decode's time. A GPU runs
+one row per program (the launch plan that was measured)."""
 
 _MAX_CHUNKS = 128
 """The most chunks a sequence's length is split over (the combine reads one partial state per chunk)."""
@@ -224,16 +230,19 @@ def _combine_kernel(
     BLOCK_N: tl.constexpr,
     HAS_LEN: tl.constexpr,
     OUT_BF16: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    pid = tl.program_id(0)  # (b * H_kv + g) * R + row
-    seq_group = pid // R
+    pid = tl.program_id(0)  # (b * H_kv + g) * cdiv(R, ROWS) + row block
+    blocks = tl.cdiv(R, ROWS)
+    seq_group = pid // blocks
     seq = seq_group // KV_HEADS
     group = seq_group % KV_HEADS
-    row = pid % R
+    row = (pid % blocks) * ROWS + tl.arange(0, ROWS)  # [ROWS]
+    row_ok = row < R
     head = group * REP + row // Q
     qi = row % Q
     dims = tl.arange(0, D)
-    base = pid.to(tl.int64) * C
+    base = (seq_group.to(tl.int64) * R + row) * C  # [ROWS]
     # the chunks the split wrote: the runs of tiles that start before the sequence's length (an empty run added
     # nothing, so skipping it leaves every sum as it was)
     length = S
@@ -242,26 +251,28 @@ def _combine_kernel(
     tiles = tl.cdiv(length, BLOCK_N)
     used = tl.cdiv(tiles, tl.maximum(tl.cdiv(tiles, C), 1))
 
-    m_run = tl.full([], float("-inf"), tl.float32)
-    l_run = tl.zeros([], tl.float32)
-    acc = tl.zeros([D], tl.float32)
+    m_run = tl.full([ROWS], float("-inf"), tl.float32)
+    l_run = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
     for c0 in tl.range(0, used, BLOCK_C):
         cs = c0 + tl.arange(0, BLOCK_C)
-        ok = cs < used
-        m_c = tl.load(m_ptr + base + cs, mask=ok, other=float("-inf"))
-        l_c = tl.load(l_ptr + base + cs, mask=ok, other=0.0)
-        acc_c = tl.load(acc_ptr + (base + cs)[:, None] * D + dims[None, :], mask=ok[:, None], other=0.0)
-        m_new = tl.maximum(m_run, tl.max(m_c, axis=0))
+        ok = row_ok[:, None] & (cs < used)[None, :]  # [ROWS, BLOCK_C]
+        at = base[:, None] + cs[None, :]
+        m_c = tl.load(m_ptr + at, mask=ok, other=float("-inf"))
+        l_c = tl.load(l_ptr + at, mask=ok, other=0.0)
+        acc_c = tl.load(acc_ptr + at[:, :, None] * D + dims[None, None, :], mask=ok[:, :, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m_c, axis=1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_run - m_ref)
-        w = tl.exp(m_c - m_ref)
-        l_run = l_run * alpha + tl.sum(w * l_c, axis=0)
-        acc = acc * alpha + tl.sum(w[:, None] * acc_c, axis=0)
+        w = tl.exp(m_c - m_ref[:, None])
+        l_run = l_run * alpha + tl.sum(w * l_c, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * acc_c, axis=1)
         m_run = m_new
 
-    out = acc / l_run
+    out = acc / tl.where(row_ok, l_run, 1.0)[:, None]  # rows past R: never stored
     out = to_bf16(out) if OUT_BF16 else out.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + ((seq.to(tl.int64) * Q + qi) * H + head) * D + dims, out)
+    at_out = ((seq.to(tl.int64) * Q + qi) * H + head) * D  # [ROWS]
+    tl.store(out_ptr + at_out[:, None] + dims[None, :], out, mask=row_ok[:, None])
 
 
 def shared_bytes(block_m: int, block_n: int, stages: int, dim: int, itemsize: int) -> int:
@@ -369,9 +380,11 @@ def tree_attention_triton(
         MASK_BOOL=is_bool, HAS_LEN=has_len, HAS_FLAT=flat is not None, IEEE=query.dtype == torch.float32,
         UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=warps, num_stages=plan["STAGES"],
     )  # fmt: skip
-    _combine_kernel[(batch * kv_heads * rows,)](
+    per_program = min(triton.next_power_of_2(rows), _INTERPRETED_COMBINE_ROWS) if interpreted else 1
+    _combine_kernel[(batch * kv_heads * triton.cdiv(rows, per_program),)](
         m, lsum, acc, out, lengths if has_len else m, num_q, heads, rows, chunks, slots, kv_heads,
         REP=rep, D=dim, BLOCK_C=max(2, min(32, triton.next_power_of_2(chunks))), BLOCK_N=plan["BLOCK_N"],
-        HAS_LEN=has_len, OUT_BF16=query.dtype == torch.bfloat16, num_warps=4 if dim * chunks >= 4096 else 2,
+        HAS_LEN=has_len, OUT_BF16=query.dtype == torch.bfloat16, ROWS=per_program,
+        num_warps=4 if dim * chunks >= 4096 else 2,
     )  # fmt: skip
     return out
