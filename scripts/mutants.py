@@ -453,6 +453,24 @@ MUTANTS += [
         (("specdec/kernels/tree_attention/reference.py", "    if lengths is not None:\n", "    if False:\n"),),
         ("tests/kernels/test_tree_attention_lengths.py",),
     ),
+    Mutant(  # the prompt processors read the prompt without its left padding (HF's "encoder input" holds it)
+        "prompt_processors_padding_dropped",
+        (("specdec/processors.py", "    if nodes.pad is None:\n        return history, positions < prompt_len[:, None]",
+          "    if True:\n        return history, positions < prompt_len[:, None]"),),  # fmt: skip
+        ("tests/round/test_processors.py", "-k", "prompt_processors or padding_counts"),
+    ),
+    Mutant(  # the prompt one token short: its last token is not the prompt's
+        "prompt_processors_prompt_one_short",
+        (("specdec/processors.py", "    prompt_len = nodes.length + 1 - nodes.generated[:, 0]  # [B]",
+          "    prompt_len = nodes.length - nodes.generated[:, 0]  # [B]"),),  # fmt: skip
+        ("tests/round/test_processors.py", "-k", "prompt_"),
+    ),
+    Mutant(  # the prompt n-gram ban's key stops at a short row's first token (HF's reaches into the padding)
+        "prompt_ngram_key_padding_dropped",
+        (("specdec/processors.py", "            key = torch.where((key < 0) & (at >= 0), padding, key)",
+          "            key = key"),),  # fmt: skip
+        ("tests/round/test_processors.py", "-k", "prompt_processors"),
+    ),
     Mutant(  # the attention's combine drops a partial last block of rows (never written: the output's garbage)
         "combine_last_row_block_dropped",
         (("specdec/kernels/tree_attention/triton.py", "    blocks = tl.cdiv(R, ROWS)\n", "    blocks = R // ROWS\n"),),

@@ -69,6 +69,8 @@ SUPPORTED = (
     "bad_words_ids",
     "begin_suppress_tokens",
     "do_sample",
+    "encoder_no_repeat_ngram_size",
+    "encoder_repetition_penalty",
     "eos_token_id",
     "epsilon_cutoff",
     "eta_cutoff",
@@ -106,8 +108,10 @@ _WARPERS = ("min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
 # HF's logits processors (``specdec.processors``), applied at every tree node with the node's own history.
 _PROCESSOR_FIELDS = (
     "sequence_bias",
+    "encoder_repetition_penalty",
     "repetition_penalty",
     "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
     "bad_words_ids",
     "forced_bos_token_id",
     "forced_eos_token_id",
@@ -123,8 +127,6 @@ REFUSED = {
     "constraints": None,
     "diversity_penalty": 0.0,
     "dola_layers": None,
-    "encoder_no_repeat_ngram_size": 0,
-    "encoder_repetition_penalty": 1.0,
     "force_words_ids": None,
     "guidance_scale": 1.0,
     "num_beam_groups": 1,
@@ -139,7 +141,6 @@ REFUSED = {
     "watermarking_config": None,
 }
 _BEAMS = "beam search keeps several hypotheses per step; specdec decodes one sequence per row (greedy or sampling)"
-_ENCODER = "it acts on an encoder-decoder's encoder input or decoder start; specdec decodes causal LMs"
 _SPECULATION = "it is HF's own speculation; pass a drafter= to specdec instead"
 # Why each refused option cannot be honoured (named in the error).
 REFUSED_WHY = {
@@ -151,8 +152,6 @@ REFUSED_WHY = {
     "penalty_alpha": "contrastive search ranks candidates by the target's hidden states, a decoding mode of its own",
     "dola_layers": "DoLa contrasts the final layer with early exits, a decoding mode of its own",
     "guidance_scale": "classifier-free guidance runs a second, unconditional forward at every step",
-    "encoder_repetition_penalty": _ENCODER,
-    "encoder_no_repeat_ngram_size": _ENCODER,
     "token_healing": "token healing rewrites the prompt's last tokens before decoding",
     "watermarking_config": "the watermark is applied after the sampling warpers, which specdec's rules apply inside "
     "verification",

@@ -7,10 +7,11 @@ sequence it would continue is the committed prefix followed by *its own* ancesto
 is a tensor op over it, so a round that applies them is captured like any other and its greedy tokens equal
 ``model.generate``'s with the same options (``docs/api.md``, "Logits processors under trees").
 
-The order is HF's (``GenerationMixin._get_logits_processor``): sequence bias, repetition penalty, n-gram ban, bad
-words, minimum length, forced EOS, length penalty, suppressed tokens, tokens suppressed at the first step, then
-the call's own ``logits_processor`` list; the sampling warpers (temperature, top-k, ...) come after, inside the
-verification rules (``specdec.verify.processing``).
+The order is HF's (``GenerationMixin._get_logits_processor``): sequence bias, the prompt's repetition penalty
+(HF's ``encoder_repetition_penalty``: a causal LM's "encoder input" is its prompt), repetition penalty, n-gram ban,
+the prompt's n-gram ban (``encoder_no_repeat_ngram_size``), bad words, minimum length, forced EOS, length penalty,
+suppressed tokens, tokens suppressed at the first step, then the call's own ``logits_processor`` list; the sampling
+warpers (temperature, top-k, ...) come after, inside the verification rules (``specdec.verify.processing``).
 
 A processor of the call's ``logits_processor`` list runs per node with that node's ``input_ids`` (HF's
 ``(input_ids, scores)`` protocol), which needs the tree on the host: such a round is not captured. A processor that
@@ -20,6 +21,7 @@ sets ``tree_aware = True`` and defines ``process_tree(scores, nodes)`` (``scores
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -36,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "BeginSuppressTokens",
+    "EncoderNGramBan",
+    "EncoderRepetitionPenalty",
     "ExponentialDecayLength",
     "ForcedBOS",
     "ForcedEOS",
@@ -295,6 +299,88 @@ class NGramBan:
         return scores.masked_fill(banned[..., :vocab], -math.inf)
 
 
+def _padded_prompt(nodes: NodeHistory) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's ``encoder_input_ids`` of a causal LM, per row: the prompt as the caller passed it (its left padding, then
+    its tokens) in ``[B, W + C]`` and where it holds a token (``[B, W + C]`` bool). The prompt is the first
+    ``length + 1 - generated`` committed tokens (``generated`` counts from the root's choice)."""
+    history = nodes.history
+    prompt_len = nodes.length + 1 - nodes.generated[:, 0]  # [B]
+    positions = torch.arange(history.shape[1], device=history.device)
+    if nodes.pad is None:
+        return history, positions < prompt_len[:, None]
+    tokens, count = nodes.pad  # [B, W], [B]
+    j = torch.arange(tokens.shape[1] + history.shape[1], device=history.device)
+    from_pad = tokens.gather(1, j.clamp(max=tokens.shape[1] - 1).expand(tokens.shape[0], -1))
+    from_history = history.gather(1, (j - count[:, None]).clamp(0, history.shape[1] - 1))
+    padded = torch.where(j < count[:, None], from_pad, from_history)
+    return padded, j < (count + prompt_len)[:, None]
+
+
+@dataclass(frozen=True)
+class EncoderRepetitionPenalty:
+    """HF's ``encoder_repetition_penalty`` on a causal LM (where HF's "encoder input" is the prompt as passed, left
+    padding included): every token of the prompt has its score multiplied by the penalty where positive, divided
+    where negative (``inverse`` = 1 / penalty, as HF stores it), at every node alike.
+
+    Args:
+        inverse (float): 1 / ``encoder_repetition_penalty``.
+        uncaptured (bool): set for a padded call (``Processors.padded``): the round then hands it each row's padding.
+    """
+
+    inverse: float
+    uncaptured: bool = False
+    needs_history = True
+    reads_padding = True
+
+    @property
+    def capturable(self) -> bool:
+        return not self.uncaptured
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        prompt, real = _padded_prompt(nodes)
+        seen = _token_mask(prompt, real, scores.shape[-1])  # [B, V]
+        penalized = torch.where(scores < 0, scores * self.inverse, scores / self.inverse)
+        return torch.where(seen[:, None], penalized, scores)
+
+
+@dataclass(frozen=True)
+class EncoderNGramBan:
+    """HF's ``encoder_no_repeat_ngram_size`` on a causal LM: a token that would complete an n-gram of the prompt (as
+    passed, left padding included) after the node's last ``n - 1`` tokens gets ``-inf``.
+
+    Args:
+        n (int): the n-gram size.
+        uncaptured (bool): as :class:`EncoderRepetitionPenalty`.
+    """
+
+    n: int
+    uncaptured: bool = False
+    needs_history = True
+    reads_padding = True
+
+    @property
+    def capturable(self) -> bool:
+        return not self.uncaptured
+
+    def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
+        n, vocab = self.n, scores.shape[-1]
+        prompt, real = _padded_prompt(nodes)
+        key = nodes.tail(n - 1)  # [B, S, n-1], -1 before the row's first token
+        if nodes.pad is not None and n > 1:  # HF's input_ids hold the padding before the first token
+            tokens, count = nodes.pad
+            at = count[:, None, None] + nodes.seq_len[..., None] - (n - 1) + torch.arange(n - 1, device=key.device)
+            padding = tokens.gather(1, at.clamp(0, tokens.shape[1] - 1).flatten(1)).view_as(key)
+            key = torch.where((key < 0) & (at >= 0), padding, key)
+        if prompt.shape[1] < n:
+            return scores
+        windows = prompt.unfold(1, n, 1)  # [B, W, n]
+        whole = real[:, n - 1 :]  # [B, W]: the window ends inside the prompt
+        match = (windows[:, None, :, :-1] == key[:, :, None]).all(-1) & whole[:, None]  # [B, S, W]
+        banned = torch.zeros(*scores.shape[:-1], vocab + 1, dtype=torch.bool, device=scores.device)
+        banned.scatter_(2, torch.where(match, windows[:, None, :, -1], vocab), True)
+        return scores.masked_fill(banned[..., :vocab], -math.inf)
+
+
 @dataclass(frozen=True)
 class MinNewTokens:
     """HF's ``min_length`` / ``min_new_tokens``: EOS gets ``-inf`` at nodes that would end the output early."""
@@ -495,8 +581,10 @@ class Processors:
         """For a call whose prompts hold left padding: the processors that read the committed tokens as HF's
         ``input_ids`` (n-gram ban, sequence bias and bad words, whose HF classes count the pad tokens as tokens of
         the row, and the repetition penalty where this transformers counts them too) as HF's own classes, run per
-        node with the row's padding (``PerNode``); the others as they are. Exact as HF, uncaptured."""
-        return Processors([_per_node_twin(p) or p if hasattr(p, "hf") else p for p in self.items])
+        node with the row's padding (``PerNode``); those of HF's "encoder input" (the prompt as passed) read the
+        padding themselves, uncaptured; the others as they are. Exact as HF, uncaptured."""
+        return Processors([dataclasses.replace(p, uncaptured=True) if getattr(p, "reads_padding", False)
+                           else _per_node_twin(p) or p if hasattr(p, "hf") else p for p in self.items])  # fmt: skip
 
     def captured(self) -> Processors:
         """The processors that run inside a captured round (all but the per-node ones of a ``logits_processor``)."""
@@ -525,6 +613,9 @@ class Processors:
         return scores
 
 
+_NO_IDS = torch.zeros(1, 1, dtype=torch.long)  # HF's encoder processors check their setting when given some ids
+
+
 def _off(value, neutral=None) -> bool:
     return value is None or value is False or value == neutral or (isinstance(value, list | tuple) and not value)
 
@@ -542,7 +633,8 @@ def build_processors(
     """The processors of a call, in HF's order, from its resolved ``GenerationConfig`` fields.
 
     Args:
-        options (dict): ``sequence_bias``, ``repetition_penalty``, ``no_repeat_ngram_size``, ``bad_words_ids``,
+        options (dict): ``sequence_bias``, ``encoder_repetition_penalty``, ``repetition_penalty``,
+            ``no_repeat_ngram_size``, ``encoder_no_repeat_ngram_size``, ``bad_words_ids``,
             ``forced_eos_token_id``, ``remove_invalid_values``, ``exponential_decay_length_penalty``,
             ``suppress_tokens``, ``begin_suppress_tokens``, ``forced_bos_token_id`` (None or HF's neutral value =
             off). Values are checked by HF's own processor classes, so bad ones raise HF's errors.
@@ -570,6 +662,10 @@ def build_processors(
     value = options.get("sequence_bias")
     add(value is not None, hf.SequenceBiasLogitsProcessor, None if _off(value) else SequenceBias(
         bias_items(hf.SequenceBiasLogitsProcessor(sequence_bias=value)), vocab))  # fmt: skip
+    value = options.get("encoder_repetition_penalty")
+    encoder_penalty = not _off(value, 1.0)
+    add(encoder_penalty, hf.EncoderRepetitionPenaltyLogitsProcessor, EncoderRepetitionPenalty(
+        hf.EncoderRepetitionPenaltyLogitsProcessor(value, _NO_IDS).penalty) if encoder_penalty else None)  # fmt: skip
     value = options.get("repetition_penalty")
     penalty = not _off(value, 1.0)
     add(penalty, hf.RepetitionPenaltyLogitsProcessor,
@@ -579,6 +675,11 @@ def build_processors(
     ngram = not _off(value, 0) and not (isinstance(value, int | float) and not isinstance(value, bool) and value <= 0)
     add(ngram, hf.NoRepeatNGramLogitsProcessor,
         NGramBan(hf.NoRepeatNGramLogitsProcessor(value).ngram_size) if ngram else None)  # fmt: skip
+    value = options.get("encoder_no_repeat_ngram_size")
+    encoder_ngram = not _off(value, 0) and not (isinstance(value, int | float) and not isinstance(value, bool)
+                                                and value <= 0)  # fmt: skip
+    add(encoder_ngram, hf.EncoderNoRepeatNGramLogitsProcessor,
+        EncoderNGramBan(hf.EncoderNoRepeatNGramLogitsProcessor(value, _NO_IDS).ngram_size) if encoder_ngram else None)
     value = options.get("bad_words_ids")
     if isinstance(value, list | tuple) and not value:  # HF builds its processor for any value but None: it refuses []
         raise ValueError(

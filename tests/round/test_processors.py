@@ -33,6 +33,14 @@ OPTIONS = {
     "sequence_bias": lambda g: dict(sequence_bias={(g[2],): -3.0, (g[4], 77): 6.0, (g[9], g[10], 78): 9.0}),
     "suppress": lambda g: dict(suppress_tokens=[g[1], g[7]], begin_suppress_tokens=[g[0]]),
     "forced_eos": lambda g: dict(forced_eos_token_id=9),
+    "prompt_penalty": lambda g: dict(encoder_repetition_penalty=2.5),  # the prompt's tokens rewarded
+    # penalised, and banned: against a repetition penalty below one, which makes the prompt's tokens recur
+    "prompt_penalty_below_one": lambda g: dict(encoder_repetition_penalty=0.4, repetition_penalty=0.3),
+    "prompt_unigram": lambda g: dict(encoder_no_repeat_ngram_size=1, repetition_penalty=0.3),
+    # the prompt's tokens rewarded, so that its bigrams recur, and banned
+    "prompt_bigram": lambda g: dict(encoder_no_repeat_ngram_size=2, encoder_repetition_penalty=6.0),
+    "prompt_ngram_and_repeats": lambda g: dict(encoder_no_repeat_ngram_size=3, no_repeat_ngram_size=2,
+                                               encoder_repetition_penalty=1.5),  # fmt: skip
     "length_penalty": lambda g: dict(exponential_decay_length_penalty=(3, 2.5), eos_token_id=[77]),
     "combined": lambda g: dict(repetition_penalty=1.4, no_repeat_ngram_size=3, bad_words_ids=[[g[5], g[6]]],
                                sequence_bias={(g[3],): -1.5}, min_new_tokens=6, eos_token_id=[9]),  # fmt: skip
@@ -282,6 +290,78 @@ def test_tree_paths_equal_a_walk_up_each_tree():
                 assert got[b, i].tolist() == path[::-1] + [-1] * (width - len(path)), (b, i)
 
 
+def _random_round(gen: torch.Generator, vocab: int):
+    """A random batch at a round: left-padded prompts (pad id 1, which real tokens use too), generated tokens, and
+    a random tree per row over a small vocabulary (so that n-grams recur); returns (``NodeHistory``, per row HF's
+    padded prompt, per row and node HF's ``input_ids`` at that node's choice)."""
+    from specdec.processors import node_history
+    from specdec.types import DeviceTree
+
+    batch, width, pad_id = 3, 7, 1
+    counts = torch.randint(0, width, (batch,), generator=gen)  # pad tokens per row (at least one real token)
+    prompt_len = width - counts
+    # tokens generated before the root, which is one more; -1: the root is the prompt's last token (the prefill's
+    # choice), so that a short row's last n - 1 tokens reach into its padding
+    made = int(torch.randint(-1, 4, (), generator=gen))
+    slots = int(torch.randint(1, 9, (), generator=gen))
+    history = torch.randint(0, vocab, (batch, width + made + 2), generator=gen)
+    history = torch.where(torch.rand(history.shape, generator=gen) < 0.4, pad_id, history)  # the pad id, often
+    padded = [torch.cat([torch.full((int(counts[b]),), pad_id), history[b, : prompt_len[b]]]) for b in range(batch)]
+    length = prompt_len + made  # the root is history[b, length]: committed tokens before it
+    parents = torch.full((batch, slots), -1)
+    depth = torch.zeros(batch, slots, dtype=torch.long)
+    for b in range(batch):
+        for i in range(1, slots):
+            parents[b, i] = int(torch.randint(0, i, (), generator=gen))
+            depth[b, i] = depth[b, parents[b, i]] + 1
+    tokens = torch.randint(0, vocab, (batch, slots), generator=gen)
+    tokens[:, 0] = history[torch.arange(batch), length]
+    tree = DeviceTree(tokens, parents, depth, torch.ones(batch, slots, dtype=torch.bool), torch.full((batch,), slots))
+    pad = (torch.full((batch, int(counts.max())), pad_id), counts)
+    nodes = node_history(history, length, tree, length + 1 - prompt_len, int(depth.max()) + 1, pad)
+    inputs = []
+    for b in range(batch):
+        row = []
+        for i in range(slots):
+            path, j = [], i
+            while j >= 0:
+                path.append(int(tokens[b, j]))
+                j = int(parents[b, j])
+            row.append(torch.cat([padded[b][: counts[b]], history[b, : length[b]], torch.tensor(path[::-1])]))
+        inputs.append(row)
+    return nodes, padded, inputs
+
+
+@pytest.mark.parametrize("name", ["penalty", "ngram-1", "ngram-2", "ngram-3", "ngram-4"])
+def test_prompt_processors_equal_hfs_classes_at_every_node(name):
+    """``encoder_repetition_penalty`` / ``encoder_no_repeat_ngram_size`` at every node of random padded rounds
+    against HF's own processors, built with each row's padded prompt as HF's ``encoder_input_ids`` and called with
+    each node's whole ``input_ids`` (padding included: pad tokens that complete or start a prompt n-gram count)."""
+    from transformers.generation import logits_process as hf_classes
+
+    from specdec.processors import EncoderNGramBan, EncoderRepetitionPenalty
+
+    gen = torch.Generator().manual_seed(11)
+    vocab, banned = 6, 0
+    for _ in range(40):
+        nodes, padded, inputs = _random_round(gen, vocab)
+        scores = torch.randn(*nodes.depth.shape, vocab, generator=gen) * 3
+        if name == "penalty":
+            ours = EncoderRepetitionPenalty(1 / 2.5, uncaptured=True)
+            theirs = [hf_classes.EncoderRepetitionPenaltyLogitsProcessor(2.5, p[None]) for p in padded]
+        else:
+            n = int(name.split("-")[1])
+            ours = EncoderNGramBan(n, uncaptured=True)
+            theirs = [hf_classes.EncoderNoRepeatNGramLogitsProcessor(n, p[None]) for p in padded]
+        got = ours.process_tree(scores, nodes)
+        for b, row in enumerate(inputs):
+            for i, ids in enumerate(row):
+                want = theirs[b](ids[None], scores[b, i][None].clone())[0]
+                torch.testing.assert_close(got[b, i], want, msg=lambda m, b=b, i=i: f"row {b} node {i}: {m}")
+                banned += int(torch.isinf(want).sum())
+    assert name == "penalty" or banned >= 5  # bans happened
+
+
 class BanGenerated(LogitsProcessor):
     """A user processor that reads the generated part as ``input_ids[:, width:]`` (``width``: the padded prompt's),
     as HF's batch makes it: it bans every token generated so far; and one that records the shapes it sees."""
@@ -317,12 +397,17 @@ def test_a_users_processor_sees_each_row_with_its_left_padding(kind):
             assert torch.equal(torch.isinf(x), torch.isinf(y)), j
 
 
-@pytest.mark.parametrize("option", [{"repetition_penalty": 3.0}, {"no_repeat_ngram_size": 1},
-                                    {"bad_words_ids": "pad-then-next"}])  # fmt: skip
+PADDED_OPTIONS = [{"repetition_penalty": 3.0}, {"no_repeat_ngram_size": 1}, {"bad_words_ids": "pad-then-next"},
+                  {"encoder_repetition_penalty": 0.3}, {"encoder_no_repeat_ngram_size": 1},
+                  {"encoder_no_repeat_ngram_size": 2}]  # fmt: skip
+
+
+@pytest.mark.parametrize("option", PADDED_OPTIONS)
 def test_padding_counts_as_hf_counts_it_for_the_processors_that_read_input_ids(option):
     """A padded row whose pad token is the token it would generate next: HF's n-gram ban and bad words count the
     pad tokens as the row's tokens (and its repetition penalty too in releases whose generate does not pass the
-    padding as ``prompt_ignore_length``), so the row's output depends on them; specdec equals HF, with and without a
+    padding as ``prompt_ignore_length``; its "encoder" penalty and n-gram ban read the prompt as passed, padding
+    included), so the row's output depends on them; specdec equals HF, with and without a
     drafter, on whichever transformers runs."""
     target, small = model("dense")
     a, b = prompt(3, 10), prompt(5, 6)

@@ -144,7 +144,7 @@ def test_generate_eos_strings_and_floats_are_refused(target, bad):
         ("penalty_alpha", 0.6, "contrastive search"),
         ("dola_layers", "high", "DoLa"),
         ("output_attentions", True, "attention weights"),
-        ("encoder_repetition_penalty", 1.5, "encoder-decoder"),
+        ("token_healing", True, "token healing"),
         ("guidance_scale", 1.5, "guidance"),
         ("prompt_lookup_num_tokens", 3, "drafter="),
         ("assistant_model", "a model", ""),
