@@ -453,6 +453,16 @@ MUTANTS += [
         (("specdec/kernels/tree_attention/reference.py", "    if lengths is not None:\n", "    if False:\n"),),
         ("tests/kernels/test_tree_attention_lengths.py",),
     ),
+    Mutant(  # the length penalty adds inf to an EOS score already -inf where HF's release leaves it (NaN, then EOS)
+        "decay_penalty_on_infinite_eos",
+        (("specdec/processors.py", "            eos = eos & scores.isfinite()", "            eos = eos"),),
+        ("tests/round/test_processors.py", "-k", "length_penalty_after_min_new"),
+    ),
+    Mutant(  # a steered draft keeps NaN scores: the tree is built over NaN
+        "steer_keeps_nan",
+        (("specdec/processors.py", "        steered = torch.where(steered.isnan(), -math.inf, steered)\n", ""),),
+        ("tests/round/test_processors.py", "-k", "length_penalty_after_min_new or steering"),
+    ),
     Mutant(  # the prompt processors read the prompt without its left padding (HF's "encoder input" holds it)
         "prompt_processors_padding_dropped",
         (("specdec/processors.py", "    if nodes.pad is None:\n        return history, positions < prompt_len[:, None]",

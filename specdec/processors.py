@@ -443,6 +443,8 @@ class ExponentialDecayLength:
         k = nodes.generated - self.start  # HF: cur_len - (start + prompt length)
         growth = (torch.full_like(k, 1, dtype=torch.float64) * self.factor).pow(k.double()) - 1  # HF: pow in float64
         eos = _ids_mask(self, self.eos, scores.shape[-1], scores.device)
+        if _hf_decay_skips_infinite():  # an EOS score already -inf (min_new_tokens) stays -inf, not NaN
+            eos = eos & scores.isfinite()
         penalties = torch.where(eos, scores.abs() * growth.float()[..., None], 0.0)
         return torch.where((k > 0)[..., None], scores + penalties, scores)
 
@@ -534,6 +536,19 @@ def _hf_penalty_skips_padding() -> bool:
         return True
 
 
+@functools.cache
+def _hf_decay_skips_infinite() -> bool:
+    """Whether this transformers' ``exponential_decay_length_penalty`` leaves a non-finite EOS score as it is (newer
+    releases); 5.17 adds ``inf * growth`` to it, so an EOS that ``min_new_tokens`` set to -inf becomes NaN there, and
+    greedy decoding then picks it (``argmax`` takes NaN as the largest). Read once per process."""
+    from transformers.generation.logits_process import ExponentialDecayLengthPenalty
+
+    try:
+        return "isfinite" in inspect.getsource(ExponentialDecayLengthPenalty.__call__)
+    except (OSError, TypeError):  # no source to read: the newer rule
+        return True
+
+
 _TWINS: dict = {}  # built-in processor -> its ``PerNode`` over HF's class, one per setting (a stable round key)
 
 
@@ -603,7 +618,12 @@ class Processors:
         nodes = NodeHistory(history, length, root[:, None, None].expand(batch, depth, 1),
                             torch.zeros(batch, depth, dtype=torch.long, device=logq.device),
                             generated[:, None] + rows)  # fmt: skip
-        return torch.log_softmax(self(logq, nodes), -1)
+        steered = self(logq, nodes)
+        # a NaN score (HF's length penalty on an EOS already at -inf, in releases that make it NaN) drafts nothing;
+        # a row the processors forbid entirely keeps its unsteered q
+        steered = torch.where(steered.isnan(), -math.inf, steered)
+        steered = torch.where((steered == -math.inf).all(-1, keepdim=True), logq.float(), steered)
+        return torch.log_softmax(steered, -1)
 
     def __call__(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
         """``scores [B, S, V]`` (the target's logits) processed at every node, float32 as HF processes them."""

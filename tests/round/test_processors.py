@@ -42,6 +42,9 @@ OPTIONS = {
     "prompt_ngram_and_repeats": lambda g: dict(encoder_no_repeat_ngram_size=3, no_repeat_ngram_size=2,
                                                encoder_repetition_penalty=1.5),  # fmt: skip
     "length_penalty": lambda g: dict(exponential_decay_length_penalty=(3, 2.5), eos_token_id=[77]),
+    # the penalty reaches EOS scores that min_new_tokens set to -inf (NaN in releases that add inf to them)
+    "length_penalty_after_min_new": lambda g: dict(exponential_decay_length_penalty=(3, 2.5), min_new_tokens=9,
+                                                   eos_token_id=[77]),  # fmt: skip
     "combined": lambda g: dict(repetition_penalty=1.4, no_repeat_ngram_size=3, bad_words_ids=[[g[5], g[6]]],
                                sequence_bias={(g[3],): -1.5}, min_new_tokens=6, eos_token_id=[9]),  # fmt: skip
 }
@@ -288,6 +291,31 @@ def test_tree_paths_equal_a_walk_up_each_tree():
                     path.append(int(tokens[b, j]))
                     j = int(parents[b, j])
                 assert got[b, i].tolist() == path[::-1] + [-1] * (width - len(path)), (b, i)
+
+
+def test_steering_drafts_nothing_where_the_processors_give_nan():
+    """A draft steered by processors that give NaN (HF's length penalty on an EOS at -inf, in releases that add inf
+    to it) drafts nothing there, and a depth the processors forbid entirely keeps its unsteered q: the tree is
+    never built over NaN or over a row of -inf."""
+    from specdec.processors import Processors
+
+    class NanAndForbid:
+        tree_aware, needs_history = True, False
+
+        def process_tree(self, scores, nodes):
+            scores = scores.clone()
+            scores[..., 3] = float("nan")
+            scores[:, 1] = -float("inf")  # depth 2: everything forbidden
+            return scores
+
+    logq = torch.log_softmax(torch.randn(2, 3, 10, generator=torch.Generator().manual_seed(0)), -1)
+    history = torch.randint(0, 10, (2, 6))
+    length, root, generated = torch.tensor([4, 5]), torch.tensor([1, 2]), torch.tensor([0, 1])
+    steered = Processors([NanAndForbid()]).steer(logq, history, length, root, generated)
+    assert not steered.isnan().any()
+    assert (steered[:, [0, 2], 3] == -float("inf")).all()
+    torch.testing.assert_close(steered[:, [0, 2]].exp().sum(-1), torch.ones(2, 2))
+    torch.testing.assert_close(steered[:, 1], logq[:, 1])
 
 
 def _random_round(gen: torch.Generator, vocab: int):
