@@ -316,8 +316,20 @@ def _padded_prompt(nodes: NodeHistory) -> tuple[torch.Tensor, torch.Tensor]:
     return padded, j < (count + prompt_len)[:, None]
 
 
+class _PromptProcessor:
+    """What the prompt's processors share: they read the committed tokens, and in a padded call (``uncaptured``,
+    set by ``Processors.padded``) the round runs uncaptured and hands them each row's padding."""
+
+    needs_history = True
+    reads_padding = True
+
+    @property
+    def capturable(self) -> bool:
+        return not self.uncaptured
+
+
 @dataclass(frozen=True)
-class EncoderRepetitionPenalty:
+class EncoderRepetitionPenalty(_PromptProcessor):
     """HF's ``encoder_repetition_penalty`` on a causal LM (where HF's "encoder input" is the prompt as passed, left
     padding included): every token of the prompt has its score multiplied by the penalty where positive, divided
     where negative (``inverse`` = 1 / penalty, as HF stores it), at every node alike.
@@ -329,12 +341,6 @@ class EncoderRepetitionPenalty:
 
     inverse: float
     uncaptured: bool = False
-    needs_history = True
-    reads_padding = True
-
-    @property
-    def capturable(self) -> bool:
-        return not self.uncaptured
 
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
         prompt, real = _padded_prompt(nodes)
@@ -344,7 +350,7 @@ class EncoderRepetitionPenalty:
 
 
 @dataclass(frozen=True)
-class EncoderNGramBan:
+class EncoderNGramBan(_PromptProcessor):
     """HF's ``encoder_no_repeat_ngram_size`` on a causal LM: a token that would complete an n-gram of the prompt (as
     passed, left padding included) after the node's last ``n - 1`` tokens gets ``-inf``.
 
@@ -355,12 +361,6 @@ class EncoderNGramBan:
 
     n: int
     uncaptured: bool = False
-    needs_history = True
-    reads_padding = True
-
-    @property
-    def capturable(self) -> bool:
-        return not self.uncaptured
 
     def process_tree(self, scores: torch.Tensor, nodes: NodeHistory) -> torch.Tensor:
         n, vocab = self.n, scores.shape[-1]
