@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The round-cost tables on a CUDA machine, in stages that each fit one call of a few minutes:
 #   scripts/gpu_round_cost.sh dense OUT     the kernels' GPU tests, tree_attention over long spans, the 8 B dense
-#                                           shape's default path at 512 / 8 k / 32 k (CONTEXTS=...)
+#                                           shape's default path at 512 / 8 k / 32 k (CONTEXTS=...), its rounds
+#                                           stage by stage (scripts/round_stages.py over the profiled calls)
 #   scripts/gpu_round_cost.sh hybrid OUT    the 8 B Qwen3.5-style hybrid shape's default path at 512 / 16 k / 32 k
 #                                           and the zoo dense pair (AR, DDTree b32; 10 prompts, two passes)
 #   scripts/gpu_round_cost.sh compiled OUT  the 8 B dense shape compiled at 512 / 32 k
@@ -22,9 +23,11 @@ dense)
     tail -1 "$out/gpu_tests.log"
     (cd benchmarks/kernels && $py bench_tree_attention_long.py --out "$out") > "$out/kernel.log" 2>&1
     grep -v "^CSV" "$out/kernel.log" > "$out/kernel.md"
-    bench +experiment=long-context "${CONTEXTS:-contexts=[512,8192,32768]}" out_dir="$out/lc-dense" \
+    bench +experiment=long-context "${CONTEXTS:-contexts=[512,8192,32768]}" profile=true out_dir="$out/lc-dense" \
         > "$out/dense.log" 2>&1
     cp "$out/lc-dense/long_context.md" "$out/dense.md"
+    # each replayed round's kernels by stage and kind (the profiled call of every method and context)
+    $py scripts/round_stages.py "$out"/lc-dense/context-*/profile/*.trace.json --top 16 > "$out/dense_stages.md" 2>&1
     ;;
 hybrid)
     bench +experiment=long-context random_target.preset=qwen3.5-hybrid-8b "${CONTEXTS:-contexts=[512,16384,32768]}" \
