@@ -481,6 +481,19 @@ MUTANTS += [
           "            key = key"),),  # fmt: skip
         ("tests/round/test_processors.py", "-k", "prompt_processors"),
     ),
+    Mutant(  # the two-launch top-k forgets each chunk's offset: ids of later chunks point into the first
+        "topk_two_stage_chunk_offset_dropped",
+        (("specdec/kernels/ddtree_build/triton.py",
+          "    ids = ids.view(depth, chunks, kc) + torch.arange(chunks, device=x.device)[:, None] * _CHUNK",
+          "    ids = ids.view(depth, chunks, kc)"),),  # fmt: skip
+        ("tests/kernels/test_ddtree_build.py", "-m", "interpreter", "-k", "topk"),
+    ),
+    Mutant(  # the smallest's padding is -inf: the padded slots win
+        "topk_two_stage_padding_wins",
+        (("specdec/kernels/ddtree_build/triton.py", "value=math.inf if smallest else -math.inf",
+          "value=-math.inf"),),  # fmt: skip
+        ("tests/kernels/test_ddtree_build.py", "-m", "interpreter", "-k", "topk"),
+    ),
     Mutant(  # the attention's combine drops a partial last block of rows (never written: the output's garbage)
         "combine_last_row_block_dropped",
         (("specdec/kernels/tree_attention/triton.py", "    blocks = tl.cdiv(R, ROWS)\n", "    blocks = R // ROWS\n"),),

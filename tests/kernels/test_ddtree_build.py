@@ -95,10 +95,11 @@ def _build_all(device: str, topk_impl: str = "torch", num: int | None = None) ->
 
 def topk_cases(seed: int = 1) -> list[tuple[torch.Tensor, int]]:
     """(logq, k): vocabularies below, at and past one 4096-wide chunk and the largest row kept in registers (16384),
+    past the two-launch width (32768: a multiple of its chunk, and one whose padded last chunk holds -inf ties),
     tie-heavy rows, -inf, -0.0 next to +0.0, bf16 and float64 input (compared after rounding to fp32)."""
     gen = torch.Generator().manual_seed(seed)
     out = []
-    for i, vocab in enumerate([1, 2, 7, 48, 300, 4096, 4100, 8195, 16384, 16390]):
+    for i, vocab in enumerate([1, 2, 7, 48, 300, 4096, 4100, 8195, 16384, 16390, 40960, 32769]):
         depth = int(torch.randint(1, 16, (1,), generator=gen))
         if i % 2:
             logq = torch.randint(-3, 1, (depth, vocab), generator=gen).float()  # many exact ties
@@ -126,6 +127,30 @@ def _check_topk(results) -> None:
         want_vals, want_ids = _topk_rows(logq, k)
         assert torch.equal(ids.cpu(), want_ids), (tuple(logq.shape), k, logq.dtype)
         assert torch.equal(vals.cpu().view(torch.int32), want_vals.view(torch.int32))  # bitwise: -0.0 is kept
+
+
+def _wide_smallest_cases() -> list[tuple[torch.Tensor, int]]:
+    """(x, k) for the ``k`` smallest of rows past the two-launch width: continuous, and with +inf and exact ties
+    (the padded last chunk holds +inf, whose ids past the row must lose the tie)."""
+    gen = torch.Generator().manual_seed(7)
+    cont = torch.randn(3, 33000, generator=gen)
+    tied = torch.randint(0, 3, (2, 40000), generator=gen).float()
+    tied[tied == 2] = float("inf")
+    return [(cont, 8), (tied, 5), (tied[:, :32800], 15)]
+
+
+def _wide_smallest_all(device: str) -> list:
+    from specdec.kernels.ddtree_build import topk_rows
+
+    return [topk_rows(x.to(device), k, smallest=True) for x, k in _wide_smallest_cases()]
+
+
+def _check_wide_smallest(results) -> None:
+    for (x, k), (vals, ids) in zip(_wide_smallest_cases(), results, strict=True):
+        for row in range(x.shape[0]):
+            want = sorted(range(x.shape[1]), key=lambda j, r=row: (float(x[r, j]), j))[:k]  # (value asc, id asc)
+            assert ids[row].cpu().tolist() == want, (tuple(x.shape), k, row)
+            assert torch.equal(vals[row].cpu(), x[row, want])
 
 
 def _check(trees, num: int | None = None) -> None:
@@ -253,6 +278,7 @@ INTERPRETED_PARTS = {
     "trees_triton_topk": (lambda: _build_all("cpu", "triton", num=INTERPRETED_TREES),
                           lambda out: _check(out, INTERPRETED_TREES)),  # fmt: skip
     "topk": (lambda: _topk_all("cpu"), _check_topk),
+    "topk_wide_smallest": (lambda: _wide_smallest_all("cpu"), _check_wide_smallest),
     "batched": (lambda: _build_batches("cpu", "triton"), _check_batches),
     "exhausted": (lambda: _build_exhausted("cpu"), _check_exhausted),
 }

@@ -16,6 +16,8 @@ and each rank is one max; longer rows are scanned once per rank.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -269,6 +271,13 @@ def _topk_row_in_registers_kernel(x_ptr, vals_ptr, ids_ptr, V, stride, K: tl.con
 # scanned once per rank.
 _REGISTER_ROW_MAX = 16384
 
+_TWO_STAGE_MIN = 32768
+"""Rows wider than this take two launches of the in-register kernel: the top ``k`` of each ``_CHUNK``-wide chunk,
+then the top ``k`` of those candidates (not timed against ``torch.topk`` yet: ``topk_impl="auto"`` keeps
+``torch.topk`` past 32768 tokens, ``specdec.trees.build.TOPK_TRITON_MAX_VOCAB``)."""
+
+_CHUNK = 8192
+
 
 def topk_rows_triton(logq: torch.Tensor, k: int, smallest: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``k`` fp32 values and int64 ids per row of ``logq [D, V]``, ranked by (fp32 value desc, id asc), as
@@ -278,6 +287,8 @@ def topk_rows_triton(logq: torch.Tensor, k: int, smallest: bool = False) -> tupl
     if not 1 <= k <= vocab:
         raise ValueError(f"k={k} must be in [1, V={vocab}].")
     x = logq.contiguous()
+    if vocab > _TWO_STAGE_MIN:
+        return _topk_two_stage(x, k, smallest)
     vals = torch.empty(depth, k, dtype=torch.float32, device=x.device)
     ids = torch.empty(depth, k, dtype=torch.int64, device=x.device)
     if vocab <= _REGISTER_ROW_MAX:
@@ -291,3 +302,19 @@ def topk_rows_triton(logq: torch.Tensor, k: int, smallest: bool = False) -> tupl
     _topk_rows_kernel[(depth,)](x, vals, ids, vocab, x.stride(0), k, BLOCK=block, SMALLEST=smallest,
                                 num_warps=8 if block >= 2048 else 4)  # fmt: skip
     return vals, ids
+
+
+def _topk_two_stage(x: torch.Tensor, k: int, smallest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top ``k`` of rows wider than ``_TWO_STAGE_MIN``: each ``_CHUNK``-wide chunk's top ``k`` (the last chunk
+    padded with the worst value, whose ids past the row lose every tie), then the top ``k`` of those candidates.
+    The order is the one-launch kernel's: a chunk's candidates come in (value, id asc) order and the chunks in id
+    order, so a tie between candidates goes to the smaller position, which is the smaller id."""
+    depth, vocab = x.shape
+    chunks = triton.cdiv(vocab, _CHUNK)
+    if chunks * _CHUNK > vocab:
+        x = torch.nn.functional.pad(x.float(), (0, chunks * _CHUNK - vocab), value=math.inf if smallest else -math.inf)
+    kc = min(k, _CHUNK)
+    vals, ids = topk_rows_triton(x.view(depth * chunks, _CHUNK), kc, smallest)
+    ids = ids.view(depth, chunks, kc) + torch.arange(chunks, device=x.device)[:, None] * _CHUNK
+    top, pos = topk_rows_triton(vals.view(depth, chunks * kc), k, smallest)
+    return top, ids.view(depth, chunks * kc).gather(1, pos)
