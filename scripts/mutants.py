@@ -1571,6 +1571,34 @@ MUTANTS += [
         TOPK_MASK_TESTS,
     ),
 ]
+GROUPED = "specdec/kernels/grouped_linear/triton.py"
+GROUPED_TESTS = ("tests/kernels/test_grouped_linear.py", "-m", "interpreter")
+MUTANTS += [
+    Mutant(  # the third weight's partials read at the second weight's offset in the workspace
+        "grouped_linear_third_offset",
+        ((GROUPED, "w_ptr, b_ptr, d_ptr, n, local, off = w2_ptr, b2_ptr, d2_ptr, N2, block - C2, N0 + N1",
+          "w_ptr, b_ptr, d_ptr, n, local, off = w2_ptr, b2_ptr, d2_ptr, N2, block - C2, N0 + 0"),),  # fmt: skip
+        GROUPED_TESTS,
+    ),
+    Mutant(  # the gated epilogue skips rounding the products to the output dtype before the SiLU
+        "gated_linear_products_not_rounded",
+        ((GROUPED, "    g = round_to(g, KIND)\n    u = round_to(u, KIND)\n", ""),),
+        ("tests/kernels/test_grouped_linear.py::test_interpreted_routing_is_token_identical_to_hf",),
+    ),
+    Mutant(  # the reduction sums one split too few
+        "grouped_linear_reduce_drops_a_split",
+        ((GROUPED, "    for _ in range(0, SPLIT_K):  # in split order: the same sum on every run\n        acc += tl.load(parts",
+          "    for _ in range(1, SPLIT_K):  # in split order: the same sum on every run\n        acc += tl.load(parts"),),  # fmt: skip
+        GROUPED_TESTS,
+    ),
+    Mutant(  # a member's product taken from the group's last launch although its input changed in place since
+        "grouped_linear_stale_input",
+        (("specdec/kernels/grouped_linear/routing.py",
+          "if self._x is x and x._version == self._version and self._outs[index] is not None:",
+          "if self._x is x and self._outs[index] is not None:"),),  # fmt: skip
+        ("tests/kernels/test_grouped_linear.py", "-k", "another_input"),
+    ),
+]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):
 #   prune_parents_not_remapped: ``prune_depth`` (specdec/trees/paths.py) now lives only in the test oracles

@@ -39,6 +39,7 @@ TOPK = re.compile(r"_topk_rows_kernel|_topk_row_in_registers_kernel|gatherTopK|_
 TREE = re.compile(r"_best_first_kernel|_tree_mask_kernel|_trie_kernel|_draws_kernel")
 ACCEPT = re.compile(r"_accept_path_kernel|_tree_rejection_round_kernel|_traversal_kernel|_walk_kernel")
 KINDS = (  # (kind, pattern on the kernel's name), first match wins
+    ("products", re.compile(r"_grouped_kernel|_grouped_reduce|_gated_kernel|_gated_reduce")),
     ("attention", re.compile(r"_split_kernel|_combine_kernel|_reduce_kernel|flash|fmha|attention", re.I)),
     ("products", re.compile(r"gemm|gemv|nvjet|cutlass|xmma|sm90|splitk|_linear|cublas", re.I)),
     ("norms", re.compile(r"rms_norm|norm", re.I)),

@@ -203,7 +203,9 @@ class AttentionScope:
     layers through ``specdec.kernels.rms_norm.routing.norm_forward`` (``Backends.target_norm``), and with ``rotary``
     their modeling modules' ``apply_rotary_pos_emb`` through ``specdec.kernels.rotary`` (``Backends.target_rotary``),
     and with ``mlps`` their gated MLPs' activation and product through ``specdec.kernels.silu_mul``
-    (``Backends.silu_mul``).
+    (``Backends.silu_mul``), and with ``projections`` their projection groups (q / k / v, a Gated DeltaNet layer's
+    input projections) and gated MLPs' input side through ``specdec.kernels.grouped_linear``
+    (``Backends.grouped_linear``; the MLPs then take this route instead of ``mlps``').
 
     Args:
         models: HF models (None entries are skipped).
@@ -212,12 +214,14 @@ class AttentionScope:
         norms (bool): route the RMSNorm layers as well. Default False.
         rotary (bool): route the rotary embedding as well. Default False.
         mlps (bool): route the gated MLPs as well. Default False.
+        projections (bool): route the projection groups and the gated MLPs' input side as well. Default False.
         forwards (list): ``(module, forward)`` pairs routed while active (``swapped_forwards``), e.g. the rotary
             tables' lookups (``specdec.state.rope.RopeTables.forwards``). Default none.
     """
 
     def __init__(self, *models, grouped: bool = True, linear: bool = False, norms: bool = False,
-                 rotary: bool = False, mlps: bool = False, forwards: list | None = None) -> None:  # fmt: skip
+                 rotary: bool = False, mlps: bool = False, projections: bool = False,
+                 forwards: list | None = None) -> None:  # fmt: skip
         from specdec.kernels.rms_norm.routing import norm_modules
         from specdec.kernels.rotary.routing import rotary_modules
         from specdec.kernels.silu_mul import mlp_modules
@@ -226,7 +230,14 @@ class AttentionScope:
         self.linears = linear_modules(*models) if linear else []
         self.norms = norm_modules(*models) if norms else []
         self.rotary = rotary_modules(*models) if rotary else []
-        self.mlps = mlp_modules(*models) if mlps else []
+        self.mlps = mlp_modules(*models) if mlps or projections else []
+        if projections:
+            from specdec.kernels.grouped_linear.routing import projection_groups
+
+            self.projections = projection_groups(*models)
+        else:
+            self.projections = None
+        self._projection_routing = None
         self._mlp_routing = None
         self._rotary_routing = None
         self.forwards = list(forwards or ())
@@ -267,7 +278,12 @@ class AttentionScope:
 
                 self._rotary_routing = routed_rotary(self.rotary)
                 self._rotary_routing.__enter__()
-            if self.mlps:
+            if self.projections is not None:
+                from specdec.kernels.grouped_linear.routing import routed as routed_groups
+
+                self._projection_routing = routed_groups(self.projections, self.mlps)
+                self._projection_routing.__enter__()
+            elif self.mlps:
                 from specdec.kernels.silu_mul import routed as routed_mlps
 
                 self._mlp_routing = routed_mlps(self.mlps)
@@ -297,6 +313,9 @@ class AttentionScope:
                 routing.__exit__(*exc)
             if self._mlp_routing is not None:
                 routing, self._mlp_routing = self._mlp_routing, None
+                routing.__exit__(*exc)
+            if self._projection_routing is not None:
+                routing, self._projection_routing = self._projection_routing, None
                 routing.__exit__(*exc)
             if self._forward_routing is not None:
                 routing, self._forward_routing = self._forward_routing, None

@@ -22,6 +22,7 @@ specdec reads them. What each choice measured: ``docs/kernels.md``.
 | ``kv_write`` | auto, torch, triton | new K/V into the storage, the commit's row moves (``kv_write``, ``kv_commit``) |
 | ``round_tail`` | auto, torch, triton | the round's output row, next roots and lengths (``round_tail``) |
 | ``silu_mul`` | auto, torch, triton | a gated MLP's activation and product, the target's and drafters' (``silu_mul``) |
+| ``grouped_linear`` | auto, torch, triton | a layer's q / k / v, gate / up and activation: one launch each |
 | ``tree_gdn_precision`` | auto, ieee, tf32x3, tf32 | the Gated DeltaNet tree scan's matrix products |
 | ``tree_gdn_walk`` | auto, paths, chunk | the Gated DeltaNet tree scan's schedule |
 | ``tree_mamba2`` | auto, torch | the Mamba2 tree scan (``torch`` = tensor ops, not capturable) |
@@ -60,6 +61,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
     "kv_write": (("auto", "torch", "triton"), "auto", "specdec.kernels.kv_write", "IMPL"),
     "round_tail": (("auto", "torch", "triton"), "auto", "specdec.kernels.round_tail", "IMPL"),
     "silu_mul": (("auto", "torch", "triton"), "auto", "specdec.kernels.silu_mul", "IMPL"),
+    "grouped_linear": (("auto", "torch", "triton"), "auto", "specdec.kernels.grouped_linear", "IMPL"),
     "tree_gdn_precision": (
         ("auto", "ieee", "tf32x3", "tf32"),
         "auto",
@@ -108,6 +110,7 @@ class Backends:
     kv_write: str = "auto"
     round_tail: str = "auto"
     silu_mul: str = "auto"
+    grouped_linear: str = "auto"
     tree_gdn_precision: str = "auto"
     tree_gdn_walk: str = "auto"
     tree_mamba2: str = "auto"

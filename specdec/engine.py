@@ -26,6 +26,7 @@ from transformers import DynamicCache
 from specdec.attention import AttentionScope, grouped_for
 from specdec.distributed import is_dtensor
 from specdec.drafters.follow import drafter_modules
+from specdec.kernels.grouped_linear.routing import grouped_for as projection_kernel_for
 from specdec.kernels.rms_norm.routing import norm_kernel_for
 from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.round_tail import round_tail
@@ -946,10 +947,11 @@ class Engine:
         rotary = not compiled and rotary_kernel_for(self.device)
         mlps = not compiled and mlp_kernel_for(self.device)
         gathers = not compiled and gather_kernel_for(self.device)
+        projections = not compiled and projection_kernel_for(self.device)
         linear = linear_kernel_for()
         # made once per setting and draft model: this engine's target keeps its modules (another one gets another
         # engine, ``weights_signature``), and a drafter whose weights changed gets a new state (``_check_drafter``)
-        key = (id(draft), compiled, grouped, norms, rotary, mlps, gathers, linear)
+        key = (id(draft), compiled, grouped, norms, rotary, mlps, gathers, projections, linear)
         held = self._scopes.get(key)
         if held is not None and held[0] is draft:
             return held[1]
@@ -958,7 +960,7 @@ class Engine:
             rope = rope + [(m, types.MethodType(embedding_forward, m))
                      for m in embedding_modules(self.target.target.model, draft)]  # fmt: skip
         scope = AttentionScope(self.target.target.model, draft, grouped=grouped, linear=linear, norms=norms,
-                               rotary=rotary, mlps=mlps, forwards=rope)  # fmt: skip
+                               rotary=rotary, mlps=mlps, projections=projections, forwards=rope)  # fmt: skip
         self._scopes[key] = (draft, scope)
         return scope
 

@@ -38,8 +38,10 @@ __all__ = [
     "trie_device",
 ]
 
-# Largest vocabulary for which ``topk_impl="auto"`` takes the Triton top-k: one program per depth scans the whole
-# row once per rank, which beat ``torch.topk`` at 8192 tokens and lost at 151936 on an H200 (docs/kernels.md).
+# Largest row for which ``topk_last`` takes the Triton top-k: one program per row scans it once per rank, which beat
+# ``torch.topk`` at 8192 tokens and lost at 151936 on an H200 (docs/kernels.md). The DDTree selection's per-depth
+# top-k takes wider rows in two launches (8192-token chunks, then their candidates), which beat ``torch.topk``'s
+# radix selection at 151936 tokens on an H100 (``ddtree_device``'s ``topk_impl``).
 TOPK_TRITON_MAX_VOCAB = 32768
 
 
@@ -88,8 +90,9 @@ def ddtree_device(
             with k <= 15) or ``"auto"``: Triton on CUDA when it applies, else torch.
         topk_impl (str): the per-depth top-k: ``"torch"`` (default: one ``topk`` over packed int64 keys),
             ``"triton"`` (``specdec.kernels.ddtree_build.topk_rows``: one launch, one program per depth, a pass
-            per rank) or ``"auto"``: Triton on CUDA for vocabularies up to ``TOPK_TRITON_MAX_VOCAB`` (where it
-            measured faster, ``docs/kernels.md``), else torch. All give the same ranks, ties included.
+            per rank; rows wider than 32768 in two launches over 8192-token chunks) or ``"auto"``: Triton on CUDA
+            where it fits (measured faster at 8192 and at 151936 tokens, ``docs/kernels.md``), else torch. All give
+            the same ranks, ties included.
 
     Returns:
         rank_tokens (torch.Tensor | None): ``[D, >= k]`` int64: the token the node of rank ``r`` at depth ``d`` takes
@@ -111,7 +114,7 @@ def ddtree_device(
     if topk_impl not in ("auto", "torch", "triton"):
         raise ValueError(f"topk_impl={topk_impl!r}: choose 'auto', 'torch' or 'triton'.")
     if topk_impl == "auto":
-        topk_impl = "triton" if vocab <= TOPK_TRITON_MAX_VOCAB and triton_fits(logq, 1) else "torch"
+        topk_impl = "triton" if triton_fits(logq, 1) else "torch"
     vals, ids = topk_rows(logq, k) if topk_impl == "triton" else topk_rows_reference(logq, k)  # [D, k] fp32 / int64
     if rank_tokens is not None:
         ids = _rank_tokens(rank_tokens, depth_limit, k)
@@ -163,7 +166,7 @@ def ddtree_batch(
         return DeviceTree.stack(rows)
     _check_int("num_slots", num_slots, budget + 1)
     if topk_impl == "auto":
-        topk_impl = "triton" if vocab <= TOPK_TRITON_MAX_VOCAB and triton_fits(logq[0], 1) else "torch"
+        topk_impl = "triton" if triton_fits(logq[0], 1) else "torch"
     flat = logq.reshape(batch * depth_limit, vocab)
     vals, ids = topk_rows(flat, k) if topk_impl == "triton" else topk_rows_reference(flat, k)
     if rank_tokens is not None:

@@ -273,8 +273,8 @@ _REGISTER_ROW_MAX = 16384
 
 _TWO_STAGE_MIN = 32768
 """Rows wider than this take two launches of the in-register kernel: the top ``k`` of each ``_CHUNK``-wide chunk,
-then the top ``k`` of those candidates (not timed against ``torch.topk`` yet: ``topk_impl="auto"`` keeps
-``torch.topk`` past 32768 tokens, ``specdec.trees.build.TOPK_TRITON_MAX_VOCAB``)."""
+then the top ``k`` of those candidates (``topk_impl="auto"`` takes them: at 151936 tokens the 8 B round's draft and
+selection took 190 µs less than with ``torch.topk`` over packed keys on an H100, docs/kernels.md)."""
 
 _CHUNK = 8192
 

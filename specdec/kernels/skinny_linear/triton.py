@@ -35,7 +35,7 @@ import triton.language as tl
 from specdec.kernels._triton import device_property
 from specdec.kernels.triton_ops import dot_fp32, to_bf16
 
-__all__ = ["MAX_ROWS", "skinny_linear_triton", "split_plan"]
+__all__ = ["MAX_ROWS", "k_split", "skinny_linear_triton", "split_plan"]
 
 MAX_ROWS = 64
 """The most rows ``M`` one call takes (one row block)."""
@@ -161,6 +161,26 @@ def split_plan(m: int, n: int, k: int, sm_count: int, *, itemsize: int = 2, bloc
     block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(max(m, 1))))
     block_n = 128 if triton.cdiv(n, 128) >= _ENOUGH_PER_SM * sm_count else 64
     n_blocks = triton.cdiv(n, block_n)
+    split = k_split(m, n_blocks, k, sm_count, itemsize=itemsize, block_k=block_k)
+    stage = (block_m + block_n) * split["BLOCK_K"] * itemsize
+    return {
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "n_blocks": n_blocks,
+        **split,
+        "programs": n_blocks * split["SPLIT_K"],
+        "STAGES": max(2, min(4, _STAGE_BUDGET // stage)),
+        "num_warps": 8 if block_m * block_n >= 8192 else 4,
+    }
+
+
+def k_split(m: int, n_blocks: int, k: int, sm_count: int, *, itemsize: int = 2, block_k: int | None = None) -> dict:
+    """How the ``K`` axis of a call with ``n_blocks`` column blocks is dealt out: ``BLOCK_K``, ``k_tiles``,
+    ``SPLIT_K`` and ``TILES`` (see ``split_plan``). Not split when the column blocks alone give ``_ENOUGH_PER_SM``
+    programs per SM; else about ``_TARGET_PER_SM`` programs per SM, each split's ``K`` span at least
+    ``_WORKSPACE_SHARE`` times its workspace bytes."""
+    if sm_count < 1:
+        raise ValueError(f"sm_count={sm_count}: pass the device's SM count (>= 1).")
     if block_k is None:
         block_k = max(16, min(128 if itemsize <= 2 else 64, triton.next_power_of_2(max(k, 1))))
     elif block_k < 16 or block_k & (block_k - 1):
@@ -173,19 +193,7 @@ def split_plan(m: int, n: int, k: int, sm_count: int, *, itemsize: int = 2, bloc
         floor = triton.cdiv(_WORKSPACE_SHARE * 8 * m, itemsize * block_k)
         tiles = max(triton.cdiv(k_tiles, min(want, k_tiles)), floor, 1)
     split = triton.cdiv(k_tiles, tiles) if k_tiles else 1
-    stage = (block_m + block_n) * block_k * itemsize
-    return {
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
-        "BLOCK_K": block_k,
-        "n_blocks": n_blocks,
-        "k_tiles": k_tiles,
-        "SPLIT_K": split,
-        "TILES": min(tiles, max(k_tiles, 1)),
-        "programs": n_blocks * split,
-        "STAGES": max(2, min(4, _STAGE_BUDGET // stage)),
-        "num_warps": 8 if block_m * block_n >= 8192 else 4,
-    }
+    return {"BLOCK_K": block_k, "k_tiles": k_tiles, "SPLIT_K": split, "TILES": min(tiles, max(k_tiles, 1))}
 
 
 def sm_count(device: torch.device) -> int:
