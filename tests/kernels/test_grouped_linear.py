@@ -32,7 +32,7 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 # (rows, K, widths, dtype, bias, sms, block_k): the weights' N off and on the 64 / 128 column blocks, one to four
 # weights, K split into many tiles, a few, or none, a partial last K tile
 SPECS = [
-    (1, 200, (70, 30, 130), FP32, True, 8, 32),
+    (1, 200, (70, 30, 130), FP32, True, 132, 32),
     (3, 333, (64, 64, 128), BF16, False, 132, 16),
     (17, 256, (130,), FP16, True, 4, 32),
     (1, 333, (70, 1, 5, 64), BF16, True, 1, None),
@@ -130,8 +130,10 @@ def test_cases_cover_the_plans():
 
 def test_plan_at_the_8b_shapes():
     for rows in (1, 32, 64):
-        qkv = group_plan(rows, [4096, 1024, 1024], 4096, 132)
-        assert qkv["starts"] == [0, 64, 80, 96] and qkv["SPLIT_K"] > 1 and qkv["programs"] >= 2 * 132
+        qkv = group_plan(rows, [4096, 1024, 1024], 4096, 132)  # 96 blocks: not split, K in tiles of 256
+        assert qkv["starts"] == [0, 64, 80, 96] and qkv["SPLIT_K"] == 1 and qkv["BLOCK_K"] == 256
+        wide = group_plan(rows, [4096], 12288, 132)  # down_proj's shape: 64 blocks, split
+        assert wide["SPLIT_K"] > 1 and wide["programs"] >= 2 * 132
         gate = group_plan(rows, [12288], 4096, 132, tiles_per_block=2)
         assert gate["programs"] * 2 >= 2 * 132 and gate["SPLIT_K"] * gate["TILES"] * gate["BLOCK_K"] >= 4096
         stage = (gate["BLOCK_M"] + 2 * gate["BLOCK_N"]) * gate["BLOCK_K"] * 2 * gate["STAGES"]

@@ -39,6 +39,15 @@ MAX_WEIGHTS = 4
 _ENOUGH_PER_SM = 2
 """Column blocks per SM at which the wider column block is taken."""
 
+_UNSPLIT_PER_SM = 0.5
+"""Column blocks per SM at which a grouped call's ``K`` is not split: on an H100 the q / k / v group of Qwen3-8B
+(96 blocks of 64 columns, ``K`` = 4096) took 19.7 µs unsplit against 22.1 µs in five splits and a reduction at one
+row, 21.5 against 26.8 µs at 32 rows (``benchmarks/kernels/bench_grouped_linear.py --sweep``); ``down_proj``'s 64
+blocks of ``K`` = 12288 were fastest in four splits."""
+
+_UNSPLIT_BLOCK_K = 256
+"""The ``K`` tile of an unsplit grouped call in half precision (fewer, longer loads; the same sweep)."""
+
 _STAGE_BUDGET = 160 * 1024
 """Shared memory for the pipelined x / weight tiles."""
 
@@ -239,7 +248,11 @@ def group_plan(m: int, widths: list[int], k: int, sms: int, *, itemsize: int = 2
     for n in widths:
         starts.append(starts[-1] + triton.cdiv(n, block_n))
     n_blocks = starts[-1]
-    split = k_split(m, n_blocks * tiles_per_block, k, sms, itemsize=itemsize, block_k=block_k)
+    enough = _ENOUGH_PER_SM if tiles_per_block > 1 else _UNSPLIT_PER_SM
+    unsplit = n_blocks * tiles_per_block >= enough * sms
+    if block_k is None and unsplit and tiles_per_block == 1 and itemsize <= 2 and k >= _UNSPLIT_BLOCK_K:
+        block_k = _UNSPLIT_BLOCK_K
+    split = k_split(m, n_blocks * tiles_per_block, k, sms, itemsize=itemsize, block_k=block_k, enough_per_sm=enough)
     stage = (block_m + tiles_per_block * block_n) * split["BLOCK_K"] * itemsize
     return {
         "BLOCK_M": block_m,

@@ -174,9 +174,10 @@ def split_plan(m: int, n: int, k: int, sm_count: int, *, itemsize: int = 2, bloc
     }
 
 
-def k_split(m: int, n_blocks: int, k: int, sm_count: int, *, itemsize: int = 2, block_k: int | None = None) -> dict:
+def k_split(m: int, n_blocks: int, k: int, sm_count: int, *, itemsize: int = 2, block_k: int | None = None,
+            enough_per_sm: float = _ENOUGH_PER_SM) -> dict:  # fmt: skip
     """How the ``K`` axis of a call with ``n_blocks`` column blocks is dealt out: ``BLOCK_K``, ``k_tiles``,
-    ``SPLIT_K`` and ``TILES`` (see ``split_plan``). Not split when the column blocks alone give ``_ENOUGH_PER_SM``
+    ``SPLIT_K`` and ``TILES`` (see ``split_plan``). Not split when the column blocks alone give ``enough_per_sm``
     programs per SM; else about ``_TARGET_PER_SM`` programs per SM, each split's ``K`` span at least
     ``_WORKSPACE_SHARE`` times its workspace bytes."""
     if sm_count < 1:
@@ -187,7 +188,7 @@ def k_split(m: int, n_blocks: int, k: int, sm_count: int, *, itemsize: int = 2, 
         raise ValueError(f"block_k={block_k}: pass a power of two >= 16.")
     k_tiles = triton.cdiv(k, block_k)
     tiles = max(k_tiles, 1)
-    if n_blocks < _ENOUGH_PER_SM * sm_count and k_tiles > 1:
+    if n_blocks < enough_per_sm * sm_count and k_tiles > 1:
         want = triton.cdiv(_TARGET_PER_SM * sm_count, max(n_blocks, 1))
         # the workspace (M fp32 values per column, written and read) at most 1 / _WORKSPACE_SHARE of the weight
         floor = triton.cdiv(_WORKSPACE_SHARE * 8 * m, itemsize * block_k)
