@@ -1583,7 +1583,7 @@ MUTANTS += [
     Mutant(  # the gated epilogue skips rounding the products to the output dtype before the SiLU
         "gated_linear_products_not_rounded",
         ((GROUPED, "    g = round_to(g, KIND)\n    u = round_to(u, KIND)\n", ""),),
-        ("tests/kernels/test_grouped_linear.py::test_interpreted_routing_is_token_identical_to_hf",),
+        GROUPED_TESTS,
     ),
     Mutant(  # the reduction sums one split too few
         "grouped_linear_reduce_drops_a_split",
