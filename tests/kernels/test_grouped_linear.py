@@ -236,6 +236,11 @@ def test_a_member_called_with_another_input_computes_its_own(monkeypatch):
         assert len(calls) == 3 and torch.equal(k2, F.linear(y, layers[1].weight))
         group.forward(1, y)
         assert len(calls) == 4  # k consumed: a second k call with the same input is a new launch
+    with torch.inference_mode():  # inference tensors keep no version counter: matched by identity
+        z = torch.randn(2, 16)
+        group.forward(0, z)
+        v = group.forward(2, z)
+        assert len(calls) == 5 and torch.equal(v, F.linear(z, layers[2].weight))
 
 
 # --- Triton through the interpreter -------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class ProjectionGroup:
         input, else a new launch for the group (or the member's own ``F.linear`` where the kernel does not fit)."""
         from specdec.kernels.grouped_linear import fits_triton, grouped_linear
 
-        if self._x is x and x._version == self._version and self._outs[index] is not None:
+        if self._x is x and _version(x) == self._version and self._outs[index] is not None:
             out, self._outs[index] = self._outs[index], None
             if all(o is None for o in self._outs):
                 self.clear()
@@ -92,12 +92,17 @@ class ProjectionGroup:
         biases = None if layer.bias is None else [m.bias for m in self.layers]
         outs: list[torch.Tensor | None] = list(grouped_linear(x, weights, biases, impl="triton"))
         out, outs[index] = outs[index], None
-        self._x, self._version, self._outs = x, x._version, outs
+        self._x, self._version, self._outs = x, _version(x), outs
         return out
 
     def forwards(self) -> list[tuple[nn.Module, types.MethodType]]:
         """``(layer, forward)`` pairs for ``swapped_forwards``."""
         return [(m, types.MethodType(lambda _m, x, _i=i: self.forward(_i, x), m)) for i, m in enumerate(self.layers)]
+
+
+def _version(x: torch.Tensor) -> int:
+    """``x``'s in-place update counter; -1 for an inference tensor, which keeps none (matched by identity alone)."""
+    return -1 if x.is_inference() else x._version
 
 
 def _interpreted() -> bool:
