@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["FLOAT_KIND", "dot_fp32", "round_to", "to_bf16"]
+__all__ = ["FLOAT_KIND", "dot_fp32", "load_k_tile", "round_to", "to_bf16"]
 
 
 @triton.jit
@@ -44,3 +44,24 @@ def dot_fp32(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     else:
         out = tl.dot(a, b)
     return out
+
+
+@triton.jit
+def load_k_tile(rows_ptr, ks, stride_k, ok, end, EVEN_K: tl.constexpr, K_FIRST: tl.constexpr):
+    """One ``K`` tile of a skinny product's operand: ``rows_ptr`` holds a pointer per row (``x``) or column (the
+    weight), ``ks`` the tile's int64 ``K`` indices, ``ok`` which rows / columns exist; ``[len(rows), BLOCK_K]``, or
+    ``[BLOCK_K, len(cols)]`` with ``K_FIRST`` (a weight tile laid out for ``x @ W^T``). Past ``end`` (unless
+    ``EVEN_K``) and outside ``ok`` it reads 0."""
+    if K_FIRST:
+        ptrs = rows_ptr + ks[:, None] * stride_k
+        if EVEN_K:
+            tile = tl.load(ptrs, mask=ok[None, :], other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=(ks < end)[:, None] & ok[None, :], other=0.0)
+    else:
+        ptrs = rows_ptr + ks[None, :] * stride_k
+        if EVEN_K:
+            tile = tl.load(ptrs, mask=ok[:, None], other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=ok[:, None] & (ks < end)[None, :], other=0.0)
+    return tile

@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.kernels.skinny_linear.triton import MAX_ROWS, k_split, sm_count
-from specdec.kernels.triton_ops import FLOAT_KIND, dot_fp32, round_to, to_bf16
+from specdec.kernels.skinny_linear.triton import MAX_ROWS, k_split, sm_count, split_product
+from specdec.kernels.triton_ops import FLOAT_KIND, dot_fp32, load_k_tile, round_to, to_bf16
 
 __all__ = ["MAX_ROWS", "MAX_WEIGHTS", "gated_linear_triton", "group_plan", "grouped_linear_triton"]
 
@@ -77,26 +77,10 @@ def _grouped_kernel(
         w_ptr, b_ptr, d_ptr, n, local, off = w2_ptr, b2_ptr, d2_ptr, N2, block - C2, N0 + N1
     else:
         w_ptr, b_ptr, d_ptr, n, local, off = w3_ptr, b3_ptr, d3_ptr, N3, block - C3, N0 + N1 + N2
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    cols = local * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < n
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
-    w_cols = w_ptr + cols.to(tl.int64)[None, :] * K
-
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    start = split * (TILES * BLOCK_K)
-    end = tl.minimum(start + TILES * BLOCK_K, K)
-    for k0 in tl.range(start, end, BLOCK_K):
-        ks = (k0 + tl.arange(0, BLOCK_K)).to(tl.int64)
-        if EVEN_K:
-            x = tl.load(x_rows + ks[None, :] * stride_xk, mask=row_ok[:, None], other=0.0)
-            w = tl.load(w_cols + ks[:, None], mask=col_ok[None, :], other=0.0)
-        else:
-            k_ok = ks < end
-            x = tl.load(x_rows + ks[None, :] * stride_xk, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_cols + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc += dot_fp32(x, w, IEEE, UPCAST)
+    acc, rows, row_ok, cols, col_ok = split_product(
+        x_ptr, w_ptr, M, n, K, local, split, stride_xm, stride_xk, K, 1,
+        TILES, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST,
+    )  # fmt: skip
 
     ok = row_ok[:, None] & col_ok[None, :]
     if DIRECT:
@@ -175,15 +159,9 @@ def _gated_kernel(
     end = tl.minimum(start + TILES * BLOCK_K, K)
     for k0 in tl.range(start, end, BLOCK_K):
         ks = (k0 + tl.arange(0, BLOCK_K)).to(tl.int64)
-        if EVEN_K:
-            x = tl.load(x_rows + ks[None, :] * stride_xk, mask=row_ok[:, None], other=0.0)
-            wg = tl.load(wg_ptr + w_offs + ks[:, None], mask=col_ok[None, :], other=0.0)
-            wu = tl.load(wu_ptr + w_offs + ks[:, None], mask=col_ok[None, :], other=0.0)
-        else:
-            k_ok = ks < end
-            x = tl.load(x_rows + ks[None, :] * stride_xk, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            wg = tl.load(wg_ptr + w_offs + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            wu = tl.load(wu_ptr + w_offs + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        x = load_k_tile(x_rows, ks, stride_xk, row_ok, end, EVEN_K, False)
+        wg = load_k_tile(wg_ptr + w_offs, ks, 1, col_ok, end, EVEN_K, True)
+        wu = load_k_tile(wu_ptr + w_offs, ks, 1, col_ok, end, EVEN_K, True)
         acc_g += dot_fp32(x, wg, IEEE, UPCAST)
         acc_u += dot_fp32(x, wu, IEEE, UPCAST)
 

@@ -33,9 +33,9 @@ import triton
 import triton.language as tl
 
 from specdec.kernels._triton import device_property
-from specdec.kernels.triton_ops import dot_fp32, to_bf16
+from specdec.kernels.triton_ops import dot_fp32, load_k_tile, to_bf16
 
-__all__ = ["MAX_ROWS", "k_split", "skinny_linear_triton", "split_plan"]
+__all__ = ["MAX_ROWS", "k_split", "skinny_linear_triton", "split_plan", "split_product"]
 
 MAX_ROWS = 64
 """The most rows ``M`` one call takes (one row block)."""
@@ -54,6 +54,31 @@ _STAGE_BUDGET = 160 * 1024
 
 _INTERPRETER_SMS = 8
 """The SM count planned for off CUDA (Triton's interpreter): a few splits, small grids."""
+
+
+@triton.jit
+def split_product(
+    x_ptr, w_ptr, M, N, K, block, split, stride_xm, stride_xk, stride_wn, stride_wk,
+    TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Column block ``block``'s fp32 partial ``x @ W^T`` over split ``split``'s ``K`` tiles (``[BLOCK_M,
+    BLOCK_N]``), with the block's row and column indices and which of them exist."""
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    w_cols = w_ptr + cols.to(tl.int64)[None, :] * stride_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    start = split * (TILES * BLOCK_K)
+    end = tl.minimum(start + TILES * BLOCK_K, K)
+    for k0 in tl.range(start, end, BLOCK_K):
+        ks = (k0 + tl.arange(0, BLOCK_K)).to(tl.int64)
+        x = load_k_tile(x_rows, ks, stride_xk, row_ok, end, EVEN_K, False)
+        w = load_k_tile(w_cols, ks, stride_wk, col_ok, end, EVEN_K, True)
+        acc += dot_fp32(x, w, IEEE, UPCAST)  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]: the W^T tile
+    return acc, rows, row_ok, cols, col_ok
 
 
 @triton.jit
@@ -82,27 +107,10 @@ def _split_kernel(
 ):
     block = tl.program_id(0)
     split = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
-    w_cols = w_ptr + cols.to(tl.int64)[None, :] * stride_wn
-
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    start = split * (TILES * BLOCK_K)
-    end = tl.minimum(start + TILES * BLOCK_K, K)
-    for k0 in tl.range(start, end, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        ks64 = ks.to(tl.int64)
-        if EVEN_K:
-            x = tl.load(x_rows + ks64[None, :] * stride_xk, mask=row_ok[:, None], other=0.0)
-            w = tl.load(w_cols + ks64[:, None] * stride_wk, mask=col_ok[None, :], other=0.0)
-        else:
-            k_ok = ks < end
-            x = tl.load(x_rows + ks64[None, :] * stride_xk, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_cols + ks64[:, None] * stride_wk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc += dot_fp32(x, w, IEEE, UPCAST)  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]: the W^T tile
+    acc, rows, row_ok, cols, col_ok = split_product(
+        x_ptr, w_ptr, M, N, K, block, split, stride_xm, stride_xk, stride_wn, stride_wk,
+        TILES, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST,
+    )  # fmt: skip
 
     ok = row_ok[:, None] & col_ok[None, :]
     offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
