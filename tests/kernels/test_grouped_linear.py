@@ -236,6 +236,10 @@ def test_a_member_called_with_another_input_computes_its_own(monkeypatch):
         assert len(calls) == 3 and torch.equal(k2, F.linear(y, layers[1].weight))
         group.forward(1, y)
         assert len(calls) == 4  # k consumed: a second k call with the same input is a new launch
+    offloaded = routing.ProjectionGroup([layers[0], torch.nn.Linear(16, 4, bias=False, device="meta"), layers[2]])
+    with torch.no_grad():  # a member's weights elsewhere (offloaded): each member computes its own product
+        q = offloaded.forward(0, x)
+        assert len(calls) == 4 and torch.equal(q, F.linear(x, layers[0].weight))
     with torch.inference_mode():  # inference tensors keep no version counter: matched by identity
         z = torch.randn(2, 16)
         group.forward(0, z)

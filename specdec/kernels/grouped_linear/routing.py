@@ -87,7 +87,7 @@ class ProjectionGroup:
             return out
         layer = self.layers[index]
         weights = [m.weight for m in self.layers]
-        if not (x.is_cuda or _interpreted()) or not fits_triton(x, weights):
+        if not _runs_here(x, weights) or not fits_triton(x, weights):
             return F.linear(x, layer.weight, layer.bias)
         biases = None if layer.bias is None else [m.bias for m in self.layers]
         outs: list[torch.Tensor | None] = list(grouped_linear(x, weights, biases, impl="triton"))
@@ -103,6 +103,13 @@ class ProjectionGroup:
 def _version(x: torch.Tensor) -> int:
     """``x``'s in-place update counter; -1 for an inference tensor, which keeps none (matched by identity alone)."""
     return -1 if x.is_inference() else x._version
+
+
+def _runs_here(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
+    """Whether the kernels run for ``x``: on CUDA (or under Triton's interpreter) with every weight of the group on
+    ``x``'s device now (a layer offloaded by accelerate holds its weights elsewhere until its own hook moves them:
+    it computes its own product)."""
+    return (x.is_cuda or _interpreted()) and all(w.device == x.device for w in weights)
 
 
 def _interpreted() -> bool:
@@ -135,8 +142,9 @@ def gated_mlp_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     from specdec.kernels.silu_mul import mlp_forward
 
     gate, up = module.gate_proj, module.up_proj
-    if (x.is_cuda or _interpreted()) and _groupable([gate, up]) and gate.weight.shape == up.weight.shape \
-            and fits_triton(x, [gate.weight, up.weight]):  # fmt: skip
+    weights = [gate.weight, up.weight]
+    if _runs_here(x, weights) and _groupable([gate, up]) and gate.weight.shape == up.weight.shape \
+            and fits_triton(x, weights):  # fmt: skip
         return module.down_proj(gated_linear(x, gate.weight, up.weight, gate.bias, up.bias, impl="triton"))
     return mlp_forward(module, x)
 
