@@ -1591,6 +1591,12 @@ MUTANTS += [
           "    for _ in range(1, SPLIT_K):  # in split order: the same sum on every run\n        acc += tl.load(parts"),),  # fmt: skip
         GROUPED_TESTS,
     ),
+    Mutant(  # a host conversion inside the kernel: the interpreter runs it, the compiler cannot lower it
+        "skinny_split_start_on_the_host",
+        (("specdec/kernels/skinny_linear/triton.py", "    start = split * (TILES * BLOCK_K)",
+          "    start = int(split) * (TILES * BLOCK_K)"),),  # fmt: skip
+        ("tests/kernels/test_linear_kernels_compile.py",),
+    ),
     Mutant(  # a member's product taken from the group's last launch although its input changed in place since
         "grouped_linear_stale_input",
         (("specdec/kernels/grouped_linear/routing.py",
