@@ -279,6 +279,67 @@ def test_interpreted_routing_is_token_identical_to_hf(interpreted):
         assert groups == want_groups, (name, groups)
 
 
+@pytest.mark.interpreter
+def test_interpreted_routing_on_every_architecture(interpreted):
+    # every tiny architecture of the suite, dense and hybrid: token-identical to HF with the groups routed; each
+    # module holding q_proj / k_proj / v_proj layers (or a Gated DeltaNet layer's input projections) forms a group
+    from models import ARCHS
+    from state.hybrid_harness import FAMILIES
+
+    assert set(interpreted["architectures"]) == {*ARCHS, "gpt2", *FAMILIES}
+    for name, (equal, counts, groups, named) in interpreted["architectures"].items():
+        assert equal, name
+        assert groups == named, (name, groups, named)
+        assert (counts["grouped"] > 0) == (named > 0), (name, counts)
+    assert sum(named > 0 for *_, named in interpreted["architectures"].values()) >= 15
+
+
+def _named_groups(model) -> int:
+    """Modules of ``model`` whose children include every layer of one of ``routing.GROUPS``' name sets."""
+    from specdec.kernels.grouped_linear.routing import GROUPS
+
+    return sum(any(all(isinstance(getattr(m, n, None), torch.nn.Linear) for n in names) for names in GROUPS)
+               for m in model.modules())  # fmt: skip
+
+
+def _every_architecture() -> dict:
+    """Each tiny architecture of the suite, one sequence of 8 tokens and 8 new ones through ``specdec.generate``
+    with the groups routed: (equal to HF's greedy, the kernels' call counts, groups found, groups by name)."""
+    from unittest import mock
+
+    from models import ARCHS, tiny_model
+    from state.hybrid_harness import FAMILIES, tiny_hybrid
+
+    import specdec
+    from specdec.kernels.grouped_linear import triton as kernels
+    from specdec.kernels.grouped_linear.routing import projection_groups
+
+    out = {}
+    for name in [*ARCHS, "gpt2", *FAMILIES]:
+        model = tiny_model(name) if name in ARCHS or name == "gpt2" else tiny_hybrid(name)
+        torch.manual_seed(0)
+        ids = torch.randint(3, model.config.vocab_size, (1, 8))
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+        counts = {"grouped": 0, "gated": 0}
+        grouped, gated = kernels.grouped_linear_triton, kernels.gated_linear_triton
+
+        def g(*a, _f=grouped, _counts=counts, **k):
+            _counts["grouped"] += 1
+            return _f(*a, **k)
+
+        def m(*a, _f=gated, _counts=counts, **k):
+            _counts["gated"] += 1
+            return _f(*a, **k)
+
+        patch = mock.patch.object
+        with patch(kernels, "grouped_linear_triton", g), patch(kernels, "gated_linear_triton", m):
+            got = specdec.generate(model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                   drafter=specdec.NGramDrafter(), backends={"grouped_linear": "triton"})  # fmt: skip
+        seq = got.sequences if hasattr(got, "sequences") else got
+        out[name] = (bool(torch.equal(seq, want)), counts, len(projection_groups(model)), _named_groups(model))
+    return out
+
+
 def _generate_models() -> dict:
     """Tiny Qwen3, Llama, Qwen3.5 and Qwen3-Next (hybrid) models decoded by ``specdec.generate`` with the projection
     groups routed, each beside HF's greedy ``generate``, the kernels' call counts and the groups' sizes."""
@@ -324,7 +385,7 @@ def _run_interpreted(folder: Path) -> None:
     from specdec.kernels.grouped_linear import triton as kernels
 
     data = torch.load(folder / "cases.pt")
-    out = {"models": _generate_models()}
+    out = {"models": _generate_models(), "architectures": _every_architecture()}
     poison_empty()
     out["grouped"] = [kernels.grouped_linear_triton(c["x"], c["ws"], c["bs"], sms=c["sms"], block_k=c["block_k"])
                       for c in data["cases"]]  # fmt: skip
