@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from specdec.attention import AttentionScope, grouped_for
 from specdec.distributed import is_dtensor
 from specdec.drafters.follow import drafter_modules
-from specdec.kernels.grouped_linear.routing import grouped_for as projection_kernel_for
+from specdec.kernels.grouped_linear.routing import projection_kernel_for
 from specdec.kernels.rms_norm.routing import norm_kernel_for
 from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.round_tail import round_tail

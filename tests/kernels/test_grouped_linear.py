@@ -302,54 +302,58 @@ def _named_groups(model) -> int:
                for m in model.modules())  # fmt: skip
 
 
-def _every_architecture() -> dict:
-    """Each tiny architecture of the suite, one sequence of 8 tokens and 8 new ones through ``specdec.generate``
-    with the groups routed: (equal to HF's greedy, the kernels' call counts, groups found, groups by name)."""
+def _routed_generate(model, rows: int, length: int, new: int) -> tuple:
+    """``rows`` random prompts of ``length`` tokens decoded by HF's greedy ``generate`` and by ``specdec.generate``
+    with the groups routed: (HF's sequences, specdec's, the kernels' call counts)."""
     from unittest import mock
-
-    from models import ARCHS, tiny_model
-    from state.hybrid_harness import FAMILIES, tiny_hybrid
 
     import specdec
     from specdec.kernels.grouped_linear import triton as kernels
+
+    torch.manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (rows, length))
+    mask = torch.ones_like(ids)
+    want = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False)
+    counts = {"grouped": 0, "gated": 0}
+
+    def counted(name: str, launch):
+        def call(*a, **k):
+            counts[name] += 1
+            return launch(*a, **k)
+
+        return call
+
+    patch = mock.patch.object
+    with patch(kernels, "grouped_linear_triton", counted("grouped", kernels.grouped_linear_triton)), \
+            patch(kernels, "gated_linear_triton", counted("gated", kernels.gated_linear_triton)):  # fmt: skip
+        got = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=new, drafter=specdec.NGramDrafter(),
+                               backends={"grouped_linear": "triton"})  # fmt: skip
+    return want, got.sequences if hasattr(got, "sequences") else got, counts
+
+
+def _every_architecture() -> dict:
+    """Each tiny architecture of the suite, one sequence of 8 tokens and 8 new ones through ``specdec.generate``
+    with the groups routed: (equal to HF's greedy, the kernels' call counts, groups found, groups by name)."""
+    from models import ARCHS, tiny_model
+    from state.hybrid_harness import FAMILIES, tiny_hybrid
+
     from specdec.kernels.grouped_linear.routing import projection_groups
 
     out = {}
     for name in [*ARCHS, "gpt2", *FAMILIES]:
         model = tiny_model(name) if name in ARCHS or name == "gpt2" else tiny_hybrid(name)
-        torch.manual_seed(0)
-        ids = torch.randint(3, model.config.vocab_size, (1, 8))
-        want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
-        counts = {"grouped": 0, "gated": 0}
-        grouped, gated = kernels.grouped_linear_triton, kernels.gated_linear_triton
-
-        def g(*a, _f=grouped, _counts=counts, **k):
-            _counts["grouped"] += 1
-            return _f(*a, **k)
-
-        def m(*a, _f=gated, _counts=counts, **k):
-            _counts["gated"] += 1
-            return _f(*a, **k)
-
-        patch = mock.patch.object
-        with patch(kernels, "grouped_linear_triton", g), patch(kernels, "gated_linear_triton", m):
-            got = specdec.generate(model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
-                                   drafter=specdec.NGramDrafter(), backends={"grouped_linear": "triton"})  # fmt: skip
-        seq = got.sequences if hasattr(got, "sequences") else got
-        out[name] = (bool(torch.equal(seq, want)), counts, len(projection_groups(model)), _named_groups(model))
+        want, got, counts = _routed_generate(model, 1, 8, 8)
+        out[name] = (bool(torch.equal(got, want)), counts, len(projection_groups(model)), _named_groups(model))
     return out
 
 
 def _generate_models() -> dict:
-    """Tiny Qwen3, Llama, Qwen3.5 and Qwen3-Next (hybrid) models decoded by ``specdec.generate`` with the projection
-    groups routed, each beside HF's greedy ``generate``, the kernels' call counts and the groups' sizes."""
-    from unittest import mock
-
+    """Tiny Qwen3, Llama, Qwen3.5 and Qwen3-Next (hybrid) models, two sequences each, decoded by
+    ``specdec.generate`` with the projection groups routed, each beside HF's greedy ``generate``, the kernels' call
+    counts and the groups' sizes."""
     from models import tiny_model
     from state.hybrid_harness import tiny_hybrid
 
-    import specdec
-    from specdec.kernels.grouped_linear import triton as kernels
     from specdec.kernels.grouped_linear.routing import projection_groups
 
     out = {}
@@ -357,27 +361,8 @@ def _generate_models() -> dict:
               "qwen3_5": lambda: tiny_hybrid("qwen3_5"), "qwen3_next": lambda: tiny_hybrid("qwen3_next")}  # fmt: skip
     for name, build in builds.items():
         model = build()
-        cfg = model.config
-        torch.manual_seed(0)
-        ids = torch.randint(3, cfg.vocab_size, (2, 9))
-        want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
-        counts = {"grouped": 0, "gated": 0}
-        grouped, gated = kernels.grouped_linear_triton, kernels.gated_linear_triton
-
-        def g(*a, _f=grouped, _counts=counts, **k):
-            _counts["grouped"] += 1
-            return _f(*a, **k)
-
-        def m(*a, _f=gated, _counts=counts, **k):
-            _counts["gated"] += 1
-            return _f(*a, **k)
-
-        patch = mock.patch.object
-        with patch(kernels, "grouped_linear_triton", g), patch(kernels, "gated_linear_triton", m):
-            got = specdec.generate(model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
-                                   drafter=specdec.NGramDrafter(), backends={"grouped_linear": "triton"})  # fmt: skip
-        groups = [len(g.layers) for g in projection_groups(model)]
-        out[name] = (got.sequences if hasattr(got, "sequences") else got, want, counts, groups)
+        want, got, counts = _routed_generate(model, 2, 9, 12)
+        out[name] = (got, want, counts, [len(g.layers) for g in projection_groups(model)])
     return out
 
 

@@ -26,7 +26,7 @@ from torch import nn
 
 from specdec.state.forwards import swappable, swapped_forwards
 
-__all__ = ["GROUPS", "ProjectionGroup", "gated_mlp_forward", "grouped_for", "projection_groups", "routed"]
+__all__ = ["GROUPS", "ProjectionGroup", "gated_mlp_forward", "projection_groups", "projection_kernel_for", "routed"]
 
 GROUPS = (
     ("q_proj", "k_proj", "v_proj"),
@@ -36,7 +36,7 @@ GROUPS = (
 """Names of sibling projections called on one input, in the order HF's layers call them."""
 
 
-def grouped_for(device: torch.device | str) -> bool:
+def projection_kernel_for(device: torch.device | str) -> bool:
     """Whether uncompiled forwards on ``device`` route their projection groups (``Backends.grouped_linear``):
     ``auto`` on CUDA where the kernels import (not under Triton's interpreter, where the layers' own products are
     faster), ``triton`` everywhere (the kernels where Triton runs, the layers' own ``F.linear`` elsewhere), ``torch``
@@ -78,7 +78,7 @@ class ProjectionGroup:
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Member ``index``'s product of ``x``: from the group's last launch when it was made from this very
         input, else a new launch for the group (or the member's own ``F.linear`` where the kernel does not fit)."""
-        from specdec.kernels.grouped_linear import fits_triton, grouped_linear
+        from specdec.kernels.grouped_linear import grouped_linear
 
         if self._x is x and _version(x) == self._version and self._outs[index] is not None:
             out, self._outs[index] = self._outs[index], None
@@ -87,7 +87,7 @@ class ProjectionGroup:
             return out
         layer = self.layers[index]
         weights = [m.weight for m in self.layers]
-        if not _runs_here(x, weights) or not fits_triton(x, weights):
+        if not _kernels_take(x, weights):
             return F.linear(x, layer.weight, layer.bias)
         biases = None if layer.bias is None else [m.bias for m in self.layers]
         outs: list[torch.Tensor | None] = list(grouped_linear(x, weights, biases, impl="triton"))
@@ -105,17 +105,16 @@ def _version(x: torch.Tensor) -> int:
     return -1 if x.is_inference() else x._version
 
 
-def _runs_here(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
-    """Whether the kernels run for ``x``: on CUDA (or under Triton's interpreter) with every weight of the group on
-    ``x``'s device now (a layer offloaded by accelerate holds its weights elsewhere until its own hook moves them:
-    it computes its own product)."""
-    return (x.is_cuda or _interpreted()) and all(w.device == x.device for w in weights)
+def _kernels_take(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
+    """Whether the Triton kernels take ``x`` by ``weights`` (``pick_impl``'s ``auto``: on CUDA or under Triton's
+    interpreter, where they import and the call fits), with every weight on ``x``'s device now (a layer offloaded
+    by accelerate holds its weights elsewhere until its own hook moves them: it computes its own product)."""
+    from specdec.kernels import grouped_linear as package
+    from specdec.kernels._triton import pick_impl
 
-
-def _interpreted() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    if not all(w.device == x.device for w in weights):
+        return False
+    return pick_impl("auto", x.device, package._MODULE, fits=package.fits_triton(x, weights)) == "triton"
 
 
 def projection_groups(*models) -> list[ProjectionGroup]:
@@ -136,26 +135,34 @@ def projection_groups(*models) -> list[ProjectionGroup]:
 
 
 def gated_mlp_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` of a gated MLP with its gate, up and activation in one ``gated_linear`` where it fits (the
-    down projection is the module's own); else ``specdec.kernels.silu_mul.mlp_forward``."""
-    from specdec.kernels.grouped_linear import fits_triton, gated_linear
+    """``module(x)`` of a gated MLP whose gate and up projections form a group (``routed`` picks those): its gate,
+    up and activation in one ``gated_linear`` where the kernel takes the call (the down projection is the module's
+    own); else ``specdec.kernels.silu_mul.mlp_forward``."""
+    from specdec.kernels.grouped_linear import gated_linear
     from specdec.kernels.silu_mul import mlp_forward
 
     gate, up = module.gate_proj, module.up_proj
-    weights = [gate.weight, up.weight]
-    if _runs_here(x, weights) and _groupable([gate, up]) and gate.weight.shape == up.weight.shape \
-            and fits_triton(x, weights):  # fmt: skip
+    if _kernels_take(x, [gate.weight, up.weight]):
         return module.down_proj(gated_linear(x, gate.weight, up.weight, gate.bias, up.bias, impl="triton"))
     return mlp_forward(module, x)
 
 
+def _gated_pair(module: nn.Module) -> bool:
+    """Whether a gated MLP's gate and up projections can run as one ``gated_linear`` (one shape, a group)."""
+    gate, up = module.gate_proj, module.up_proj
+    return _groupable([gate, up]) and gate.weight.shape == up.weight.shape
+
+
 class routed:  # noqa: N801 - a context manager, named as the other routings' ``routed``
-    """Route ``groups`` (and the gated ``mlps``) while active; waiting products are dropped on exit."""
+    """Route ``groups`` and the gated ``mlps`` while active (an MLP whose gate and up cannot form a group keeps
+    ``silu_mul``'s routing); waiting products are dropped on exit."""
 
     def __init__(self, groups: list[ProjectionGroup], mlps: list[nn.Module] = ()) -> None:
+        from specdec.kernels.silu_mul import mlp_forward
+
         self.groups = groups
         pairs = [pair for g in groups for pair in g.forwards()]
-        pairs += [(m, types.MethodType(gated_mlp_forward, m)) for m in mlps]
+        pairs += [(m, types.MethodType(gated_mlp_forward if _gated_pair(m) else mlp_forward, m)) for m in mlps]
         self._swap = swapped_forwards(pairs)
 
     def __enter__(self) -> routed:

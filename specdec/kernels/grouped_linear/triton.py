@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.kernels.skinny_linear.triton import MAX_ROWS, k_split, sm_count, split_product
+from specdec.kernels.skinny_linear.triton import MAX_ROWS, block_plan, sm_count, split_product
 from specdec.kernels.triton_ops import FLOAT_KIND, dot_fp32, load_k_tile, round_to, to_bf16
 
 __all__ = ["MAX_ROWS", "MAX_WEIGHTS", "gated_linear_triton", "group_plan", "grouped_linear_triton"]
@@ -37,7 +37,7 @@ MAX_WEIGHTS = 4
 """The most weights one grouped call takes."""
 
 _ENOUGH_PER_SM = 2
-"""Column blocks per SM at which the wider column block is taken."""
+"""Column blocks per SM (two weight tiles each) at which the gated call's ``K`` is not split."""
 
 _UNSPLIT_PER_SM = 0.5
 """Column blocks per SM at which a grouped call's ``K`` is not split: on an H100 the q / k / v group of Qwen3-8B
@@ -47,9 +47,6 @@ blocks of ``K`` = 12288 were fastest in four splits."""
 
 _UNSPLIT_BLOCK_K = 256
 """The ``K`` tile of an unsplit grouped call in half precision (fewer, longer loads; the same sweep)."""
-
-_STAGE_BUDGET = 160 * 1024
-"""Shared memory for the pipelined x / weight tiles."""
 
 
 @triton.jit(do_not_specialize=["N0", "N1", "N2", "N3", "C1", "C2", "C3"])
@@ -219,29 +216,10 @@ def group_plan(m: int, widths: list[int], k: int, sms: int, *, itemsize: int = 2
         raise ValueError(f"group_plan takes 0 <= M <= {MAX_ROWS} rows; got {m}.")
     if not 1 <= len(widths) <= MAX_WEIGHTS:
         raise ValueError(f"group_plan takes 1 to {MAX_WEIGHTS} weights; got {len(widths)}.")
-    block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(max(m, 1))))
-    wide = sum(triton.cdiv(n, 128) for n in widths) * tiles_per_block >= _ENOUGH_PER_SM * sms
-    block_n = 128 if wide else 64
-    starts = [0]
-    for n in widths:
-        starts.append(starts[-1] + triton.cdiv(n, block_n))
-    n_blocks = starts[-1]
-    enough = _ENOUGH_PER_SM if tiles_per_block > 1 else _UNSPLIT_PER_SM
-    unsplit = n_blocks * tiles_per_block >= enough * sms
-    if block_k is None and unsplit and tiles_per_block == 1 and itemsize <= 2 and k >= _UNSPLIT_BLOCK_K:
-        block_k = _UNSPLIT_BLOCK_K
-    split = k_split(m, n_blocks * tiles_per_block, k, sms, itemsize=itemsize, block_k=block_k, enough_per_sm=enough)
-    stage = (block_m + tiles_per_block * block_n) * split["BLOCK_K"] * itemsize
-    return {
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
-        "starts": starts,
-        "n_blocks": n_blocks,
-        **split,
-        "programs": n_blocks * split["SPLIT_K"],
-        "STAGES": max(2, min(4, _STAGE_BUDGET // stage)),
-        "num_warps": 8 if block_m * block_n * tiles_per_block >= 8192 else 4,
-    }
+    gated = tiles_per_block > 1
+    return block_plan(m, widths, k, sms, itemsize=itemsize, tiles_per_block=tiles_per_block, block_k=block_k,
+                      enough_per_sm=_ENOUGH_PER_SM if gated else _UNSPLIT_PER_SM,
+                      unsplit_block_k=None if gated else _UNSPLIT_BLOCK_K)  # fmt: skip
 
 
 def _flags(x2d: torch.Tensor) -> dict:

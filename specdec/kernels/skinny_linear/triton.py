@@ -35,7 +35,7 @@ import triton.language as tl
 from specdec.kernels._triton import device_property
 from specdec.kernels.triton_ops import dot_fp32, load_k_tile, to_bf16
 
-__all__ = ["MAX_ROWS", "k_split", "skinny_linear_triton", "split_plan", "split_product"]
+__all__ = ["MAX_ROWS", "block_plan", "k_split", "skinny_linear_triton", "split_plan", "split_product"]
 
 MAX_ROWS = 64
 """The most rows ``M`` one call takes (one row block)."""
@@ -164,21 +164,43 @@ def split_plan(m: int, n: int, k: int, sm_count: int, *, itemsize: int = 2, bloc
     """
     if not 0 <= m <= MAX_ROWS:
         raise ValueError(f"split_plan takes 0 <= M <= {MAX_ROWS} rows; got {m}.")
+    plan = block_plan(m, [n], k, sm_count, itemsize=itemsize, block_k=block_k)
+    del plan["starts"]
+    return plan
+
+
+def block_plan(m: int, widths: list[int], k: int, sm_count: int, *, itemsize: int = 2, tiles_per_block: int = 1,
+               block_k: int | None = None, enough_per_sm: float = _ENOUGH_PER_SM,
+               unsplit_block_k: int | None = None) -> dict:  # fmt: skip
+    """``split_plan``'s plan for the column blocks of several weights laid end to end (``widths``: their ``N``), each
+    program reading ``tiles_per_block`` weight tiles of its columns: ``starts`` (each weight's first column block,
+    then the total ``n_blocks``) beside ``split_plan``'s keys. ``K`` is not split from ``enough_per_sm`` programs
+    per SM (``k_split``); a call that is not split takes ``unsplit_block_k`` (if given, half precision, ``K`` at
+    least that long) as its ``K`` tile when ``block_k`` is None."""
     if sm_count < 1:
         raise ValueError(f"sm_count={sm_count}: pass the device's SM count (>= 1).")
     block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(max(m, 1))))
-    block_n = 128 if triton.cdiv(n, 128) >= _ENOUGH_PER_SM * sm_count else 64
-    n_blocks = triton.cdiv(n, block_n)
-    split = k_split(m, n_blocks, k, sm_count, itemsize=itemsize, block_k=block_k)
-    stage = (block_m + block_n) * split["BLOCK_K"] * itemsize
+    wide = sum(triton.cdiv(n, 128) for n in widths) * tiles_per_block >= _ENOUGH_PER_SM * sm_count
+    block_n = 128 if wide else 64
+    starts = [0]
+    for n in widths:
+        starts.append(starts[-1] + triton.cdiv(n, block_n))
+    n_blocks = starts[-1]
+    programs = n_blocks * tiles_per_block
+    if block_k is None and unsplit_block_k and programs >= enough_per_sm * sm_count and itemsize <= 2 \
+            and k >= unsplit_block_k:  # fmt: skip
+        block_k = unsplit_block_k
+    split = k_split(m, programs, k, sm_count, itemsize=itemsize, block_k=block_k, enough_per_sm=enough_per_sm)
+    stage = (block_m + tiles_per_block * block_n) * split["BLOCK_K"] * itemsize
     return {
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
+        "starts": starts,
         "n_blocks": n_blocks,
         **split,
         "programs": n_blocks * split["SPLIT_K"],
         "STAGES": max(2, min(4, _STAGE_BUDGET // stage)),
-        "num_warps": 8 if block_m * block_n >= 8192 else 4,
+        "num_warps": 8 if block_m * block_n * tiles_per_block >= 8192 else 4,
     }
 
 
