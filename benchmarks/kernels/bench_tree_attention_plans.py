@@ -1,11 +1,12 @@
 """``tree_attention`` launch plans side by side at the round's own shapes: which rows per program, tile and warps
 serve short spans (the zoo pair's few hundred slots) and long ones.
 
-Shapes: the zoo target's attention (H 6, H_kv 2, D 64) over ``n`` in {256, 512} committed slots, and the 8 B target's
-(H 32, H_kv 8, D 128) over {512, 8 k}; bf16, Q in {1, 16, 32} query rows under a tree mask with the committed prefix
-passed flat (the round's call), each call replayed from a CUDA graph. Columns: ``default`` (``split_plan``), then
-one column per override of ``BLOCK_M`` (rows per program), ``BLOCK_N`` (slots per tile) and ``num_warps``; ``best``
-names the fastest.
+Shapes: the zoo target's attention (H 6, H_kv 2, D 64) over ``n`` in {256, 512} committed slots, the 8 B target's
+(H 32, H_kv 8, D 128) over {512, 8 k, 32 k} and the 8 B hybrid's (H 16, H_kv 4, D 256) over {512, 16 k}; bf16, Q in
+{1, 16, 32} query rows under a tree mask with the committed prefix passed flat (the round's call), each call
+replayed from a CUDA graph. Columns: ``default`` (``split_plan``), then one column per override of ``BLOCK_M`` (rows
+per program), ``BLOCK_N`` (slots per tile), ``num_warps``, ``chunks`` (``c*``: the programs a length is split over)
+and ``MIN_TILES`` (``t*``: the fewest tiles per chunk); ``best`` names the fastest.
 
     python benchmarks/kernels/bench_tree_attention_plans.py [--out bench_out/kernels]
 """
@@ -19,9 +20,9 @@ from bench_tree_attention import tree_mask
 from specdec.kernels.tree_attention.triton import tree_attention_triton
 
 # (name, H, H_kv, D, committed slots)
-SHAPES = [("zoo", 6, 2, 64, 256), ("zoo", 6, 2, 64, 512), ("8b", 32, 8, 128, 512), ("8b", 32, 8, 128, 8192)]
+SHAPES = [("zoo", 6, 2, 64, 256), ("zoo", 6, 2, 64, 512), ("8b", 32, 8, 128, 512), ("8b", 32, 8, 128, 8192),
+          ("8b", 32, 8, 128, 32768), ("hyb", 16, 4, 256, 512), ("hyb", 16, 4, 256, 16384)]  # fmt: skip
 ROWS = [1, 16, 32]
-CACHE = 8192 + 128
 DTYPE = torch.bfloat16
 PLANS = {
     "m16": {"BLOCK_M": 16},
@@ -33,6 +34,13 @@ PLANS = {
     "w4": {"num_warps": 4},
     "m32w2": {"BLOCK_M": 32, "num_warps": 2},
     "m16w2": {"BLOCK_M": 16, "num_warps": 2},
+    "c4": {"chunks": 4},
+    "c8": {"chunks": 8},
+    "c32": {"chunks": 32},
+    "t2": {"MIN_TILES": 2},
+    "t4": {"MIN_TILES": 4},
+    "t8": {"MIN_TILES": 8},
+    "t16": {"MIN_TILES": 16},
 }
 
 
@@ -40,13 +48,14 @@ def run(device: torch.device) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     out = []
     for name, heads, kv_heads, dim, span in SHAPES:
-        key, value = (torch.randn(1, kv_heads, CACHE, dim, generator=gen).to(device=device, dtype=DTYPE) for _ in "kv")
+        cache = span + 128
+        key, value = (torch.randn(1, kv_heads, cache, dim, generator=gen).to(device=device, dtype=DTYPE) for _ in "kv")
         for rows in ROWS:
             total = span + rows
             lengths = torch.tensor([total], device=device, dtype=torch.int64)
             flat = torch.tensor([span], device=device, dtype=torch.int64)
             query = torch.randn(1, heads, rows, dim, generator=gen).to(device=device, dtype=DTYPE)
-            full = torch.zeros(1, 1, rows, CACHE, dtype=torch.bool)
+            full = torch.zeros(1, 1, rows, cache, dtype=torch.bool)
             full[..., :total] = tree_mask(gen, rows, total)
             mask = full.to(device)
             scale = dim**-0.5

@@ -281,3 +281,50 @@ def test_compiled_auto_rounds_equal_hf_greedy_and_deliver_their_expectations():
     out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=24, compile=True)
     assert torch.equal(out.sequences, ref)
     assert seen and all(row[0] > 0 for expected in seen for row in expected), seen
+
+
+@pytest.mark.slow
+def test_compiled_rounds_route_the_projection_groups_between_compiled_regions(monkeypatch):
+    """``Backends(grouped_linear="triton")`` under ``compile=True``: each routed member ends the compiled region and
+    runs eagerly, so the group's memo sees the layer's own tensor: one group launch per layer and forward (q / k / v
+    served by one), exactly as many as uncompiled, and the tokens stay HF's greedy ones. The kernels are stood in
+    for by their references (counted), and ``pick_impl`` picks them for CPU tensors (after asking ``importable``, which
+    ends the compiled region, as on a GPU)."""
+    import specdec.kernels.grouped_linear as package
+    from specdec.kernels import _triton
+    from specdec.kernels.grouped_linear.reference import gated_linear_reference, grouped_linear_reference
+
+    calls = {"grouped": 0, "gated": 0}
+
+    def grouped(x, weights, biases=None, *, impl="auto"):
+        calls["grouped"] += 1
+        return grouped_linear_reference(x, weights, biases)
+
+    def gated(x, gate, up, gate_bias=None, up_bias=None, *, impl="auto"):
+        calls["gated"] += 1
+        return gated_linear_reference(x, gate, up, gate_bias, up_bias)
+
+    monkeypatch.setattr(package, "grouped_linear", grouped)
+    monkeypatch.setattr(package, "gated_linear", gated)
+    real_pick = _triton.pick_impl
+
+    def pick(impl, device, module, *, fits=True):
+        if module == package._MODULE:
+            return "triton" if _triton.importable(module) and fits else "torch"
+        return real_pick(impl, device, module, fits=fits)
+
+    monkeypatch.setattr(_triton, "pick_impl", pick)
+    target = tiny_model("qwen3", scale=4.0)
+    layers = target.config.num_hidden_layers
+    ids = prompt()
+    ref = target.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    counts = {}
+    for compiled in (False, True):
+        calls.update(grouped=0, gated=0)
+        out = specdec.generate(target, ids, max_new_tokens=12, compile=compiled, backends={"grouped_linear": "triton"})
+        assert torch.equal(out.sequences, ref), compiled
+        assert out.stats.compile_fallbacks == 0 and (out.stats.compile_ms > 0) == compiled
+        counts[compiled] = dict(calls)
+    assert counts[True] == counts[False] and counts[True]["grouped"] > 0 and counts[True]["grouped"] % layers == 0
+    assert counts[True]["gated"] == counts[True]["grouped"]  # one MLP per attention layer, both routed
+    assert not any("forward" in m.__dict__ for m in target.modules())
