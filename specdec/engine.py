@@ -938,9 +938,8 @@ class Engine:
         linear layers through the split-K kernel with ``Backends(linear_kernel="triton")``, and in uncompiled forwards
         the RMSNorm layers (on CUDA by default, ``Backends.target_norm``), the rotary embedding
         (``Backends.target_rotary``) and the gated MLPs' activation and product (``Backends.silu_mul``) through one
-        launch each, the projection groups and gated MLPs' input side through ``grouped_linear`` (compiled forwards
-        too, between compiled regions: ``Backends.grouped_linear``), and in uncompiled forwards the target's rotary
-        modules answer from their tables (``specdec.state.rope``)."""
+        launch each, and in uncompiled forwards the target's rotary modules answer from their tables
+        (``specdec.state.rope``)."""
         draft = getattr(static, "draft_model", None)
         kv = self.target.storage.kv  # [L, 2, 1, H_kv, capacity, D]: the attention's own dtype and head dim
         grouped = grouped_for(compiled, self.device, kv.dtype, kv.shape[-1])
@@ -948,7 +947,7 @@ class Engine:
         rotary = not compiled and rotary_kernel_for(self.device)
         mlps = not compiled and mlp_kernel_for(self.device)
         gathers = not compiled and gather_kernel_for(self.device)
-        projections = projection_kernel_for(self.device, compiled)
+        projections = not compiled and projection_kernel_for(self.device)
         linear = linear_kernel_for()
         # made once per setting and draft model: this engine's target keeps its modules (another one gets another
         # engine, ``weights_signature``), and a drafter whose weights changed gets a new state (``_check_drafter``)

@@ -53,11 +53,14 @@ def write_csv(path: Path, rows: list[dict], header: list[str]) -> None:
         writer.writerows(rows)
 
 
-def bench_args(description: str) -> tuple[argparse.Namespace, torch.device, str]:
-    """The kernel benchmarks' command line (``--device``, ``--out``): parsed args, the device, its name."""
+def bench_args(description: str, extra=None) -> tuple[argparse.Namespace, torch.device, str]:
+    """The kernel benchmarks' command line (``--device``, ``--out``, and what ``extra(parser)`` adds): parsed args,
+    the device, its name."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--device", default=None, help="torch device; default: the current accelerator, else cpu")
     parser.add_argument("--out", default="bench_out/kernels", help="folder for the CSV (ignored by git)")
+    if extra is not None:
+        extra(parser)
     args = parser.parse_args()
     accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     device = torch.device(args.device or (accel.type if accel is not None else "cpu"))
@@ -65,9 +68,9 @@ def bench_args(description: str) -> tuple[argparse.Namespace, torch.device, str]
     return args, device, name
 
 
-def cuda_bench_args(description: str) -> tuple[argparse.Namespace, torch.device, str]:
+def cuda_bench_args(description: str, extra=None) -> tuple[argparse.Namespace, torch.device, str]:
     """``bench_args`` for a benchmark that only times CUDA graphs: refuses to run without a CUDA device."""
-    args, device, name = bench_args(description)
+    args, device, name = bench_args(description, extra)
     if device.type != "cuda":
         raise SystemExit("this benchmark times CUDA graphs: run it on a CUDA device")
     return args, device, name

@@ -87,6 +87,7 @@ def sweep(device: torch.device) -> list[dict]:
             x = torch.randn(rows, k, generator=gen).to(device=device, dtype=DTYPE)
             for sms, block_k in SWEEP:
                 plan = group_plan(rows, list(widths), k, sms, block_k=block_k)
+
                 def call(x=x, weights=weights, sms=sms, block_k=block_k):
                     return grouped_linear_triton(x, weights, sms=sms, block_k=block_k)
 

@@ -6,9 +6,10 @@ Shapes: the zoo target's attention (H 6, H_kv 2, D 64) over ``n`` in {256, 512} 
 {1, 16, 32} query rows under a tree mask with the committed prefix passed flat (the round's call), each call
 replayed from a CUDA graph. Columns: ``default`` (``split_plan``), then one column per override of ``BLOCK_M`` (rows
 per program), ``BLOCK_N`` (slots per tile), ``num_warps``, ``chunks`` (``c*``: the programs a length is split over)
-and ``MIN_TILES`` (``t*``: the fewest tiles per chunk); ``best`` names the fastest.
+and ``MIN_TILES`` (``t*``: the fewest tiles per chunk); ``best`` names the fastest. ``--plans`` / ``--shapes`` pick
+columns and shapes (by name, e.g. ``--plans t2 t4 --shapes 8b hyb``); each row is printed as it completes.
 
-    python benchmarks/kernels/bench_tree_attention_plans.py [--out bench_out/kernels]
+    python benchmarks/kernels/bench_tree_attention_plans.py [--plans ...] [--shapes ...] [--out bench_out/kernels]
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ PLANS = {
 }
 
 
-def run(device: torch.device) -> list[dict]:
+def run(device: torch.device, plans: dict, shapes: list) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     out = []
-    for name, heads, kv_heads, dim, span in SHAPES:
+    for name, heads, kv_heads, dim, span in shapes:
         cache = span + 128
         key, value = (torch.randn(1, kv_heads, cache, dim, generator=gen).to(device=device, dtype=DTYPE) for _ in "kv")
         for rows in ROWS:
@@ -61,7 +62,7 @@ def run(device: torch.device) -> list[dict]:
             scale = dim**-0.5
             row = {"shape": name, "S": span, "Q": rows}
             expected = None
-            for label, plan in {"default": None, **PLANS}.items():
+            for label, plan in {"default": None, **plans}.items():
                 call = lambda q=query, k=key, v=value, m=mask, s=scale, p=plan, n=lengths, f=flat: (  # noqa: E731
                     tree_attention_triton(q, k, v, m, s, n, plan=p, flat=f)
                 )
@@ -75,17 +76,25 @@ def run(device: torch.device) -> list[dict]:
                 except Exception as err:  # a plan the device cannot run (shared memory) or whose output differs: nan
                     row[label] = float("nan")
                     print(f"{label} {name} S={span} Q={rows}: {type(err).__name__}: {str(err)[:120]}")
-            timed = {k: v for k, v in row.items() if k in PLANS or k == "default"}
+            timed = {k: v for k, v in row.items() if k in plans or k == "default"}
             row["best"] = min((v, k) for k, v in timed.items() if v == v)[1]
             out.append(row)
+            print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
     return out
 
 
+def _options(parser) -> None:
+    parser.add_argument("--plans", nargs="*", default=list(PLANS), choices=list(PLANS), help="columns to time")
+    parser.add_argument("--shapes", nargs="*", default=["zoo", "8b", "hyb"], choices=["zoo", "8b", "hyb"])
+
+
 def main() -> None:
-    args, device, name = cuda_bench_args(__doc__.splitlines()[0])
+    args, device, name = cuda_bench_args(__doc__.splitlines()[0], _options)
     print(f"tree_attention launch plans, bf16, median ms per call (graph replay) on {name}; warm")
-    columns = ["shape", "S", "Q", "default", *PLANS, "best"]
-    report(run(device), columns, args.out, "tree_attention_plans.csv", device)
+    plans = {k: PLANS[k] for k in args.plans}
+    shapes = [s for s in SHAPES if s[0] in args.shapes]
+    columns = ["shape", "S", "Q", "default", *plans, "best"]
+    report(run(device, plans, shapes), columns, args.out, "tree_attention_plans.csv", device)
 
 
 if __name__ == "__main__":

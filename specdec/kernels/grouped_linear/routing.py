@@ -1,5 +1,5 @@
-"""The target's projection groups through ``grouped_linear`` / ``gated_linear`` while the round runs its forwards
-(``Backends.grouped_linear``).
+"""The target's projection groups through ``grouped_linear`` / ``gated_linear`` while the round runs its uncompiled
+forwards (``Backends.grouped_linear``).
 
 A group is the sibling ``nn.Linear`` layers of one module that HF's forward calls on the same input, one after the
 other: an attention layer's ``q_proj`` / ``k_proj`` / ``v_proj``, a Gated DeltaNet layer's input projections
@@ -14,12 +14,6 @@ up and activation in one launch.
 Only exact ``nn.Linear`` members whose forward can be swapped (``specdec.state.forwards.swappable``) and whose
 weights share ``K``, dtype and device, stored contiguously, with a bias on all or none, form a group; the user's
 modules are left as they were on exit, and graph replays pay nothing.
-
-Under ``torch.compile`` (``Backends.compile_graph="split"``, the default) a routed member or MLP ends the compiled
-region where it is called, as every kernel dispatch does there: the member runs eagerly between two compiled
-regions, so the group's memo sees the very tensors the layer passes (a region's outputs), and the compiler fuses
-what lies between the products (norms, rotary, the activation of an MLP it does not route). With ``"whole"`` the
-groups are not routed: a memo of tensors cannot live inside one traced graph.
 """
 
 from __future__ import annotations
@@ -42,17 +36,13 @@ GROUPS = (
 """Names of sibling projections called on one input, in the order HF's layers call them."""
 
 
-def projection_kernel_for(device: torch.device | str, compiled: bool = False) -> bool:
-    """Whether forwards on ``device`` route their projection groups (``Backends.grouped_linear``): ``auto`` on CUDA
-    where the kernels import (not under Triton's interpreter, where the layers' own products are faster),
-    ``triton`` everywhere (the kernels where Triton runs, the layers' own ``F.linear`` elsewhere), ``torch`` never.
-    ``compiled`` forwards (under ``torch.compile``) route them only where kernels run between compiled regions
-    (``Backends.compile_graph="split"``)."""
-    from specdec.kernels import _triton
+def projection_kernel_for(device: torch.device | str) -> bool:
+    """Whether uncompiled forwards on ``device`` route their projection groups (``Backends.grouped_linear``):
+    ``auto`` on CUDA where the kernels import (not under Triton's interpreter, where the layers' own products are
+    faster), ``triton`` everywhere (the kernels where Triton runs, the layers' own ``F.linear`` elsewhere), ``torch``
+    never."""
     from specdec.kernels import grouped_linear as package
 
-    if compiled and _triton.COMPILE_GRAPH != "split":
-        return False
     if package.IMPL != "auto":
         return package.IMPL == "triton"
     return torch.device(device).type == "cuda" and package._triton_available()
@@ -90,7 +80,6 @@ class ProjectionGroup:
         input, else a new launch for the group (or the member's own ``F.linear`` where the kernel does not fit)."""
         from specdec.kernels.grouped_linear import grouped_linear
 
-        _run_eagerly()
         if self._x is x and _version(x) == self._version and self._outs[index] is not None:
             out, self._outs[index] = self._outs[index], None
             if all(o is None for o in self._outs):
@@ -109,13 +98,6 @@ class ProjectionGroup:
     def forwards(self) -> list[tuple[nn.Module, types.MethodType]]:
         """``(layer, forward)`` pairs for ``swapped_forwards``."""
         return [(m, types.MethodType(lambda _m, x, _i=i: self.forward(_i, x), m)) for i, m in enumerate(self.layers)]
-
-
-def _run_eagerly() -> None:
-    """Under ``torch.compile``: end the compiled region here, so that the caller's call of this member (or MLP) runs
-    eagerly with the real tensors (see the module docstring)."""
-    if torch.compiler.is_compiling():
-        torch._dynamo.graph_break()
 
 
 def _version(x: torch.Tensor) -> int:
@@ -160,7 +142,6 @@ def gated_mlp_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     from specdec.kernels.silu_mul import mlp_forward
 
     gate, up = module.gate_proj, module.up_proj
-    _run_eagerly()
     if _kernels_take(x, [gate.weight, up.weight]):
         return module.down_proj(gated_linear(x, gate.weight, up.weight, gate.bias, up.bias, impl="triton"))
     return mlp_forward(module, x)
