@@ -1604,13 +1604,6 @@ MUTANTS += [
           "if self._x is x and self._outs[index] is not None:"),),  # fmt: skip
         ("tests/kernels/test_grouped_linear.py", "-k", "another_input"),
     ),
-    Mutant(  # the combine reads the plan's chunk count of one-tile runs although the split wrote fewer, longer ones
-        "tree_attention_combine_ignores_min_tiles",
-        (("specdec/kernels/tree_attention/triton.py",
-          "used = tl.cdiv(tiles, tl.maximum(tl.cdiv(tiles, C), MIN_TILES))",
-          "used = tl.cdiv(tiles, tl.maximum(tl.cdiv(tiles, C), 1))"),),  # fmt: skip
-        ("tests/kernels/test_tree_attention_lengths.py", "-m", "interpreter", "-k", "several_tiles"),
-    ),
 ]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):

@@ -232,48 +232,26 @@ def test_interpreted_kernel_without_lengths_fails_the_check(interpreted):
         check(interpreted["cases"][1], interpreted["no_lengths"], kernel=True)
 
 
-def batch_and_alone(case: dict, device: str = "cpu", plan: dict | None = None) -> tuple[torch.Tensor, list]:
+def batch_and_alone(case: dict, device: str = "cpu") -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The case's batch at its span, and each sequence alone over the smallest span that holds it (another span
-    bucket, a batch of one), through the Triton version (with ``plan``'s overrides of its launch plan)."""
-    from specdec.kernels.tree_attention.triton import tree_attention_triton
-
+    bucket, a batch of one), through the Triton version."""
     q, k, v, mask, scale, lengths = case_args(case, device)
-    whole = tree_attention_triton(q, k, v, mask, scale, lengths, plan=plan)
+    whole = tree_attention(q, k, v, mask, scale, lengths, impl="triton")
     alone = []
     for b in range(q.shape[0]):
         n = int(case["lengths"][b])
         m = mask[b if mask.shape[0] > 1 else 0][None, ..., :n]
-        alone.append(tree_attention_triton(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], m, scale,
-                                           lengths[b : b + 1], plan=plan))  # fmt: skip
+        alone.append(tree_attention(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], m, scale,
+                                    lengths[b : b + 1], impl="triton"))  # fmt: skip
     return whole, alone
-
-
-# chunks of at least this many tiles: the 4 k case's rows (64, 16 and 47 tiles) split over 13, 4 and 10 chunks, the
-# last of each a shorter run
-_MIN_TILES = {"MIN_TILES": 5}
 
 
 @pytest.mark.interpreter
 def test_interpreted_batch_rows_equal_each_sequence_alone_bit_for_bit(interpreted):
-    for key in ("batch_and_alone", "min_tiles"):
-        whole, alone = interpreted[key]
-        assert len(alone) == whole.shape[0] > 1
-        for b, row in enumerate(alone):
-            assert torch.equal(whole[b : b + 1], row), (key, b)
-
-
-@pytest.mark.interpreter
-def test_interpreted_chunks_of_several_tiles_match_float64_brute_force(interpreted):
-    # a length split over fewer chunks than the plan's (each run at least MIN_TILES tiles): the combine must read
-    # exactly the chunks the split wrote (the workspace is NaN-poisoned)
-    from specdec.kernels.tree_attention.triton import split_plan
-
-    case = interpreted["cases"][3]
-    heads, kv_heads, rows, _, lengths, dim, _, _ = case["info"]
-    plan = split_plan(heads // kv_heads * rows, kv_heads, dim)
-    used = [math.ceil(math.ceil(n / plan["BLOCK_N"]) / _MIN_TILES["MIN_TILES"]) for n in lengths]
-    assert len(set(used)) == len(used) and max(used) < plan["chunks"], (used, plan)
-    check(case, interpreted["min_tiles"][0], kernel=True)
+    whole, alone = interpreted["batch_and_alone"]
+    assert len(alone) == whole.shape[0] > 1
+    for b, row in enumerate(alone):
+        assert torch.equal(whole[b : b + 1], row), b
 
 
 def _flat_call(case: dict, device: str = "cpu") -> torch.Tensor:
@@ -288,7 +266,6 @@ def _run_interpreted(folder: Path) -> None:
     out["no_lengths"] = tree_attention(*case_args(data["cases"][1], lengths=False), impl="triton")
     out["flat"] = [_flat_call(data["cases"][i]) for i in FLAT_INTERPRETED]
     out["batch_and_alone"] = batch_and_alone(data["cases"][1])
-    out["min_tiles"] = batch_and_alone(data["cases"][3], plan=_MIN_TILES)
     torch.save(out, folder / "outputs.pt")
 
 
@@ -319,19 +296,6 @@ def test_flat_prefix_reads_no_mask_there_and_changes_no_bit_on_cuda():
 def test_batch_rows_equal_each_sequence_alone_bit_for_bit_on_cuda():
     for case in (cases()[3], cases()[4], cases()[6]):  # bf16, ragged by thousands of slots, trees and steps
         whole, alone = batch_and_alone(case, "cuda")
-        for b, row in enumerate(alone):
-            assert torch.equal(whole[b : b + 1], row), (case["info"], b)
-
-
-@pytest.mark.gpu
-def test_chunks_of_several_tiles_match_float64_brute_force_on_cuda():
-    from specdec.kernels.tree_attention.triton import tree_attention_triton
-
-    for case in cases():
-        for tiles in (2, 5, 64):
-            check(case, tree_attention_triton(*case_args(case, "cuda"), plan={"MIN_TILES": tiles}), kernel=True)
-    for case in (cases()[3], cases()[4], cases()[6]):
-        whole, alone = batch_and_alone(case, "cuda", plan=_MIN_TILES)
         for b, row in enumerate(alone):
             assert torch.equal(whole[b : b + 1], row), (case["info"], b)
 

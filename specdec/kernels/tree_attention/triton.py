@@ -60,10 +60,6 @@ one row per program (the launch plan that was measured)."""
 _MAX_CHUNKS = 128
 """The most chunks a sequence's length is split over (the combine reads one partial state per chunk)."""
 
-_MIN_TILES = 1
-"""The fewest ``BLOCK_N``-slot tiles one chunk's run takes: a short length is then split over fewer chunks (fewer
-partial states written and combined), a long one as before."""
-
 _SMALL_HEAD = 64
 """Head dims up to this take 16-row programs over 32-slot tiles (4 warps): at the zoo target's shape (6 / 2 heads of 64,
 256-512 slots) 0.0074 against 0.0100 ms for a 32-node tree, 0.0066 against 0.0078 for 16 nodes and 0.0054 against
@@ -154,7 +150,6 @@ def _split_kernel(
     HAS_FLAT: tl.constexpr,  # slots [0, flat[b]) take each row's mask at slot 0
     IEEE: tl.constexpr,  # fp32 inputs: IEEE dots, p kept in fp32
     UPCAST: tl.constexpr,  # bf16 under the interpreter: dots on operands widened to fp32 (see dot_fp32)
-    MIN_TILES: tl.constexpr,  # the fewest tiles a chunk's run takes (short lengths use fewer chunks)
 ):
     chunk = tl.program_id(0)
     seq_group = tl.program_id(1)  # b * H_kv + g
@@ -172,7 +167,7 @@ def _split_kernel(
     if HAS_LEN:
         length = tl.minimum(tl.load(len_ptr + seq).to(tl.int32), S)
     tiles = tl.cdiv(length, BLOCK_N)
-    per_tiles = tl.maximum(tl.cdiv(tiles, num_chunks), MIN_TILES)
+    per_tiles = tl.maximum(tl.cdiv(tiles, num_chunks), 1)
     if chunk >= tl.cdiv(tiles, per_tiles):
         return  # a run past the length: nothing to read, nothing the combine will read
     per = per_tiles * BLOCK_N
@@ -236,7 +231,6 @@ def _combine_kernel(
     HAS_LEN: tl.constexpr,
     OUT_BF16: tl.constexpr,
     ROWS: tl.constexpr,
-    MIN_TILES: tl.constexpr,
 ):
     pid = tl.program_id(0)  # (b * H_kv + g) * cdiv(R, ROWS) + row block
     blocks = tl.cdiv(R, ROWS)
@@ -255,7 +249,7 @@ def _combine_kernel(
     if HAS_LEN:
         length = tl.minimum(tl.load(len_ptr + seq).to(tl.int32), S)
     tiles = tl.cdiv(length, BLOCK_N)
-    used = tl.cdiv(tiles, tl.maximum(tl.cdiv(tiles, C), MIN_TILES))
+    used = tl.cdiv(tiles, tl.maximum(tl.cdiv(tiles, C), 1))
 
     m_run = tl.full([ROWS], float("-inf"), tl.float32)
     l_run = tl.zeros([ROWS], tl.float32)
@@ -302,9 +296,7 @@ def split_plan(
         ~``_TARGET_PROGRAMS`` per sequence for the rows' own block, at most ``_MAX_CHUNKS``), ``BLOCK_N`` (slots per
         tile: 64, or 32 for rows of K / V wider than 512 bytes, e.g. D 256 in fp32, and for small heads),
         ``STAGES`` (software pipeline depth: 3, or 2 for those wide rows) and ``num_warps`` (8 for programs of
-        16384 query elements or more, 8192 for D 256, else 4), ``MIN_TILES`` (the fewest tiles in one chunk's run,
-        ``_MIN_TILES``: a length of ``t`` tiles runs on ``min(C, cdiv(t, MIN_TILES))`` chunks; data, so it is the
-        same for a sequence at every span and batch size). Where that needs more than ``shared`` bytes
+        16384 query elements or more, 8192 for D 256, else 4). Where that needs more than ``shared`` bytes
         (``shared_bytes``; e.g. 64 rows of D 256 in bf16 over 64-slot tiles: 240 KiB), the pipeline is shortened to
         2 stages and then the tiles halved.
     """
@@ -323,7 +315,7 @@ def split_plan(
             block_n //= 2
     warps = 8 if dim * block_m >= (16384 if dim <= 128 else 8192) else 4  # 4 for 64 rows of D 128: measured faster
     return {"BLOCK_M": block_m, "row_blocks": row_blocks, "chunks": chunks, "BLOCK_N": block_n, "STAGES": stages,
-            "num_warps": warps, "MIN_TILES": _MIN_TILES}  # fmt: skip
+            "num_warps": warps}  # fmt: skip
 
 
 def shared_limit(device: torch.device) -> int:
@@ -386,14 +378,13 @@ def tree_attention_triton(
         mask_batch_stride, mask_arg.stride(2), mask_arg.stride(3),  # the copy's own strides (a copy is contiguous)
         SCALE=float(scale), REP=rep, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
         MASK_BOOL=is_bool, HAS_LEN=has_len, HAS_FLAT=flat is not None, IEEE=query.dtype == torch.float32,
-        UPCAST=query.dtype == torch.bfloat16 and interpreted, MIN_TILES=plan["MIN_TILES"], num_warps=warps,
-        num_stages=plan["STAGES"],
+        UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=warps, num_stages=plan["STAGES"],
     )  # fmt: skip
     per_program = min(triton.next_power_of_2(rows), _INTERPRETED_COMBINE_ROWS) if interpreted else 1
     _combine_kernel[(batch * kv_heads * triton.cdiv(rows, per_program),)](
         m, lsum, acc, out, lengths if has_len else m, num_q, heads, rows, chunks, slots, kv_heads,
         REP=rep, D=dim, BLOCK_C=max(2, min(32, triton.next_power_of_2(chunks))), BLOCK_N=plan["BLOCK_N"],
-        HAS_LEN=has_len, OUT_BF16=query.dtype == torch.bfloat16, ROWS=per_program, MIN_TILES=plan["MIN_TILES"],
+        HAS_LEN=has_len, OUT_BF16=query.dtype == torch.bfloat16, ROWS=per_program,
         num_warps=4 if dim * chunks >= 4096 else 2,
     )  # fmt: skip
     return out
