@@ -5,9 +5,9 @@ Shapes: the zoo target's attention (H 6, H_kv 2, D 64) over ``n`` in {256, 512} 
 (H 32, H_kv 8, D 128) over {512, 8 k, 32 k} and the 8 B hybrid's (H 16, H_kv 4, D 256) over {512, 16 k}; bf16, Q in
 {1, 16, 32} query rows under a tree mask with the committed prefix passed flat (the round's call), each call
 replayed from a CUDA graph. Columns: ``default`` (``split_plan``), then one column per override of ``BLOCK_M`` (rows
-per program), ``BLOCK_N`` (slots per tile), ``num_warps`` and ``chunks`` (``c*``: the programs a length is split
-over); ``best`` names the fastest. ``--plans`` / ``--shapes`` pick columns and shapes (by name, e.g. ``--plans c4 c8
---shapes 8b hyb``); each row is printed as it completes.
+per program), ``BLOCK_N`` (slots per tile), ``num_warps``, ``chunks`` (``c*``: the programs a length is split over)
+and ``COMBINE_ROWS`` (``r*``: rows per combine program); ``best`` names the fastest. ``--plans`` / ``--shapes`` pick
+columns and shapes (by name, e.g. ``--plans c4 c8 --shapes 8b hyb``); each row is printed as it completes.
 
     python benchmarks/kernels/bench_tree_attention_plans.py [--plans ...] [--shapes ...] [--out bench_out/kernels]
 """
@@ -38,6 +38,9 @@ PLANS = {
     "c4": {"chunks": 4},
     "c8": {"chunks": 8},
     "c32": {"chunks": 32},
+    "r2": {"COMBINE_ROWS": 2},
+    "r4": {"COMBINE_ROWS": 4},
+    "r8": {"COMBINE_ROWS": 8},
 }
 
 

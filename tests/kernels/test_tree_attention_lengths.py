@@ -301,6 +301,15 @@ def test_batch_rows_equal_each_sequence_alone_bit_for_bit_on_cuda():
 
 
 @pytest.mark.gpu
+def test_combine_programs_of_several_rows_match_float64_brute_force_on_cuda():
+    from specdec.kernels.tree_attention.triton import tree_attention_triton
+
+    for case in cases():
+        for rows in (2, 8):
+            check(case, tree_attention_triton(*case_args(case, "cuda"), plan={"COMBINE_ROWS": rows}), kernel=True)
+
+
+@pytest.mark.gpu
 def test_one_graph_replays_at_any_length():
     # captured once; lengths (data) and contents copied in before each replay: the launch plan never depends on them
     cs = [make_case(80 + i, 32, 8, 16, 4100, [n, max(16, 4100 - n)], 128, torch.bfloat16, False)

@@ -296,7 +296,8 @@ def split_plan(
         ~``_TARGET_PROGRAMS`` per sequence for the rows' own block, at most ``_MAX_CHUNKS``), ``BLOCK_N`` (slots per
         tile: 64, or 32 for rows of K / V wider than 512 bytes, e.g. D 256 in fp32, and for small heads),
         ``STAGES`` (software pipeline depth: 3, or 2 for those wide rows) and ``num_warps`` (8 for programs of
-        16384 query elements or more, 8192 for D 256, else 4). Where that needs more than ``shared`` bytes
+        16384 query elements or more, 8192 for D 256, else 4) and ``COMBINE_ROWS`` (rows per combine program on a
+        GPU: 1). Where that needs more than ``shared`` bytes
         (``shared_bytes``; e.g. 64 rows of D 256 in bf16 over 64-slot tiles: 240 KiB), the pipeline is shortened to
         2 stages and then the tiles halved.
     """
@@ -315,7 +316,7 @@ def split_plan(
             block_n //= 2
     warps = 8 if dim * block_m >= (16384 if dim <= 128 else 8192) else 4  # 4 for 64 rows of D 128: measured faster
     return {"BLOCK_M": block_m, "row_blocks": row_blocks, "chunks": chunks, "BLOCK_N": block_n, "STAGES": stages,
-            "num_warps": warps}  # fmt: skip
+            "num_warps": warps, "COMBINE_ROWS": 1}  # fmt: skip
 
 
 def shared_limit(device: torch.device) -> int:
@@ -380,11 +381,11 @@ def tree_attention_triton(
         MASK_BOOL=is_bool, HAS_LEN=has_len, HAS_FLAT=flat is not None, IEEE=query.dtype == torch.float32,
         UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=warps, num_stages=plan["STAGES"],
     )  # fmt: skip
-    per_program = min(triton.next_power_of_2(rows), _INTERPRETED_COMBINE_ROWS) if interpreted else 1
+    per_program = min(triton.next_power_of_2(rows), _INTERPRETED_COMBINE_ROWS) if interpreted else plan["COMBINE_ROWS"]
     _combine_kernel[(batch * kv_heads * triton.cdiv(rows, per_program),)](
         m, lsum, acc, out, lengths if has_len else m, num_q, heads, rows, chunks, slots, kv_heads,
         REP=rep, D=dim, BLOCK_C=max(2, min(32, triton.next_power_of_2(chunks))), BLOCK_N=plan["BLOCK_N"],
         HAS_LEN=has_len, OUT_BF16=query.dtype == torch.bfloat16, ROWS=per_program,
-        num_warps=4 if dim * chunks >= 4096 else 2,
+        num_warps=4 if dim * chunks * per_program >= 4096 else 2,
     )  # fmt: skip
     return out
