@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.kernels.skinny_linear.triton import MAX_ROWS, block_plan, sm_count, split_product
+from specdec.kernels.skinny_linear.triton import MAX_ROWS, block_plan, block_span, sm_count, split_product
 from specdec.kernels.triton_ops import FLOAT_KIND, dot_fp32, load_k_tile, round_to, to_bf16
 
 __all__ = ["MAX_ROWS", "MAX_WEIGHTS", "gated_linear_triton", "group_plan", "grouped_linear_triton"]
@@ -143,17 +143,13 @@ def _gated_kernel(
 ):  # fmt: skip
     block = tl.program_id(0)
     split = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    rows, row_ok, cols, col_ok, x_rows, start, end = block_span(
+        x_ptr, M, N, K, block, split, stride_xm, TILES, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     w_offs = cols.to(tl.int64)[None, :] * K
 
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    start = split * (TILES * BLOCK_K)
-    end = tl.minimum(start + TILES * BLOCK_K, K)
     for k0 in tl.range(start, end, BLOCK_K):
         ks = (k0 + tl.arange(0, BLOCK_K)).to(tl.int64)
         x = load_k_tile(x_rows, ks, stride_xk, row_ok, end, EVEN_K, False)

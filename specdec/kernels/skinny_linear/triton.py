@@ -35,7 +35,7 @@ import triton.language as tl
 from specdec.kernels._triton import device_property
 from specdec.kernels.triton_ops import dot_fp32, load_k_tile, to_bf16
 
-__all__ = ["MAX_ROWS", "block_plan", "k_split", "skinny_linear_triton", "split_plan", "split_product"]
+__all__ = ["MAX_ROWS", "block_plan", "block_span", "k_split", "skinny_linear_triton", "split_plan", "split_product"]
 
 MAX_ROWS = 64
 """The most rows ``M`` one call takes (one row block)."""
@@ -57,6 +57,21 @@ _INTERPRETER_SMS = 8
 
 
 @triton.jit
+def block_span(x_ptr, M, N, K, block, split, stride_xm, TILES: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """A program's share of a skinny product: its rows and column block ``block``'s columns (and which exist), a
+    pointer per row of ``x`` and split ``split``'s ``K`` range ``[start, end)``."""
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    start = split * (TILES * BLOCK_K)
+    end = tl.minimum(start + TILES * BLOCK_K, K)
+    return rows, row_ok, cols, col_ok, x_rows, start, end
+
+
+@triton.jit
 def split_product(
     x_ptr, w_ptr, M, N, K, block, split, stride_xm, stride_xk, stride_wn, stride_wk,
     TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -64,15 +79,11 @@ def split_product(
 ):  # fmt: skip
     """Column block ``block``'s fp32 partial ``x @ W^T`` over split ``split``'s ``K`` tiles (``[BLOCK_M,
     BLOCK_N]``), with the block's row and column indices and which of them exist."""
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    rows, row_ok, cols, col_ok, x_rows, start, end = block_span(
+        x_ptr, M, N, K, block, split, stride_xm, TILES, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     w_cols = w_ptr + cols.to(tl.int64)[None, :] * stride_wn
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    start = split * (TILES * BLOCK_K)
-    end = tl.minimum(start + TILES * BLOCK_K, K)
     for k0 in tl.range(start, end, BLOCK_K):
         ks = (k0 + tl.arange(0, BLOCK_K)).to(tl.int64)
         x = load_k_tile(x_rows, ks, stride_xk, row_ok, end, EVEN_K, False)
