@@ -1,13 +1,15 @@
 """``tree_attention`` launch plans side by side at the round's own shapes: which rows per program, tile and warps
 serve short spans (the zoo pair's few hundred slots) and long ones.
 
-Shapes: the zoo target's attention (H 6, H_kv 2, D 64) over ``n`` in {256, 512} committed slots, the 8 B target's
-(H 32, H_kv 8, D 128) over {512, 8 k, 32 k} and the 8 B hybrid's (H 16, H_kv 4, D 256) over {512, 16 k}; bf16, Q in
-{1, 16, 32} query rows under a tree mask with the committed prefix passed flat (the round's call), each call
-replayed from a CUDA graph. Columns: ``default`` (``split_plan``), then one column per override of ``BLOCK_M`` (rows
-per program), ``BLOCK_N`` (slots per tile), ``num_warps``, ``chunks`` (``c*``: the programs a length is split over)
-and ``COMBINE_ROWS`` (``r*``: rows per combine program); ``best`` names the fastest. ``--plans`` / ``--shapes`` pick
-columns and shapes (by name, e.g. ``--plans c4 c8 --shapes 8b hyb``); each row is printed as it completes.
+Shapes: the zoo target's attention (H 6, H_kv 2, D 64) over ``n`` in {256, 512} committed slots, the 8 B target's (H
+32, H_kv 8, D 128) over {512, 8 k, 32 k} and the 8 B hybrid's (H 16, H_kv 4, D 256) over {512, 16 k}; bf16, Q in {1,
+16, 32} query rows under a tree mask with the committed prefix passed flat (the round's call), each call replayed
+from a CUDA graph. Columns: ``default`` (``split_plan``), then one column per override of ``BLOCK_M`` (rows per
+program), ``BLOCK_N`` (slots per tile), ``num_warps``, ``chunks`` (``c*``: the programs a length is split over),
+``COMBINE_ROWS`` (``r*``: rows per combine program), ``STAGES`` (``s*``) and ``FULL_TILES`` (``ft0``: the flat
+prefix's whole tiles with the length checks of a partial tile, the plan before it); ``best`` names the fastest.
+``--plans`` / ``--shapes`` pick columns and shapes (by name, e.g. ``--plans c4 c8 --shapes 8b hyb``); each row is
+printed as it completes.
 
     python benchmarks/kernels/bench_tree_attention_plans.py [--plans ...] [--shapes ...] [--out bench_out/kernels]
 """
@@ -41,6 +43,9 @@ PLANS = {
     "r2": {"COMBINE_ROWS": 2},
     "r4": {"COMBINE_ROWS": 4},
     "r8": {"COMBINE_ROWS": 8},
+    "ft0": {"FULL_TILES": 0},
+    "s2": {"STAGES": 2},
+    "s4": {"STAGES": 4},
 }
 
 

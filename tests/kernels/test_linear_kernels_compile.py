@@ -69,14 +69,15 @@ def test_skinny_kernel_compiles(nvidia_backend, dtype, ieee):
     _compile(kernels._split_kernel, [dtype] * 3 + [dtype if ieee else FP32] + ["i32"] * 7, flags)
 
 
-@pytest.mark.parametrize("rows", [1, 4])
-def test_tree_attention_split_and_combine_compile(nvidia_backend, rows):
-    """The attention's split kernel at the 8 B tree verify's plan (128 stacked rows, flat prefix, lengths) and its
-    combine with one row per program (the plan's) and several (``COMBINE_ROWS``, a tuning override)."""
+@pytest.mark.parametrize("rows,full", [(1, True), (4, False)])
+def test_tree_attention_split_and_combine_compile(nvidia_backend, rows, full):
+    """The attention's split kernel at the 8 B tree verify's plan (128 stacked rows, flat prefix, lengths), with
+    and without ``FULL_TILES``, and its combine with one row per program (the plan's) and several
+    (``COMBINE_ROWS``, a tuning override)."""
     from specdec.kernels.tree_attention import triton as kernels
 
     split = {"SCALE": 128**-0.5, "REP": 4, "BLOCK_M": 128, "BLOCK_N": 64, "D": 128, "MASK_BOOL": True,
-             "HAS_LEN": True, "HAS_FLAT": True, "IEEE": False, "UPCAST": False}  # fmt: skip
+             "HAS_LEN": True, "HAS_FLAT": True, "IEEE": False, "UPCAST": False, "FULL_TILES": full}  # fmt: skip
     _compile(kernels._split_kernel, [BF16] * 3 + ["*u8", "*i64", "*i64"] + [FP32] * 3 + ["i32"] * 16, split)
     combine = {"REP": 4, "D": 128, "BLOCK_C": 16, "BLOCK_N": 64, "HAS_LEN": True, "OUT_BF16": True, "ROWS": rows}
     _compile(kernels._combine_kernel, [FP32] * 3 + [BF16, "*i64"] + ["i32"] * 6, combine)

@@ -75,15 +75,19 @@ _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).m
 @triton.jit
 def _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, row_ok, dims, stride_ks, stride_vs,
           stride_ms, SCALE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MASK_BOOL: tl.constexpr,
-          IEEE: tl.constexpr, UPCAST: tl.constexpr, HAS_FLAT: tl.constexpr):  # fmt: skip
+          IEEE: tl.constexpr, UPCAST: tl.constexpr, HAS_FLAT: tl.constexpr, FULL: tl.constexpr):  # fmt: skip
     """One ``BLOCK_N``-slot tile of the online softmax: scores of the tile's slots ``[s0, s0 + BLOCK_N)`` (those
     at or past ``end`` hidden and never read), the mask read per slot (``MASKED``) or each row's flat value
-    ``row_seen`` (additive, fp32), and the running max / sum / accumulator updated."""
+    ``row_seen`` (additive, fp32), and the running max / sum / accumulator updated. ``FULL``: the caller knows
+    every slot of the tile is below ``end`` (a whole tile of the flat prefix), so loads and scores skip that check."""
     cols = s0 + tl.arange(0, BLOCK_N)
     col_ok = cols < end
     cols64 = cols.to(tl.int64)
     # K^T tile [D, BLOCK_N]; slots past the length are never read (the cache beyond it may hold anything)
-    k = tl.load(k_base + cols64[None, :] * stride_ks + dims[:, None], mask=col_ok[None, :], other=0.0)
+    if FULL:
+        k = tl.load(k_base + cols64[None, :] * stride_ks + dims[:, None])
+    else:
+        k = tl.load(k_base + cols64[None, :] * stride_ks + dims[:, None], mask=col_ok[None, :], other=0.0)
     scores = dot_fp32(q, k, IEEE, UPCAST) * SCALE
     if MASKED:
         per_slot = col_ok
@@ -96,13 +100,17 @@ def _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, 
         scores = masked
     else:
         scores = scores + row_seen[:, None]
-    scores = tl.where(col_ok[None, :], scores, float("-inf"))
+    if not FULL:
+        scores = tl.where(col_ok[None, :], scores, float("-inf"))
 
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing yet: no -inf - -inf
     p = tl.exp(scores - m_ref[:, None])
     alpha = tl.exp(m_i - m_ref)
-    v = tl.load(v_base + cols64[:, None] * stride_vs + dims[None, :], mask=col_ok[:, None], other=0.0)
+    if FULL:
+        v = tl.load(v_base + cols64[:, None] * stride_vs + dims[None, :])
+    else:
+        v = tl.load(v_base + cols64[:, None] * stride_vs + dims[None, :], mask=col_ok[:, None], other=0.0)
     if IEEE:
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + dot_fp32(p, v, IEEE, UPCAST)
@@ -150,6 +158,7 @@ def _split_kernel(
     HAS_FLAT: tl.constexpr,  # slots [0, flat[b]) take each row's mask at slot 0
     IEEE: tl.constexpr,  # fp32 inputs: IEEE dots, p kept in fp32
     UPCAST: tl.constexpr,  # bf16 under the interpreter: dots on operands widened to fp32 (see dot_fp32)
+    FULL_TILES: tl.constexpr,  # the flat prefix's whole tiles skip the length checks (they are all below it)
 ):
     chunk = tl.program_id(0)
     seq_group = tl.program_id(1)  # b * H_kv + g
@@ -199,11 +208,11 @@ def _split_kernel(
         for s0 in tl.range(start, mid, BLOCK_N):
             m_i, l_i, acc = _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, row_ok, dims,
                                   stride_ks, stride_vs, stride_ms, SCALE, BLOCK_N, False, MASK_BOOL, IEEE, UPCAST,
-                                  HAS_FLAT)  # fmt: skip
+                                  HAS_FLAT, FULL_TILES)  # fmt: skip
     for s0 in tl.range(mid, end, BLOCK_N):
         m_i, l_i, acc = _tile(q, k_base, v_base, mask_rows, row_seen, flat, s0, end, m_i, l_i, acc, row_ok, dims,
                               stride_ks, stride_vs, stride_ms, SCALE, BLOCK_N, True, MASK_BOOL, IEEE, UPCAST,
-                              HAS_FLAT)  # fmt: skip
+                              HAS_FLAT, False)  # fmt: skip
 
     part = (seq_group.to(tl.int64) * R + rows) * num_chunks + chunk
     tl.store(m_ptr + part, m_i, mask=row_ok)
@@ -296,10 +305,11 @@ def split_plan(
         ~``_TARGET_PROGRAMS`` per sequence for the rows' own block, at most ``_MAX_CHUNKS``), ``BLOCK_N`` (slots per
         tile: 64, or 32 for rows of K / V wider than 512 bytes, e.g. D 256 in fp32, and for small heads),
         ``STAGES`` (software pipeline depth: 3, or 2 for those wide rows) and ``num_warps`` (8 for programs of
-        16384 query elements or more, 8192 for D 256, else 4) and ``COMBINE_ROWS`` (rows per combine program on a
-        GPU: 1). Where that needs more than ``shared`` bytes
-        (``shared_bytes``; e.g. 64 rows of D 256 in bf16 over 64-slot tiles: 240 KiB), the pipeline is shortened to
-        2 stages and then the tiles halved.
+        16384 query elements or more, 8192 for D 256, else 4), ``COMBINE_ROWS`` (rows per combine program on a
+        GPU: 1) and ``FULL_TILES`` (1: the flat prefix's whole tiles, which lie below the length, are loaded and
+        scored without its checks; 0 checks them as a partial tile's, a tuning override). Where that needs more
+        than ``shared`` bytes (``shared_bytes``; e.g. 64 rows of D 256 in bf16 over 64-slot tiles: 240 KiB), the
+        pipeline is shortened to 2 stages and then the tiles halved.
     """
     wide = dim * itemsize > 512
     block_m = max(16, min(128 if dim <= 128 else 64, triton.next_power_of_2(rows)))  # one row block per tree
@@ -316,7 +326,7 @@ def split_plan(
             block_n //= 2
     warps = 8 if dim * block_m >= (16384 if dim <= 128 else 8192) else 4  # 4 for 64 rows of D 128: measured faster
     return {"BLOCK_M": block_m, "row_blocks": row_blocks, "chunks": chunks, "BLOCK_N": block_n, "STAGES": stages,
-            "num_warps": warps, "COMBINE_ROWS": 1}  # fmt: skip
+            "num_warps": warps, "COMBINE_ROWS": 1, "FULL_TILES": 1}  # fmt: skip
 
 
 def shared_limit(device: torch.device) -> int:
@@ -379,7 +389,8 @@ def tree_attention_triton(
         mask_batch_stride, mask_arg.stride(2), mask_arg.stride(3),  # the copy's own strides (a copy is contiguous)
         SCALE=float(scale), REP=rep, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], D=dim,
         MASK_BOOL=is_bool, HAS_LEN=has_len, HAS_FLAT=flat is not None, IEEE=query.dtype == torch.float32,
-        UPCAST=query.dtype == torch.bfloat16 and interpreted, num_warps=warps, num_stages=plan["STAGES"],
+        UPCAST=query.dtype == torch.bfloat16 and interpreted, FULL_TILES=bool(plan["FULL_TILES"]), num_warps=warps,
+        num_stages=plan["STAGES"],
     )  # fmt: skip
     per_program = min(triton.next_power_of_2(rows), _INTERPRETED_COMBINE_ROWS) if interpreted else plan["COMBINE_ROWS"]
     _combine_kernel[(batch * kv_heads * triton.cdiv(rows, per_program),)](
