@@ -1604,6 +1604,12 @@ MUTANTS += [
           "if self._x is x and self._outs[index] is not None:"),),  # fmt: skip
         ("tests/kernels/test_grouped_linear.py", "-k", "another_input"),
     ),
+    Mutant(  # a drafter's stacked gate / up weight split with its halves swapped (gate taken as up)
+        "drafter_gate_up_halves_swapped",
+        (("specdec/kernels/grouped_linear/routing.py", "    gate_w, up_w = weight[:half], weight[half:]",
+          "    gate_w, up_w = weight[half:], weight[:half]"),),  # fmt: skip
+        ("tests/round/test_dflash_static.py", "tests/drafters/test_eagle3.py", "-k", "gated"),
+    ),
 ]
 MUTANTS += [Mutant(f"{m.name}/chi2", m.edits, CHI2_TESTS) for m in MUTANTS if m.name in CHI2_VARIANTS]
 # Mutants of code that no longer exists in the library in any form (kept here so that they are not re-added):

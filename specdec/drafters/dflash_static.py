@@ -17,13 +17,13 @@ import torch.nn.functional as F
 
 from specdec import attention
 from specdec.backends import env_default
+from specdec.kernels.grouped_linear.routing import gate_up_silu
 from specdec.kernels.kv_write import kv_write
 from specdec.kernels.rms_norm import add_rms_norm, rms_norm
 from specdec.kernels.rotary import fits_triton as rotary_fits
 from specdec.kernels.rotary import rotary
 from specdec.kernels.rotary.routing import rotary_kernel_for
 from specdec.kernels.row_gather import embed
-from specdec.kernels.silu_mul import silu_mul
 from specdec.kernels.tree_attention import tree_attention
 from specdec.state.storage import mask_values
 from specdec.target import weights_state
@@ -278,8 +278,8 @@ class DFlashStatic:
                 out = out.reshape(batch, heads, size, head_dim).transpose(1, 2).reshape(batch, size, -1)
             x, h = self._add_norm(layer.post_attention_layernorm, attn.o_proj(out), x)
             mlp = layer.mlp
-            gate, up = F.linear(h, packed["gate_up"]).chunk(2, dim=-1)  # gate and up in one product
-            pending = mlp.down_proj(silu_mul(gate, up))  # one launch for the gate on CUDA
+            # gate, up and SiLU·mul in one launch on CUDA (gated_linear), else one product and silu_mul
+            pending = mlp.down_proj(gate_up_silu(h, packed["gate_up"]))
         _, last = self._add_norm(model.norm, pending, x)
         return drafter.block_logq(last, depth)
 

@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import (
     repeat_kv,
 )
 
-from specdec.kernels.silu_mul import silu_mul
+from specdec.kernels.grouped_linear.routing import gate_up_silu
 from specdec.kernels.tree_conv import activation_kind
 
 __all__ = ["Eagle3Config", "Eagle3Model", "fused_layers"]
@@ -370,9 +370,9 @@ class Eagle3Model(nn.Module):
         normed = norm(layer.post_attention_layernorm, x)
         if packed is None:
             return x + layer.mlp(normed)
+        if activation_kind(layer.mlp.act_fn) == "silu":  # one launch on CUDA (gated_linear)
+            return x + layer.mlp.down_proj(gate_up_silu(normed, *packed))
         gate, up = F.linear(normed, *packed).chunk(2, dim=-1)
-        if activation_kind(layer.mlp.act_fn) == "silu":  # one launch on CUDA (silu_mul)
-            return x + layer.mlp.down_proj(silu_mul(gate, up))
         return x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
     def finish_head(self, residual: torch.Tensor, attn_out: torch.Tensor, add_norm, packed=None):
@@ -384,8 +384,11 @@ class Eagle3Model(nn.Module):
         if packed is None:
             mlp = layer.mlp(normed)
         else:
-            gate, up = F.linear(normed, *packed).chunk(2, dim=-1)
-            act = silu_mul(gate, up) if activation_kind(layer.mlp.act_fn) == "silu" else layer.mlp.act_fn(gate) * up
+            if activation_kind(layer.mlp.act_fn) == "silu":  # one launch on CUDA (gated_linear)
+                act = gate_up_silu(normed, *packed)
+            else:
+                gate, up = F.linear(normed, *packed).chunk(2, dim=-1)
+                act = layer.mlp.act_fn(gate) * up
             mlp = layer.mlp.down_proj(act)
         x, normed = add_norm(self.norm, mlp, x)
         return self.lm_head(normed), normed if self.config.norm_output else x

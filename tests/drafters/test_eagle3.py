@@ -227,16 +227,19 @@ def test_errors_name_the_problem(target, tmp_path):
 
 
 # -- the round's state: prefill, proposals and commits against the reference -----------------------------------------
-@pytest.mark.parametrize("path", ["sdpa", "kernel"])
+@pytest.mark.parametrize("path", ["sdpa", "kernel", "gated"])
 def test_state_over_commits_matches_the_reference(target, tmp_path, path, monkeypatch):
     """Two sequences of different prompt lengths; each round commits a random accepted path (tree node indices with
     their target states) and the next proposal equals the reference head run from scratch over everything
     committed. ``kernel``: the head's attention takes ``tree_attention`` (its reference here) with each row's
-    lengths and flat prefix, as on CUDA."""
+    lengths and flat prefix, as on CUDA. ``gated``: the MLP's gate, up and SiLU take ``gated_linear`` over the
+    halves of the stacked weight, as on CUDA (its reference here)."""
+    calls = []
     if path == "kernel":
         monkeypatch.setattr(attention, "KERNEL", "triton")  # the kernel's path; on the CPU its reference computes
-        calls = []
         monkeypatch.setattr(eagle3_static, "tree_attention", lambda *a, **k: calls.append(1) or tree_attention(*a, **k))
+    if path == "gated":
+        route_gated_to_reference(monkeypatch, calls)
     weights = described_weights(seed=6)
     drafter = Eagle3Drafter.from_pretrained(write_official(tmp_path / "o", weights), target=target)
     embed = target.get_input_embeddings().weight.detach()
@@ -273,6 +276,21 @@ def test_state_over_commits_matches_the_reference(target, tmp_path, path, monkey
             tokens[b] += acc[b, :n].tolist()
         state.commit(Accept(path=acc_path, num_path=num_path, tokens=acc), hidden, prefix)
     assert path == "sdpa" or calls, "the kernel's path was not taken"
+
+
+def route_gated_to_reference(monkeypatch, calls: list) -> None:
+    """Make ``gate_up_silu`` take its ``gated_linear`` path on the CPU, computed by the reference (each call
+    appended to ``calls``)."""
+    from specdec.kernels import grouped_linear
+    from specdec.kernels.grouped_linear import routing
+
+    def reference(x, w_gate, w_up, b_gate=None, b_up=None, *, impl):
+        calls.append(impl)
+        return grouped_linear.gated_linear_reference(x, w_gate, w_up, b_gate, b_up)
+
+    monkeypatch.setattr(routing, "projection_kernel_for", lambda device: True)
+    monkeypatch.setattr(routing, "_kernels_take", lambda x, weights: True)
+    monkeypatch.setattr(grouped_linear, "gated_linear", reference)
 
 
 def test_a_hooked_embedding_is_honoured(target, tmp_path):

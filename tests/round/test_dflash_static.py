@@ -71,6 +71,40 @@ def test_static_forwards_through_the_attention_kernel_equal_the_eager_drafter(ta
     assert calls and all(n is not None and n[0] > size and mask[2] == size for mask, n in calls)
 
 
+def test_static_forwards_with_the_gated_mlp_equal_the_eager_drafter(target, monkeypatch):
+    """Where the round routes projection groups (CUDA), the block's MLPs take ``gated_linear`` over the halves of
+    the stacked gate / up weight (its reference here): the same log-probabilities as the eager drafter."""
+    from drafters.test_eagle3 import route_gated_to_reference
+
+    calls = []
+    route_gated_to_reference(monkeypatch, calls)
+    check_static_forwards(target, "plain", "torch")
+    assert calls and set(calls) == {"triton"}
+
+
+def test_static_forwards_with_the_gated_kernel_in_the_interpreter():
+    """The gated kernel itself (``Backends.grouped_linear="triton"``, run by Triton's interpreter in a subprocess)
+    in the block's MLPs, against the eager oracle on two variants; one launch per layer and block forward."""
+    pytest.importorskip("triton")
+    tests = Path(__file__).resolve().parents[1]
+    code = (
+        "from models import tiny_model\n"
+        "from test_dflash_static import check_static_forwards\n"
+        "import specdec.kernels.grouped_linear as package\n"
+        "from specdec.kernels.grouped_linear import triton as kernels\n"
+        "package.IMPL = 'triton'\n"
+        "calls, real = [], kernels.gated_linear_triton\n"
+        "kernels.gated_linear_triton = lambda *a, **k: calls.append(1) or real(*a, **k)\n"
+        "target = tiny_model('qwen3', num_hidden_layers=4)\n"
+        "import torch\n"
+        "with torch.no_grad():  # as the round runs (the kernel takes no autograd)\n"
+        "    for variant in ('plain', 'partial-rope-bias'):\n"
+        "        check_static_forwards(target, variant, 'torch')\n"
+        "assert len(calls) > 0 and len(calls) % 2 == 0, len(calls)\n"
+    )
+    run_code_interpreted(code, tests, tests / "round")
+
+
 def test_static_forwards_with_the_triton_norms_in_the_interpreter():
     """``norm_impl="triton"`` (``specdec.kernels.rms_norm``) run by Triton's interpreter, in a subprocess (the
     interpreter must be chosen before Triton is imported), against the eager oracle on every variant."""

@@ -26,7 +26,15 @@ from torch import nn
 
 from specdec.state.forwards import swappable, swapped_forwards
 
-__all__ = ["GROUPS", "ProjectionGroup", "gated_mlp_forward", "projection_groups", "projection_kernel_for", "routed"]
+__all__ = [
+    "GROUPS",
+    "ProjectionGroup",
+    "gate_up_silu",
+    "gated_mlp_forward",
+    "projection_groups",
+    "projection_kernel_for",
+    "routed",
+]
 
 GROUPS = (
     ("q_proj", "k_proj", "v_proj"),
@@ -145,6 +153,23 @@ def gated_mlp_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if _kernels_take(x, [gate.weight, up.weight]):
         return module.down_proj(gated_linear(x, gate.weight, up.weight, gate.bias, up.bias, impl="triton"))
     return mlp_forward(module, x)
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` of a drafter's gated MLP whose gate and up weights are stacked in one ``[2 I, K]`` tensor
+    (``weight``; ``bias`` ``[2 I]`` or None): one ``gated_linear`` launch over the two halves where uncompiled
+    forwards route their groups (``projection_kernel_for``) and the kernel takes the call, else one product and
+    ``silu_mul`` (two launches on CUDA; the tensor ops elsewhere), as before."""
+    from specdec.kernels.grouped_linear import gated_linear
+    from specdec.kernels.silu_mul import silu_mul
+
+    half = weight.shape[0] // 2
+    gate_w, up_w = weight[:half], weight[half:]
+    if not torch.compiler.is_compiling() and projection_kernel_for(x.device) and _kernels_take(x, [gate_w, up_w]):
+        gate_b, up_b = (None, None) if bias is None else (bias[:half], bias[half:])
+        return gated_linear(x, gate_w, up_w, gate_b, up_b, impl="triton")
+    gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)
+    return silu_mul(gate, up)
 
 
 def _gated_pair(module: nn.Module) -> bool:
