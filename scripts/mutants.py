@@ -1022,12 +1022,10 @@ MUTANTS += [
         ((EAGLE3_STATIC, "(mask[:, :, j : j + 1], lengths[j], flat[j])", "(mask[:, :, :1], lengths[0], flat[0])"),),
         ("tests/drafters/test_eagle3.py::test_state_over_commits_matches_the_reference",),
     ),
-    Mutant(  # the stacked MLP projection split in the wrong order (up taken for gate)
+    Mutant(  # the stacked MLP projection split in the wrong order (up taken for gate) on gate_up_silu's CPU path
         "eagle3_gate_up_swapped",
-        ((EAGLE3_MODEL, "        gate, up = F.linear(normed, *packed).chunk(2, dim=-1)\n        if activation_kind",
-          "        up, gate = F.linear(normed, *packed).chunk(2, dim=-1)\n        if activation_kind"),
-         (EAGLE3_MODEL, "            gate, up = F.linear(normed, *packed).chunk(2, dim=-1)\n            act",
-          "            up, gate = F.linear(normed, *packed).chunk(2, dim=-1)\n            act")),  # fmt: skip
+        (("specdec/kernels/grouped_linear/routing.py", "    gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)",
+          "    up, gate = F.linear(x, weight, bias).chunk(2, dim=-1)"),),  # fmt: skip
         EAGLE3_TESTS,
     ),
     Mutant(  # refresh stacks the changed weights anew but never writes them where the captured round reads
