@@ -84,25 +84,25 @@ def test_static_forwards_with_the_gated_mlp_equal_the_eager_drafter(target, monk
 
 def test_static_forwards_with_the_gated_kernel_in_the_interpreter():
     """The gated kernel itself (``Backends.grouped_linear="triton"``, run by Triton's interpreter in a subprocess)
-    in the block's MLPs, against the eager oracle on two variants; one launch per layer and block forward."""
-    pytest.importorskip("triton")
-    tests = Path(__file__).resolve().parents[1]
-    code = (
-        "from models import tiny_model\n"
-        "from test_dflash_static import check_static_forwards\n"
-        "import specdec.kernels.grouped_linear as package\n"
-        "from specdec.kernels.grouped_linear import triton as kernels\n"
-        "package.IMPL = 'triton'\n"
-        "calls, real = [], kernels.gated_linear_triton\n"
-        "kernels.gated_linear_triton = lambda *a, **k: calls.append(1) or real(*a, **k)\n"
-        "target = tiny_model('qwen3', num_hidden_layers=4)\n"
-        "import torch\n"
-        "with torch.no_grad():  # as the round runs (the kernel takes no autograd)\n"
-        "    for variant in ('plain', 'partial-rope-bias'):\n"
-        "        check_static_forwards(target, variant, 'torch')\n"
-        "assert len(calls) > 0 and len(calls) % 2 == 0, len(calls)\n"
+    in the block's MLPs, against the eager oracle on two variants."""
+    from kernel_harness import run_lines_interpreted
+
+    run_lines_interpreted(
+        "import torch",
+        "from models import tiny_model",
+        "from test_dflash_static import check_static_forwards",
+        "import specdec.kernels.grouped_linear as package",
+        "from specdec.kernels.grouped_linear import triton as kernels",
+        "package.IMPL = 'triton'",
+        "calls, real = [], kernels.gated_linear_triton",
+        "kernels.gated_linear_triton = lambda *a, **k: calls.append(1) or real(*a, **k)",
+        "target = tiny_model('qwen3', num_hidden_layers=4)",
+        "with torch.no_grad():  # as the round runs (the kernel takes no autograd)",
+        "    for variant in ('plain', 'partial-rope-bias'):",
+        "        check_static_forwards(target, variant, 'torch')",
+        "assert len(calls) > 0 and len(calls) % 2 == 0, len(calls)  # both layers of every block forward",
+        folders=["round"],
     )
-    run_code_interpreted(code, tests, tests / "round")
 
 
 def test_static_forwards_with_the_triton_norms_in_the_interpreter():
