@@ -499,6 +499,13 @@ MUTANTS += [
         (("specdec/kernels/tree_attention/triton.py", "    blocks = tl.cdiv(R, ROWS)\n", "    blocks = R // ROWS\n"),),
         ("tests/kernels/test_tree_attention.py", "-m", "interpreter"),
     ),
+    Mutant(  # the flat prefix's run rounded up to whole tiles: its last "whole" tile reads past the prefix unchecked
+        "tree_attention_full_tile_past_flat",
+        (("specdec/kernels/tree_attention/triton.py",
+          "        mid = start + tl.maximum(flat - start, 0) // BLOCK_N * BLOCK_N",
+          "        mid = start + tl.cdiv(tl.maximum(flat - start, 0), BLOCK_N) * BLOCK_N"),),  # fmt: skip
+        ("tests/kernels/test_tree_attention_lengths.py", "-m", "interpreter"),
+    ),
     Mutant(  # a validator check disabled on the device: depth against the parents' depth
         "validator_depth_unchecked",
         (("specdec/validate.py", "(real_child & (depth != parent_depth + 1)).any(1)", "(real_child & False).any(1)"),),

@@ -188,3 +188,18 @@ def topk_score_rows(vocab: int, n: int, seed: int) -> torch.Tensor:
     x[8] = near[torch.randint(0, 4, (vocab,), generator=gen)]
     x[9:] = x[9:].bfloat16().float()
     return x
+
+
+def route_gated_to_reference(monkeypatch, calls: list) -> None:
+    """Make ``gate_up_silu`` take its ``gated_linear`` path on the CPU, computed by the reference (each call
+    appended to ``calls``)."""
+    from specdec.kernels import grouped_linear
+    from specdec.kernels.grouped_linear import routing
+
+    def reference(x, w_gate, w_up, b_gate=None, b_up=None, *, impl):
+        calls.append(impl)
+        return grouped_linear.gated_linear_reference(x, w_gate, w_up, b_gate, b_up)
+
+    monkeypatch.setattr(routing, "projection_kernel_for", lambda device: True)
+    monkeypatch.setattr(routing, "_kernels_take", lambda x, weights: True)
+    monkeypatch.setattr(grouped_linear, "gated_linear", reference)

@@ -11,6 +11,7 @@ import re
 
 import pytest
 import torch
+from kernel_harness import route_gated_to_reference
 from models import tiny_model
 from oracles.eagle3_reference import Reference, reference_drafts
 from safetensors.torch import save_file
@@ -276,21 +277,6 @@ def test_state_over_commits_matches_the_reference(target, tmp_path, path, monkey
             tokens[b] += acc[b, :n].tolist()
         state.commit(Accept(path=acc_path, num_path=num_path, tokens=acc), hidden, prefix)
     assert path == "sdpa" or calls, "the kernel's path was not taken"
-
-
-def route_gated_to_reference(monkeypatch, calls: list) -> None:
-    """Make ``gate_up_silu`` take its ``gated_linear`` path on the CPU, computed by the reference (each call
-    appended to ``calls``)."""
-    from specdec.kernels import grouped_linear
-    from specdec.kernels.grouped_linear import routing
-
-    def reference(x, w_gate, w_up, b_gate=None, b_up=None, *, impl):
-        calls.append(impl)
-        return grouped_linear.gated_linear_reference(x, w_gate, w_up, b_gate, b_up)
-
-    monkeypatch.setattr(routing, "projection_kernel_for", lambda device: True)
-    monkeypatch.setattr(routing, "_kernels_take", lambda x, weights: True)
-    monkeypatch.setattr(grouped_linear, "gated_linear", reference)
 
 
 def test_a_hooked_embedding_is_honoured(target, tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_harness import run_code_interpreted
+from kernel_harness import route_gated_to_reference, run_code_interpreted
 from models import tiny_model
 from oracles.dflash_eager import DecodeContext, EagerDFlash
 
@@ -74,8 +74,6 @@ def test_static_forwards_through_the_attention_kernel_equal_the_eager_drafter(ta
 def test_static_forwards_with_the_gated_mlp_equal_the_eager_drafter(target, monkeypatch):
     """Where the round routes projection groups (CUDA), the block's MLPs take ``gated_linear`` over the halves of
     the stacked gate / up weight (its reference here): the same log-probabilities as the eager drafter."""
-    from drafters.test_eagle3 import route_gated_to_reference
-
     calls = []
     route_gated_to_reference(monkeypatch, calls)
     check_static_forwards(target, "plain", "torch")
