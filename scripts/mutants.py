@@ -814,6 +814,17 @@ MUTANTS += [
           "self.start_detached or self.verdict"),),
         ("tests/round/test_auto_budget.py",),
     ),
+    Mutant(  # the wall clock keeps the launch ahead's host time in the round read meanwhile (on the CPU: the next
+        # round's whole cost)
+        "auto_wall_keeps_the_launch_ahead",
+        ((GENERATE, "(now - last_read) * 1e3 - launched_ms[0] + rnd.launch_ms[ticket]", "(now - last_read) * 1e3"),),
+        ("tests/round/test_auto_budget.py",),
+    ),
+    Mutant(  # a round read while a capture ran ahead of it is timed with the capture
+        "auto_wall_times_a_capture",
+        ((GENERATE, "and (ahead is None or ahead[0].warm[ahead[1]])", ""),),
+        ("tests/round/test_auto_budget.py",),
+    ),
     Mutant(  # the model's choice is the plain argmax: no margin for the larger trees' overrated values
         "auto_margin_dropped",
         (("specdec/budget.py", "if value[o] * (1.0 + self.margin) >= best)", "if value[o] >= best)"),),

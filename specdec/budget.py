@@ -35,11 +35,13 @@ import torch
 from specdec.kernels.ddtree_build import best_first, topk_rows, triton_fits
 
 __all__ = [
+    "CLOCKS",
     "DETACHED",
     "AutoBudget",
     "Calibration",
     "CostModel",
     "budget_for",
+    "check_clock",
     "check_sizes",
     "choose",
     "ddtree_scores",
@@ -73,6 +75,19 @@ def check_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
         if b <= a:
             raise ValueError(f"sizes={sizes!r} must be strictly increasing ({a} then {b}).")
     return sizes
+
+
+CLOCKS = ("device", "wall")
+
+
+def check_clock(clock: object) -> str:
+    """``clock`` if it is one of :data:`CLOCKS` (what an adaptive budget times a round by), else ``ValueError``."""
+    if not isinstance(clock, str) or clock not in CLOCKS:
+        raise ValueError(
+            f"clock={clock!r}: pass 'device' (the round's device time) or 'wall' (the host time between two round "
+            f"reads)."
+        )
+    return clock
 
 
 def budget_for(choice: int | None, sizes: Sequence[int]) -> int:
@@ -614,14 +629,20 @@ class AutoBudget:
             of the expected largest of the decoding rows' standard normal draws (0: the rows' expected rounds alone).
             A row's accepted drafts vary from round to round while plain decoding's do not, so the last row of a
             large batch to finish takes more rounds than its expectation says.
+        clock (str): what a round's time is (the loop reads the one named here and passes it to :meth:`observe`):
+            ``"device"``, the round's own device time (timing events around its launch; on the CPU the launch's
+            wall time); ``"wall"``, the host time between the read of the round before it and its own read, which
+            also holds what the host does per round (reading and committing the tokens, launching the next round)
+            wherever the device waits for it.
     """
 
     def __init__(self, sizes: Sequence[int], batch: int, *, window: int = 16, probe: int = 4,
                  smoothing: float = 0.8, settle: int = 4, margin: float = 0.03,
                  long_smoothing: float = 0.95, cold: int = 1, check: int = 16,
                  check_within: float = 0.2, finish: bool = True, row_weight: float = 0.5,
-                 spread: float = 0.0) -> None:  # fmt: skip
+                 spread: float = 0.0, clock: str = "device") -> None:  # fmt: skip
         self.sizes = check_sizes(sizes)
+        self.clock = check_clock(clock)
         self.batch = _int("batch", batch, 1)
         self.window = _int("window", window, 1)
         self.probe = _int("probe", probe, 1)

@@ -218,6 +218,7 @@ class Round:
         self.timing = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                        for _ in range(2)] if cuda else None  # fmt: skip
         self.elapsed_ms = [0.0, 0.0]
+        self.launch_ms = [0.0, 0.0]  # per ticket: the host time its launch took (on the CPU, the round itself)
         self.expected: list[list[float]] | None = None  # of the round read last
         self.logits: torch.Tensor | None = None  # ``keep_logits``: the path's raw logits of the round read last
         self.launched = 0
@@ -414,6 +415,7 @@ class Round:
         Returns the ticket to pass to :meth:`read`. At most two rounds may be launched and not yet read. ``stream``:
         the current CUDA stream, if the caller has it (asking for it costs more host time than recording an event).
         """
+        entered = time.perf_counter()
         if self.ready is not None and stream is None:
             stream = torch.cuda.current_stream(self.engine.device)
         if self.noise is not None:
@@ -436,6 +438,7 @@ class Round:
             self.host_kept[slot].copy_(self.kept, non_blocking=True)
         if self.ready is not None:
             self.ready[slot].record(stream)
+        self.launch_ms[slot] = (time.perf_counter() - entered) * 1e3
         return slot
 
     def elapsed(self, ticket: int) -> float | None:

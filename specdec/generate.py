@@ -534,6 +534,8 @@ def _decode(
                                 compile=compile, span=span, processors=args.processors, backends=setting,
                                 keep_logits=keep)  # fmt: skip
 
+    launched_ms = [0.0]  # the host time of the launches since the last round read
+
     def launch(in_flight: int):
         """Launch a round whose span holds it: its prefix is at most the committed length plus ``path_len`` per
         round launched and not read yet."""
@@ -553,7 +555,9 @@ def _decode(
                 used[id(option_round)] = option_round
         rnd = round_at(size, span)
         used[id(rnd)] = rnd
-        return rnd, rnd.launch(generator, timer.stream), size
+        ticket = rnd.launch(generator, timer.stream)
+        launched_ms[0] += rnd.launch_ms[ticket]
+        return rnd, ticket, size
 
     # the first token (and its logits) copied before the round is launched: reading them waits for the prefill only
     first_host = copy_to_host(first[:batch])
@@ -582,6 +586,7 @@ def _decode(
         if done[b] and batch > 1:
             engine.finish(b)
     rounds_read = 0
+    last_read = None  # the host clock at the last round's read: a round's wall time runs from the read before it
     while not all(done):
         remaining = [max_new_tokens - len(new_tokens[b]) for b in range(batch)]
         with timer("round"):
@@ -593,8 +598,18 @@ def _decode(
             longest_left = max(r for r, d in zip(remaining, done, strict=True) if not d)
             ahead = launch(1) if longest_left > _may_finish(path_len, new_tokens, rounds_read) else None
             rnd, ticket, size = pending
+            waited = _now()
             results = rnd.read(ticket)
             pending = ahead
+        # the host time since the last read, each launch's host time moved to the round it launched (on the CPU a
+        # launch runs its round): not this round's usual cost where it is the call's first (the prefill ran before
+        # it), or where its own launch or the launch ahead captured or replayed a graph first
+        now = _now()
+        clean = last_read is not None and rnd.warm[ticket] and (ahead is None or ahead[0].warm[ahead[1]])
+        wall = (now - last_read) * 1e3 - launched_ms[0] + rnd.launch_ms[ticket] if clean else None
+        stats.round_wall_ms.append(wall)
+        stats.round_wait_ms.append((now - waited) * 1e3)
+        last_read, launched_ms[0] = now, 0.0
         stats.target_forwards += 1
         rounds_read += 1
         live = [b for b in range(batch) if not done[b]] if auto is not None else None
@@ -626,7 +641,7 @@ def _decode(
             if streamer is not None:
                 streamer.put(torch.tensor(accepted, dtype=torch.long))
         timed = stopping.timed_out()
-        ms = rnd.elapsed(ticket) if auto is not None else None
+        ms = None if auto is None else wall if getattr(auto, "clock", "device") == "wall" else rnd.elapsed(ticket)
         if ranks is not None:  # and every rank's adaptive policy sees the same (slowest) round time
             ms, timed = ranks.agree(committed, done, ms, flag=timed)
         if auto is not None:
@@ -672,6 +687,11 @@ def _decode(
     past = Continuation(engine.kept) if rows == 1 and engine.kept is not None else None
     return GenerateOutput(sequences=sequences, stats=stats, scores=scores if args.output_scores else None,
                           logits=logits if args.output_logits else None, past_key_values=past)  # fmt: skip
+
+
+def _now() -> float:
+    """The host clock a round's wall time is read from (seconds; a function so that a test can set the time)."""
+    return time.perf_counter()
 
 
 def _may_finish(path_len: int, new_tokens: list[list[int]], rounds: int) -> int:

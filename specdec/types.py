@@ -278,8 +278,15 @@ class SpecStats:
     ran with under ``DDTree(budget="auto")`` (empty otherwise), and ``budget_costs`` the round cost in ms its
     controller holds for each option at the end of the call (budget -> ms, 0 = plain decoding; the median of that
     option's last measured rounds, measured across calls of the same target and batch bucket; empty otherwise).
-    ``budget_ms`` holds each of those rounds' time in ms as its controller was told it (its device time on CUDA;
-    None for a round not timed: the launch captured its graph or replayed it for the first time), in round order.
+    ``budget_ms`` holds each of those rounds' time in ms as its controller was told it (its device time on CUDA, its
+    ``round_wall_ms`` with ``clock="wall"``; None for a round not timed: the launch captured its graph or replayed
+    it for the first time), in round order.
+    ``round_wall_ms`` holds every round's wall time in ms, in round order: the host time from the read of the round
+    before it to its own read, with each launch's host time moved to the round it launched (its own launch in,
+    the launch ahead out: on the CPU a launch runs its round), which holds what the host did for it; None for the
+    call's first round (the prefill ran before it) and wherever its launch or the launch ahead captured or first
+    replayed a graph. ``round_wait_ms`` holds, per round, the host time its read waited for the device (and read
+    the tokens): where it is near zero the device waited for the host instead.
     """
 
     rounds: int = 0
@@ -302,6 +309,8 @@ class SpecStats:
     budgets: list[int] = field(default_factory=list)
     budget_costs: dict[int, float] = field(default_factory=dict)
     budget_ms: list[float | None] = field(default_factory=list)
+    round_wall_ms: list[float | None] = field(default_factory=list)
+    round_wait_ms: list[float] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -346,6 +355,8 @@ class SpecStats:
             "rows": [row.as_dict() for row in self.rows],
             "budgets": list(self.budgets),
             "budget_ms": list(self.budget_ms),
+            "round_wall_ms": list(self.round_wall_ms),
+            "round_wait_ms": list(self.round_wait_ms),
         }
 
 

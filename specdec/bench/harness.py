@@ -225,6 +225,8 @@ class _Runner:
                     "budgets": {str(b): n for b, n in sorted(Counter(stats.budgets).items())},
                     "budget_costs": {str(b): ms for b, ms in sorted(getattr(stats, "budget_costs", {}).items())},
                     "budget_rounds": _budget_rounds(stats),
+                    "round_wall_ms": _walls(stats),
+                    "round_wait_ms": [float(t) for t in getattr(stats, "round_wait_ms", [])],
                     }  # fmt: skip
         _share_call([row for _, row in out], total_s, prefill_s, call, batch_size, index)
         return out
@@ -269,6 +271,8 @@ class _Runner:
             "budgets": {str(b): n for b, n in sorted(Counter(getattr(stats, "budgets", [])).items())},
             "budget_costs": {str(b): ms for b, ms in sorted(getattr(stats, "budget_costs", {}).items())},
             "budget_rounds": _budget_rounds(stats),
+            "round_wall_ms": _walls(stats),
+            "round_wait_ms": [float(t) for t in getattr(stats, "round_wait_ms", [])],
             "path": getattr(stats, "path", None),
             "tokens": out.sequences[0, ids.shape[1] :].tolist(),
             "identical_to_ar": None,
@@ -284,6 +288,11 @@ def _budget_rounds(stats) -> list[list]:
     return [[int(b), None if t is None else float(t)] for b, t in zip(budgets, ms, strict=False)]
 
 
+def _walls(stats) -> list[float | None]:
+    """Each round's wall time in ms (``SpecStats.round_wall_ms``, None where not timed), in round order."""
+    return [None if t is None else float(t) for t in getattr(stats, "round_wall_ms", None) or []]
+
+
 def _until_eos(tokens: list[int], eos: Sequence[int]) -> list[int]:
     """A row's new tokens of a batched HF call: up to its first EOS (included); the rest is padding."""
     stop = next((i for i, t in enumerate(tokens) if t in eos), None)
@@ -296,7 +305,8 @@ def _share_call(rows: list[dict], total_s: float, prefill_s: float, call: dict, 
     decode time), and the call's facts: ``batch_size`` (B), ``batch_index``, ``batch_rows``, ``batch_tau`` (its τ
     over every (row, round) pair), ``call_s``, ``call_decode_s``, ``call_rounds``, ``call_target_forwards``,
     ``call_draft_forwards``, ``call_budgets`` (``DDTree(budget="auto")``: rounds per budget, 0 = plain),
-    ``call_budget_rounds`` (its rounds' ``[budget, ms]`` in order), and
+    ``call_budget_rounds`` (its rounds' ``[budget, ms]`` in order), ``call_round_wall_ms`` and
+    ``call_round_wait_ms`` (its rounds' wall times and read waits, ``SpecStats``), and
     ``captures`` (the call's new graph keys, ``SpecStats.captures``) on its first row, 0 on the others."""
     n = len(rows)
     decode_s = max(total_s - prefill_s, 0.0)
@@ -316,6 +326,8 @@ def _share_call(rows: list[dict], total_s: float, prefill_s: float, call: dict, 
             call_budgets=call.get("budgets", {}),
             call_budget_costs=call.get("budget_costs", {}),
             call_budget_rounds=call.get("budget_rounds", []),
+            call_round_wall_ms=call.get("round_wall_ms", []),
+            call_round_wait_ms=call.get("round_wait_ms", []),
             batch_size=batch_size,
             batch_index=index,
             batch_rows=n,

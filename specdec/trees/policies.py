@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from specdec.backends import env_default
-from specdec.budget import AutoBudget, check_sizes, ddtree_scores, expected_accepts
+from specdec.budget import AutoBudget, check_clock, check_sizes, ddtree_scores, expected_accepts
 from specdec.kernels.ddtree_build import EXPECT_SIZES_MAX, best_first, topk_rows, triton_fits
 from specdec.kernels.path_trie.reference import path_trie_reference
 from specdec.trees.build import (
@@ -142,17 +142,25 @@ class DDTree:
             ``specdec.trees.dynamic``: ``topk`` children per expanded node, as deep as the drafter's depth) instead
             of per-depth log-probabilities: the ``budget`` candidates of largest cumulative log-probability in
             best-first order. Default False.
+        clock (str): what ``"auto"`` times each round by (``specdec.budget.AutoBudget``): ``"device"``, its device
+            time, or ``"wall"``, the host time between two round reads (what the host adds per round included).
+            Default ``"device"``.
     """
 
     budget: int | str = 15
     topk: int | None = None
     sizes: tuple[int, ...] = (3, 15, 31, 63)
     candidates: bool = False
+    clock: str = "device"
     branching = True
     stochastic = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", check_sizes(self.sizes))  # a tuple (hashable), also from a config list
+        try:
+            check_clock(self.clock)
+        except ValueError as err:
+            raise ValueError(f"DDTree({err}") from None
         bad = isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1
         if self.budget != "auto" and bad:
             raise ValueError(
@@ -170,6 +178,7 @@ class DDTree:
 
     def __repr__(self) -> str:
         sizes = f", sizes={self.sizes}" if self.auto else ""
+        sizes += f", clock={self.clock!r}" if self.auto and self.clock != "device" else ""
         over = ", candidates=True" if self.candidates else ""
         return f"DDTree(budget={self.budget!r}, topk={self.topk!r}{sizes}{over})"
 
@@ -202,7 +211,7 @@ class DDTree:
     def controller(self, batch: int) -> AutoBudget | None:
         """The chooser of each round's budget for a decoding loop of ``batch`` rows (``specdec.budget.AutoBudget``),
         or None for a fixed budget."""
-        return AutoBudget(self.sizes, batch) if self.auto else None
+        return AutoBudget(self.sizes, batch, clock=self.clock) if self.auto else None
 
     @property
     def largest(self) -> DDTree:

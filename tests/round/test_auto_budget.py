@@ -360,3 +360,76 @@ def test_a_round_that_captures_or_replays_its_graph_first_is_not_timed():
     finally:
         rnd.captured = eager
     assert times[0] is None and all(t is not None and t > 0 for t in times[1:]), times
+
+
+def test_the_wall_clock_times_a_round_from_the_read_before_it(monkeypatch):
+    """``DDTree(budget="auto", clock="wall")`` prices each round by the host time between the read of the round
+    before it and its own read, each launch's host time moved to the round it launched (on the CPU a launch runs its
+    round). The host clock is replaced by one whose n-th reading is ``n (n + 1) / 2`` ms and launch j (from 0) is
+    said to take ``(j + 1) / 4`` ms, so every wall time is worked out here from the readings alone. The call's
+    first round (the prefill ran before it) and the rounds around a launch that is not warm (its own and the one
+    read while it was launched ahead) are not timed."""
+    import importlib
+
+    from specdec.engine import Engine, Round
+    from specdec.target import TargetModel
+
+    readings, launches = [], []  # launches: (the clock readings before it, its host ms)
+
+    def clock():
+        readings.append(len(readings) + 1)
+        n = readings[-1]
+        return n * (n + 1) / 2 / 1e3
+
+    launch = Round.launch
+
+    def launch_told(self, *args, **kwargs):  # launch 5 runs as a capture's would: not warm
+        slot = launch(self, *args, **kwargs)
+        self.launch_ms[slot] = (len(launches) + 1) / 4
+        launches.append((len(readings), self.launch_ms[slot]))
+        if len(launches) == 6:
+            self.warm[slot] = False
+        return slot
+
+    monkeypatch.setattr(importlib.import_module("specdec.generate"), "_now", clock)
+    monkeypatch.setattr(Round, "launch", launch_told)
+    target = tiny_model("llama", scale=2.0)
+    drafter = sharp_drafter(target)
+    ids = prompts(1, seed=2)[0][None]
+    tree = specdec.DDTree(budget="auto", topk=3, sizes=(2, 6), clock="wall")
+    out = specdec.generate(target, ids, drafter=drafter, tree=tree, max_new_tokens=64)
+    walls, rounds = out.stats.round_wall_ms, len(out.stats.budgets)
+    assert len(readings) == 2 * rounds and len(walls) == rounds >= 8
+    # round k (from 1) is launch k - 1; its read waits between readings 2k - 1 and 2k, and the launches made
+    # after reading 2k - 2 fall in its interval
+    want = [None] * rounds
+    for k in range(2, rounds + 1):
+        if k not in (5, 6):
+            between = sum(ms for seen, ms in launches if seen == 2 * k - 2)
+            want[k - 1] = (2 * k) * (2 * k + 1) / 2 - (2 * k - 2) * (2 * k - 1) / 2 - between + launches[k - 1][1]
+    assert walls == pytest.approx(want), walls
+    assert out.stats.round_wait_ms == pytest.approx([2.0 * k for k in range(1, rounds + 1)])
+    assert out.stats.budget_ms == walls  # what the controller was told
+    engine = Engine.for_target(TargetModel.wrap(target), capacity=1)
+    ctrl = engine._controllers[(id(drafter), tree)]
+    # each option's recent times are the wall times of its own last timed rounds, in order
+    for size, times in ctrl.times.items():
+        own = [w for b, w in zip(out.stats.budgets, want, strict=True) if b == size and w is not None]
+        assert times and times == pytest.approx(own[-len(times) :]), (size, times, own)
+
+    monkeypatch.setattr(Round, "launch", launch)
+    device = specdec.DDTree(budget="auto", topk=3, sizes=(2, 6))
+    out = specdec.generate(target, ids, drafter=drafter, tree=device, max_new_tokens=64)
+    # the device clock (on the CPU: each launch's own wall time) is what it is told; the wall times are still kept
+    timed = [(t, w) for t, w in zip(out.stats.budget_ms, out.stats.round_wall_ms, strict=True) if t and w]
+    assert timed and all(t != w for t, w in timed), timed
+
+
+def test_the_clock_is_checked():
+    with pytest.raises(ValueError, match=r"clock='gpu': pass 'device'.*or 'wall'"):
+        specdec.DDTree(budget="auto", clock="gpu")
+    with pytest.raises(ValueError, match="clock=1"):
+        AutoBudget((3, 15), 1, clock=1)
+    assert "clock='wall'" in repr(specdec.DDTree(budget="auto", clock="wall"))
+    assert AutoBudget((3, 15), 1).clock == "device"
+    assert specdec.DDTree(budget="auto", clock="wall").controller(2).clock == "wall"

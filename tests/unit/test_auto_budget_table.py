@@ -77,3 +77,30 @@ def test_auto_rounds_split_by_the_budget_before_them(tmp_path):
     cell = [c.strip() for c in line.strip("|").split("|")][10]
     # by hand: 15 steady [0.40], switch [0.50, 0.48, 0.52]; 31 steady [0.60, 0.62], switch [0.70, 0.66]
     assert cell == "15: 0.400 / 0.500 (1 / 3), 31: 0.610 / 0.680 (2 / 2)"
+
+
+def test_wall_times_per_budget_and_one_line_per_auto_method(tmp_path):
+    # fixed rows: their rounds' wall times; two auto methods (device and wall clocks), each with its rounds' budgets
+    rows = []
+    walls = {("ddtree-b15-k8", 15): [None, 0.80, 0.70, 0.90], ("ddtree-b31-k8", 31): [None, 1.00, 1.20]}
+    for (m, b), s in SECONDS.items():
+        if b == "auto":
+            continue
+        for p in range(2):
+            rows.append(dict(_row(m, b, p, s[0]), **{"pass": 0, "round_wall_ms": walls.get((m, b), []),
+                                                     "round_wait_ms": [0.1 * p, 0.2, 0.4]}))  # fmt: skip
+    autos = {
+        "ddtree-auto": ([[15, 0.5], [31, 0.6], [31, 0.6], [15, 0.5]], [None, 1.10, 1.30, 0.60]),
+        "ddtree-auto-wall": ([[0, 0.3], [15, 0.8], [15, 0.7]], [None, 0.80, 0.70]),
+    }
+    for m, (rounds, wall) in autos.items():
+        rows.append(dict(_row(m, "auto", 0, 0.027), **{"pass": 0, "budget_rounds": rounds, "round_wall_ms": wall}))
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    lines = [x for x in _table(tmp_path) if x.startswith("| 1 |")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    assert [c[3].split()[0] for c in cells] == ["ddtree-auto", "ddtree-auto-wall"]
+    # by hand: medians over both prompts' rounds; auto's over all its timed rounds, then per budget
+    # the waits: [0.0, 0.2, 0.4] and [0.1, 0.2, 0.4] per fixed method (median 0.2), none for auto, none for AR
+    fixed = "b15 0.800 wait 0.200, b31 1.100 wait 0.200"
+    assert cells[0][12] == f"all: 1.100, 15: 0.600, 31: 1.200, wait – ({fixed})"
+    assert cells[1][12] == f"all: 0.750, 15: 0.750, wait – ({fixed})"
