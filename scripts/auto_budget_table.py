@@ -11,7 +11,8 @@ times per budget split by what ran before them (``steady``: a round of the same 
 medians with their counts, from the bench's ``budget_rounds``), the capture ms auto spent inside timed calls (0 when
 warm-up covered every graph), and each method's wall time per round (the host time between two round reads, the
 bench's ``round_wall_ms``; medians): every auto row's per budget beside the fixed rows', each with the median time
-its reads waited for the device (``round_wait_ms``: near zero where the device waits for the host). A run with
+its reads waited for the device (``round_wait_ms``: near zero where the device waits for the host) and the host
+time of its launches (``round_launch_ms``). A run with
 several auto methods (say ``clock: [device, wall]``) gives one line per auto method, each named.
 
 With several timed passes (``repeat``), best fixed is the fixed budget of the highest pooled tok/s, and the ratios are
@@ -38,6 +39,7 @@ def _table(run: Path) -> list[str]:
     timed: dict[tuple[str, int], dict[tuple[int, str], list[float]]] = {}  # (budget, steady|switch) -> rounds' ms
     walls: dict[tuple[str, int], dict[int | None, list[float]]] = {}  # (method, B) -> budget (None: all) -> wall ms
     waits: dict[tuple[str, int], list[float]] = {}  # (method, B) -> each round's read wait, ms
+    launches: dict[tuple[str, int], list[float]] = {}  # (method, B) -> each round's launch, host ms
     seen = set()
     for r in rows:
         key = (r["method"], r.get("batch_size", 1))
@@ -49,6 +51,7 @@ def _table(run: Path) -> list[str]:
         rounds = r.get("call_budget_rounds", r.get("budget_rounds")) or []
         wall = r.get("call_round_wall_ms", r.get("round_wall_ms")) or []
         waits.setdefault(key, []).extend(r.get("call_round_wait_ms", r.get("round_wait_ms")) or [])
+        launches.setdefault(key, []).extend(r.get("call_round_launch_ms", r.get("round_launch_ms")) or [])
         sizes = [int(b) for b, _ in rounds] if rounds else [None] * len(wall)
         for size, ms in zip(sizes, wall, strict=False):
             if ms is not None:
@@ -85,7 +88,7 @@ def _table(run: Path) -> list[str]:
         fixed_ms = ", ".join(f"b{s['budget']} {s['ms_per_round']:.3f}" for s in fixed if s["ms_per_round"])
         fixed_wall = ", ".join(
             f"b{s['budget']} {_median(walls.get((s['method'], b), {}).get(None))}"
-            f" wait {_median(waits.get((s['method'], b)))}"
+            f" wait {_median(waits.get((s['method'], b)))} launch {_median(launches.get((s['method'], b)))}"
             for s in fixed
         )
         for auto in autos:
@@ -99,7 +102,7 @@ def _table(run: Path) -> list[str]:
                 f"{'all' if k is None else k}: {_median(v)}"
                 for k, v in sorted(own.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0))
             )
-            auto_wall += f", wait {_median(waits.get(key))}"
+            auto_wall += f", wait {_median(waits.get(key))} launch {_median(launches.get(key))}"
             name = f"{auto['method']} " if len(autos) > 1 else ""
             out.append(
                 f"| {b} | {ar['tok_s']:.0f} | {best['method']} {best['tok_s']:.0f} | {name}{auto['tok_s']:.0f} "

@@ -609,6 +609,7 @@ def _decode(
         wall = (now - last_read) * 1e3 - launched_ms[0] + rnd.launch_ms[ticket] if clean else None
         stats.round_wall_ms.append(wall)
         stats.round_wait_ms.append((now - waited) * 1e3)
+        stats.round_launch_ms.append(rnd.launch_ms[ticket])
         last_read, launched_ms[0] = now, 0.0
         stats.target_forwards += 1
         rounds_read += 1

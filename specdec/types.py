@@ -286,7 +286,8 @@ class SpecStats:
     the launch ahead out: on the CPU a launch runs its round), which holds what the host did for it; None for the
     call's first round (the prefill ran before it) and wherever its launch or the launch ahead captured or first
     replayed a graph. ``round_wait_ms`` holds, per round, the host time its read waited for the device (and read
-    the tokens): where it is near zero the device waited for the host instead.
+    the tokens): where it is near zero the device waited for the host instead; ``round_launch_ms`` the host time of
+    each round's own launch.
     """
 
     rounds: int = 0
@@ -311,6 +312,7 @@ class SpecStats:
     budget_ms: list[float | None] = field(default_factory=list)
     round_wall_ms: list[float | None] = field(default_factory=list)
     round_wait_ms: list[float] = field(default_factory=list)
+    round_launch_ms: list[float] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -357,6 +359,7 @@ class SpecStats:
             "budget_ms": list(self.budget_ms),
             "round_wall_ms": list(self.round_wall_ms),
             "round_wait_ms": list(self.round_wait_ms),
+            "round_launch_ms": list(self.round_launch_ms),
         }
 
 

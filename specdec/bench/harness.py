@@ -227,6 +227,7 @@ class _Runner:
                     "budget_rounds": _budget_rounds(stats),
                     "round_wall_ms": _walls(stats),
                     "round_wait_ms": [float(t) for t in getattr(stats, "round_wait_ms", [])],
+                    "round_launch_ms": [float(t) for t in getattr(stats, "round_launch_ms", [])],
                     }  # fmt: skip
         _share_call([row for _, row in out], total_s, prefill_s, call, batch_size, index)
         return out
@@ -273,6 +274,7 @@ class _Runner:
             "budget_rounds": _budget_rounds(stats),
             "round_wall_ms": _walls(stats),
             "round_wait_ms": [float(t) for t in getattr(stats, "round_wait_ms", [])],
+            "round_launch_ms": [float(t) for t in getattr(stats, "round_launch_ms", [])],
             "path": getattr(stats, "path", None),
             "tokens": out.sequences[0, ids.shape[1] :].tolist(),
             "identical_to_ar": None,
@@ -305,8 +307,8 @@ def _share_call(rows: list[dict], total_s: float, prefill_s: float, call: dict, 
     decode time), and the call's facts: ``batch_size`` (B), ``batch_index``, ``batch_rows``, ``batch_tau`` (its τ
     over every (row, round) pair), ``call_s``, ``call_decode_s``, ``call_rounds``, ``call_target_forwards``,
     ``call_draft_forwards``, ``call_budgets`` (``DDTree(budget="auto")``: rounds per budget, 0 = plain),
-    ``call_budget_rounds`` (its rounds' ``[budget, ms]`` in order), ``call_round_wall_ms`` and
-    ``call_round_wait_ms`` (its rounds' wall times and read waits, ``SpecStats``), and
+    ``call_budget_rounds`` (its rounds' ``[budget, ms]`` in order), ``call_round_wall_ms``, ``call_round_wait_ms``
+    and ``call_round_launch_ms`` (its rounds' wall times, read waits and launches' host times, ``SpecStats``), and
     ``captures`` (the call's new graph keys, ``SpecStats.captures``) on its first row, 0 on the others."""
     n = len(rows)
     decode_s = max(total_s - prefill_s, 0.0)
@@ -328,6 +330,7 @@ def _share_call(rows: list[dict], total_s: float, prefill_s: float, call: dict, 
             call_budget_rounds=call.get("budget_rounds", []),
             call_round_wall_ms=call.get("round_wall_ms", []),
             call_round_wait_ms=call.get("round_wait_ms", []),
+            call_round_launch_ms=call.get("round_launch_ms", []),
             batch_size=batch_size,
             batch_index=index,
             batch_rows=n,

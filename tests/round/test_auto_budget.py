@@ -409,6 +409,7 @@ def test_the_wall_clock_times_a_round_from_the_read_before_it(monkeypatch):
             want[k - 1] = (2 * k) * (2 * k + 1) / 2 - (2 * k - 2) * (2 * k - 1) / 2 - between + launches[k - 1][1]
     assert walls == pytest.approx(want), walls
     assert out.stats.round_wait_ms == pytest.approx([2.0 * k for k in range(1, rounds + 1)])
+    assert out.stats.round_launch_ms == pytest.approx([ms for _, ms in launches[:rounds]])
     assert out.stats.budget_ms == walls  # what the controller was told
     engine = Engine.for_target(TargetModel.wrap(target), capacity=1)
     ctrl = engine._controllers[(id(drafter), tree)]

@@ -94,13 +94,14 @@ def test_wall_times_per_budget_and_one_line_per_auto_method(tmp_path):
         "ddtree-auto-wall": ([[0, 0.3], [15, 0.8], [15, 0.7]], [None, 0.80, 0.70]),
     }
     for m, (rounds, wall) in autos.items():
-        rows.append(dict(_row(m, "auto", 0, 0.027), **{"pass": 0, "budget_rounds": rounds, "round_wall_ms": wall}))
+        rows.append(dict(_row(m, "auto", 0, 0.027), **{"pass": 0, "budget_rounds": rounds, "round_wall_ms": wall,
+                                                       "round_launch_ms": [0.04, 0.05, 0.06]}))  # fmt: skip
     (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     lines = [x for x in _table(tmp_path) if x.startswith("| 1 |")]
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     assert [c[3].split()[0] for c in cells] == ["ddtree-auto", "ddtree-auto-wall"]
     # by hand: medians over both prompts' rounds; auto's over all its timed rounds, then per budget
     # the waits: [0.0, 0.2, 0.4] and [0.1, 0.2, 0.4] per fixed method (median 0.2), none for auto, none for AR
-    fixed = "b15 0.800 wait 0.200, b31 1.100 wait 0.200"
-    assert cells[0][12] == f"all: 1.100, 15: 0.600, 31: 1.200, wait – ({fixed})"
-    assert cells[1][12] == f"all: 0.750, 15: 0.750, wait – ({fixed})"
+    fixed = "b15 0.800 wait 0.200 launch –, b31 1.100 wait 0.200 launch –"
+    assert cells[0][12] == f"all: 1.100, 15: 0.600, 31: 1.200, wait – launch 0.050 ({fixed})"
+    assert cells[1][12] == f"all: 0.750, 15: 0.750, wait – launch 0.050 ({fixed})"
