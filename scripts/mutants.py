@@ -814,6 +814,11 @@ MUTANTS += [
           "self.start_detached or self.verdict"),),
         ("tests/round/test_auto_budget.py",),
     ),
+    Mutant(  # an auto round without lookahead still pops the next size up (its cost then includes those pops)
+        "auto_step_lookahead_ignored",
+        (("specdec/trees/policies.py", "        if not self.lookahead:\n            return self.budget\n", ""),),
+        ("tests/kernels/test_ddtree_build.py", "tests/round/test_auto_budget.py"),
+    ),
     Mutant(  # the wall clock keeps the launch ahead's host time in the round read meanwhile (on the CPU: the next
         # round's whole cost)
         "auto_wall_keeps_the_launch_ahead",

@@ -273,7 +273,8 @@ def build_tree(name: str, **kw) -> TreeSpec:
         sizes = tuple(_whole(s, "sizes") for s in kw.get("sizes", DDTree.sizes))
         budget = budget if budget == "auto" else _whole(budget, "budget", " or auto")
         return DDTree(budget=budget, topk=None if topk is None else _whole(topk, "topk"), sizes=sizes,
-                      candidates=kw.get("candidates", False), clock=kw.get("clock", "device"))  # fmt: skip
+                      candidates=kw.get("candidates", False), clock=kw.get("clock", "device"),
+                      lookahead=kw.get("lookahead", True))  # fmt: skip
     from specdec.trees import TREES
 
     if name in TREES:  # a registered policy takes its settings as keyword arguments

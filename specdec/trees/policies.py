@@ -145,6 +145,10 @@ class DDTree:
         clock (str): what ``"auto"`` times each round by (``specdec.budget.AutoBudget``): ``"device"``, its device
             time, or ``"wall"``, the host time between two round reads (what the host adds per round included).
             Default ``"device"``.
+        lookahead (bool): an ``"auto"`` round also computes the expectation of the next size above its own (its
+            selection pops that many nodes, which its own tree does not need); False: its own size and those below
+            only, the larger ones extrapolated by the controller from the last round that computed them. Default
+            True.
     """
 
     budget: int | str = 15
@@ -152,6 +156,7 @@ class DDTree:
     sizes: tuple[int, ...] = (3, 15, 31, 63)
     candidates: bool = False
     clock: str = "device"
+    lookahead: bool = True
     branching = True
     stochastic = False
 
@@ -170,6 +175,8 @@ class DDTree:
             raise ValueError(f"DDTree(topk={self.topk!r}): topk must be an int >= 1, or None for topk = budget.")
         if not isinstance(self.candidates, bool):
             raise ValueError(f"DDTree(candidates={self.candidates!r}): candidates must be True or False.")
+        if not isinstance(self.lookahead, bool):
+            raise ValueError(f"DDTree(lookahead={self.lookahead!r}): lookahead must be True or False.")
         if self.candidates and self.auto:
             raise ValueError(
                 "DDTree(budget='auto', candidates=True): the budget chooser reads per-depth log-probabilities; pass "
@@ -179,6 +186,7 @@ class DDTree:
     def __repr__(self) -> str:
         sizes = f", sizes={self.sizes}" if self.auto else ""
         sizes += f", clock={self.clock!r}" if self.auto and self.clock != "device" else ""
+        sizes += ", lookahead=False" if self.auto and not self.lookahead else ""
         over = ", candidates=True" if self.candidates else ""
         return f"DDTree(budget={self.budget!r}, topk={self.topk!r}{sizes}{over})"
 
@@ -206,7 +214,7 @@ class DDTree:
             return AutoRoot(expect_sizes=self.sizes)
         if budget not in self.sizes:
             raise ValueError(f"{self!r}.at({budget!r}): pick 0 (plain decoding) or one of sizes={self.sizes}.")
-        return AutoStep(budget=budget, topk=self.topk, expect_sizes=self.sizes)
+        return AutoStep(budget=budget, topk=self.topk, expect_sizes=self.sizes, lookahead=self.lookahead)
 
     def controller(self, batch: int) -> AutoBudget | None:
         """The chooser of each round's budget for a decoding loop of ``batch`` rows (``specdec.budget.AutoBudget``),
@@ -283,8 +291,11 @@ class AutoStep(DDTree):
     @property
     def expect_upto(self) -> int:
         """The largest size whose expectation this round computes: the next candidate size above its own budget
-        (its own at the largest). The heap's pops past it would cost every round for sizes the controller reaches
-        only through the next one up; ``AutoBudget`` extrapolates the larger sizes from the last computed."""
+        (its own at the largest; its own always without ``lookahead``). The heap's pops past it would cost every
+        round for sizes the controller reaches only through the next one up; ``AutoBudget`` extrapolates the
+        larger sizes from the last computed."""
+        if not self.lookahead:
+            return self.budget
         above = [s for s in self.expect_sizes if s > self.budget]
         return above[0] if above else max(self.budget, *self.expect_sizes)
 
@@ -337,7 +348,8 @@ class AutoStep(DDTree):
         return tree, self._expected(scores)
 
     def __repr__(self) -> str:
-        return f"AutoStep(budget={self.budget!r}, topk={self.topk!r}, expect_sizes={self.expect_sizes})"
+        look = "" if self.lookahead else ", lookahead=False"
+        return f"AutoStep(budget={self.budget!r}, topk={self.topk!r}, expect_sizes={self.expect_sizes}{look})"
 
 
 def _padded_tree(tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, n: int) -> DeviceTree:

@@ -7,6 +7,7 @@ The interpreter (the ``interpreter`` tier) runs the first ``INTERPRETED_TREES`` 
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -233,31 +234,31 @@ def _auto_steps(device: str):
     """``AutoStep.build_expecting`` at every size of each size set (the one-pass Triton path where it applies)."""
     logq, roots = _auto_cases()
     out = {}
-    for sizes in AUTO_SIZE_SETS:
-        policy = specdec.DDTree(budget="auto", topk=4, sizes=sizes)
+    for sizes, look in itertools.product(AUTO_SIZE_SETS, (True, False)):
+        policy = specdec.DDTree(budget="auto", topk=4, sizes=sizes, lookahead=look)
         for size in sizes:
             tree, expected = policy.at(size).build_expecting(Proposal(logq=logq.to(device)), roots.to(device), 6)
-            out[sizes, size] = ([t.cpu() for t in (tree.tokens, tree.parents, tree.depth, tree.num_nodes)],
-                                expected.cpu())  # fmt: skip
+            out[sizes, size, look] = ([t.cpu() for t in (tree.tokens, tree.parents, tree.depth, tree.num_nodes)],
+                                      expected.cpu())  # fmt: skip
     return out
 
 
 def _check_auto_steps(out) -> None:
     """Against the two apart on the CPU's tensor ops: the fixed policy's tree of that size and ``expectations``."""
     logq, roots = _auto_cases()
-    assert set(out) == {(sizes, size) for sizes in AUTO_SIZE_SETS for size in sizes}
-    for sizes in AUTO_SIZE_SETS:
-        policy = specdec.DDTree(budget="auto", topk=4, sizes=sizes)
+    assert set(out) == {(sizes, size, look) for sizes in AUTO_SIZE_SETS for size in sizes for look in (True, False)}
+    for sizes, look in itertools.product(AUTO_SIZE_SETS, (True, False)):
+        policy = specdec.DDTree(budget="auto", topk=4, sizes=sizes, lookahead=look)
         for size in sizes:
             step = policy.at(size)
             want = specdec.DDTree(budget=size, topk=4).build(Proposal(logq=logq), roots, 6)
-            tensors, expected = out[sizes, size]
+            tensors, expected = out[sizes, size, look]
             for got, ref in zip(tensors, (want.tokens, want.parents, want.depth, want.num_nodes), strict=True):
                 assert torch.equal(got, ref), (sizes, size, got, ref)
             torch.testing.assert_close(expected, step.expectations(Proposal(logq=logq)), rtol=1e-12, atol=1e-12)
-            # the sizes up to the next one above this round's are computed (the largest size's scores cut: the
-            # enumeration-checked reference), the larger ones are marked -1
-            upto = next((s for s in sizes if s > size), sizes[-1])
+            # the sizes up to the next one above this round's (without lookahead: up to its own) are computed (the
+            # largest size's scores cut: the enumeration-checked reference), the larger ones are marked -1
+            upto = next((s for s in sizes if s > size), sizes[-1]) if look else size
             full = expected_accepts(ddtree_scores(logq, budget=sizes[-1], topk=4), sizes)
             known = sum(s <= upto for s in sizes)
             torch.testing.assert_close(expected[:, :known], full[:, :known], rtol=1e-12, atol=1e-12)

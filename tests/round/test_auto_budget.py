@@ -13,13 +13,13 @@ import specdec
 from specdec.budget import DETACHED, AutoBudget
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_auto_budget_decodes_as_hf(batch):
+@pytest.mark.parametrize("batch, lookahead", [(1, True), (3, True), (1, False), (3, False)])
+def test_auto_budget_decodes_as_hf(batch, lookahead):
     target = tiny_model("llama", scale=2.0)
     drafter = sharp_drafter(target)
     rows = prompts(batch, seed=1)
     ids, mask = left_pad(rows)
-    tree = specdec.DDTree(budget="auto", topk=3, sizes=(2, 6, 12))
+    tree = specdec.DDTree(budget="auto", topk=3, sizes=(2, 6, 12), lookahead=lookahead)
     out = specdec.generate(target, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=24)
     check_rows(target, rows, out, 24)
     # plain decoding (0) and every size are tried once, then chosen by the model; one budget per batch round; the
@@ -434,3 +434,8 @@ def test_the_clock_is_checked():
     assert "clock='wall'" in repr(specdec.DDTree(budget="auto", clock="wall"))
     assert AutoBudget((3, 15), 1).clock == "device"
     assert specdec.DDTree(budget="auto", clock="wall").controller(2).clock == "wall"
+    with pytest.raises(ValueError, match="lookahead must be True or False"):
+        specdec.DDTree(budget="auto", lookahead="no")
+    own = specdec.DDTree(budget="auto", sizes=(3, 15, 31), lookahead=False)
+    assert "lookahead=False" in repr(own) and own.at(15).expect_upto == 15
+    assert specdec.DDTree(budget="auto", sizes=(3, 15, 31)).at(15).expect_upto == 31
