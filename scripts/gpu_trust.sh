@@ -17,12 +17,14 @@ STEP=${2:?usage: scripts/gpu_trust.sh OUT STEP [ZOO]}
 export SPECDEC_ZOO=${3:-${SPECDEC_ZOO:?set SPECDEC_ZOO or pass ZOO}}
 mkdir -p "$OUT"
 tail -n 32 "$SPECDEC_ZOO/prompts_dev.jsonl" > "$OUT/held32.jsonl"
-METHODS='methods=[{name: ar},{name: ddtree, drafter: {kind: dflash}, tree: {kind: ddtree, budget: [15, 31, 63], topk: 8}},{name: ddtree-auto, drafter: {kind: dflash}, tree: {kind: ddtree, budget: auto, topk: 8}}]'
+# AUTO_ARGS: more fields of the auto tree, e.g. AUTO_ARGS='clock: [device, wall]' (one auto row per value);
+# BATCH_SIZES (default [1,2,4,8,16,32])
+METHODS="methods=[{name: ar},{name: ddtree, drafter: {kind: dflash}, tree: {kind: ddtree, budget: [15, 31, 63], topk: 8}},{name: ddtree-auto, drafter: {kind: dflash}, tree: {kind: ddtree, budget: auto, topk: 8${AUTO_ARGS:+, $AUTO_ARGS}}}]"
 sweep() {  # name target prompts-args...
   local name=$1 target=$2
   shift 2
   timeout ${SWEEP_TIMEOUT:-280} python -m specdec bench +experiment=batch target="$target" num_prompts=32 max_new_tokens=64 \
-    'batch_sizes=[1,2,4,8,16,32]' interleave=true repeat=${AUTO_REPEAT:-3} progress=false out_dir="$OUT/$name" "$METHODS" "$@" > "$OUT/$name.log" 2>&1
+    "batch_sizes=${BATCH_SIZES:-[1,2,4,8,16,32]}" interleave=true repeat=${AUTO_REPEAT:-3} progress=false out_dir="$OUT/$name" "$METHODS" "$@" > "$OUT/$name.log" 2>&1
   echo "$name exit $?"
 }
 case "$STEP" in
