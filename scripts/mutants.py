@@ -814,7 +814,7 @@ MUTANTS += [
           "self.start_detached or self.verdict"),),
         ("tests/round/test_auto_budget.py",),
     ),
-    Mutant(  # an auto round without lookahead still pops the next size up (its cost then includes those pops)
+    Mutant(  # an auto round (lookahead off, the default) still pops the next size up (its cost then includes them)
         "auto_step_lookahead_ignored",
         (("specdec/trees/policies.py", "        if not self.lookahead:\n            return self.budget\n", ""),),
         ("tests/kernels/test_ddtree_build.py", "tests/round/test_auto_budget.py"),

@@ -274,7 +274,7 @@ def build_tree(name: str, **kw) -> TreeSpec:
         budget = budget if budget == "auto" else _whole(budget, "budget", " or auto")
         return DDTree(budget=budget, topk=None if topk is None else _whole(topk, "topk"), sizes=sizes,
                       candidates=kw.get("candidates", False), clock=kw.get("clock", "device"),
-                      lookahead=kw.get("lookahead", True))  # fmt: skip
+                      lookahead=kw.get("lookahead", False))  # fmt: skip
     from specdec.trees import TREES
 
     if name in TREES:  # a registered policy takes its settings as keyword arguments

@@ -305,7 +305,7 @@ def _tuple_fields(kind: str) -> set[str]:
 
 def _tree_label(kind: str, tree, values: Mapping) -> str:
     """The row-name suffix of a tree: ``chain15``, ``ddtree-b15-k8`` (``-candidates``; for an auto budget ``-wall``
-    timed by the host's clock, ``-own`` without lookahead, ``-s3x15`` for other sizes than the default),
+    timed by the host's clock, ``-look`` with lookahead, ``-s3x15`` for other sizes than the default),
     ``dynamic-d7-k10-t60``,
     ``sampled-chain15``, ``sampled-trees-k4-d4`` (``-unmerged``), ``gumbel-topk-w4x2x2``, ``stochastic-ddtree-b15-k8``;
     other policies ``kind-field<value>``."""
@@ -315,8 +315,8 @@ def _tree_label(kind: str, tree, values: Mapping) -> str:
         over = "-candidates" if getattr(tree, "candidates", False) else ""
         if getattr(tree, "auto", False) and tree.clock != "device":
             over += f"-{tree.clock}"
-        if getattr(tree, "auto", False) and not getattr(tree, "lookahead", True):
-            over += "-own"
+        if getattr(tree, "auto", False) and getattr(tree, "lookahead", False):
+            over += "-look"
         if getattr(tree, "auto", False) and tree.sizes != type(tree).sizes:
             over += "-s" + "x".join(map(str, tree.sizes))
         return f"{kind}-b{tree.budget}-k{'b' if tree.topk is None else tree.topk}{over}"

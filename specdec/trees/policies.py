@@ -146,9 +146,9 @@ class DDTree:
             time, or ``"wall"``, the host time between two round reads (what the host adds per round included).
             Default ``"device"``.
         lookahead (bool): an ``"auto"`` round also computes the expectation of the next size above its own (its
-            selection pops that many nodes, which its own tree does not need); False: its own size and those below
-            only, the larger ones extrapolated by the controller from the last round that computed them. Default
-            True.
+            selection then pops that many nodes, which its own tree does not need). Default False: its own size and
+            those below only, the larger sizes extrapolated by the controller with the growth it learned from the
+            rounds of larger sizes (``docs/trees.md``).
     """
 
     budget: int | str = 15
@@ -156,7 +156,7 @@ class DDTree:
     sizes: tuple[int, ...] = (3, 15, 31, 63)
     candidates: bool = False
     clock: str = "device"
-    lookahead: bool = True
+    lookahead: bool = False
     branching = True
     stochastic = False
 
@@ -186,7 +186,7 @@ class DDTree:
     def __repr__(self) -> str:
         sizes = f", sizes={self.sizes}" if self.auto else ""
         sizes += f", clock={self.clock!r}" if self.auto and self.clock != "device" else ""
-        sizes += ", lookahead=False" if self.auto and not self.lookahead else ""
+        sizes += ", lookahead=True" if self.auto and self.lookahead else ""
         over = ", candidates=True" if self.candidates else ""
         return f"DDTree(budget={self.budget!r}, topk={self.topk!r}{sizes}{over})"
 
@@ -290,10 +290,9 @@ class AutoStep(DDTree):
 
     @property
     def expect_upto(self) -> int:
-        """The largest size whose expectation this round computes: the next candidate size above its own budget
-        (its own at the largest; its own always without ``lookahead``). The heap's pops past it would cost every
-        round for sizes the controller reaches only through the next one up; ``AutoBudget`` extrapolates the
-        larger sizes from the last computed."""
+        """The largest size whose expectation this round computes: its own budget, or with ``lookahead`` the next
+        candidate size above it (its own at the largest). Every pop past its own tree costs the round (3-8 % of a
+        zoo round, ``docs/results.md``); ``AutoBudget`` extrapolates the larger sizes from the last computed."""
         if not self.lookahead:
             return self.budget
         above = [s for s in self.expect_sizes if s > self.budget]
@@ -348,7 +347,7 @@ class AutoStep(DDTree):
         return tree, self._expected(scores)
 
     def __repr__(self) -> str:
-        look = "" if self.lookahead else ", lookahead=False"
+        look = ", lookahead=True" if self.lookahead else ""
         return f"AutoStep(budget={self.budget!r}, topk={self.topk!r}, expect_sizes={self.expect_sizes}{look})"
 
 

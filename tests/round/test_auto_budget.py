@@ -436,6 +436,6 @@ def test_the_clock_is_checked():
     assert specdec.DDTree(budget="auto", clock="wall").controller(2).clock == "wall"
     with pytest.raises(ValueError, match="lookahead must be True or False"):
         specdec.DDTree(budget="auto", lookahead="no")
-    own = specdec.DDTree(budget="auto", sizes=(3, 15, 31), lookahead=False)
-    assert "lookahead=False" in repr(own) and own.at(15).expect_upto == 15
-    assert specdec.DDTree(budget="auto", sizes=(3, 15, 31)).at(15).expect_upto == 31
+    look = specdec.DDTree(budget="auto", sizes=(3, 15, 31), lookahead=True)
+    assert "lookahead=True" in repr(look) and look.at(15).expect_upto == 31 and look.at(31).expect_upto == 31
+    assert specdec.DDTree(budget="auto", sizes=(3, 15, 31)).at(15).expect_upto == 15
