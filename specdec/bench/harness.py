@@ -225,9 +225,7 @@ class _Runner:
                     "budgets": {str(b): n for b, n in sorted(Counter(stats.budgets).items())},
                     "budget_costs": {str(b): ms for b, ms in sorted(getattr(stats, "budget_costs", {}).items())},
                     "budget_rounds": _budget_rounds(stats),
-                    "round_wall_ms": _walls(stats),
-                    "round_wait_ms": [float(t) for t in getattr(stats, "round_wait_ms", [])],
-                    "round_launch_ms": [float(t) for t in getattr(stats, "round_launch_ms", [])],
+                    **_round_times(stats),
                     }  # fmt: skip
         _share_call([row for _, row in out], total_s, prefill_s, call, batch_size, index)
         return out
@@ -272,9 +270,7 @@ class _Runner:
             "budgets": {str(b): n for b, n in sorted(Counter(getattr(stats, "budgets", [])).items())},
             "budget_costs": {str(b): ms for b, ms in sorted(getattr(stats, "budget_costs", {}).items())},
             "budget_rounds": _budget_rounds(stats),
-            "round_wall_ms": _walls(stats),
-            "round_wait_ms": [float(t) for t in getattr(stats, "round_wait_ms", [])],
-            "round_launch_ms": [float(t) for t in getattr(stats, "round_launch_ms", [])],
+            **_round_times(stats),
             "path": getattr(stats, "path", None),
             "tokens": out.sequences[0, ids.shape[1] :].tolist(),
             "identical_to_ar": None,
@@ -290,9 +286,11 @@ def _budget_rounds(stats) -> list[list]:
     return [[int(b), None if t is None else float(t)] for b, t in zip(budgets, ms, strict=False)]
 
 
-def _walls(stats) -> list[float | None]:
-    """Each round's wall time in ms (``SpecStats.round_wall_ms``, None where not timed), in round order."""
-    return [None if t is None else float(t) for t in getattr(stats, "round_wall_ms", None) or []]
+def _round_times(stats) -> dict[str, list[float | None]]:
+    """Each round's ``round_wall_ms`` (None where not timed), ``round_wait_ms`` and ``round_launch_ms``
+    (``SpecStats``), in round order."""
+    keys = ("round_wall_ms", "round_wait_ms", "round_launch_ms")
+    return {k: [None if t is None else float(t) for t in getattr(stats, k, None) or []] for k in keys}
 
 
 def _until_eos(tokens: list[int], eos: Sequence[int]) -> list[int]:

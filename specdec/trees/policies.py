@@ -165,7 +165,7 @@ class DDTree:
         try:
             check_clock(self.clock)
         except ValueError as err:
-            raise ValueError(f"DDTree({err}") from None
+            raise ValueError(f"DDTree: {err}") from None
         bad = isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1
         if self.budget != "auto" and bad:
             raise ValueError(
