@@ -386,6 +386,23 @@ MUTANTS = [
         ),
         ("tests/kernels/test_tree_rejection.py", "-m", "interpreter"),  # the interpreted kernel tier
     ),
+    Mutant(  # the round over a per-depth q reads a child's own depth's row (one level too deep)
+        "rejection_kernel_depth_row_off_by_one",
+        (
+            (
+                REJECTION_TRITON,
+                "tl.maximum(tl.load(depth_ptr + slots_row + slot) - 1, 0)",
+                "tl.maximum(tl.load(depth_ptr + slots_row + slot), 0)",
+            ),
+        ),
+        ("tests/kernels/test_tree_rejection.py", "-m", "interpreter"),
+    ),
+    Mutant(  # the per-depth q's rows (the reference path, node_proposals) read one level too deep
+        "rejection_depth_rows_off_by_one",
+        (("specdec/kernels/tree_rejection/__init__.py", "rows = (depth - 1).clamp(0, q.shape[1] - 1)",
+          "rows = depth.clamp(0, q.shape[1] - 1)"),),  # fmt: skip
+        ("tests/kernels/test_tree_rejection.py", "tests/verify/test_multidraft.py"),
+    ),
     Mutant(  # the fused round's setup ranks a node's children in reverse slot order (within a block of slots)
         "rejection_round_kernel_siblings_reversed",
         (

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.kernels.tree_rejection import rows_by_depth
 from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
 from specdec.verify.processing import process_logits
 
@@ -29,6 +30,7 @@ __all__ = [
     "accept_at",
     "categorical",
     "constant_arange",
+    "depth_proposals",
     "draft_logprobs",
     "draft_probs",
     "exponential_keys",
@@ -73,18 +75,23 @@ def exponential_keys(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return probs / torch.log(u)
 
 
-def node_proposals(tree: DeviceTree, proposal: Proposal | None, sampling: SamplingParams) -> torch.Tensor:
-    """The draft distribution each node was drawn from, ``[B, S, V]`` float32: row ``depth - 1`` of the processed
-    ``logq`` (DFlash-style per-depth ``q``: every depth-d node shares it). The root and padding slots hold depth 1's
-    row: no rule reads q there (a node's q is read only where it is a real child). A tree that carries the
-    distribution its policy drew from (``tree.draft_probs``) gives it as is: the same rows, processed once."""
+def depth_proposals(tree: DeviceTree, proposal: Proposal | None, sampling: SamplingParams) -> torch.Tensor:
+    """The draft distribution of each depth, ``[B, D, V]`` float32: the processed ``logq`` (DFlash-style per-depth
+    ``q``: every depth-d node was drawn from row ``d - 1``). A tree that carries the distribution its policy drew
+    from (``tree.draft_probs``) gives it as is: the same rows, processed once."""
     q = tree.draft_probs
     if q is None:
         if proposal is None or proposal.logq is None:
             raise ValueError("this rule weighs the draft distribution: the drafter must provide logq")
-        q = draft_probs(proposal.logq, sampling)  # [B, D, V]
-    rows = (tree.depth - 1).clamp(0, q.shape[1] - 1)  # [B, S]
-    return q.gather(1, rows[..., None].expand(-1, -1, q.shape[-1]))
+        q = draft_probs(proposal.logq, sampling)
+    return q
+
+
+def node_proposals(tree: DeviceTree, proposal: Proposal | None, sampling: SamplingParams) -> torch.Tensor:
+    """The draft distribution each node was drawn from, ``[B, S, V]`` float32: row ``depth - 1`` of
+    :func:`depth_proposals`. The root and padding slots hold depth 1's row: no rule reads q there (a node's q is
+    read only where it is a real child)."""
+    return rows_by_depth(depth_proposals(tree, proposal, sampling), tree.depth)
 
 
 def uniform(noise: torch.Tensor, k: int) -> torch.Tensor:
@@ -180,6 +187,7 @@ class WeighsQ:
     :meth:`verify` with the round's uniforms. Subclasses set ``name`` and define ``check`` and ``verify``."""
 
     noise_width = NOISE_WIDTH  # the round draws [B, S, 4] uniforms for these rules, not [B, S, V]
+    q_by_depth = False  # True: verify takes q as one row per depth, [B, D, V] (depth_proposals), not [B, S, V]
 
     def uses_noise(self, sampling: SamplingParams) -> bool:
         return sampling.do_sample
@@ -191,7 +199,10 @@ class WeighsQ:
 
             return Greedy().accept(tree, logits, sampling, noise, max_depth)
         p = target_probs(logits, sampling)
-        q = node_proposals(tree, proposal, sampling) if tree.num_slots > 1 else p  # the root alone: q unread
+        if tree.num_slots == 1:
+            q = p  # the root alone: q unread
+        else:
+            q = (depth_proposals if self.q_by_depth else node_proposals)(tree, proposal, sampling)
         return self.verify(tree, p, q, noise, max_depth)
 
     def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torch.Tensor, max_depth: int) -> Accept:

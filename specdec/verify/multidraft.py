@@ -44,7 +44,13 @@ def check_sampled_policy(rule: str, sampling: SamplingParams, tree, exact_for: d
 
 
 def recursive_rejection(
-    tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torch.Tensor, max_depth: int, replacement: bool
+    tree: DeviceTree,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    noise: torch.Tensor,
+    max_depth: int,
+    replacement: bool,
+    q_by_depth: bool = False,
 ) -> Accept:
     """The accepted paths of recursive rejection sampling.
 
@@ -65,14 +71,17 @@ def recursive_rejection(
         tree (DeviceTree): ``[B, S]``.
         p (torch.Tensor): ``[B, S, V]`` float32 (or float64) target distribution at each node.
         q (torch.Tensor): ``[B, S, V]`` draft distribution each node was drawn from, p's dtype (read at the real
-            children only).
+            children only); ``q_by_depth``: ``[B, D, V]``, one row per depth (``depth_proposals``), node ``s``
+            drawn from row ``depth_s - 1``.
         noise (torch.Tensor): ``[B, S, >= 4]`` uniforms (``draws.uniform`` 0: the node's test, 1: the final draw).
         max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
+        q_by_depth (bool): ``q`` holds one row per depth (read in place by the round's kernel).
     """
     u = uniforms(noise, 2)  # [B, S, 2]: a child's test reads its own slot's first uniform
     r, nxt = tree_rejection_round(tree.tokens, tree.parents, tree.depth, tree.valid, p, q, u[..., 0],
-                                  tree.max_children, replacement, impl=_REJECTION_IMPL)  # fmt: skip
+                                  tree.max_children, replacement, q_by_depth=q_by_depth,
+                                  impl=_REJECTION_IMPL)  # fmt: skip
     # the walk from the root along each node's accepted child, and the bonus from where it ends
     return rejection_walk(tree.tokens, tree.depth, nxt, r, u[..., 1], max_depth, impl=_REJECTION_IMPL)
 
@@ -102,6 +111,7 @@ class MultiDraftRejection(WeighsQ):
 
     replacement: bool = True
     name = "multi-draft"
+    q_by_depth = True  # verify takes q as one row per depth (the round kernel reads each child's row in place)
 
     def __post_init__(self) -> None:
         if not isinstance(self.replacement, bool):
@@ -122,7 +132,7 @@ class MultiDraftRejection(WeighsQ):
         check_sampled_policy(f"MultiDraftRejection(replacement={self.replacement})", sampling, tree, exact_for)
 
     def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:
-        return recursive_rejection(tree, p, q, noise, max_depth, self.replacement)
+        return recursive_rejection(tree, p, q, noise, max_depth, self.replacement, q_by_depth=True)
 
 
 register_rule("multi-draft", MultiDraftRejection)

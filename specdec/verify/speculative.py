@@ -28,12 +28,13 @@ class SpeculativeSampling(WeighsQ):
     """
 
     name = "speculative-sampling"
+    q_by_depth = True  # verify takes q as one row per depth (the round kernel reads each child's row in place)
 
     def check(self, sampling: SamplingParams, tree) -> None:
         check_sampled_policy("SpeculativeSampling()", sampling, tree, {"SampledChain": ""})
 
     def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:
-        return recursive_rejection(tree, p, q, noise, max_depth, replacement=True)
+        return recursive_rejection(tree, p, q, noise, max_depth, replacement=True, q_by_depth=True)
 
 
 register_rule("speculative-sampling", SpeculativeSampling)

@@ -93,11 +93,6 @@ def _tree(case: dict, device: str = "cpu") -> DeviceTree:
     return DeviceTree(*fields, max_children=case["max_children"])
 
 
-def _tree(case: dict, device: str = "cpu") -> DeviceTree:
-    fields = [case[k].to(device) for k in ("tokens", "parents", "depth", "valid", "num_nodes")]
-    return DeviceTree(*fields, max_children=case["max_children"])
-
-
 def run_round(case: dict, impl: str, device: str = "cpu"):
     """``recursive_rejection`` on the round with ``tree_rejection_round`` forced to ``impl``; returns the
     ``(path, num_path, tokens)`` and the round's call: its arguments (``ROUND_ARG_NAMES``, on the CPU), the tree's
@@ -127,6 +122,29 @@ def round_args(call: dict, device: str = "cpu", max_children="stated") -> list:
 def round_args_f32(call: dict) -> list:
     """The round's arguments with ``p`` and ``q`` in float32, the dtype the rules pass (the uniforms stay float64)."""
     return [v.float() if name in ("p", "q") else v for name, v in zip(ROUND_ARG_NAMES, round_args(call), strict=True)]
+
+
+DEPTH_ROWS = 3  # the per-depth q of the by-depth rounds: depths 4 (and deeper) read the last row
+
+
+def by_depth_args(call: dict, seed: int) -> tuple[list, torch.Tensor]:
+    """The round's arguments with ``q`` replaced by a random per-depth ``q [B, DEPTH_ROWS, V]`` (a cut support, as
+    the rounds') and ``test`` a strided column of a wider tensor, for ``q_by_depth=True``; and the ``[B, S, V]`` q
+    each slot reads, built slot by slot (row ``min(max(depth - 1, 0), DEPTH_ROWS - 1)``)."""
+    gen = torch.Generator().manual_seed(seed)
+    args = dict(zip(ROUND_ARG_NAMES, round_args(call), strict=True))
+    batch, slots, vocab = args["p"].shape
+    logits = torch.randn(batch, DEPTH_ROWS, vocab, generator=gen, dtype=torch.float64)
+    logits[..., : max(vocab // 4, 1)] = -torch.inf
+    rows = torch.softmax(logits, -1)
+    wide = torch.rand(batch, slots, 3, generator=gen, dtype=torch.float64)
+    wide[..., 1] = args["test"]
+    slot_q = torch.empty(batch, slots, vocab, dtype=torch.float64)
+    for b in range(batch):
+        for s in range(slots):
+            slot_q[b, s] = rows[b, min(max(int(args["tree_depth"][b, s]) - 1, 0), DEPTH_ROWS - 1)]
+    args.update(q=rows, test=wide[..., 1])
+    return [args[k] for k in ROUND_ARG_NAMES], slot_q
 
 
 def check_round(call: dict, got: tuple[torch.Tensor, torch.Tensor], max_children="stated") -> None:
@@ -255,6 +273,36 @@ def test_round_auto_is_the_reference_on_cpu_and_triton_is_refused():
     assert torch.equal(nxt, torch.arange(5).expand(2, -1))  # nothing accepted
 
 
+def test_round_by_depth_equals_the_round_over_each_slots_row():
+    # q_by_depth=True reads each slot's row of a per-depth q: the same round as the [B, S, V] q built slot by slot
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("checks the CPU dispatch without the interpreter")
+    _, call = run_round(random_round(torch.Generator().manual_seed(22), 3, 3, 40, False), "torch")
+    args, slot_q = by_depth_args(call, 0)
+    assert int(call["tree_depth"].max()) > DEPTH_ROWS  # the deepest nodes read the last row (the clamp)
+    r, nxt = tree_rejection_round(*args, q_by_depth=True)
+    want = tree_rejection_round_reference(*[slot_q if k == "q" else a for k, a in zip(ROUND_ARG_NAMES, args,
+                                                                                      strict=True)])  # fmt: skip
+    assert torch.equal(r, want[0]) and torch.equal(nxt, want[1])
+
+
+@pytest.mark.parametrize(
+    ("q", "match"),
+    [
+        (torch.zeros(2, 3, 41, dtype=torch.float64), "q_by_depth=True: q must be"),
+        (torch.zeros(2, 0, 40, dtype=torch.float64), "q_by_depth=True: q must be"),
+        (torch.zeros(1, 3, 40, dtype=torch.float64), "q_by_depth=True: q must be"),
+        (torch.zeros(2, 3, 40), "q_by_depth=True: q must be"),
+    ],
+)
+def test_bad_by_depth_q_is_refused(q, match):
+    args = {**_valid_round_args(), "q": q}
+    with pytest.raises(ValueError, match=match):
+        tree_rejection_round(*(args[k] for k in ROUND_ARG_NAMES), q_by_depth=True)
+    with pytest.raises(ValueError, match="q_by_depth=1"):
+        tree_rejection_round(*(_valid_round_args()[k] for k in ROUND_ARG_NAMES), q_by_depth=1)
+
+
 def test_backends_field_reaches_the_dispatch():
     from specdec.backends import Backends, use
 
@@ -310,6 +358,24 @@ def test_interpreted_float32_round_equals_float32_reference(interpreted):
 
 
 @pytest.mark.interpreter
+def test_interpreted_round_reads_each_slots_depth_row(interpreted):
+    # q_by_depth=True (one q row per depth, read in place; test strided) against the reference over the [B, S, V]
+    # q built slot by slot, float64 and float32
+    for i, (call, got, got32) in enumerate(zip(interpreted["calls"], interpreted["round_by_depth"],
+                                               interpreted["round_by_depth_f32"], strict=True)):  # fmt: skip
+        args, slot_q = by_depth_args(call, i)
+        want_r, want_nxt = tree_rejection_round_reference(
+            *[slot_q if k == "q" else a for k, a in zip(ROUND_ARG_NAMES, args, strict=True)])
+        assert torch.equal(got[1], want_nxt)
+        assert torch.allclose(got[0], want_r, rtol=1e-12, atol=1e-15), (got[0] - want_r).abs().max()
+        want_r, want_nxt = tree_rejection_round_reference(
+            *[(slot_q if k == "q" else a).float() if k in ("p", "q") else a
+              for k, a in zip(ROUND_ARG_NAMES, args, strict=True)])  # fmt: skip
+        assert torch.equal(got32[1], want_nxt)
+        assert torch.allclose(got32[0], want_r, rtol=1e-5, atol=1e-9), (got32[0] - want_r).abs().max()
+
+
+@pytest.mark.interpreter
 def test_interpreted_round_keeps_p_without_residual_mass(interpreted):
     zero, (r, nxt) = interpreted["mass_zero"], interpreted["mass_zero_out"]
     check_round(zero, (r, nxt))
@@ -358,6 +424,16 @@ def _run_interpreted(folder: Path) -> None:
             else None
             for call in calls
         ],  # fmt: skip
+        "round_by_depth": [
+            kernels.tree_rejection_round_triton(*by_depth_args(call, i)[0], q_by_depth=True)
+            for i, call in enumerate(calls)
+        ],
+        "round_by_depth_f32": [
+            kernels.tree_rejection_round_triton(
+                *[a.float() if k in ("p", "q") else a for k, a in zip(ROUND_ARG_NAMES, by_depth_args(call, i)[0],
+                                                                       strict=True)], q_by_depth=True)
+            for i, call in enumerate(calls)
+        ],  # fmt: skip
         "rounds": [run_round(case, "triton")[0] for case in data["cases"]],
         "mass_zero_out": kernels.tree_rejection_round_triton(*round_args(data["mass_zero"])),
     }
@@ -393,6 +469,13 @@ def test_compiled_equals_reference_on_cuda(group):
         for a, b in zip(want, got, strict=True):
             assert torch.equal(a, b)
         assert cuda_call["device"] == "cuda"
+        args, slot_q = by_depth_args(call, 0)
+        want = tree_rejection_round_reference(*[slot_q if k == "q" else a
+                                                for k, a in zip(ROUND_ARG_NAMES, args, strict=True)])  # fmt: skip
+        got = tree_rejection_round(*[a.cuda() if isinstance(a, torch.Tensor) else a for a in args], q_by_depth=True,
+                                   impl="triton")  # fmt: skip
+        assert torch.equal(got[1].cpu(), want[1])
+        assert torch.allclose(got[0].cpu(), want[0], rtol=1e-12, atol=1e-15)
         for bound in ("stated", other_bound(call)):
             check_round(call, tree_rejection_round(*round_args(call, "cuda", bound), impl="triton"), bound)
             check_round(call, tree_rejection_round(*round_args(call, "cuda", bound)), bound)  # auto: Triton on CUDA

@@ -35,6 +35,7 @@ __all__ = [
     "rejection_walk",
     "rejection_walk_reference",
     "round_setup",
+    "rows_by_depth",
     "tree_rejection_round",
     "tree_rejection_round_reference",
 ]
@@ -58,12 +59,17 @@ def tree_rejection_round(
     max_children: int | None,
     replacement: bool,
     *,
+    q_by_depth: bool = False,
     impl: Impl = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A round of recursive rejection sampling: the setup and the sibling-rank loop. Arguments as
-    :func:`tree_rejection_round_reference`.
+    :func:`tree_rejection_round_reference` (``test`` may have any strides).
 
     Args:
+        q_by_depth (bool): ``q`` is ``[B, D, V]``, one row per depth (a DFlash-style drafter's per-depth q, as
+            ``specdec.verify.draws.node_proposals`` reads it): slot ``s`` was drawn from row
+            ``clamp(depth_s - 1, 0, D - 1)``. The Triton round reads that row in place; the reference gathers the
+            ``[B, S, V]`` rows first (three launches and a copy the kernel saves).
         impl (str): ``"triton"`` (one launch, the setup inside the loop's: CUDA or Triton's interpreter),
             ``"torch"`` (the reference) or ``"auto"``: Triton on CUDA (or under ``TRITON_INTERPRET=1``) when it
             imports, else the reference.
@@ -71,13 +77,24 @@ def tree_rejection_round(
     Returns:
         tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` (p's dtype) and ``nxt [B, S]`` int64.
     """
-    _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement)
-    args = (tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement)
+    _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement,
+                      q_by_depth)  # fmt: skip
     if pick_impl(impl, p.device, _MODULE) == "torch":
-        return tree_rejection_round_reference(*args)
+        if q_by_depth:
+            q = rows_by_depth(q, tree_depth)
+        return tree_rejection_round_reference(tree_tokens, tree_parents, tree_depth, tree_valid, p, q,
+                                              test.contiguous(), max_children, replacement)  # fmt: skip
     from specdec.kernels.tree_rejection.triton import tree_rejection_round_triton
 
-    return tree_rejection_round_triton(*args)
+    return tree_rejection_round_triton(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children,
+                                       replacement, q_by_depth=q_by_depth)  # fmt: skip
+
+
+def rows_by_depth(q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    """``[B, S, V]``: slot ``s``'s row of the per-depth ``q [B, D, V]``, row ``clamp(depth_s - 1, 0, D - 1)`` (the
+    root and depth 1 share row 0)."""
+    rows = (depth - 1).clamp(0, q.shape[1] - 1)
+    return q.gather(1, rows[..., None].expand(-1, -1, q.shape[-1]))
 
 
 def rejection_walk(
@@ -120,12 +137,22 @@ def rejection_walk(
     return rejection_walk_triton(tokens, depth, nxt, r, u, max_depth)
 
 
-def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement):
+def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children, replacement,
+                      q_by_depth):  # fmt: skip
     floats = (torch.float32, torch.float64)
     if not isinstance(p, torch.Tensor) or p.dim() != 3 or p.dtype not in floats or 0 in p.shape:
         raise ValueError(f"p must be a non-empty [B, S, V] float32 or float64 tensor; got {describe(p)}.")
-    if not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != p.dtype:
-        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} {p.dtype}, as p; got {describe(q)}.")
+    if not isinstance(q_by_depth, bool):
+        raise ValueError(f"q_by_depth={q_by_depth!r}: pass a Python bool.")
+    if q_by_depth:
+        batch, _, vocab = p.shape
+        if (not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[0] != batch or q.shape[1] < 1
+                or q.shape[2] != vocab or q.dtype != p.dtype):  # fmt: skip
+            raise ValueError(f"q_by_depth=True: q must be [B, D, V] = [{batch}, D >= 1, {vocab}] {p.dtype} (one row "
+                             f"per depth); got {describe(q)}.")  # fmt: skip
+    elif not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != p.dtype:
+        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} {p.dtype}, as p (or pass q_by_depth=True with one "
+                         f"row per depth); got {describe(q)}.")  # fmt: skip
     if not isinstance(replacement, bool):
         raise ValueError(f"replacement={replacement!r}: pass a Python bool.")
     if max_children is not None and (not isinstance(max_children, int) or max_children < 1):

@@ -43,8 +43,8 @@ def _tree_rejection_round_kernel(
     depth_ptr,  # [B, S] int64, contiguous
     valid_ptr,  # [B, S] bool, contiguous
     p_ptr,  # [B, S, V] float32 or float64, strided
-    q_ptr,  # [B, S, V] p's dtype, strided
-    test_ptr,  # [B, S] float64, contiguous: each slot's uniform
+    q_ptr,  # [B, S, V] p's dtype, strided (Q_BY_DEPTH: [B, D, V], slot s reading row clamp(depth_s - 1, 0, D - 1))
+    test_ptr,  # [B, S] float64, strided: each slot's uniform
     table_ptr,  # [B, S, K] int64 scratch: each node's child slot by rank (S where none)
     ranked_ptr,  # [B, S, K] int64 scratch: the children's tokens by rank
     r_ptr,  # [B, S, V] p's dtype out
@@ -57,9 +57,13 @@ def _tree_rejection_round_kernel(
     q_sb,
     q_ss,
     q_sv,
+    t_sb,
+    t_ss,
+    q_rows,
     K,
     TINY: tl.constexpr,
     REPLACEMENT: tl.constexpr,
+    Q_BY_DEPTH: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
@@ -101,13 +105,18 @@ def _tree_rejection_round_kernel(
     tl.debug_barrier()  # the ranked children and r[token] below are read by every thread
     nxt = node  # the accepted child, the node itself while none is
     # without replacement: the cumulative sum of q_c(c) over ranks (q's dtype, as the reference's cumsum)
-    total = tl.load(test_ptr + slots_row).to(q_ptr.dtype.element_ty) * 0.0
+    test_row = test_ptr + seq * t_sb
+    total = tl.load(test_row).to(q_ptr.dtype.element_ty) * 0.0
     kept = total + 1.0
     for k in range(K):  # a loop, not unrolled: compiling stays one kernel's work whatever the tree's width
         child = tl.load(table_ptr + ranks + k)
         slot = tl.minimum(child, S - 1)
         token = tl.load(ranked_ptr + ranks + k)
-        q_tok = tl.load(q_ptr + seq * q_sb + slot * q_ss + token * q_sv)  # q_c(c), before removal
+        q_slot = slot
+        if Q_BY_DEPTH:  # the child's depth's row of q
+            q_slot = tl.minimum(tl.maximum(tl.load(depth_ptr + slots_row + slot) - 1, 0), q_rows - 1)
+        q_row = q_ptr + seq * q_sb + q_slot * q_ss
+        q_tok = tl.load(q_row + token * q_sv)  # q_c(c), before removal
         if not REPLACEMENT:  # weighed against q without the earlier siblings' tokens; a repeat is no draw
             repeat = child < 0
             for j in range(k):
@@ -116,13 +125,13 @@ def _tree_rejection_round_kernel(
             total += drawn
             kept = tl.maximum(1.0 - (total - drawn), TINY)
             q_tok = tl.where(repeat, 0.0, q_tok / kept)
-        weight = tl.load(test_ptr + slots_row + slot) * q_tok  # accepted iff u q_c(c) < r(c)
+        weight = tl.load(test_row + slot * t_ss) * q_tok  # accepted iff u q_c(c) < r(c)
         live = (child < S) & (q_tok > 0) & (nxt == node)
         if live:
             if weight < tl.load(r_row + token):
                 nxt = child
             else:  # rejected: r <- norm(max(r - q_c, 0)), unless that mass is 0
-                _reject(q_ptr + seq * q_sb + child * q_ss, q_sv, r_row, ranked_ptr + ranks, kept, V, TINY, k,
+                _reject(q_row, q_sv, r_row, ranked_ptr + ranks, kept, V, TINY, k,
                         REPLACEMENT, BLOCK)  # fmt: skip
     tl.store(nxt_ptr + row, nxt)
 
@@ -173,10 +182,13 @@ def tree_rejection_round_triton(
     max_children: int | None,
     replacement: bool,
     *,
+    q_by_depth: bool = False,
     block: int | None = None,
     slot_block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A round (setup and sibling-rank loop) in one launch; arguments as ``tree_rejection_round_reference``;
+    """A round (setup and sibling-rank loop) in one launch; arguments as ``tree_rejection_round_reference``
+    (``test`` any strides); ``q_by_depth``: ``q`` is ``[B, D, V]``, one row per depth, slot ``s`` reading row
+    ``clamp(depth_s - 1, 0, D - 1)`` (as ``tree_rejection_round``'s);
     ``block``: vocabulary entries per block, a power of two (default ``min(MAX_BLOCK, next_power_of_2(V))``,
     ``MAX_BLOCK_F32`` in float32);
     ``slot_block``: slots the setup scans per block, a power of two (default ``min(MAX_SLOT_BLOCK,
@@ -197,9 +209,9 @@ def tree_rejection_round_triton(
     ranked = torch.empty(batch, slots, width, dtype=torch.long, device=p.device)
     _tree_rejection_round_kernel[(batch * slots,)](
         tree_tokens.contiguous(), tree_parents.contiguous(), tree_depth.contiguous(), tree_valid.contiguous(),
-        p, q, test.contiguous(), table, ranked, r, nxt,
-        slots, vocab, *p.stride(), *q.stride(), width,
-        TINY=torch.finfo(p.dtype).tiny, REPLACEMENT=bool(replacement), BLOCK=block,
+        p, q, test, table, ranked, r, nxt,
+        slots, vocab, *p.stride(), *q.stride(), *test.stride(), q.shape[1], width,
+        TINY=torch.finfo(p.dtype).tiny, REPLACEMENT=bool(replacement), Q_BY_DEPTH=bool(q_by_depth), BLOCK=block,
         BLOCK_S=slot_block, num_warps=8 if block >= 2048 else 4 if block >= 512 else 1,
     )  # fmt: skip
     return r, nxt
