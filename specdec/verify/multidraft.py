@@ -11,7 +11,7 @@ import torch
 from specdec.backends import env_default
 from specdec.kernels.tree_rejection import rejection_walk, tree_rejection_round
 from specdec.types import Accept, DeviceTree, SamplingParams
-from specdec.verify.draws import WeighsQ, uniforms
+from specdec.verify.draws import WeighsQ
 from specdec.verify.rules import register_rule
 
 __all__ = ["MultiDraftRejection", "check_sampled_policy", "recursive_rejection"]
@@ -78,12 +78,13 @@ def recursive_rejection(
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
         q_by_depth (bool): ``q`` holds one row per depth (read in place by the round's kernel).
     """
-    u = uniforms(noise, 2)  # [B, S, 2]: a child's test reads its own slot's first uniform
-    r, nxt = tree_rejection_round(tree.tokens, tree.parents, tree.depth, tree.valid, p, q, u[..., 0],
+    # a child's test reads its own slot's first uniform, the bonus the end slot's second: each one's float32 halves
+    # (made into the float64 uniform inside the kernels, by draws.uniforms in the references)
+    r, nxt = tree_rejection_round(tree.tokens, tree.parents, tree.depth, tree.valid, p, q, noise[..., 0:2],
                                   tree.max_children, replacement, q_by_depth=q_by_depth,
                                   impl=_REJECTION_IMPL)  # fmt: skip
     # the walk from the root along each node's accepted child, and the bonus from where it ends
-    return rejection_walk(tree.tokens, tree.depth, nxt, r, u[..., 1], max_depth, impl=_REJECTION_IMPL)
+    return rejection_walk(tree.tokens, tree.depth, nxt, r, noise[..., 2:4], max_depth, impl=_REJECTION_IMPL)
 
 
 @dataclass(frozen=True)

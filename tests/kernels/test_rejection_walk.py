@@ -21,10 +21,12 @@ SPECS = [(1, 1, 7, torch.float32, 0), (3, 16, 300, torch.float32, 8), (2, 33, 41
          (4, 9, 64, torch.float64, 8), (1, 64, 1000, torch.float32, 63)]  # fmt: skip
 
 
-def make_case(seed: int, batch: int, slots: int, vocab: int, dtype: torch.dtype, max_depth: int) -> dict:
+def make_case(seed: int, batch: int, slots: int, vocab: int, dtype: torch.dtype, max_depth: int,
+              pair: bool = False) -> dict:  # fmt: skip
     """Random trees (parents before children, depth from them; a chain where ``max_depth = slots - 1``), each node's
     accepted child (one of its children, or itself: no child accepted), ``r`` with zeros (tokens outside its
-    support) and strided uniforms."""
+    support) and strided uniforms (``pair``: each one's two float32 halves, ``noise[..., 2:4]`` of the round's
+    ``[B, S, 4]`` uniforms, as the rules pass them)."""
     gen = torch.Generator().manual_seed(seed)
     parents = torch.full((batch, slots), -1, dtype=torch.long)
     depth = torch.zeros(batch, slots, dtype=torch.long)
@@ -46,6 +48,8 @@ def make_case(seed: int, batch: int, slots: int, vocab: int, dtype: torch.dtype,
     r = torch.where(torch.rand(r.shape, generator=gen) < 0.3, 0.0, r)
     r = (r / r.sum(-1, keepdim=True)).to(dtype)
     u = torch.rand(batch, slots, 2, generator=gen, dtype=torch.float64)[..., 1]  # strided, as the round's
+    if pair:
+        u = torch.rand(batch, slots, 4, generator=gen)[..., 2:4]
     tokens = torch.randint(vocab, (batch, slots), generator=gen)
     return dict(tokens=tokens, depth=depth, nxt=nxt, r=r, u=u, max_depth=max_depth)
 
@@ -59,7 +63,8 @@ def boundary_case() -> dict:
 
 
 def cases() -> list[dict]:
-    return [make_case(i, *spec) for i, spec in enumerate(SPECS)] + [boundary_case()]
+    pairs = [make_case(len(SPECS) + i, *spec, pair=True) for i, spec in enumerate(SPECS[1:3])]
+    return [make_case(i, *spec) for i, spec in enumerate(SPECS)] + [boundary_case()] + pairs
 
 
 def args(case: dict, device: str = "cpu") -> tuple:
@@ -78,7 +83,10 @@ def brute_force(case: dict) -> tuple[list, list, list]:
         end = path[-1]
         d = int(case["depth"][b, end])
         probs = [Fraction(float(x)) for x in case["r"][b, end].double()]
-        at = Fraction(float(case["u"][b, end])) * sum(probs)
+        u = case["u"][b, end]
+        if u.dim():  # the float32 halves: a + b 2^-24, below 1 - 2^-52
+            u = min(Fraction(float(u[0])) + Fraction(float(u[1])) / 2**24, 1 - Fraction(1, 2**52))
+        at = Fraction(float(u)) * sum(probs)
         run, bonus = Fraction(0), 0
         for k, x in enumerate(probs):
             run += x
@@ -119,8 +127,10 @@ def test_a_strict_comparison_at_a_boundary_fails_the_check():
 def test_bad_arguments_are_refused():
     case = cases()[1]
     a = list(args(case))
-    with pytest.raises(ValueError, match=r"u must be \[3, 16\] torch.float64"):
+    with pytest.raises(ValueError, match=r"u must be \[3, 16\] float64 uniforms or their \[3, 16, 2\] float32"):
         rejection_walk(*a[:4], a[4].float(), a[5])
+    with pytest.raises(ValueError, match=r"u must be"):
+        rejection_walk(*a[:4], torch.rand(3, 16, 2, dtype=torch.float64), a[5])
     with pytest.raises(ValueError, match="max_depth=-1"):
         rejection_walk(*a[:5], -1)
     with pytest.raises(ValueError, match=r"r must be \[3, 16, V\]"):

@@ -36,6 +36,7 @@ from kernel_harness import capture_without_host_reads, interpreted_outputs, pois
 import specdec.verify.multidraft as multidraft
 from specdec.kernels.tree_rejection import round_setup, tree_rejection_round, tree_rejection_round_reference
 from specdec.types import DeviceTree
+from specdec.verify.draws import uniforms
 
 POISON = -987654321  # what torch.empty's integer outputs hold in the interpreter process until written
 ROUND_ARG_NAMES = ("tree_tokens", "tree_parents", "tree_depth", "tree_valid", "p", "q", "test", "max_children",
@@ -124,6 +125,18 @@ def round_args_f32(call: dict) -> list:
     return [v.float() if name in ("p", "q") else v for name, v in zip(ROUND_ARG_NAMES, round_args(call), strict=True)]
 
 
+def float64_test(args: list) -> list:
+    """``args`` (``ROUND_ARG_NAMES``) with a ``[B, S, 2]`` float32 ``test`` (the halves the rules pass) made into its
+    float64 uniforms by ``draws.uniforms``, as the reference takes them."""
+    return [uniforms(a, 1)[..., 0] if k == "test" and a.dim() == 3 else a
+            for k, a in zip(ROUND_ARG_NAMES, args, strict=True)]  # fmt: skip
+
+
+def reference_round(*args):
+    """The reference round on the arguments (a ``[B, S, 2]`` ``test`` made float64 first)."""
+    return tree_rejection_round_reference(*float64_test(list(args)))
+
+
 DEPTH_ROWS = 3  # the per-depth q of the by-depth rounds: depths 4 (and deeper) read the last row
 
 
@@ -138,7 +151,7 @@ def by_depth_args(call: dict, seed: int) -> tuple[list, torch.Tensor]:
     logits[..., : max(vocab // 4, 1)] = -torch.inf
     rows = torch.softmax(logits, -1)
     wide = torch.rand(batch, slots, 3, generator=gen, dtype=torch.float64)
-    wide[..., 1] = args["test"]
+    wide[..., 1] = float64_test([args[k] for k in ROUND_ARG_NAMES])[ROUND_ARG_NAMES.index("test")]
     slot_q = torch.empty(batch, slots, vocab, dtype=torch.float64)
     for b in range(batch):
         for s in range(slots):
@@ -149,7 +162,7 @@ def by_depth_args(call: dict, seed: int) -> tuple[list, torch.Tensor]:
 
 def check_round(call: dict, got: tuple[torch.Tensor, torch.Tensor], max_children="stated") -> None:
     """``got = (r, nxt)`` equals the round's reference: ``nxt`` exactly, ``r`` to 1e-12."""
-    want_r, want_nxt = tree_rejection_round_reference(*round_args(call, max_children=max_children))
+    want_r, want_nxt = reference_round(*round_args(call, max_children=max_children))
     r, nxt = (t.cpu() for t in got)
     assert nxt.dtype == torch.long and r.dtype == torch.float64 and r.shape == want_r.shape
     assert torch.equal(nxt, want_nxt)
@@ -200,8 +213,8 @@ def assert_rounds_exercise_the_loop(expected: list[tuple]) -> None:
     assert (lengths >= 3).any() and (lengths == 1).any()
     later = reduced = 0
     for _, call in expected:
-        args = round_args(call)
-        r, nxt = tree_rejection_round_reference(*args)
+        args = float64_test(round_args(call))
+        r, nxt = reference_round(*args)
         table = round_setup(*(a for name, a in zip(ROUND_ARG_NAMES, args, strict=True) if name != "p"))["table"]
         reduced += int((r != call["p"]).any(-1).sum())
         later += int((nxt[..., None] == table[..., 1:]).any(-1).sum())
@@ -233,6 +246,8 @@ def _valid_round_args() -> dict:
         (dict(tree_valid=torch.zeros(2, 7, dtype=torch.long)), "tree_valid must be"),
         (dict(tree_valid=torch.zeros(2, 8, dtype=torch.bool)), "tree_valid must be"),
         (dict(test=torch.zeros(2, 7)), "test must be"),
+        (dict(test=torch.zeros(2, 7, 2, dtype=torch.float64)), "test must be"),
+        (dict(test=torch.zeros(2, 7, 3)), "test must be"),
         (dict(max_children=0), "max_children"),
         (dict(max_children=2.0), "max_children"),
         (dict(replacement=0), "replacement"),
@@ -261,7 +276,7 @@ def test_round_auto_is_the_reference_on_cpu_and_triton_is_refused():
         pytest.skip("checks the CPU dispatch without the interpreter")
     args = [_valid_round_args()[k] for k in ROUND_ARG_NAMES]
     r, nxt = tree_rejection_round(*args)
-    want = tree_rejection_round_reference(*args)
+    want = reference_round(*args)
     assert torch.equal(r, want[0]) and torch.equal(nxt, want[1])
     with pytest.raises(ValueError, match="GPU"):
         tree_rejection_round(*args, impl="triton")
@@ -281,7 +296,7 @@ def test_round_by_depth_equals_the_round_over_each_slots_row():
     args, slot_q = by_depth_args(call, 0)
     assert int(call["tree_depth"].max()) > DEPTH_ROWS  # the deepest nodes read the last row (the clamp)
     r, nxt = tree_rejection_round(*args, q_by_depth=True)
-    want = tree_rejection_round_reference(*[slot_q if k == "q" else a for k, a in zip(ROUND_ARG_NAMES, args,
+    want = reference_round(*[slot_q if k == "q" else a for k, a in zip(ROUND_ARG_NAMES, args,
                                                                                       strict=True)])  # fmt: skip
     assert torch.equal(r, want[0]) and torch.equal(nxt, want[1])
 
@@ -330,6 +345,7 @@ def interpreted(tmp_path_factory) -> dict:
 def test_interpreted_round_equals_reference(interpreted):
     # the stated max_children (or None) and the other bound; at V = 1500 also with several vocabulary blocks
     assert_rounds_exercise_the_loop(interpreted["expected"])
+    assert all(call["test"].shape[-1] == 2 and call["test"].dtype == torch.float32 for call in interpreted["calls"])
     small_blocks = 0
     for call, got, other, small in zip(interpreted["calls"], interpreted["round"], interpreted["round_other"],
                                        interpreted["round_small_block"], strict=True):  # fmt: skip
@@ -349,7 +365,7 @@ def test_interpreted_float32_round_equals_float32_reference(interpreted):
     count = 0
     for call, got, small in zip(interpreted["calls"], interpreted["round_f32"], interpreted["round_f32_small_block"],
                                 strict=True):  # fmt: skip
-        want_r, want_nxt = tree_rejection_round_reference(*round_args_f32(call))
+        want_r, want_nxt = reference_round(*round_args_f32(call))
         for r, nxt in [got] + ([small] if small is not None else []):
             assert r.dtype == torch.float32 and torch.equal(nxt, want_nxt)
             assert torch.allclose(r, want_r, rtol=1e-5, atol=1e-9), (r - want_r).abs().max()
@@ -364,11 +380,11 @@ def test_interpreted_round_reads_each_slots_depth_row(interpreted):
     for i, (call, got, got32) in enumerate(zip(interpreted["calls"], interpreted["round_by_depth"],
                                                interpreted["round_by_depth_f32"], strict=True)):  # fmt: skip
         args, slot_q = by_depth_args(call, i)
-        want_r, want_nxt = tree_rejection_round_reference(
+        want_r, want_nxt = reference_round(
             *[slot_q if k == "q" else a for k, a in zip(ROUND_ARG_NAMES, args, strict=True)])
         assert torch.equal(got[1], want_nxt)
         assert torch.allclose(got[0], want_r, rtol=1e-12, atol=1e-15), (got[0] - want_r).abs().max()
-        want_r, want_nxt = tree_rejection_round_reference(
+        want_r, want_nxt = reference_round(
             *[(slot_q if k == "q" else a).float() if k in ("p", "q") else a
               for k, a in zip(ROUND_ARG_NAMES, args, strict=True)])  # fmt: skip
         assert torch.equal(got32[1], want_nxt)
@@ -470,7 +486,7 @@ def test_compiled_equals_reference_on_cuda(group):
             assert torch.equal(a, b)
         assert cuda_call["device"] == "cuda"
         args, slot_q = by_depth_args(call, 0)
-        want = tree_rejection_round_reference(*[slot_q if k == "q" else a
+        want = reference_round(*[slot_q if k == "q" else a
                                                 for k, a in zip(ROUND_ARG_NAMES, args, strict=True)])  # fmt: skip
         got = tree_rejection_round(*[a.cuda() if isinstance(a, torch.Tensor) else a for a in args], q_by_depth=True,
                                    impl="triton")  # fmt: skip

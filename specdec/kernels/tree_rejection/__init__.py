@@ -25,6 +25,7 @@ from specdec.kernels.tree_rejection.reference import (
     rank_width,
     rejection_walk_reference,
     round_setup,
+    slot_uniforms,
     tree_rejection_round_reference,
 )
 
@@ -36,6 +37,7 @@ __all__ = [
     "rejection_walk_reference",
     "round_setup",
     "rows_by_depth",
+    "slot_uniforms",
     "tree_rejection_round",
     "tree_rejection_round_reference",
 ]
@@ -63,7 +65,9 @@ def tree_rejection_round(
     impl: Impl = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A round of recursive rejection sampling: the setup and the sibling-rank loop. Arguments as
-    :func:`tree_rejection_round_reference` (``test`` may have any strides).
+    :func:`tree_rejection_round_reference`, but ``test``: each slot's uniform, ``[B, S]`` float64, or ``[B, S, 2]``
+    float32, its two halves (``noise[..., 0:2]`` of the round's uniforms: the float64 uniform ``a + b·2⁻²⁴`` kept
+    below 1 is made inside, as ``specdec.verify.draws.uniforms`` makes it), any strides.
 
     Args:
         q_by_depth (bool): ``q`` is ``[B, D, V]``, one row per depth (a DFlash-style drafter's per-depth q, as
@@ -82,8 +86,8 @@ def tree_rejection_round(
     if pick_impl(impl, p.device, _MODULE) == "torch":
         if q_by_depth:
             q = rows_by_depth(q, tree_depth)
-        return tree_rejection_round_reference(tree_tokens, tree_parents, tree_depth, tree_valid, p, q,
-                                              test.contiguous(), max_children, replacement)  # fmt: skip
+        return tree_rejection_round_reference(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test,
+                                              max_children, replacement)  # fmt: skip
     from specdec.kernels.tree_rejection.triton import tree_rejection_round_triton
 
     return tree_rejection_round_triton(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children,
@@ -108,7 +112,8 @@ def rejection_walk(
     impl: Impl = "auto",
 ):
     """The accepted path after a round (:func:`rejection_walk_reference`): from the root along ``nxt [B, S]``, the
-    bonus drawn from the end node's ``r [B, S, V]`` at its uniform ``u [B, S]`` (float64, any strides).
+    bonus drawn from the end node's ``r [B, S, V]`` at its uniform ``u``: ``[B, S]`` float64 or its float32 halves
+    ``[B, S, 2]`` (as :func:`tree_rejection_round`'s ``test``), any strides.
 
     Args:
         impl (str): ``"triton"`` (one launch; CUDA or Triton's interpreter), ``"torch"`` (the reference) or
@@ -120,10 +125,10 @@ def rejection_walk(
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
         raise ValueError(f"max_depth={max_depth!r}: pass a Python int >= 0 (the deepest node's depth).")
     batch, slots = nxt.shape
-    for name, tensor, dtype in (("tokens", tokens, torch.long), ("depth", depth, torch.long), ("nxt", nxt, torch.long),
-                                ("u", u, torch.float64)):  # fmt: skip
+    for name, tensor, dtype in (("tokens", tokens, torch.long), ("depth", depth, torch.long), ("nxt", nxt, torch.long)):
         if not isinstance(tensor, torch.Tensor) or tensor.shape != (batch, slots) or tensor.dtype != dtype:
             raise ValueError(f"{name} must be [{batch}, {slots}] {dtype}; got {describe(tensor)}.")
+    _check_uniforms("u", u, batch, slots)
     if not isinstance(r, torch.Tensor) or r.shape[:2] != (batch, slots) or r.dim() != 3 or r.dtype not in (
             torch.float32, torch.float64):  # fmt: skip
         raise ValueError(f"r must be [{batch}, {slots}, V] float32 or float64; got {describe(r)}.")
@@ -158,14 +163,22 @@ def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, t
     if max_children is not None and (not isinstance(max_children, int) or max_children < 1):
         raise ValueError(f"max_children={max_children!r}: pass a positive int or None.")
     fields = {"tree_tokens": (tree_tokens, torch.long), "tree_parents": (tree_parents, torch.long),
-              "tree_depth": (tree_depth, torch.long), "tree_valid": (tree_valid, torch.bool),
-              "test": (test, torch.float64)}  # fmt: skip
+              "tree_depth": (tree_depth, torch.long), "tree_valid": (tree_valid, torch.bool)}  # fmt: skip
     for name, (tensor, dtype) in fields.items():
         if not isinstance(tensor, torch.Tensor) or tensor.shape != p.shape[:2] or tensor.dtype != dtype:
             raise ValueError(f"{name} must be {list(p.shape[:2])} {dtype}; got {describe(tensor)}.")
-    for name, tensor in {"q": q, **{n: t for n, (t, _) in fields.items()}}.items():
+    _check_uniforms("test", test, *p.shape[:2])
+    for name, tensor in {"q": q, "test": test, **{n: t for n, (t, _) in fields.items()}}.items():
         if tensor.device != p.device:
             raise ValueError(f"{name} is on {tensor.device}, p on {p.device}: pass one device.")
+
+
+def _check_uniforms(name: str, u, batch: int, slots: int) -> None:
+    pair = isinstance(u, torch.Tensor) and u.dim() == 3
+    want = (batch, slots, 2) if pair else (batch, slots)
+    if not isinstance(u, torch.Tensor) or u.shape != want or u.dtype != (torch.float32 if pair else torch.float64):
+        raise ValueError(f"{name} must be [{batch}, {slots}] float64 uniforms or their [{batch}, {slots}, 2] float32 "
+                         f"halves; got {describe(u)}.")  # fmt: skip
 
 
 def _triton_available() -> bool:

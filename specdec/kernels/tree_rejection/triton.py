@@ -35,6 +35,20 @@ a rejection's two passes over ``V = 8192`` then take two blocks each instead of 
 MAX_SLOT_BLOCK = 1024
 """Slots the fused round's setup scans per block (fewer when ``S`` is smaller)."""
 
+_GRID = 2.0**-24  # spacing of torch.rand's float32 uniforms
+_TOP = 1.0 - 2.0**-52  # the uniforms' bound
+
+
+@triton.jit
+def _uniform(ptr, pair_stride, PAIR: tl.constexpr, GRID: tl.constexpr, TOP: tl.constexpr):
+    """A slot's float64 uniform: as stored, or (``PAIR``) made of its float32 pair ``a + b·2⁻²⁴`` (exact in float64)
+    kept below 1, as ``specdec.verify.draws.uniforms`` makes it."""
+    if PAIR:
+        u = tl.minimum(tl.load(ptr).to(tl.float64) + tl.load(ptr + pair_stride).to(tl.float64) * GRID, TOP)
+    else:
+        u = tl.load(ptr)
+    return u
+
 
 @triton.jit
 def _tree_rejection_round_kernel(
@@ -44,7 +58,7 @@ def _tree_rejection_round_kernel(
     valid_ptr,  # [B, S] bool, contiguous
     p_ptr,  # [B, S, V] float32 or float64, strided
     q_ptr,  # [B, S, V] p's dtype, strided (Q_BY_DEPTH: [B, D, V], slot s reading row clamp(depth_s - 1, 0, D - 1))
-    test_ptr,  # [B, S] float64, strided: each slot's uniform
+    test_ptr,  # [B, S] float64, strided: each slot's uniform (PAIR: [B, S, 2] float32, its two halves)
     table_ptr,  # [B, S, K] int64 scratch: each node's child slot by rank (S where none)
     ranked_ptr,  # [B, S, K] int64 scratch: the children's tokens by rank
     r_ptr,  # [B, S, V] p's dtype out
@@ -59,11 +73,15 @@ def _tree_rejection_round_kernel(
     q_sv,
     t_sb,
     t_ss,
+    t_sp,
     q_rows,
     K,
     TINY: tl.constexpr,
     REPLACEMENT: tl.constexpr,
     Q_BY_DEPTH: tl.constexpr,
+    PAIR: tl.constexpr,
+    GRID: tl.constexpr,
+    TOP: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
@@ -125,7 +143,7 @@ def _tree_rejection_round_kernel(
             total += drawn
             kept = tl.maximum(1.0 - (total - drawn), TINY)
             q_tok = tl.where(repeat, 0.0, q_tok / kept)
-        weight = tl.load(test_row + slot * t_ss) * q_tok  # accepted iff u q_c(c) < r(c)
+        weight = _uniform(test_row + slot * t_ss, t_sp, PAIR, GRID, TOP) * q_tok  # accepted iff u q_c(c) < r(c)
         live = (child < S) & (q_tok > 0) & (nxt == node)
         if live:
             if weight < tl.load(r_row + token):
@@ -188,7 +206,8 @@ def tree_rejection_round_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A round (setup and sibling-rank loop) in one launch; arguments as ``tree_rejection_round_reference``
     (``test`` any strides); ``q_by_depth``: ``q`` is ``[B, D, V]``, one row per depth, slot ``s`` reading row
-    ``clamp(depth_s - 1, 0, D - 1)`` (as ``tree_rejection_round``'s);
+    ``clamp(depth_s - 1, 0, D - 1)`` (as ``tree_rejection_round``'s); ``test`` ``[B, S]`` float64 or ``[B, S, 2]``
+    float32 (each slot's uniform as two halves, made in the kernel);
     ``block``: vocabulary entries per block, a power of two (default ``min(MAX_BLOCK, next_power_of_2(V))``,
     ``MAX_BLOCK_F32`` in float32);
     ``slot_block``: slots the setup scans per block, a power of two (default ``min(MAX_SLOT_BLOCK,
@@ -210,11 +229,17 @@ def tree_rejection_round_triton(
     _tree_rejection_round_kernel[(batch * slots,)](
         tree_tokens.contiguous(), tree_parents.contiguous(), tree_depth.contiguous(), tree_valid.contiguous(),
         p, q, test, table, ranked, r, nxt,
-        slots, vocab, *p.stride(), *q.stride(), *test.stride(), q.shape[1], width,
-        TINY=torch.finfo(p.dtype).tiny, REPLACEMENT=bool(replacement), Q_BY_DEPTH=bool(q_by_depth), BLOCK=block,
+        slots, vocab, *p.stride(), *q.stride(), *_pair_strides(test), q.shape[1], width,
+        TINY=torch.finfo(p.dtype).tiny, REPLACEMENT=bool(replacement), Q_BY_DEPTH=bool(q_by_depth),
+        PAIR=test.dim() == 3, GRID=_GRID, TOP=_TOP, BLOCK=block,
         BLOCK_S=slot_block, num_warps=8 if block >= 2048 else 4 if block >= 512 else 1,
     )  # fmt: skip
     return r, nxt
+
+
+def _pair_strides(u: torch.Tensor) -> tuple[int, int, int]:
+    """``u``'s row, slot and pair strides (``[B, S]``: pair stride 0, unread)."""
+    return (*u.stride(), 0) if u.dim() == 2 else tuple(u.stride())
 
 
 @triton.jit
@@ -223,7 +248,7 @@ def _walk_kernel(
     depth_ptr,  # [B, S] int64, contiguous
     nxt_ptr,  # [B, S] int64, contiguous: each node's accepted child (the node itself where none)
     r_ptr,  # [B, S, V] float32 / float64, strided
-    u_ptr,  # [B, S] float64, strided: each slot's bonus uniform
+    u_ptr,  # [B, S] float64, strided: each slot's bonus uniform (PAIR: [B, S, 2] float32, its two halves)
     path_ptr,  # [B, P] int64 out
     num_ptr,  # [B] int64 out
     new_ptr,  # [B, P] int64 out
@@ -234,7 +259,11 @@ def _walk_kernel(
     r_sv,
     u_sb,
     u_ss,
+    u_sp,
     P: tl.constexpr,
+    PAIR: tl.constexpr,
+    GRID: tl.constexpr,
+    TOP: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -253,7 +282,7 @@ def _walk_kernel(
     end_depth = tl.load(depth_ptr + seq * S + cur)
     # the bonus: the end node's r by inverse CDF, its float64 cumulative sum over blocks of the vocabulary run
     # twice in one order (so the second run's last value is the first's total exactly and u * total falls inside)
-    at = tl.load(u_ptr + seq * u_sb + cur * u_ss)
+    at = _uniform(u_ptr + seq * u_sb + cur * u_ss, u_sp, PAIR, GRID, TOP)
     row = r_ptr + seq * r_sb + cur * r_ss
     lanes = tl.arange(0, BLOCK_V)
     total = tl.zeros([], dtype=tl.float64)
@@ -277,8 +306,8 @@ def _walk_kernel(
 
 
 def rejection_walk_triton(tokens, depth, nxt, r, u, max_depth: int, *, block: int | None = None):
-    """``rejection_walk_reference`` in one launch, a program per sequence (arguments as there, ``S <=
-    MAX_WALK_SLOTS`` of the package; not checked here); ``block``: vocabulary entries per block of the bonus's
+    """``rejection_walk_reference`` in one launch, a program per sequence (arguments as there, ``u`` also ``[B, S,
+    2]`` float32 halves; ``S <= MAX_WALK_SLOTS`` of the package; not checked here); ``block``: vocabulary entries per block of the bonus's
     cumulative sum.
 
     Returns:
@@ -295,7 +324,8 @@ def rejection_walk_triton(tokens, depth, nxt, r, u, max_depth: int, *, block: in
     new = torch.empty(batch, steps, dtype=torch.long, device=tokens.device)
     _walk_kernel[(batch,)](
         tokens.contiguous(), depth.contiguous(), nxt.contiguous(), r, u, path, num_path, new, slots, vocab,
-        *r.stride(), *u.stride(), P=steps, BLOCK_S=max(triton.next_power_of_2(slots), 2),
+        *r.stride(), *_pair_strides(u), P=steps, PAIR=u.dim() == 3, GRID=_GRID, TOP=_TOP,
+        BLOCK_S=max(triton.next_power_of_2(slots), 2),
         BLOCK_P=max(triton.next_power_of_2(steps), 2), BLOCK_V=block, num_warps=4,
     )  # fmt: skip
     return Accept(path=path, num_path=num_path, tokens=new)
