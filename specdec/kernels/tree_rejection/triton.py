@@ -306,9 +306,9 @@ def _walk_kernel(
 
 
 def rejection_walk_triton(tokens, depth, nxt, r, u, max_depth: int, *, block: int | None = None):
-    """``rejection_walk_reference`` in one launch, a program per sequence (arguments as there, ``u`` also ``[B, S,
-    2]`` float32 halves; ``S <= MAX_WALK_SLOTS`` of the package; not checked here); ``block``: vocabulary entries per block of the bonus's
-    cumulative sum.
+    """``rejection_walk_reference`` in one launch, a program per sequence (arguments as there, ``u`` also its
+    ``[B, S, 2]`` float32 halves; ``S <= MAX_WALK_SLOTS`` of the package; not checked here); ``block``: vocabulary
+    entries per block of the bonus's cumulative sum.
 
     Returns:
         Accept: ``path`` / ``tokens [B, P]`` and ``num_path [B]``, int64, ``P = max_depth + 1``.
