@@ -397,11 +397,12 @@ MUTANTS = [
         ),
         ("tests/kernels/test_tree_rejection.py", "-m", "interpreter"),
     ),
-    Mutant(  # the rejection kernels make a slot's uniform of its float32 halves in the wrong order
-        "rejection_kernel_uniform_halves_swapped",
-        ((REJECTION_TRITON, "tl.load(ptr).to(tl.float64) + tl.load(ptr + pair_stride).to(tl.float64) * GRID",
-          "tl.load(ptr + pair_stride).to(tl.float64) + tl.load(ptr).to(tl.float64) * GRID"),),  # fmt: skip
-        ("tests/kernels/test_tree_rejection.py", "tests/kernels/test_rejection_walk.py", "-m", "interpreter"),
+    Mutant(  # the rejection and traversal kernels make a slot's uniform of its float32 halves in the wrong order
+        "kernel_uniform_halves_swapped",
+        (("specdec/kernels/triton_ops.py", "u = tl.minimum(first + second * GRID, TOP)",
+          "u = tl.minimum(second + first * GRID, TOP)"),),  # fmt: skip
+        ("tests/kernels/test_tree_rejection.py", "tests/kernels/test_rejection_walk.py",
+         "tests/kernels/test_tree_traversal.py", "-m", "interpreter"),  # fmt: skip
     ),
     Mutant(  # the per-depth q's rows (the reference path, node_proposals) read one level too deep
         "rejection_depth_rows_off_by_one",

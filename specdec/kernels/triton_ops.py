@@ -6,7 +6,32 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["FLOAT_KIND", "dot_fp32", "load_k_tile", "round_to", "to_bf16"]
+__all__ = ["FLOAT_KIND", "UNIFORM_GRID", "UNIFORM_TOP", "dot_fp32", "load_k_tile", "pair_strides", "round_to",
+           "to_bf16", "uniforms_at"]  # fmt: skip
+
+UNIFORM_GRID = 2.0**-24
+"""The spacing of ``torch.rand``'s float32 uniforms: a float64 uniform is ``a + b * UNIFORM_GRID`` of a float32 pair."""
+UNIFORM_TOP = 1.0 - 2.0**-52
+"""The float64 uniforms' bound (``specdec.verify.draws.uniforms``)."""
+
+
+def pair_strides(u: torch.Tensor) -> tuple[int, int, int]:
+    """The row, slot and pair strides of uniforms ``u``: ``[B, S]`` float64 (pair stride 0, unread) or ``[B, S, 2]``
+    float32 halves."""
+    return (*u.stride(), 0) if u.dim() == 2 else tuple(u.stride())
+
+
+@triton.jit
+def uniforms_at(ptr, pair_stride, mask, PAIR: tl.constexpr, GRID: tl.constexpr, TOP: tl.constexpr):
+    """Float64 uniforms at ``ptr`` (near 1 where masked): as stored, or (``PAIR``) made of their float32 halves
+    ``a + b·2⁻²⁴`` (exact in float64) kept below 1, as ``specdec.verify.draws.uniforms`` makes them."""
+    if PAIR:
+        first = tl.load(ptr, mask=mask, other=1.0).to(tl.float64)
+        second = tl.load(ptr + pair_stride, mask=mask, other=0.0).to(tl.float64)
+        u = tl.minimum(first + second * GRID, TOP)
+    else:
+        u = tl.load(ptr, mask=mask, other=1.0)
+    return u
 
 
 @triton.jit

@@ -35,6 +35,7 @@ __all__ = [
     "draft_probs",
     "exponential_keys",
     "node_proposals",
+    "slot_uniform",
     "target_probs",
     "uniform",
     "uniforms",
@@ -106,6 +107,12 @@ def uniforms(noise: torch.Tensor, n: int) -> torch.Tensor:
     (three ops for all of them)."""
     pairs = noise[..., : 2 * n].double().unflatten(-1, (n, 2))
     return torch.add(pairs[..., 0], pairs[..., 1], alpha=_GRID).clamp(max=1.0 - 2.0**-52)
+
+
+def slot_uniform(u: torch.Tensor) -> torch.Tensor:
+    """Each slot's float64 uniform ``[B, S]`` from ``u``: ``u`` itself (``[B, S]`` float64) or made of its ``[B, S, 2]``
+    float32 halves (:func:`uniforms`), the two forms the rules' kernels take."""
+    return u if u.dim() == 2 else uniforms(u, 1)[..., 0]
 
 
 def categorical(probs: torch.Tensor, u: torch.Tensor, *, draws: bool = False) -> torch.Tensor:

@@ -11,7 +11,7 @@ from specdec.kernels._triton import pick_impl
 from specdec.kernels.tree_traversal import MAX_SLOTS, traversal_round
 from specdec.kernels.tree_traversal import postorder as kernel_postorder
 from specdec.types import Accept, DeviceTree, SamplingParams
-from specdec.verify.draws import WeighsQ, uniforms
+from specdec.verify.draws import WeighsQ
 from specdec.verify.multidraft import check_sampled_policy
 from specdec.verify.rules import register_rule
 
@@ -59,9 +59,10 @@ def traversal_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: 
         max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
     """
-    u = uniforms(noise, 2)
-    return traversal_round(tree.tokens, tree.parents, tree.depth, tree.valid, p, q, u[..., 0], u[..., 1], max_depth,
-                           replacement, impl=_TRAVERSAL_IMPL)  # fmt: skip
+    # each slot's two uniforms as their float32 halves (made float64 inside the kernel, by draws.uniforms in the
+    # reference)
+    return traversal_round(tree.tokens, tree.parents, tree.depth, tree.valid, p, q, noise[..., 0:2], noise[..., 2:4],
+                           max_depth, replacement, impl=_TRAVERSAL_IMPL)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,18 @@ def args_of(case: dict, device: str = "cpu") -> list:
     return [case[k].to(device) if isinstance(case[k], torch.Tensor) else case[k] for k in ARG_NAMES]
 
 
+def pair_case(case: dict, seed: int) -> dict:
+    """``case`` with ``test`` and ``final`` as the float32 halves the rule passes (``noise[..., 0:2]`` and
+    ``noise[..., 2:4]`` of fresh ``[B, S, 4]`` uniforms: strided views)."""
+    noise = torch.rand(*case["test"].shape, 4, generator=torch.Generator().manual_seed(seed))
+    return {**case, "test": noise[..., 0:2], "final": noise[..., 2:4]}
+
+
+def halves_to_float64(u: torch.Tensor) -> torch.Tensor:
+    """The float64 uniform of each float32 pair ``(a, b)``: ``a + b 2^-24`` (exact), below ``1 - 2^-52``."""
+    return (u[..., 0].double() + u[..., 1].double() * 2.0**-24).clamp(max=1.0 - 2.0**-52)
+
+
 def check(case: dict, got, target: torch.Tensor | None = None) -> None:
     """``got`` (path, num_path, tokens) equals the reference's; ``target`` (the end node's distribution), where
     given, to 1e-5 relative (float32; 1e-12 in float64): its sums run in another order."""
@@ -194,6 +206,9 @@ def assert_rounds_exercise_the_walk(cases: list[dict]) -> None:
         (dict(valid=torch.zeros(2, 7, dtype=torch.long)), "valid must be"),
         (dict(test=torch.zeros(2, 7)), "test must be"),
         (dict(final=torch.zeros(2, 8, dtype=torch.float64)), "final must be"),
+        (dict(final=torch.zeros(2, 7, 2)), "final must be"),  # halves beside a float64 test
+        (dict(test=torch.zeros(2, 7, 2), final=torch.zeros(2, 7, 2, dtype=torch.float64)), "final must be"),
+        (dict(test=torch.zeros(2, 7, 3), final=torch.zeros(2, 7, 3)), "test must be"),
         (dict(max_depth=-1), "max_depth"),
         (dict(max_depth=True), "max_depth"),
         (dict(replacement=0), "replacement"),
@@ -225,6 +240,19 @@ def test_round_auto_is_the_reference_on_cpu_and_triton_is_refused():
     with pytest.raises(ValueError, match="impl"):
         traversal_round(*args_of(case), impl="reference")
     assert not traversal.kernel_runs(case["p"])  # so BlockVerification runs block_verify here
+
+
+def test_reference_takes_the_uniforms_halves():
+    # test / final as float32 halves: the round of their float64 uniforms
+    for i, case in enumerate(rounds()[:6]):
+        halves = pair_case(case, i)
+        floats = {**case, "test": halves_to_float64(halves["test"]), "final": halves_to_float64(halves["final"])}
+        want, want_target = traversal_round_reference(*args_of(floats), return_target=True)
+        got, target = traversal_round(*args_of(halves)), traversal_round_reference(*args_of(halves),
+                                                                                   return_target=True)[1]  # fmt: skip
+        for a, b in zip(want, got, strict=True):
+            assert torch.equal(a, b)
+        assert torch.equal(want_target, target)
 
 
 def test_more_slots_than_the_walk_holds_run_the_reference():
@@ -268,6 +296,13 @@ def test_interpreted_round_equals_reference(interpreted):
             check(case, small[:3], small[3])
             small_blocks += 1
     assert small_blocks == 6
+
+
+@pytest.mark.interpreter
+def test_interpreted_round_over_the_uniforms_halves_equals_reference(interpreted):
+    # test / final as the strided float32 halves the rule passes, made into float64 uniforms inside the kernel
+    for i, (case, got) in enumerate(zip(interpreted["cases"], interpreted["round_pairs"], strict=True)):
+        check(pair_case(case, i), got[:3], got[3])
 
 
 @pytest.mark.interpreter
@@ -349,6 +384,10 @@ def _run_interpreted(folder: Path) -> None:
             else None
             for case in cases
         ],  # fmt: skip
+        "round_pairs": [
+            _plain(kernels.traversal_round_triton(*args_of(pair_case(case, i)), return_target=True))
+            for i, case in enumerate(cases)
+        ],
         "no_pass_out": _plain(kernels.traversal_round_triton(*args_of(data["no_pass"]), return_target=True)),
         "boundary_out": _plain(kernels.traversal_round_triton(*args_of(data["boundary"]), return_target=True)),
         "rule": [tuple(_rule_round(case)) for case in cases],

@@ -25,7 +25,6 @@ from specdec.kernels.tree_rejection.reference import (
     rank_width,
     rejection_walk_reference,
     round_setup,
-    slot_uniforms,
     tree_rejection_round_reference,
 )
 
@@ -37,7 +36,6 @@ __all__ = [
     "rejection_walk_reference",
     "round_setup",
     "rows_by_depth",
-    "slot_uniforms",
     "tree_rejection_round",
     "tree_rejection_round_reference",
 ]

@@ -15,19 +15,8 @@ __all__ = [
     "rank_width",
     "rejection_walk_reference",
     "round_setup",
-    "slot_uniforms",
     "tree_rejection_round_reference",
 ]
-
-
-def slot_uniforms(u: torch.Tensor) -> torch.Tensor:
-    """Each slot's float64 uniform ``[B, S]`` from ``u``: as given (``[B, S]`` float64) or made of its float32 halves
-    (``[B, S, 2]``, as ``specdec.verify.draws.uniforms`` makes it)."""
-    if u.dim() == 2:
-        return u
-    from specdec.verify.draws import uniforms
-
-    return uniforms(u, 1)[..., 0]
 
 
 def rank_width(slots: int, max_children: int | None) -> int:
@@ -103,7 +92,7 @@ def tree_rejection_round_reference(
         p (torch.Tensor): ``[B, S, V]`` float32 or float64 target distribution at each node.
         q (torch.Tensor): ``[B, S, V]`` distribution each slot's token was drawn from, p's dtype.
         test (torch.Tensor): ``[B, S]`` float64, each slot's uniform (its test as a child), or its ``[B, S, 2]``
-            float32 halves (:func:`slot_uniforms`).
+            float32 halves (``specdec.verify.draws.slot_uniform``).
         max_children (int | None): the tree's stated bound on children (``K``; ``S - 1`` when None).
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
 
@@ -111,7 +100,9 @@ def tree_rejection_round_reference(
         tuple[torch.Tensor, torch.Tensor]: ``r [B, S, V]`` (p's dtype) and ``nxt [B, S]`` int64, as
         :func:`_rank_loop`.
     """
-    ranked = round_setup(tree_tokens, tree_parents, tree_depth, tree_valid, q, slot_uniforms(test), max_children,
+    from specdec.verify.draws import slot_uniform
+
+    ranked = round_setup(tree_tokens, tree_parents, tree_depth, tree_valid, q, slot_uniform(test), max_children,
                          replacement)  # fmt: skip
     return _rank_loop(p, q, **ranked, replacement=replacement)
 
@@ -175,16 +166,16 @@ def rejection_walk_reference(
 ):
     """The accepted path after a round: from the root along each node's accepted child ``nxt [B, S]`` (pointer
     doubling, ``specdec.verify.draws.forward_path``), then the bonus drawn from the end node's ``r [B, S, V]`` by
-    inverse CDF at its uniform ``u [B, S]`` float64 (or its ``[B, S, 2]`` float32 halves, :func:`slot_uniforms`;
+    inverse CDF at its uniform ``u [B, S]`` float64 (or its ``[B, S, 2]`` float32 halves, ``draws.slot_uniform``;
     ``categorical``: a float64 cumulative sum), as an
     :class:`~specdec.types.Accept` of ``max_depth + 1`` slots (``accept_path``). ``tokens`` / ``depth``: the tree's
     ``[B, S]`` int64."""
     from specdec.types import DeviceTree
-    from specdec.verify.draws import accept_path, categorical, forward_path
+    from specdec.verify.draws import accept_path, categorical, forward_path, slot_uniform
 
     path = forward_path(nxt, max_depth)
     current = path[:, -1:]
     end = r.gather(1, current[..., None].expand(-1, -1, r.shape[-1]))[:, 0]
-    bonus = categorical(end, slot_uniforms(u).gather(1, current)[:, 0])
+    bonus = categorical(end, slot_uniform(u).gather(1, current)[:, 0])
     # accept_path reads the tokens and depths only: the other fields are placeholder views (no kernel)
     return accept_path(DeviceTree(tokens=tokens, parents=nxt, depth=depth, valid=nxt, num_nodes=nxt[:, 0]), path, bonus)

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from specdec.kernels._triton import power_of_two_block
+from specdec.kernels.triton_ops import UNIFORM_GRID, UNIFORM_TOP, pair_strides, uniforms_at
 
 __all__ = ["MAX_BLOCK", "MAX_BLOCK_F32", "MAX_SLOT_BLOCK", "rejection_walk_triton", "tree_rejection_round_triton"]
 
@@ -34,21 +35,6 @@ a rejection's two passes over ``V = 8192`` then take two blocks each instead of 
 
 MAX_SLOT_BLOCK = 1024
 """Slots the fused round's setup scans per block (fewer when ``S`` is smaller)."""
-
-_GRID = 2.0**-24  # spacing of torch.rand's float32 uniforms
-_TOP = 1.0 - 2.0**-52  # the uniforms' bound
-
-
-@triton.jit
-def _uniform(ptr, pair_stride, PAIR: tl.constexpr, GRID: tl.constexpr, TOP: tl.constexpr):
-    """A slot's float64 uniform: as stored, or (``PAIR``) made of its float32 pair ``a + b·2⁻²⁴`` (exact in float64)
-    kept below 1, as ``specdec.verify.draws.uniforms`` makes it."""
-    if PAIR:
-        u = tl.minimum(tl.load(ptr).to(tl.float64) + tl.load(ptr + pair_stride).to(tl.float64) * GRID, TOP)
-    else:
-        u = tl.load(ptr)
-    return u
-
 
 @triton.jit
 def _tree_rejection_round_kernel(
@@ -143,7 +129,8 @@ def _tree_rejection_round_kernel(
             total += drawn
             kept = tl.maximum(1.0 - (total - drawn), TINY)
             q_tok = tl.where(repeat, 0.0, q_tok / kept)
-        weight = _uniform(test_row + slot * t_ss, t_sp, PAIR, GRID, TOP) * q_tok  # accepted iff u q_c(c) < r(c)
+        u = uniforms_at(test_row + slot * t_ss, t_sp, True, PAIR, GRID, TOP)
+        weight = u * q_tok  # accepted iff u q_c(c) < r(c)
         live = (child < S) & (q_tok > 0) & (nxt == node)
         if live:
             if weight < tl.load(r_row + token):
@@ -229,17 +216,12 @@ def tree_rejection_round_triton(
     _tree_rejection_round_kernel[(batch * slots,)](
         tree_tokens.contiguous(), tree_parents.contiguous(), tree_depth.contiguous(), tree_valid.contiguous(),
         p, q, test, table, ranked, r, nxt,
-        slots, vocab, *p.stride(), *q.stride(), *_pair_strides(test), q.shape[1], width,
+        slots, vocab, *p.stride(), *q.stride(), *pair_strides(test), q.shape[1], width,
         TINY=torch.finfo(p.dtype).tiny, REPLACEMENT=bool(replacement), Q_BY_DEPTH=bool(q_by_depth),
-        PAIR=test.dim() == 3, GRID=_GRID, TOP=_TOP, BLOCK=block,
+        PAIR=test.dim() == 3, GRID=UNIFORM_GRID, TOP=UNIFORM_TOP, BLOCK=block,
         BLOCK_S=slot_block, num_warps=8 if block >= 2048 else 4 if block >= 512 else 1,
     )  # fmt: skip
     return r, nxt
-
-
-def _pair_strides(u: torch.Tensor) -> tuple[int, int, int]:
-    """``u``'s row, slot and pair strides (``[B, S]``: pair stride 0, unread)."""
-    return (*u.stride(), 0) if u.dim() == 2 else tuple(u.stride())
 
 
 @triton.jit
@@ -282,7 +264,7 @@ def _walk_kernel(
     end_depth = tl.load(depth_ptr + seq * S + cur)
     # the bonus: the end node's r by inverse CDF, its float64 cumulative sum over blocks of the vocabulary run
     # twice in one order (so the second run's last value is the first's total exactly and u * total falls inside)
-    at = _uniform(u_ptr + seq * u_sb + cur * u_ss, u_sp, PAIR, GRID, TOP)
+    at = uniforms_at(u_ptr + seq * u_sb + cur * u_ss, u_sp, True, PAIR, GRID, TOP)
     row = r_ptr + seq * r_sb + cur * r_ss
     lanes = tl.arange(0, BLOCK_V)
     total = tl.zeros([], dtype=tl.float64)
@@ -324,7 +306,7 @@ def rejection_walk_triton(tokens, depth, nxt, r, u, max_depth: int, *, block: in
     new = torch.empty(batch, steps, dtype=torch.long, device=tokens.device)
     _walk_kernel[(batch,)](
         tokens.contiguous(), depth.contiguous(), nxt.contiguous(), r, u, path, num_path, new, slots, vocab,
-        *r.stride(), *_pair_strides(u), P=steps, PAIR=u.dim() == 3, GRID=_GRID, TOP=_TOP,
+        *r.stride(), *pair_strides(u), P=steps, PAIR=u.dim() == 3, GRID=UNIFORM_GRID, TOP=UNIFORM_TOP,
         BLOCK_S=max(triton.next_power_of_2(slots), 2),
         BLOCK_P=max(triton.next_power_of_2(steps), 2), BLOCK_V=block, num_warps=4,
     )  # fmt: skip

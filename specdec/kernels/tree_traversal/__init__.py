@@ -50,7 +50,9 @@ def traversal_round(
     *,
     impl: Impl = "auto",
 ):
-    """A round of traversal verification (:func:`traversal_round_reference`, arguments as there).
+    """A round of traversal verification (:func:`traversal_round_reference`, arguments as there: ``test`` and
+    ``final`` both ``[B, S]`` float64 or both their ``[B, S, 2]`` float32 halves, made into the float64 uniforms
+    inside the Triton round; any strides).
 
     Args:
         impl (str): ``"triton"`` (two launches: CUDA or Triton's interpreter), ``"torch"`` (the reference) or
@@ -82,10 +84,16 @@ def _check_args(tokens, parents, depth, valid, p, q, test, final, max_depth, rep
     if not isinstance(replacement, bool):
         raise ValueError(f"replacement={replacement!r}: pass a Python bool.")
     fields = {"tokens": (tokens, torch.long), "parents": (parents, torch.long), "depth": (depth, torch.long),
-              "valid": (valid, torch.bool), "test": (test, torch.float64), "final": (final, torch.float64)}  # fmt: skip
+              "valid": (valid, torch.bool)}  # fmt: skip
     for name, (tensor, dtype) in fields.items():
         if not isinstance(tensor, torch.Tensor) or tensor.shape != p.shape[:2] or tensor.dtype != dtype:
             raise ValueError(f"{name} must be {list(p.shape[:2])} {dtype}; got {describe(tensor)}.")
-    for name, tensor in {"q": q, **{n: t for n, (t, _) in fields.items()}}.items():
+    pair = isinstance(test, torch.Tensor) and test.dim() == 3
+    shape, dtype = (*p.shape[:2], 2) if pair else tuple(p.shape[:2]), torch.float32 if pair else torch.float64
+    for name, u in (("test", test), ("final", final)):
+        if not isinstance(u, torch.Tensor) or tuple(u.shape) != shape or u.dtype != dtype:
+            raise ValueError(f"{name} must be {list(p.shape[:2])} float64 uniforms or their {list(p.shape[:2]) + [2]} "
+                             f"float32 halves, in the same form as test; got {describe(u)}.")  # fmt: skip
+    for name, tensor in {"q": q, "test": test, "final": final, **{n: t for n, (t, _) in fields.items()}}.items():
         if tensor.device != p.device:
             raise ValueError(f"{name} is on {tensor.device}, p on {p.device}: pass one device.")

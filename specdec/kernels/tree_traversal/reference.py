@@ -92,8 +92,9 @@ def traversal_round_reference(
         p (torch.Tensor): ``[B, S, V]`` float32 (or float64) target distribution at each node.
         q (torch.Tensor): ``[B, S, V]`` draft distribution of each node's depth, p's dtype (read at real non-root
             nodes only).
-        test (torch.Tensor): ``[B, S]`` float64 uniform of each node's test.
-        final (torch.Tensor): ``[B, S]`` float64 uniform of the bonus draw at each node.
+        test (torch.Tensor): ``[B, S]`` float64 uniform of each node's test (or its ``[B, S, 2]`` float32 halves,
+            ``draws.slot_uniform``).
+        final (torch.Tensor): ``[B, S]`` float64 uniform of the bonus draw at each node (or its halves, as ``test``).
         max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
 
@@ -104,8 +105,9 @@ def traversal_round_reference(
         ``(Accept, target)``, ``target [B, V]`` p's dtype.
     """
     from specdec.types import DeviceTree
-    from specdec.verify.draws import accept_at, categorical
+    from specdec.verify.draws import accept_at, categorical, slot_uniform
 
+    test, final = slot_uniform(test), slot_uniform(final)
     batch, slots, vocab = p.shape
     rows = torch.arange(batch, device=p.device)
     tiny = torch.finfo(p.dtype).tiny

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from specdec.kernels._triton import power_of_two_block
+from specdec.kernels.triton_ops import UNIFORM_GRID, UNIFORM_TOP, pair_strides, uniforms_at
 
 __all__ = ["MAX_BLOCK", "MAX_BLOCK_F32", "traversal_round_triton"]
 
@@ -32,6 +33,7 @@ MAX_BLOCK = 2048
 
 MAX_BLOCK_F32 = 4096
 """The same in float32 (the round's dtype)."""
+
 
 
 @triton.jit
@@ -105,8 +107,8 @@ def _traversal_kernel(
     q_ptr,  # [B, S, V] p's dtype, strided
     qtok_ptr,  # [B, S] p's dtype: Q_a(x_a) (the setup's)
     kept_ptr,  # [B, S] p's dtype: k_a (the setup's)
-    test_ptr,  # [B, S] float64, contiguous: each node's test uniform
-    final_ptr,  # [B, S] float64, contiguous: each node's bonus uniform
+    test_ptr,  # [B, S] float64, strided: each node's test uniform (PAIR: [B, S, 2] float32, its two halves)
+    final_ptr,  # [B, S] float64, strided: each node's bonus uniform (PAIR: as test)
     pool_ptr,  # [B, S + 1, V] p's dtype scratch: corrected rows (unnormalised)
     path_ptr,  # [B, P] int64 out
     num_ptr,  # [B] int64 out
@@ -120,8 +122,17 @@ def _traversal_kernel(
     q_sb,
     q_ss,
     q_sv,
+    t_sb,
+    t_ss,
+    t_sp,
+    f_sb,
+    f_ss,
+    f_sp,
     TINY: tl.constexpr,
     REPLACEMENT: tl.constexpr,
+    PAIR: tl.constexpr,
+    GRID: tl.constexpr,
+    TOP: tl.constexpr,
     P: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -142,7 +153,7 @@ def _traversal_kernel(
     qtok = tl.load(qtok_ptr + base + slot, mask=real, other=0.0)
     live = real & (qtok > 0)
     kept = tl.load(kept_ptr + base + slot, mask=real, other=1.0)
-    test = tl.load(test_ptr + base + slot, mask=inside, other=1.0)
+    test = uniforms_at(test_ptr + seq * t_sb + slot * t_ss, t_sp, inside, PAIR, GRID, TOP)
     # P_parent(x_node) for every node, p's until the parent is corrected
     ptok = tl.load(p_ptr + seq * p_sb + above * p_ss + tokens * p_sv, mask=real, other=0.0)
     w = tl.zeros([BLOCK_S], dtype=qtok.dtype) + 1.0  # the root's stays 1; the others are set on entry
@@ -217,7 +228,7 @@ def _traversal_kernel(
     row = tl.where(corrected, pool_ptr + seq * (S + 1) * V + tl.maximum(held, 0) * V, p_ptr + seq * p_sb + end * p_ss)
     stride = tl.where(corrected, 1, p_sv)
     divide = _pick(scale, slot, end)  # 1 for p's row
-    at = tl.load(final_ptr + base + end)
+    at = uniforms_at(final_ptr + seq * f_sb + end * f_ss, f_sp, True, PAIR, GRID, TOP)
     cols = tl.arange(0, BLOCK_C)
     total = tl.zeros([], dtype=tl.float64)
     for start in range(0, V, BLOCK_C):
@@ -294,7 +305,8 @@ def traversal_round_triton(
     block: int | None = None,
     return_target: bool = False,
 ):
-    """A round in two launches; arguments as ``traversal_round_reference``; ``block``: vocabulary entries per
+    """A round in two launches; arguments as ``traversal_round_reference`` (``test`` and ``final`` both ``[B, S]``
+    float64 or both their ``[B, S, 2]`` float32 halves, any strides); ``block``: vocabulary entries per
     block, a power of two (default ``min(MAX_BLOCK_F32, next_power_of_2(V))`` in float32, ``MAX_BLOCK`` in
     float64).
 
@@ -323,10 +335,11 @@ def traversal_round_triton(
     new = torch.empty(batch, steps, dtype=torch.long, device=p.device)
     target = torch.empty(batch, vocab if return_target else 1, dtype=p.dtype, device=p.device)
     _traversal_kernel[(batch,)](
-        tokens, parents, depth, valid, p, q, qtok, kept, test.contiguous(), final.contiguous(), pool, path,
-        num_path, new, target, slots, vocab, *p.stride(), *q.stride(),
-        TINY=tiny, REPLACEMENT=bool(replacement), P=steps, BLOCK=block, BLOCK_S=block_s,
-        BLOCK_P=max(triton.next_power_of_2(steps), 2), BLOCK_C=min(block, 2048), END=bool(return_target),
+        tokens, parents, depth, valid, p, q, qtok, kept, test, final, pool, path,
+        num_path, new, target, slots, vocab, *p.stride(), *q.stride(), *pair_strides(test), *pair_strides(final),
+        TINY=tiny, REPLACEMENT=bool(replacement), PAIR=test.dim() == 3, GRID=UNIFORM_GRID, TOP=UNIFORM_TOP,
+        P=steps, BLOCK=block, BLOCK_S=block_s, BLOCK_P=max(triton.next_power_of_2(steps), 2),
+        BLOCK_C=min(block, 2048), END=bool(return_target),
         num_warps=warps,
     )  # fmt: skip
     accept = Accept(path=path, num_path=num_path, tokens=new)
