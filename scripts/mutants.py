@@ -404,9 +404,15 @@ MUTANTS = [
         ("tests/kernels/test_tree_rejection.py", "tests/kernels/test_rejection_walk.py",
          "tests/kernels/test_tree_traversal.py", "-m", "interpreter"),  # fmt: skip
     ),
+    Mutant(  # the traversal kernels over a per-depth q read a node's own depth's row (one level too deep)
+        "traversal_kernel_depth_row_off_by_one",
+        (("specdec/kernels/tree_traversal/triton.py", "tl.minimum(tl.maximum(depth - 1, 0), q_rows - 1)",
+          "tl.minimum(tl.maximum(depth, 0), q_rows - 1)"),),  # fmt: skip
+        ("tests/kernels/test_tree_traversal.py", "-m", "interpreter"),
+    ),
     Mutant(  # the per-depth q's rows (the reference path, node_proposals) read one level too deep
         "rejection_depth_rows_off_by_one",
-        (("specdec/kernels/tree_rejection/__init__.py", "rows = (depth - 1).clamp(0, q.shape[1] - 1)",
+        (("specdec/verify/draws.py", "rows = (depth - 1).clamp(0, q.shape[1] - 1)",
           "rows = depth.clamp(0, q.shape[1] - 1)"),),  # fmt: skip
         ("tests/kernels/test_tree_rejection.py", "tests/verify/test_multidraft.py"),
     ),

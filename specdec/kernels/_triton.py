@@ -12,6 +12,7 @@ from specdec.backends import env_default
 
 __all__ = [
     "KERNEL_MODULES",
+    "check_draft_q",
     "describe",
     "device_property",
     "importable",
@@ -101,3 +102,23 @@ def power_of_two_block(name: str, given: int | None, extent: int, most: int) -> 
 def describe(tensor) -> str:
     """A tensor's dtype and shape (or a non-tensor's type name), for argument errors."""
     return f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+
+
+def check_draft_q(q, p: torch.Tensor, q_by_depth: bool) -> None:
+    """A rule kernel's draft distribution ``q`` beside ``p [B, S, V]``: ``[B, S, V]`` as ``p``, or with ``q_by_depth``
+    one row per depth, ``[B, D >= 1, V]``; ``p``'s dtype.
+
+    Raises:
+        ValueError: naming the shape or dtype expected.
+    """
+    if not isinstance(q_by_depth, bool):
+        raise ValueError(f"q_by_depth={q_by_depth!r}: pass a Python bool.")
+    if q_by_depth:
+        batch, _, vocab = p.shape
+        if (not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[0] != batch or q.shape[1] < 1
+                or q.shape[2] != vocab or q.dtype != p.dtype):  # fmt: skip
+            raise ValueError(f"q_by_depth=True: q must be [B, D, V] = [{batch}, D >= 1, {vocab}] {p.dtype} (one row "
+                             f"per depth); got {describe(q)}.")  # fmt: skip
+    elif not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != p.dtype:
+        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} {p.dtype}, as p (or pass q_by_depth=True with one "
+                         f"row per depth); got {describe(q)}.")  # fmt: skip

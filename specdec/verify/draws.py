@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 
-from specdec.kernels.tree_rejection import rows_by_depth
 from specdec.types import Accept, DeviceTree, Proposal, SamplingParams
 from specdec.verify.processing import process_logits
 
@@ -35,6 +34,7 @@ __all__ = [
     "draft_probs",
     "exponential_keys",
     "node_proposals",
+    "rows_by_depth",
     "slot_uniform",
     "target_probs",
     "uniform",
@@ -86,6 +86,13 @@ def depth_proposals(tree: DeviceTree, proposal: Proposal | None, sampling: Sampl
             raise ValueError("this rule weighs the draft distribution: the drafter must provide logq")
         q = draft_probs(proposal.logq, sampling)
     return q
+
+
+def rows_by_depth(q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    """``[B, S, V]``: slot ``s``'s row of the per-depth ``q [B, D, V]``, row ``clamp(depth_s - 1, 0, D - 1)`` (the
+    root and depth 1 share row 0)."""
+    rows = (depth - 1).clamp(0, q.shape[1] - 1)
+    return q.gather(1, rows[..., None].expand(-1, -1, q.shape[-1]))
 
 
 def node_proposals(tree: DeviceTree, proposal: Proposal | None, sampling: SamplingParams) -> torch.Tensor:

@@ -36,7 +36,7 @@ def kernel_runs(p: torch.Tensor) -> bool:
 
 
 def traversal_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: torch.Tensor, max_depth: int,
-                     replacement: bool) -> Accept:  # fmt: skip
+                     replacement: bool, q_by_depth: bool = False) -> Accept:  # fmt: skip
     """Traversal verification over ``tree``, nodes visited in post-order (``postorder``).
 
     Each node ``a`` with parent ``b`` carries a weight, set when its subtree is entered (its earlier siblings'
@@ -54,15 +54,16 @@ def traversal_verify(tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise: 
         tree (DeviceTree): ``[B, S]``.
         p (torch.Tensor): ``[B, S, V]`` float32 (or float64) target distribution at each node.
         q (torch.Tensor): ``[B, S, V]`` draft distribution of each node's depth, p's dtype (read at real non-root
-            nodes only).
+            nodes only); ``q_by_depth``: ``[B, D, V]``, one row per depth (``depth_proposals``).
         noise (torch.Tensor): ``[B, S, >= 4]`` uniforms (``draws.uniform`` 0: the node's test, 1: the final draw).
         max_depth (int): the deepest node; the result has ``max_depth + 1`` slots.
         replacement (bool): siblings are i.i.d. draws (True) or a sample without replacement (False).
+        q_by_depth (bool): ``q`` holds one row per depth (read in place by the round's kernel).
     """
     # each slot's two uniforms as their float32 halves (made float64 inside the kernel, by draws.uniforms in the
     # reference)
     return traversal_round(tree.tokens, tree.parents, tree.depth, tree.valid, p, q, noise[..., 0:2], noise[..., 2:4],
-                           max_depth, replacement, impl=_TRAVERSAL_IMPL)  # fmt: skip
+                           max_depth, replacement, q_by_depth=q_by_depth, impl=_TRAVERSAL_IMPL)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class TraversalVerification(WeighsQ):
 
     replacement: bool = False
     name = "traversal"
+    q_by_depth = True  # verify takes q as one row per depth (the round's kernels read each node's row in place)
 
     def check(self, sampling: SamplingParams, tree) -> None:
         if tree is None:  # plain decoding: the root alone
@@ -106,7 +108,7 @@ class TraversalVerification(WeighsQ):
                              {"SampledChain": "", "SampledTrees": merge})  # fmt: skip
 
     def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:
-        return traversal_verify(tree, p, q, noise, max_depth, self.replacement)
+        return traversal_verify(tree, p, q, noise, max_depth, self.replacement, q_by_depth=True)
 
 
 register_rule("traversal", TraversalVerification)

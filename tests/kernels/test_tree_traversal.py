@@ -167,6 +167,25 @@ def pair_case(case: dict, seed: int) -> dict:
     return {**case, "test": noise[..., 0:2], "final": noise[..., 2:4]}
 
 
+DEPTH_ROWS = 3  # the per-depth q of the by-depth rounds: depths 4 (and deeper) read the last row
+
+
+def by_depth_cases(case: dict, seed: int) -> tuple[dict, dict]:
+    """``case`` with ``q`` a random per-depth ``[B, DEPTH_ROWS, V]`` (a cut support), for ``q_by_depth=True``; and
+    the same case with the ``[B, S, V]`` q each node reads, built node by node (row ``min(max(depth - 1, 0),
+    DEPTH_ROWS - 1)``)."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, slots, vocab = case["p"].shape
+    logits = torch.randn(batch, DEPTH_ROWS, vocab, generator=gen, dtype=torch.float64)
+    logits[..., : max(vocab // 4, 1)] = -torch.inf
+    rows = torch.softmax(logits, -1).to(case["p"].dtype)
+    slot_q = torch.empty(batch, slots, vocab, dtype=rows.dtype)
+    for b in range(batch):
+        for s in range(slots):
+            slot_q[b, s] = rows[b, min(max(int(case["depth"][b, s]) - 1, 0), DEPTH_ROWS - 1)]
+    return {**case, "q": rows}, {**case, "q": slot_q}
+
+
 def halves_to_float64(u: torch.Tensor) -> torch.Tensor:
     """The float64 uniform of each float32 pair ``(a, b)``: ``a + b 2^-24`` (exact), below ``1 - 2^-52``."""
     return (u[..., 0].double() + u[..., 1].double() * 2.0**-24).clamp(max=1.0 - 2.0**-52)
@@ -255,6 +274,22 @@ def test_reference_takes_the_uniforms_halves():
         assert torch.equal(want_target, target)
 
 
+def test_round_by_depth_equals_the_round_over_each_nodes_row():
+    # q_by_depth=True reads each node's row of a per-depth q: the round over the [B, S, V] q built node by node
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("checks the CPU dispatch without the interpreter")
+    cases = rounds()
+    assert max(int(c["depth"].max()) for c in cases) > DEPTH_ROWS  # some nodes read the clamped last row
+    for i, case in enumerate(cases):
+        by_depth, per_node = by_depth_cases(case, i)
+        want = traversal_round_reference(*args_of(per_node))
+        got = traversal_round(*args_of(by_depth), q_by_depth=True)
+        for a, b in zip(want, got, strict=True):
+            assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="q_by_depth=True: q must be"):
+        traversal_round(*args_of({**cases[0], "q": cases[0]["q"][:, :, :-1]}), q_by_depth=True)
+
+
 def test_more_slots_than_the_walk_holds_run_the_reference():
     case = random_round(torch.Generator().manual_seed(2), 1, 2, 8, True, slots=MAX_SLOTS + 1)
     with mock.patch("specdec.kernels.tree_traversal.pick_impl", return_value="torch") as pick:
@@ -303,6 +338,13 @@ def test_interpreted_round_over_the_uniforms_halves_equals_reference(interpreted
     # test / final as the strided float32 halves the rule passes, made into float64 uniforms inside the kernel
     for i, (case, got) in enumerate(zip(interpreted["cases"], interpreted["round_pairs"], strict=True)):
         check(pair_case(case, i), got[:3], got[3])
+
+
+@pytest.mark.interpreter
+def test_interpreted_round_reads_each_nodes_depth_row(interpreted):
+    # q_by_depth=True against the reference over the [B, S, V] q built node by node
+    for i, (case, got) in enumerate(zip(interpreted["cases"], interpreted["round_by_depth"], strict=True)):
+        check(by_depth_cases(case, i)[1], got[:3], got[3])
 
 
 @pytest.mark.interpreter
@@ -388,6 +430,11 @@ def _run_interpreted(folder: Path) -> None:
             _plain(kernels.traversal_round_triton(*args_of(pair_case(case, i)), return_target=True))
             for i, case in enumerate(cases)
         ],
+        "round_by_depth": [
+            _plain(kernels.traversal_round_triton(*args_of(by_depth_cases(case, i)[0]), q_by_depth=True,
+                                                  return_target=True))
+            for i, case in enumerate(cases)
+        ],  # fmt: skip
         "no_pass_out": _plain(kernels.traversal_round_triton(*args_of(data["no_pass"]), return_target=True)),
         "boundary_out": _plain(kernels.traversal_round_triton(*args_of(data["boundary"]), return_target=True)),
         "rule": [tuple(_rule_round(case)) for case in cases],
@@ -436,6 +483,8 @@ def test_compiled_equals_reference_on_cuda(group):
     for i, case in enumerate(cases[:8]):  # the uniforms as the strided float32 halves the rule passes
         halves = pair_case(case, i)
         check(halves, traversal_round(*args_of(halves, "cuda"), impl="triton"))
+        by_depth, per_node = by_depth_cases(case, i)  # one q row per depth, read in place
+        check(per_node, traversal_round(*args_of(by_depth, "cuda"), q_by_depth=True, impl="triton"))
 
 
 @pytest.mark.gpu

@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from specdec.kernels._triton import describe, importable, pick_impl
+from specdec.kernels._triton import check_draft_q, describe, importable, pick_impl
 from specdec.kernels.tree_rejection.reference import (
     children_by_rank,
     rank_width,
@@ -35,7 +35,6 @@ __all__ = [
     "rejection_walk",
     "rejection_walk_reference",
     "round_setup",
-    "rows_by_depth",
     "tree_rejection_round",
     "tree_rejection_round_reference",
 ]
@@ -83,6 +82,8 @@ def tree_rejection_round(
                       q_by_depth)  # fmt: skip
     if pick_impl(impl, p.device, _MODULE) == "torch":
         if q_by_depth:
+            from specdec.verify.draws import rows_by_depth
+
             q = rows_by_depth(q, tree_depth)
         return tree_rejection_round_reference(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test,
                                               max_children, replacement)  # fmt: skip
@@ -90,13 +91,6 @@ def tree_rejection_round(
 
     return tree_rejection_round_triton(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, test, max_children,
                                        replacement, q_by_depth=q_by_depth)  # fmt: skip
-
-
-def rows_by_depth(q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-    """``[B, S, V]``: slot ``s``'s row of the per-depth ``q [B, D, V]``, row ``clamp(depth_s - 1, 0, D - 1)`` (the
-    root and depth 1 share row 0)."""
-    rows = (depth - 1).clamp(0, q.shape[1] - 1)
-    return q.gather(1, rows[..., None].expand(-1, -1, q.shape[-1]))
 
 
 def rejection_walk(
@@ -145,17 +139,7 @@ def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, t
     floats = (torch.float32, torch.float64)
     if not isinstance(p, torch.Tensor) or p.dim() != 3 or p.dtype not in floats or 0 in p.shape:
         raise ValueError(f"p must be a non-empty [B, S, V] float32 or float64 tensor; got {describe(p)}.")
-    if not isinstance(q_by_depth, bool):
-        raise ValueError(f"q_by_depth={q_by_depth!r}: pass a Python bool.")
-    if q_by_depth:
-        batch, _, vocab = p.shape
-        if (not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[0] != batch or q.shape[1] < 1
-                or q.shape[2] != vocab or q.dtype != p.dtype):  # fmt: skip
-            raise ValueError(f"q_by_depth=True: q must be [B, D, V] = [{batch}, D >= 1, {vocab}] {p.dtype} (one row "
-                             f"per depth); got {describe(q)}.")  # fmt: skip
-    elif not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != p.dtype:
-        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} {p.dtype}, as p (or pass q_by_depth=True with one "
-                         f"row per depth); got {describe(q)}.")  # fmt: skip
+    check_draft_q(q, p, q_by_depth)
     if not isinstance(replacement, bool):
         raise ValueError(f"replacement={replacement!r}: pass a Python bool.")
     if max_children is not None and (not isinstance(max_children, int) or max_children < 1):

@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from specdec.kernels._triton import describe, pick_impl
+from specdec.kernels._triton import check_draft_q, describe, pick_impl
 from specdec.kernels.tree_traversal.reference import (
     ancestors,
     postorder,
@@ -48,6 +48,7 @@ def traversal_round(
     max_depth: int,
     replacement: bool,
     *,
+    q_by_depth: bool = False,
     impl: Impl = "auto",
 ):
     """A round of traversal verification (:func:`traversal_round_reference`, arguments as there: ``test`` and
@@ -55,30 +56,36 @@ def traversal_round(
     inside the Triton round; any strides).
 
     Args:
+        q_by_depth (bool): ``q`` is ``[B, D, V]``, one row per depth (a DFlash-style drafter's per-depth q): node
+            ``a`` was drawn from row ``clamp(depth_a - 1, 0, D - 1)``. The Triton round reads that row in place; the
+            reference gathers the ``[B, S, V]`` rows first.
         impl (str): ``"triton"`` (two launches: CUDA or Triton's interpreter), ``"torch"`` (the reference) or
             ``"auto"``: Triton where it runs and ``S <= MAX_SLOTS``, else the reference.
 
     Returns:
         Accept: ``path`` / ``tokens [B, max_depth + 1]`` and ``num_path [B]``, int64.
     """
-    _check_args(tokens, parents, depth, valid, p, q, test, final, max_depth, replacement)
-    args = (tokens, parents, depth, valid, p, q, test, final, max_depth, replacement)
+    _check_args(tokens, parents, depth, valid, p, q, test, final, max_depth, replacement, q_by_depth)
     fits = p.shape[1] <= MAX_SLOTS
     if impl == "triton" and not fits:
         raise ValueError(f"impl='triton' walks at most {MAX_SLOTS} slots, got {p.shape[1]}; use impl='torch'.")
     if pick_impl(impl, p.device, _MODULE, fits=fits) == "torch":
-        return traversal_round_reference(*args)
+        if q_by_depth:
+            from specdec.verify.draws import rows_by_depth
+
+            q = rows_by_depth(q, depth)
+        return traversal_round_reference(tokens, parents, depth, valid, p, q, test, final, max_depth, replacement)
     from specdec.kernels.tree_traversal.triton import traversal_round_triton
 
-    return traversal_round_triton(*args)
+    return traversal_round_triton(tokens, parents, depth, valid, p, q, test, final, max_depth, replacement,
+                                  q_by_depth=q_by_depth)  # fmt: skip
 
 
-def _check_args(tokens, parents, depth, valid, p, q, test, final, max_depth, replacement) -> None:
+def _check_args(tokens, parents, depth, valid, p, q, test, final, max_depth, replacement, q_by_depth) -> None:
     floats = (torch.float32, torch.float64)
     if not isinstance(p, torch.Tensor) or p.dim() != 3 or p.dtype not in floats or 0 in p.shape:
         raise ValueError(f"p must be a non-empty [B, S, V] float32 or float64 tensor; got {describe(p)}.")
-    if not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != p.dtype:
-        raise ValueError(f"q must be [B, S, V] = {list(p.shape)} {p.dtype}, as p; got {describe(q)}.")
+    check_draft_q(q, p, q_by_depth)
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
         raise ValueError(f"max_depth={max_depth!r}: pass a Python int >= 0 (the deepest node's depth).")
     if not isinstance(replacement, bool):

@@ -42,7 +42,7 @@ def _setup_kernel(
     parents_ptr,  # [B, S] int64, contiguous
     depth_ptr,  # [B, S] int64, contiguous
     valid_ptr,  # [B, S] bool, contiguous
-    q_ptr,  # [B, S, V] float32 / float64, strided
+    q_ptr,  # [B, S, V] float32 / float64, strided (Q_BY_DEPTH: [B, D, V], node a reading row depth_a - 1)
     qtok_ptr,  # [B, S] q's dtype out: Q_a(x_a)
     kept_ptr,  # [B, S] q's dtype out: k_a clamped to TINY (1 with replacement)
     S,
@@ -50,8 +50,10 @@ def _setup_kernel(
     q_sb,
     q_ss,
     q_sv,
+    q_rows,
     TINY: tl.constexpr,
     REPLACEMENT: tl.constexpr,
+    Q_BY_DEPTH: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
@@ -59,7 +61,7 @@ def _setup_kernel(
     seq = row // S
     node = row - seq * S
     token = tl.load(tokens_ptr + row)
-    q_row = q_ptr + seq * q_sb + node * q_ss
+    q_row = q_ptr + seq * q_sb + _q_index(node, tl.load(depth_ptr + row), q_rows, Q_BY_DEPTH) * q_ss
     q_tok = tl.load(q_row + token * q_sv)
     if REPLACEMENT:
         tl.store(qtok_ptr + row, q_tok)
@@ -92,6 +94,13 @@ def _setup_kernel(
 
 
 @triton.jit
+def _q_index(node, depth, q_rows, Q_BY_DEPTH: tl.constexpr):
+    """The row of ``q`` node ``node`` (at ``depth``) was drawn from: its own, or (``Q_BY_DEPTH``) its depth's,
+    ``clamp(depth - 1, 0, q_rows - 1)``."""
+    return tl.minimum(tl.maximum(depth - 1, 0), q_rows - 1) if Q_BY_DEPTH else node
+
+
+@triton.jit
 def _pick(vec, slot, at):
     """Lane ``at`` of ``vec`` (a scalar)."""
     return tl.sum(tl.where(slot == at, vec, 0), 0)
@@ -104,7 +113,7 @@ def _traversal_kernel(
     depth_ptr,  # [B, S] int64, contiguous
     valid_ptr,  # [B, S] bool, contiguous
     p_ptr,  # [B, S, V] float32 / float64, strided
-    q_ptr,  # [B, S, V] p's dtype, strided
+    q_ptr,  # [B, S, V] p's dtype, strided (Q_BY_DEPTH: [B, D, V], one row per depth)
     qtok_ptr,  # [B, S] p's dtype: Q_a(x_a) (the setup's)
     kept_ptr,  # [B, S] p's dtype: k_a (the setup's)
     test_ptr,  # [B, S] float64, strided: each node's test uniform (PAIR: [B, S, 2] float32, its two halves)
@@ -128,8 +137,10 @@ def _traversal_kernel(
     f_sb,
     f_ss,
     f_sp,
+    q_rows,
     TINY: tl.constexpr,
     REPLACEMENT: tl.constexpr,
+    Q_BY_DEPTH: tl.constexpr,
     PAIR: tl.constexpr,
     GRID: tl.constexpr,
     TOP: tl.constexpr,
@@ -185,18 +196,19 @@ def _traversal_kernel(
                 going = node < 0
             else:
                 w_parent = _pick(w, slot, parent)
+                q_row = q_ptr + seq * q_sb + _q_index(node, _pick(depths, slot, node), q_rows, Q_BY_DEPTH) * q_ss
                 if is_live:  # rejected: correct the parent
                     mass = w_parent * 0.0
                     if w_parent > 0:  # else its residual max(0, 0 - Q) is 0
                         mass = _correct(p_ptr + seq * p_sb + parent * p_ss, p_sv,
                                         pool_ptr + seq * (S + 1) * V, _pick(pool_row, slot, parent),
-                                        _pick(scale, slot, parent), spare, q_ptr + seq * q_sb + node * q_ss, q_sv,
+                                        _pick(scale, slot, parent), spare, q_row, q_sv,
                                         w_parent, _pick(kept, slot, node), tokens, real, parents, slot, node, V,
                                         REPLACEMENT, BLOCK)  # fmt: skip
                     if mass > 0:  # the residual becomes the parent's P; its children's P_b(x_c) follow
                         scaled = tl.maximum(mass, TINY)
                         children = real & (parents == parent)
-                        q_c = tl.load(q_ptr + seq * q_sb + node * q_ss + tokens * q_sv, mask=children, other=0.0)
+                        q_c = tl.load(q_row + tokens * q_sv, mask=children, other=0.0)  # the siblings' shared q
                         if not REPLACEMENT:
                             q_c = q_c / _pick(kept, slot, node)
                         ptok = tl.where(children, tl.maximum(w_parent * ptok - q_c, 0.0) / scaled, ptok)
@@ -302,11 +314,13 @@ def traversal_round_triton(
     max_depth: int,
     replacement: bool,
     *,
+    q_by_depth: bool = False,
     block: int | None = None,
     return_target: bool = False,
 ):
     """A round in two launches; arguments as ``traversal_round_reference`` (``test`` and ``final`` both ``[B, S]``
-    float64 or both their ``[B, S, 2]`` float32 halves, any strides); ``block``: vocabulary entries per
+    float64 or both their ``[B, S, 2]`` float32 halves, any strides; ``q_by_depth``: ``q`` is ``[B, D, V]``, node
+    ``a`` drawn from row ``clamp(depth_a - 1, 0, D - 1)``); ``block``: vocabulary entries per
     block, a power of two (default ``min(MAX_BLOCK_F32, next_power_of_2(V))`` in float32, ``MAX_BLOCK`` in
     float64).
 
@@ -326,8 +340,9 @@ def traversal_round_triton(
     kept = torch.empty(batch, slots, dtype=p.dtype, device=p.device)
     tiny = torch.finfo(p.dtype).tiny
     _setup_kernel[(batch * slots,)](
-        tokens, parents, depth, valid, q, qtok, kept, slots, vocab, *q.stride(),
-        TINY=tiny, REPLACEMENT=bool(replacement), BLOCK=block, BLOCK_S=block_s, num_warps=warps,
+        tokens, parents, depth, valid, q, qtok, kept, slots, vocab, *q.stride(), q.shape[1],
+        TINY=tiny, REPLACEMENT=bool(replacement), Q_BY_DEPTH=bool(q_by_depth), BLOCK=block, BLOCK_S=block_s,
+        num_warps=warps,
     )  # fmt: skip
     pool = torch.empty(batch, slots + 1, vocab, dtype=p.dtype, device=p.device)
     path = torch.empty(batch, steps, dtype=torch.long, device=p.device)
@@ -337,7 +352,8 @@ def traversal_round_triton(
     _traversal_kernel[(batch,)](
         tokens, parents, depth, valid, p, q, qtok, kept, test, final, pool, path,
         num_path, new, target, slots, vocab, *p.stride(), *q.stride(), *pair_strides(test), *pair_strides(final),
-        TINY=tiny, REPLACEMENT=bool(replacement), PAIR=test.dim() == 3, GRID=UNIFORM_GRID, TOP=UNIFORM_TOP,
+        q.shape[1], TINY=tiny, REPLACEMENT=bool(replacement), Q_BY_DEPTH=bool(q_by_depth), PAIR=test.dim() == 3,
+        GRID=UNIFORM_GRID, TOP=UNIFORM_TOP,
         P=steps, BLOCK=block, BLOCK_S=block_s, BLOCK_P=max(triton.next_power_of_2(steps), 2),
         BLOCK_C=min(block, 2048), END=bool(return_target),
         num_warps=warps,
