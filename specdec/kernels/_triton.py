@@ -13,6 +13,7 @@ from specdec.backends import env_default
 __all__ = [
     "KERNEL_MODULES",
     "check_draft_q",
+    "check_uniforms",
     "describe",
     "device_property",
     "importable",
@@ -122,3 +123,18 @@ def check_draft_q(q, p: torch.Tensor, q_by_depth: bool) -> None:
     elif not isinstance(q, torch.Tensor) or q.shape != p.shape or q.dtype != p.dtype:
         raise ValueError(f"q must be [B, S, V] = {list(p.shape)} {p.dtype}, as p (or pass q_by_depth=True with one "
                          f"row per depth); got {describe(q)}.")  # fmt: skip
+
+
+def check_uniforms(name: str, u, batch: int, slots: int, pair: bool | None = None) -> None:
+    """A rule kernel's uniforms ``u``: ``[B, S]`` float64 or their ``[B, S, 2]`` float32 halves (``pair`` None:
+    either; True / False: that form only, as another argument's).
+
+    Raises:
+        ValueError: naming both forms.
+    """
+    if pair is None:
+        pair = isinstance(u, torch.Tensor) and u.dim() == 3
+    want = (batch, slots, 2) if pair else (batch, slots)
+    if not isinstance(u, torch.Tensor) or u.shape != want or u.dtype != (torch.float32 if pair else torch.float64):
+        raise ValueError(f"{name} must be [{batch}, {slots}] float64 uniforms or their [{batch}, {slots}, 2] float32 "
+                         f"halves{', in the same form as test' if name == 'final' else ''}; got {describe(u)}.")

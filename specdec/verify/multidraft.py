@@ -133,7 +133,7 @@ class MultiDraftRejection(WeighsQ):
         check_sampled_policy(f"MultiDraftRejection(replacement={self.replacement})", sampling, tree, exact_for)
 
     def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:
-        return recursive_rejection(tree, p, q, noise, max_depth, self.replacement, q_by_depth=True)
+        return recursive_rejection(tree, p, q, noise, max_depth, self.replacement, q_by_depth=self.q_by_depth)
 
 
 register_rule("multi-draft", MultiDraftRejection)

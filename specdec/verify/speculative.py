@@ -34,7 +34,7 @@ class SpeculativeSampling(WeighsQ):
         check_sampled_policy("SpeculativeSampling()", sampling, tree, {"SampledChain": ""})
 
     def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:
-        return recursive_rejection(tree, p, q, noise, max_depth, replacement=True, q_by_depth=True)
+        return recursive_rejection(tree, p, q, noise, max_depth, replacement=True, q_by_depth=self.q_by_depth)
 
 
 register_rule("speculative-sampling", SpeculativeSampling)

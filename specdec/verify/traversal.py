@@ -108,7 +108,7 @@ class TraversalVerification(WeighsQ):
                              {"SampledChain": "", "SampledTrees": merge})  # fmt: skip
 
     def verify(self, tree: DeviceTree, p: torch.Tensor, q: torch.Tensor, noise, max_depth: int) -> Accept:
-        return traversal_verify(tree, p, q, noise, max_depth, self.replacement, q_by_depth=True)
+        return traversal_verify(tree, p, q, noise, max_depth, self.replacement, q_by_depth=self.q_by_depth)
 
 
 register_rule("traversal", TraversalVerification)

@@ -13,10 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["categorical_draws_triton"]
+from specdec.kernels.triton_ops import UNIFORM_GRID, UNIFORM_TOP
 
-_GRID = 2.0**-24  # spacing of torch.rand's float32 uniforms
-_TOP = 1.0 - 2.0**-52  # the uniforms' bound
+__all__ = ["categorical_draws_triton"]
 
 
 @triton.jit
@@ -77,7 +76,7 @@ def categorical_draws_triton(probs: torch.Tensor, noise: torch.Tensor, num: int,
         raise ValueError(f"block={block!r}: pass a power of two.")
     _draws_kernel[(batch * length,)](
         probs, noise, out, length, vocab, num, probs.stride(0), probs.stride(1), noise.stride(0), noise.stride(1),
-        GRID=_GRID, TOP=_TOP, BLOCK_V=block, BLOCK_N=max(2, triton.next_power_of_2(num)),
+        GRID=UNIFORM_GRID, TOP=UNIFORM_TOP, BLOCK_V=block, BLOCK_N=max(2, triton.next_power_of_2(num)),
         num_warps=4 if block >= 512 else 2,
     )  # fmt: skip
     return out

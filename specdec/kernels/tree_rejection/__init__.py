@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from specdec.kernels._triton import check_draft_q, describe, importable, pick_impl
+from specdec.kernels._triton import check_draft_q, check_uniforms, describe, importable, pick_impl
 from specdec.kernels.tree_rejection.reference import (
     children_by_rank,
     rank_width,
@@ -120,7 +120,7 @@ def rejection_walk(
     for name, tensor, dtype in (("tokens", tokens, torch.long), ("depth", depth, torch.long), ("nxt", nxt, torch.long)):
         if not isinstance(tensor, torch.Tensor) or tensor.shape != (batch, slots) or tensor.dtype != dtype:
             raise ValueError(f"{name} must be [{batch}, {slots}] {dtype}; got {describe(tensor)}.")
-    _check_uniforms("u", u, batch, slots)
+    check_uniforms("u", u, batch, slots)
     if not isinstance(r, torch.Tensor) or r.shape[:2] != (batch, slots) or r.dim() != 3 or r.dtype not in (
             torch.float32, torch.float64):  # fmt: skip
         raise ValueError(f"r must be [{batch}, {slots}, V] float32 or float64; got {describe(r)}.")
@@ -149,18 +149,10 @@ def _check_round_args(tree_tokens, tree_parents, tree_depth, tree_valid, p, q, t
     for name, (tensor, dtype) in fields.items():
         if not isinstance(tensor, torch.Tensor) or tensor.shape != p.shape[:2] or tensor.dtype != dtype:
             raise ValueError(f"{name} must be {list(p.shape[:2])} {dtype}; got {describe(tensor)}.")
-    _check_uniforms("test", test, *p.shape[:2])
+    check_uniforms("test", test, *p.shape[:2])
     for name, tensor in {"q": q, "test": test, **{n: t for n, (t, _) in fields.items()}}.items():
         if tensor.device != p.device:
             raise ValueError(f"{name} is on {tensor.device}, p on {p.device}: pass one device.")
-
-
-def _check_uniforms(name: str, u, batch: int, slots: int) -> None:
-    pair = isinstance(u, torch.Tensor) and u.dim() == 3
-    want = (batch, slots, 2) if pair else (batch, slots)
-    if not isinstance(u, torch.Tensor) or u.shape != want or u.dtype != (torch.float32 if pair else torch.float64):
-        raise ValueError(f"{name} must be [{batch}, {slots}] float64 uniforms or their [{batch}, {slots}, 2] float32 "
-                         f"halves; got {describe(u)}.")  # fmt: skip
 
 
 def _triton_available() -> bool:

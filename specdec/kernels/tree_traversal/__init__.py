@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from specdec.kernels._triton import check_draft_q, describe, pick_impl
+from specdec.kernels._triton import check_draft_q, check_uniforms, describe, pick_impl
 from specdec.kernels.tree_traversal.reference import (
     ancestors,
     postorder,
@@ -95,12 +95,8 @@ def _check_args(tokens, parents, depth, valid, p, q, test, final, max_depth, rep
     for name, (tensor, dtype) in fields.items():
         if not isinstance(tensor, torch.Tensor) or tensor.shape != p.shape[:2] or tensor.dtype != dtype:
             raise ValueError(f"{name} must be {list(p.shape[:2])} {dtype}; got {describe(tensor)}.")
-    pair = isinstance(test, torch.Tensor) and test.dim() == 3
-    shape, dtype = (*p.shape[:2], 2) if pair else tuple(p.shape[:2]), torch.float32 if pair else torch.float64
-    for name, u in (("test", test), ("final", final)):
-        if not isinstance(u, torch.Tensor) or tuple(u.shape) != shape or u.dtype != dtype:
-            raise ValueError(f"{name} must be {list(p.shape[:2])} float64 uniforms or their {list(p.shape[:2]) + [2]} "
-                             f"float32 halves, in the same form as test; got {describe(u)}.")  # fmt: skip
+    check_uniforms("test", test, *p.shape[:2])
+    check_uniforms("final", final, *p.shape[:2], pair=test.dim() == 3)
     for name, tensor in {"q": q, "test": test, "final": final, **{n: t for n, (t, _) in fields.items()}}.items():
         if tensor.device != p.device:
             raise ValueError(f"{name} is on {tensor.device}, p on {p.device}: pass one device.")
